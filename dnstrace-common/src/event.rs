@@ -1,0 +1,258 @@
+//! The wire layout of events sent from the kernel, and their checked decoding.
+
+/// Bumped whenever the layout of any event changes.
+pub const SCHEMA_VERSION: u16 = 1;
+
+/// Most payload bytes a packet event carries; DNS over UDP fits, large TCP
+/// segments are cut and flagged.
+pub const PAYLOAD_MAX: usize = 4096;
+
+/// Event kinds. Ids are never reused: a removed kind leaves a hole here.
+#[repr(u16)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    /// A DNS packet seen by a hook ([`PacketMeta`] followed by its payload).
+    Packet = 1,
+}
+
+impl EventKind {
+    pub const fn from_u16(v: u16) -> Option<Self> {
+        match v {
+            1 => Some(Self::Packet),
+            _ => None,
+        }
+    }
+}
+
+/// Where a packet was seen.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hook {
+    TcIngress = 1,
+    TcEgress = 2,
+}
+
+impl Hook {
+    pub const fn from_u8(v: u8) -> Option<Self> {
+        match v {
+            1 => Some(Self::TcIngress),
+            2 => Some(Self::TcEgress),
+            _ => None,
+        }
+    }
+}
+
+/// First bytes of every event.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EventHeader {
+    pub kind: u16,
+    pub version: u16,
+    /// Size of the whole event in bytes, header and trailing payload included.
+    pub size: u32,
+}
+
+/// `PacketMeta::flags`: fewer payload bytes were captured than the packet holds.
+pub const FLAG_TRUNCATED: u8 = 1;
+/// `PacketMeta::flags`: the packet is the first fragment of a fragmented datagram.
+pub const FLAG_FRAGMENT: u8 = 2;
+
+/// A DNS packet as seen by a hook; `cap_len` payload bytes follow it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PacketMeta {
+    pub header: EventHeader,
+    /// CLOCK_MONOTONIC nanoseconds (`bpf_ktime_get_ns`).
+    pub ts_ns: u64,
+    /// Inode number of the network namespace of the device.
+    pub netns: u32,
+    pub ifindex: u32,
+    /// Length of the packet on the wire (`skb->len`).
+    pub wire_len: u32,
+    /// L4 payload length the headers announce.
+    pub payload_len: u32,
+    /// Source and destination; IPv4 addresses use the first 4 bytes.
+    pub saddr: [u8; 16],
+    pub daddr: [u8; 16],
+    pub sport: u16,
+    pub dport: u16,
+    pub tcp_seq: u32,
+    /// 4 or 6.
+    pub ip_version: u8,
+    /// IPPROTO_UDP or IPPROTO_TCP.
+    pub l4_proto: u8,
+    /// A [`Hook`].
+    pub hook: u8,
+    /// `FLAG_*` bits.
+    pub flags: u8,
+    pub tcp_flags: u8,
+    pub _pad: u8,
+    /// Payload bytes that follow this struct.
+    pub cap_len: u16,
+}
+
+/// Size of [`PacketMeta`] on the wire.
+pub const PACKET_META_SIZE: usize = core::mem::size_of::<PacketMeta>();
+
+/// Why a byte buffer is not a valid event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodeError {
+    TooShort { need: usize, have: usize },
+    UnknownKind(u16),
+    Version { found: u16, expected: u16 },
+    SizeMismatch { header: u32, have: usize },
+    BadPayload { cap_len: u16, left: usize },
+}
+
+impl core::fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            Self::TooShort { need, have } => {
+                write!(f, "event too short: {have} bytes, need {need}")
+            }
+            Self::UnknownKind(k) => write!(f, "unknown event kind {k}"),
+            Self::Version { found, expected } => {
+                write!(
+                    f,
+                    "event schema version {found}, this dnstrace reads {expected}"
+                )
+            }
+            Self::SizeMismatch { header, have } => {
+                write!(f, "event header says {header} bytes, buffer has {have}")
+            }
+            Self::BadPayload { cap_len, left } => {
+                write!(f, "event announces {cap_len} payload bytes, {left} present")
+            }
+        }
+    }
+}
+
+/// Reads the header of an event, checking kind and schema version.
+pub fn decode_header(buf: &[u8]) -> Result<(EventKind, EventHeader), DecodeError> {
+    let header: EventHeader = read(buf)?;
+    let kind = EventKind::from_u16(header.kind).ok_or(DecodeError::UnknownKind(header.kind))?;
+    if header.version != SCHEMA_VERSION {
+        return Err(DecodeError::Version {
+            found: header.version,
+            expected: SCHEMA_VERSION,
+        });
+    }
+    if header.size as usize > buf.len() {
+        return Err(DecodeError::SizeMismatch {
+            header: header.size,
+            have: buf.len(),
+        });
+    }
+    Ok((kind, header))
+}
+
+/// Decodes a packet event into its metadata and captured payload.
+pub fn decode_packet(buf: &[u8]) -> Result<(PacketMeta, &[u8]), DecodeError> {
+    let (_, header) = decode_header(buf)?;
+    let meta: PacketMeta = read(buf)?;
+    let event = &buf[..header.size as usize];
+    let payload = event.get(PACKET_META_SIZE..).unwrap_or_default();
+    let payload = payload
+        .get(..meta.cap_len as usize)
+        .ok_or(DecodeError::BadPayload {
+            cap_len: meta.cap_len,
+            left: payload.len(),
+        })?;
+    Ok((meta, payload))
+}
+
+/// Copies a `#[repr(C)]` plain-data value out of the front of `buf`.
+fn read<T: Copy>(buf: &[u8]) -> Result<T, DecodeError> {
+    let need = core::mem::size_of::<T>();
+    if buf.len() < need {
+        return Err(DecodeError::TooShort {
+            need,
+            have: buf.len(),
+        });
+    }
+    // SAFETY: length checked above; T is plain data made only of integers and
+    // byte arrays, for which every bit pattern is valid.
+    Ok(unsafe { core::ptr::read_unaligned(buf.as_ptr().cast::<T>()) })
+}
+
+#[cfg(feature = "user")]
+mod user {
+    // SAFETY: plain `#[repr(C)]` data without padding-dependent invariants.
+    unsafe impl aya::Pod for super::PacketMeta {}
+}
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use super::*;
+    use std::vec::Vec;
+
+    fn packet(cap_len: u16, payload: &[u8]) -> Vec<u8> {
+        let meta = PacketMeta {
+            header: EventHeader {
+                kind: EventKind::Packet as u16,
+                version: SCHEMA_VERSION,
+                size: (PACKET_META_SIZE + payload.len()) as u32,
+            },
+            ts_ns: 1,
+            netns: 2,
+            ifindex: 3,
+            wire_len: 4,
+            payload_len: payload.len() as u32,
+            saddr: [1; 16],
+            daddr: [2; 16],
+            sport: 53,
+            dport: 5353,
+            tcp_seq: 0,
+            ip_version: 4,
+            l4_proto: 17,
+            hook: Hook::TcEgress as u8,
+            flags: 0,
+            tcp_flags: 0,
+            _pad: 0,
+            cap_len,
+        };
+        // SAFETY: reading the bytes of a plain-data struct.
+        let raw = unsafe {
+            core::slice::from_raw_parts((&meta as *const PacketMeta).cast::<u8>(), PACKET_META_SIZE)
+        };
+        let mut buf = raw.to_vec();
+        buf.extend_from_slice(payload);
+        buf
+    }
+
+    #[test]
+    fn round_trip() {
+        let buf = packet(3, b"abc");
+        let (meta, payload) = decode_packet(&buf).unwrap();
+        assert_eq!(meta.dport, 5353);
+        assert_eq!(payload, b"abc");
+    }
+
+    #[test]
+    fn rejects_short_unknown_and_lying_events() {
+        assert!(matches!(
+            decode_packet(&[0; 4]),
+            Err(DecodeError::TooShort { .. })
+        ));
+        let mut buf = packet(3, b"abc");
+        buf[0] = 99;
+        assert_eq!(decode_packet(&buf), Err(DecodeError::UnknownKind(99)));
+        let mut buf = packet(3, b"abc");
+        buf[2] = 7;
+        assert!(matches!(
+            decode_packet(&buf),
+            Err(DecodeError::Version { found: 7, .. })
+        ));
+        let buf = packet(200, b"abc");
+        assert!(matches!(
+            decode_packet(&buf),
+            Err(DecodeError::BadPayload { .. })
+        ));
+        let buf = packet(3, b"abc");
+        assert!(matches!(
+            decode_packet(&buf[..buf.len() - 1]),
+            Err(DecodeError::SizeMismatch { .. })
+        ));
+    }
+}

@@ -1,0 +1,11 @@
+//! Event types shared by the eBPF programs and user space.
+//!
+//! Every event starts with an [`EventHeader`] (kind, schema version, size) so
+//! that recordings made by one version can be read, or refused clearly, by another.
+#![no_std]
+
+pub mod event;
+pub mod ports;
+
+pub use event::*;
+pub use ports::*;
