@@ -1,0 +1,82 @@
+//! Command-line interface.
+use clap::{Parser, ValueEnum};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "dnstrace",
+    version,
+    about = "Follow DNS on a Linux or Kubernetes node with eBPF, packet by packet",
+    after_help = "Needs root (CAP_BPF, CAP_NET_ADMIN, CAP_PERFMON). Stop with Ctrl-C."
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub capture: CaptureArgs,
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct CaptureArgs {
+    /// Interface to watch, ingress and egress (repeatable).
+    #[arg(short, long = "iface", value_name = "IF", required = true)]
+    pub ifaces: Vec<String>,
+
+    /// Port treated as DNS (repeatable; replaces the default 53).
+    #[arg(short, long = "port", value_name = "PORT", default_value = "53")]
+    pub ports: Vec<u16>,
+
+    /// Output format: one line per DNS message.
+    #[arg(short, long, value_enum, default_value_t = OutputFormat::Text)]
+    pub output: OutputFormat,
+
+    /// Kernel ring buffer size in MiB (a power of two); larger rides out bursts.
+    #[arg(long, value_name = "MIB", default_value_t = 4, value_parser = parse_ring_mib)]
+    pub ring_buffer_mib: u32,
+
+    /// How programs are attached to interfaces: TCX links where the kernel
+    /// has them (6.6+), else a clsact qdisc over netlink.
+    #[arg(long, value_enum, default_value_t = AttachMode::Auto, hide = true)]
+    pub tc_attach: AttachMode,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutputFormat {
+    Text,
+    Json,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttachMode {
+    Auto,
+    Tcx,
+    Netlink,
+}
+
+fn parse_ring_mib(s: &str) -> Result<u32, String> {
+    let n: u32 = s
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number of MiB"))?;
+    if n == 0 || !n.is_power_of_two() || n > 1024 {
+        return Err(format!("{n} MiB: use a power of two between 1 and 1024"));
+    }
+    Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ring_buffer_size_must_be_a_power_of_two() {
+        assert_eq!(parse_ring_mib("8"), Ok(8));
+        assert!(parse_ring_mib("3").is_err());
+        assert!(parse_ring_mib("0").is_err());
+        assert!(parse_ring_mib("x").is_err());
+    }
+
+    #[test]
+    fn iface_is_required_and_ports_repeat() {
+        assert!(Cli::try_parse_from(["dnstrace"]).is_err());
+        let cli = Cli::try_parse_from(["dnstrace", "-i", "eth0", "--port", "53", "--port", "5353"])
+            .unwrap();
+        assert_eq!(cli.capture.ports, vec![53, 5353]);
+    }
+}

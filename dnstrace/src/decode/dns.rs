@@ -1,0 +1,269 @@
+//! DNS messages decoded with hickory-proto into a flat summary.
+use hickory_proto::{
+    op::{Message, MessageType},
+    rr::{RData, Record},
+};
+use serde::Serialize;
+
+use super::Body;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DnsMessage {
+    pub id: u16,
+    pub response: bool,
+    pub opcode: String,
+    pub flags: Flags,
+    pub rcode: String,
+    pub questions: Vec<Question>,
+    pub answers: Vec<Answer>,
+    pub authority_count: usize,
+    pub additional_count: usize,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Flags {
+    pub aa: bool,
+    pub tc: bool,
+    pub rd: bool,
+    pub ra: bool,
+    pub ad: bool,
+    pub cd: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Question {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub qtype: String,
+    pub class: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Answer {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub rtype: String,
+    pub ttl: u32,
+    pub data: String,
+}
+
+/// Parses a DNS message; anything hickory rejects becomes `Malformed`.
+pub fn parse(payload: &[u8]) -> Body {
+    match Message::from_vec(payload) {
+        Ok(msg) => Body::Dns(summarize(&msg)),
+        Err(e) => Body::Malformed {
+            reason: e.to_string(),
+            len: payload.len(),
+        },
+    }
+}
+
+fn summarize(msg: &Message) -> DnsMessage {
+    let h = msg.header();
+    DnsMessage {
+        id: h.id(),
+        response: h.message_type() == MessageType::Response,
+        opcode: format!("{:?}", h.op_code()).to_uppercase(),
+        flags: Flags {
+            aa: h.authoritative(),
+            tc: h.truncated(),
+            rd: h.recursion_desired(),
+            ra: h.recursion_available(),
+            ad: h.authentic_data(),
+            cd: h.checking_disabled(),
+        },
+        // Includes the EDNS extended bits, which hickory merges in.
+        rcode: rcode_name(u16::from(msg.response_code())),
+        questions: msg
+            .queries()
+            .iter()
+            .map(|q| Question {
+                name: q.name().to_string(),
+                qtype: q.query_type().to_string(),
+                class: q.query_class().to_string(),
+            })
+            .collect(),
+        answers: msg.answers().iter().map(answer).collect(),
+        authority_count: msg.name_servers().len(),
+        additional_count: msg.additionals().len(),
+    }
+}
+
+/// The mnemonic dig and the RFCs use.
+fn rcode_name(code: u16) -> String {
+    const NAMES: [&str; 11] = [
+        "NOERROR", "FORMERR", "SERVFAIL", "NXDOMAIN", "NOTIMP", "REFUSED", "YXDOMAIN", "YXRRSET",
+        "NXRRSET", "NOTAUTH", "NOTZONE",
+    ];
+    match NAMES.get(usize::from(code)) {
+        Some(name) => (*name).to_owned(),
+        None if code == 16 => "BADVERS".to_owned(),
+        None => format!("RCODE{code}"),
+    }
+}
+
+fn answer(r: &Record) -> Answer {
+    let data = match r.data() {
+        RData::TXT(txt) => txt_presentation(txt.iter()),
+        other => other.to_string(),
+    };
+    Answer {
+        name: r.name().to_string(),
+        rtype: r.record_type().to_string(),
+        ttl: r.ttl(),
+        data,
+    }
+}
+
+/// TXT strings as zone files and dig show them: each quoted, `"` and `\`
+/// escaped, unprintable bytes as `\DDD`.
+fn txt_presentation<'a>(strings: impl Iterator<Item = &'a Box<[u8]>>) -> String {
+    let quoted: Vec<String> = strings
+        .map(|s| {
+            let mut q = String::from("\"");
+            for &b in s.iter() {
+                match b {
+                    b'"' | b'\\' => {
+                        q.push('\\');
+                        q.push(char::from(b));
+                    }
+                    0x20..=0x7e => q.push(char::from(b)),
+                    _ => q.push_str(&format!("\\{b:03}")),
+                }
+            }
+            q.push('"');
+            q
+        })
+        .collect();
+    quoted.join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hickory_proto::{
+        op::{Message, MessageType, Query, ResponseCode},
+        rr::{
+            rdata::{A, AAAA, CNAME, PTR, SRV, TXT},
+            Name, RData, Record, RecordType,
+        },
+    };
+    use std::str::FromStr;
+
+    fn name(s: &str) -> Name {
+        Name::from_str(s).unwrap()
+    }
+
+    fn response(records: Vec<Record>) -> Vec<u8> {
+        let mut m = Message::new();
+        m.set_id(0xbeef)
+            .set_message_type(MessageType::Response)
+            .set_recursion_desired(true)
+            .set_recursion_available(true)
+            .set_authoritative(true)
+            .add_query(Query::query(name("www.example.test."), RecordType::A));
+        m.add_answers(records);
+        m.to_vec().unwrap()
+    }
+
+    fn dns(body: Body) -> DnsMessage {
+        match body {
+            Body::Dns(m) => m,
+            Body::Malformed { reason, .. } => panic!("malformed: {reason}"),
+        }
+    }
+
+    #[test]
+    fn decodes_header_question_and_answers_of_every_common_type() {
+        let n = name("www.example.test.");
+        let records = vec![
+            Record::from_rdata(
+                n.clone(),
+                60,
+                RData::CNAME(CNAME(name("web.example.test."))),
+            ),
+            Record::from_rdata(
+                name("web.example.test."),
+                30,
+                RData::A(A::new(192, 0, 2, 7)),
+            ),
+            Record::from_rdata(
+                n.clone(),
+                30,
+                RData::AAAA(AAAA::from_str("2001:db8::7").unwrap()),
+            ),
+            Record::from_rdata(
+                n.clone(),
+                30,
+                RData::TXT(TXT::new(vec!["hello \"world\"".into(), "\u{1}".into()])),
+            ),
+            Record::from_rdata(n.clone(), 30, RData::PTR(PTR(name("host.example.test.")))),
+            Record::from_rdata(
+                n,
+                30,
+                RData::SRV(SRV::new(10, 5, 53, name("ns.example.test."))),
+            ),
+        ];
+        let m = dns(parse(&response(records)));
+        assert_eq!(m.id, 0xbeef);
+        assert!(m.response && m.flags.aa && m.flags.rd && m.flags.ra && !m.flags.tc);
+        assert_eq!(m.opcode, "QUERY");
+        assert_eq!(m.rcode, "NOERROR");
+        assert_eq!(m.questions[0].name, "www.example.test.");
+        assert_eq!(m.questions[0].qtype, "A");
+        let got: Vec<(&str, &str)> = m
+            .answers
+            .iter()
+            .map(|a| (a.rtype.as_str(), a.data.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("CNAME", "web.example.test."),
+                ("A", "192.0.2.7"),
+                ("AAAA", "2001:db8::7"),
+                ("TXT", "\"hello \\\"world\\\"\" \"\\001\""),
+                ("PTR", "host.example.test."),
+                ("SRV", "10 5 53 ns.example.test."),
+            ]
+        );
+    }
+
+    #[test]
+    fn nxdomain_and_query_flags() {
+        let mut m = Message::new();
+        m.set_id(7)
+            .set_message_type(MessageType::Response)
+            .set_response_code(ResponseCode::NXDomain);
+        let m = dns(parse(&m.to_vec().unwrap()));
+        assert_eq!(m.rcode, "NXDOMAIN");
+        assert_eq!(rcode_name(2), "SERVFAIL");
+        assert_eq!(rcode_name(23), "RCODE23");
+        assert!(m.answers.is_empty());
+    }
+
+    #[test]
+    fn garbage_is_malformed_not_a_panic() {
+        for bad in [&b""[..], &[1, 2, 3], &[0xff; 40]] {
+            assert!(matches!(parse(bad), Body::Malformed { .. }), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn header_claiming_more_records_than_present_is_malformed() {
+        let mut raw = response(vec![]);
+        raw[7] = 5; // ANCOUNT = 5, none present
+        match parse(&raw) {
+            Body::Malformed { len, .. } => assert_eq!(len, raw.len()),
+            Body::Dns(m) => panic!("accepted {m:?}"),
+        }
+    }
+
+    #[test]
+    fn compression_pointer_loop_is_malformed() {
+        // Header with QDCOUNT=1, then a name that is a pointer to itself (offset 12).
+        let mut raw = vec![0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0];
+        raw.extend_from_slice(&[0xc0, 12, 0, 1, 0, 1]);
+        assert!(matches!(parse(&raw), Body::Malformed { .. }));
+    }
+}

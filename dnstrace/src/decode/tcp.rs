@@ -1,0 +1,320 @@
+//! DNS over TCP: segments to length-prefixed messages, per stream and hook
+//! point. Memory is bounded: streams, out-of-order data and idle time are capped.
+use std::{collections::HashMap, net::SocketAddr};
+
+use bytes::{Buf as _, Bytes, BytesMut};
+
+use super::{Packet, Transport};
+
+const FIN: u8 = 0x01;
+const SYN: u8 = 0x02;
+const RST: u8 = 0x04;
+
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    pub max_streams: usize,
+    /// Out-of-order segments held per stream before giving up on it.
+    pub max_pending: usize,
+    /// A stream idle this long is forgotten.
+    pub idle_ns: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_streams: 4096,
+            max_pending: 32,
+            idle_ns: 120_000_000_000,
+        }
+    }
+}
+
+/// What a segment completed.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Piece {
+    Message(Bytes),
+    /// Bytes of the stream are missing; its messages are lost until it reconnects.
+    Gap(String),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct Key {
+    netns: u32,
+    ifindex: u32,
+    hook: u8,
+    src: SocketAddr,
+    dst: SocketAddr,
+}
+
+#[derive(Default)]
+struct Stream {
+    next: Option<u32>,
+    buf: BytesMut,
+    pending: Vec<(u32, Bytes)>,
+    broken: bool,
+    last_ns: u64,
+}
+
+pub struct Reassembler {
+    limits: Limits,
+    streams: HashMap<Key, Stream>,
+    evicted: u64,
+    last_sweep_ns: u64,
+}
+
+impl Reassembler {
+    pub fn new(limits: Limits) -> Self {
+        Self {
+            limits,
+            streams: HashMap::new(),
+            evicted: 0,
+            last_sweep_ns: 0,
+        }
+    }
+
+    pub fn evicted(&self) -> u64 {
+        self.evicted
+    }
+
+    pub fn push(&mut self, p: &Packet) -> Vec<Piece> {
+        let Transport::Tcp { seq, flags } = p.transport else {
+            return Vec::new();
+        };
+        self.sweep(p.ts_ns);
+        let key = Key {
+            netns: p.netns,
+            ifindex: p.ifindex,
+            hook: p.hook as u8,
+            src: p.src,
+            dst: p.dst,
+        };
+        if flags & RST != 0 {
+            self.streams.remove(&key);
+            return Vec::new();
+        }
+        if flags & SYN != 0 {
+            let stream = Stream {
+                next: Some(seq.wrapping_add(1)),
+                last_ns: p.ts_ns,
+                ..Stream::default()
+            };
+            self.insert(key, stream);
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        if !p.payload.is_empty() || p.payload_len > 0 {
+            if !self.streams.contains_key(&key) {
+                self.insert(key, Stream::default());
+            }
+            let limits = self.limits;
+            if let Some(stream) = self.streams.get_mut(&key) {
+                stream.last_ns = p.ts_ns;
+                stream.segment(p, seq, limits, &mut out);
+            }
+        }
+        if flags & FIN != 0 {
+            self.streams.remove(&key);
+        }
+        out
+    }
+
+    fn insert(&mut self, key: Key, stream: Stream) {
+        if self.streams.len() >= self.limits.max_streams && !self.streams.contains_key(&key) {
+            let oldest = self
+                .streams
+                .iter()
+                .min_by_key(|(_, s)| s.last_ns)
+                .map(|(k, _)| *k);
+            if let Some(k) = oldest {
+                self.streams.remove(&k);
+                self.evicted += 1;
+            }
+        }
+        self.streams.insert(key, stream);
+    }
+
+    fn sweep(&mut self, now: u64) {
+        if now.saturating_sub(self.last_sweep_ns) < self.limits.idle_ns / 4 {
+            return;
+        }
+        self.last_sweep_ns = now;
+        let idle = self.limits.idle_ns;
+        self.streams
+            .retain(|_, s| now.saturating_sub(s.last_ns) < idle);
+    }
+}
+
+impl Stream {
+    fn segment(&mut self, p: &Packet, seq: u32, limits: Limits, out: &mut Vec<Piece>) {
+        if self.broken {
+            return;
+        }
+        if p.truncated {
+            let reason = format!(
+                "TCP segment cut at {} of {} bytes by the capture",
+                p.payload.len(),
+                p.payload_len
+            );
+            return self.give_up(reason, out);
+        }
+        let next = *self.next.get_or_insert(seq);
+        let rel = seq.wrapping_sub(next) as i32;
+        if rel > 0 {
+            if self.pending.len() >= limits.max_pending {
+                return self.give_up("too much out-of-order TCP data".into(), out);
+            }
+            self.pending.push((seq, p.payload.clone()));
+            return;
+        }
+        self.append(next, rel, &p.payload);
+        while let Some(i) = self
+            .pending
+            .iter()
+            .position(|(s, _)| s.wrapping_sub(self.next.unwrap_or(*s)) as i32 <= 0)
+        {
+            let (s, data) = self.pending.swap_remove(i);
+            let next = self.next.unwrap_or(s);
+            self.append(next, s.wrapping_sub(next) as i32, &data);
+        }
+        self.messages(out);
+    }
+
+    /// Appends the part of `data` (starting `rel` <= 0 bytes before `next`) not yet seen.
+    fn append(&mut self, next: u32, rel: i32, data: &[u8]) {
+        let skip = rel.unsigned_abs() as usize;
+        if skip >= data.len() {
+            return; // a retransmission of what we have
+        }
+        self.buf.extend_from_slice(&data[skip..]);
+        self.next = Some(next.wrapping_add((data.len() - skip) as u32));
+    }
+
+    fn messages(&mut self, out: &mut Vec<Piece>) {
+        while self.buf.len() >= 2 {
+            let len = usize::from(u16::from_be_bytes([self.buf[0], self.buf[1]]));
+            if self.buf.len() < 2 + len {
+                break;
+            }
+            self.buf.advance(2);
+            out.push(Piece::Message(self.buf.split_to(len).freeze()));
+        }
+    }
+
+    fn give_up(&mut self, reason: String, out: &mut Vec<Piece>) {
+        self.broken = true;
+        self.buf.clear();
+        self.pending.clear();
+        out.push(Piece::Gap(format!(
+            "{reason}; this stream's messages are lost until it reconnects"
+        )));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dnstrace_common::Hook;
+
+    fn seg(seq: u32, flags: u8, data: &[u8]) -> Packet {
+        Packet {
+            ts_ns: 1,
+            netns: 1,
+            ifindex: 2,
+            hook: Hook::TcIngress,
+            src: "10.0.0.1:40000".parse().unwrap(),
+            dst: "10.0.0.2:53".parse().unwrap(),
+            transport: Transport::Tcp { seq, flags },
+            wire_len: 0,
+            payload_len: data.len() as u32,
+            truncated: false,
+            fragment: false,
+            payload: Bytes::copy_from_slice(data),
+        }
+    }
+
+    fn framed(msg: &[u8]) -> Vec<u8> {
+        let mut v = (msg.len() as u16).to_be_bytes().to_vec();
+        v.extend_from_slice(msg);
+        v
+    }
+
+    fn messages(pieces: Vec<Piece>) -> Vec<Vec<u8>> {
+        pieces
+            .into_iter()
+            .map(|p| match p {
+                Piece::Message(m) => m.to_vec(),
+                Piece::Gap(r) => panic!("gap: {r}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn several_messages_in_one_segment() {
+        let mut r = Reassembler::new(Limits::default());
+        r.push(&seg(99, SYN, b""));
+        let mut data = framed(b"first");
+        data.extend(framed(b"second"));
+        assert_eq!(
+            messages(r.push(&seg(100, 0, &data))),
+            vec![b"first".to_vec(), b"second".to_vec()]
+        );
+    }
+
+    #[test]
+    fn message_split_across_segments_and_length_prefix_split() {
+        let mut r = Reassembler::new(Limits::default());
+        r.push(&seg(0, SYN, b""));
+        let data = framed(b"hello dns");
+        assert!(r.push(&seg(1, 0, &data[..1])).is_empty());
+        assert!(r.push(&seg(2, 0, &data[1..5])).is_empty());
+        assert_eq!(
+            messages(r.push(&seg(6, 0, &data[5..]))),
+            vec![b"hello dns".to_vec()]
+        );
+    }
+
+    #[test]
+    fn out_of_order_and_retransmitted_segments() {
+        let mut r = Reassembler::new(Limits::default());
+        r.push(&seg(u32::MAX, SYN, b"")); // sequence numbers wrap
+        let data = framed(b"abcdefgh");
+        assert!(r.push(&seg(4, 0, &data[4..])).is_empty());
+        assert!(r.push(&seg(0, 0, &data[..2])).is_empty());
+        assert!(r.push(&seg(0, 0, &data[..2])).is_empty()); // duplicate
+        assert_eq!(
+            messages(r.push(&seg(1, 0, &data[1..4]))),
+            vec![b"abcdefgh".to_vec()]
+        );
+    }
+
+    #[test]
+    fn cut_segment_is_a_gap_then_silence_until_reconnect() {
+        let mut r = Reassembler::new(Limits::default());
+        r.push(&seg(0, SYN, b""));
+        let mut cut = seg(1, 0, &framed(b"abc")[..2]);
+        cut.truncated = true;
+        cut.payload_len = 5;
+        assert!(matches!(r.push(&cut)[..], [Piece::Gap(_)]));
+        assert!(r.push(&seg(3, 0, b"c")).is_empty());
+        r.push(&seg(50, SYN, b""));
+        assert_eq!(
+            messages(r.push(&seg(51, 0, &framed(b"x")))),
+            vec![b"x".to_vec()]
+        );
+    }
+
+    #[test]
+    fn stream_count_is_bounded_and_evictions_counted() {
+        let mut r = Reassembler::new(Limits {
+            max_streams: 2,
+            ..Limits::default()
+        });
+        for port in 1..=5u16 {
+            let mut p = seg(0, SYN, b"");
+            p.src.set_port(port);
+            r.push(&p);
+        }
+        assert_eq!(r.streams.len(), 2);
+        assert_eq!(r.evicted(), 3);
+    }
+}

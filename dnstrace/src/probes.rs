@@ -1,0 +1,342 @@
+//! Loading the eBPF programs, attaching them to interfaces, and detaching
+//! everything again when the `Probes` value is dropped, on every exit path.
+mod netlink;
+
+use std::{fmt::Write as _, os::unix::fs::MetadataExt as _};
+
+use anyhow::{anyhow, bail, Context as _, Result};
+use aya::{
+    maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
+    programs::{
+        tc::{NlOptions, TcAttachOptions},
+        LinkOrder, ProgramError, ProgramType, SchedClassifier, TcAttachType,
+    },
+    Ebpf, EbpfLoader,
+};
+use dnstrace_common::{port_slot, PORT_WORDS};
+
+use crate::cli::{AttachMode, CaptureArgs};
+
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/dnstrace-ebpf.o"));
+
+/// Mirrors `IfaceConfig` in dnstrace-ebpf.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct IfaceConfig {
+    netns: u32,
+    l2_len: u32,
+}
+
+// SAFETY: plain `#[repr(C)]` integers.
+unsafe impl aya::Pod for IfaceConfig {}
+
+/// An interface in dnstrace's network namespace.
+#[derive(Clone, Debug)]
+pub struct Iface {
+    pub name: String,
+    pub index: u32,
+    pub netns: u32,
+    l2_len: u32,
+}
+
+impl Iface {
+    pub fn lookup(name: &str, netns: u32) -> Result<Self> {
+        let cname =
+            std::ffi::CString::new(name).map_err(|_| anyhow!("bad interface name {name:?}"))?;
+        // SAFETY: valid NUL-terminated string.
+        let index = unsafe { libc::if_nametoindex(cname.as_ptr()) };
+        if index == 0 {
+            bail!(
+                "no interface named {name:?} in this network namespace (list them with `ip link`)"
+            );
+        }
+        let arp_type =
+            std::fs::read_to_string(format!("/sys/class/net/{name}/type")).unwrap_or_default();
+        // Ethernet-like devices (and loopback) carry a 14-byte header; tun,
+        // wireguard, ipip... start at the IP header.
+        let l2_len = match arp_type.trim() {
+            "1" | "772" => 14,
+            _ => 0,
+        };
+        Ok(Self {
+            name: name.to_owned(),
+            index,
+            netns,
+            l2_len,
+        })
+    }
+}
+
+/// One program attached to one interface.
+#[derive(Debug)]
+pub struct Attachment {
+    pub program: &'static str,
+    /// The kernel's id of the program, as `bpftool prog show` lists it.
+    pub prog_id: u32,
+    pub iface: String,
+    pub how: &'static str,
+}
+
+pub struct Probes {
+    ebpf: Ebpf,
+    pub attachments: Vec<Attachment>,
+    ifaces: Vec<Iface>,
+    /// clsact qdiscs dnstrace added (netlink mode): removed on drop.
+    added_qdiscs: Vec<Iface>,
+}
+
+const PROGRAMS: [(&str, TcAttachType); 2] = [
+    ("dns_tc_ingress", TcAttachType::Ingress),
+    ("dns_tc_egress", TcAttachType::Egress),
+];
+
+/// The inode of dnstrace's own network namespace.
+pub fn own_netns() -> Result<u32> {
+    let meta = std::fs::metadata("/proc/self/ns/net").context("reading /proc/self/ns/net")?;
+    Ok(meta.ino() as u32)
+}
+
+impl Probes {
+    /// Checks privileges and kernel support, loads the programs and attaches
+    /// them to every interface in `args`.
+    pub fn attach(args: &CaptureArgs) -> Result<Self> {
+        check_privileges()?;
+        let netns = own_netns()?;
+        let ifaces = args
+            .ifaces
+            .iter()
+            .map(|name| Iface::lookup(name, netns))
+            .collect::<Result<Vec<_>>>()?;
+        check_kernel()?;
+        let ebpf = EbpfLoader::new()
+            .map_max_entries("EVENTS", args.ring_buffer_mib << 20)
+            .load(OBJECT)
+            .map_err(|e| anyhow!("loading the eBPF object failed: {e}"))?;
+        let mut probes = Self {
+            ebpf,
+            attachments: Vec::new(),
+            ifaces: ifaces.clone(),
+            added_qdiscs: Vec::new(),
+        };
+        probes.configure(&args.ports, &ifaces)?;
+        for (name, _) in PROGRAMS {
+            probes
+                .program(name)?
+                .load()
+                .map_err(|e| load_error(name, e))?;
+        }
+        for iface in &ifaces {
+            probes.attach_iface(iface, args.tc_attach)?;
+        }
+        Ok(probes)
+    }
+
+    fn program(&mut self, name: &str) -> Result<&mut SchedClassifier> {
+        let prog = self
+            .ebpf
+            .program_mut(name)
+            .ok_or_else(|| anyhow!("program {name} missing from the eBPF object"))?;
+        Ok(prog.try_into()?)
+    }
+
+    fn configure(&mut self, ports: &[u16], ifaces: &[Iface]) -> Result<()> {
+        let mut bitmap = vec![0u32; PORT_WORDS as usize];
+        for &port in ports {
+            let (word, bit) = port_slot(port);
+            bitmap[word as usize] |= bit;
+        }
+        let mut map: Array<_, u32> = self
+            .ebpf
+            .map_mut("PORTS")
+            .context("PORTS map")?
+            .try_into()?;
+        for (i, word) in bitmap.into_iter().enumerate().filter(|(_, w)| *w != 0) {
+            map.set(i as u32, word, 0)?;
+        }
+        let mut map: HashMap<_, u32, IfaceConfig> = self
+            .ebpf
+            .map_mut("IFACES")
+            .context("IFACES map")?
+            .try_into()?;
+        for iface in ifaces {
+            map.insert(
+                iface.index,
+                IfaceConfig {
+                    netns: iface.netns,
+                    l2_len: iface.l2_len,
+                },
+                0,
+            )?;
+        }
+        Ok(())
+    }
+
+    fn attach_iface(&mut self, iface: &Iface, mode: AttachMode) -> Result<()> {
+        let tcx = match mode {
+            AttachMode::Auto => aya::util::KernelVersion::current()
+                .is_ok_and(|v| v >= aya::util::KernelVersion::new(6, 6, 0)),
+            AttachMode::Tcx => true,
+            AttachMode::Netlink => false,
+        };
+        if !tcx {
+            match aya::programs::tc::qdisc_add_clsact(&iface.name) {
+                Ok(()) => self.added_qdiscs.push(iface.clone()),
+                Err(e) if is_exists(&e) => {}
+                Err(e) => return Err(anyhow!("adding a clsact qdisc to {}: {e}", iface.name)),
+            }
+        }
+        for (name, attach_type) in PROGRAMS {
+            let options = if tcx {
+                TcAttachOptions::TcxOrder(LinkOrder::default())
+            } else {
+                TcAttachOptions::Netlink(NlOptions::default())
+            };
+            let prog = self.program(name)?;
+            prog.attach_with_options(&iface.name, attach_type, options)
+                .map_err(|e| anyhow!("attaching {name} to {}: {e}", iface.name))?;
+            let prog_id = prog.info()?.id();
+            let how = if tcx { "tcx link" } else { "clsact filter" };
+            self.attachments.push(Attachment {
+                program: name,
+                prog_id,
+                iface: iface.name.clone(),
+                how,
+            });
+        }
+        Ok(())
+    }
+
+    /// Interface names by ifindex, for output.
+    pub fn iface_names(&self) -> std::collections::HashMap<u32, String> {
+        self.ifaces
+            .iter()
+            .map(|i| (i.index, i.name.clone()))
+            .collect()
+    }
+
+    /// The ring buffer the programs write events to.
+    pub fn take_events(&mut self) -> Result<RingBuf<MapData>> {
+        let map = self.ebpf.take_map("EVENTS").context("EVENTS map")?;
+        Ok(RingBuf::try_from(map)?)
+    }
+
+    /// Events the kernel could not queue because the ring buffer was full.
+    pub fn lost_events(&self) -> Result<u64> {
+        let map: PerCpuArray<_, u64> = self.ebpf.map("LOST").context("LOST map")?.try_into()?;
+        Ok(map.get(&0, 0)?.iter().sum())
+    }
+}
+
+impl Drop for Probes {
+    fn drop(&mut self) {
+        for (name, _) in PROGRAMS {
+            if let Ok(prog) = self.program(name) {
+                // Unloading detaches every link and netlink filter of the program.
+                let _ = prog.unload();
+            }
+        }
+        for iface in &self.added_qdiscs {
+            if let Err(e) = netlink::delete_clsact(iface.index) {
+                eprintln!(
+                    "warning: could not remove the clsact qdisc dnstrace added to {}: {e}",
+                    iface.name
+                );
+            }
+        }
+    }
+}
+
+/// The interface already had a clsact qdisc (someone else's: leave it on exit).
+fn is_exists(e: &aya::programs::tc::TcError) -> bool {
+    use aya::programs::tc::TcError;
+    match e {
+        TcError::NetlinkError(e) => e.raw_os_error() == Some(libc::EEXIST),
+        TcError::IoError(e) => e.raw_os_error() == Some(libc::EEXIST),
+        TcError::AlreadyAttached => true,
+        _ => false,
+    }
+}
+
+/// Root, or the capabilities loading and attaching need.
+fn check_privileges() -> Result<()> {
+    const CAP_NET_ADMIN: u32 = 12;
+    const CAP_SYS_ADMIN: u32 = 21;
+    const CAP_PERFMON: u32 = 38;
+    const CAP_BPF: u32 = 39;
+    let status =
+        std::fs::read_to_string("/proc/self/status").context("reading /proc/self/status")?;
+    let eff = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .unwrap_or(0);
+    let has = |cap: u32| eff & (1 << cap) != 0;
+    let bpf = has(CAP_BPF) || has(CAP_SYS_ADMIN);
+    let perfmon = has(CAP_PERFMON) || has(CAP_SYS_ADMIN);
+    if !(bpf && perfmon && has(CAP_NET_ADMIN)) {
+        bail!("dnstrace needs root, or CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN: run it with sudo");
+    }
+    Ok(())
+}
+
+fn check_kernel() -> Result<()> {
+    if !std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {
+        bail!("this kernel exposes no BTF (/sys/kernel/btf/vmlinux is missing): dnstrace needs a kernel built with CONFIG_DEBUG_INFO_BTF=y");
+    }
+    let tc = aya::sys::is_program_supported(ProgramType::SchedClassifier).unwrap_or(false);
+    if !tc {
+        bail!("this kernel cannot load tc classifier programs (CONFIG_NET_CLS_BPF / CONFIG_NET_CLS_ACT): dnstrace cannot capture here");
+    }
+    let ringbuf = aya::sys::is_map_supported(aya::maps::MapType::RingBuf).unwrap_or(false);
+    if !ringbuf {
+        bail!("this kernel has no BPF ring buffer (Linux 5.8 or later is needed)");
+    }
+    Ok(())
+}
+
+/// A load failure, with the verifier's last lines when it rejected the program.
+fn load_error(name: &str, e: ProgramError) -> anyhow::Error {
+    match e {
+        ProgramError::LoadError {
+            io_error,
+            verifier_log,
+        } => {
+            anyhow!(
+                "{}",
+                verifier_message(name, &io_error, &verifier_log.to_string())
+            )
+        }
+        e => anyhow!("loading program {name} failed: {e}"),
+    }
+}
+
+fn verifier_message(name: &str, io_error: &std::io::Error, log: &str) -> String {
+    let mut msg =
+        format!("the kernel's verifier rejected program {name} ({io_error}); its last lines:");
+    let lines: Vec<&str> = log.lines().filter(|l| !l.trim().is_empty()).collect();
+    for line in &lines[lines.len().saturating_sub(8)..] {
+        let _ = write!(msg, "\n    {line}");
+    }
+    msg
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verifier_message_keeps_the_last_lines() {
+        let log: String = (1..=20).map(|i| format!("line {i}\n")).collect();
+        let err = std::io::Error::from_raw_os_error(libc::EACCES);
+        let msg = verifier_message("dns_tc_ingress", &err, &log);
+        assert!(msg.starts_with("the kernel's verifier rejected program dns_tc_ingress"));
+        assert!(msg.ends_with("    line 20"));
+        assert!(msg.contains("line 13") && !msg.contains("line 12\n"));
+    }
+
+    #[test]
+    fn unknown_interface_is_a_clear_error() {
+        let err = Iface::lookup("no-such-if0", 0).unwrap_err().to_string();
+        assert!(err.contains("no interface named \"no-such-if0\""), "{err}");
+    }
+}
