@@ -1,0 +1,353 @@
+//! Test harness: network namespaces the tests make themselves, real resolvers
+//! in them, and dnstrace run as a real process. Addresses exist only inside
+//! those namespaces; nothing is sent anywhere else.
+use std::{
+    io::{BufRead, BufReader, Read},
+    net::UdpSocket,
+    os::fd::AsRawFd,
+    path::{Path, PathBuf},
+    process::{Child, Command, ExitStatus, Stdio},
+    sync::{
+        atomic::{AtomicU32, Ordering},
+        mpsc, OnceLock,
+    },
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context, Result};
+
+/// Fails loudly instead of skipping: these tests load eBPF programs.
+pub fn require_root() {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "the integration tests load eBPF programs and create network namespaces: run them as root (cargo xtask test)");
+}
+
+/// Runs a command, failing with its stderr when it does not succeed.
+pub fn run(cmd: &mut Command) -> Result<String> {
+    let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
+    if !out.status.success() {
+        bail!("{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn sh(line: &str) -> Result<String> {
+    let args: Vec<&str> = line.split_whitespace().collect();
+    run(Command::new(args[0]).args(&args[1..]))
+}
+
+/// A network namespace, deleted (with its processes' sockets and links) on drop.
+pub struct Netns {
+    pub name: String,
+}
+
+impl Netns {
+    pub fn new(tag: &str) -> Result<Self> {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let name = format!(
+            "dtt{}-{}-{tag}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        );
+        sh(&format!("ip netns add {name}"))?;
+        let ns = Self { name };
+        ns.ip("link set lo up")?;
+        Ok(ns)
+    }
+
+    pub fn cmd(&self, program: &str) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.name, program]);
+        c
+    }
+
+    pub fn ip(&self, args: &str) -> Result<String> {
+        sh(&format!("ip -n {} {args}", self.name))
+    }
+
+    /// Runs `f` on a thread that has entered this namespace, so sockets made
+    /// there belong to it.
+    pub fn enter<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> Result<T> {
+        let path = PathBuf::from("/run/netns").join(&self.name);
+        let file =
+            std::fs::File::open(&path).with_context(|| format!("open {}", path.display()))?;
+        let handle = std::thread::spawn(move || {
+            // SAFETY: setns on this thread only, with a valid namespace fd.
+            let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+            assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
+            f()
+        });
+        handle
+            .join()
+            .map_err(|_| anyhow::anyhow!("thread in {} panicked", self.name))
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = sh(&format!("ip netns pids {}", self.name)).map(|pids| {
+            for pid in pids.split_whitespace() {
+                let _ = sh(&format!("kill -9 {pid}"));
+            }
+        });
+        let _ = sh(&format!("ip netns del {}", self.name));
+    }
+}
+
+/// A client and a server namespace joined by a veth pair, IPv4 and IPv6.
+pub struct Pair {
+    pub client: Netns,
+    pub server: Netns,
+}
+
+impl Pair {
+    pub const CLIENT4: &'static str = "10.77.0.1";
+    pub const SERVER4: &'static str = "10.77.0.2";
+    pub const CLIENT6: &'static str = "fd77::1";
+    pub const SERVER6: &'static str = "fd77::2";
+    /// The server side of the veth pair, where dnstrace attaches.
+    pub const SERVER_IF: &'static str = "vs";
+
+    pub fn new() -> Result<Self> {
+        let client = Netns::new("c")?;
+        let server = Netns::new("s")?;
+        sh(&format!(
+            "ip link add vc netns {} type veth peer name vs netns {}",
+            client.name, server.name
+        ))?;
+        for (ns, dev, v4, v6) in [
+            (&client, "vc", Self::CLIENT4, Self::CLIENT6),
+            (&server, "vs", Self::SERVER4, Self::SERVER6),
+        ] {
+            ns.ip(&format!("addr add {v4}/24 dev {dev}"))?;
+            ns.ip(&format!("-6 addr add {v6}/64 dev {dev} nodad"))?;
+            ns.ip(&format!("link set {dev} up"))?;
+        }
+        Ok(Self { client, server })
+    }
+}
+
+/// A child process killed on drop.
+pub struct Proc(pub Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// dnsmasq serving `args` (e.g. `--host-record=...`) on the server side.
+pub fn dnsmasq(ns: &Netns, args: &[&str]) -> Result<Proc> {
+    let child = ns
+        .cmd("dnsmasq")
+        .args([
+            "--keep-in-foreground",
+            "--no-resolv",
+            "--no-hosts",
+            "--bind-interfaces",
+            "--user=root",
+            "--pid-file",
+        ])
+        .args([
+            "--listen-address",
+            Pair::SERVER4,
+            "--listen-address",
+            Pair::SERVER6,
+        ])
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting dnsmasq (apt-get install dnsmasq-base)")?;
+    let proc = Proc(child);
+    wait_for(|| {
+        let ok = Command::new("ip")
+            .args(["netns", "exec", &ns.name, "ss", "-lun", "sport", "=", ":53"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).contains(Pair::SERVER4))
+            .unwrap_or(false);
+        ok.then_some(())
+    })
+    .context("dnsmasq did not start listening")?;
+    Ok(proc)
+}
+
+/// Polls `f` for up to 10 seconds.
+pub fn wait_for<T>(mut f: impl FnMut() -> Option<T>) -> Result<T> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(v) = f() {
+            return Ok(v);
+        }
+        if Instant::now() > deadline {
+            bail!("timed out");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The dnstrace binary of this workspace, built once per test run.
+pub fn dnstrace_bin() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Some(bin) = std::env::var_os("DNSTRACE_BIN") {
+            return PathBuf::from(bin);
+        }
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .expect("workspace root");
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = Command::new(cargo)
+            .current_dir(root)
+            .args([
+                "build",
+                "--quiet",
+                "--package",
+                "dnstrace",
+                "--bin",
+                "dnstrace",
+            ])
+            .status()
+            .expect("running cargo build");
+        assert!(status.success(), "building dnstrace failed");
+        let target =
+            std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
+        target.join("debug").join("dnstrace")
+    })
+}
+
+/// A running `dnstrace`, its stderr followed line by line.
+pub struct Dnstrace {
+    child: Child,
+    stderr: mpsc::Receiver<String>,
+    pub stderr_lines: Vec<String>,
+}
+
+impl Dnstrace {
+    /// Starts dnstrace in `ns` with `args` and waits until it is capturing.
+    pub fn start(ns: &Netns, args: &[&str]) -> Result<Self> {
+        let mut child = ns
+            .cmd(dnstrace_bin().to_str().expect("utf-8 path"))
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("starting dnstrace")?;
+        let (tx, rx) = mpsc::channel();
+        let err = child.stderr.take().expect("piped stderr");
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let mut t = Self {
+            child,
+            stderr: rx,
+            stderr_lines: Vec::new(),
+        };
+        t.wait_stderr("capturing DNS")
+            .context("dnstrace did not start capturing")?;
+        Ok(t)
+    }
+
+    fn wait_stderr(&mut self, needle: &str) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            match self.stderr.recv_timeout(Duration::from_millis(100)) {
+                Ok(line) => {
+                    let found = line.contains(needle);
+                    self.stderr_lines.push(line);
+                    if found {
+                        return Ok(());
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        bail!("no {needle:?} on stderr; got {:?}", self.stderr_lines)
+    }
+
+    /// Kernel ids of the programs dnstrace reported attaching.
+    pub fn prog_ids(&self) -> Vec<u32> {
+        self.stderr_lines
+            .iter()
+            .filter_map(|l| l.split("(prog id ").nth(1)?.split(')').next()?.parse().ok())
+            .collect()
+    }
+
+    /// Sends `signal`, waits for exit; returns the status, stdout and stderr.
+    pub fn stop(mut self, signal: i32) -> Result<(ExitStatus, String, Vec<String>)> {
+        // Let the last packets reach the ring buffer.
+        std::thread::sleep(Duration::from_millis(300));
+        // SAFETY: signalling our own child process.
+        unsafe { libc::kill(self.child.id() as i32, signal) };
+        let mut out = String::new();
+        self.child
+            .stdout
+            .take()
+            .expect("piped stdout")
+            .read_to_string(&mut out)?;
+        let status = self.child.wait()?;
+        self.stderr_lines.extend(self.stderr.iter());
+        Ok((status, out, std::mem::take(&mut self.stderr_lines)))
+    }
+}
+
+impl Drop for Dnstrace {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A query built by hand: id, one question of `qtype` for `name`, RD set.
+pub fn query_bytes(id: u16, name: &str, qtype: u16) -> Vec<u8> {
+    let mut q = id.to_be_bytes().to_vec();
+    q.extend_from_slice(&[0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0]);
+    for label in name.trim_end_matches('.').split('.') {
+        q.push(label.len() as u8);
+        q.extend_from_slice(label.as_bytes());
+    }
+    q.push(0);
+    q.extend_from_slice(&qtype.to_be_bytes());
+    q.extend_from_slice(&1u16.to_be_bytes());
+    q
+}
+
+/// Sends `payloads` from a UDP socket in `ns` to `server`, waiting up to
+/// `wait` for each reply; returns the replies that came.
+pub fn udp_exchange(
+    ns: &Netns,
+    server: &str,
+    payloads: Vec<Vec<u8>>,
+    wait: Duration,
+) -> Result<Vec<Vec<u8>>> {
+    let server = server.to_owned();
+    ns.enter(move || -> Result<Vec<Vec<u8>>> {
+        let bind = if server.starts_with('[') {
+            "[::]:0"
+        } else {
+            "0.0.0.0:0"
+        };
+        let sock = UdpSocket::bind(bind)?;
+        sock.set_read_timeout(Some(wait))?;
+        let mut replies = Vec::new();
+        for p in payloads {
+            sock.send_to(&p, &server)?;
+            let mut buf = [0u8; 4096];
+            if let Ok((n, _)) = sock.recv_from(&mut buf) {
+                replies.push(buf[..n].to_vec());
+            }
+        }
+        Ok(replies)
+    })?
+}
+
+/// Output lines of `dnstrace --output json`, parsed.
+pub fn json_lines(out: &str) -> Vec<serde_json::Value> {
+    out.lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad JSON line {l:?}: {e}")))
+        .collect()
+}

@@ -1,0 +1,297 @@
+//! dnstrace on a real veth pair: dnsmasq answers, dig and our own socket ask,
+//! and every message must come out decoded.
+use std::time::Duration;
+
+use dnstrace_tests::*;
+use serde_json::Value;
+
+const ZONE: &[&str] = &[
+    "--local=/test/",
+    "--host-record=www.test,10.77.0.80,fd77::80",
+    "--cname=alias1.test,alias2.test",
+    "--cname=alias2.test,www.test",
+    "--txt-record=txt.test,v=dnstrace test",
+];
+
+fn big_txt() -> String {
+    let chunk = "x".repeat(200);
+    format!("--txt-record=big.test,{chunk},{chunk},{chunk}")
+}
+
+/// Runs dig in the client namespace and returns its header's query id.
+fn dig(pair: &Pair, args: &str) -> u16 {
+    let out = run(pair
+        .client
+        .cmd("dig")
+        .args(["+tries=1", "+time=3"])
+        .args(args.split_whitespace()))
+    .unwrap();
+    let id = out
+        .lines()
+        .find_map(|l| l.split("id: ").nth(1))
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no id in dig output:\n{out}"));
+    id
+}
+
+fn find<'a>(lines: &'a [Value], id: u16, response: bool, transport: &str) -> &'a Value {
+    lines
+        .iter()
+        .find(|l| {
+            l["kind"] == "dns"
+                && l["id"] == id
+                && l["response"] == response
+                && l["transport"] == transport
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "no {transport} {} with id {id} in {lines:#?}",
+                if response { "response" } else { "query" }
+            )
+        })
+}
+
+fn answers(msg: &Value) -> Vec<String> {
+    msg["answers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            format!(
+                "{} {}",
+                a["type"].as_str().unwrap(),
+                a["data"].as_str().unwrap()
+            )
+        })
+        .collect()
+}
+
+struct Case {
+    dig: String,
+    transport: &'static str,
+    name: &'static str,
+    qtype: &'static str,
+    rcode: &'static str,
+    answers: Vec<&'static str>,
+}
+
+fn case(
+    dig: &str,
+    transport: &'static str,
+    name: &'static str,
+    qtype: &'static str,
+    rcode: &'static str,
+    answers: Vec<&'static str>,
+) -> Case {
+    Case {
+        dig: dig.to_owned(),
+        transport,
+        name,
+        qtype,
+        rcode,
+        answers,
+    }
+}
+
+#[test]
+fn every_query_and_response_is_captured_and_decoded() {
+    require_root();
+    let pair = Pair::new().unwrap();
+    let _dns = dnsmasq(&pair.server, ZONE).unwrap();
+    let trace = Dnstrace::start(
+        &pair.server,
+        &["--iface", Pair::SERVER_IF, "--output", "json"],
+    )
+    .unwrap();
+    let cname_chain = vec!["CNAME alias2.test.", "CNAME www.test.", "A 10.77.0.80"];
+    let mut cases = Vec::new();
+    for (server, family) in [(Pair::SERVER4, "v4"), (Pair::SERVER6, "v6")] {
+        for (flag, transport) in [("", "udp"), ("+tcp", "tcp")] {
+            let at = format!("@{server} {flag}");
+            cases.push(case(
+                &format!("{at} www.test A"),
+                transport,
+                "www.test.",
+                "A",
+                "NOERROR",
+                vec!["A 10.77.0.80"],
+            ));
+            cases.push(case(
+                &format!("{at} www.test AAAA"),
+                transport,
+                "www.test.",
+                "AAAA",
+                "NOERROR",
+                vec!["AAAA fd77::80"],
+            ));
+            cases.push(case(
+                &format!("{at} txt.test TXT"),
+                transport,
+                "txt.test.",
+                "TXT",
+                "NOERROR",
+                vec!["TXT \"v=dnstrace test\""],
+            ));
+            cases.push(case(
+                &format!("{at} alias1.test A"),
+                transport,
+                "alias1.test.",
+                "A",
+                "NOERROR",
+                cname_chain.clone(),
+            ));
+            cases.push(case(
+                &format!("{at} missing.test A"),
+                transport,
+                "missing.test.",
+                "A",
+                "NXDOMAIN",
+                vec![],
+            ));
+        }
+        let _ = family;
+    }
+    let ids: Vec<u16> = cases.iter().map(|c| dig(&pair, &c.dig)).collect();
+    // And from a socket of our own, with an id we chose.
+    let replies = udp_exchange(
+        &pair.client,
+        &format!("{}:53", Pair::SERVER4),
+        vec![query_bytes(0x4242, "www.test", 1)],
+        Duration::from_secs(3),
+    )
+    .unwrap();
+    assert_eq!(replies.len(), 1, "dnsmasq did not answer our own query");
+
+    let (status, out, _) = trace.stop(libc::SIGINT).unwrap();
+    assert!(status.success(), "dnstrace exited with {status}");
+    let lines = json_lines(&out);
+    for (c, id) in cases.iter().zip(ids) {
+        let q = find(&lines, id, false, c.transport);
+        assert_eq!(q["direction"], "ingress", "{}", c.dig);
+        assert_eq!(q["questions"][0]["name"], c.name, "{}", c.dig);
+        assert_eq!(q["questions"][0]["type"], c.qtype, "{}", c.dig);
+        let r = find(&lines, id, true, c.transport);
+        assert_eq!(r["direction"], "egress", "{}", c.dig);
+        assert_eq!(r["iface"], Pair::SERVER_IF);
+        assert_eq!(r["rcode"], c.rcode, "{}", c.dig);
+        assert_eq!(r["questions"][0]["name"], c.name, "{}", c.dig);
+        assert_eq!(answers(r), c.answers, "{}", c.dig);
+        let v6 = c.dig.contains(Pair::SERVER6);
+        assert_eq!(
+            r["src"].as_str().unwrap().starts_with('['),
+            v6,
+            "{}: {}",
+            c.dig,
+            r["src"]
+        );
+    }
+    let own = find(&lines, 0x4242, true, "udp");
+    assert_eq!(answers(own), vec!["A 10.77.0.80"]);
+    assert_eq!(
+        own["dst"].as_str().unwrap().split(':').next(),
+        Some(Pair::CLIENT4)
+    );
+}
+
+#[test]
+fn truncated_answer_then_tcp_retry_are_two_exchanges() {
+    require_root();
+    let pair = Pair::new().unwrap();
+    let _dns = dnsmasq(&pair.server, &["--local=/test/", &big_txt()]).unwrap();
+    let trace = Dnstrace::start(
+        &pair.server,
+        &["--iface", Pair::SERVER_IF, "--output", "json"],
+    )
+    .unwrap();
+    // No EDNS: the answer exceeds 512 bytes, comes back truncated, and dig retries over TCP.
+    let out = run(pair.client.cmd("dig").args([
+        "+noedns",
+        "+tries=1",
+        &format!("@{}", Pair::SERVER4),
+        "big.test",
+        "TXT",
+    ]))
+    .unwrap();
+    assert!(
+        out.contains("Truncated, retrying in TCP mode"),
+        "dig did not retry over TCP:\n{out}"
+    );
+    let (_, out, _) = trace.stop(libc::SIGTERM).unwrap();
+    let lines = json_lines(&out);
+    let responses: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l["response"] == true && l["questions"][0]["name"] == "big.test.")
+        .collect();
+    let udp: Vec<_> = responses
+        .iter()
+        .filter(|l| l["transport"] == "udp")
+        .collect();
+    let tcp: Vec<_> = responses
+        .iter()
+        .filter(|l| l["transport"] == "tcp")
+        .collect();
+    assert_eq!((udp.len(), tcp.len()), (1, 1), "{lines:#?}");
+    assert_eq!(udp[0]["flags"]["tc"], true);
+    assert_eq!(tcp[0]["flags"]["tc"], false);
+    let txt = &tcp[0]["answers"][0]["data"];
+    assert!(
+        txt.as_str().unwrap().len() > 600,
+        "TCP answer not complete: {txt}"
+    );
+    let queries = lines
+        .iter()
+        .filter(|l| l["response"] == false && l["questions"][0]["name"] == "big.test.")
+        .count();
+    assert_eq!(queries, 2, "expected the UDP query and its TCP retry");
+}
+
+#[test]
+fn garbage_is_malformed_and_capture_goes_on() {
+    require_root();
+    let pair = Pair::new().unwrap();
+    let _dns = dnsmasq(&pair.server, ZONE).unwrap();
+    let trace = Dnstrace::start(
+        &pair.server,
+        &["--iface", Pair::SERVER_IF, "--output", "json"],
+    )
+    .unwrap();
+    let random: Vec<u8> = (0..97u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    let mut lying = query_bytes(0x1111, "www.test", 1);
+    lying[7] = 9; // ANCOUNT 9, no answers follow
+                  // One question whose name is a compression pointer to itself.
+    let looping = vec![
+        0x22, 0x22, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0xc0, 12, 0, 1, 0, 1,
+    ];
+    let garbage = vec![random.clone(), lying.clone(), looping.clone()];
+    udp_exchange(
+        &pair.client,
+        &format!("{}:53", Pair::SERVER4),
+        garbage,
+        Duration::from_millis(200),
+    )
+    .unwrap();
+    let id = dig(&pair, &format!("@{} www.test A", Pair::SERVER4));
+    let (status, out, _) = trace.stop(libc::SIGINT).unwrap();
+    assert!(status.success());
+    let lines = json_lines(&out);
+    let malformed: Vec<u64> = lines
+        .iter()
+        .filter(|l| l["kind"] == "malformed" && l["direction"] == "ingress")
+        .map(|l| {
+            assert!(!l["reason"].as_str().unwrap().is_empty());
+            l["len"].as_u64().unwrap()
+        })
+        .collect();
+    assert_eq!(
+        malformed,
+        vec![
+            random.len() as u64,
+            lying.len() as u64,
+            looping.len() as u64
+        ],
+        "{lines:#?}"
+    );
+    find(&lines, id, true, "udp");
+}

@@ -1,0 +1,115 @@
+//! After Ctrl-C or SIGTERM nothing of dnstrace is left in the kernel.
+use std::process::Command;
+
+use dnstrace_tests::*;
+
+fn live_prog_ids() -> Vec<u32> {
+    let out = run(Command::new("bpftool").args(["-j", "prog", "show"])).unwrap();
+    let progs: Vec<serde_json::Value> = serde_json::from_str(&out).unwrap();
+    progs
+        .iter()
+        .filter_map(|p| p["id"].as_u64())
+        .map(|id| id as u32)
+        .collect()
+}
+
+fn tc_state(ns: &Netns) -> String {
+    let mut s = ns
+        .cmd("tc")
+        .args(["qdisc", "show", "dev", Pair::SERVER_IF])
+        .output()
+        .unwrap()
+        .stdout;
+    for dir in ["ingress", "egress"] {
+        s.extend(
+            ns.cmd("tc")
+                .args(["filter", "show", "dev", Pair::SERVER_IF, dir])
+                .output()
+                .unwrap()
+                .stdout,
+        );
+    }
+    String::from_utf8(s).unwrap()
+}
+
+fn stop_leaves_nothing(mode: &str, signal: i32) {
+    require_root();
+    let pair = Pair::new().unwrap();
+    let before = tc_state(&pair.server);
+    let trace = Dnstrace::start(
+        &pair.server,
+        &["--iface", Pair::SERVER_IF, "--tc-attach", mode],
+    )
+    .unwrap();
+    let ids = trace.prog_ids();
+    assert_eq!(
+        ids.len(),
+        2,
+        "expected two attached programs: {:?}",
+        trace.stderr_lines
+    );
+    assert!(ids.iter().all(|id| live_prog_ids().contains(id)));
+    if mode == "netlink" {
+        let during = tc_state(&pair.server);
+        assert!(
+            during.contains("clsact") && during.contains("dns_tc_ingress"),
+            "{during}"
+        );
+    }
+    let (status, _, stderr) = trace.stop(signal).unwrap();
+    assert!(status.success(), "exit {status}: {stderr:?}");
+    assert!(
+        stderr.iter().any(|l| l.contains("detached from vs")),
+        "{stderr:?}"
+    );
+    // The kernel frees programs of deleted tc filters after an RCU grace period.
+    wait_for(|| {
+        let live = live_prog_ids();
+        ids.iter().all(|id| !live.contains(id)).then_some(())
+    })
+    .unwrap_or_else(|_| panic!("programs {ids:?} still loaded"));
+    assert_eq!(tc_state(&pair.server), before, "tc state changed");
+}
+
+#[test]
+fn sigint_detaches_tcx_links() {
+    stop_leaves_nothing("tcx", libc::SIGINT);
+}
+
+#[test]
+fn sigterm_detaches_tcx_links() {
+    stop_leaves_nothing("tcx", libc::SIGTERM);
+}
+
+#[test]
+fn sigint_removes_netlink_filters_and_the_qdisc_it_added() {
+    stop_leaves_nothing("netlink", libc::SIGINT);
+}
+
+#[test]
+fn sigterm_removes_netlink_filters_and_the_qdisc_it_added() {
+    stop_leaves_nothing("netlink", libc::SIGTERM);
+}
+
+#[test]
+fn an_existing_clsact_qdisc_is_left_in_place() {
+    require_root();
+    let pair = Pair::new().unwrap();
+    run(pair
+        .server
+        .cmd("tc")
+        .args(["qdisc", "add", "dev", Pair::SERVER_IF, "clsact"]))
+    .unwrap();
+    let trace = Dnstrace::start(
+        &pair.server,
+        &["--iface", Pair::SERVER_IF, "--tc-attach", "netlink"],
+    )
+    .unwrap();
+    let (status, _, _) = trace.stop(libc::SIGTERM).unwrap();
+    assert!(status.success());
+    let after = tc_state(&pair.server);
+    assert!(
+        after.contains("clsact") && !after.contains("dns_tc"),
+        "{after}"
+    );
+}
