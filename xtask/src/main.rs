@@ -1,0 +1,90 @@
+//! Developer tasks: `cargo xtask setup | test | demo`.
+mod demo;
+mod setup;
+
+use std::process::{Command, ExitCode};
+
+use anyhow::{bail, Context, Result};
+
+const USAGE: &str = "usage: cargo xtask <setup | test | demo>
+  setup   install what building and testing need (idempotent)
+  test    setup, then formatting, lints and the whole test suite (as root)
+  demo    setup, build, then trace DNS between two throw-away network namespaces";
+
+fn main() -> ExitCode {
+    let task = std::env::args().nth(1).unwrap_or_default();
+    let result = match task.as_str() {
+        "setup" => setup::run(),
+        "test" => setup::run().and_then(|()| test()),
+        "demo" => setup::run().and_then(|()| demo::run()),
+        _ => {
+            eprintln!("{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs a command in the workspace root, failing if it fails.
+pub fn cargo(args: &[&str]) -> Result<()> {
+    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .current_dir(workspace_root())
+        .args(args)
+        .status()
+        .with_context(|| format!("running cargo {}", args.join(" ")))?;
+    if !status.success() {
+        bail!("cargo {} failed ({status})", args.join(" "));
+    }
+    Ok(())
+}
+
+pub fn workspace_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
+}
+
+fn test() -> Result<()> {
+    if !setup::is_root() {
+        bail!(
+            "the tests load eBPF programs and make network namespaces: run `sudo cargo xtask test`"
+        );
+    }
+    cargo(&["fmt", "--all", "--", "--check"])?;
+    cargo(&["clippy", "--all-targets", "--", "-D", "warnings"])?;
+    clippy_ebpf()?;
+    cargo(&["test"])
+}
+
+/// The eBPF crate is linted for the host, where it needs abort-on-panic, in a
+/// target dir of its own so the flag does not rebuild everything else.
+fn clippy_ebpf() -> Result<()> {
+    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .current_dir(workspace_root())
+        .args([
+            "clippy",
+            "--package",
+            "dnstrace-ebpf",
+            "--",
+            "-D",
+            "warnings",
+        ])
+        .env("RUSTFLAGS", "-C panic=abort")
+        .env(
+            "CARGO_TARGET_DIR",
+            workspace_root().join("target/ebpf-clippy"),
+        )
+        .status()
+        .context("running cargo clippy on dnstrace-ebpf")?;
+    if !status.success() {
+        bail!("cargo clippy on dnstrace-ebpf failed ({status})");
+    }
+    Ok(())
+}

@@ -1,0 +1,130 @@
+//! Installs the eBPF toolchain and the programs the tests drive, skipping
+//! whatever is already there. See shared/KERNEL-AND-TOOLCHAIN.md for why
+//! these exact pieces.
+use std::{path::Path, process::Command};
+
+use anyhow::{bail, Context, Result};
+
+/// Debian's rustc with a precompiled `core` for the bpf targets, and LLVM for bpf-linker.
+const TOOLCHAIN_PACKAGES: &[&str] = &[
+    "rustc-web",
+    "libstd-rust-web-dev-bpf",
+    "llvm-22-dev",
+    "libpolly-22-dev",
+    "libzstd-dev",
+    "zlib1g-dev",
+];
+/// Real programs the tests and the demo run.
+const TEST_PACKAGES: &[&str] = &[
+    "dnsmasq-base",
+    "bind9-dnsutils",
+    "iproute2",
+    "iptables",
+    "conntrack",
+    "tcpdump",
+    "tshark",
+    "bpftool",
+    "util-linux",
+];
+
+pub fn is_root() -> bool {
+    // SAFETY: no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+pub fn run() -> Result<()> {
+    let mut wanted: Vec<&str> = TEST_PACKAGES.to_vec();
+    if !nightly_with_rust_src() {
+        wanted.extend(TOOLCHAIN_PACKAGES);
+    }
+    let missing: Vec<&str> = wanted.into_iter().filter(|p| !installed(p)).collect();
+    if !missing.is_empty() {
+        if !is_root() {
+            bail!(
+                "missing Debian packages {}: run `sudo cargo xtask setup`",
+                missing.join(" ")
+            );
+        }
+        eprintln!("xtask: installing {}", missing.join(" "));
+        sh(Command::new("apt-get").args(["update", "-q"]))?;
+        sh(Command::new("apt-get")
+            .args(["install", "-y", "-q", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"))?;
+    }
+    if !has_bpf_linker() {
+        install_bpf_linker()?;
+    }
+    Ok(())
+}
+
+fn installed(package: &str) -> bool {
+    Command::new("dpkg-query")
+        .args(["-W", "-f=${Status}", package])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
+        .unwrap_or(false)
+}
+
+fn has_bpf_linker() -> bool {
+    Command::new("bpf-linker")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+        || cargo_bin("bpf-linker").exists()
+}
+
+fn cargo_bin(name: &str) -> std::path::PathBuf {
+    let home = std::env::var("CARGO_HOME").map_or_else(
+        |_| Path::new(&std::env::var("HOME").unwrap_or_default()).join(".cargo"),
+        Into::into,
+    );
+    home.join("bin").join(name)
+}
+
+/// The usual aya setup elsewhere: a rustup nightly with rust-src and a prebuilt bpf-linker.
+fn nightly_with_rust_src() -> bool {
+    let Ok(out) = Command::new("rustup")
+        .args(["run", "nightly", "rustc", "--print", "sysroot"])
+        .output()
+    else {
+        return false;
+    };
+    let sysroot = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    out.status.success()
+        && Path::new(&sysroot)
+            .join("lib/rustlib/src/rust/library/core")
+            .exists()
+        && has_bpf_linker()
+}
+
+fn install_bpf_linker() -> Result<()> {
+    eprintln!("xtask: building bpf-linker against Debian's LLVM 22 (a few minutes)");
+    let path = format!(
+        "/usr/lib/llvm-22/bin:{}",
+        std::env::var("PATH").unwrap_or_default()
+    );
+    sh(
+        Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+            .args([
+                "install",
+                "--locked",
+                "bpf-linker",
+                "--version",
+                "0.13.0",
+                "--no-default-features",
+                "--features",
+                "llvm-22",
+            ])
+            .env("PATH", path)
+            .env("LLVM_PREFIX", "/usr/lib/llvm-22"),
+    )
+}
+
+fn sh(cmd: &mut Command) -> Result<()> {
+    let status = cmd.status().with_context(|| format!("running {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed ({status})");
+    }
+    Ok(())
+}
