@@ -23,6 +23,9 @@ struct Counts {
 }
 
 pub async fn run(args: CaptureArgs) -> Result<()> {
+    if args.ifaces.is_empty() {
+        anyhow::bail!("name the interfaces to watch with --iface IF (no cluster at hand? `dnstrace lab up` builds one)");
+    }
     let mut probes = Probes::attach(&args)?;
     for a in &probes.attachments {
         eprintln!(

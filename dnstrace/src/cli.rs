@@ -8,15 +8,27 @@ use clap::{Parser, ValueEnum};
     about = "Follow DNS on a Linux or Kubernetes node with eBPF, packet by packet",
     after_help = "Needs root (CAP_BPF, CAP_NET_ADMIN, CAP_PERFMON). Stop with Ctrl-C."
 )]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
     #[command(flatten)]
     pub capture: CaptureArgs,
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum Command {
+    /// A simulated Kubernetes node in network namespaces, with switchable DNS faults.
+    Lab {
+        #[command(subcommand)]
+        command: crate::lab::LabCommand,
+    },
 }
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct CaptureArgs {
     /// Interface to watch, ingress and egress (repeatable).
-    #[arg(short, long = "iface", value_name = "IF", required = true)]
+    #[arg(short, long = "iface", value_name = "IF")]
     pub ifaces: Vec<String>,
 
     /// Port treated as DNS (repeatable; replaces the default 53).
@@ -73,8 +85,9 @@ mod tests {
     }
 
     #[test]
-    fn iface_is_required_and_ports_repeat() {
-        assert!(Cli::try_parse_from(["dnstrace"]).is_err());
+    fn ports_repeat_and_lab_is_a_subcommand() {
+        assert!(Cli::try_parse_from(["dnstrace", "lab", "up", "--fault", "bridge-nf-off"]).is_ok());
+        assert!(Cli::try_parse_from(["dnstrace", "lab", "up", "--fault", "nope"]).is_err());
         let cli = Cli::try_parse_from(["dnstrace", "-i", "eth0", "--port", "53", "--port", "5353"])
             .unwrap();
         assert_eq!(cli.capture.ports, vec![53, 5353]);

@@ -3,6 +3,7 @@ mod capture;
 mod cli;
 mod decode;
 mod ingest;
+mod lab;
 mod output;
 mod probes;
 
@@ -19,7 +20,13 @@ fn main() -> ExitCode {
         Ok(rt) => rt,
         Err(e) => return fail(anyhow::anyhow!("cannot start the runtime: {e}")),
     };
-    match runtime.block_on(capture::run(cli.capture)) {
+    let work = async {
+        match cli.command {
+            Some(cli::Command::Lab { command }) => lab::run(command).await,
+            None => capture::run(cli.capture).await,
+        }
+    };
+    match runtime.block_on(work) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail(e),
     }

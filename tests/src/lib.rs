@@ -351,3 +351,86 @@ pub fn json_lines(out: &str) -> Vec<serde_json::Value> {
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad JSON line {l:?}: {e}")))
         .collect()
 }
+
+/// Runs the dnstrace binary with `args`, returning its output whatever the exit.
+pub fn dnstrace(args: &[&str]) -> std::process::Output {
+    Command::new(dnstrace_bin()).args(args).output().expect("running dnstrace")
+}
+
+/// The built-in lab, brought down on drop. Its namespace names are fixed, so
+/// only one may exist at a time: hold `LAB_LOCK` while using it.
+pub struct Lab {
+    _guard: std::sync::MutexGuard<'static, ()>,
+}
+
+pub static LAB_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+pub const WEB: &str = "dtlab-web-7d9f8c6b5-x2x4k";
+pub const CHECKOUT: &str = "dtlab-checkout-5f6d7c9b8-q7w2e";
+pub const COREDNS_A: &str = "coredns-7db6d8ff4d-4xk9m";
+pub const COREDNS_B: &str = "coredns-7db6d8ff4d-vz8lp";
+pub const NODE: &str = "dtlab-node";
+pub const SERVICE: &str = "10.96.0.10";
+
+impl Lab {
+    pub fn up(args: &[&str]) -> Self {
+        let guard = LAB_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = dnstrace(&["lab", "down"]);
+        let mut all = vec!["lab", "up"];
+        all.extend_from_slice(args);
+        let out = dnstrace(&all);
+        assert!(out.status.success(), "lab up failed: {}", String::from_utf8_lossy(&out.stderr));
+        Self { _guard: guard }
+    }
+
+    pub fn fault(&self, name: &str, on: bool) {
+        let out = dnstrace(&["lab", "fault", name, if on { "on" } else { "off" }]);
+        assert!(out.status.success(), "lab fault {name}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    /// dig in a lab namespace, one try, short timeout; returns dig's output.
+    pub fn dig(&self, ns: &str, args: &str) -> String {
+        let out = Command::new("ip")
+            .args(["netns", "exec", ns, "dig", "+tries=1", "+time=2"])
+            .args(args.split_whitespace())
+            .output()
+            .expect("running dig");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `lab traffic ... -o json`, parsed.
+    pub fn traffic(&self, args: &[&str]) -> Vec<serde_json::Value> {
+        let mut all = vec!["lab", "traffic", "-o", "json"];
+        all.extend_from_slice(args);
+        let out = dnstrace(&all);
+        assert!(out.status.success(), "lab traffic: {}", String::from_utf8_lossy(&out.stderr));
+        json_lines(&String::from_utf8_lossy(&out.stdout))
+    }
+
+    pub fn log(&self, name: &str) -> String {
+        std::fs::read_to_string(format!("/run/dnstrace-lab/logs/{name}.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        let out = dnstrace(&["lab", "down"]);
+        if !out.status.success() {
+            eprintln!("lab down failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+    }
+}
+
+/// dig's status word (NOERROR, NXDOMAIN...), or "timeout".
+pub fn dig_status(out: &str) -> String {
+    out.lines()
+        .find_map(|l| l.split("status: ").nth(1))
+        .and_then(|s| s.split(',').next())
+        .map_or_else(|| "timeout".to_owned(), str::to_owned)
+}
+
+/// A name no cache has seen.
+pub fn fresh(label: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!("{label}-{}-{}.example.com", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+}

@@ -1,0 +1,42 @@
+//! Faults: each reproduces an entry of the DNS failure catalogue by changing
+//! real configuration, the way it goes wrong in the field.
+use clap::ValueEnum;
+use serde::{Deserialize, Serialize};
+
+#[derive(ValueEnum, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[serde(rename_all = "kebab-case")]
+pub enum Fault {
+    /// bridge-nf-call-iptables=0 on the node: replies from CoreDNS arrive un-NATed.
+    BridgeNfOff,
+    /// kube-proxy's KUBE-SERVICES jump for kube-dns is missing: no DNAT.
+    NoDnat,
+    /// A CoreDNS pod forwards upstream to a loopback address where it listens itself.
+    ForwardLoop,
+    /// The node's resolv.conf points at NodeLocalDNS, which sends everything to CoreDNS.
+    NodelocaldnsLoop,
+    /// The upstream resolver silently drops queries.
+    UpstreamTimeout,
+    /// The pods' search list gets a foreign domain.
+    SearchLeak,
+    /// Clients send A and AAAA at once from one socket, from two CPUs.
+    ConntrackRace,
+    /// An iptables rule on the node drops DNS towards one CoreDNS endpoint.
+    Drop,
+    /// A client pod's nameserver is 127.0.0.53 (dnsPolicy Default on a systemd-resolved node).
+    LoopbackNameserver,
+    /// The upstream resolver answers SERVFAIL.
+    Servfail,
+    /// The upstream resolver answers after a delay.
+    SlowUpstream,
+}
+
+impl Fault {
+    pub fn name(self) -> String {
+        self.to_possible_value().map(|v| v.get_name().to_owned()).unwrap_or_default()
+    }
+}
+
+/// Delay the `slow-upstream` fault adds to every upstream answer.
+pub const SLOW_UPSTREAM_MS: u64 = 800;
+/// Where the delay line listens in the upstream namespace.
+pub const DELAY_LINE_PORT: u16 = 5353;

@@ -1,0 +1,564 @@
+//! `dnstrace lab`: a simulated Kubernetes node in network namespaces, with the
+//! real DNS path (bridge, kube-proxy DNAT, conntrack, resolvers) and
+//! switchable faults. It touches nothing outside its namespaces, its
+//! /etc/netns entries and its directory under /run.
+mod delay;
+mod faults;
+mod kubeproxy;
+mod plan;
+mod resolvers;
+mod runtime;
+mod sys;
+pub mod traffic;
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context as _, Result};
+use serde::{Deserialize, Serialize};
+
+pub use delay::delay_line;
+pub use faults::Fault;
+use plan::{Pod, Role, LAB_DIR, NODE_NS, UPSTREAM_NS};
+
+#[derive(clap::Subcommand, Debug)]
+pub enum LabCommand {
+    /// Build the lab: a node, two client pods, two CoreDNS pods, an upstream resolver.
+    Up {
+        /// Switch a fault on from the start (repeatable).
+        #[arg(long = "fault", value_enum)]
+        faults: Vec<Fault>,
+        /// Add NodeLocalDNS (a cache on 169.254.20.10 on the node) and point pods at it.
+        #[arg(long)]
+        nodelocaldns: bool,
+        /// Dual-stack: IPv6 pod addresses, service IP and ip6tables rules too.
+        #[arg(long)]
+        ipv6: bool,
+    },
+    /// Remove every namespace, process, rule and file the lab made.
+    Down,
+    /// Show what of the lab exists.
+    Status,
+    /// Switch a fault on or off in the running lab.
+    Fault {
+        #[arg(value_enum)]
+        fault: Fault,
+        #[arg(value_enum)]
+        state: Switch,
+    },
+    /// Run lookups from the client pods the way applications do.
+    Traffic(traffic::TrafficArgs),
+    /// (internal) a delay line in front of the upstream resolver.
+    #[command(hide = true)]
+    DelayLine {
+        #[arg(long)]
+        listen: std::net::SocketAddr,
+        #[arg(long)]
+        to: std::net::SocketAddr,
+        #[arg(long)]
+        delay_ms: u64,
+    },
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Switch {
+    On,
+    Off,
+}
+
+/// What `lab up` built, kept in LAB_DIR/state.json.
+#[derive(Serialize, Deserialize, Default, Debug)]
+pub struct LabState {
+    pub ipv6: bool,
+    pub nodelocaldns: bool,
+    pub faults: BTreeSet<Fault>,
+    /// Long-running processes by name.
+    pub pids: BTreeMap<String, u32>,
+}
+
+fn state_path() -> PathBuf {
+    Path::new(LAB_DIR).join("state.json")
+}
+
+impl LabState {
+    pub fn load() -> Result<Self> {
+        let text = std::fs::read_to_string(state_path()).map_err(|_| anyhow::anyhow!("the lab is not up: run `dnstrace lab up`"))?;
+        serde_json::from_str(&text).with_context(|| format!("{} is damaged: run `dnstrace lab down`", state_path().display()))
+    }
+
+    fn save(&self) -> Result<()> {
+        std::fs::write(state_path(), serde_json::to_string_pretty(self)?).context("saving the lab state")
+    }
+
+    fn has(&self, fault: Fault) -> bool {
+        self.faults.contains(&fault)
+    }
+}
+
+pub async fn run(cmd: LabCommand) -> Result<()> {
+    if let LabCommand::DelayLine { listen, to, delay_ms } = cmd {
+        return delay_line(listen, to, Duration::from_millis(delay_ms)).await;
+    }
+    require_root()?;
+    match cmd {
+        LabCommand::Up { faults, nodelocaldns, ipv6 } => up(faults, nodelocaldns, ipv6),
+        LabCommand::Down => down(true),
+        LabCommand::Status => status(),
+        LabCommand::Fault { fault, state } => switch_fault(fault, state == Switch::On),
+        LabCommand::Traffic(args) => traffic::run(args),
+        LabCommand::DelayLine { .. } => unreachable!("handled above"),
+    }
+}
+
+fn require_root() -> Result<()> {
+    // SAFETY: no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("the lab makes network namespaces and iptables rules: run it as root (sudo dnstrace lab ...)");
+    }
+    Ok(())
+}
+
+fn up(faults: Vec<Fault>, nodelocaldns: bool, ipv6: bool) -> Result<()> {
+    sys::require_programs()?;
+    if let Ok(state) = LabState::load() {
+        if state.pids.values().all(|&p| sys::alive(p)) && !sys::lab_namespaces().is_empty() {
+            bail!("the lab is already up (see `dnstrace lab status`; `dnstrace lab down` removes it)");
+        }
+    }
+    if !sys::lab_namespaces().is_empty() || Path::new(LAB_DIR).exists() {
+        eprintln!("lab: cleaning up what an earlier lab left behind");
+        down(false)?;
+    }
+    let needs_nodelocal = faults.contains(&Fault::NodelocaldnsLoop);
+    let mut state = LabState { ipv6, nodelocaldns: nodelocaldns || needs_nodelocal, ..LabState::default() };
+    if let Err(e) = build(&mut state) {
+        let _ = down(false);
+        return Err(e.context("building the lab failed; everything it made was removed"));
+    }
+    for fault in faults {
+        set_fault(&mut state, fault, true)?;
+    }
+    state.save()?;
+    print_summary(&state);
+    Ok(())
+}
+
+fn build(state: &mut LabState) -> Result<()> {
+    std::fs::create_dir_all(Path::new(LAB_DIR).join("logs"))?;
+    for ns in [NODE_NS, UPSTREAM_NS] {
+        add_netns(ns)?;
+    }
+    build_node(state)?;
+    for pod in &plan::PODS {
+        add_pod(state, pod)?;
+    }
+    write_resolv_confs(state)?;
+    apply_rules(state)?;
+    start_upstream(state)?;
+    for pod in plan::coredns_pods() {
+        start_coredns(state, pod)?;
+    }
+    if state.nodelocaldns {
+        start_nodelocal(state)?;
+    }
+    state.save()?;
+    wait_listening()
+}
+
+fn add_netns(ns: &str) -> Result<()> {
+    sys::run("ip", &["netns", "add", ns])?;
+    sys::ip(ns, "link set lo up").map(drop)
+}
+
+fn build_node(state: &LabState) -> Result<()> {
+    let node = NODE_NS;
+    sys::ip(node, &format!("link add {} type bridge", plan::BRIDGE))?;
+    sys::ip(node, &format!("addr add {}/24 dev {}", plan::POD_GW4, plan::BRIDGE))?;
+    sys::ip(node, &format!("link set {} up", plan::BRIDGE))?;
+    sys::run("ip", &["link", "add", plan::UPLINK, "netns", node, "type", "veth", "peer", "name", plan::UPLINK, "netns", UPSTREAM_NS])?;
+    sys::ip(node, &format!("addr add {}/24 dev {}", plan::NODE_UPLINK4, plan::UPLINK))?;
+    sys::ip(UPSTREAM_NS, &format!("addr add {}/24 dev {}", plan::UPSTREAM4, plan::UPLINK))?;
+    for ns in [node, UPSTREAM_NS] {
+        sys::ip(ns, &format!("link set {} up", plan::UPLINK))?;
+    }
+    // Locally made packets to the service IP need a route before DNAT applies.
+    sys::ip(node, &format!("route add default via {}", plan::UPSTREAM4))?;
+    sys::sysctl(node, "net.ipv4.ip_forward", "1")?;
+    sys::sysctl(node, "net.bridge.bridge-nf-call-iptables", "1")?;
+    if state.ipv6 {
+        sys::ip(node, &format!("-6 addr add {}/64 dev {} nodad", plan::POD_GW6, plan::BRIDGE))?;
+        sys::ip(node, &format!("-6 addr add {}/64 dev {} nodad", plan::NODE_UPLINK6, plan::UPLINK))?;
+        sys::ip(UPSTREAM_NS, &format!("-6 addr add {}/64 dev {} nodad", plan::UPSTREAM6, plan::UPLINK))?;
+        sys::ip(node, &format!("-6 route add default via {}", plan::UPSTREAM6))?;
+        sys::sysctl(node, "net.ipv6.conf.all.forwarding", "1")?;
+        sys::sysctl(node, "net.bridge.bridge-nf-call-ip6tables", "1")?;
+    }
+    if state.nodelocaldns {
+        // NodeLocalDNS holds its address on a dummy device; an empty bridge
+        // does the same where the kernel has no dummy driver.
+        if sys::ip(node, "link add nodelocaldns type dummy").is_err() {
+            sys::ip(node, "link add nodelocaldns type bridge")?;
+        }
+        sys::ip(node, &format!("addr add {}/32 dev nodelocaldns", plan::NODELOCAL4))?;
+        sys::ip(node, "link set nodelocaldns up")?;
+    }
+    Ok(())
+}
+
+fn add_pod(state: &mut LabState, pod: &Pod) -> Result<()> {
+    let ns = pod.netns();
+    add_netns(&ns)?;
+    let veth = pod.host_veth();
+    sys::run("ip", &["link", "add", &veth, "netns", NODE_NS, "type", "veth", "peer", "name", "eth0", "netns", &ns])?;
+    sys::ip(NODE_NS, &format!("link set {veth} master {} up", plan::BRIDGE))?;
+    sys::run("bridge", &["-n", NODE_NS, "link", "set", "dev", &veth, "hairpin", "on"])?;
+    sys::ip(&ns, &format!("addr add {}/24 dev eth0", pod.ip4))?;
+    sys::ip(&ns, "link set eth0 up")?;
+    sys::ip(&ns, &format!("route add default via {}", plan::POD_GW4))?;
+    if state.ipv6 {
+        sys::ip(&ns, &format!("-6 addr add {}/64 dev eth0 nodad", pod.ip6))?;
+        sys::ip(&ns, &format!("-6 route add default via {}", plan::POD_GW6))?;
+    }
+    std::fs::create_dir_all(netns_etc(&ns))?;
+    sys::rewrite(&netns_etc(&ns).join("resolv.conf"), "")?;
+    // The sandbox's pause process: what makes the namespace a pod to the node.
+    let pid = sys::spawn_detached(&ns, "sleep", &["infinity"])?;
+    state.pids.insert(format!("pause/{}", pod.full_name()), pid);
+    runtime::write_sandbox(pod, pid)
+}
+
+/// `ip netns exec NS` bind-mounts the files here over /etc.
+fn netns_etc(ns: &str) -> PathBuf {
+    Path::new("/etc/netns").join(ns)
+}
+
+fn nameserver_for(state: &LabState, pod: &Pod) -> IpAddr {
+    match pod.role {
+        // dnsPolicy Default: CoreDNS inherits the node's resolv.conf.
+        Role::CoreDns => node_nameserver(state),
+        Role::Client if state.has(Fault::LoopbackNameserver) && pod.name == plan::PODS[0].name => plan::RESOLVED_STUB.into(),
+        Role::Client if state.nodelocaldns => plan::NODELOCAL4.into(),
+        Role::Client => plan::SERVICE4.into(),
+    }
+}
+
+fn node_nameserver(state: &LabState) -> IpAddr {
+    if state.has(Fault::NodelocaldnsLoop) {
+        plan::NODELOCAL4.into()
+    } else {
+        plan::UPSTREAM4.into()
+    }
+}
+
+fn write_resolv_confs(state: &LabState) -> Result<()> {
+    for pod in &plan::PODS {
+        let text = match pod.role {
+            Role::CoreDns if state.has(Fault::ForwardLoop) && pod.name == plan::PODS[2].name => {
+                // The node's systemd-resolved stub, inherited: in the pod it is CoreDNS itself.
+                format!("nameserver {}\n", plan::RESOLVED_STUB)
+            }
+            Role::CoreDns => format!("nameserver {}\n", nameserver_for(state, pod)),
+            Role::Client => {
+                let mut search = pod.search_list();
+                if state.has(Fault::SearchLeak) {
+                    search.push(plan::LEAK_DOMAIN.to_owned());
+                }
+                resolvers::pod_resolv_conf(nameserver_for(state, pod), &search)
+            }
+        };
+        sys::rewrite(&netns_etc(&pod.netns()).join("resolv.conf"), &text)?;
+    }
+    std::fs::create_dir_all(netns_etc(NODE_NS))?;
+    sys::rewrite(&netns_etc(NODE_NS).join("resolv.conf"), &format!("nameserver {}\n", node_nameserver(state)))
+}
+
+/// All iptables state of the lab, derived from options and faults.
+fn apply_rules(state: &LabState) -> Result<()> {
+    let endpoints4: Vec<IpAddr> = plan::coredns_pods().map(|p| IpAddr::V4(p.ip4)).collect();
+    let nat = kubeproxy_nat(IpAddr::V4(plan::SERVICE4), &endpoints4, plan::POD_CIDR4, state);
+    sys::restore(NODE_NS, false, &nat)?;
+    sys::restore(NODE_NS, false, &node_filter(state, &plan::PODS[3].ip4.to_string()))?;
+    if state.ipv6 {
+        let endpoints6: Vec<IpAddr> = plan::coredns_pods().map(|p| IpAddr::V6(p.ip6)).collect();
+        let nat6 = kubeproxy_nat(IpAddr::V6(plan::SERVICE6), &endpoints6, plan::POD_CIDR6, state);
+        sys::restore(NODE_NS, true, &nat6)?;
+        sys::restore(NODE_NS, true, &node_filter(state, &plan::PODS[3].ip6.to_string()))?;
+    }
+    sys::restore(UPSTREAM_NS, false, &upstream_filter(state))?;
+    sys::restore(UPSTREAM_NS, false, &upstream_nat(state))?;
+    if state.ipv6 {
+        sys::restore(UPSTREAM_NS, true, &upstream_filter(state))?;
+    }
+    Ok(())
+}
+
+fn kubeproxy_nat(service: IpAddr, endpoints: &[IpAddr], pod_cidr: &str, state: &LabState) -> String {
+    kubeproxy::nat_table(&kubeproxy::NatConfig { service, endpoints, pod_cidr, service_jumps: !state.has(Fault::NoDnat) })
+}
+
+
+fn node_filter(state: &LabState, endpoint: &str) -> String {
+    let mut t = String::from("*filter\n");
+    if state.has(Fault::Drop) {
+        for proto in ["udp", "tcp"] {
+            t += &format!(
+                "-A FORWARD -d {endpoint} -p {proto} -m {proto} --dport 53 -m comment --comment \"dnstrace lab: drop fault\" -j DROP\n"
+            );
+        }
+    }
+    t + "COMMIT\n"
+}
+
+fn upstream_filter(state: &LabState) -> String {
+    let mut t = String::from("*filter\n");
+    if state.has(Fault::UpstreamTimeout) {
+        for proto in ["udp", "tcp"] {
+            t += &format!("-A INPUT -i {} -p {proto} -m {proto} --dport 53 -j DROP\n", plan::UPLINK);
+        }
+    }
+    t + "COMMIT\n"
+}
+
+/// The delay line of `slow-upstream`: queries to the resolver go through it.
+fn upstream_nat(state: &LabState) -> String {
+    let mut t = String::from("*nat\n");
+    if state.has(Fault::SlowUpstream) {
+        t += &format!(
+            "-A PREROUTING -i {} -p udp -m udp --dport 53 -j REDIRECT --to-ports {}\n",
+            plan::UPLINK,
+            faults::DELAY_LINE_PORT
+        );
+    }
+    t + "COMMIT\n"
+}
+
+fn start_upstream(state: &mut LabState) -> Result<()> {
+    stop(state, "unbound");
+    std::fs::write(resolvers::zone_path(), resolvers::example_zone())?;
+    let conf = Path::new(LAB_DIR).join("unbound.conf");
+    std::fs::write(&conf, resolvers::unbound_conf(state.ipv6, state.has(Fault::Servfail)))?;
+    let _ = std::fs::remove_file(resolvers::pid_path("unbound"));
+    sys::in_ns(UPSTREAM_NS, "unbound", &["-c", &conf.to_string_lossy()])?;
+    let pid = read_pid("unbound")?;
+    state.pids.insert("unbound".into(), pid);
+    Ok(())
+}
+
+fn start_coredns(state: &mut LabState, pod: &Pod) -> Result<()> {
+    let args = resolvers::coredns_args(pod, state.ipv6);
+    start_dnsmasq(state, &pod.netns(), pod.name, &args)
+}
+
+fn start_nodelocal(state: &mut LabState) -> Result<()> {
+    let args = resolvers::nodelocal_args(state.has(Fault::NodelocaldnsLoop));
+    start_dnsmasq(state, NODE_NS, "nodelocaldns", &args)
+}
+
+fn start_dnsmasq(state: &mut LabState, ns: &str, name: &str, args: &[String]) -> Result<()> {
+    stop(state, name);
+    let _ = std::fs::remove_file(resolvers::pid_path(name));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    sys::in_ns(ns, "dnsmasq", &args)?;
+    let pid = read_pid(name)?;
+    state.pids.insert(name.to_owned(), pid);
+    Ok(())
+}
+
+fn stop(state: &mut LabState, name: &str) {
+    if let Some(pid) = state.pids.remove(name) {
+        sys::kill(pid);
+        wait_gone(pid);
+    }
+}
+
+fn read_pid(name: &str) -> Result<u32> {
+    let path = resolvers::pid_path(name);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Some(pid) = std::fs::read_to_string(&path).ok().and_then(|s| s.trim().parse().ok()) {
+            return Ok(pid);
+        }
+        if Instant::now() > deadline {
+            bail!("{name} did not start (no pid in {}); see {}", path.display(), resolvers::log_path(name).display());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn wait_gone(pid: u32) {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while sys::alive(pid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Waits until every resolver has its port 53 open.
+fn wait_listening() -> Result<()> {
+    let mut namespaces: Vec<String> = plan::coredns_pods().map(Pod::netns).collect();
+    namespaces.push(UPSTREAM_NS.to_owned());
+    for ns in namespaces {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !sys::in_ns(&ns, "ss", &["-Hlun", "sport", "=", ":53"]).is_ok_and(|o| !o.trim().is_empty()) {
+            if Instant::now() > deadline {
+                bail!("the resolver in {ns} is not listening on port 53");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    Ok(())
+}
+
+fn switch_fault(fault: Fault, on: bool) -> Result<()> {
+    let mut state = LabState::load()?;
+    if state.has(fault) == on {
+        eprintln!("lab: {} is already {}", fault.name(), if on { "on" } else { "off" });
+        return Ok(());
+    }
+    set_fault(&mut state, fault, on)?;
+    state.save()?;
+    eprintln!("lab: {} {}", fault.name(), if on { "on" } else { "off" });
+    Ok(())
+}
+
+/// Changes the real configuration a fault lives in.
+fn set_fault(state: &mut LabState, fault: Fault, on: bool) -> Result<()> {
+    if fault == Fault::NodelocaldnsLoop && !state.nodelocaldns {
+        bail!("nodelocaldns-loop needs NodeLocalDNS: bring the lab up with `dnstrace lab up --nodelocaldns`");
+    }
+    if on {
+        state.faults.insert(fault);
+    } else {
+        state.faults.remove(&fault);
+    }
+    match fault {
+        Fault::BridgeNfOff => {
+            let value = if on { "0" } else { "1" };
+            sys::sysctl(NODE_NS, "net.bridge.bridge-nf-call-iptables", value)?;
+            if state.ipv6 {
+                sys::sysctl(NODE_NS, "net.bridge.bridge-nf-call-ip6tables", value)?;
+            }
+            Ok(())
+        }
+        Fault::NoDnat | Fault::Drop | Fault::UpstreamTimeout => apply_rules(state),
+        Fault::SlowUpstream => {
+            set_delay_line(state, on)?;
+            apply_rules(state)
+        }
+        Fault::Servfail => start_upstream(state),
+        Fault::SearchLeak | Fault::LoopbackNameserver => write_resolv_confs(state),
+        Fault::ForwardLoop => {
+            write_resolv_confs(state)?;
+            reload_coredns(state)
+        }
+        Fault::NodelocaldnsLoop => {
+            write_resolv_confs(state)?;
+            reload_coredns(state)?;
+            start_nodelocal(state)
+        }
+        // Read by `lab traffic`, which then sends A and AAAA from two CPUs at once.
+        Fault::ConntrackRace => Ok(()),
+    }
+}
+
+/// What a CoreDNS reload does: read /etc/resolv.conf again.
+fn reload_coredns(state: &LabState) -> Result<()> {
+    for pod in plan::coredns_pods() {
+        let pid = state.pids.get(pod.name).with_context(|| format!("{} is not running", pod.full_name()))?;
+        sys::hangup(*pid);
+    }
+    Ok(())
+}
+
+fn set_delay_line(state: &mut LabState, on: bool) -> Result<()> {
+    stop(state, "delay-line");
+    if on {
+        let exe = std::env::current_exe().context("finding the dnstrace binary")?;
+        let listen = format!("0.0.0.0:{}", faults::DELAY_LINE_PORT);
+        let args = ["lab", "delay-line", "--listen", &listen, "--to", "127.0.0.1:53", "--delay-ms", &faults::SLOW_UPSTREAM_MS.to_string()];
+        let pid = sys::spawn_detached(UPSTREAM_NS, &exe.to_string_lossy(), &args)?;
+        state.pids.insert("delay-line".into(), pid);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !sys::in_ns(UPSTREAM_NS, "ss", &["-Hlun", "sport", "=", &format!(":{}", faults::DELAY_LINE_PORT)]).is_ok_and(|o| !o.trim().is_empty()) {
+            if Instant::now() > deadline {
+                bail!("the delay line did not start");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    Ok(())
+}
+
+/// Removes everything; `loud` reports what was there.
+fn down(loud: bool) -> Result<()> {
+    if let Ok(state) = LabState::load() {
+        for &pid in state.pids.values() {
+            sys::kill(pid);
+        }
+    }
+    let namespaces = sys::lab_namespaces();
+    for ns in &namespaces {
+        if let Ok(pids) = sys::run("ip", &["netns", "pids", ns]) {
+            pids.split_whitespace().filter_map(|p| p.parse().ok()).for_each(sys::kill);
+        }
+    }
+    for ns in &namespaces {
+        sys::run("ip", &["netns", "del", ns])?;
+        let _ = std::fs::remove_dir_all(netns_etc(ns));
+    }
+    if let Ok(entries) = std::fs::read_dir("/etc/netns") {
+        for e in entries.flatten().filter(|e| e.file_name().to_string_lossy().starts_with(plan::NS_PREFIX)) {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+    let had_dir = Path::new(LAB_DIR).exists();
+    if had_dir {
+        std::fs::remove_dir_all(LAB_DIR).with_context(|| format!("removing {LAB_DIR}"))?;
+    }
+    if loud {
+        if namespaces.is_empty() && !had_dir {
+            eprintln!("lab: nothing to remove");
+        } else {
+            eprintln!("lab: removed {} namespaces, their processes and rules, and {LAB_DIR}", namespaces.len());
+        }
+    }
+    Ok(())
+}
+
+fn status() -> Result<()> {
+    let namespaces = sys::lab_namespaces();
+    let state = LabState::load().ok();
+    if namespaces.is_empty() && state.is_none() {
+        println!("the lab is down");
+        return Ok(());
+    }
+    println!("namespaces: {}", namespaces.join(" "));
+    if let Some(state) = state {
+        for (name, pid) in &state.pids {
+            println!("process {name}: pid {pid} {}", if sys::alive(*pid) { "running" } else { "GONE" });
+        }
+        let faults: Vec<String> = state.faults.iter().map(|f| f.name()).collect();
+        println!("faults: {}", if faults.is_empty() { "none".to_owned() } else { faults.join(" ") });
+        println!("options: ipv6={} nodelocaldns={}", state.ipv6, state.nodelocaldns);
+    }
+    Ok(())
+}
+
+fn print_summary(state: &LabState) {
+    eprintln!("lab: up. Node namespace {NODE_NS}: bridge {} {}, kube-dns {} (DNAT to the CoreDNS pods)", plan::BRIDGE, plan::POD_GW4, plan::SERVICE4);
+    for pod in &plan::PODS {
+        eprintln!("lab:   {:<40} {:<12} netns {:<36} veth {}", pod.full_name(), pod.ip4.to_string(), pod.netns(), pod.host_veth());
+    }
+    eprintln!("lab:   upstream resolver {} (unbound) in {UPSTREAM_NS}", plan::UPSTREAM4);
+    if state.nodelocaldns {
+        eprintln!("lab:   NodeLocalDNS {} on the node", plan::NODELOCAL4);
+    }
+    let faults: Vec<String> = state.faults.iter().map(|f| f.name()).collect();
+    if !faults.is_empty() {
+        eprintln!("lab: faults on: {}", faults.join(" "));
+    }
+    eprintln!("lab: try `dnstrace lab traffic`, and `dnstrace lab down` to remove it");
+}

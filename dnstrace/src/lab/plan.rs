@@ -1,0 +1,130 @@
+//! What the lab is made of: namespaces, pods, addresses. Plain data, so the
+//! configuration derived from it is tested without root.
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+use sha2::{Digest, Sha256};
+
+/// Every lab namespace name starts with this; `lab down` removes them all.
+pub const NS_PREFIX: &str = "dtlab-";
+pub const NODE_NS: &str = "dtlab-node";
+pub const UPSTREAM_NS: &str = "dtlab-upstream";
+/// Where the lab keeps its state, configs, logs and runtime-state tree.
+pub const LAB_DIR: &str = "/run/dnstrace-lab";
+
+pub const BRIDGE: &str = "cni0";
+pub const POD_GW4: Ipv4Addr = Ipv4Addr::new(10, 244, 0, 1);
+pub const POD_GW6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x244, 0, 0, 0, 0, 1);
+pub const POD_CIDR4: &str = "10.244.0.0/16";
+pub const POD_CIDR6: &str = "fd00:10:244::/56";
+pub const SERVICE4: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
+pub const SERVICE6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x96, 0, 0, 0, 0, 0xa);
+pub const API_SERVICE4: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 1);
+/// The node's uplink and the "internet" resolver behind it (TEST-NET-2).
+pub const UPLINK: &str = "eth0";
+pub const NODE_UPLINK4: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
+pub const UPSTREAM4: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 53);
+pub const NODE_UPLINK6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0x5100, 0, 0, 0, 0, 1);
+pub const UPSTREAM6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0x5100, 0, 0, 0, 0, 0x53);
+/// NodeLocalDNS's link-local listen address, as in its manifests.
+pub const NODELOCAL4: Ipv4Addr = Ipv4Addr::new(169, 254, 20, 10);
+/// What a systemd-resolved node puts in resolv.conf.
+pub const RESOLVED_STUB: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 53);
+pub const CLUSTER_DOMAIN: &str = "cluster.local";
+/// The foreign search domain the `search-leak` fault adds.
+pub const LEAK_DOMAIN: &str = "corp.example.com";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Client,
+    CoreDns,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Pod {
+    pub namespace: &'static str,
+    pub name: &'static str,
+    pub ip4: Ipv4Addr,
+    pub ip6: Ipv6Addr,
+    pub role: Role,
+}
+
+const fn v6(last: u16) -> Ipv6Addr {
+    Ipv6Addr::new(0xfd00, 0x10, 0x244, 0, 0, 0, 0, last)
+}
+
+pub const PODS: [Pod; 4] = [
+    Pod { namespace: "default", name: "web-7d9f8c6b5-x2x4k", ip4: Ipv4Addr::new(10, 244, 0, 10), ip6: v6(0x10), role: Role::Client },
+    Pod { namespace: "shop", name: "checkout-5f6d7c9b8-q7w2e", ip4: Ipv4Addr::new(10, 244, 0, 11), ip6: v6(0x11), role: Role::Client },
+    Pod { namespace: "kube-system", name: "coredns-7db6d8ff4d-4xk9m", ip4: Ipv4Addr::new(10, 244, 0, 53), ip6: v6(0x53), role: Role::CoreDns },
+    Pod { namespace: "kube-system", name: "coredns-7db6d8ff4d-vz8lp", ip4: Ipv4Addr::new(10, 244, 0, 54), ip6: v6(0x54), role: Role::CoreDns },
+];
+
+pub fn coredns_pods() -> impl Iterator<Item = &'static Pod> {
+    PODS.iter().filter(|p| p.role == Role::CoreDns)
+}
+
+pub fn client_pods() -> impl Iterator<Item = &'static Pod> {
+    PODS.iter().filter(|p| p.role == Role::Client)
+}
+
+impl Pod {
+    pub fn full_name(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
+    pub fn netns(&self) -> String {
+        format!("{NS_PREFIX}{}", self.name)
+    }
+
+    /// The node-side veth, named like the bridge CNI plugin's `vethXXXXXXXX`.
+    pub fn host_veth(&self) -> String {
+        format!("veth{}", &hex_digest(&self.full_name())[..8])
+    }
+
+    /// A stable pod uid and sandbox id, as a runtime would hand out.
+    pub fn uid(&self) -> String {
+        let h = hex_digest(&format!("uid/{}", self.full_name()));
+        format!("{}-{}-{}-{}-{}", &h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
+    }
+
+    pub fn sandbox_id(&self) -> String {
+        hex_digest(&format!("sandbox/{}", self.full_name()))
+    }
+
+    pub fn search_list(&self) -> Vec<String> {
+        vec![
+            format!("{}.svc.{CLUSTER_DOMAIN}", self.namespace),
+            format!("svc.{CLUSTER_DOMAIN}"),
+            CLUSTER_DOMAIN.to_owned(),
+        ]
+    }
+}
+
+pub fn find_pod(name: &str) -> Option<&'static Pod> {
+    PODS.iter().find(|p| p.full_name() == name || p.name == name || p.name.starts_with(name))
+}
+
+fn hex_digest(s: &str) -> String {
+    Sha256::digest(s.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_stable_and_fit_linux_limits() {
+        for pod in &PODS {
+            assert_eq!(pod.host_veth().len(), 12, "IFNAMSIZ is 16");
+            assert_eq!(pod.sandbox_id().len(), 64);
+            assert_eq!(pod.uid().len(), 36);
+        }
+        assert_eq!(PODS[0].host_veth(), PODS[0].host_veth());
+        assert_ne!(PODS[0].host_veth(), PODS[1].host_veth());
+    }
+
+    #[test]
+    fn search_list_is_the_kubelet_one() {
+        assert_eq!(PODS[1].search_list(), vec!["shop.svc.cluster.local", "svc.cluster.local", "cluster.local"]);
+    }
+}

@@ -1,0 +1,143 @@
+//! Running the real tools the lab is made with, with errors that say what to do.
+use std::{
+    path::Path,
+    process::{Command, Stdio},
+};
+
+use anyhow::{bail, Context as _, Result};
+
+/// Programs the lab runs and the Debian package each comes from.
+pub const PROGRAMS: &[(&str, &str)] = &[
+    ("ip", "iproute2"),
+    ("bridge", "iproute2"),
+    ("iptables-restore", "iptables"),
+    ("ip6tables-restore", "iptables"),
+    ("iptables", "iptables"),
+    ("sysctl", "procps"),
+    ("dnsmasq", "dnsmasq-base"),
+    ("unbound", "unbound"),
+    ("dig", "bind9-dnsutils"),
+    ("ss", "iproute2"),
+];
+
+pub fn require_programs() -> Result<()> {
+    for (program, package) in PROGRAMS {
+        if !on_path(program) {
+            bail!("the lab needs `{program}`, which is not installed: apt-get install {package}");
+        }
+    }
+    Ok(())
+}
+
+fn on_path(program: &str) -> bool {
+    let path = std::env::var("PATH").unwrap_or_default();
+    let found = path.split(':').any(|dir| Path::new(dir).join(program).is_file());
+    found
+}
+
+/// Runs `program args`, returning stdout, or an error carrying stderr.
+pub fn run(program: &str, args: &[&str]) -> Result<String> {
+    let out = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("running {program}"))?;
+    if !out.status.success() {
+        bail!("`{program} {}` failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Runs `program args` inside network namespace `ns`.
+pub fn in_ns(ns: &str, program: &str, args: &[&str]) -> Result<String> {
+    let mut all = vec!["netns", "exec", ns, program];
+    all.extend_from_slice(args);
+    run("ip", &all)
+}
+
+/// `ip -n ns ...`, arguments split on whitespace.
+pub fn ip(ns: &str, args: &str) -> Result<String> {
+    let mut all = vec!["-n", ns];
+    all.extend(args.split_whitespace());
+    run("ip", &all)
+}
+
+pub fn sysctl(ns: &str, key: &str, value: &str) -> Result<()> {
+    in_ns(ns, "sysctl", &["-qw", &format!("{key}={value}")]).map(drop)
+}
+
+/// Feeds `rules` to iptables-restore (v4) or ip6tables-restore in `ns`.
+pub fn restore(ns: &str, v6: bool, rules: &str) -> Result<()> {
+    use std::io::Write as _;
+    let program = if v6 { "ip6tables-restore" } else { "iptables-restore" };
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", ns, program])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("running {program}"))?;
+    child.stdin.take().context("stdin")?.write_all(rules.as_bytes())?;
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        bail!("{program} in {ns} failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(())
+}
+
+/// Starts `program args` in `ns` as a detached, long-running process and
+/// returns its pid (`ip netns exec` execs the program, so the pid is its own).
+pub fn spawn_detached(ns: &str, program: &str, args: &[&str]) -> Result<u32> {
+    use std::os::unix::process::CommandExt as _;
+    let child = Command::new("ip")
+        .args(["netns", "exec", ns, program])
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .with_context(|| format!("starting {program} in {ns}"))?;
+    Ok(child.id())
+}
+
+pub fn alive(pid: u32) -> bool {
+    // SAFETY: signal 0 only checks that the process exists.
+    unsafe { libc::kill(pid as i32, 0) == 0 }
+}
+
+pub fn hangup(pid: u32) {
+    // SAFETY: plain kill(2) on a pid the lab started.
+    unsafe { libc::kill(pid as i32, libc::SIGHUP) };
+}
+
+pub fn kill(pid: u32) {
+    // SAFETY: plain kill(2) on a pid the lab started.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+}
+
+/// The lab's namespaces that exist now.
+pub fn lab_namespaces() -> Vec<String> {
+    let Ok(out) = run("ip", &["netns", "list"]) else {
+        return Vec::new();
+    };
+    out.lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|n| n.starts_with(super::plan::NS_PREFIX))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Writes `text` into an existing file in place (same inode), so bind mounts
+/// of it, like a pod's /etc/resolv.conf, see the change.
+pub fn rewrite(path: &Path, text: &str) -> Result<()> {
+    use std::io::Write as _;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    f.write_all(text.as_bytes())?;
+    Ok(())
+}

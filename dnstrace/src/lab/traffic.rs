@@ -1,0 +1,477 @@
+//! `dnstrace lab traffic`: lookups from the client pods the way applications
+//! make them, and what each application saw (answer, error, time taken).
+use std::{
+    fs::File,
+    io::{Read as _, Write as _},
+    net::{IpAddr, SocketAddr, TcpStream, UdpSocket},
+    os::fd::AsRawFd as _,
+    sync::{mpsc, Arc, Barrier},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context as _, Result};
+use hickory_proto::{
+    op::{Message, MessageType, Query, ResponseCode},
+    rr::{Name, RData, RecordType},
+};
+use serde::Serialize;
+
+use super::{
+    plan::{self, Pod},
+    Fault, LabState,
+};
+use crate::cli::OutputFormat;
+
+#[derive(clap::Args, Debug)]
+pub struct TrafficArgs {
+    /// Client pod to send from, `namespace/name` or a prefix (repeatable; default: every client pod).
+    #[arg(long = "pod")]
+    pods: Vec<String>,
+    /// Name to look up (repeatable; default: a mix of cluster and external names).
+    #[arg(long = "name")]
+    names: Vec<String>,
+    /// Lookups started per second, per pod.
+    #[arg(long, default_value_t = 2.0)]
+    rate: f64,
+    /// Keep going this long (e.g. 30s, 2m); default: each name once per pod.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    duration: Option<Duration>,
+    /// Who makes the lookups: a glibc-like stub resolver, or dig.
+    #[arg(long, value_enum, default_value_t = Client::Stub)]
+    client: Client,
+    #[arg(short, long, value_enum, default_value_t = OutputFormat::Text)]
+    output: OutputFormat,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Client {
+    Stub,
+    Dig,
+}
+
+const DEFAULT_NAMES: &[&str] = &[
+    "kubernetes.default",
+    "kube-dns.kube-system.svc.cluster.local",
+    "db.default",
+    "www.example.com",
+    "chain.example.com",
+    "many.example.com",
+    "nosuchname.example.com",
+];
+
+/// At most this many lookups in flight per pod (each may wait 10 s).
+const MAX_IN_FLIGHT: usize = 256;
+
+/// What the application saw.
+#[derive(Serialize, Debug, Clone)]
+pub struct Outcome {
+    pub pod: String,
+    pub name: String,
+    pub ok: bool,
+    pub addresses: Vec<String>,
+    pub error: Option<String>,
+    /// The search-list candidate that produced the answer or the last error.
+    pub last_name: String,
+    pub queries: u32,
+    pub elapsed_ms: f64,
+}
+
+pub fn run(args: TrafficArgs) -> Result<()> {
+    let state = LabState::load()?;
+    let pods: Vec<&'static Pod> = if args.pods.is_empty() {
+        plan::client_pods().collect()
+    } else {
+        args.pods.iter().map(|p| plan::find_pod(p).with_context(|| format!("no lab pod named {p:?}"))).collect::<Result<_>>()?
+    };
+    if !(args.rate > 0.0 && args.rate <= 10_000.0) {
+        bail!("--rate {}: use a number of lookups per second between 0 and 10000", args.rate);
+    }
+    let names: Vec<String> = if args.names.is_empty() { DEFAULT_NAMES.iter().map(|s| (*s).to_owned()).collect() } else { args.names.clone() };
+    let race = state.faults.contains(&Fault::ConntrackRace);
+    let (tx, rx) = mpsc::channel();
+    let mut drivers = Vec::new();
+    for pod in pods {
+        let (tx, names) = (tx.clone(), names.clone());
+        let (rate, duration, client) = (args.rate, args.duration, args.client);
+        let ns = pod.netns();
+        drivers.push(std::thread::spawn(move || -> Result<()> {
+            enter_netns(&ns)?;
+            drive(pod, &names, rate, duration, client, race, tx);
+            Ok(())
+        }));
+    }
+    drop(tx);
+    let summary = report(rx, args.output)?;
+    for d in drivers {
+        d.join().map_err(|_| anyhow::anyhow!("a traffic thread panicked"))??;
+    }
+    eprintln!("traffic: {summary}");
+    Ok(())
+}
+
+fn report(rx: mpsc::Receiver<Outcome>, format: OutputFormat) -> Result<String> {
+    let (mut ok, mut failed) = (0, 0);
+    let mut out = std::io::stdout().lock();
+    for o in rx {
+        if o.ok {
+            ok += 1;
+        } else {
+            failed += 1;
+        }
+        let line = match format {
+            OutputFormat::Json => serde_json::to_string(&o)?,
+            OutputFormat::Text => text_line(&o),
+        };
+        writeln!(out, "{line}")?;
+    }
+    Ok(format!("{} lookups, {ok} answered, {failed} failed", ok + failed))
+}
+
+fn text_line(o: &Outcome) -> String {
+    let result = if o.ok { format!("→ {}", o.addresses.join(" ")) } else { format!("FAILED {}", o.error.as_deref().unwrap_or("?")) };
+    format!("{:<38} {:<40} {result}  ({:.1} ms, {} queries, last {})", o.pod, o.name, o.elapsed_ms, o.queries, o.last_name)
+}
+
+/// Moves this thread into a lab namespace; threads it spawns stay there too.
+fn enter_netns(ns: &str) -> Result<()> {
+    let f = File::open(format!("/run/netns/{ns}")).with_context(|| format!("opening namespace {ns}"))?;
+    // SAFETY: setns on the calling thread with a valid namespace fd.
+    if unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        bail!("entering namespace {ns}: {}", std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn drive(pod: &'static Pod, names: &[String], rate: f64, duration: Option<Duration>, client: Client, race: bool, tx: mpsc::Sender<Outcome>) {
+    let start = Instant::now();
+    let interval = Duration::from_secs_f64(1.0 / rate);
+    let in_flight = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut workers = Vec::new();
+    for (i, name) in names.iter().cycle().enumerate() {
+        let due = start + interval.mul_f64(i as f64);
+        match duration {
+            Some(d) if due > start + d => break,
+            None if i >= names.len() => break,
+            _ => {}
+        }
+        std::thread::sleep(due.saturating_duration_since(Instant::now()));
+        if in_flight.load(std::sync::atomic::Ordering::Relaxed) >= MAX_IN_FLIGHT {
+            continue;
+        }
+        let (tx, name, in_flight) = (tx.clone(), name.clone(), in_flight.clone());
+        in_flight.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        workers.push(std::thread::spawn(move || {
+            let outcome = match client {
+                Client::Stub => stub_lookup(pod, &name, race),
+                Client::Dig => dig_lookup(pod, &name),
+            };
+            let _ = tx.send(outcome);
+            in_flight.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        }));
+        workers.retain(|w| !w.is_finished());
+    }
+    for w in workers {
+        let _ = w.join();
+    }
+}
+
+/// The resolver settings glibc reads.
+#[derive(Debug, PartialEq)]
+pub struct ResolvConf {
+    pub nameservers: Vec<IpAddr>,
+    pub search: Vec<String>,
+    pub ndots: usize,
+    pub timeout: Duration,
+    pub attempts: u32,
+}
+
+pub fn parse_resolv_conf(text: &str) -> ResolvConf {
+    let mut rc = ResolvConf { nameservers: Vec::new(), search: Vec::new(), ndots: 1, timeout: Duration::from_secs(5), attempts: 2 };
+    for line in text.lines() {
+        let mut words = line.split_whitespace();
+        match words.next() {
+            Some("nameserver") => rc.nameservers.extend(words.next().and_then(|a| a.parse::<IpAddr>().ok())),
+            Some("search") | Some("domain") => rc.search = words.map(str::to_owned).collect(),
+            Some("options") => {
+                for opt in words {
+                    let (key, value) = opt.split_once(':').unwrap_or((opt, ""));
+                    let n: Option<usize> = value.parse().ok();
+                    match key {
+                        "ndots" => rc.ndots = n.unwrap_or(1).min(15),
+                        "timeout" => rc.timeout = Duration::from_secs(n.unwrap_or(5).clamp(1, 30) as u64),
+                        "attempts" => rc.attempts = n.unwrap_or(2).clamp(1, 5) as u32,
+                        _ => {}
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    rc.nameservers.truncate(3);
+    rc
+}
+
+/// The names glibc tries, in order, for `name`.
+pub fn candidates(name: &str, rc: &ResolvConf) -> Vec<String> {
+    if let Some(absolute) = name.strip_suffix('.') {
+        return vec![format!("{absolute}.")];
+    }
+    let searched = rc.search.iter().map(|s| format!("{name}.{s}."));
+    let absolute = format!("{name}.");
+    if name.matches('.').count() >= rc.ndots {
+        std::iter::once(absolute).chain(searched).collect()
+    } else {
+        searched.chain(std::iter::once(absolute)).collect()
+    }
+}
+
+/// How one A+AAAA exchange for one candidate name ended.
+enum Pair {
+    Addresses(Vec<String>),
+    /// NXDOMAIN or no address: glibc moves on to the next candidate.
+    NotHere(&'static str),
+    Failed(String),
+}
+
+fn stub_lookup(pod: &Pod, name: &str, race: bool) -> Outcome {
+    let start = Instant::now();
+    let rc_text = std::fs::read_to_string(format!("/etc/netns/{}/resolv.conf", pod.netns())).unwrap_or_default();
+    let rc = parse_resolv_conf(&rc_text);
+    let mut outcome = Outcome {
+        pod: pod.full_name(),
+        name: name.to_owned(),
+        ok: false,
+        addresses: Vec::new(),
+        error: None,
+        last_name: String::new(),
+        queries: 0,
+        elapsed_ms: 0.0,
+    };
+    let mut last_miss = "NXDOMAIN";
+    for cand in candidates(name, &rc) {
+        outcome.last_name = cand.clone();
+        match exchange(&rc, &cand, race, &mut outcome.queries) {
+            Pair::Addresses(a) => {
+                outcome.ok = true;
+                outcome.addresses = a;
+                break;
+            }
+            Pair::NotHere(why) => last_miss = why,
+            Pair::Failed(e) => {
+                outcome.error = Some(e);
+                break;
+            }
+        }
+    }
+    if !outcome.ok && outcome.error.is_none() {
+        outcome.error = Some(last_miss.to_owned());
+    }
+    outcome.elapsed_ms = start.elapsed().as_secs_f64() * 1000.0;
+    outcome
+}
+
+/// A and AAAA for `name`, through the nameservers and attempts of `rc`.
+fn exchange(rc: &ResolvConf, name: &str, race: bool, queries: &mut u32) -> Pair {
+    let mut last = String::from("no nameserver");
+    for _ in 0..rc.attempts {
+        for &ns in &rc.nameservers {
+            match ask_pair(SocketAddr::new(ns, 53), name, rc.timeout, race, queries) {
+                Ok(Some(pair)) => return pair,
+                Ok(None) => last = "SERVFAIL".into(),
+                Err(e) => last = e,
+            }
+        }
+    }
+    Pair::Failed(last)
+}
+
+/// One A+AAAA exchange with one server. `Ok(None)`: it answered SERVFAIL or
+/// REFUSED (try the next server); `Err`: it did not answer.
+fn ask_pair(server: SocketAddr, name: &str, wait: Duration, race: bool, queries: &mut u32) -> Result<Option<Pair>, String> {
+    let qname = Name::from_ascii(name).map_err(|e| format!("bad name {name}: {e}"))?;
+    let bind: SocketAddr = if server.is_ipv4() { "0.0.0.0:0".parse().unwrap() } else { "[::]:0".parse().unwrap() };
+    let sock = UdpSocket::bind(bind).map_err(|e| e.to_string())?;
+    // Connected, like glibc: replies from another source never reach us.
+    sock.connect(server).map_err(|e| e.to_string())?;
+    let ids = [random_id(), random_id()];
+    let wire: Vec<Vec<u8>> = [RecordType::A, RecordType::AAAA].iter().zip(ids).map(|(&t, id)| query(id, &qname, t)).collect();
+    *queries += 2;
+    send_both(&sock, &wire, race).map_err(io_reason)?;
+    let mut replies: [Option<Message>; 2] = [None, None];
+    let deadline = Instant::now() + wait;
+    let mut buf = [0u8; 4096];
+    while replies.iter().any(Option::is_none) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err("timeout".into());
+        }
+        sock.set_read_timeout(Some(left)).map_err(|e| e.to_string())?;
+        let n = sock.recv(&mut buf).map_err(io_reason)?;
+        let Ok(msg) = Message::from_vec(&buf[..n]) else { continue };
+        let Some(slot) = ids.iter().position(|&id| id == msg.id()) else { continue };
+        let msg = if msg.truncated() { tcp_ask(server, &wire[slot], wait, queries)? } else { msg };
+        replies[slot] = Some(msg);
+    }
+    Ok(classify(&replies.map(|r| r.expect("both replies present"))))
+}
+
+/// What the application sees, in resolver terms.
+fn io_reason(e: std::io::Error) -> String {
+    match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => "timeout".into(),
+        std::io::ErrorKind::ConnectionRefused => "connection refused".into(),
+        _ => e.to_string(),
+    }
+}
+
+fn classify(replies: &[Message; 2]) -> Option<Pair> {
+    if replies.iter().any(|m| matches!(m.response_code(), ResponseCode::ServFail | ResponseCode::Refused)) {
+        return None;
+    }
+    let addresses: Vec<String> = replies
+        .iter()
+        .flat_map(|m| m.answers())
+        .filter_map(|r| match r.data() {
+            RData::A(a) => Some(a.to_string()),
+            RData::AAAA(a) => Some(a.to_string()),
+            _ => None,
+        })
+        .collect();
+    if !addresses.is_empty() {
+        Some(Pair::Addresses(addresses))
+    } else if replies.iter().all(|m| m.response_code() == ResponseCode::NXDomain) {
+        Some(Pair::NotHere("NXDOMAIN"))
+    } else {
+        Some(Pair::NotHere("no address"))
+    }
+}
+
+/// Sends both queries back to back; with the race fault, from two threads
+/// pinned to different CPUs at the same instant.
+fn send_both(sock: &UdpSocket, wire: &[Vec<u8>], race: bool) -> std::io::Result<()> {
+    if !race {
+        for q in wire {
+            sock.send(q)?;
+        }
+        return Ok(());
+    }
+    let barrier = Arc::new(Barrier::new(2));
+    let threads: Vec<_> = wire
+        .iter()
+        .enumerate()
+        .map(|(cpu, q)| {
+            let (sock, q, barrier) = (sock.try_clone(), q.clone(), barrier.clone());
+            std::thread::spawn(move || -> std::io::Result<()> {
+                pin_to_cpu(cpu);
+                let sock = sock?;
+                barrier.wait();
+                sock.send(&q).map(drop)
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().map_err(|_| std::io::Error::other("sender thread panicked"))??;
+    }
+    Ok(())
+}
+
+fn pin_to_cpu(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t with one bit set, applied to this thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu % num_cpus(), &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
+fn num_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// The retry over TCP after a truncated answer.
+fn tcp_ask(server: SocketAddr, query: &[u8], wait: Duration, queries: &mut u32) -> Result<Message, String> {
+    *queries += 1;
+    let mut s = TcpStream::connect_timeout(&server, wait).map_err(|e| format!("TCP: {e}"))?;
+    s.set_read_timeout(Some(wait)).map_err(|e| e.to_string())?;
+    let mut framed = (query.len() as u16).to_be_bytes().to_vec();
+    framed.extend_from_slice(query);
+    s.write_all(&framed).map_err(|e| format!("TCP: {e}"))?;
+    let mut len = [0u8; 2];
+    s.read_exact(&mut len).map_err(|e| format!("TCP: {e}"))?;
+    let mut buf = vec![0u8; usize::from(u16::from_be_bytes(len))];
+    s.read_exact(&mut buf).map_err(|e| format!("TCP: {e}"))?;
+    Message::from_vec(&buf).map_err(|e| format!("TCP answer: {e}"))
+}
+
+fn query(id: u16, name: &Name, rtype: RecordType) -> Vec<u8> {
+    let mut m = Message::new();
+    m.set_id(id).set_message_type(MessageType::Query).set_recursion_desired(true).add_query(Query::query(name.clone(), rtype));
+    m.to_vec().unwrap_or_default()
+}
+
+fn random_id() -> u16 {
+    let mut id = [0u8; 2];
+    // SAFETY: getrandom writes at most the buffer's length.
+    unsafe { libc::getrandom(id.as_mut_ptr().cast(), 2, 0) };
+    u16::from_ne_bytes(id)
+}
+
+/// dig in the pod, with the pod's resolv.conf (search list included).
+fn dig_lookup(pod: &Pod, name: &str) -> Outcome {
+    let start = Instant::now();
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", &pod.netns(), "dig", "+search", "+tries=2", "+time=5", name, "A"])
+        .output();
+    let text = out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
+    let status = text.lines().find_map(|l| l.split("status: ").nth(1)).and_then(|s| s.split(',').next()).map(str::to_owned);
+    let addresses: Vec<String> = text
+        .split(";; ANSWER SECTION:")
+        .nth(1)
+        .map(|sec| sec.lines().take_while(|l| !l.is_empty()).filter_map(|l| l.split_whitespace().nth(4)).map(str::to_owned).collect())
+        .unwrap_or_default();
+    let ok = status.as_deref() == Some("NOERROR") && !addresses.is_empty();
+    Outcome {
+        pod: pod.full_name(),
+        name: name.to_owned(),
+        ok,
+        addresses,
+        error: (!ok).then(|| status.unwrap_or_else(|| "timeout".into())),
+        last_name: name.to_owned(),
+        queries: 0,
+        elapsed_ms: start.elapsed().as_secs_f64() * 1000.0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rc() -> ResolvConf {
+        parse_resolv_conf("nameserver 10.96.0.10\nsearch default.svc.cluster.local svc.cluster.local cluster.local\noptions ndots:5 timeout:2\n")
+    }
+
+    #[test]
+    fn parses_kubelet_resolv_conf() {
+        let rc = rc();
+        assert_eq!(rc.nameservers, vec!["10.96.0.10".parse::<IpAddr>().unwrap()]);
+        assert_eq!(rc.search.len(), 3);
+        assert_eq!((rc.ndots, rc.timeout, rc.attempts), (5, Duration::from_secs(2), 2));
+    }
+
+    #[test]
+    fn ndots_decides_search_order() {
+        let rc = rc();
+        assert_eq!(
+            candidates("www.example.com", &rc),
+            vec![
+                "www.example.com.default.svc.cluster.local.",
+                "www.example.com.svc.cluster.local.",
+                "www.example.com.cluster.local.",
+                "www.example.com."
+            ]
+        );
+        let few = ResolvConf { ndots: 2, ..rc };
+        assert_eq!(candidates("www.example.com", &few)[0], "www.example.com.");
+        assert_eq!(candidates("fqdn.example.", &few), vec!["fqdn.example."]);
+    }
+}
