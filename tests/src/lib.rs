@@ -354,7 +354,10 @@ pub fn json_lines(out: &str) -> Vec<serde_json::Value> {
 
 /// Runs the dnstrace binary with `args`, returning its output whatever the exit.
 pub fn dnstrace(args: &[&str]) -> std::process::Output {
-    Command::new(dnstrace_bin()).args(args).output().expect("running dnstrace")
+    Command::new(dnstrace_bin())
+        .args(args)
+        .output()
+        .expect("running dnstrace")
 }
 
 /// The built-in lab, brought down on drop. Its namespace names are fixed, so
@@ -379,13 +382,21 @@ impl Lab {
         let mut all = vec!["lab", "up"];
         all.extend_from_slice(args);
         let out = dnstrace(&all);
-        assert!(out.status.success(), "lab up failed: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "lab up failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         Self { _guard: guard }
     }
 
     pub fn fault(&self, name: &str, on: bool) {
         let out = dnstrace(&["lab", "fault", name, if on { "on" } else { "off" }]);
-        assert!(out.status.success(), "lab fault {name}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "lab fault {name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     /// dig in a lab namespace, one try, short timeout; returns dig's output.
@@ -403,7 +414,11 @@ impl Lab {
         let mut all = vec!["lab", "traffic", "-o", "json"];
         all.extend_from_slice(args);
         let out = dnstrace(&all);
-        assert!(out.status.success(), "lab traffic: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "lab traffic: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         json_lines(&String::from_utf8_lossy(&out.stdout))
     }
 
@@ -432,5 +447,9 @@ pub fn dig_status(out: &str) -> String {
 /// A name no cache has seen.
 pub fn fresh(label: &str) -> String {
     static N: AtomicU32 = AtomicU32::new(0);
-    format!("{label}-{}-{}.example.com", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+    format!(
+        "{label}-{}-{}.example.com",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
 }

@@ -10,7 +10,14 @@ const KUBERNETES: &str = "kubernetes.default.svc.cluster.local";
 fn healthy_lab_answers_every_lookup_and_spreads_over_both_coredns() {
     require_root();
     let lab = Lab::up(&[]);
-    let names = ["kubernetes.default", "kube-dns.kube-system.svc.cluster.local", "db.default", "www.example.com", "chain.example.com", "many.example.com"];
+    let names = [
+        "kubernetes.default",
+        "kube-dns.kube-system.svc.cluster.local",
+        "db.default",
+        "www.example.com",
+        "chain.example.com",
+        "many.example.com",
+    ];
     let mut args = vec!["--rate", "50", "--duration", "2s"];
     args.extend(names.iter().flat_map(|n| ["--name", n]));
     let outcomes = lab.traffic(&args);
@@ -18,12 +25,26 @@ fn healthy_lab_answers_every_lookup_and_spreads_over_both_coredns() {
     for o in &outcomes {
         assert_eq!(o["ok"], true, "{o}");
     }
-    let chain = outcomes.iter().find(|o| o["name"] == "chain.example.com").unwrap();
+    let chain = outcomes
+        .iter()
+        .find(|o| o["name"] == "chain.example.com")
+        .unwrap();
     assert_eq!(chain["addresses"][0], "198.51.100.90");
-    let many = outcomes.iter().find(|o| o["name"] == "many.example.com").unwrap();
-    assert_eq!(many["addresses"].as_array().unwrap().len(), 40, "answer fetched over TCP after truncation");
+    let many = outcomes
+        .iter()
+        .find(|o| o["name"] == "many.example.com")
+        .unwrap();
+    assert_eq!(
+        many["addresses"].as_array().unwrap().len(),
+        40,
+        "answer fetched over TCP after truncation"
+    );
     for pod in [COREDNS_A, COREDNS_B] {
-        assert!(lab.log(pod).contains("query[A] kubernetes.default.svc.cluster.local from 10.244.0."), "{pod} got no queries");
+        assert!(
+            lab.log(pod)
+                .contains("query[A] kubernetes.default.svc.cluster.local from 10.244.0."),
+            "{pod} got no queries"
+        );
     }
 }
 
@@ -43,11 +64,20 @@ fn bridge_nf_off_breaks_lookups_via_the_service_until_fixed() {
     require_root();
     let lab = Lab::up(&[]);
     lab.fault("bridge-nf-off", true);
-    assert_eq!(dig_status(&lab.dig(WEB, &format!("@{SERVICE} {KUBERNETES}"))), "timeout");
+    assert_eq!(
+        dig_status(&lab.dig(WEB, &format!("@{SERVICE} {KUBERNETES}"))),
+        "timeout"
+    );
     // As in the field: asking the CoreDNS pod directly still works.
-    assert_eq!(dig_status(&lab.dig(WEB, &format!("@10.244.0.53 {KUBERNETES}"))), "NOERROR");
+    assert_eq!(
+        dig_status(&lab.dig(WEB, &format!("@10.244.0.53 {KUBERNETES}"))),
+        "NOERROR"
+    );
     lab.fault("bridge-nf-off", false);
-    assert_eq!(dig_status(&lab.dig(WEB, &format!("@{SERVICE} {KUBERNETES}"))), "NOERROR");
+    assert_eq!(
+        dig_status(&lab.dig(WEB, &format!("@{SERVICE} {KUBERNETES}"))),
+        "NOERROR"
+    );
 }
 
 #[test]
@@ -55,12 +85,35 @@ fn no_dnat_leaves_queries_untranslated() {
     require_root();
     let lab = Lab::up(&["--fault", "no-dnat"]);
     run(Command::new("ip").args(["netns", "exec", NODE, "conntrack", "-F"])).unwrap();
-    assert_eq!(dig_status(&lab.dig(WEB, &format!("@{SERVICE} {KUBERNETES}"))), "timeout");
-    let table = run(Command::new("ip").args(["netns", "exec", NODE, "conntrack", "-L", "-p", "udp", "--orig-dst", SERVICE])).unwrap();
-    assert!(table.contains(&format!("dst={SERVICE}")), "no conntrack entry: {table}");
-    assert!(!table.contains("src=10.244.0.53") && !table.contains("src=10.244.0.54"), "DNAT happened: {table}");
+    assert_eq!(
+        dig_status(&lab.dig(WEB, &format!("@{SERVICE} {KUBERNETES}"))),
+        "timeout"
+    );
+    let table = run(Command::new("ip").args([
+        "netns",
+        "exec",
+        NODE,
+        "conntrack",
+        "-L",
+        "-p",
+        "udp",
+        "--orig-dst",
+        SERVICE,
+    ]))
+    .unwrap();
+    assert!(
+        table.contains(&format!("dst={SERVICE}")),
+        "no conntrack entry: {table}"
+    );
+    assert!(
+        !table.contains("src=10.244.0.53") && !table.contains("src=10.244.0.54"),
+        "DNAT happened: {table}"
+    );
     lab.fault("no-dnat", false);
-    assert_eq!(dig_status(&lab.dig(WEB, &format!("@{SERVICE} {KUBERNETES}"))), "NOERROR");
+    assert_eq!(
+        dig_status(&lab.dig(WEB, &format!("@{SERVICE} {KUBERNETES}"))),
+        "NOERROR"
+    );
 }
 
 #[test]
@@ -68,12 +121,24 @@ fn forward_loop_sends_the_query_back_to_coredns_itself() {
     require_root();
     let lab = Lab::up(&["--fault", "forward-loop"]);
     let name = fresh("loop");
-    assert_ne!(dig_status(&lab.dig(WEB, &format!("@10.244.0.53 {name}"))), "NXDOMAIN");
+    assert_ne!(
+        dig_status(&lab.dig(WEB, &format!("@10.244.0.53 {name}"))),
+        "NXDOMAIN"
+    );
     let log = lab.log(COREDNS_A);
-    assert!(log.contains(&format!("forwarded {name} to 127.0.0.53")), "{log}");
-    assert!(log.contains(&format!("query[A] {name} from 127.0.0.1")), "the query did not come back: {log}");
+    assert!(
+        log.contains(&format!("forwarded {name} to 127.0.0.53")),
+        "{log}"
+    );
+    assert!(
+        log.contains(&format!("query[A] {name} from 127.0.0.1")),
+        "the query did not come back: {log}"
+    );
     lab.fault("forward-loop", false);
-    assert_eq!(dig_status(&lab.dig(WEB, &format!("@10.244.0.53 {}", fresh("loop")))), "NXDOMAIN");
+    assert_eq!(
+        dig_status(&lab.dig(WEB, &format!("@10.244.0.53 {}", fresh("loop")))),
+        "NXDOMAIN"
+    );
 }
 
 #[test]
@@ -81,33 +146,73 @@ fn nodelocaldns_loop_goes_round_between_nodelocaldns_and_coredns() {
     require_root();
     let lab = Lab::up(&["--nodelocaldns", "--fault", "nodelocaldns-loop"]);
     let name = fresh("nl");
-    assert_eq!(dig_status(&lab.dig(WEB, &format!("@169.254.20.10 {name}"))), "timeout");
-    let nodelocal = lab.log("nodelocaldns").matches(&format!("query[A] {name}")).count();
-    let coredns = lab.log(COREDNS_A).matches(&format!("query[A] {name}")).count() + lab.log(COREDNS_B).matches(&format!("query[A] {name}")).count();
-    assert!(nodelocal >= 2 && coredns >= 1, "nodelocaldns saw it {nodelocal}x, CoreDNS {coredns}x");
+    assert_eq!(
+        dig_status(&lab.dig(WEB, &format!("@169.254.20.10 {name}"))),
+        "timeout"
+    );
+    let nodelocal = lab
+        .log("nodelocaldns")
+        .matches(&format!("query[A] {name}"))
+        .count();
+    let coredns = lab
+        .log(COREDNS_A)
+        .matches(&format!("query[A] {name}"))
+        .count()
+        + lab
+            .log(COREDNS_B)
+            .matches(&format!("query[A] {name}"))
+            .count();
+    assert!(
+        nodelocal >= 2 && coredns >= 1,
+        "nodelocaldns saw it {nodelocal}x, CoreDNS {coredns}x"
+    );
 }
 
 #[test]
 fn upstream_timeout_fails_external_names_only() {
     require_root();
     let lab = Lab::up(&["--fault", "upstream-timeout"]);
-    assert_eq!(dig_status(&lab.dig(WEB, &format!("@{SERVICE} {}", fresh("ut")))), "timeout");
-    assert_eq!(dig_status(&lab.dig(WEB, &format!("@{SERVICE} {KUBERNETES}"))), "NOERROR");
+    assert_eq!(
+        dig_status(&lab.dig(WEB, &format!("@{SERVICE} {}", fresh("ut")))),
+        "timeout"
+    );
+    assert_eq!(
+        dig_status(&lab.dig(WEB, &format!("@{SERVICE} {KUBERNETES}"))),
+        "NOERROR"
+    );
     lab.fault("upstream-timeout", false);
-    assert_eq!(dig_status(&lab.dig(WEB, &format!("@{SERVICE} {}", fresh("ut")))), "NXDOMAIN");
+    assert_eq!(
+        dig_status(&lab.dig(WEB, &format!("@{SERVICE} {}", fresh("ut")))),
+        "NXDOMAIN"
+    );
 }
 
 #[test]
 fn servfail_and_slow_upstream() {
     require_root();
     let lab = Lab::up(&["--fault", "servfail"]);
-    assert_eq!(dig_status(&lab.dig(WEB, &format!("@{SERVICE} {}", fresh("sf")))), "SERVFAIL");
-    assert_eq!(dig_status(&lab.dig(WEB, &format!("@{SERVICE} {KUBERNETES}"))), "NOERROR");
+    assert_eq!(
+        dig_status(&lab.dig(WEB, &format!("@{SERVICE} {}", fresh("sf")))),
+        "SERVFAIL"
+    );
+    assert_eq!(
+        dig_status(&lab.dig(WEB, &format!("@{SERVICE} {KUBERNETES}"))),
+        "NOERROR"
+    );
     lab.fault("servfail", false);
     lab.fault("slow-upstream", true);
     let out = lab.dig(WEB, &format!("@{SERVICE} {}", fresh("slow")));
     assert_eq!(dig_status(&out), "NXDOMAIN", "{out}");
-    let ms: u64 = out.lines().find_map(|l| l.strip_prefix(";; Query time: ")?.split(' ').next()?.parse().ok()).unwrap();
+    let ms: u64 = out
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(";; Query time: ")?
+                .split(' ')
+                .next()?
+                .parse()
+                .ok()
+        })
+        .unwrap();
     assert!(ms >= 700, "answered in {ms} ms despite the delay");
 }
 
@@ -117,7 +222,10 @@ fn search_leak_sends_foreign_suffixes_upstream() {
     let lab = Lab::up(&["--fault", "search-leak"]);
     let out = lab.traffic(&["--pod", "web", "--name", "orders"]);
     assert_eq!(out[0]["error"], "NXDOMAIN");
-    assert!(lab.log("unbound").contains("orders.corp.example.com."), "upstream never saw the leaked name");
+    assert!(
+        lab.log("unbound").contains("orders.corp.example.com."),
+        "upstream never saw the leaked name"
+    );
 }
 
 #[test]
@@ -125,8 +233,14 @@ fn loopback_nameserver_refuses_the_one_pod() {
     require_root();
     let lab = Lab::up(&["--fault", "loopback-nameserver"]);
     let out = lab.traffic(&["--name", "kubernetes.default"]);
-    let web = out.iter().find(|o| o["pod"].as_str().unwrap().starts_with("default/")).unwrap();
-    let checkout = out.iter().find(|o| o["pod"].as_str().unwrap().starts_with("shop/")).unwrap();
+    let web = out
+        .iter()
+        .find(|o| o["pod"].as_str().unwrap().starts_with("default/"))
+        .unwrap();
+    let checkout = out
+        .iter()
+        .find(|o| o["pod"].as_str().unwrap().starts_with("shop/"))
+        .unwrap();
     assert_eq!(web["error"], "connection refused", "{web}");
     assert_eq!(checkout["ok"], true);
 }
@@ -135,21 +249,38 @@ fn loopback_nameserver_refuses_the_one_pod() {
 fn drop_rule_loses_queries_to_one_endpoint() {
     require_root();
     let lab = Lab::up(&["--fault", "drop"]);
-    let statuses: BTreeSet<String> = (0..12).map(|_| dig_status(&lab.dig(WEB, &format!("@{SERVICE} {KUBERNETES}")))).collect();
-    assert!(statuses.contains("timeout") && statuses.contains("NOERROR"), "{statuses:?}");
-    let counters = run(Command::new("ip").args(["netns", "exec", NODE, "iptables", "-L", "FORWARD", "-v", "-n", "-x"])).unwrap();
-    let dropped: u64 = counters.lines().find(|l| l.contains("DROP") && l.contains("udp")).and_then(|l| l.split_whitespace().next()?.parse().ok()).unwrap();
+    let statuses: BTreeSet<String> = (0..12)
+        .map(|_| dig_status(&lab.dig(WEB, &format!("@{SERVICE} {KUBERNETES}"))))
+        .collect();
+    assert!(
+        statuses.contains("timeout") && statuses.contains("NOERROR"),
+        "{statuses:?}"
+    );
+    let counters = run(Command::new("ip").args([
+        "netns", "exec", NODE, "iptables", "-L", "FORWARD", "-v", "-n", "-x",
+    ]))
+    .unwrap();
+    let dropped: u64 = counters
+        .lines()
+        .find(|l| l.contains("DROP") && l.contains("udp"))
+        .and_then(|l| l.split_whitespace().next()?.parse().ok())
+        .unwrap();
     assert!(dropped > 0, "{counters}");
 }
 
 fn clash_counters() -> (u64, u64) {
-    let stat = run(Command::new("ip").args(["netns", "exec", NODE, "cat", "/proc/net/stat/nf_conntrack"])).unwrap();
+    let stat =
+        run(Command::new("ip").args(["netns", "exec", NODE, "cat", "/proc/net/stat/nf_conntrack"]))
+            .unwrap();
     let mut lines = stat.lines();
     let header: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
     let col = |name: &str| header.iter().position(|h| *h == name).unwrap();
     let (clash, failed) = (col("clashres"), col("insert_failed"));
     lines.fold((0, 0), |(c, f), l| {
-        let v: Vec<u64> = l.split_whitespace().map(|x| u64::from_str_radix(x, 16).unwrap()).collect();
+        let v: Vec<u64> = l
+            .split_whitespace()
+            .map(|x| u64::from_str_radix(x, 16).unwrap())
+            .collect();
         (c + v[clash], f + v[failed])
     })
 }
@@ -159,7 +290,14 @@ fn conntrack_race_makes_parallel_a_and_aaaa_clash() {
     require_root();
     let lab = Lab::up(&["--fault", "conntrack-race"]);
     let before = clash_counters();
-    let out = lab.traffic(&["--name", "kubernetes.default.svc.cluster.local.", "--rate", "200", "--duration", "3s"]);
+    let out = lab.traffic(&[
+        "--name",
+        "kubernetes.default.svc.cluster.local.",
+        "--rate",
+        "200",
+        "--duration",
+        "3s",
+    ]);
     let after = clash_counters();
     let clashes = (after.0 - before.0) + (after.1 - before.1);
     // Linux 6.18 resolves these clashes (clashres) rather than dropping (insert_failed).
@@ -173,18 +311,39 @@ fn up_and_down_twice_leave_the_machine_as_before() {
         let root_rules = run(&mut Command::new("iptables-save")).unwrap_or_default();
         let root_links = run(Command::new("ip").args(["-o", "link"])).unwrap();
         let netns = run(Command::new("ip").args(["netns", "list"])).unwrap();
-        let etc = std::fs::read_dir("/etc/netns").map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>()).unwrap_or_default();
-        let sysctls = run(Command::new("sysctl").args(["net.ipv4.ip_forward", "net.bridge.bridge-nf-call-iptables"])).unwrap();
-        let procs = run(Command::new("pgrep").args(["-c", "-f", "dnstrace-lab|dtlab-"])).unwrap_or_default();
-        (root_rules, root_links, netns.lines().filter(|l| l.starts_with("dtlab-")).count(), etc.len(), sysctls, procs, std::path::Path::new("/run/dnstrace-lab").exists())
+        let etc = std::fs::read_dir("/etc/netns")
+            .map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>())
+            .unwrap_or_default();
+        let sysctls = run(Command::new("sysctl")
+            .args(["net.ipv4.ip_forward", "net.bridge.bridge-nf-call-iptables"]))
+        .unwrap();
+        let procs = run(Command::new("pgrep").args(["-c", "-f", "dnstrace-lab|dtlab-"]))
+            .unwrap_or_default();
+        (
+            root_rules,
+            root_links,
+            netns.lines().filter(|l| l.starts_with("dtlab-")).count(),
+            etc.len(),
+            sysctls,
+            procs,
+            std::path::Path::new("/run/dnstrace-lab").exists(),
+        )
     };
     let guard = LAB_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let before = snapshot();
     for _ in 0..2 {
         let up = dnstrace(&["lab", "up", "--ipv6", "--nodelocaldns"]);
-        assert!(up.status.success(), "{}", String::from_utf8_lossy(&up.stderr));
+        assert!(
+            up.status.success(),
+            "{}",
+            String::from_utf8_lossy(&up.stderr)
+        );
         let down = dnstrace(&["lab", "down"]);
-        assert!(down.status.success(), "{}", String::from_utf8_lossy(&down.stderr));
+        assert!(
+            down.status.success(),
+            "{}",
+            String::from_utf8_lossy(&down.stderr)
+        );
     }
     assert_eq!(snapshot(), before);
     drop(guard);
@@ -200,19 +359,41 @@ fn bad_input_gets_one_clear_line() {
     let unknown = dnstrace(&["lab", "fault", "gremlins", "on"]);
     assert_eq!(unknown.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&unknown.stderr).contains("invalid value 'gremlins'"));
-    let not_root = Command::new("setpriv").args(["--reuid=65534", "--regid=65534", "--clear-groups"]).arg(dnstrace_bin()).args(["lab", "status"]).output().unwrap();
+    let not_root = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(dnstrace_bin())
+        .args(["lab", "status"])
+        .output()
+        .unwrap();
     assert!(String::from_utf8_lossy(&not_root.stderr).contains("run it as root"));
     drop(lab);
     // A machine without dnsmasq: every other tool present.
     let bin = std::env::temp_dir().join(format!("dtlab-nodnsmasq-{}", std::process::id()));
     std::fs::create_dir_all(&bin).unwrap();
-    for tool in ["ip", "bridge", "iptables-restore", "ip6tables-restore", "iptables", "sysctl", "unbound", "dig", "ss"] {
+    for tool in [
+        "ip",
+        "bridge",
+        "iptables-restore",
+        "ip6tables-restore",
+        "iptables",
+        "sysctl",
+        "unbound",
+        "dig",
+        "ss",
+    ] {
         let path = run(Command::new("sh").args(["-c", &format!("command -v {tool}")])).unwrap();
         let _ = std::os::unix::fs::symlink(path.trim(), bin.join(tool));
     }
-    let out = Command::new(dnstrace_bin()).args(["lab", "up"]).env("PATH", &bin).output().unwrap();
+    let out = Command::new(dnstrace_bin())
+        .args(["lab", "up"])
+        .env("PATH", &bin)
+        .output()
+        .unwrap();
     std::fs::remove_dir_all(&bin).unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains("apt-get install dnsmasq-base"), "{err}");
+    assert!(
+        !out.status.success() && err.contains("apt-get install dnsmasq-base"),
+        "{err}"
+    );
     assert_eq!(err.lines().count(), 1, "{err}");
 }

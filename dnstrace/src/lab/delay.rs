@@ -10,7 +10,11 @@ use tokio::{net::UdpSocket, sync::Semaphore, time::timeout};
 const IN_FLIGHT: usize = 4096;
 
 pub async fn delay_line(listen: SocketAddr, to: SocketAddr, delay: Duration) -> Result<()> {
-    let front = Arc::new(UdpSocket::bind(listen).await.with_context(|| format!("binding {listen}"))?);
+    let front = Arc::new(
+        UdpSocket::bind(listen)
+            .await
+            .with_context(|| format!("binding {listen}"))?,
+    );
     let slots = Arc::new(Semaphore::new(IN_FLIGHT));
     let mut buf = vec![0u8; 65535];
     loop {
@@ -34,7 +38,10 @@ async fn ask(query: &[u8], to: SocketAddr) -> Option<Vec<u8>> {
     let sock = UdpSocket::bind("127.0.0.1:0").await.ok()?;
     sock.send_to(query, to).await.ok()?;
     let mut buf = vec![0u8; 65535];
-    let (n, _) = timeout(Duration::from_secs(5), sock.recv_from(&mut buf)).await.ok()?.ok()?;
+    let (n, _) = timeout(Duration::from_secs(5), sock.recv_from(&mut buf))
+        .await
+        .ok()?
+        .ok()?;
     buf.truncate(n);
     Some(buf)
 }

@@ -3,7 +3,9 @@
 use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 
-#[derive(ValueEnum, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    ValueEnum, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum Fault {
     /// bridge-nf-call-iptables=0 on the node: replies from CoreDNS arrive un-NATed.
@@ -32,7 +34,9 @@ pub enum Fault {
 
 impl Fault {
     pub fn name(self) -> String {
-        self.to_possible_value().map(|v| v.get_name().to_owned()).unwrap_or_default()
+        self.to_possible_value()
+            .map(|v| v.get_name().to_owned())
+            .unwrap_or_default()
     }
 }
 

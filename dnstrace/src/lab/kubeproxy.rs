@@ -35,11 +35,17 @@ fn chain_hash(parts: &str) -> String {
 }
 
 pub fn svc_chain(port: &str, proto: &str) -> String {
-    format!("KUBE-SVC-{}", chain_hash(&format!("{SERVICE}:{port}{proto}")))
+    format!(
+        "KUBE-SVC-{}",
+        chain_hash(&format!("{SERVICE}:{port}{proto}"))
+    )
 }
 
 fn sep_chain(port: &str, proto: &str, endpoint: &str) -> String {
-    format!("KUBE-SEP-{}", chain_hash(&format!("{SERVICE}:{port}{proto}{endpoint}")))
+    format!(
+        "KUBE-SEP-{}",
+        chain_hash(&format!("{SERVICE}:{port}{proto}{endpoint}"))
+    )
 }
 
 fn host(ip: IpAddr) -> String {
@@ -59,7 +65,12 @@ fn endpoint(ip: IpAddr, port: u16) -> String {
 /// The whole nat table, for `iptables-restore` (which replaces the table).
 pub fn nat_table(cfg: &NatConfig) -> String {
     let ports = [("dns", "udp"), ("dns-tcp", "tcp")];
-    let mut chains = vec!["KUBE-SERVICES".to_owned(), "KUBE-POSTROUTING".into(), "KUBE-MARK-MASQ".into(), "CNI-MASQ".into()];
+    let mut chains = vec![
+        "KUBE-SERVICES".to_owned(),
+        "KUBE-POSTROUTING".into(),
+        "KUBE-MARK-MASQ".into(),
+        "CNI-MASQ".into(),
+    ];
     let mut rules = vec![
         "-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES".to_owned(),
         "-A OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES".into(),
@@ -93,12 +104,20 @@ pub fn nat_table(cfg: &NatConfig) -> String {
             chains.push(sep.clone());
             // Endpoint i of n takes 1/(n-i) of what the earlier ones left.
             let pick = if i + 1 < n {
-                format!(" -m statistic --mode random --probability {:.11}", 1.0 / (n - i) as f64)
+                format!(
+                    " -m statistic --mode random --probability {:.11}",
+                    1.0 / (n - i) as f64
+                )
             } else {
                 String::new()
             };
-            rules.push(format!("-A {svc} -m comment --comment \"{comment} -> {ep_str}\"{pick} -j {sep}"));
-            rules.push(format!("-A {sep} -s {} -m comment --comment \"{comment}\" -j KUBE-MARK-MASQ", host(ep)));
+            rules.push(format!(
+                "-A {svc} -m comment --comment \"{comment} -> {ep_str}\"{pick} -j {sep}"
+            ));
+            rules.push(format!(
+                "-A {sep} -s {} -m comment --comment \"{comment}\" -j KUBE-MARK-MASQ",
+                host(ep)
+            ));
             rules.push(format!(
                 "-A {sep} -p {proto} -m comment --comment \"{comment}\" -m {proto} -j DNAT --to-destination {ep_str}"
             ));
@@ -129,14 +148,28 @@ mod tests {
 
     #[test]
     fn rules_spread_over_endpoints_and_dnat() {
-        let eps: Vec<IpAddr> = vec!["10.244.0.53".parse().unwrap(), "10.244.0.54".parse().unwrap()];
-        let cfg = NatConfig { service: "10.96.0.10".parse().unwrap(), endpoints: &eps, pod_cidr: "10.244.0.0/16", service_jumps: true };
+        let eps: Vec<IpAddr> = vec![
+            "10.244.0.53".parse().unwrap(),
+            "10.244.0.54".parse().unwrap(),
+        ];
+        let cfg = NatConfig {
+            service: "10.96.0.10".parse().unwrap(),
+            endpoints: &eps,
+            pod_cidr: "10.244.0.0/16",
+            service_jumps: true,
+        };
         let t = nat_table(&cfg);
         assert!(t.contains("-A KUBE-SERVICES -d 10.96.0.10/32 -p udp -m comment --comment \"kube-system/kube-dns:dns cluster IP\" -m udp --dport 53 -j KUBE-SVC-TCOU7JCQXEZGVUNU"));
         assert!(t.contains("--probability 0.50000000000 -j KUBE-SEP-"));
-        assert_eq!(t.matches("-j DNAT --to-destination 10.244.0.54:53").count(), 2);
+        assert_eq!(
+            t.matches("-j DNAT --to-destination 10.244.0.54:53").count(),
+            2
+        );
         assert!(t.starts_with("*nat\n") && t.ends_with("COMMIT\n"));
-        let broken = nat_table(&NatConfig { service_jumps: false, ..cfg });
+        let broken = nat_table(&NatConfig {
+            service_jumps: false,
+            ..cfg
+        });
         assert!(!broken.contains("-A KUBE-SERVICES -d"));
     }
 }

@@ -86,12 +86,19 @@ fn state_path() -> PathBuf {
 
 impl LabState {
     pub fn load() -> Result<Self> {
-        let text = std::fs::read_to_string(state_path()).map_err(|_| anyhow::anyhow!("the lab is not up: run `dnstrace lab up`"))?;
-        serde_json::from_str(&text).with_context(|| format!("{} is damaged: run `dnstrace lab down`", state_path().display()))
+        let text = std::fs::read_to_string(state_path())
+            .map_err(|_| anyhow::anyhow!("the lab is not up: run `dnstrace lab up`"))?;
+        serde_json::from_str(&text).with_context(|| {
+            format!(
+                "{} is damaged: run `dnstrace lab down`",
+                state_path().display()
+            )
+        })
     }
 
     fn save(&self) -> Result<()> {
-        std::fs::write(state_path(), serde_json::to_string_pretty(self)?).context("saving the lab state")
+        std::fs::write(state_path(), serde_json::to_string_pretty(self)?)
+            .context("saving the lab state")
     }
 
     fn has(&self, fault: Fault) -> bool {
@@ -100,12 +107,21 @@ impl LabState {
 }
 
 pub async fn run(cmd: LabCommand) -> Result<()> {
-    if let LabCommand::DelayLine { listen, to, delay_ms } = cmd {
+    if let LabCommand::DelayLine {
+        listen,
+        to,
+        delay_ms,
+    } = cmd
+    {
         return delay_line(listen, to, Duration::from_millis(delay_ms)).await;
     }
     require_root()?;
     match cmd {
-        LabCommand::Up { faults, nodelocaldns, ipv6 } => up(faults, nodelocaldns, ipv6),
+        LabCommand::Up {
+            faults,
+            nodelocaldns,
+            ipv6,
+        } => up(faults, nodelocaldns, ipv6),
         LabCommand::Down => down(true),
         LabCommand::Status => status(),
         LabCommand::Fault { fault, state } => switch_fault(fault, state == Switch::On),
@@ -126,7 +142,9 @@ fn up(faults: Vec<Fault>, nodelocaldns: bool, ipv6: bool) -> Result<()> {
     sys::require_programs()?;
     if let Ok(state) = LabState::load() {
         if state.pids.values().all(|&p| sys::alive(p)) && !sys::lab_namespaces().is_empty() {
-            bail!("the lab is already up (see `dnstrace lab status`; `dnstrace lab down` removes it)");
+            bail!(
+                "the lab is already up (see `dnstrace lab status`; `dnstrace lab down` removes it)"
+            );
         }
     }
     if !sys::lab_namespaces().is_empty() || Path::new(LAB_DIR).exists() {
@@ -134,7 +152,11 @@ fn up(faults: Vec<Fault>, nodelocaldns: bool, ipv6: bool) -> Result<()> {
         down(false)?;
     }
     let needs_nodelocal = faults.contains(&Fault::NodelocaldnsLoop);
-    let mut state = LabState { ipv6, nodelocaldns: nodelocaldns || needs_nodelocal, ..LabState::default() };
+    let mut state = LabState {
+        ipv6,
+        nodelocaldns: nodelocaldns || needs_nodelocal,
+        ..LabState::default()
+    };
     if let Err(e) = build(&mut state) {
         let _ = down(false);
         return Err(e.context("building the lab failed; everything it made was removed"));
@@ -177,11 +199,36 @@ fn add_netns(ns: &str) -> Result<()> {
 fn build_node(state: &LabState) -> Result<()> {
     let node = NODE_NS;
     sys::ip(node, &format!("link add {} type bridge", plan::BRIDGE))?;
-    sys::ip(node, &format!("addr add {}/24 dev {}", plan::POD_GW4, plan::BRIDGE))?;
+    sys::ip(
+        node,
+        &format!("addr add {}/24 dev {}", plan::POD_GW4, plan::BRIDGE),
+    )?;
     sys::ip(node, &format!("link set {} up", plan::BRIDGE))?;
-    sys::run("ip", &["link", "add", plan::UPLINK, "netns", node, "type", "veth", "peer", "name", plan::UPLINK, "netns", UPSTREAM_NS])?;
-    sys::ip(node, &format!("addr add {}/24 dev {}", plan::NODE_UPLINK4, plan::UPLINK))?;
-    sys::ip(UPSTREAM_NS, &format!("addr add {}/24 dev {}", plan::UPSTREAM4, plan::UPLINK))?;
+    sys::run(
+        "ip",
+        &[
+            "link",
+            "add",
+            plan::UPLINK,
+            "netns",
+            node,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            plan::UPLINK,
+            "netns",
+            UPSTREAM_NS,
+        ],
+    )?;
+    sys::ip(
+        node,
+        &format!("addr add {}/24 dev {}", plan::NODE_UPLINK4, plan::UPLINK),
+    )?;
+    sys::ip(
+        UPSTREAM_NS,
+        &format!("addr add {}/24 dev {}", plan::UPSTREAM4, plan::UPLINK),
+    )?;
     for ns in [node, UPSTREAM_NS] {
         sys::ip(ns, &format!("link set {} up", plan::UPLINK))?;
     }
@@ -190,10 +237,34 @@ fn build_node(state: &LabState) -> Result<()> {
     sys::sysctl(node, "net.ipv4.ip_forward", "1")?;
     sys::sysctl(node, "net.bridge.bridge-nf-call-iptables", "1")?;
     if state.ipv6 {
-        sys::ip(node, &format!("-6 addr add {}/64 dev {} nodad", plan::POD_GW6, plan::BRIDGE))?;
-        sys::ip(node, &format!("-6 addr add {}/64 dev {} nodad", plan::NODE_UPLINK6, plan::UPLINK))?;
-        sys::ip(UPSTREAM_NS, &format!("-6 addr add {}/64 dev {} nodad", plan::UPSTREAM6, plan::UPLINK))?;
-        sys::ip(node, &format!("-6 route add default via {}", plan::UPSTREAM6))?;
+        sys::ip(
+            node,
+            &format!(
+                "-6 addr add {}/64 dev {} nodad",
+                plan::POD_GW6,
+                plan::BRIDGE
+            ),
+        )?;
+        sys::ip(
+            node,
+            &format!(
+                "-6 addr add {}/64 dev {} nodad",
+                plan::NODE_UPLINK6,
+                plan::UPLINK
+            ),
+        )?;
+        sys::ip(
+            UPSTREAM_NS,
+            &format!(
+                "-6 addr add {}/64 dev {} nodad",
+                plan::UPSTREAM6,
+                plan::UPLINK
+            ),
+        )?;
+        sys::ip(
+            node,
+            &format!("-6 route add default via {}", plan::UPSTREAM6),
+        )?;
         sys::sysctl(node, "net.ipv6.conf.all.forwarding", "1")?;
         sys::sysctl(node, "net.bridge.bridge-nf-call-ip6tables", "1")?;
     }
@@ -203,7 +274,10 @@ fn build_node(state: &LabState) -> Result<()> {
         if sys::ip(node, "link add nodelocaldns type dummy").is_err() {
             sys::ip(node, "link add nodelocaldns type bridge")?;
         }
-        sys::ip(node, &format!("addr add {}/32 dev nodelocaldns", plan::NODELOCAL4))?;
+        sys::ip(
+            node,
+            &format!("addr add {}/32 dev nodelocaldns", plan::NODELOCAL4),
+        )?;
         sys::ip(node, "link set nodelocaldns up")?;
     }
     Ok(())
@@ -213,9 +287,21 @@ fn add_pod(state: &mut LabState, pod: &Pod) -> Result<()> {
     let ns = pod.netns();
     add_netns(&ns)?;
     let veth = pod.host_veth();
-    sys::run("ip", &["link", "add", &veth, "netns", NODE_NS, "type", "veth", "peer", "name", "eth0", "netns", &ns])?;
-    sys::ip(NODE_NS, &format!("link set {veth} master {} up", plan::BRIDGE))?;
-    sys::run("bridge", &["-n", NODE_NS, "link", "set", "dev", &veth, "hairpin", "on"])?;
+    sys::run(
+        "ip",
+        &[
+            "link", "add", &veth, "netns", NODE_NS, "type", "veth", "peer", "name", "eth0",
+            "netns", &ns,
+        ],
+    )?;
+    sys::ip(
+        NODE_NS,
+        &format!("link set {veth} master {} up", plan::BRIDGE),
+    )?;
+    sys::run(
+        "bridge",
+        &["-n", NODE_NS, "link", "set", "dev", &veth, "hairpin", "on"],
+    )?;
     sys::ip(&ns, &format!("addr add {}/24 dev eth0", pod.ip4))?;
     sys::ip(&ns, "link set eth0 up")?;
     sys::ip(&ns, &format!("route add default via {}", plan::POD_GW4))?;
@@ -240,7 +326,9 @@ fn nameserver_for(state: &LabState, pod: &Pod) -> IpAddr {
     match pod.role {
         // dnsPolicy Default: CoreDNS inherits the node's resolv.conf.
         Role::CoreDns => node_nameserver(state),
-        Role::Client if state.has(Fault::LoopbackNameserver) && pod.name == plan::PODS[0].name => plan::RESOLVED_STUB.into(),
+        Role::Client if state.has(Fault::LoopbackNameserver) && pod.name == plan::PODS[0].name => {
+            plan::RESOLVED_STUB.into()
+        }
         Role::Client if state.nodelocaldns => plan::NODELOCAL4.into(),
         Role::Client => plan::SERVICE4.into(),
     }
@@ -273,20 +361,41 @@ fn write_resolv_confs(state: &LabState) -> Result<()> {
         sys::rewrite(&netns_etc(&pod.netns()).join("resolv.conf"), &text)?;
     }
     std::fs::create_dir_all(netns_etc(NODE_NS))?;
-    sys::rewrite(&netns_etc(NODE_NS).join("resolv.conf"), &format!("nameserver {}\n", node_nameserver(state)))
+    sys::rewrite(
+        &netns_etc(NODE_NS).join("resolv.conf"),
+        &format!("nameserver {}\n", node_nameserver(state)),
+    )
 }
 
 /// All iptables state of the lab, derived from options and faults.
 fn apply_rules(state: &LabState) -> Result<()> {
     let endpoints4: Vec<IpAddr> = plan::coredns_pods().map(|p| IpAddr::V4(p.ip4)).collect();
-    let nat = kubeproxy_nat(IpAddr::V4(plan::SERVICE4), &endpoints4, plan::POD_CIDR4, state);
+    let nat = kubeproxy_nat(
+        IpAddr::V4(plan::SERVICE4),
+        &endpoints4,
+        plan::POD_CIDR4,
+        state,
+    );
     sys::restore(NODE_NS, false, &nat)?;
-    sys::restore(NODE_NS, false, &node_filter(state, &plan::PODS[3].ip4.to_string()))?;
+    sys::restore(
+        NODE_NS,
+        false,
+        &node_filter(state, &plan::PODS[3].ip4.to_string()),
+    )?;
     if state.ipv6 {
         let endpoints6: Vec<IpAddr> = plan::coredns_pods().map(|p| IpAddr::V6(p.ip6)).collect();
-        let nat6 = kubeproxy_nat(IpAddr::V6(plan::SERVICE6), &endpoints6, plan::POD_CIDR6, state);
+        let nat6 = kubeproxy_nat(
+            IpAddr::V6(plan::SERVICE6),
+            &endpoints6,
+            plan::POD_CIDR6,
+            state,
+        );
         sys::restore(NODE_NS, true, &nat6)?;
-        sys::restore(NODE_NS, true, &node_filter(state, &plan::PODS[3].ip6.to_string()))?;
+        sys::restore(
+            NODE_NS,
+            true,
+            &node_filter(state, &plan::PODS[3].ip6.to_string()),
+        )?;
     }
     sys::restore(UPSTREAM_NS, false, &upstream_filter(state))?;
     sys::restore(UPSTREAM_NS, false, &upstream_nat(state))?;
@@ -296,10 +405,19 @@ fn apply_rules(state: &LabState) -> Result<()> {
     Ok(())
 }
 
-fn kubeproxy_nat(service: IpAddr, endpoints: &[IpAddr], pod_cidr: &str, state: &LabState) -> String {
-    kubeproxy::nat_table(&kubeproxy::NatConfig { service, endpoints, pod_cidr, service_jumps: !state.has(Fault::NoDnat) })
+fn kubeproxy_nat(
+    service: IpAddr,
+    endpoints: &[IpAddr],
+    pod_cidr: &str,
+    state: &LabState,
+) -> String {
+    kubeproxy::nat_table(&kubeproxy::NatConfig {
+        service,
+        endpoints,
+        pod_cidr,
+        service_jumps: !state.has(Fault::NoDnat),
+    })
 }
-
 
 fn node_filter(state: &LabState, endpoint: &str) -> String {
     let mut t = String::from("*filter\n");
@@ -317,7 +435,10 @@ fn upstream_filter(state: &LabState) -> String {
     let mut t = String::from("*filter\n");
     if state.has(Fault::UpstreamTimeout) {
         for proto in ["udp", "tcp"] {
-            t += &format!("-A INPUT -i {} -p {proto} -m {proto} --dport 53 -j DROP\n", plan::UPLINK);
+            t += &format!(
+                "-A INPUT -i {} -p {proto} -m {proto} --dport 53 -j DROP\n",
+                plan::UPLINK
+            );
         }
     }
     t + "COMMIT\n"
@@ -340,7 +461,10 @@ fn start_upstream(state: &mut LabState) -> Result<()> {
     stop(state, "unbound");
     std::fs::write(resolvers::zone_path(), resolvers::example_zone())?;
     let conf = Path::new(LAB_DIR).join("unbound.conf");
-    std::fs::write(&conf, resolvers::unbound_conf(state.ipv6, state.has(Fault::Servfail)))?;
+    std::fs::write(
+        &conf,
+        resolvers::unbound_conf(state.ipv6, state.has(Fault::Servfail)),
+    )?;
     let _ = std::fs::remove_file(resolvers::pid_path("unbound"));
     sys::in_ns(UPSTREAM_NS, "unbound", &["-c", &conf.to_string_lossy()])?;
     let pid = read_pid("unbound")?;
@@ -379,11 +503,18 @@ fn read_pid(name: &str) -> Result<u32> {
     let path = resolvers::pid_path(name);
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        if let Some(pid) = std::fs::read_to_string(&path).ok().and_then(|s| s.trim().parse().ok()) {
+        if let Some(pid) = std::fs::read_to_string(&path)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+        {
             return Ok(pid);
         }
         if Instant::now() > deadline {
-            bail!("{name} did not start (no pid in {}); see {}", path.display(), resolvers::log_path(name).display());
+            bail!(
+                "{name} did not start (no pid in {}); see {}",
+                path.display(),
+                resolvers::log_path(name).display()
+            );
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -402,7 +533,9 @@ fn wait_listening() -> Result<()> {
     namespaces.push(UPSTREAM_NS.to_owned());
     for ns in namespaces {
         let deadline = Instant::now() + Duration::from_secs(5);
-        while !sys::in_ns(&ns, "ss", &["-Hlun", "sport", "=", ":53"]).is_ok_and(|o| !o.trim().is_empty()) {
+        while !sys::in_ns(&ns, "ss", &["-Hlun", "sport", "=", ":53"])
+            .is_ok_and(|o| !o.trim().is_empty())
+        {
             if Instant::now() > deadline {
                 bail!("the resolver in {ns} is not listening on port 53");
             }
@@ -415,7 +548,11 @@ fn wait_listening() -> Result<()> {
 fn switch_fault(fault: Fault, on: bool) -> Result<()> {
     let mut state = LabState::load()?;
     if state.has(fault) == on {
-        eprintln!("lab: {} is already {}", fault.name(), if on { "on" } else { "off" });
+        eprintln!(
+            "lab: {} is already {}",
+            fault.name(),
+            if on { "on" } else { "off" }
+        );
         return Ok(());
     }
     set_fault(&mut state, fault, on)?;
@@ -467,7 +604,10 @@ fn set_fault(state: &mut LabState, fault: Fault, on: bool) -> Result<()> {
 /// What a CoreDNS reload does: read /etc/resolv.conf again.
 fn reload_coredns(state: &LabState) -> Result<()> {
     for pod in plan::coredns_pods() {
-        let pid = state.pids.get(pod.name).with_context(|| format!("{} is not running", pod.full_name()))?;
+        let pid = state
+            .pids
+            .get(pod.name)
+            .with_context(|| format!("{} is not running", pod.full_name()))?;
         sys::hangup(*pid);
     }
     Ok(())
@@ -478,11 +618,31 @@ fn set_delay_line(state: &mut LabState, on: bool) -> Result<()> {
     if on {
         let exe = std::env::current_exe().context("finding the dnstrace binary")?;
         let listen = format!("0.0.0.0:{}", faults::DELAY_LINE_PORT);
-        let args = ["lab", "delay-line", "--listen", &listen, "--to", "127.0.0.1:53", "--delay-ms", &faults::SLOW_UPSTREAM_MS.to_string()];
+        let args = [
+            "lab",
+            "delay-line",
+            "--listen",
+            &listen,
+            "--to",
+            "127.0.0.1:53",
+            "--delay-ms",
+            &faults::SLOW_UPSTREAM_MS.to_string(),
+        ];
         let pid = sys::spawn_detached(UPSTREAM_NS, &exe.to_string_lossy(), &args)?;
         state.pids.insert("delay-line".into(), pid);
         let deadline = Instant::now() + Duration::from_secs(5);
-        while !sys::in_ns(UPSTREAM_NS, "ss", &["-Hlun", "sport", "=", &format!(":{}", faults::DELAY_LINE_PORT)]).is_ok_and(|o| !o.trim().is_empty()) {
+        while !sys::in_ns(
+            UPSTREAM_NS,
+            "ss",
+            &[
+                "-Hlun",
+                "sport",
+                "=",
+                &format!(":{}", faults::DELAY_LINE_PORT),
+            ],
+        )
+        .is_ok_and(|o| !o.trim().is_empty())
+        {
             if Instant::now() > deadline {
                 bail!("the delay line did not start");
             }
@@ -502,7 +662,9 @@ fn down(loud: bool) -> Result<()> {
     let namespaces = sys::lab_namespaces();
     for ns in &namespaces {
         if let Ok(pids) = sys::run("ip", &["netns", "pids", ns]) {
-            pids.split_whitespace().filter_map(|p| p.parse().ok()).for_each(sys::kill);
+            pids.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .for_each(sys::kill);
         }
     }
     for ns in &namespaces {
@@ -510,7 +672,10 @@ fn down(loud: bool) -> Result<()> {
         let _ = std::fs::remove_dir_all(netns_etc(ns));
     }
     if let Ok(entries) = std::fs::read_dir("/etc/netns") {
-        for e in entries.flatten().filter(|e| e.file_name().to_string_lossy().starts_with(plan::NS_PREFIX)) {
+        for e in entries
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with(plan::NS_PREFIX))
+        {
             let _ = std::fs::remove_dir_all(e.path());
         }
     }
@@ -522,7 +687,10 @@ fn down(loud: bool) -> Result<()> {
         if namespaces.is_empty() && !had_dir {
             eprintln!("lab: nothing to remove");
         } else {
-            eprintln!("lab: removed {} namespaces, their processes and rules, and {LAB_DIR}", namespaces.len());
+            eprintln!(
+                "lab: removed {} namespaces, their processes and rules, and {LAB_DIR}",
+                namespaces.len()
+            );
         }
     }
     Ok(())
@@ -538,21 +706,48 @@ fn status() -> Result<()> {
     println!("namespaces: {}", namespaces.join(" "));
     if let Some(state) = state {
         for (name, pid) in &state.pids {
-            println!("process {name}: pid {pid} {}", if sys::alive(*pid) { "running" } else { "GONE" });
+            println!(
+                "process {name}: pid {pid} {}",
+                if sys::alive(*pid) { "running" } else { "GONE" }
+            );
         }
         let faults: Vec<String> = state.faults.iter().map(|f| f.name()).collect();
-        println!("faults: {}", if faults.is_empty() { "none".to_owned() } else { faults.join(" ") });
-        println!("options: ipv6={} nodelocaldns={}", state.ipv6, state.nodelocaldns);
+        println!(
+            "faults: {}",
+            if faults.is_empty() {
+                "none".to_owned()
+            } else {
+                faults.join(" ")
+            }
+        );
+        println!(
+            "options: ipv6={} nodelocaldns={}",
+            state.ipv6, state.nodelocaldns
+        );
     }
     Ok(())
 }
 
 fn print_summary(state: &LabState) {
-    eprintln!("lab: up. Node namespace {NODE_NS}: bridge {} {}, kube-dns {} (DNAT to the CoreDNS pods)", plan::BRIDGE, plan::POD_GW4, plan::SERVICE4);
+    eprintln!(
+        "lab: up. Node namespace {NODE_NS}: bridge {} {}, kube-dns {} (DNAT to the CoreDNS pods)",
+        plan::BRIDGE,
+        plan::POD_GW4,
+        plan::SERVICE4
+    );
     for pod in &plan::PODS {
-        eprintln!("lab:   {:<40} {:<12} netns {:<36} veth {}", pod.full_name(), pod.ip4.to_string(), pod.netns(), pod.host_veth());
+        eprintln!(
+            "lab:   {:<40} {:<12} netns {:<36} veth {}",
+            pod.full_name(),
+            pod.ip4.to_string(),
+            pod.netns(),
+            pod.host_veth()
+        );
     }
-    eprintln!("lab:   upstream resolver {} (unbound) in {UPSTREAM_NS}", plan::UPSTREAM4);
+    eprintln!(
+        "lab:   upstream resolver {} (unbound) in {UPSTREAM_NS}",
+        plan::UPSTREAM4
+    );
     if state.nodelocaldns {
         eprintln!("lab:   NodeLocalDNS {} on the node", plan::NODELOCAL4);
     }

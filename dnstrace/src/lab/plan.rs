@@ -53,10 +53,34 @@ const fn v6(last: u16) -> Ipv6Addr {
 }
 
 pub const PODS: [Pod; 4] = [
-    Pod { namespace: "default", name: "web-7d9f8c6b5-x2x4k", ip4: Ipv4Addr::new(10, 244, 0, 10), ip6: v6(0x10), role: Role::Client },
-    Pod { namespace: "shop", name: "checkout-5f6d7c9b8-q7w2e", ip4: Ipv4Addr::new(10, 244, 0, 11), ip6: v6(0x11), role: Role::Client },
-    Pod { namespace: "kube-system", name: "coredns-7db6d8ff4d-4xk9m", ip4: Ipv4Addr::new(10, 244, 0, 53), ip6: v6(0x53), role: Role::CoreDns },
-    Pod { namespace: "kube-system", name: "coredns-7db6d8ff4d-vz8lp", ip4: Ipv4Addr::new(10, 244, 0, 54), ip6: v6(0x54), role: Role::CoreDns },
+    Pod {
+        namespace: "default",
+        name: "web-7d9f8c6b5-x2x4k",
+        ip4: Ipv4Addr::new(10, 244, 0, 10),
+        ip6: v6(0x10),
+        role: Role::Client,
+    },
+    Pod {
+        namespace: "shop",
+        name: "checkout-5f6d7c9b8-q7w2e",
+        ip4: Ipv4Addr::new(10, 244, 0, 11),
+        ip6: v6(0x11),
+        role: Role::Client,
+    },
+    Pod {
+        namespace: "kube-system",
+        name: "coredns-7db6d8ff4d-4xk9m",
+        ip4: Ipv4Addr::new(10, 244, 0, 53),
+        ip6: v6(0x53),
+        role: Role::CoreDns,
+    },
+    Pod {
+        namespace: "kube-system",
+        name: "coredns-7db6d8ff4d-vz8lp",
+        ip4: Ipv4Addr::new(10, 244, 0, 54),
+        ip6: v6(0x54),
+        role: Role::CoreDns,
+    },
 ];
 
 pub fn coredns_pods() -> impl Iterator<Item = &'static Pod> {
@@ -84,7 +108,14 @@ impl Pod {
     /// A stable pod uid and sandbox id, as a runtime would hand out.
     pub fn uid(&self) -> String {
         let h = hex_digest(&format!("uid/{}", self.full_name()));
-        format!("{}-{}-{}-{}-{}", &h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
+        format!(
+            "{}-{}-{}-{}-{}",
+            &h[..8],
+            &h[8..12],
+            &h[12..16],
+            &h[16..20],
+            &h[20..32]
+        )
     }
 
     pub fn sandbox_id(&self) -> String {
@@ -100,12 +131,20 @@ impl Pod {
     }
 }
 
-pub fn find_pod(name: &str) -> Option<&'static Pod> {
-    PODS.iter().find(|p| p.full_name() == name || p.name == name || p.name.starts_with(name))
+/// A lab pod by `name`, `namespace/name`, or a prefix of either name part.
+pub fn find_pod(query: &str) -> Option<&'static Pod> {
+    let (namespace, name) = query
+        .split_once('/')
+        .map_or((None, query), |(ns, n)| (Some(ns), n));
+    PODS.iter()
+        .find(|p| namespace.is_none_or(|ns| ns == p.namespace) && p.name.starts_with(name))
 }
 
 fn hex_digest(s: &str) -> String {
-    Sha256::digest(s.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+    Sha256::digest(s.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 #[cfg(test)]
@@ -124,7 +163,25 @@ mod tests {
     }
 
     #[test]
+    fn pods_are_found_by_name_namespace_and_prefix() {
+        assert_eq!(find_pod("web").map(|p| p.ip4), Some(PODS[0].ip4));
+        assert_eq!(find_pod("shop/checkout").map(|p| p.ip4), Some(PODS[1].ip4));
+        assert_eq!(
+            find_pod("kube-system/coredns-7db6d8ff4d-vz8lp").map(|p| p.ip4),
+            Some(PODS[3].ip4)
+        );
+        assert!(find_pod("shop/web").is_none());
+    }
+
+    #[test]
     fn search_list_is_the_kubelet_one() {
-        assert_eq!(PODS[1].search_list(), vec!["shop.svc.cluster.local", "svc.cluster.local", "cluster.local"]);
+        assert_eq!(
+            PODS[1].search_list(),
+            vec![
+                "shop.svc.cluster.local",
+                "svc.cluster.local",
+                "cluster.local"
+            ]
+        );
     }
 }

@@ -5,7 +5,9 @@ use std::{net::IpAddr, path::PathBuf};
 use super::plan::{self, Pod, CLUSTER_DOMAIN, LAB_DIR};
 
 pub fn log_path(name: &str) -> PathBuf {
-    PathBuf::from(LAB_DIR).join("logs").join(format!("{name}.log"))
+    PathBuf::from(LAB_DIR)
+        .join("logs")
+        .join(format!("{name}.log"))
 }
 
 pub fn pid_path(name: &str) -> PathBuf {
@@ -14,18 +16,30 @@ pub fn pid_path(name: &str) -> PathBuf {
 
 /// The cluster.local records CoreDNS's kubernetes plugin would serve.
 fn cluster_records(ipv6: bool) -> Vec<String> {
-    let mut kube_dns = format!("kube-dns.kube-system.svc.{CLUSTER_DOMAIN},{}", plan::SERVICE4);
+    let mut kube_dns = format!(
+        "kube-dns.kube-system.svc.{CLUSTER_DOMAIN},{}",
+        plan::SERVICE4
+    );
     if ipv6 {
         kube_dns += &format!(",{}", plan::SERVICE6);
     }
-    let mut records = vec![format!("kubernetes.default.svc.{CLUSTER_DOMAIN},{}", plan::API_SERVICE4), kube_dns];
+    let mut records = vec![
+        format!(
+            "kubernetes.default.svc.{CLUSTER_DOMAIN},{}",
+            plan::API_SERVICE4
+        ),
+        kube_dns,
+    ];
     // A headless service: one A record per ready endpoint.
     for last in 20..23 {
         records.push(format!("db.default.svc.{CLUSTER_DOMAIN},10.244.0.{last}"));
     }
     for pod in &plan::PODS {
         let dashed = pod.ip4.to_string().replace('.', "-");
-        records.push(format!("{dashed}.{}.pod.{CLUSTER_DOMAIN},{}", pod.namespace, pod.ip4));
+        records.push(format!(
+            "{dashed}.{}.pod.{CLUSTER_DOMAIN},{}",
+            pod.namespace, pod.ip4
+        ));
     }
     records
 }
@@ -47,7 +61,11 @@ pub fn coredns_args(pod: &Pod, ipv6: bool) -> Vec<String> {
         "--max-cache-ttl=30".into(),
         "--dns-forward-max=1000".into(),
     ];
-    args.extend(cluster_records(ipv6).into_iter().map(|r| format!("--host-record={r}")));
+    args.extend(
+        cluster_records(ipv6)
+            .into_iter()
+            .map(|r| format!("--host-record={r}")),
+    );
     args
 }
 
@@ -129,7 +147,10 @@ pub fn example_zone() -> String {
 
 /// A pod's resolv.conf, as the kubelet writes it (ClusterFirst).
 pub fn pod_resolv_conf(nameserver: IpAddr, search: &[String]) -> String {
-    format!("nameserver {nameserver}\nsearch {}\noptions ndots:5\n", search.join(" "))
+    format!(
+        "nameserver {nameserver}\nsearch {}\noptions ndots:5\n",
+        search.join(" ")
+    )
 }
 
 #[cfg(test)]
@@ -142,7 +163,10 @@ mod tests {
         assert!(healthy.contains("local-zone: \".\" static"));
         assert!(!healthy.contains("forward-addr"));
         let broken = unbound_conf(false, true);
-        assert!(broken.contains("forward-addr: 127.0.0.9"), "SERVFAIL comes from an unreachable loopback server");
+        assert!(
+            broken.contains("forward-addr: 127.0.0.9"),
+            "SERVFAIL comes from an unreachable loopback server"
+        );
     }
 
     #[test]

@@ -15,7 +15,9 @@ pub fn containerd_root() -> PathBuf {
 }
 
 pub fn write_sandbox(pod: &Pod, pid: u32) -> Result<()> {
-    let dir = containerd_root().join("io.containerd.runtime.v2.task/k8s.io").join(pod.sandbox_id());
+    let dir = containerd_root()
+        .join("io.containerd.runtime.v2.task/k8s.io")
+        .join(pod.sandbox_id());
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let config = json!({
         "ociVersion": "1.1.0",
@@ -40,7 +42,10 @@ pub fn write_sandbox(pod: &Pod, pid: u32) -> Result<()> {
             ]
         }
     });
-    write(&dir.join("config.json"), &serde_json::to_string_pretty(&config)?)?;
+    write(
+        &dir.join("config.json"),
+        &serde_json::to_string_pretty(&config)?,
+    )?;
     write(&dir.join("init.pid"), &pid.to_string())
 }
 

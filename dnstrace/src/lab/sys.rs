@@ -31,7 +31,9 @@ pub fn require_programs() -> Result<()> {
 
 fn on_path(program: &str) -> bool {
     let path = std::env::var("PATH").unwrap_or_default();
-    let found = path.split(':').any(|dir| Path::new(dir).join(program).is_file());
+    let found = path
+        .split(':')
+        .any(|dir| Path::new(dir).join(program).is_file());
     found
 }
 
@@ -43,7 +45,11 @@ pub fn run(program: &str, args: &[&str]) -> Result<String> {
         .output()
         .with_context(|| format!("running {program}"))?;
     if !out.status.success() {
-        bail!("`{program} {}` failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+        bail!(
+            "`{program} {}` failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
@@ -69,7 +75,11 @@ pub fn sysctl(ns: &str, key: &str, value: &str) -> Result<()> {
 /// Feeds `rules` to iptables-restore (v4) or ip6tables-restore in `ns`.
 pub fn restore(ns: &str, v6: bool, rules: &str) -> Result<()> {
     use std::io::Write as _;
-    let program = if v6 { "ip6tables-restore" } else { "iptables-restore" };
+    let program = if v6 {
+        "ip6tables-restore"
+    } else {
+        "iptables-restore"
+    };
     let mut child = Command::new("ip")
         .args(["netns", "exec", ns, program])
         .stdin(Stdio::piped())
@@ -77,10 +87,17 @@ pub fn restore(ns: &str, v6: bool, rules: &str) -> Result<()> {
         .stderr(Stdio::piped())
         .spawn()
         .with_context(|| format!("running {program}"))?;
-    child.stdin.take().context("stdin")?.write_all(rules.as_bytes())?;
+    child
+        .stdin
+        .take()
+        .context("stdin")?
+        .write_all(rules.as_bytes())?;
     let out = child.wait_with_output()?;
     if !out.status.success() {
-        bail!("{program} in {ns} failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+        bail!(
+            "{program} in {ns} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
     }
     Ok(())
 }

@@ -81,12 +81,22 @@ pub fn run(args: TrafficArgs) -> Result<()> {
     let pods: Vec<&'static Pod> = if args.pods.is_empty() {
         plan::client_pods().collect()
     } else {
-        args.pods.iter().map(|p| plan::find_pod(p).with_context(|| format!("no lab pod named {p:?}"))).collect::<Result<_>>()?
+        args.pods
+            .iter()
+            .map(|p| plan::find_pod(p).with_context(|| format!("no lab pod named {p:?}")))
+            .collect::<Result<_>>()?
     };
     if !(args.rate > 0.0 && args.rate <= 10_000.0) {
-        bail!("--rate {}: use a number of lookups per second between 0 and 10000", args.rate);
+        bail!(
+            "--rate {}: use a number of lookups per second between 0 and 10000",
+            args.rate
+        );
     }
-    let names: Vec<String> = if args.names.is_empty() { DEFAULT_NAMES.iter().map(|s| (*s).to_owned()).collect() } else { args.names.clone() };
+    let names: Vec<String> = if args.names.is_empty() {
+        DEFAULT_NAMES.iter().map(|s| (*s).to_owned()).collect()
+    } else {
+        args.names.clone()
+    };
     let race = state.faults.contains(&Fault::ConntrackRace);
     let (tx, rx) = mpsc::channel();
     let mut drivers = Vec::new();
@@ -103,7 +113,8 @@ pub fn run(args: TrafficArgs) -> Result<()> {
     drop(tx);
     let summary = report(rx, args.output)?;
     for d in drivers {
-        d.join().map_err(|_| anyhow::anyhow!("a traffic thread panicked"))??;
+        d.join()
+            .map_err(|_| anyhow::anyhow!("a traffic thread panicked"))??;
     }
     eprintln!("traffic: {summary}");
     Ok(())
@@ -124,25 +135,47 @@ fn report(rx: mpsc::Receiver<Outcome>, format: OutputFormat) -> Result<String> {
         };
         writeln!(out, "{line}")?;
     }
-    Ok(format!("{} lookups, {ok} answered, {failed} failed", ok + failed))
+    Ok(format!(
+        "{} lookups, {ok} answered, {failed} failed",
+        ok + failed
+    ))
 }
 
 fn text_line(o: &Outcome) -> String {
-    let result = if o.ok { format!("→ {}", o.addresses.join(" ")) } else { format!("FAILED {}", o.error.as_deref().unwrap_or("?")) };
-    format!("{:<38} {:<40} {result}  ({:.1} ms, {} queries, last {})", o.pod, o.name, o.elapsed_ms, o.queries, o.last_name)
+    let result = if o.ok {
+        format!("→ {}", o.addresses.join(" "))
+    } else {
+        format!("FAILED {}", o.error.as_deref().unwrap_or("?"))
+    };
+    format!(
+        "{:<38} {:<40} {result}  ({:.1} ms, {} queries, last {})",
+        o.pod, o.name, o.elapsed_ms, o.queries, o.last_name
+    )
 }
 
 /// Moves this thread into a lab namespace; threads it spawns stay there too.
 fn enter_netns(ns: &str) -> Result<()> {
-    let f = File::open(format!("/run/netns/{ns}")).with_context(|| format!("opening namespace {ns}"))?;
+    let f = File::open(format!("/run/netns/{ns}"))
+        .with_context(|| format!("opening namespace {ns}"))?;
     // SAFETY: setns on the calling thread with a valid namespace fd.
     if unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-        bail!("entering namespace {ns}: {}", std::io::Error::last_os_error());
+        bail!(
+            "entering namespace {ns}: {}",
+            std::io::Error::last_os_error()
+        );
     }
     Ok(())
 }
 
-fn drive(pod: &'static Pod, names: &[String], rate: f64, duration: Option<Duration>, client: Client, race: bool, tx: mpsc::Sender<Outcome>) {
+fn drive(
+    pod: &'static Pod,
+    names: &[String],
+    rate: f64,
+    duration: Option<Duration>,
+    client: Client,
+    race: bool,
+    tx: mpsc::Sender<Outcome>,
+) {
     let start = Instant::now();
     let interval = Duration::from_secs_f64(1.0 / rate);
     let in_flight = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -186,11 +219,19 @@ pub struct ResolvConf {
 }
 
 pub fn parse_resolv_conf(text: &str) -> ResolvConf {
-    let mut rc = ResolvConf { nameservers: Vec::new(), search: Vec::new(), ndots: 1, timeout: Duration::from_secs(5), attempts: 2 };
+    let mut rc = ResolvConf {
+        nameservers: Vec::new(),
+        search: Vec::new(),
+        ndots: 1,
+        timeout: Duration::from_secs(5),
+        attempts: 2,
+    };
     for line in text.lines() {
         let mut words = line.split_whitespace();
         match words.next() {
-            Some("nameserver") => rc.nameservers.extend(words.next().and_then(|a| a.parse::<IpAddr>().ok())),
+            Some("nameserver") => rc
+                .nameservers
+                .extend(words.next().and_then(|a| a.parse::<IpAddr>().ok())),
             Some("search") | Some("domain") => rc.search = words.map(str::to_owned).collect(),
             Some("options") => {
                 for opt in words {
@@ -198,7 +239,9 @@ pub fn parse_resolv_conf(text: &str) -> ResolvConf {
                     let n: Option<usize> = value.parse().ok();
                     match key {
                         "ndots" => rc.ndots = n.unwrap_or(1).min(15),
-                        "timeout" => rc.timeout = Duration::from_secs(n.unwrap_or(5).clamp(1, 30) as u64),
+                        "timeout" => {
+                            rc.timeout = Duration::from_secs(n.unwrap_or(5).clamp(1, 30) as u64)
+                        }
                         "attempts" => rc.attempts = n.unwrap_or(2).clamp(1, 5) as u32,
                         _ => {}
                     }
@@ -235,7 +278,8 @@ enum Pair {
 
 fn stub_lookup(pod: &Pod, name: &str, race: bool) -> Outcome {
     let start = Instant::now();
-    let rc_text = std::fs::read_to_string(format!("/etc/netns/{}/resolv.conf", pod.netns())).unwrap_or_default();
+    let rc_text = std::fs::read_to_string(format!("/etc/netns/{}/resolv.conf", pod.netns()))
+        .unwrap_or_default();
     let rc = parse_resolv_conf(&rc_text);
     let mut outcome = Outcome {
         pod: pod.full_name(),
@@ -287,14 +331,28 @@ fn exchange(rc: &ResolvConf, name: &str, race: bool, queries: &mut u32) -> Pair 
 
 /// One A+AAAA exchange with one server. `Ok(None)`: it answered SERVFAIL or
 /// REFUSED (try the next server); `Err`: it did not answer.
-fn ask_pair(server: SocketAddr, name: &str, wait: Duration, race: bool, queries: &mut u32) -> Result<Option<Pair>, String> {
+fn ask_pair(
+    server: SocketAddr,
+    name: &str,
+    wait: Duration,
+    race: bool,
+    queries: &mut u32,
+) -> Result<Option<Pair>, String> {
     let qname = Name::from_ascii(name).map_err(|e| format!("bad name {name}: {e}"))?;
-    let bind: SocketAddr = if server.is_ipv4() { "0.0.0.0:0".parse().unwrap() } else { "[::]:0".parse().unwrap() };
+    let bind: SocketAddr = if server.is_ipv4() {
+        "0.0.0.0:0".parse().unwrap()
+    } else {
+        "[::]:0".parse().unwrap()
+    };
     let sock = UdpSocket::bind(bind).map_err(|e| e.to_string())?;
     // Connected, like glibc: replies from another source never reach us.
     sock.connect(server).map_err(|e| e.to_string())?;
     let ids = [random_id(), random_id()];
-    let wire: Vec<Vec<u8>> = [RecordType::A, RecordType::AAAA].iter().zip(ids).map(|(&t, id)| query(id, &qname, t)).collect();
+    let wire: Vec<Vec<u8>> = [RecordType::A, RecordType::AAAA]
+        .iter()
+        .zip(ids)
+        .map(|(&t, id)| query(id, &qname, t))
+        .collect();
     *queries += 2;
     send_both(&sock, &wire, race).map_err(io_reason)?;
     let mut replies: [Option<Message>; 2] = [None, None];
@@ -305,11 +363,20 @@ fn ask_pair(server: SocketAddr, name: &str, wait: Duration, race: bool, queries:
         if left.is_zero() {
             return Err("timeout".into());
         }
-        sock.set_read_timeout(Some(left)).map_err(|e| e.to_string())?;
+        sock.set_read_timeout(Some(left))
+            .map_err(|e| e.to_string())?;
         let n = sock.recv(&mut buf).map_err(io_reason)?;
-        let Ok(msg) = Message::from_vec(&buf[..n]) else { continue };
-        let Some(slot) = ids.iter().position(|&id| id == msg.id()) else { continue };
-        let msg = if msg.truncated() { tcp_ask(server, &wire[slot], wait, queries)? } else { msg };
+        let Ok(msg) = Message::from_vec(&buf[..n]) else {
+            continue;
+        };
+        let Some(slot) = ids.iter().position(|&id| id == msg.id()) else {
+            continue;
+        };
+        let msg = if msg.truncated() {
+            tcp_ask(server, &wire[slot], wait, queries)?
+        } else {
+            msg
+        };
         replies[slot] = Some(msg);
     }
     Ok(classify(&replies.map(|r| r.expect("both replies present"))))
@@ -325,7 +392,12 @@ fn io_reason(e: std::io::Error) -> String {
 }
 
 fn classify(replies: &[Message; 2]) -> Option<Pair> {
-    if replies.iter().any(|m| matches!(m.response_code(), ResponseCode::ServFail | ResponseCode::Refused)) {
+    if replies.iter().any(|m| {
+        matches!(
+            m.response_code(),
+            ResponseCode::ServFail | ResponseCode::Refused
+        )
+    }) {
         return None;
     }
     let addresses: Vec<String> = replies
@@ -339,7 +411,10 @@ fn classify(replies: &[Message; 2]) -> Option<Pair> {
         .collect();
     if !addresses.is_empty() {
         Some(Pair::Addresses(addresses))
-    } else if replies.iter().all(|m| m.response_code() == ResponseCode::NXDomain) {
+    } else if replies
+        .iter()
+        .all(|m| m.response_code() == ResponseCode::NXDomain)
+    {
         Some(Pair::NotHere("NXDOMAIN"))
     } else {
         Some(Pair::NotHere("no address"))
@@ -370,7 +445,8 @@ fn send_both(sock: &UdpSocket, wire: &[Vec<u8>], race: bool) -> std::io::Result<
         })
         .collect();
     for t in threads {
-        t.join().map_err(|_| std::io::Error::other("sender thread panicked"))??;
+        t.join()
+            .map_err(|_| std::io::Error::other("sender thread panicked"))??;
     }
     Ok(())
 }
@@ -389,7 +465,12 @@ fn num_cpus() -> usize {
 }
 
 /// The retry over TCP after a truncated answer.
-fn tcp_ask(server: SocketAddr, query: &[u8], wait: Duration, queries: &mut u32) -> Result<Message, String> {
+fn tcp_ask(
+    server: SocketAddr,
+    query: &[u8],
+    wait: Duration,
+    queries: &mut u32,
+) -> Result<Message, String> {
     *queries += 1;
     let mut s = TcpStream::connect_timeout(&server, wait).map_err(|e| format!("TCP: {e}"))?;
     s.set_read_timeout(Some(wait)).map_err(|e| e.to_string())?;
@@ -405,7 +486,10 @@ fn tcp_ask(server: SocketAddr, query: &[u8], wait: Duration, queries: &mut u32) 
 
 fn query(id: u16, name: &Name, rtype: RecordType) -> Vec<u8> {
     let mut m = Message::new();
-    m.set_id(id).set_message_type(MessageType::Query).set_recursion_desired(true).add_query(Query::query(name.clone(), rtype));
+    m.set_id(id)
+        .set_message_type(MessageType::Query)
+        .set_recursion_desired(true)
+        .add_query(Query::query(name.clone(), rtype));
     m.to_vec().unwrap_or_default()
 }
 
@@ -420,14 +504,36 @@ fn random_id() -> u16 {
 fn dig_lookup(pod: &Pod, name: &str) -> Outcome {
     let start = Instant::now();
     let out = std::process::Command::new("ip")
-        .args(["netns", "exec", &pod.netns(), "dig", "+search", "+tries=2", "+time=5", name, "A"])
+        .args([
+            "netns",
+            "exec",
+            &pod.netns(),
+            "dig",
+            "+search",
+            "+tries=2",
+            "+time=5",
+            name,
+            "A",
+        ])
         .output();
-    let text = out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
-    let status = text.lines().find_map(|l| l.split("status: ").nth(1)).and_then(|s| s.split(',').next()).map(str::to_owned);
+    let text = out
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    let status = text
+        .lines()
+        .find_map(|l| l.split("status: ").nth(1))
+        .and_then(|s| s.split(',').next())
+        .map(str::to_owned);
     let addresses: Vec<String> = text
         .split(";; ANSWER SECTION:")
         .nth(1)
-        .map(|sec| sec.lines().take_while(|l| !l.is_empty()).filter_map(|l| l.split_whitespace().nth(4)).map(str::to_owned).collect())
+        .map(|sec| {
+            sec.lines()
+                .take_while(|l| !l.is_empty())
+                .filter_map(|l| l.split_whitespace().nth(4))
+                .map(str::to_owned)
+                .collect()
+        })
         .unwrap_or_default();
     let ok = status.as_deref() == Some("NOERROR") && !addresses.is_empty();
     Outcome {
@@ -453,9 +559,15 @@ mod tests {
     #[test]
     fn parses_kubelet_resolv_conf() {
         let rc = rc();
-        assert_eq!(rc.nameservers, vec!["10.96.0.10".parse::<IpAddr>().unwrap()]);
+        assert_eq!(
+            rc.nameservers,
+            vec!["10.96.0.10".parse::<IpAddr>().unwrap()]
+        );
         assert_eq!(rc.search.len(), 3);
-        assert_eq!((rc.ndots, rc.timeout, rc.attempts), (5, Duration::from_secs(2), 2));
+        assert_eq!(
+            (rc.ndots, rc.timeout, rc.attempts),
+            (5, Duration::from_secs(2), 2)
+        );
     }
 
     #[test]
