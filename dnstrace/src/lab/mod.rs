@@ -172,7 +172,7 @@ fn up(faults: Vec<Fault>, nodelocaldns: bool, ipv6: bool) -> Result<()> {
 fn build(state: &mut LabState) -> Result<()> {
     std::fs::create_dir_all(Path::new(LAB_DIR).join("logs"))?;
     for ns in [NODE_NS, UPSTREAM_NS] {
-        add_netns(ns)?;
+        add_netns(ns, state.ipv6)?;
     }
     build_node(state)?;
     for pod in &plan::PODS {
@@ -191,8 +191,15 @@ fn build(state: &mut LabState) -> Result<()> {
     wait_listening()
 }
 
-fn add_netns(ns: &str) -> Result<()> {
+fn add_netns(ns: &str, ipv6: bool) -> Result<()> {
     sys::run("ip", &["netns", "add", ns])?;
+    if ipv6 {
+        // No duplicate address detection on the lab's links (as CNI plugins
+        // do): a tentative link-local address holds up neighbour discovery.
+        for key in ["net.ipv6.conf.all.accept_dad", "net.ipv6.conf.default.accept_dad"] {
+            sys::sysctl(ns, key, "0")?;
+        }
+    }
     sys::ip(ns, "link set lo up").map(drop)
 }
 
@@ -285,7 +292,7 @@ fn build_node(state: &LabState) -> Result<()> {
 
 fn add_pod(state: &mut LabState, pod: &Pod) -> Result<()> {
     let ns = pod.netns();
-    add_netns(&ns)?;
+    add_netns(&ns, state.ipv6)?;
     let veth = pod.host_veth();
     sys::run(
         "ip",
