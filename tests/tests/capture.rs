@@ -295,3 +295,55 @@ fn garbage_is_malformed_and_capture_goes_on() {
     );
     find(&lines, id, true, "udp");
 }
+
+#[test]
+fn ipv6_extension_headers_are_walked_not_guessed() {
+    require_root();
+    let pair = Pair::new().unwrap();
+    let _dns = dnsmasq(&pair.server, ZONE).unwrap();
+    let trace = Dnstrace::start(
+        &pair.server,
+        &["--iface", Pair::SERVER_IF, "--output", "json"],
+    )
+    .unwrap();
+    let server = format!("[{}]:53", Pair::SERVER6);
+    let query = query_bytes(0x6666, "www.test", 28);
+    let reply = pair
+        .client
+        .enter(move || -> std::io::Result<usize> {
+            let sock = std::net::UdpSocket::bind("[::]:0")?;
+            // A destination options header (PadN) on every packet of this socket.
+            let opts: [u8; 8] = [0, 0, 1, 4, 0, 0, 0, 0];
+            // SAFETY: setsockopt with a valid buffer and its length.
+            let rc = unsafe {
+                use std::os::fd::AsRawFd;
+                libc::setsockopt(
+                    sock.as_raw_fd(),
+                    libc::IPPROTO_IPV6,
+                    libc::IPV6_DSTOPTS,
+                    opts.as_ptr().cast(),
+                    opts.len() as u32,
+                )
+            };
+            assert_eq!(rc, 0, "IPV6_DSTOPTS: {}", std::io::Error::last_os_error());
+            sock.set_read_timeout(Some(Duration::from_secs(3)))?;
+            sock.send_to(&query, &server)?;
+            sock.recv(&mut [0u8; 512])
+        })
+        .unwrap();
+    assert!(reply.is_ok(), "dnsmasq did not answer: {reply:?}");
+    let (_, out, _) = trace.stop(libc::SIGINT).unwrap();
+    let lines = json_lines(&out);
+    let q = find(&lines, 0x6666, false, "udp");
+    assert_eq!(q["questions"][0]["type"], "AAAA");
+    // The payload starts after the 8-byte extension header: had it been
+    // skipped wrongly, neither ports nor DNS would have decoded.
+    assert_eq!(
+        q["wire_len"].as_u64().unwrap(),
+        14 + 40 + 8 + 8 + query_bytes(0, "www.test", 28).len() as u64
+    );
+    assert_eq!(
+        answers(find(&lines, 0x6666, true, "udp")),
+        vec!["AAAA fd77::80"]
+    );
+}

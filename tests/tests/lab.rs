@@ -397,3 +397,41 @@ fn bad_input_gets_one_clear_line() {
     );
     assert_eq!(err.lines().count(), 1, "{err}");
 }
+
+#[test]
+fn up_after_a_crash_cleans_and_rebuilds() {
+    require_root();
+    let lab = Lab::up(&[]);
+    // A crash: the lab's processes die, namespaces and files stay.
+    let _ = run(Command::new("pkill").args(["-9", "-f", "/run/dnstrace-lab/unbound.conf"]));
+    let again = dnstrace(&["lab", "up"]);
+    assert!(
+        again.status.success(),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    assert!(String::from_utf8_lossy(&again.stderr).contains("cleaning up what an earlier lab left"));
+    assert_eq!(
+        dig_status(&lab.dig(WEB, &format!("@{SERVICE} www.example.com"))),
+        "NOERROR"
+    );
+}
+
+#[test]
+fn traffic_with_dig_reports_what_dig_saw() {
+    require_root();
+    let lab = Lab::up(&[]);
+    let out = lab.traffic(&[
+        "--client",
+        "dig",
+        "--pod",
+        "shop/checkout",
+        "--name",
+        "kubernetes.default",
+        "--name",
+        "nosuch",
+    ]);
+    let by_name = |n: &str| out.iter().find(|o| o["name"] == n).unwrap().clone();
+    assert_eq!(by_name("kubernetes.default")["addresses"][0], "10.96.0.1");
+    assert_eq!(by_name("nosuch")["error"], "NXDOMAIN");
+}

@@ -196,7 +196,10 @@ fn add_netns(ns: &str, ipv6: bool) -> Result<()> {
     if ipv6 {
         // No duplicate address detection on the lab's links (as CNI plugins
         // do): a tentative link-local address holds up neighbour discovery.
-        for key in ["net.ipv6.conf.all.accept_dad", "net.ipv6.conf.default.accept_dad"] {
+        for key in [
+            "net.ipv6.conf.all.accept_dad",
+            "net.ipv6.conf.default.accept_dad",
+        ] {
             sys::sysctl(ns, key, "0")?;
         }
     }

@@ -118,9 +118,16 @@ pub fn spawn_detached(ns: &str, program: &str, args: &[&str]) -> Result<u32> {
     Ok(child.id())
 }
 
+/// Running, not a zombie: daemons the lab started are reaped by whoever
+/// adopted them, maybe late.
 pub fn alive(pid: u32) -> bool {
-    // SAFETY: signal 0 only checks that the process exists.
-    unsafe { libc::kill(pid as i32, 0) == 0 }
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // The state follows the parenthesised command name.
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .is_some_and(|state| state != "Z" && state != "X")
 }
 
 pub fn hangup(pid: u32) {

@@ -528,7 +528,9 @@ fn dig_lookup(pod: &Pod, name: &str) -> Outcome {
         .split(";; ANSWER SECTION:")
         .nth(1)
         .map(|sec| {
+            // The marker's own line ends first; the records follow it.
             sec.lines()
+                .skip(1)
                 .take_while(|l| !l.is_empty())
                 .filter_map(|l| l.split_whitespace().nth(4))
                 .map(str::to_owned)
