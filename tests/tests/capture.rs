@@ -93,16 +93,22 @@ fn case(
     }
 }
 
-#[test]
-fn every_query_and_response_is_captured_and_decoded() {
-    require_root();
+/// A veth pair, dnsmasq serving `zone`, and dnstrace on the server side.
+fn serve(zone: &[&str]) -> (Pair, Proc, Dnstrace) {
     let pair = Pair::new().unwrap();
-    let _dns = dnsmasq(&pair.server, ZONE).unwrap();
+    let dns = dnsmasq(&pair.server, zone).unwrap();
     let trace = Dnstrace::start(
         &pair.server,
         &["--iface", Pair::SERVER_IF, "--output", "json"],
     )
     .unwrap();
+    (pair, dns, trace)
+}
+
+#[test]
+fn every_query_and_response_is_captured_and_decoded() {
+    require_root();
+    let (pair, _dns, trace) = serve(ZONE);
     let cname_chain = vec!["CNAME alias2.test.", "CNAME www.test.", "A 10.77.0.80"];
     let mut cases = Vec::new();
     for (server, family) in [(Pair::SERVER4, "v4"), (Pair::SERVER6, "v6")] {
@@ -196,13 +202,7 @@ fn every_query_and_response_is_captured_and_decoded() {
 #[test]
 fn truncated_answer_then_tcp_retry_are_two_exchanges() {
     require_root();
-    let pair = Pair::new().unwrap();
-    let _dns = dnsmasq(&pair.server, &["--local=/test/", &big_txt()]).unwrap();
-    let trace = Dnstrace::start(
-        &pair.server,
-        &["--iface", Pair::SERVER_IF, "--output", "json"],
-    )
-    .unwrap();
+    let (pair, _dns, trace) = serve(&["--local=/test/", &big_txt()]);
     // No EDNS: the answer exceeds 512 bytes, comes back truncated, and dig retries over TCP.
     let out = run(pair.client.cmd("dig").args([
         "+noedns",
@@ -248,13 +248,7 @@ fn truncated_answer_then_tcp_retry_are_two_exchanges() {
 #[test]
 fn garbage_is_malformed_and_capture_goes_on() {
     require_root();
-    let pair = Pair::new().unwrap();
-    let _dns = dnsmasq(&pair.server, ZONE).unwrap();
-    let trace = Dnstrace::start(
-        &pair.server,
-        &["--iface", Pair::SERVER_IF, "--output", "json"],
-    )
-    .unwrap();
+    let (pair, _dns, trace) = serve(ZONE);
     let random: Vec<u8> = (0..97u32)
         .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
         .collect();
@@ -299,13 +293,7 @@ fn garbage_is_malformed_and_capture_goes_on() {
 #[test]
 fn ipv6_extension_headers_are_walked_not_guessed() {
     require_root();
-    let pair = Pair::new().unwrap();
-    let _dns = dnsmasq(&pair.server, ZONE).unwrap();
-    let trace = Dnstrace::start(
-        &pair.server,
-        &["--iface", Pair::SERVER_IF, "--output", "json"],
-    )
-    .unwrap();
+    let (pair, _dns, trace) = serve(ZONE);
     let server = format!("[{}]:53", Pair::SERVER6);
     let query = query_bytes(0x6666, "www.test", 28);
     let reply = pair

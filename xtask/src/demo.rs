@@ -9,7 +9,7 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 
-use crate::{cargo, setup::is_root, workspace_root};
+use crate::{cargo, check, setup::is_root, workspace_root};
 
 const NODE: &str = "dtlab-node";
 
@@ -86,14 +86,7 @@ fn traffic(bin: &Path, name: &str) -> Result<()> {
 }
 
 fn dnstrace(bin: &Path, args: &[&str]) -> Result<()> {
-    let status = Command::new(bin)
-        .args(args)
-        .status()
-        .with_context(|| format!("running dnstrace {}", args.join(" ")))?;
-    if !status.success() {
-        bail!("dnstrace {} failed ({status})", args.join(" "));
-    }
-    Ok(())
+    check(Command::new(bin).args(args))
 }
 
 fn step(what: &str) {

@@ -31,15 +31,22 @@ fn main() -> ExitCode {
     }
 }
 
-/// Runs a command in the workspace root, failing if it fails.
+/// cargo, in the workspace root.
+pub fn cargo_cmd() -> Command {
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.current_dir(workspace_root());
+    cmd
+}
+
 pub fn cargo(args: &[&str]) -> Result<()> {
-    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .current_dir(workspace_root())
-        .args(args)
-        .status()
-        .with_context(|| format!("running cargo {}", args.join(" ")))?;
+    check(cargo_cmd().args(args))
+}
+
+/// Runs `cmd`, failing if it fails.
+pub fn check(cmd: &mut Command) -> Result<()> {
+    let status = cmd.status().with_context(|| format!("running {cmd:?}"))?;
     if !status.success() {
-        bail!("cargo {} failed ({status})", args.join(" "));
+        bail!("{cmd:?} failed ({status})");
     }
     Ok(())
 }
@@ -66,25 +73,20 @@ fn test() -> Result<()> {
 /// The eBPF crate is linted for the host, where it needs abort-on-panic, in a
 /// target dir of its own so the flag does not rebuild everything else.
 fn clippy_ebpf() -> Result<()> {
-    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .current_dir(workspace_root())
-        .args([
-            "clippy",
-            "--package",
-            "dnstrace-ebpf",
-            "--",
-            "-D",
-            "warnings",
-        ])
-        .env("RUSTFLAGS", "-C panic=abort")
-        .env(
-            "CARGO_TARGET_DIR",
-            workspace_root().join("target/ebpf-clippy"),
-        )
-        .status()
-        .context("running cargo clippy on dnstrace-ebpf")?;
-    if !status.success() {
-        bail!("cargo clippy on dnstrace-ebpf failed ({status})");
-    }
-    Ok(())
+    check(
+        cargo_cmd()
+            .args([
+                "clippy",
+                "--package",
+                "dnstrace-ebpf",
+                "--",
+                "-D",
+                "warnings",
+            ])
+            .env("RUSTFLAGS", "-C panic=abort")
+            .env(
+                "CARGO_TARGET_DIR",
+                workspace_root().join("target/ebpf-clippy"),
+            ),
+    )
 }

@@ -3,7 +3,9 @@
 //! these exact pieces.
 use std::{path::Path, process::Command};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
+
+use crate::check;
 
 /// Debian's rustc with a precompiled `core` for the bpf targets, and LLVM for bpf-linker.
 const TOOLCHAIN_PACKAGES: &[&str] = &[
@@ -46,11 +48,13 @@ pub fn run() -> Result<()> {
             );
         }
         eprintln!("xtask: installing {}", missing.join(" "));
-        sh(Command::new("apt-get").args(["update", "-q"]))?;
-        sh(Command::new("apt-get")
-            .args(["install", "-y", "-q", "--no-install-recommends"])
-            .args(&missing)
-            .env("DEBIAN_FRONTEND", "noninteractive"))?;
+        check(Command::new("apt-get").args(["update", "-q"]))?;
+        check(
+            Command::new("apt-get")
+                .args(["install", "-y", "-q", "--no-install-recommends"])
+                .args(&missing)
+                .env("DEBIAN_FRONTEND", "noninteractive"),
+        )?;
     }
     if !has_bpf_linker() {
         install_bpf_linker()?;
@@ -104,8 +108,8 @@ fn install_bpf_linker() -> Result<()> {
         "/usr/lib/llvm-22/bin:{}",
         std::env::var("PATH").unwrap_or_default()
     );
-    sh(
-        Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+    check(
+        crate::cargo_cmd()
             .args([
                 "install",
                 "--locked",
@@ -119,12 +123,4 @@ fn install_bpf_linker() -> Result<()> {
             .env("PATH", path)
             .env("LLVM_PREFIX", "/usr/lib/llvm-22"),
     )
-}
-
-fn sh(cmd: &mut Command) -> Result<()> {
-    let status = cmd.status().with_context(|| format!("running {cmd:?}"))?;
-    if !status.success() {
-        bail!("{cmd:?} failed ({status})");
-    }
-    Ok(())
 }

@@ -107,15 +107,10 @@ impl LabState {
 }
 
 pub async fn run(cmd: LabCommand) -> Result<()> {
-    if let LabCommand::DelayLine {
-        listen,
-        to,
-        delay_ms,
-    } = cmd
-    {
-        return delay_line(listen, to, Duration::from_millis(delay_ms)).await;
+    // The delay line runs inside the lab, started by it; the rest changes the machine.
+    if !matches!(cmd, LabCommand::DelayLine { .. }) {
+        require_root()?;
     }
-    require_root()?;
     match cmd {
         LabCommand::Up {
             faults,
@@ -126,7 +121,11 @@ pub async fn run(cmd: LabCommand) -> Result<()> {
         LabCommand::Status => status(),
         LabCommand::Fault { fault, state } => switch_fault(fault, state == Switch::On),
         LabCommand::Traffic(args) => traffic::run(args),
-        LabCommand::DelayLine { .. } => unreachable!("handled above"),
+        LabCommand::DelayLine {
+            listen,
+            to,
+            delay_ms,
+        } => delay_line(listen, to, Duration::from_millis(delay_ms)).await,
     }
 }
 
@@ -379,40 +378,30 @@ fn write_resolv_confs(state: &LabState) -> Result<()> {
 
 /// All iptables state of the lab, derived from options and faults.
 fn apply_rules(state: &LabState) -> Result<()> {
-    let endpoints4: Vec<IpAddr> = plan::coredns_pods().map(|p| IpAddr::V4(p.ip4)).collect();
-    let nat = kubeproxy_nat(
-        IpAddr::V4(plan::SERVICE4),
-        &endpoints4,
-        plan::POD_CIDR4,
-        state,
-    );
-    sys::restore(NODE_NS, false, &nat)?;
-    sys::restore(
-        NODE_NS,
-        false,
-        &node_filter(state, &plan::PODS[3].ip4.to_string()),
-    )?;
+    node_rules(state, false)?;
     if state.ipv6 {
-        let endpoints6: Vec<IpAddr> = plan::coredns_pods().map(|p| IpAddr::V6(p.ip6)).collect();
-        let nat6 = kubeproxy_nat(
-            IpAddr::V6(plan::SERVICE6),
-            &endpoints6,
-            plan::POD_CIDR6,
-            state,
-        );
-        sys::restore(NODE_NS, true, &nat6)?;
-        sys::restore(
-            NODE_NS,
-            true,
-            &node_filter(state, &plan::PODS[3].ip6.to_string()),
-        )?;
-    }
-    sys::restore(UPSTREAM_NS, false, &upstream_filter(state))?;
-    sys::restore(UPSTREAM_NS, false, &upstream_nat(state))?;
-    if state.ipv6 {
+        node_rules(state, true)?;
         sys::restore(UPSTREAM_NS, true, &upstream_filter(state))?;
     }
-    Ok(())
+    sys::restore(UPSTREAM_NS, false, &upstream_filter(state))?;
+    sys::restore(UPSTREAM_NS, false, &upstream_nat(state))
+}
+
+/// kube-proxy's nat table and the node's filter table, for one family.
+fn node_rules(state: &LabState, v6: bool) -> Result<()> {
+    let (service, pod_cidr) = if v6 {
+        (IpAddr::V6(plan::SERVICE6), plan::POD_CIDR6)
+    } else {
+        (IpAddr::V4(plan::SERVICE4), plan::POD_CIDR4)
+    };
+    let endpoints: Vec<IpAddr> = plan::coredns_pods().map(|p| p.ip(v6)).collect();
+    sys::restore(
+        NODE_NS,
+        v6,
+        &kubeproxy_nat(service, &endpoints, pod_cidr, state),
+    )?;
+    // The drop fault cuts the path to the second CoreDNS pod.
+    sys::restore(NODE_NS, v6, &node_filter(state, &endpoints[1].to_string()))
 }
 
 fn kubeproxy_nat(

@@ -1,6 +1,6 @@
 //! What the lab is made of: namespaces, pods, addresses. Plain data, so the
 //! configuration derived from it is tested without root.
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use sha2::{Digest, Sha256};
 
@@ -120,6 +120,14 @@ impl Pod {
 
     pub fn sandbox_id(&self) -> String {
         hex_digest(&format!("sandbox/{}", self.full_name()))
+    }
+
+    pub fn ip(&self, v6: bool) -> IpAddr {
+        if v6 {
+            self.ip6.into()
+        } else {
+            self.ip4.into()
+        }
     }
 
     pub fn search_list(&self) -> Vec<String> {

@@ -143,7 +143,18 @@ fn report(rx: mpsc::Receiver<Outcome>, format: OutputFormat) -> Result<String> {
 
 fn text_line(o: &Outcome) -> String {
     let result = if o.ok {
-        format!("→ {}", o.addresses.join(" "))
+        // The JSON output keeps them all.
+        let shown = o
+            .addresses
+            .iter()
+            .take(4)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(" ");
+        match o.addresses.len() {
+            n if n > 4 => format!("→ {shown} (+{} more)", n - 4),
+            _ => format!("→ {shown}"),
+        }
     } else {
         format!("FAILED {}", o.error.as_deref().unwrap_or("?"))
     };
