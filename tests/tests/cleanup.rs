@@ -1,4 +1,5 @@
-//! After Ctrl-C or SIGTERM nothing of dnstrace is left in the kernel.
+//! After Ctrl-C, SIGTERM (or, with TCX links, SIGKILL) nothing of dnstrace
+//! is left in the kernel.
 use std::process::Command;
 
 use dnstrace_tests::*;
@@ -57,11 +58,18 @@ fn stop_leaves_nothing(mode: &str, signal: i32) {
         );
     }
     let (status, _, stderr) = trace.stop(signal).unwrap();
-    assert!(status.success(), "exit {status}: {stderr:?}");
-    assert!(
-        stderr.iter().any(|l| l.contains("detached from vs")),
-        "{stderr:?}"
-    );
+    if signal == libc::SIGKILL {
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(signal)
+        );
+    } else {
+        assert!(status.success(), "exit {status}: {stderr:?}");
+        assert!(
+            stderr.iter().any(|l| l.contains("detached from vs")),
+            "{stderr:?}"
+        );
+    }
     // The kernel frees programs of deleted tc filters after an RCU grace period.
     wait_for(|| {
         let live = live_prog_ids();
@@ -112,4 +120,10 @@ fn an_existing_clsact_qdisc_is_left_in_place() {
         after.contains("clsact") && !after.contains("dns_tc"),
         "{after}"
     );
+}
+
+#[test]
+fn sigkill_with_tcx_links_leaves_nothing_attached() {
+    // No exit path runs at all: the kernel drops TCX links with their last fd.
+    stop_leaves_nothing("tcx", libc::SIGKILL);
 }
