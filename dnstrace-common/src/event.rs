@@ -1,7 +1,7 @@
 //! The wire layout of events sent from the kernel, and their checked decoding.
 
 /// Bumped whenever the layout of any event changes.
-pub const SCHEMA_VERSION: u16 = 1;
+pub const SCHEMA_VERSION: u16 = 2;
 
 /// Most payload bytes a packet event carries; DNS over UDP fits, large TCP
 /// segments are cut and flagged.
@@ -24,12 +24,18 @@ impl EventKind {
     }
 }
 
-/// Where a packet was seen.
+/// Where a packet was seen. Ids are never reused.
 #[repr(u8)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Hook {
     TcIngress = 1,
     TcEgress = 2,
+    /// `net_dev_start_xmit`: a device is about to send it.
+    DevXmit = 3,
+    /// `netif_receive_skb`: a device has received it.
+    DevReceive = 4,
+    /// `kfree_skb`: the kernel dropped it.
+    Drop = 5,
 }
 
 impl Hook {
@@ -37,9 +43,93 @@ impl Hook {
         match v {
             1 => Some(Self::TcIngress),
             2 => Some(Self::TcEgress),
+            3 => Some(Self::DevXmit),
+            4 => Some(Self::DevReceive),
+            5 => Some(Self::Drop),
             _ => None,
         }
     }
+}
+
+/// A conntrack tuple, in network byte order as the kernel keeps it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CtTuple {
+    pub src: [u8; 16],
+    pub dst: [u8; 16],
+    pub sport: u16,
+    pub dport: u16,
+    pub l3num: u16,
+    pub proto: u8,
+    pub _pad: u8,
+}
+
+/// The conntrack entry attached to a packet, when it has one.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CtInfo {
+    pub original: CtTuple,
+    pub reply: CtTuple,
+    /// `IPS_*` status bits (CONFIRMED 3, SRC_NAT 4, DST_NAT 5...).
+    pub status: u32,
+    /// `skb->_nfct & 7`: 3 and above is the reply direction.
+    pub ctinfo: u8,
+    pub _pad: [u8; 3],
+}
+
+/// Struct offsets in the running kernel, found in its BTF by user space and
+/// handed to the tracepoint programs as a global (all 0 until then).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelOffsets {
+    pub skb_head: u32,
+    pub skb_data: u32,
+    pub skb_len: u32,
+    pub skb_data_len: u32,
+    pub skb_protocol: u32,
+    pub skb_network_header: u32,
+    pub skb_dev: u32,
+    pub dev_ifindex: u32,
+    pub dev_name: u32,
+    pub dev_nd_net: u32,
+    pub net_ns_inum: u32,
+    /// 0 when conntrack fields were not found: events then carry no entry.
+    pub skb_nfct: u32,
+    pub ct_status: u32,
+    pub ct_tuple_original: u32,
+    pub ct_tuple_reply: u32,
+    pub tuple_src_u3: u32,
+    pub tuple_src_port: u32,
+    pub tuple_l3num: u32,
+    pub tuple_dst_u3: u32,
+    pub tuple_dst_port: u32,
+    pub tuple_protonum: u32,
+}
+
+impl KernelOffsets {
+    pub const UNSET: Self = Self {
+        skb_head: 0,
+        skb_data: 0,
+        skb_len: 0,
+        skb_data_len: 0,
+        skb_protocol: 0,
+        skb_network_header: 0,
+        skb_dev: 0,
+        dev_ifindex: 0,
+        dev_name: 0,
+        dev_nd_net: 0,
+        net_ns_inum: 0,
+        skb_nfct: 0,
+        ct_status: 0,
+        ct_tuple_original: 0,
+        ct_tuple_reply: 0,
+        tuple_src_u3: 0,
+        tuple_src_port: 0,
+        tuple_l3num: 0,
+        tuple_dst_u3: 0,
+        tuple_dst_port: 0,
+        tuple_protonum: 0,
+    };
 }
 
 /// First bytes of every event.
@@ -56,6 +146,8 @@ pub struct EventHeader {
 pub const FLAG_TRUNCATED: u8 = 1;
 /// `PacketMeta::flags`: the packet is the first fragment of a fragmented datagram.
 pub const FLAG_FRAGMENT: u8 = 2;
+/// `PacketMeta::flags`: `ct` holds the packet's conntrack entry.
+pub const FLAG_CONNTRACK: u8 = 4;
 
 /// A DNS packet as seen by a hook; `cap_len` payload bytes follow it.
 #[repr(C)]
@@ -89,6 +181,13 @@ pub struct PacketMeta {
     pub _pad: u8,
     /// Payload bytes that follow this struct.
     pub cap_len: u16,
+    /// Device name (tracepoint hooks), NUL-padded.
+    pub ifname: [u8; 16],
+    /// For `Hook::Drop`: the kernel's `skb_drop_reason` and where it dropped.
+    pub drop_reason: u32,
+    pub _pad2: u32,
+    pub drop_location: u64,
+    pub ct: CtInfo,
 }
 
 /// Size of [`PacketMeta`] on the wire.
@@ -177,9 +276,16 @@ fn read<T: Copy>(buf: &[u8]) -> Result<T, DecodeError> {
 
 #[cfg(feature = "user")]
 mod user {
-    // SAFETY: plain `#[repr(C)]` data without padding-dependent invariants.
+    // SAFETY: plain `#[repr(C)]` data without implicit padding.
     unsafe impl aya::Pod for super::PacketMeta {}
+    // SAFETY: plain `#[repr(C)]` u32 fields.
+    unsafe impl aya::Pod for super::KernelOffsets {}
 }
+
+// The layouts are shared with the kernel programs: no implicit padding allowed.
+const _: () = assert!(core::mem::size_of::<CtTuple>() == 40);
+const _: () = assert!(core::mem::size_of::<CtInfo>() == 88);
+const _: () = assert!(core::mem::size_of::<PacketMeta>() == 80 + 32 + 88);
 
 #[cfg(test)]
 mod tests {
@@ -211,6 +317,11 @@ mod tests {
             tcp_flags: 0,
             _pad: 0,
             cap_len,
+            ifname: [0; 16],
+            drop_reason: 0,
+            _pad2: 0,
+            drop_location: 0,
+            ct: CtInfo::default(),
         };
         // SAFETY: reading the bytes of a plain-data struct.
         let raw = unsafe {

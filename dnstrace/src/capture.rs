@@ -3,13 +3,13 @@ use std::{collections::HashMap, io};
 
 use anyhow::{Context as _, Result};
 use tokio::{
-    signal::unix::{signal, SignalKind},
+    signal::unix::{signal, Signal, SignalKind},
     time::{interval, Duration},
 };
 
 use crate::{
     cli::CaptureArgs,
-    decode::{Body, Decoder, Record},
+    decode::{Body, Decoder, KernelNames, Record},
     ingest::Ingest,
     output::{Clock, LineSink},
     probes::Probes,
@@ -22,33 +22,80 @@ struct Counts {
     malformed: u64,
 }
 
-pub async fn run(args: CaptureArgs) -> Result<()> {
-    if args.ifaces.is_empty() {
-        anyhow::bail!("name the interfaces to watch with --iface IF (no cluster at hand? `dnstrace lab up` builds one)");
+/// Ctrl-C and SIGTERM, caught from the start so that a stop during
+/// start-up still detaches everything.
+struct Stop {
+    int: Signal,
+    term: Signal,
+}
+
+impl Stop {
+    fn new() -> io::Result<Self> {
+        Ok(Self {
+            int: signal(SignalKind::interrupt())?,
+            term: signal(SignalKind::terminate())?,
+        })
     }
+
+    async fn wait(&mut self) {
+        tokio::select! {
+            _ = self.int.recv() => {}
+            _ = self.term.recv() => {}
+        }
+    }
+}
+
+pub async fn run(args: CaptureArgs) -> Result<()> {
+    let mut stop = Stop::new()?;
     let mut probes = Probes::attach(&args)?;
     for a in &probes.attachments {
         eprintln!(
             "dnstrace: {} (prog id {}) attached to {} ({})",
-            a.program, a.prog_id, a.iface, a.how
+            a.program, a.prog_id, a.target, a.how
         );
     }
+    let names: HashMap<u32, String> = probes.iface_names();
+    let mut ingest = Ingest::new(probes.take_events()?).context("watching the ring buffer")?;
+    for why in &probes.off {
+        eprintln!("dnstrace: off: {why}");
+    }
+    // Root reads real addresses from kallsyms; drop locations need them.
+    let kallsyms = std::fs::read_to_string("/proc/kallsyms").unwrap_or_default();
+    let kernel = KernelNames::new(std::mem::take(&mut probes.drop_reasons), &kallsyms);
+    let mut sink = LineSink::new(
+        args.output,
+        names,
+        Clock::now(),
+        kernel,
+        io::stdout().lock(),
+    );
+    let mut decoder = Decoder::default();
+    let mut counts = Counts::default();
     let ports: Vec<String> = args.ports.iter().map(u16::to_string).collect();
     eprintln!(
         "dnstrace: capturing DNS on port {}; Ctrl-C to stop",
         ports.join(",")
     );
-    let names: HashMap<u32, String> = probes.iface_names();
-    let mut ingest = Ingest::new(probes.take_events()?).context("watching the ring buffer")?;
-    let mut sink = LineSink::new(args.output, names, Clock::now(), io::stdout().lock());
-    let mut decoder = Decoder::default();
-    let mut counts = Counts::default();
-    let result = pump(&mut ingest, &mut decoder, &mut sink, &mut counts, &probes).await;
+    let result = pump(
+        &mut ingest,
+        &mut decoder,
+        &mut sink,
+        &mut counts,
+        &probes,
+        &mut stop,
+    )
+    .await;
     let mut batch = Vec::new();
     ingest.drain_now(&mut batch);
     let flushed = emit(batch, &mut decoder, &mut sink, &mut counts);
     let lost = probes.lost_events().unwrap_or(0);
-    let ifaces: Vec<String> = args.ifaces.clone();
+    let targets: Vec<String> = probes
+        .attachments
+        .iter()
+        .map(|a| a.target.clone())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
     drop(probes);
     eprintln!(
         "dnstrace: {} DNS packets, {} messages, {} malformed; {} events lost; detached from {}",
@@ -56,7 +103,7 @@ pub async fn run(args: CaptureArgs) -> Result<()> {
         counts.messages,
         counts.malformed,
         lost,
-        ifaces.join(", ")
+        targets.join(", ")
     );
     if decoder.evicted_streams() > 0 {
         eprintln!(
@@ -80,16 +127,14 @@ async fn pump<W: io::Write>(
     sink: &mut LineSink<W>,
     counts: &mut Counts,
     probes: &Probes,
+    stop: &mut Stop,
 ) -> Result<()> {
-    let mut sigint = signal(SignalKind::interrupt())?;
-    let mut sigterm = signal(SignalKind::terminate())?;
     let mut tick = interval(Duration::from_secs(1));
     let mut lost_reported = 0;
     loop {
         let mut batch = Vec::new();
         tokio::select! {
-            _ = sigint.recv() => return Ok(()),
-            _ = sigterm.recv() => return Ok(()),
+            () = stop.wait() => return Ok(()),
             r = ingest.next_batch(&mut batch) => r.context("reading the ring buffer")?,
             _ = tick.tick() => {
                 let lost = probes.lost_events().unwrap_or(0);

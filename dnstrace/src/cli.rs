@@ -27,7 +27,8 @@ pub enum Command {
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct CaptureArgs {
-    /// Interface to watch, ingress and egress (repeatable).
+    /// Interface to watch with tc, ingress and egress (repeatable). Without
+    /// one, every device of every network namespace and the kernel's drops.
     #[arg(short, long = "iface", value_name = "IF")]
     pub ifaces: Vec<String>,
 

@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use crate::{
     cli::OutputFormat,
-    decode::{Body, DnsMessage, Record, Transport},
+    decode::{Body, Conntrack, DnsMessage, KernelNames, Packet, Record, Transport},
 };
 
 /// Converts kernel CLOCK_MONOTONIC timestamps to wall-clock time.
@@ -46,6 +46,7 @@ pub struct LineSink<W: Write> {
     format: OutputFormat,
     iface_names: HashMap<u32, String>,
     clock: Clock,
+    kernel: KernelNames,
     out: W,
 }
 
@@ -53,7 +54,8 @@ pub struct LineSink<W: Write> {
 struct JsonLine<'a> {
     time: String,
     mono_ns: u64,
-    iface: &'a str,
+    hook: &'static str,
+    iface: String,
     ifindex: u32,
     netns: u32,
     direction: &'static str,
@@ -63,8 +65,29 @@ struct JsonLine<'a> {
     wire_len: u32,
     captured_truncated: bool,
     ip_fragment: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    conntrack: Option<JsonConntrack>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    drop: Option<JsonDrop>,
     #[serde(flatten)]
     body: &'a Body,
+}
+
+#[derive(Serialize)]
+struct JsonConntrack {
+    original: [String; 2],
+    reply: [String; 2],
+    status: u32,
+    is_reply: bool,
+    /// [asked for, rewritten to]
+    dnat: Option<[String; 2]>,
+    snat: Option<[String; 2]>,
+}
+
+#[derive(Serialize)]
+struct JsonDrop {
+    reason: String,
+    location: String,
 }
 
 impl<W: Write> LineSink<W> {
@@ -72,12 +95,14 @@ impl<W: Write> LineSink<W> {
         format: OutputFormat,
         iface_names: HashMap<u32, String>,
         clock: Clock,
+        kernel: KernelNames,
         out: W,
     ) -> Self {
         Self {
             format,
             iface_names,
             clock,
+            kernel,
             out,
         }
     }
@@ -99,45 +124,75 @@ impl<W: Write> LineSink<W> {
         self.out.flush()
     }
 
-    fn iface(&self, ifindex: u32) -> String {
-        self.iface_names
-            .get(&ifindex)
-            .cloned()
-            .unwrap_or_else(|| format!("if{ifindex}"))
+    /// The device's name: reported by the hook, or known from --iface.
+    fn iface(&self, p: &Packet) -> String {
+        p.ifname
+            .clone()
+            .or_else(|| self.iface_names.get(&p.ifindex).cloned())
+            .unwrap_or_else(|| format!("if{}", p.ifindex))
     }
 
     fn text(&self, rec: &Record) -> String {
         let p = &rec.packet;
         let time = humantime::format_rfc3339_micros(self.clock.wall(p.ts_ns)).to_string();
         let time = time.get(11..26).unwrap_or(&time);
-        let dir = match p.hook {
-            Hook::TcIngress => "in ",
-            Hook::TcEgress => "out",
+        let place = match p.ifname {
+            // Hooks that see every namespace: say which one.
+            Some(_) => format!("{}@{}", self.iface(p), p.netns),
+            None => self.iface(p),
         };
-        let head = format!(
-            "{time} {:<10} {dir} {} → {} {}",
-            self.iface(p.ifindex),
+        let dir = match p.hook {
+            Hook::TcIngress | Hook::DevReceive => "in ",
+            Hook::TcEgress | Hook::DevXmit => "out",
+            Hook::Drop => "DROP",
+        };
+        let mut line = format!(
+            "{time} {place:<10} {dir} {} → {} {}",
             p.src,
             p.dst,
             transport(p.transport)
         );
         match &rec.body {
-            Body::Dns(m) => format!("{head} {}", dns_text(m)),
-            Body::Malformed { reason, len } => format!("{head} MALFORMED {len} bytes: {reason}"),
+            Body::Dns(m) => line += &format!(" {}", dns_text(m)),
+            Body::Malformed { reason, len } => line += &format!(" MALFORMED {len} bytes: {reason}"),
         }
+        if let Some((asked, to)) = p.ct.as_ref().and_then(Conntrack::dnat) {
+            line += &format!(" [DNAT {asked} → {to}]");
+        }
+        if let Some((real, seen)) = p.ct.as_ref().and_then(Conntrack::snat) {
+            line += &format!(" [SNAT {real} → {seen}]");
+        }
+        if let Some(d) = p.drop {
+            line += &format!(
+                " [dropped: {} at {}]",
+                self.kernel.drop_reason(d.reason),
+                self.kernel.location(d.location)
+            );
+        }
+        line
     }
 
     fn json<'a>(&'a self, rec: &'a Record) -> JsonLine<'a> {
         let p = &rec.packet;
+        let pair =
+            |(a, b): (std::net::SocketAddr, std::net::SocketAddr)| [a.to_string(), b.to_string()];
         JsonLine {
             time: humantime::format_rfc3339_nanos(self.clock.wall(p.ts_ns)).to_string(),
             mono_ns: p.ts_ns,
-            iface: self.iface_names.get(&p.ifindex).map_or("", String::as_str),
+            hook: match p.hook {
+                Hook::TcIngress => "tc_ingress",
+                Hook::TcEgress => "tc_egress",
+                Hook::DevXmit => "dev_xmit",
+                Hook::DevReceive => "dev_receive",
+                Hook::Drop => "kfree_skb",
+            },
+            iface: self.iface(p),
             ifindex: p.ifindex,
             netns: p.netns,
             direction: match p.hook {
-                Hook::TcIngress => "ingress",
-                Hook::TcEgress => "egress",
+                Hook::TcIngress | Hook::DevReceive => "ingress",
+                Hook::TcEgress | Hook::DevXmit => "egress",
+                Hook::Drop => "drop",
             },
             src: p.src.to_string(),
             dst: p.dst.to_string(),
@@ -145,6 +200,18 @@ impl<W: Write> LineSink<W> {
             wire_len: p.wire_len,
             captured_truncated: p.truncated,
             ip_fragment: p.fragment,
+            conntrack: p.ct.map(|ct| JsonConntrack {
+                original: [ct.original.src.to_string(), ct.original.dst.to_string()],
+                reply: [ct.reply.src.to_string(), ct.reply.dst.to_string()],
+                status: ct.status,
+                is_reply: ct.is_reply,
+                dnat: ct.dnat().map(pair),
+                snat: ct.snat().map(pair),
+            }),
+            drop: p.drop.map(|d| JsonDrop {
+                reason: self.kernel.drop_reason(d.reason),
+                location: self.kernel.location(d.location),
+            }),
             body: &rec.body,
         }
     }
@@ -223,6 +290,9 @@ mod tests {
                 truncated: false,
                 fragment: false,
                 payload: Bytes::new(),
+                ifname: None,
+                ct: None,
+                drop: None,
             },
             body,
         }
@@ -261,6 +331,7 @@ mod tests {
             format,
             HashMap::from([(7, "veth-s".to_string())]),
             Clock { offset_ns: 0 },
+            KernelNames::default(),
             Vec::new(),
         )
     }

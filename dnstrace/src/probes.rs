@@ -1,6 +1,8 @@
 //! Loading the eBPF programs, attaching them to interfaces, and detaching
 //! everything again when the `Probes` value is dropped, on every exit path.
+mod btf;
 mod netlink;
+mod offsets;
 
 use std::{fmt::Write as _, os::unix::fs::MetadataExt as _};
 
@@ -9,7 +11,7 @@ use aya::{
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
     programs::{
         tc::{NlOptions, TcAttachOptions},
-        LinkOrder, ProgramError, ProgramType, SchedClassifier, TcAttachType,
+        BtfTracePoint, LinkOrder, ProgramError, ProgramType, SchedClassifier, TcAttachType,
     },
     Ebpf, EbpfLoader,
 };
@@ -67,15 +69,23 @@ impl Iface {
     }
 }
 
-/// One program attached to one interface.
+/// One program attached somewhere.
 #[derive(Debug)]
 pub struct Attachment {
     pub program: &'static str,
     /// The kernel's id of the program, as `bpftool prog show` lists it.
     pub prog_id: u32,
-    pub iface: String,
+    /// An interface, or the tracepoint.
+    pub target: String,
     pub how: &'static str,
 }
+
+/// The BTF tracepoints that see every device of every network namespace.
+const TRACEPOINTS: [(&str, &str); 3] = [
+    ("dns_dev_xmit", "net_dev_start_xmit"),
+    ("dns_dev_receive", "netif_receive_skb"),
+    ("dns_kfree_skb", "kfree_skb"),
+];
 
 pub struct Probes {
     ebpf: Ebpf,
@@ -83,6 +93,10 @@ pub struct Probes {
     ifaces: Vec<Iface>,
     /// clsact qdiscs dnstrace added (netlink mode): removed on drop.
     added_qdiscs: Vec<Iface>,
+    /// Hooks or parts left off, and why.
+    pub off: Vec<String>,
+    /// `skb_drop_reason` names of the running kernel.
+    pub drop_reasons: std::collections::HashMap<u32, String>,
 }
 
 const PROGRAMS: [(&str, TcAttachType); 2] = [
@@ -98,7 +112,8 @@ pub fn own_netns() -> Result<u32> {
 
 impl Probes {
     /// Checks privileges and kernel support, loads the programs and attaches
-    /// them to every interface in `args`.
+    /// them: tc on every interface in `args`, or, with none named, the BTF
+    /// tracepoints that see the whole node.
     pub fn attach(args: &CaptureArgs) -> Result<Self> {
         check_privileges()?;
         let netns = own_netns()?;
@@ -108,8 +123,12 @@ impl Probes {
             .map(|name| Iface::lookup(name, netns))
             .collect::<Result<Vec<_>>>()?;
         check_kernel()?;
+        let btf = btf::Btf::from_sys_fs()?;
+        let (offsets, ct_off) = offsets::kernel_offsets(&btf)
+            .context("the kernel's BTF lacks a field dnstrace reads")?;
         let ebpf = EbpfLoader::new()
             .map_max_entries("EVENTS", args.ring_buffer_mib << 20)
+            .override_global("OFFSETS", &offsets, true)
             .load(OBJECT)
             .map_err(|e| anyhow!("loading the eBPF object failed: {e}"))?;
         let mut probes = Self {
@@ -117,18 +136,52 @@ impl Probes {
             attachments: Vec::new(),
             ifaces: ifaces.clone(),
             added_qdiscs: Vec::new(),
+            off: ct_off.into_iter().collect(),
+            drop_reasons: btf
+                .enum_names("skb_drop_reason")
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(v, n)| (v as u32, n))
+                .collect(),
         };
         probes.configure(&args.ports, &ifaces)?;
-        for (name, _) in PROGRAMS {
-            probes
-                .program(name)?
-                .load()
-                .map_err(|e| load_error(name, e))?;
-        }
-        for iface in &ifaces {
-            probes.attach_iface(iface, args.tc_attach)?;
+        if ifaces.is_empty() {
+            probes.attach_tracepoints()?;
+        } else {
+            for (name, _) in PROGRAMS {
+                probes
+                    .program(name)?
+                    .load()
+                    .map_err(|e| load_error(name, e))?;
+            }
+            for iface in &ifaces {
+                probes.attach_iface(iface, args.tc_attach)?;
+            }
         }
         Ok(probes)
+    }
+
+    fn attach_tracepoints(&mut self) -> Result<()> {
+        let btf = aya::Btf::from_sys_fs().context("reading the kernel's BTF")?;
+        for (name, tracepoint) in TRACEPOINTS {
+            let prog: &mut BtfTracePoint = self
+                .ebpf
+                .program_mut(name)
+                .ok_or_else(|| anyhow!("program {name} missing from the eBPF object"))?
+                .try_into()?;
+            prog.load(tracepoint, &btf)
+                .map_err(|e| load_error(name, e))?;
+            prog.attach()
+                .map_err(|e| anyhow!("attaching {name} to tracepoint {tracepoint}: {e}"))?;
+            let prog_id = prog.info()?.id();
+            self.attachments.push(Attachment {
+                program: name,
+                prog_id,
+                target: format!("tp_btf/{tracepoint}"),
+                how: "every device, every netns",
+            });
+        }
+        Ok(())
     }
 
     fn program(&mut self, name: &str) -> Result<&mut SchedClassifier> {
@@ -199,7 +252,7 @@ impl Probes {
             self.attachments.push(Attachment {
                 program: name,
                 prog_id,
-                iface: iface.name.clone(),
+                target: iface.name.clone(),
                 how,
             });
         }

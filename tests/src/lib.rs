@@ -227,9 +227,20 @@ pub struct Dnstrace {
 impl Dnstrace {
     /// Starts dnstrace in `ns` with `args` and waits until it is capturing.
     pub fn start(ns: &Netns, args: &[&str]) -> Result<Self> {
-        let mut child = ns
-            .cmd(dnstrace_bin().to_str().expect("utf-8 path"))
-            .args(args)
+        let mut cmd = ns.cmd(dnstrace_bin().to_str().expect("utf-8 path"));
+        cmd.args(args);
+        Self::spawn(cmd)
+    }
+
+    /// Starts dnstrace in the test's own network namespace.
+    pub fn start_here(args: &[&str]) -> Result<Self> {
+        let mut cmd = Command::new(dnstrace_bin());
+        cmd.args(args);
+        Self::spawn(cmd)
+    }
+
+    fn spawn(mut cmd: Command) -> Result<Self> {
+        let mut child = cmd
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -434,6 +445,13 @@ impl Drop for Lab {
             eprintln!("lab down failed: {}", String::from_utf8_lossy(&out.stderr));
         }
     }
+}
+
+/// The query id in dig's output.
+pub fn dig_id(out: &str) -> Option<u16> {
+    out.lines()
+        .find_map(|l| l.split("id: ").nth(1))
+        .and_then(|s| s.trim().parse().ok())
 }
 
 /// dig's status word (NOERROR, NXDOMAIN...), or "timeout".

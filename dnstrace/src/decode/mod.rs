@@ -1,10 +1,12 @@
 //! Bytes to typed records: kernel events to packets, packets to DNS messages.
 pub mod dns;
+pub mod kernel;
 pub mod packet;
 pub mod tcp;
 
 pub use dns::DnsMessage;
-pub use packet::{Packet, Transport};
+pub use kernel::KernelNames;
+pub use packet::{Conntrack, Packet, Transport};
 
 use bytes::Bytes;
 use serde::Serialize;

@@ -3,7 +3,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use bytes::Bytes;
 use dnstrace_common::{
-    decode_packet, DecodeError, Hook, PacketMeta, FLAG_FRAGMENT, FLAG_TRUNCATED,
+    decode_packet, DecodeError, Hook, PacketMeta, FLAG_CONNTRACK, FLAG_FRAGMENT, FLAG_TRUNCATED,
 };
 
 const IPPROTO_TCP: u8 = 6;
@@ -33,6 +33,51 @@ pub struct Packet {
     pub truncated: bool,
     pub fragment: bool,
     pub payload: Bytes,
+    /// The device name, for hooks that see every device.
+    pub ifname: Option<String>,
+    pub ct: Option<Conntrack>,
+    pub drop: Option<Dropped>,
+}
+
+/// One direction of a conntrack entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CtTuple {
+    pub src: SocketAddr,
+    pub dst: SocketAddr,
+}
+
+/// The conntrack entry a packet carried.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Conntrack {
+    pub original: CtTuple,
+    pub reply: CtTuple,
+    pub status: u32,
+    /// The packet travels in the reply direction.
+    pub is_reply: bool,
+}
+
+impl Conntrack {
+    const DST_NAT: u32 = 1 << 5;
+    const SRC_NAT: u32 = 1 << 4;
+
+    /// The destination rewrite: (what the client asked, who answers).
+    pub fn dnat(&self) -> Option<(SocketAddr, SocketAddr)> {
+        (self.status & Self::DST_NAT != 0 || self.original.dst != self.reply.src)
+            .then_some((self.original.dst, self.reply.src))
+    }
+
+    /// The source rewrite: (the real source, what the peer sees).
+    pub fn snat(&self) -> Option<(SocketAddr, SocketAddr)> {
+        (self.status & Self::SRC_NAT != 0 || self.original.src != self.reply.dst)
+            .then_some((self.original.src, self.reply.dst))
+    }
+}
+
+/// Where and why the kernel dropped a packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Dropped {
+    pub reason: u32,
+    pub location: u64,
 }
 
 /// Why an event could not become a packet.
@@ -77,8 +122,44 @@ impl Packet {
             truncated: meta.flags & FLAG_TRUNCATED != 0,
             fragment: meta.flags & FLAG_FRAGMENT != 0,
             payload: Bytes::copy_from_slice(payload),
+            ifname: ifname(&meta.ifname),
+            ct: (meta.flags & FLAG_CONNTRACK != 0)
+                .then(|| conntrack(&meta))
+                .flatten(),
+            drop: (hook == Hook::Drop).then_some(Dropped {
+                reason: meta.drop_reason,
+                location: meta.drop_location,
+            }),
         })
     }
+}
+
+fn ifname(raw: &[u8; 16]) -> Option<String> {
+    let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
+    (end > 0).then(|| String::from_utf8_lossy(&raw[..end]).into_owned())
+}
+
+fn conntrack(meta: &PacketMeta) -> Option<Conntrack> {
+    let ct = &meta.ct;
+    Some(Conntrack {
+        original: tuple(&ct.original)?,
+        reply: tuple(&ct.reply)?,
+        status: ct.status,
+        is_reply: ct.ctinfo >= 3,
+    })
+}
+
+/// AF_INET 2, AF_INET6 10.
+fn tuple(t: &dnstrace_common::CtTuple) -> Option<CtTuple> {
+    let ip = |a: &[u8; 16]| match t.l3num {
+        2 => Some(IpAddr::V4(Ipv4Addr::new(a[0], a[1], a[2], a[3]))),
+        10 => Some(IpAddr::V6(Ipv6Addr::from(*a))),
+        _ => None,
+    };
+    Some(CtTuple {
+        src: SocketAddr::new(ip(&t.src)?, t.sport),
+        dst: SocketAddr::new(ip(&t.dst)?, t.dport),
+    })
 }
 
 fn addrs(meta: &PacketMeta) -> Result<(IpAddr, IpAddr), EventError> {
@@ -92,5 +173,48 @@ fn addrs(meta: &PacketMeta) -> Result<(IpAddr, IpAddr), EventError> {
             IpAddr::V6(Ipv6Addr::from(meta.daddr)),
         )),
         v => Err(EventError::Field("ip version", v.into())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(src: &str, dst: &str) -> CtTuple {
+        CtTuple {
+            src: src.parse().unwrap(),
+            dst: dst.parse().unwrap(),
+        }
+    }
+
+    #[test]
+    fn nat_is_read_from_the_tuples() {
+        // kube-proxy's DNAT: asked 10.96.0.10, answered by 10.244.0.53.
+        let ct = Conntrack {
+            original: t("10.244.0.10:4000", "10.96.0.10:53"),
+            reply: t("10.244.0.53:53", "10.244.0.10:4000"),
+            status: 1 << 5,
+            is_reply: false,
+        };
+        assert_eq!(
+            ct.dnat(),
+            Some((
+                "10.96.0.10:53".parse().unwrap(),
+                "10.244.0.53:53".parse().unwrap()
+            ))
+        );
+        assert_eq!(ct.snat(), None);
+        // The node's masquerade towards the upstream.
+        let masq = Conntrack {
+            original: t("10.244.0.53:3300", "198.51.100.53:53"),
+            reply: t("198.51.100.53:53", "198.51.100.1:3300"),
+            status: 1 << 4,
+            is_reply: true,
+        };
+        assert_eq!(masq.dnat(), None);
+        assert_eq!(
+            masq.snat().map(|(_, seen)| seen),
+            Some("198.51.100.1:3300".parse().unwrap())
+        );
     }
 }

@@ -229,6 +229,9 @@ mod tests {
             truncated: false,
             fragment: false,
             payload: Bytes::copy_from_slice(data),
+            ifname: None,
+            ct: None,
+            drop: None,
         }
     }
 

@@ -1,0 +1,103 @@
+//! Maps and globals shared by all programs, and sending an event.
+use aya_ebpf::{
+    bindings::BPF_F_NO_PREALLOC,
+    helpers::{bpf_ktime_get_ns, generated::bpf_ringbuf_output},
+    macros::map,
+    maps::{Array, HashMap, PerCpuArray, RingBuf},
+};
+use dnstrace_common::{
+    port_slot, EventHeader, EventKind, KernelOffsets, PacketMeta, PACKET_META_SIZE, PAYLOAD_MAX,
+    PORT_WORDS, SCHEMA_VERSION,
+};
+
+/// Per-interface facts only user space knows (tc hooks).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct IfaceConfig {
+    /// Inode of the network namespace the interface lives in.
+    pub netns: u32,
+    /// Bytes of link-layer header before the IP header (14, or 0 on L3 devices).
+    pub l2_len: u32,
+}
+
+#[map]
+static EVENTS: RingBuf = RingBuf::with_byte_size(4 << 20, 0);
+
+/// Ring buffer reservations that failed, per CPU: lost events are counted.
+#[map]
+static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+#[map]
+static PORTS: Array<u32> = Array::with_max_entries(PORT_WORDS, 0);
+
+#[map]
+pub static IFACES: HashMap<u32, IfaceConfig> = HashMap::with_max_entries(1024, BPF_F_NO_PREALLOC);
+
+/// Set by user space from the running kernel's BTF before loading.
+#[unsafe(no_mangle)]
+static OFFSETS: KernelOffsets = KernelOffsets::UNSET;
+
+pub fn offsets() -> KernelOffsets {
+    // SAFETY: a global that user space patches before load; volatile so the
+    // compiler does not fold the zeros it was compiled with.
+    unsafe { core::ptr::read_volatile(&OFFSETS) }
+}
+
+/// Room to assemble one event: too large for the 512-byte eBPF stack.
+#[repr(C)]
+pub struct Scratch {
+    pub meta: PacketMeta,
+    pub payload: [u8; PAYLOAD_MAX],
+}
+
+#[map]
+static SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
+
+/// This CPU's scratch event, cleared of the previous event's optional parts.
+#[inline(always)]
+pub fn scratch() -> Option<&'static mut Scratch> {
+    let s = SCRATCH.get_ptr_mut(0)?;
+    // SAFETY: per-CPU map value, used by one program run at a time on this CPU.
+    let s = unsafe { &mut *s };
+    s.meta.flags = 0;
+    s.meta.ifname = [0; 16];
+    s.meta.drop_reason = 0;
+    s.meta.drop_location = 0;
+    s.meta.ct.status = 0;
+    s.meta.ct.ctinfo = 0;
+    Some(s)
+}
+
+#[inline(always)]
+pub fn is_dns_port(port: u16) -> bool {
+    let (word, bit) = port_slot(port);
+    PORTS.get(word).is_some_and(|w| w & bit != 0)
+}
+
+/// Stamps the header and time and queues the event with `cap` payload bytes.
+#[inline(always)]
+pub fn send(s: &mut Scratch, cap: usize) {
+    let size = PACKET_META_SIZE + if cap > PAYLOAD_MAX { PAYLOAD_MAX } else { cap };
+    s.meta.header = EventHeader {
+        kind: EventKind::Packet as u16,
+        version: SCHEMA_VERSION,
+        size: size as u32,
+    };
+    // SAFETY: plain helper call.
+    s.meta.ts_ns = unsafe { bpf_ktime_get_ns() };
+    // SAFETY: `s` is a valid map value of at least `size` bytes.
+    let ret = unsafe {
+        bpf_ringbuf_output(
+            (&raw const EVENTS).cast_mut().cast(),
+            (s as *mut Scratch).cast(),
+            size as u64,
+            0,
+        )
+    };
+    if ret != 0 {
+        if let Some(n) = LOST.get_ptr_mut(0) {
+            // SAFETY: per-CPU slot, no concurrent writer.
+            unsafe { *n += 1 };
+        }
+    }
+}

@@ -1,0 +1,174 @@
+//! BTF tracepoints: DNS packets on every device of every network namespace,
+//! and DNS packets the kernel drops, with their conntrack entries. Kernel
+//! structs are read at offsets user space found in the running kernel's BTF.
+use aya_ebpf::helpers::{
+    bpf_probe_read_kernel, generated::bpf_probe_read_kernel as probe_read_raw,
+};
+use dnstrace_common::{CtTuple, Hook, KernelOffsets, FLAG_CONNTRACK};
+
+use crate::{
+    maps::{offsets, scratch, send, Scratch},
+    parse::{copy_payload, dns_packet, Reader},
+};
+
+/// `skb->network_header` when it was never set.
+const NO_HEADER: u16 = 0xffff;
+
+/// Why and where a packet was dropped (`kfree_skb` only).
+#[derive(Clone, Copy)]
+pub struct Drop {
+    pub location: u64,
+    pub reason: u32,
+}
+
+impl Drop {
+    pub const NONE: Self = Self {
+        location: 0,
+        reason: 0,
+    };
+}
+
+/// The linear data of an skb, from its IP header on.
+struct Linear {
+    l3: *const u8,
+    len: u32,
+}
+
+impl Reader for Linear {
+    #[inline(always)]
+    fn load<T: Copy>(&self, off: u32) -> Result<T, i64> {
+        // SAFETY: a checked read of kernel memory; a bad address fails cleanly.
+        unsafe { bpf_probe_read_kernel(self.l3.add(off as usize).cast::<T>()) }.map_err(i64::from)
+    }
+
+    #[inline(always)]
+    fn copy(&self, off: u32, dst: *mut u8, len: u32) -> Result<(), i64> {
+        // SAFETY: `dst` has room for PAYLOAD_MAX bytes and len is bounded by it.
+        let ret = unsafe { probe_read_raw(dst.cast(), len, self.l3.add(off as usize).cast()) };
+        if ret == 0 {
+            Ok(())
+        } else {
+            Err(ret)
+        }
+    }
+
+    #[inline(always)]
+    fn available(&self) -> u32 {
+        self.len
+    }
+}
+
+#[inline(always)]
+fn read<T: Copy>(base: *const u8, off: u32) -> Result<T, i64> {
+    // SAFETY: a checked read of kernel memory.
+    unsafe { bpf_probe_read_kernel(base.add(off as usize).cast::<T>()) }.map_err(i64::from)
+}
+
+#[inline(always)]
+pub fn try_capture(skb: *const u8, dev: *const u8, hook: Hook, drop: Drop) -> Result<(), i64> {
+    let o = offsets();
+    if o.skb_head == 0 || skb.is_null() {
+        return Err(0);
+    }
+    let r = linear(skb, hook, &o)?;
+    let ethertype = u16::from_be(read::<u16>(skb, o.skb_protocol)?);
+    let s = scratch().ok_or(0)?;
+    let l4 = dns_packet(&r, ethertype, 0, &mut s.meta)?;
+    let dev = if dev.is_null() {
+        read::<*const u8>(skb, o.skb_dev)?
+    } else {
+        dev
+    };
+    device(dev, &o, s)?;
+    s.meta.wire_len = read(skb, o.skb_len)?;
+    s.meta.hook = hook as u8;
+    s.meta.drop_reason = drop.reason;
+    s.meta.drop_location = drop.location;
+    conntrack(skb, &o, s);
+    let cap = copy_payload(&r, &l4, s)?;
+    send(s, cap);
+    Ok(())
+}
+
+/// Finds the IP header: at `data` on receive, else where the stack put it.
+#[inline(always)]
+fn linear(skb: *const u8, hook: Hook, o: &KernelOffsets) -> Result<Linear, i64> {
+    let head: *const u8 = read(skb, o.skb_head)?;
+    let data: *const u8 = read(skb, o.skb_data)?;
+    let len: u32 = read(skb, o.skb_len)?;
+    let data_len: u32 = read(skb, o.skb_data_len)?;
+    let network: u16 = read(skb, o.skb_network_header)?;
+    let l3 = if hook == Hook::DevReceive || network == NO_HEADER {
+        data
+    } else {
+        // SAFETY: pointer arithmetic only; reads go through probe_read.
+        unsafe { head.add(usize::from(network)) }
+    };
+    let end = data as u64 + u64::from(len.saturating_sub(data_len));
+    let avail = end.saturating_sub(l3 as u64);
+    if l3 < head || avail > 0xffff {
+        return Err(0);
+    }
+    Ok(Linear {
+        l3,
+        len: avail as u32,
+    })
+}
+
+#[inline(always)]
+fn device(dev: *const u8, o: &KernelOffsets, s: &mut Scratch) -> Result<(), i64> {
+    if dev.is_null() {
+        s.meta.ifindex = 0;
+        s.meta.netns = 0;
+        return Ok(());
+    }
+    s.meta.ifindex = read(dev, o.dev_ifindex)?;
+    s.meta.ifname = read(dev, o.dev_name)?;
+    let net: *const u8 = read(dev, o.dev_nd_net)?;
+    s.meta.netns = if net.is_null() {
+        0
+    } else {
+        read(net, o.net_ns_inum)?
+    };
+    Ok(())
+}
+
+/// The skb's conntrack entry (`_nfct & ~7`), if it has one.
+#[inline(always)]
+fn conntrack(skb: *const u8, o: &KernelOffsets, s: &mut Scratch) {
+    if o.skb_nfct == 0 {
+        return;
+    }
+    let Ok(nfct) = read::<u64>(skb, o.skb_nfct) else {
+        return;
+    };
+    let ct = (nfct & !7) as *const u8;
+    if ct.is_null() {
+        return;
+    }
+    let (Ok(status), Ok(original), Ok(reply)) = (
+        read::<u32>(ct, o.ct_status),
+        tuple(ct, o.ct_tuple_original, o),
+        tuple(ct, o.ct_tuple_reply, o),
+    ) else {
+        return;
+    };
+    s.meta.ct.status = status;
+    s.meta.ct.ctinfo = (nfct & 7) as u8;
+    s.meta.ct.original = original;
+    s.meta.ct.reply = reply;
+    s.meta.flags |= FLAG_CONNTRACK;
+}
+
+#[inline(always)]
+fn tuple(ct: *const u8, at: u32, o: &KernelOffsets) -> Result<CtTuple, i64> {
+    Ok(CtTuple {
+        src: read(ct, at + o.tuple_src_u3)?,
+        dst: read(ct, at + o.tuple_dst_u3)?,
+        sport: u16::from_be(read(ct, at + o.tuple_src_port)?),
+        dport: u16::from_be(read(ct, at + o.tuple_dst_port)?),
+        l3num: read(ct, at + o.tuple_l3num)?,
+        proto: read(ct, at + o.tuple_protonum)?,
+        _pad: 0,
+    })
+}

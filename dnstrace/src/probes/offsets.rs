@@ -1,0 +1,66 @@
+//! The kernel struct offsets the tracepoint programs need, from BTF.
+use anyhow::{Context as _, Result};
+use dnstrace_common::KernelOffsets;
+
+use super::btf::Btf;
+
+/// Offsets for reading skbs and devices (required), and conntrack entries
+/// (optional: when missing, events carry no entry and the reason is returned).
+pub fn kernel_offsets(btf: &Btf) -> Result<(KernelOffsets, Option<String>)> {
+    let skb = |path: &[&str]| {
+        btf.offset_of("sk_buff", path)
+            .with_context(|| format!("sk_buff.{}", path.join(".")))
+    };
+    let dev = |path: &[&str]| {
+        btf.offset_of("net_device", path)
+            .with_context(|| format!("net_device.{}", path.join(".")))
+    };
+    let mut o = KernelOffsets {
+        skb_head: skb(&["head"])?,
+        skb_data: skb(&["data"])?,
+        skb_len: skb(&["len"])?,
+        skb_data_len: skb(&["data_len"])?,
+        skb_protocol: skb(&["protocol"])?,
+        skb_network_header: skb(&["network_header"])?,
+        skb_dev: skb(&["dev"])?,
+        dev_ifindex: dev(&["ifindex"])?,
+        dev_name: dev(&["name"])?,
+        dev_nd_net: dev(&["nd_net"])?,
+        net_ns_inum: btf
+            .offset_of("net", &["ns", "inum"])
+            .context("net.ns.inum")?,
+        ..KernelOffsets::UNSET
+    };
+    let conntrack = (|| -> Result<()> {
+        let tuple = |field: &[&str]| btf.offset_of("nf_conntrack_tuple", field);
+        o.skb_nfct = skb(&["_nfct"])?;
+        o.ct_status = btf.offset_of("nf_conn", &["status"])?;
+        o.ct_tuple_original = btf.offset_of("nf_conn", &["tuplehash", "tuple"])?;
+        o.ct_tuple_reply = o.ct_tuple_original + btf.size_of("nf_conntrack_tuple_hash")?;
+        o.tuple_src_u3 = tuple(&["src", "u3"])?;
+        o.tuple_src_port = tuple(&["src", "u", "all"])?;
+        o.tuple_l3num = tuple(&["src", "l3num"])?;
+        o.tuple_dst_u3 = tuple(&["dst", "u3"])?;
+        o.tuple_dst_port = tuple(&["dst", "u", "all"])?;
+        o.tuple_protonum = tuple(&["dst", "protonum"])?;
+        Ok(())
+    })();
+    let note = conntrack.err().map(|e| {
+        o.skb_nfct = 0;
+        format!("conntrack entries are not read: {e:#}")
+    });
+    Ok((o, note))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_kernel_has_every_offset() {
+        let (o, note) = kernel_offsets(&Btf::from_sys_fs().unwrap()).unwrap();
+        assert_eq!(note, None);
+        assert!(o.skb_head > 0 && o.skb_nfct > 0 && o.ct_tuple_reply > o.ct_tuple_original);
+        assert_eq!(o.tuple_dst_u3, 20);
+    }
+}

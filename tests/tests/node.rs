@@ -1,0 +1,122 @@
+//! dnstrace without --iface: every device of every network namespace, on the lab.
+use serde_json::Value;
+
+use dnstrace_tests::*;
+
+const NAME: &str = "kubernetes.default.svc.cluster.local.";
+
+/// The lines of one query id for NAME, in kernel time order.
+fn legs(lines: &[Value], id: u16) -> Vec<&Value> {
+    let mut legs: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l["id"] == id && l["questions"][0]["name"] == NAME)
+        .collect();
+    legs.sort_by_key(|l| l["mono_ns"].as_u64());
+    legs
+}
+
+fn position(legs: &[&Value], what: &str, f: impl Fn(&Value) -> bool) -> usize {
+    legs.iter()
+        .position(|l| f(l))
+        .unwrap_or_else(|| panic!("no leg {what} in {legs:#?}"))
+}
+
+#[test]
+fn every_leg_of_a_lookup_is_seen_with_namespace_and_nat() {
+    require_root();
+    let lab = Lab::up(&[]);
+    let trace = Dnstrace::start_here(&["-o", "json"]).unwrap();
+    assert_eq!(trace.prog_ids().len(), 3, "{:?}", trace.stderr_lines);
+    let out = lab.dig(WEB, &format!("@{SERVICE} {NAME}"));
+    let id = dig_id(&out).unwrap();
+    let (status, stdout, stderr) = trace.stop(libc::SIGINT).unwrap();
+    assert!(status.success(), "{status}: {stderr:?}");
+    let lines = json_lines(&stdout);
+    let legs = legs(&lines, id);
+    let client_out = position(&legs, "leaving the client pod", |l| {
+        l["iface"] == "eth0"
+            && l["direction"] == "egress"
+            && l["dst"] == "10.96.0.10:53"
+            && l["response"] == false
+    });
+    let dnat = position(&legs, "towards CoreDNS after DNAT", |l| {
+        l["direction"] == "egress"
+            && l["iface"].as_str().unwrap().starts_with("veth")
+            && l["response"] == false
+            && l["conntrack"]["dnat"][0] == "10.96.0.10:53"
+    });
+    let endpoint = legs[dnat]["dst"].as_str().unwrap().to_owned();
+    assert!(
+        endpoint == "10.244.0.53:53" || endpoint == "10.244.0.54:53",
+        "{endpoint}"
+    );
+    let coredns_in = position(&legs, "arriving at CoreDNS", |l| {
+        l["iface"] == "eth0" && l["direction"] == "ingress" && l["dst"] == endpoint.as_str()
+    });
+    let coredns_out = position(&legs, "leaving CoreDNS", |l| {
+        l["iface"] == "eth0" && l["direction"] == "egress" && l["src"] == endpoint.as_str()
+    });
+    let reverse = position(&legs, "back to the client, reverse-NATed", |l| {
+        l["direction"] == "egress"
+            && l["iface"].as_str().unwrap().starts_with("veth")
+            && l["src"] == "10.96.0.10:53"
+            && l["conntrack"]["is_reply"] == true
+    });
+    let client_in = position(&legs, "reaching the client", |l| {
+        l["iface"] == "eth0" && l["direction"] == "ingress" && l["src"] == "10.96.0.10:53"
+    });
+    assert!(
+        client_out < dnat
+            && dnat < coredns_in
+            && coredns_in < coredns_out
+            && coredns_out < reverse
+            && reverse < client_in,
+        "{legs:#?}"
+    );
+    // Three namespaces: the client pod's, the node's, the CoreDNS pod's.
+    let netns = |i: usize| legs[i]["netns"].as_u64().unwrap();
+    assert!(
+        netns(client_out) != netns(dnat)
+            && netns(dnat) != netns(coredns_in)
+            && netns(client_out) == netns(client_in)
+    );
+    assert_eq!(legs[client_in]["answers"][0]["data"], "10.96.0.1");
+}
+
+#[test]
+fn drops_carry_the_kernel_reason_and_place() {
+    require_root();
+    let lab = Lab::up(&["--fault", "drop"]);
+    let trace = Dnstrace::start_here(&["-o", "json"]).unwrap();
+    // DNAT picks the endpoint at random: ask until a query hits the dropped one.
+    let dropped =
+        (0..30).any(|_| dig_status(&lab.dig(WEB, &format!("@{SERVICE} {NAME}"))) == "timeout");
+    assert!(dropped, "30 queries, none sent to the dropped endpoint");
+    let (_, stdout, _) = trace.stop(libc::SIGTERM).unwrap();
+    let lines = json_lines(&stdout);
+    let drop = lines
+        .iter()
+        .find(|l| l["hook"] == "kfree_skb" && l["dst"] == "10.244.0.54:53")
+        .unwrap_or_else(|| panic!("no drop seen in {} lines", lines.len()));
+    assert_eq!(drop["drop"]["reason"], "NETFILTER_DROP");
+    let location = drop["drop"]["location"].as_str().unwrap();
+    assert!(
+        location.contains('+') && !location.starts_with("0x"),
+        "{location}"
+    );
+}
+
+#[test]
+fn tracepoints_are_detached_on_exit() {
+    require_root();
+    let trace = Dnstrace::start_here(&[]).unwrap();
+    let ids = trace.prog_ids();
+    let (status, _, stderr) = trace.stop(libc::SIGTERM).unwrap();
+    assert!(status.success(), "{status}: {stderr:?}");
+    let live = run(std::process::Command::new("bpftool").args(["-j", "prog", "show"])).unwrap();
+    let live: Vec<Value> = serde_json::from_str(&live).unwrap();
+    assert!(
+        ids.iter().all(|id| !live.iter().any(|p| p["id"] == *id)),
+        "{ids:?} still loaded"
+    );
+}
