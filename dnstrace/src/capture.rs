@@ -1,5 +1,6 @@
-//! `dnstrace --iface`: capture, decode and print until Ctrl-C or SIGTERM.
-use std::{collections::HashMap, io};
+//! The capture pipeline, the same for every view: probes → ring buffer →
+//! decode → a sink (packet lines, or journeys), until Ctrl-C or SIGTERM.
+use std::io;
 
 use anyhow::{Context as _, Result};
 use tokio::{
@@ -9,11 +10,97 @@ use tokio::{
 
 use crate::{
     cli::CaptureArgs,
-    decode::{Body, Decoder, KernelNames, Record},
+    correlate::{Engine, Limits},
+    decode::{Body, Decoder, KernelNames, Packet, Record},
     ingest::Ingest,
-    output::{Clock, LineSink},
+    output::{monotonic_now, Clock, LineSink},
     probes::Probes,
 };
+
+/// Where decoded records go.
+pub trait Sink {
+    fn record(&mut self, rec: &Record) -> io::Result<()>;
+    /// Kernel monotonic time has reached `now_ns`.
+    fn tick(&mut self, now_ns: u64) -> io::Result<()>;
+    /// The kernel lost events.
+    fn lost(&mut self);
+    /// The capture ends: write what is left.
+    fn finish(&mut self, now_ns: u64) -> io::Result<()>;
+    /// A few words for the exit line.
+    fn summary(&self) -> Option<String>;
+}
+
+impl<W: io::Write> Sink for LineSink<W> {
+    fn record(&mut self, rec: &Record) -> io::Result<()> {
+        self.write(rec)
+    }
+    fn tick(&mut self, _: u64) -> io::Result<()> {
+        self.flush()
+    }
+    fn lost(&mut self) {}
+    fn finish(&mut self, _: u64) -> io::Result<()> {
+        self.flush()
+    }
+    fn summary(&self) -> Option<String> {
+        None
+    }
+}
+
+/// Journeys: records into the correlation engine, finished journeys out.
+pub struct JourneySink<W: io::Write> {
+    engine: Engine,
+    lines: LineSink<W>,
+    printed: u64,
+}
+
+impl<W: io::Write> JourneySink<W> {
+    pub fn new(limits: Limits, lines: LineSink<W>) -> Self {
+        Self {
+            engine: Engine::new(limits),
+            lines,
+            printed: 0,
+        }
+    }
+
+    fn print(&mut self, journeys: Vec<crate::correlate::Journey>) -> io::Result<()> {
+        for j in &journeys {
+            self.lines.write_journey(j)?;
+            self.printed += 1;
+        }
+        self.lines.flush()
+    }
+}
+
+impl<W: io::Write> Sink for JourneySink<W> {
+    fn record(&mut self, rec: &Record) -> io::Result<()> {
+        self.engine.push(rec);
+        Ok(())
+    }
+    fn tick(&mut self, now_ns: u64) -> io::Result<()> {
+        let done = self.engine.tick(now_ns);
+        self.print(done)
+    }
+    fn lost(&mut self) {
+        self.engine.lost();
+    }
+    fn finish(&mut self, now_ns: u64) -> io::Result<()> {
+        let rest = self.engine.finish(now_ns);
+        self.print(rest)
+    }
+    fn summary(&self) -> Option<String> {
+        Some(format!(
+            "{} journeys, {} evicted (too many open at once)",
+            self.printed,
+            self.engine.evicted()
+        ))
+    }
+}
+
+/// What to show.
+pub enum View {
+    Packets,
+    Journeys(Limits),
+}
 
 #[derive(Default, Debug)]
 struct Counts {
@@ -45,7 +132,7 @@ impl Stop {
     }
 }
 
-pub async fn run(args: CaptureArgs) -> Result<()> {
+pub async fn run(args: CaptureArgs, view: View) -> Result<()> {
     let mut stop = Stop::new()?;
     let mut probes = Probes::attach(&args)?;
     for a in &probes.attachments {
@@ -54,62 +141,59 @@ pub async fn run(args: CaptureArgs) -> Result<()> {
             a.program, a.prog_id, a.target, a.how
         );
     }
-    let names: HashMap<u32, String> = probes.iface_names();
-    let mut ingest = Ingest::new(probes.take_events()?).context("watching the ring buffer")?;
     for why in &probes.off {
         eprintln!("dnstrace: off: {why}");
     }
+    let mut ingest = Ingest::new(probes.take_events()?).context("watching the ring buffer")?;
     // Root reads real addresses from kallsyms; drop locations need them.
     let kallsyms = std::fs::read_to_string("/proc/kallsyms").unwrap_or_default();
     let kernel = KernelNames::new(std::mem::take(&mut probes.drop_reasons), &kallsyms);
-    let mut sink = LineSink::new(
+    let lines = LineSink::new(
         args.output,
-        names,
+        probes.iface_names(),
         Clock::now(),
         kernel,
         io::stdout().lock(),
     );
-    let mut decoder = Decoder::default();
-    let mut counts = Counts::default();
     let ports: Vec<String> = args.ports.iter().map(u16::to_string).collect();
     eprintln!(
         "dnstrace: capturing DNS on port {}; Ctrl-C to stop",
         ports.join(",")
     );
-    let result = pump(
-        &mut ingest,
-        &mut decoder,
-        &mut sink,
-        &mut counts,
-        &probes,
-        &mut stop,
-    )
-    .await;
-    let mut batch = Vec::new();
-    ingest.drain_now(&mut batch);
-    let flushed = emit(batch, &mut decoder, &mut sink, &mut counts);
+    let mut pipe = Pipeline {
+        ingest: &mut ingest,
+        decoder: Decoder::default(),
+        counts: Counts::default(),
+        probes: &probes,
+        lost_seen: 0,
+    };
+    let result = match view {
+        View::Packets => pipe.drive(lines, &mut stop).await,
+        View::Journeys(limits) => pipe.drive(JourneySink::new(limits, lines), &mut stop).await,
+    };
+    let (counts, evicted_streams, summary) = (
+        pipe.counts,
+        pipe.decoder.evicted_streams(),
+        result.as_ref().ok().cloned().flatten(),
+    );
     let lost = probes.lost_events().unwrap_or(0);
-    let targets: Vec<String> = probes
+    let mut targets: Vec<String> = probes
         .attachments
         .iter()
         .map(|a| a.target.clone())
-        .collect::<std::collections::BTreeSet<_>>()
-        .into_iter()
         .collect();
+    targets.dedup();
     drop(probes);
     eprintln!(
-        "dnstrace: {} DNS packets, {} messages, {} malformed; {} events lost; detached from {}",
+        "dnstrace: {} DNS packets, {} messages, {} malformed{}; {lost} events lost; detached from {}",
         counts.packets,
         counts.messages,
         counts.malformed,
-        lost,
+        summary.map(|s| format!(", {s}")).unwrap_or_default(),
         targets.join(", ")
     );
-    if decoder.evicted_streams() > 0 {
-        eprintln!(
-            "dnstrace: {} TCP streams dropped from reassembly (too many open at once)",
-            decoder.evicted_streams()
-        );
+    if evicted_streams > 0 {
+        eprintln!("dnstrace: {evicted_streams} TCP streams dropped from reassembly (too many open at once)");
     }
     if ingest.bad_events > 0 {
         eprintln!(
@@ -117,58 +201,72 @@ pub async fn run(args: CaptureArgs) -> Result<()> {
             ingest.bad_events
         );
     }
-    result.and(flushed.or_else(ignore_closed_stdout))
+    result.map(drop)
 }
 
-/// Moves events to the output until a signal arrives or stdout closes.
-async fn pump<W: io::Write>(
-    ingest: &mut Ingest,
-    decoder: &mut Decoder,
-    sink: &mut LineSink<W>,
-    counts: &mut Counts,
-    probes: &Probes,
-    stop: &mut Stop,
-) -> Result<()> {
-    let mut tick = interval(Duration::from_secs(1));
-    let mut lost_reported = 0;
-    loop {
-        let mut batch = Vec::new();
-        tokio::select! {
-            () = stop.wait() => return Ok(()),
-            r = ingest.next_batch(&mut batch) => r.context("reading the ring buffer")?,
-            _ = tick.tick() => {
-                let lost = probes.lost_events().unwrap_or(0);
-                if lost > lost_reported {
-                    eprintln!("dnstrace: warning: {} events lost so far (ring buffer full; raise --ring-buffer-mib)", lost);
-                    lost_reported = lost;
+struct Pipeline<'a> {
+    ingest: &'a mut Ingest,
+    decoder: Decoder,
+    counts: Counts,
+    probes: &'a Probes,
+    lost_seen: u64,
+}
+
+impl Pipeline<'_> {
+    /// Moves events into `sink` until a signal arrives or stdout closes;
+    /// returns the sink's summary.
+    async fn drive<S: Sink>(&mut self, mut sink: S, stop: &mut Stop) -> Result<Option<String>> {
+        let mut tick = interval(Duration::from_millis(100));
+        let result = loop {
+            let mut batch = Vec::new();
+            tokio::select! {
+                () = stop.wait() => break Ok(()),
+                r = self.ingest.next_batch(&mut batch) => r.context("reading the ring buffer")?,
+                _ = tick.tick() => {
+                    self.check_lost(&mut sink);
+                    if let Err(e) = sink.tick(monotonic_now()) {
+                        break Err(e);
+                    }
                 }
             }
-        }
-        if let Err(e) = emit(batch, decoder, sink, counts) {
-            return ignore_closed_stdout(e);
-        }
+            if let Err(e) = self.feed(batch, &mut sink) {
+                break Err(e);
+            }
+        };
+        let mut rest = Vec::new();
+        self.ingest.drain_now(&mut rest);
+        let result = result
+            .and_then(|()| self.feed(rest, &mut sink))
+            .and_then(|()| sink.finish(monotonic_now()));
+        result
+            .map(|()| sink.summary())
+            .or_else(|e| ignore_closed_stdout(e).map(|()| sink.summary()))
     }
-}
 
-fn emit<W: io::Write>(
-    batch: Vec<crate::decode::Packet>,
-    decoder: &mut Decoder,
-    sink: &mut LineSink<W>,
-    counts: &mut Counts,
-) -> Result<(), io::Error> {
-    let mut records: Vec<Record> = Vec::new();
-    for packet in batch {
-        counts.packets += 1;
-        decoder.decode(packet, &mut records);
-    }
-    for rec in &records {
-        match rec.body {
-            Body::Dns(_) => counts.messages += 1,
-            Body::Malformed { .. } => counts.malformed += 1,
+    fn check_lost(&mut self, sink: &mut impl Sink) {
+        let lost = self.probes.lost_events().unwrap_or(0);
+        if lost > self.lost_seen {
+            eprintln!("dnstrace: warning: {lost} events lost so far (ring buffer full; raise --ring-buffer-mib)");
+            self.lost_seen = lost;
+            sink.lost();
         }
-        sink.write(rec)?;
     }
-    sink.flush()
+
+    fn feed(&mut self, batch: Vec<Packet>, sink: &mut impl Sink) -> io::Result<()> {
+        let mut records = Vec::new();
+        for packet in batch {
+            self.counts.packets += 1;
+            self.decoder.decode(packet, &mut records);
+        }
+        for rec in &records {
+            match rec.body {
+                Body::Dns(_) => self.counts.messages += 1,
+                Body::Malformed { .. } => self.counts.malformed += 1,
+            }
+            sink.record(rec)?;
+        }
+        Ok(())
+    }
 }
 
 /// A reader that went away (`| head`) ends the capture quietly.

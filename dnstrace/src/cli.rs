@@ -18,6 +18,18 @@ pub struct Cli {
 
 #[derive(clap::Subcommand, Debug)]
 pub enum Command {
+    /// Follow each DNS query end to end, through DNAT to the server, its
+    /// upstream queries and back, and print it as one journey.
+    Trace {
+        #[command(flatten)]
+        capture: CaptureArgs,
+        /// A query without an answer is given up after this long.
+        #[arg(long, value_parser = humantime::parse_duration, default_value = "5500ms")]
+        timeout: std::time::Duration,
+        /// Queries followed at once before the oldest are evicted.
+        #[arg(long, default_value_t = 65_536)]
+        max_open: usize,
+    },
     /// A simulated Kubernetes node in network namespaces, with switchable DNS faults.
     Lab {
         #[command(subcommand)]

@@ -1,6 +1,7 @@
 //! dnstrace: follow DNS on a Linux or Kubernetes node with eBPF.
 mod capture;
 mod cli;
+mod correlate;
 mod decode;
 mod ingest;
 mod lab;
@@ -23,7 +24,19 @@ fn main() -> ExitCode {
     let work = async {
         match cli.command {
             Some(cli::Command::Lab { command }) => lab::run(command).await,
-            None => capture::run(cli.capture).await,
+            Some(cli::Command::Trace {
+                capture,
+                timeout,
+                max_open,
+            }) => {
+                let limits = correlate::Limits {
+                    timeout_ns: timeout.as_nanos() as u64,
+                    max_open,
+                    ..Default::default()
+                };
+                capture::run(capture, capture::View::Journeys(limits)).await
+            }
+            None => capture::run(cli.capture, capture::View::Packets).await,
         }
     };
     match runtime.block_on(work) {

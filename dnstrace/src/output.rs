@@ -10,8 +10,14 @@ use serde::Serialize;
 
 use crate::{
     cli::OutputFormat,
+    correlate::{Journey, Outcome},
     decode::{Body, Conntrack, DnsMessage, KernelNames, Packet, Record, Transport},
 };
+
+/// Nanoseconds as milliseconds, e.g. `0.054 ms`.
+fn ms(ns: u64) -> String {
+    format!("{:.3} ms", ns as f64 / 1e6)
+}
 
 /// Converts kernel CLOCK_MONOTONIC timestamps to wall-clock time.
 #[derive(Clone, Copy, Debug)]
@@ -20,19 +26,25 @@ pub struct Clock {
     offset_ns: i128,
 }
 
+fn clock_ns(id: libc::clockid_t) -> i128 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the provided timespec.
+    unsafe { libc::clock_gettime(id, &mut ts) };
+    i128::from(ts.tv_sec) * 1_000_000_000 + i128::from(ts.tv_nsec)
+}
+
+/// Now, on the clock the kernel stamps events with.
+pub fn monotonic_now() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC) as u64
+}
+
 impl Clock {
     pub fn now() -> Self {
-        let read = |id| {
-            let mut ts = libc::timespec {
-                tv_sec: 0,
-                tv_nsec: 0,
-            };
-            // SAFETY: clock_gettime writes into the provided timespec.
-            unsafe { libc::clock_gettime(id, &mut ts) };
-            i128::from(ts.tv_sec) * 1_000_000_000 + i128::from(ts.tv_nsec)
-        };
         Self {
-            offset_ns: read(libc::CLOCK_REALTIME) - read(libc::CLOCK_MONOTONIC),
+            offset_ns: clock_ns(libc::CLOCK_REALTIME) - clock_ns(libc::CLOCK_MONOTONIC),
         }
     }
 
@@ -122,6 +134,135 @@ impl<W: Write> LineSink<W> {
 
     pub fn flush(&mut self) -> io::Result<()> {
         self.out.flush()
+    }
+
+    pub fn write_journey(&mut self, j: &Journey) -> io::Result<()> {
+        match self.format {
+            OutputFormat::Text => {
+                let text = self.timeline(j, "");
+                write!(self.out, "{text}")
+            }
+            OutputFormat::Json => {
+                let line =
+                    serde_json::to_string(&self.journey_json(j)).map_err(io::Error::other)?;
+                writeln!(self.out, "{line}")
+            }
+        }
+    }
+
+    /// A journey as a header line and one indented line per leg, upstream
+    /// journeys nested under it.
+    fn timeline(&self, j: &Journey, indent: &str) -> String {
+        let time = humantime::format_rfc3339_micros(self.clock.wall(j.started_ns)).to_string();
+        let time = time.get(11..26).unwrap_or(&time);
+        let first_dst = j
+            .legs
+            .first()
+            .map_or_else(String::new, |l| l.dst.to_string());
+        let mut out = format!(
+            "{indent}{time} {} → {first_dst} {} id={} {} {}: {} in {}{}{}\n",
+            j.client,
+            if j.tcp { "tcp" } else { "udp" },
+            j.dns_id,
+            j.name,
+            j.qtype,
+            self.outcome(&j.outcome),
+            ms(j.total_ns()),
+            j.dnat
+                .map(|(a, b)| format!(" [DNAT {a} → {b}]"))
+                .unwrap_or_default(),
+            if j.incomplete {
+                " [incomplete: events were lost]"
+            } else {
+                ""
+            },
+        );
+        for leg in &j.legs {
+            let place = match &leg.iface {
+                Some(name) => format!("{name}@{}", leg.netns),
+                None => self
+                    .iface_names
+                    .get(&leg.ifindex)
+                    .cloned()
+                    .unwrap_or_else(|| format!("if{}", leg.ifindex)),
+            };
+            let dir = match leg.hook {
+                "kfree_skb" => "DROP",
+                "tc_egress" | "dev_xmit" => "out ",
+                _ => "in  ",
+            };
+            let mut line = format!(
+                "{indent}  +{:>9} {place:<28} {dir} {:<8} {} → {}",
+                ms(leg.since_prev_ns),
+                if leg.response { "answer" } else { "query" },
+                leg.src,
+                leg.dst
+            );
+            if let Some((a, b)) = leg.dnat {
+                line += &format!("  DNAT {a} → {b}");
+            }
+            if let Some((a, b)) = leg.snat {
+                line += &format!("  SNAT {a} → {b}");
+            }
+            if let Some((reason, at)) = leg.drop {
+                line += &format!(
+                    "  dropped: {} at {}",
+                    self.kernel.drop_reason(reason),
+                    self.kernel.location(at)
+                );
+            }
+            out += &line;
+            out.push('\n');
+        }
+        for up in &j.upstream {
+            out += &self.timeline(up, &format!("{indent}    upstream "));
+        }
+        out
+    }
+
+    fn outcome(&self, o: &Outcome) -> String {
+        match o {
+            Outcome::Answered {
+                rcode,
+                answers,
+                truncated,
+            } => {
+                let mut s = rcode.clone();
+                if *truncated {
+                    s += " (truncated)";
+                }
+                if !answers.is_empty() {
+                    let shown: Vec<String> = answers.iter().take(3).map(|a| shorten(a)).collect();
+                    s += &format!(" → {}", shown.join(", "));
+                    if answers.len() > 3 {
+                        s += &format!(" (+{} more)", answers.len() - 3);
+                    }
+                }
+                s
+            }
+            Outcome::Dropped { reason, location } => {
+                format!(
+                    "DROPPED ({} at {})",
+                    self.kernel.drop_reason(*reason),
+                    self.kernel.location(*location)
+                )
+            }
+            Outcome::Timeout => "NO ANSWER".to_owned(),
+        }
+    }
+
+    fn journey_json(&self, j: &Journey) -> serde_json::Value {
+        let mut v = serde_json::to_value(j).unwrap_or_default();
+        v["time"] = humantime::format_rfc3339_nanos(self.clock.wall(j.started_ns))
+            .to_string()
+            .into();
+        v["total_ms"] = (j.total_ns() as f64 / 1e6).into();
+        if let Outcome::Dropped { reason, location } = j.outcome {
+            v["outcome"]["reason_name"] = self.kernel.drop_reason(reason).into();
+            v["outcome"]["location_name"] = self.kernel.location(location).into();
+        }
+        v["upstream"] = j.upstream.iter().map(|u| self.journey_json(u)).collect();
+        v
     }
 
     /// The device's name: reported by the hook, or known from --iface.

@@ -1,0 +1,463 @@
+//! Correlation: decoded DNS packets, seen at many hooks, become journeys.
+//!
+//! A journey is one query from one client socket (client address, DNS id,
+//! question) followed across every place it was seen, through DNAT, to the
+//! server and back, until the answer reaches the client, the kernel drops it,
+//! or it times out. Queries a server sends while a journey waits there, for
+//! the same question, are its upstream journeys. The engine is pure: records
+//! in, journeys out, time only from the records and `tick`.
+use std::{
+    collections::{HashMap, VecDeque},
+    net::SocketAddr,
+};
+
+use serde::Serialize;
+
+use crate::decode::{Body, Conntrack, DnsMessage, Packet, Record};
+use dnstrace_common::Hook;
+
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// A journey without an answer ends after this long.
+    pub timeout_ns: u64,
+    /// Journeys followed at once; the oldest beyond this are evicted.
+    pub max_open: usize,
+    /// Quiet time after the last leg before a journey is closed, so that
+    /// events arriving slightly out of order still join it.
+    pub settle_ns: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        // A little over the resolvers' 5 s retry.
+        Self {
+            timeout_ns: 5_500_000_000,
+            max_open: 65_536,
+            settle_ns: 200_000_000,
+        }
+    }
+}
+
+/// One sighting of a journey's packet.
+#[derive(Clone, Debug, Serialize)]
+pub struct Leg {
+    pub ts_ns: u64,
+    /// Time since the previous leg of the journey.
+    pub since_prev_ns: u64,
+    pub hook: &'static str,
+    pub iface: Option<String>,
+    pub ifindex: u32,
+    pub netns: u32,
+    pub src: SocketAddr,
+    pub dst: SocketAddr,
+    pub response: bool,
+    /// (asked for, rewritten to), where conntrack shows a DNAT.
+    pub dnat: Option<(SocketAddr, SocketAddr)>,
+    pub snat: Option<(SocketAddr, SocketAddr)>,
+    /// The kernel's drop reason and location, numbers as captured.
+    pub drop: Option<(u32, u64)>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "status")]
+pub enum Outcome {
+    Answered {
+        rcode: String,
+        answers: Vec<String>,
+        truncated: bool,
+    },
+    Dropped {
+        reason: u32,
+        location: u64,
+    },
+    Timeout,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Journey {
+    pub id: u64,
+    /// Journeys of one lookup (A and AAAA siblings, retries) share this.
+    pub lookup: u64,
+    pub client: SocketAddr,
+    pub dns_id: u16,
+    pub name: String,
+    pub qtype: String,
+    pub tcp: bool,
+    pub started_ns: u64,
+    pub ended_ns: u64,
+    pub outcome: Outcome,
+    /// Where the service address was translated, if it was.
+    pub dnat: Option<(SocketAddr, SocketAddr)>,
+    pub legs: Vec<Leg>,
+    pub upstream: Vec<Journey>,
+    /// Events were lost while it was open: legs may be missing.
+    pub incomplete: bool,
+}
+
+impl Journey {
+    pub fn total_ns(&self) -> u64 {
+        self.ended_ns.saturating_sub(self.started_ns)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Key {
+    client: SocketAddr,
+    dns_id: u16,
+    name: String,
+    qtype: String,
+}
+
+struct Open {
+    j: Journey,
+    key: Key,
+    parent: Option<u64>,
+    children: Vec<u64>,
+    /// Keys the query is also known by, past a SNAT.
+    aliases: Vec<Key>,
+    last_ns: u64,
+    /// The answer reached the netns the query started in.
+    delivered: bool,
+}
+
+pub struct Engine {
+    limits: Limits,
+    open: HashMap<u64, Open>,
+    by_key: HashMap<Key, u64>,
+    /// Open journey ids, oldest first (for eviction).
+    order: VecDeque<u64>,
+    lookups: HashMap<(SocketAddr, String), (u64, u64)>,
+    next_id: u64,
+    evicted: u64,
+}
+
+impl Engine {
+    pub fn new(limits: Limits) -> Self {
+        Self {
+            limits,
+            open: HashMap::new(),
+            by_key: HashMap::new(),
+            order: VecDeque::new(),
+            lookups: HashMap::new(),
+            next_id: 1,
+            evicted: 0,
+        }
+    }
+
+    /// Journeys dropped because too many were open at once.
+    pub fn evicted(&self) -> u64 {
+        self.evicted
+    }
+
+    #[cfg(test)]
+    pub fn open_count(&self) -> usize {
+        self.open.len()
+    }
+
+    /// Adds one decoded record; malformed payloads join nothing.
+    pub fn push(&mut self, rec: &Record) {
+        let Body::Dns(msg) = &rec.body else { return };
+        let Some(q) = msg.questions.first() else {
+            return;
+        };
+        let p = &rec.packet;
+        // Conntrack knows the client's own address even after SNAT.
+        let client = match (&p.ct, msg.response) {
+            (Some(ct), _) => ct.original.src,
+            (None, true) => p.dst,
+            (None, false) => p.src,
+        };
+        let key = Key {
+            client,
+            dns_id: msg.id,
+            name: q.name.to_ascii_lowercase(),
+            qtype: q.qtype.clone(),
+        };
+        let id = match self.by_key.get(&key) {
+            Some(&id) => id,
+            // A reply whose query was never seen starts nothing.
+            None if msg.response => return,
+            None => self.start(key.clone(), p),
+        };
+        let Some(o) = self.open.get_mut(&id) else {
+            return;
+        };
+        o.add_leg(p, msg);
+        // Past a SNAT the same query goes on under another source address.
+        if let Some((_, seen)) = p.ct.as_ref().and_then(Conntrack::snat) {
+            let alias = Key {
+                client: seen,
+                ..key
+            };
+            if !o.aliases.contains(&alias) {
+                o.aliases.push(alias.clone());
+                self.by_key.insert(alias, id);
+            }
+        }
+    }
+
+    /// Events were lost: every open journey may now miss legs.
+    pub fn lost(&mut self) {
+        for o in self.open.values_mut() {
+            o.j.incomplete = true;
+        }
+    }
+
+    /// Closes what is finished at `now_ns` and returns top-level journeys.
+    pub fn tick(&mut self, now_ns: u64) -> Vec<Journey> {
+        let ready: Vec<u64> = self
+            .open
+            .iter()
+            .filter(|(_, o)| {
+                o.parent.is_none_or(|p| !self.open.contains_key(&p)) && self.finished(o, now_ns)
+            })
+            .map(|(&id, _)| id)
+            .collect();
+        let mut out: Vec<Journey> = ready.into_iter().filter_map(|id| self.close(id)).collect();
+        out.sort_by_key(|j| j.started_ns);
+        out
+    }
+
+    /// Closes everything still open (end of capture or of a recording).
+    pub fn finish(&mut self, now_ns: u64) -> Vec<Journey> {
+        self.tick(now_ns.saturating_add(self.limits.timeout_ns + self.limits.settle_ns))
+    }
+
+    fn start(&mut self, key: Key, p: &Packet) -> u64 {
+        if self.open.len() >= self.limits.max_open {
+            self.evict_oldest();
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        let lookup = self.lookup_for(&key, p.ts_ns, id);
+        let parent = self.waiting_parent(&key, p);
+        let j = Journey {
+            id,
+            lookup,
+            client: key.client,
+            dns_id: key.dns_id,
+            name: key.name.clone(),
+            qtype: key.qtype.clone(),
+            tcp: matches!(p.transport, crate::decode::Transport::Tcp { .. }),
+            started_ns: p.ts_ns,
+            ended_ns: p.ts_ns,
+            outcome: Outcome::Timeout,
+            dnat: None,
+            legs: Vec::new(),
+            upstream: Vec::new(),
+            incomplete: false,
+        };
+        if let Some(pid) = parent {
+            if let Some(po) = self.open.get_mut(&pid) {
+                po.children.push(id);
+            }
+        }
+        self.by_key.insert(key.clone(), id);
+        self.order.push_back(id);
+        self.open.insert(
+            id,
+            Open {
+                j,
+                key,
+                parent,
+                children: Vec::new(),
+                aliases: Vec::new(),
+                last_ns: p.ts_ns,
+                delivered: false,
+            },
+        );
+        id
+    }
+
+    /// A/AAAA from one socket for one name, and its retries, are one lookup.
+    fn lookup_for(&mut self, key: &Key, ts: u64, id: u64) -> u64 {
+        let window = self.limits.timeout_ns * 2;
+        if self.lookups.len() > self.limits.max_open {
+            self.lookups
+                .retain(|_, (_, last)| ts.saturating_sub(*last) <= window);
+        }
+        let slot = self
+            .lookups
+            .entry((key.client, key.name.clone()))
+            .or_insert((id, ts));
+        if ts.saturating_sub(slot.1) > window {
+            *slot = (id, ts);
+        }
+        slot.1 = slot.1.max(ts);
+        slot.0
+    }
+
+    /// The open journey this query serves, if it was sent by a server that
+    /// a journey for the same question is waiting at.
+    fn waiting_parent(&self, key: &Key, p: &Packet) -> Option<u64> {
+        self.open
+            .iter()
+            .filter(|(_, o)| {
+                o.key.name == key.name
+                    && o.key.client != key.client
+                    && !o.j.legs.iter().any(|l| l.response)
+            })
+            .filter(|(_, o)| o.server_is(p))
+            .min_by_key(|(_, o)| o.j.started_ns)
+            .map(|(&id, _)| id)
+    }
+
+    fn finished(&self, o: &Open, now: u64) -> bool {
+        let quiet = now.saturating_sub(o.last_ns) >= self.limits.settle_ns;
+        let children_done = o
+            .children
+            .iter()
+            .all(|c| self.open.get(c).is_none_or(|c| self.finished(c, now)));
+        let timed_out = now.saturating_sub(o.j.started_ns) >= self.limits.timeout_ns;
+        let answered_or_dropped = o.delivered || matches!(o.j.outcome, Outcome::Dropped { .. });
+        (quiet && children_done && answered_or_dropped)
+            || (timed_out && quiet)
+            || now.saturating_sub(o.j.started_ns) >= self.limits.timeout_ns + self.limits.settle_ns
+    }
+
+    fn close(&mut self, id: u64) -> Option<Journey> {
+        let mut o = self.open.remove(&id)?;
+        self.forget_keys(&o);
+        self.order.retain(|&x| x != id);
+        for child in std::mem::take(&mut o.children) {
+            if let Some(c) = self.close(child) {
+                o.j.upstream.push(c);
+            }
+        }
+        Some(o.finish())
+    }
+
+    fn forget_keys(&mut self, o: &Open) {
+        for k in std::iter::once(&o.key).chain(&o.aliases) {
+            self.by_key.remove(k);
+        }
+    }
+
+    fn evict_oldest(&mut self) {
+        while let Some(id) = self.order.pop_front() {
+            if let Some(o) = self.open.remove(&id) {
+                self.forget_keys(&o);
+                self.evicted += 1;
+                return;
+            }
+        }
+    }
+}
+
+impl Open {
+    /// Was `p` sent from where this journey's query was delivered: the
+    /// server's namespace, or (without namespaces) the server's address?
+    fn server_is(&self, p: &Packet) -> bool {
+        let Some(arrival) = self.j.legs.iter().rev().find(|l| !l.response) else {
+            return false;
+        };
+        if arrival.netns != 0 && p.netns != 0 {
+            arrival.netns == p.netns && arrival.netns != self.j.legs[0].netns
+        } else {
+            arrival.dst.ip() == p.src.ip()
+        }
+    }
+
+    fn add_leg(&mut self, p: &Packet, msg: &DnsMessage) {
+        let duplicate = self.j.legs.iter().any(|l| {
+            l.ts_ns == p.ts_ns
+                && l.ifindex == p.ifindex
+                && l.netns == p.netns
+                && l.hook == hook_name(p.hook)
+        });
+        if duplicate {
+            return;
+        }
+        let ct = p.ct.as_ref();
+        self.j.legs.push(Leg {
+            ts_ns: p.ts_ns,
+            since_prev_ns: 0,
+            hook: hook_name(p.hook),
+            iface: p.ifname.clone(),
+            ifindex: p.ifindex,
+            netns: p.netns,
+            src: p.src,
+            dst: p.dst,
+            response: msg.response,
+            dnat: ct.and_then(Conntrack::dnat),
+            snat: ct.and_then(Conntrack::snat),
+            drop: p.drop.map(|d| (d.reason, d.location)),
+        });
+        self.last_ns = self.last_ns.max(p.ts_ns);
+        if let Some(d) = p.drop {
+            if !matches!(self.j.outcome, Outcome::Answered { .. }) {
+                self.j.outcome = Outcome::Dropped {
+                    reason: d.reason,
+                    location: d.location,
+                };
+            }
+        } else if msg.response {
+            self.j.outcome = Outcome::Answered {
+                rcode: msg.rcode.clone(),
+                answers: msg
+                    .answers
+                    .iter()
+                    .map(|a| format!("{} {}", a.rtype, a.data))
+                    .collect(),
+                truncated: msg.flags.tc,
+            };
+            self.delivered |= self.reached_client(p);
+        }
+    }
+
+    /// The reply passed back, the other way, through the first place the
+    /// query was seen: it is with the client.
+    fn reached_client(&self, p: &Packet) -> bool {
+        let origin = self
+            .j
+            .legs
+            .iter()
+            .filter(|l| !l.response)
+            .min_by_key(|l| l.ts_ns);
+        origin.is_some_and(|o| {
+            o.netns == p.netns
+                && o.ifindex == p.ifindex
+                && outbound(o.hook) != outbound(hook_name(p.hook))
+        })
+    }
+
+    fn finish(mut self) -> Journey {
+        let j = &mut self.j;
+        j.legs.sort_by_key(|l| l.ts_ns);
+        let mut prev = j.legs.first().map_or(0, |l| l.ts_ns);
+        for leg in &mut j.legs {
+            leg.since_prev_ns = leg.ts_ns - prev;
+            prev = leg.ts_ns;
+        }
+        if let Some(first) = j.legs.first() {
+            j.started_ns = first.ts_ns;
+        }
+        j.ended_ns = j.legs.last().map_or(j.started_ns, |l| l.ts_ns);
+        // Without conntrack: a query that went in for one address and arrived
+        // at another was translated on the way.
+        j.dnat = j.legs.iter().find_map(|l| l.dnat).or_else(|| {
+            let mut queries = j.legs.iter().filter(|l| !l.response).map(|l| l.dst);
+            let asked = queries.next()?;
+            queries.find(|d| *d != asked).map(|served| (asked, served))
+        });
+        j.upstream.sort_by_key(|u| u.started_ns);
+        self.j
+    }
+}
+
+fn outbound(hook: &str) -> bool {
+    matches!(hook, "tc_egress" | "dev_xmit")
+}
+
+fn hook_name(h: Hook) -> &'static str {
+    match h {
+        Hook::TcIngress => "tc_ingress",
+        Hook::TcEgress => "tc_egress",
+        Hook::DevXmit => "dev_xmit",
+        Hook::DevReceive => "dev_receive",
+        Hook::Drop => "kfree_skb",
+    }
+}
+
+#[cfg(test)]
+mod tests;

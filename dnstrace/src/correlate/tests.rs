@@ -1,0 +1,479 @@
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use dnstrace_common::Hook;
+
+use super::*;
+use crate::decode::{
+    dns,
+    packet::{CtTuple, Dropped},
+    Body, Conntrack, DnsMessage, Packet, Record, Transport,
+};
+
+const CLIENT_NS: u32 = 100;
+const NODE_NS: u32 = 200;
+const DNS_NS: u32 = 300;
+const MS: u64 = 1_000_000;
+
+fn addr(s: &str) -> SocketAddr {
+    s.parse().unwrap()
+}
+
+fn msg(id: u16, name: &str, qtype: &str, response: bool) -> DnsMessage {
+    DnsMessage {
+        id,
+        response,
+        opcode: "QUERY".into(),
+        flags: dns::Flags::default(),
+        rcode: "NOERROR".into(),
+        questions: vec![dns::Question {
+            name: name.into(),
+            qtype: qtype.into(),
+            class: "IN".into(),
+        }],
+        answers: if response {
+            vec![dns::Answer {
+                name: name.into(),
+                rtype: "A".into(),
+                ttl: 5,
+                data: "10.96.0.1".into(),
+            }]
+        } else {
+            vec![]
+        },
+        authority_count: 0,
+        additional_count: 0,
+    }
+}
+
+struct Ev {
+    ts: u64,
+    hook: Hook,
+    netns: u32,
+    ifindex: u32,
+    src: &'static str,
+    dst: &'static str,
+}
+
+fn rec(e: &Ev, m: DnsMessage, ct: Option<Conntrack>, drop: Option<Dropped>) -> Record {
+    Record {
+        packet: Packet {
+            ts_ns: e.ts,
+            netns: e.netns,
+            ifindex: e.ifindex,
+            hook: e.hook,
+            src: addr(e.src),
+            dst: addr(e.dst),
+            transport: Transport::Udp,
+            wire_len: 0,
+            payload_len: 0,
+            truncated: false,
+            fragment: false,
+            payload: Bytes::new(),
+            ifname: None,
+            ct,
+            drop,
+        },
+        body: Body::Dns(m),
+    }
+}
+
+fn dnat_ct(client: &str, endpoint: &str) -> Conntrack {
+    Conntrack {
+        original: CtTuple {
+            src: addr(client),
+            dst: addr("10.96.0.10:53"),
+        },
+        reply: CtTuple {
+            src: addr(endpoint),
+            dst: addr(client),
+        },
+        status: 1 << 5,
+        is_reply: false,
+    }
+}
+
+/// The six legs of a healthy lookup through kube-proxy's DNAT, from `client`.
+fn healthy(t0: u64, client: &'static str, client_ns: u32, id: u16) -> Vec<Record> {
+    let ct = dnat_ct(client, "10.244.0.53:53");
+    let q = |ts, hook, netns, ifindex, src, dst, ct| {
+        rec(
+            &Ev {
+                ts: t0 + ts,
+                hook,
+                netns,
+                ifindex,
+                src,
+                dst,
+            },
+            msg(id, "kubernetes.default.svc.cluster.local.", "A", false),
+            ct,
+            None,
+        )
+    };
+    let r = |ts, hook, netns, ifindex, src, dst, ct| {
+        rec(
+            &Ev {
+                ts: t0 + ts,
+                hook,
+                netns,
+                ifindex,
+                src,
+                dst,
+            },
+            msg(id, "kubernetes.default.svc.cluster.local.", "A", true),
+            ct,
+            None,
+        )
+    };
+    vec![
+        q(
+            0,
+            Hook::DevXmit,
+            client_ns,
+            2,
+            client,
+            "10.96.0.10:53",
+            None,
+        ),
+        q(
+            10_000,
+            Hook::DevReceive,
+            NODE_NS,
+            5,
+            client,
+            "10.96.0.10:53",
+            None,
+        ),
+        q(
+            30_000,
+            Hook::DevXmit,
+            NODE_NS,
+            7,
+            client,
+            "10.244.0.53:53",
+            Some(ct),
+        ),
+        q(
+            31_000,
+            Hook::DevReceive,
+            DNS_NS,
+            2,
+            client,
+            "10.244.0.53:53",
+            None,
+        ),
+        r(
+            200_000,
+            Hook::DevXmit,
+            DNS_NS,
+            2,
+            "10.244.0.53:53",
+            client,
+            None,
+        ),
+        r(
+            201_000,
+            Hook::DevReceive,
+            NODE_NS,
+            7,
+            "10.244.0.53:53",
+            client,
+            None,
+        ),
+        r(
+            210_000,
+            Hook::DevXmit,
+            NODE_NS,
+            5,
+            "10.96.0.10:53",
+            client,
+            Some(Conntrack {
+                is_reply: true,
+                ..ct
+            }),
+        ),
+        r(
+            211_000,
+            Hook::DevReceive,
+            client_ns,
+            2,
+            "10.96.0.10:53",
+            client,
+            None,
+        ),
+    ]
+}
+
+fn run(records: &[Record], end: u64) -> (Engine, Vec<Journey>) {
+    let mut e = Engine::new(Limits::default());
+    let mut out = Vec::new();
+    for r in records {
+        e.push(r);
+        out.extend(e.tick(r.packet.ts_ns));
+    }
+    out.extend(e.tick(end));
+    (e, out)
+}
+
+#[test]
+fn a_healthy_lookup_is_one_complete_journey_with_its_dnat() {
+    let (e, js) = run(&healthy(0, "10.244.0.10:4000", CLIENT_NS, 7), 2_000 * MS);
+    assert_eq!(js.len(), 1);
+    let j = &js[0];
+    assert_eq!(j.legs.len(), 8);
+    assert_eq!(
+        j.dnat,
+        Some((addr("10.96.0.10:53"), addr("10.244.0.53:53")))
+    );
+    assert!(matches!(j.outcome, Outcome::Answered { ref rcode, .. } if rcode == "NOERROR"));
+    let sum: u64 = j.legs.iter().map(|l| l.since_prev_ns).sum();
+    assert_eq!(sum, j.total_ns(), "leg times add up to the total");
+    assert_eq!(j.total_ns(), 211_000);
+    assert!(!j.incomplete);
+    assert_eq!(e.open_count(), 0);
+}
+
+#[test]
+fn closes_soon_after_the_answer_not_at_the_timeout() {
+    let recs = healthy(0, "10.244.0.10:4000", CLIENT_NS, 7);
+    let mut e = Engine::new(Limits::default());
+    recs.iter().for_each(|r| e.push(r));
+    assert!(e.tick(100 * MS).is_empty(), "still settling");
+    assert_eq!(e.tick(300 * MS).len(), 1);
+}
+
+#[test]
+fn reordered_and_duplicate_events_make_the_same_journey() {
+    let mut recs = healthy(0, "10.244.0.10:4000", CLIENT_NS, 7);
+    recs.swap(1, 2);
+    recs.swap(5, 6);
+    let dup = recs[3].clone();
+    recs.push(dup);
+    let (_, js) = run(&recs, 2_000 * MS);
+    assert_eq!(js.len(), 1);
+    assert_eq!(js[0].legs.len(), 8);
+    assert!(js[0].legs.windows(2).all(|w| w[0].ts_ns <= w[1].ts_ns));
+    assert_eq!(js[0].legs[0].hook, "dev_xmit");
+    assert_eq!(js[0].legs[0].netns, CLIENT_NS);
+}
+
+#[test]
+fn lost_events_mark_open_journeys_incomplete() {
+    let recs = healthy(0, "10.244.0.10:4000", CLIENT_NS, 7);
+    let mut e = Engine::new(Limits::default());
+    recs[..3].iter().for_each(|r| e.push(r));
+    e.lost();
+    recs[3..].iter().for_each(|r| e.push(r));
+    let js = e.tick(2_000 * MS);
+    assert!(js[0].incomplete);
+}
+
+#[test]
+fn the_same_id_from_two_clients_and_the_same_question_from_two_pods_stay_apart() {
+    let mut recs = healthy(0, "10.244.0.10:4000", CLIENT_NS, 7);
+    recs.extend(healthy(5_000, "10.244.0.11:4000", CLIENT_NS + 1, 7));
+    recs.sort_by_key(|r| r.packet.ts_ns);
+    let (_, js) = run(&recs, 2_000 * MS);
+    assert_eq!(js.len(), 2);
+    assert!(js
+        .iter()
+        .all(|j| j.legs.len() == 8 && matches!(j.outcome, Outcome::Answered { .. })));
+    assert_ne!(js[0].client, js[1].client);
+}
+
+#[test]
+fn a_query_without_answer_times_out() {
+    let recs = &healthy(0, "10.244.0.10:4000", CLIENT_NS, 7)[..4];
+    let (_, js) = run(recs, 10_000 * MS);
+    assert_eq!(js[0].outcome, Outcome::Timeout);
+    assert_eq!(js[0].legs.len(), 4);
+}
+
+#[test]
+fn a_drop_ends_the_journey_with_the_reason() {
+    let mut recs = healthy(0, "10.244.0.10:4000", CLIENT_NS, 7)[..2].to_vec();
+    let ev = Ev {
+        ts: 40_000,
+        hook: Hook::Drop,
+        netns: NODE_NS,
+        ifindex: 7,
+        src: "10.244.0.10:4000",
+        dst: "10.244.0.53:53",
+    };
+    recs.push(rec(
+        &ev,
+        msg(7, "kubernetes.default.svc.cluster.local.", "A", false),
+        None,
+        Some(Dropped {
+            reason: 6,
+            location: 0xffff,
+        }),
+    ));
+    let (_, js) = run(&recs, 1_000 * MS);
+    assert_eq!(
+        js[0].outcome,
+        Outcome::Dropped {
+            reason: 6,
+            location: 0xffff
+        }
+    );
+    // Without conntrack, the change of destination still shows the DNAT.
+    assert_eq!(
+        js[0].dnat,
+        Some((addr("10.96.0.10:53"), addr("10.244.0.53:53")))
+    );
+}
+
+#[test]
+fn upstream_queries_of_the_server_are_linked_to_the_client_query() {
+    let client = "10.244.0.10:4000";
+    let mut recs = healthy(0, client, CLIENT_NS, 7);
+    // The server asks upstream with its own id and socket while the client waits.
+    let up = |ts, hook, netns, ifindex, src, dst, response, ct| {
+        rec(
+            &Ev {
+                ts,
+                hook,
+                netns,
+                ifindex,
+                src,
+                dst,
+            },
+            msg(999, "kubernetes.default.svc.cluster.local.", "A", response),
+            ct,
+            None,
+        )
+    };
+    // The node masquerades the server's query on its way out.
+    let masq = Conntrack {
+        original: CtTuple {
+            src: addr("10.244.0.53:5555"),
+            dst: addr("198.51.100.53:53"),
+        },
+        reply: CtTuple {
+            src: addr("198.51.100.53:53"),
+            dst: addr("198.51.100.1:5555"),
+        },
+        status: 1 << 4,
+        is_reply: false,
+    };
+    const UPSTREAM_NS: u32 = 400;
+    recs.extend([
+        up(
+            50_000,
+            Hook::DevXmit,
+            DNS_NS,
+            2,
+            "10.244.0.53:5555",
+            "198.51.100.53:53",
+            false,
+            None,
+        ),
+        up(
+            60_000,
+            Hook::DevXmit,
+            NODE_NS,
+            9,
+            "198.51.100.1:5555",
+            "198.51.100.53:53",
+            false,
+            Some(masq),
+        ),
+        // In the upstream's namespace only the masqueraded address is known.
+        up(
+            61_000,
+            Hook::DevReceive,
+            UPSTREAM_NS,
+            2,
+            "198.51.100.1:5555",
+            "198.51.100.53:53",
+            false,
+            None,
+        ),
+        up(
+            140_000,
+            Hook::DevXmit,
+            UPSTREAM_NS,
+            2,
+            "198.51.100.53:53",
+            "198.51.100.1:5555",
+            true,
+            None,
+        ),
+        up(
+            150_000,
+            Hook::DevReceive,
+            NODE_NS,
+            9,
+            "198.51.100.53:53",
+            "198.51.100.1:5555",
+            true,
+            Some(Conntrack {
+                is_reply: true,
+                ..masq
+            }),
+        ),
+        up(
+            160_000,
+            Hook::DevReceive,
+            DNS_NS,
+            2,
+            "198.51.100.53:53",
+            "10.244.0.53:5555",
+            true,
+            None,
+        ),
+    ]);
+    recs.sort_by_key(|r| r.packet.ts_ns);
+    let (_, js) = run(&recs, 2_000 * MS);
+    assert_eq!(
+        js.len(),
+        1,
+        "the upstream query is not a journey of its own"
+    );
+    let up = &js[0].upstream;
+    assert_eq!(up.len(), 1);
+    assert_eq!(up[0].dns_id, 999);
+    assert_eq!(up[0].legs.len(), 6);
+    assert_eq!(up[0].client, addr("10.244.0.53:5555"));
+    assert!(matches!(up[0].outcome, Outcome::Answered { .. }));
+}
+
+#[test]
+fn a_and_aaaa_from_one_socket_are_siblings_of_one_lookup() {
+    let mut recs = healthy(0, "10.244.0.10:4000", CLIENT_NS, 7);
+    let mut aaaa = healthy(1_000, "10.244.0.10:4000", CLIENT_NS, 8);
+    for r in &mut aaaa {
+        if let Body::Dns(m) = &mut r.body {
+            m.questions[0].qtype = "AAAA".into();
+        }
+    }
+    recs.extend(aaaa);
+    recs.sort_by_key(|r| r.packet.ts_ns);
+    let (_, js) = run(&recs, 2_000 * MS);
+    assert_eq!(js.len(), 2);
+    assert_eq!(js[0].lookup, js[1].lookup);
+    assert_ne!(js[0].id, js[1].id);
+}
+
+#[test]
+fn open_journeys_are_capped_and_evictions_counted() {
+    let mut e = Engine::new(Limits {
+        max_open: 3,
+        ..Limits::default()
+    });
+    for i in 0..10u16 {
+        e.push(&healthy(u64::from(i), "10.244.0.10:4000", CLIENT_NS, i)[0]);
+    }
+    assert_eq!(e.open_count(), 3);
+    assert_eq!(e.evicted(), 7);
+}
+
+#[test]
+fn a_reply_without_its_query_starts_nothing() {
+    let recs = &healthy(0, "10.244.0.10:4000", CLIENT_NS, 7)[5..];
+    let (e, js) = run(recs, 10_000 * MS);
+    assert!(js.is_empty());
+    assert_eq!(e.open_count(), 0);
+}
