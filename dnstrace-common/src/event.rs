@@ -36,6 +36,12 @@ pub enum Hook {
     DevReceive = 4,
     /// `kfree_skb`: the kernel dropped it.
     Drop = 5,
+    /// kprobe `nf_nat_manip_pkt`: NAT is about to rewrite it (headers as before).
+    NatRewrite = 6,
+    /// kretprobe `__nf_conntrack_confirm` returned NF_DROP: its entry could not be inserted.
+    CtInsertFailed = 7,
+    /// kprobe `nf_ct_resolve_clash`: its entry clashed with another one.
+    CtClash = 8,
 }
 
 impl Hook {
@@ -46,7 +52,35 @@ impl Hook {
             3 => Some(Self::DevXmit),
             4 => Some(Self::DevReceive),
             5 => Some(Self::Drop),
+            6 => Some(Self::NatRewrite),
+            7 => Some(Self::CtInsertFailed),
+            8 => Some(Self::CtClash),
             _ => None,
+        }
+    }
+
+    /// The hook's stable name in output and recordings.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::TcIngress => "tc_ingress",
+            Self::TcEgress => "tc_egress",
+            Self::DevXmit => "dev_xmit",
+            Self::DevReceive => "dev_receive",
+            Self::Drop => "kfree_skb",
+            Self::NatRewrite => "nat_rewrite",
+            Self::CtInsertFailed => "ct_insert_failed",
+            Self::CtClash => "ct_clash",
+        }
+    }
+
+    /// Which way the packet went through a device, or what happened to it.
+    pub const fn direction(self) -> &'static str {
+        match self {
+            Self::TcIngress | Self::DevReceive => "ingress",
+            Self::TcEgress | Self::DevXmit => "egress",
+            Self::Drop | Self::CtInsertFailed => "drop",
+            Self::NatRewrite => "nat",
+            Self::CtClash => "clash",
         }
     }
 }

@@ -9,8 +9,10 @@ mod skb;
 mod tc;
 
 use aya_ebpf::{
-    macros::{btf_tracepoint, classifier},
-    programs::{BtfTracePointContext, TcContext},
+    helpers::bpf_get_current_pid_tgid,
+    macros::{btf_tracepoint, classifier, kprobe, kretprobe, map},
+    maps::HashMap,
+    programs::{BtfTracePointContext, ProbeContext, RetProbeContext, TcContext},
 };
 use dnstrace_common::Hook;
 
@@ -56,6 +58,58 @@ pub fn dns_kfree_skb(ctx: BtfTracePointContext) -> i32 {
         reason: ctx.arg(2),
     };
     let _ = skb::try_capture(ctx.arg(0), core::ptr::null(), Hook::Drop, drop);
+    0
+}
+
+// Conntrack and NAT, where the kernel has kprobes. Named <area>_<enter|exit>_<function>.
+
+/// `nf_nat_manip_pkt(skb, ct, mtype, dir)`: the NAT rewrite itself.
+#[kprobe]
+pub fn nat_enter_nf_nat_manip_pkt(ctx: ProbeContext) -> u32 {
+    if let Some(skb) = ctx.arg::<*const u8>(0) {
+        let _ = skb::try_capture(skb, core::ptr::null(), Hook::NatRewrite, skb::Drop::NONE);
+    }
+    0
+}
+
+/// skbs in `__nf_conntrack_confirm`, by thread, for its return probe.
+#[map]
+static CONFIRMING: HashMap<u64, u64> = HashMap::with_max_entries(4096, 0);
+
+#[kprobe]
+pub fn ct_enter_nf_conntrack_confirm(ctx: ProbeContext) -> u32 {
+    if let Some(skb) = ctx.arg::<u64>(0) {
+        let _ = CONFIRMING.insert(bpf_get_current_pid_tgid(), skb, 0);
+    }
+    0
+}
+
+/// NF_DROP (0) from `__nf_conntrack_confirm`: the entry was not inserted.
+#[kretprobe]
+pub fn ct_exit_nf_conntrack_confirm(ctx: RetProbeContext) -> u32 {
+    let key = bpf_get_current_pid_tgid();
+    // SAFETY: map lookup; the value is copied out.
+    let skb = unsafe { CONFIRMING.get(key) }.copied();
+    let _ = CONFIRMING.remove(key);
+    if let Some(skb) = skb {
+        if ctx.ret::<u32>() == 0 {
+            let _ = skb::try_capture(
+                skb as *const u8,
+                core::ptr::null(),
+                Hook::CtInsertFailed,
+                skb::Drop::NONE,
+            );
+        }
+    }
+    0
+}
+
+/// `nf_ct_resolve_clash(skb, h, reply_hash)`: the parallel A/AAAA race.
+#[kprobe]
+pub fn ct_enter_nf_ct_resolve_clash(ctx: ProbeContext) -> u32 {
+    if let Some(skb) = ctx.arg::<*const u8>(0) {
+        let _ = skb::try_capture(skb, core::ptr::null(), Hook::CtClash, skb::Drop::NONE);
+    }
     0
 }
 

@@ -14,7 +14,6 @@ use std::{
 use serde::Serialize;
 
 use crate::decode::{Body, Conntrack, DnsMessage, Packet, Record};
-use dnstrace_common::Hook;
 
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
@@ -45,6 +44,8 @@ pub struct Leg {
     /// Time since the previous leg of the journey.
     pub since_prev_ns: u64,
     pub hook: &'static str,
+    /// ingress, egress, drop, nat or clash.
+    pub direction: &'static str,
     pub iface: Option<String>,
     pub ifindex: u32,
     pub netns: u32,
@@ -363,7 +364,7 @@ impl Open {
             l.ts_ns == p.ts_ns
                 && l.ifindex == p.ifindex
                 && l.netns == p.netns
-                && l.hook == hook_name(p.hook)
+                && l.hook == p.hook.name()
         });
         if duplicate {
             return;
@@ -372,7 +373,8 @@ impl Open {
         self.j.legs.push(Leg {
             ts_ns: p.ts_ns,
             since_prev_ns: 0,
-            hook: hook_name(p.hook),
+            hook: p.hook.name(),
+            direction: p.hook.direction(),
             iface: p.ifname.clone(),
             ifindex: p.ifindex,
             netns: p.netns,
@@ -414,10 +416,13 @@ impl Open {
             .iter()
             .filter(|l| !l.response)
             .min_by_key(|l| l.ts_ns);
+        // Only device hooks have a way through; NAT and conntrack probes do not.
+        let through_device = matches!(p.hook.direction(), "ingress" | "egress");
         origin.is_some_and(|o| {
-            o.netns == p.netns
+            through_device
+                && o.netns == p.netns
                 && o.ifindex == p.ifindex
-                && outbound(o.hook) != outbound(hook_name(p.hook))
+                && o.direction != p.hook.direction()
         })
     }
 
@@ -442,20 +447,6 @@ impl Open {
         });
         j.upstream.sort_by_key(|u| u.started_ns);
         self.j
-    }
-}
-
-fn outbound(hook: &str) -> bool {
-    matches!(hook, "tc_egress" | "dev_xmit")
-}
-
-fn hook_name(h: Hook) -> &'static str {
-    match h {
-        Hook::TcIngress => "tc_ingress",
-        Hook::TcEgress => "tc_egress",
-        Hook::DevXmit => "dev_xmit",
-        Hook::DevReceive => "dev_receive",
-        Hook::Drop => "kfree_skb",
     }
 }
 

@@ -5,7 +5,6 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use dnstrace_common::Hook;
 use serde::Serialize;
 
 use crate::{
@@ -186,11 +185,7 @@ impl<W: Write> LineSink<W> {
                     .cloned()
                     .unwrap_or_else(|| format!("if{}", leg.ifindex)),
             };
-            let dir = match leg.hook {
-                "kfree_skb" => "DROP",
-                "tc_egress" | "dev_xmit" => "out ",
-                _ => "in  ",
-            };
+            let dir = direction_word(leg.direction);
             let mut line = format!(
                 "{indent}  +{:>9} {place:<28} {dir} {:<8} {} → {}",
                 ms(leg.since_prev_ns),
@@ -282,11 +277,7 @@ impl<W: Write> LineSink<W> {
             Some(_) => format!("{}@{}", self.iface(p), p.netns),
             None => self.iface(p),
         };
-        let dir = match p.hook {
-            Hook::TcIngress | Hook::DevReceive => "in ",
-            Hook::TcEgress | Hook::DevXmit => "out",
-            Hook::Drop => "DROP",
-        };
+        let dir = direction_word(p.hook.direction());
         let mut line = format!(
             "{time} {place:<10} {dir} {} → {} {}",
             p.src,
@@ -320,21 +311,11 @@ impl<W: Write> LineSink<W> {
         JsonLine {
             time: humantime::format_rfc3339_nanos(self.clock.wall(p.ts_ns)).to_string(),
             mono_ns: p.ts_ns,
-            hook: match p.hook {
-                Hook::TcIngress => "tc_ingress",
-                Hook::TcEgress => "tc_egress",
-                Hook::DevXmit => "dev_xmit",
-                Hook::DevReceive => "dev_receive",
-                Hook::Drop => "kfree_skb",
-            },
+            hook: p.hook.name(),
             iface: self.iface(p),
             ifindex: p.ifindex,
             netns: p.netns,
-            direction: match p.hook {
-                Hook::TcIngress | Hook::DevReceive => "ingress",
-                Hook::TcEgress | Hook::DevXmit => "egress",
-                Hook::Drop => "drop",
-            },
+            direction: p.hook.direction(),
             src: p.src.to_string(),
             dst: p.dst.to_string(),
             transport: transport(p.transport),
@@ -355,6 +336,17 @@ impl<W: Write> LineSink<W> {
             }),
             body: &rec.body,
         }
+    }
+}
+
+/// The short word the text views use for a hook's direction.
+fn direction_word(direction: &str) -> &'static str {
+    match direction {
+        "ingress" => "in ",
+        "egress" => "out",
+        "drop" => "DROP",
+        "nat" => "NAT",
+        _ => "CLASH",
     }
 }
 
@@ -422,7 +414,7 @@ mod tests {
                 ts_ns: 0,
                 netns: 1,
                 ifindex: 7,
-                hook: Hook::TcEgress,
+                hook: dnstrace_common::Hook::TcEgress,
                 src: "10.0.0.2:53".parse().unwrap(),
                 dst: "10.0.0.1:40000".parse().unwrap(),
                 transport: Transport::Udp,

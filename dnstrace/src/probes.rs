@@ -11,7 +11,7 @@ use aya::{
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
     programs::{
         tc::{NlOptions, TcAttachOptions},
-        BtfTracePoint, LinkOrder, ProgramError, ProgramType, SchedClassifier, TcAttachType,
+        BtfTracePoint, KProbe, LinkOrder, ProgramError, ProgramType, SchedClassifier, TcAttachType,
     },
     Ebpf, EbpfLoader,
 };
@@ -80,6 +80,22 @@ pub struct Attachment {
     pub how: &'static str,
 }
 
+/// kprobes on the conntrack and NAT paths: (program, kernel function, return probe).
+const KPROBES: [(&str, &str, bool); 4] = [
+    ("nat_enter_nf_nat_manip_pkt", "nf_nat_manip_pkt", false),
+    (
+        "ct_enter_nf_conntrack_confirm",
+        "__nf_conntrack_confirm",
+        false,
+    ),
+    (
+        "ct_exit_nf_conntrack_confirm",
+        "__nf_conntrack_confirm",
+        true,
+    ),
+    ("ct_enter_nf_ct_resolve_clash", "nf_ct_resolve_clash", false),
+];
+
 /// The BTF tracepoints that see every device of every network namespace.
 const TRACEPOINTS: [(&str, &str); 3] = [
     ("dns_dev_xmit", "net_dev_start_xmit"),
@@ -147,6 +163,7 @@ impl Probes {
         probes.configure(&args.ports, &ifaces)?;
         if ifaces.is_empty() {
             probes.attach_tracepoints()?;
+            probes.attach_kprobes();
         } else {
             for (name, _) in PROGRAMS {
                 probes
@@ -259,6 +276,46 @@ impl Probes {
         Ok(())
     }
 
+    /// Loads every kprobe (the verifier checks it whatever happens next) and
+    /// attaches it where the kernel allows; what cannot attach is reported.
+    fn attach_kprobes(&mut self) {
+        for (name, function, ret) in KPROBES {
+            match self.load_kprobe(name, function) {
+                Ok(prog_id) => {
+                    let kind = if ret { "kretprobe" } else { "kprobe" };
+                    self.attachments.push(Attachment {
+                        program: name,
+                        prog_id,
+                        target: format!("{kind}/{function}"),
+                        how: "conntrack and NAT",
+                    });
+                }
+                Err(e) => self.off.push(format!("{name} on {function}: {e:#}")),
+            }
+        }
+    }
+
+    fn load_kprobe(&mut self, name: &'static str, function: &str) -> Result<u32> {
+        let prog: &mut KProbe = self
+            .ebpf
+            .program_mut(name)
+            .ok_or_else(|| anyhow!("program {name} missing from the eBPF object"))?
+            .try_into()?;
+        prog.load().map_err(|e| load_error(name, e))?;
+        let prog_id = prog.info()?.id();
+        prog.attach(function, 0).map_err(|e| {
+            let why = if std::path::Path::new("/sys/kernel/debug/kprobes").exists()
+                || kprobes_configured()
+            {
+                e.to_string()
+            } else {
+                "this kernel has no kprobes (CONFIG_KPROBES is off)".to_owned()
+            };
+            anyhow!("loaded and verified (prog id {prog_id}) but not attached: {why}")
+        })?;
+        Ok(prog_id)
+    }
+
     /// Interface names by ifindex, for output.
     pub fn iface_names(&self) -> std::collections::HashMap<u32, String> {
         self.ifaces
@@ -300,6 +357,16 @@ impl Drop for Probes {
 }
 
 /// The interface already had a clsact qdisc (someone else's: leave it on exit).
+/// Whether the running kernel was built with kprobes, where it says.
+fn kprobes_configured() -> bool {
+    let config = std::process::Command::new("zcat")
+        .arg("/proc/config.gz")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    config.is_empty() || config.lines().any(|l| l == "CONFIG_KPROBES=y")
+}
+
 fn is_exists(e: &aya::programs::tc::TcError) -> bool {
     use aya::programs::tc::TcError;
     match e {
