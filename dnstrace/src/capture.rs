@@ -10,6 +10,7 @@ use tokio::{
 
 use crate::{
     cli::CaptureArgs,
+    conntrack::{CtEvent, CtStats, CtWatcher, RACE_COUNTERS},
     correlate::{Engine, Limits},
     decode::{Body, Decoder, KernelNames, Packet, Record},
     ingest::Ingest,
@@ -22,6 +23,8 @@ pub trait Sink {
     fn record(&mut self, rec: &Record) -> io::Result<()>;
     /// Kernel monotonic time has reached `now_ns`.
     fn tick(&mut self, now_ns: u64) -> io::Result<()>;
+    /// A ctnetlink event of a DNS flow.
+    fn conntrack(&mut self, ev: &CtEvent) -> io::Result<()>;
     /// The kernel lost events.
     fn lost(&mut self);
     /// The capture ends: write what is left.
@@ -33,6 +36,9 @@ pub trait Sink {
 impl<W: io::Write> Sink for LineSink<W> {
     fn record(&mut self, rec: &Record) -> io::Result<()> {
         self.write(rec)
+    }
+    fn conntrack(&mut self, ev: &CtEvent) -> io::Result<()> {
+        self.write_conntrack(ev, monotonic_now())
     }
     fn tick(&mut self, _: u64) -> io::Result<()> {
         self.flush()
@@ -74,6 +80,10 @@ impl<W: io::Write> JourneySink<W> {
 impl<W: io::Write> Sink for JourneySink<W> {
     fn record(&mut self, rec: &Record) -> io::Result<()> {
         self.engine.push(rec);
+        Ok(())
+    }
+    fn conntrack(&mut self, ev: &CtEvent) -> io::Result<()> {
+        self.engine.conntrack(ev);
         Ok(())
     }
     fn tick(&mut self, now_ns: u64) -> io::Result<()> {
@@ -155,18 +165,28 @@ pub async fn run(args: CaptureArgs, view: View) -> Result<()> {
         kernel,
         io::stdout().lock(),
     );
-    let ports: Vec<String> = args.ports.iter().map(u16::to_string).collect();
-    eprintln!(
-        "dnstrace: capturing DNS on port {}; Ctrl-C to stop",
-        ports.join(",")
-    );
+    let node = args.node_netns.as_deref();
+    let ct = CtWatcher::open(node)
+        .map_err(|e| eprintln!("dnstrace: off: conntrack events: {e:#}"))
+        .ok();
+    let stats = CtStats::open(node)
+        .map_err(|e| eprintln!("dnstrace: off: conntrack statistics: {e:#}"))
+        .ok();
     let mut pipe = Pipeline {
         ingest: &mut ingest,
         decoder: Decoder::default(),
         counts: Counts::default(),
         probes: &probes,
         lost_seen: 0,
+        ct,
+        stats: stats.map(RaceWatch::new),
+        ports: args.ports.clone(),
     };
+    let ports: Vec<String> = args.ports.iter().map(u16::to_string).collect();
+    eprintln!(
+        "dnstrace: capturing DNS on port {}; Ctrl-C to stop",
+        ports.join(",")
+    );
     let result = match view {
         View::Packets => pipe.drive(lines, &mut stop).await,
         View::Journeys(limits) => pipe.drive(JourneySink::new(limits, lines), &mut stop).await,
@@ -210,6 +230,59 @@ struct Pipeline<'a> {
     counts: Counts,
     probes: &'a Probes,
     lost_seen: u64,
+    ct: Option<CtWatcher>,
+    stats: Option<RaceWatch>,
+    ports: Vec<u16>,
+}
+
+/// The conntrack counters that move when inserts race or fail, reported
+/// when they change.
+struct RaceWatch {
+    stats: CtStats,
+    last: Vec<u64>,
+}
+
+impl RaceWatch {
+    fn new(mut stats: CtStats) -> Self {
+        let last = Self::values(&mut stats);
+        let now: Vec<String> = RACE_COUNTERS
+            .iter()
+            .zip(&last)
+            .map(|(n, v)| format!("{n}={v}"))
+            .collect();
+        eprintln!("dnstrace: conntrack statistics: {}", now.join(" "));
+        Self { stats, last }
+    }
+
+    fn values(stats: &mut CtStats) -> Vec<u64> {
+        let all = stats.read().unwrap_or_default();
+        RACE_COUNTERS
+            .iter()
+            .map(|n| all.get(*n).copied().unwrap_or(0))
+            .collect()
+    }
+
+    fn check(&mut self) {
+        let now = Self::values(&mut self.stats);
+        let moved: Vec<String> = RACE_COUNTERS
+            .iter()
+            .zip(now.iter().zip(&self.last))
+            .filter(|(_, (n, l))| n > l)
+            .map(|(name, (n, l))| format!("{name} +{}", n - l))
+            .collect();
+        if !moved.is_empty() {
+            eprintln!("dnstrace: conntrack statistics moved: {}", moved.join(", "));
+        }
+        self.last = now;
+    }
+}
+
+/// Waits for ctnetlink events, or forever without a watcher.
+async fn ct_events(ct: &mut Option<CtWatcher>, ports: &[u16]) -> io::Result<Vec<CtEvent>> {
+    match ct {
+        Some(w) => w.next(|p| ports.contains(&p)).await,
+        None => std::future::pending().await,
+    }
 }
 
 impl Pipeline<'_> {
@@ -217,11 +290,30 @@ impl Pipeline<'_> {
     /// returns the sink's summary.
     async fn drive<S: Sink>(&mut self, mut sink: S, stop: &mut Stop) -> Result<Option<String>> {
         let mut tick = interval(Duration::from_millis(100));
+        let mut stats_tick = interval(Duration::from_secs(1));
         let result = loop {
             let mut batch = Vec::new();
             tokio::select! {
                 () = stop.wait() => break Ok(()),
                 r = self.ingest.next_batch(&mut batch) => r.context("reading the ring buffer")?,
+                events = ct_events(&mut self.ct, &self.ports) => {
+                    match events {
+                        Ok(events) => {
+                            if let Err(e) = events.iter().try_for_each(|ev| sink.conntrack(ev)) {
+                                break Err(e);
+                            }
+                        }
+                        Err(e) => {
+                            eprintln!("dnstrace: conntrack events stopped: {e}");
+                            self.ct = None;
+                        }
+                    }
+                }
+                _ = stats_tick.tick() => {
+                    if let Some(s) = self.stats.as_mut() {
+                        s.check();
+                    }
+                }
                 _ = tick.tick() => {
                     self.check_lost(&mut sink);
                     if let Err(e) = sink.tick(monotonic_now()) {

@@ -52,6 +52,11 @@ pub struct CaptureArgs {
     #[arg(short, long, value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
 
+    /// Network namespace whose conntrack events and statistics to watch: the
+    /// node's (default: the one dnstrace runs in), e.g. /run/netns/NAME.
+    #[arg(long, value_name = "PATH")]
+    pub node_netns: Option<std::path::PathBuf>,
+
     /// Kernel ring buffer size in MiB (a power of two); larger rides out bursts.
     #[arg(long, value_name = "MIB", default_value_t = 4, value_parser = parse_ring_mib)]
     pub ring_buffer_mib: u32,

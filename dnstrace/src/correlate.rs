@@ -13,7 +13,10 @@ use std::{
 
 use serde::Serialize;
 
-use crate::decode::{Body, Conntrack, DnsMessage, Packet, Record};
+use crate::{
+    conntrack::CtEvent,
+    decode::{Body, Conntrack, DnsMessage, Packet, Record},
+};
 
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
@@ -117,6 +120,8 @@ struct Open {
     /// Keys the query is also known by, past a SNAT.
     aliases: Vec<Key>,
     last_ns: u64,
+    /// The DNAT ctnetlink reported for this client socket.
+    ct_dnat: Option<(SocketAddr, SocketAddr)>,
     /// The answer reached the netns the query started in.
     delivered: bool,
 }
@@ -197,6 +202,27 @@ impl Engine {
         }
     }
 
+    /// A ctnetlink event: where no leg carried the conntrack entry, it still
+    /// tells which endpoint the service address was translated to.
+    pub fn conntrack(&mut self, ev: &CtEvent) {
+        let Some(dnat) = (Conntrack {
+            original: ev.original,
+            reply: ev.reply,
+            status: ev.status,
+            is_reply: false,
+        })
+        .dnat() else {
+            return;
+        };
+        for o in self
+            .open
+            .values_mut()
+            .filter(|o| o.key.client == ev.original.src && o.ct_dnat.is_none())
+        {
+            o.ct_dnat = Some(dnat);
+        }
+    }
+
     /// Events were lost: every open journey may now miss legs.
     pub fn lost(&mut self) {
         for o in self.open.values_mut() {
@@ -264,6 +290,7 @@ impl Engine {
                 children: Vec::new(),
                 aliases: Vec::new(),
                 last_ns: p.ts_ns,
+                ct_dnat: None,
                 delivered: false,
             },
         );
@@ -440,11 +467,16 @@ impl Open {
         j.ended_ns = j.legs.last().map_or(j.started_ns, |l| l.ts_ns);
         // Without conntrack: a query that went in for one address and arrived
         // at another was translated on the way.
-        j.dnat = j.legs.iter().find_map(|l| l.dnat).or_else(|| {
-            let mut queries = j.legs.iter().filter(|l| !l.response).map(|l| l.dst);
-            let asked = queries.next()?;
-            queries.find(|d| *d != asked).map(|served| (asked, served))
-        });
+        j.dnat = j
+            .legs
+            .iter()
+            .find_map(|l| l.dnat)
+            .or(self.ct_dnat)
+            .or_else(|| {
+                let mut queries = j.legs.iter().filter(|l| !l.response).map(|l| l.dst);
+                let asked = queries.next()?;
+                queries.find(|d| *d != asked).map(|served| (asked, served))
+            });
         j.upstream.sort_by_key(|u| u.started_ns);
         self.j
     }

@@ -1,6 +1,7 @@
 //! dnstrace: follow DNS on a Linux or Kubernetes node with eBPF.
 mod capture;
 mod cli;
+mod conntrack;
 mod correlate;
 mod decode;
 mod ingest;

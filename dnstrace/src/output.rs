@@ -9,6 +9,7 @@ use serde::Serialize;
 
 use crate::{
     cli::OutputFormat,
+    conntrack::CtEvent,
     correlate::{Journey, Outcome},
     decode::{Body, Conntrack, DnsMessage, KernelNames, Packet, Record, Transport},
 };
@@ -133,6 +134,48 @@ impl<W: Write> LineSink<W> {
 
     pub fn flush(&mut self) -> io::Result<()> {
         self.out.flush()
+    }
+
+    /// A ctnetlink event (packet view).
+    pub fn write_conntrack(&mut self, ev: &CtEvent, now_ns: u64) -> io::Result<()> {
+        let ct = Conntrack {
+            original: ev.original,
+            reply: ev.reply,
+            status: ev.status,
+            is_reply: false,
+        };
+        let proto = if ev.proto == 6 { "tcp" } else { "udp" };
+        match self.format {
+            OutputFormat::Text => {
+                let time = humantime::format_rfc3339_micros(self.clock.wall(now_ns)).to_string();
+                let mut line = format!(
+                    "{} conntrack {:?} {proto} {} → {} reply {} → {}",
+                    time.get(11..26).unwrap_or(&time),
+                    ev.kind,
+                    ev.original.src,
+                    ev.original.dst,
+                    ev.reply.src,
+                    ev.reply.dst
+                );
+                if let Some((asked, to)) = ct.dnat() {
+                    line += &format!(" [DNAT {asked} → {to}]");
+                }
+                writeln!(self.out, "{line}")
+            }
+            OutputFormat::Json => {
+                let v = serde_json::json!({
+                    "time": humantime::format_rfc3339_nanos(self.clock.wall(now_ns)).to_string(),
+                    "kind": "conntrack",
+                    "event": ev.kind,
+                    "transport": proto,
+                    "original": [ev.original.src.to_string(), ev.original.dst.to_string()],
+                    "reply": [ev.reply.src.to_string(), ev.reply.dst.to_string()],
+                    "status": ev.status,
+                    "dnat": ct.dnat().map(|(a, b)| [a.to_string(), b.to_string()]),
+                });
+                writeln!(self.out, "{v}")
+            }
+        }
     }
 
     pub fn write_journey(&mut self, j: &Journey) -> io::Result<()> {

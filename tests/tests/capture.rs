@@ -335,3 +335,59 @@ fn ipv6_extension_headers_are_walked_not_guessed() {
         vec!["AAAA fd77::80"]
     );
 }
+
+#[test]
+fn conntrack_events_and_statistics_of_the_node_namespace() {
+    require_root();
+    let pair = Pair::new().unwrap();
+    // A rule that needs conntrack turns it on in this namespace.
+    run(pair.server.cmd("iptables").args([
+        "-A",
+        "INPUT",
+        "-m",
+        "conntrack",
+        "--ctstate",
+        "NEW",
+        "-j",
+        "ACCEPT",
+    ]))
+    .unwrap();
+    let _dns = dnsmasq(&pair.server, ZONE).unwrap();
+    let netns = format!("/run/netns/{}", pair.server.name);
+    let trace = Dnstrace::start(
+        &pair.server,
+        &[
+            "--iface",
+            Pair::SERVER_IF,
+            "-o",
+            "json",
+            "--node-netns",
+            &netns,
+        ],
+    )
+    .unwrap();
+    assert!(
+        trace
+            .stderr_lines
+            .iter()
+            .any(|l| l.contains("conntrack statistics: insert_failed=")),
+        "{:?}",
+        trace.stderr_lines
+    );
+    let id = dig(&pair, &format!("@{} www.test A", Pair::SERVER4));
+    let (_, out, _) = trace.stop(libc::SIGINT).unwrap();
+    let lines = json_lines(&out);
+    find(&lines, id, true, "udp");
+    let new = lines
+        .iter()
+        .find(|l| {
+            l["kind"] == "conntrack" && l["event"] == "new" && l["original"][1] == "10.77.0.2:53"
+        })
+        .unwrap_or_else(|| panic!("no conntrack event in {lines:#?}"));
+    assert_eq!(new["transport"], "udp");
+    assert!(new["original"][0]
+        .as_str()
+        .unwrap()
+        .starts_with("10.77.0.1:"));
+    assert_eq!(new["dnat"], Value::Null);
+}

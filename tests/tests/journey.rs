@@ -151,3 +151,42 @@ fn a_dropped_query_ends_its_journey_with_the_kernel_reason() {
     let last = dropped["legs"].as_array().unwrap().last().unwrap();
     assert_eq!(last["hook"], "kfree_skb");
 }
+
+#[test]
+fn conntrack_race_counters_are_reported_as_they_move() {
+    require_root();
+    let lab = Lab::up(&["--fault", "conntrack-race"]);
+    let trace = Dnstrace::start_here(&[
+        "trace",
+        "-o",
+        "json",
+        "--node-netns",
+        "/run/netns/dtlab-node",
+    ])
+    .unwrap();
+    lab.traffic(&[
+        "--pod",
+        "web",
+        "--name",
+        KUBERNETES,
+        "--rate",
+        "200",
+        "--duration",
+        "2s",
+    ]);
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let (status, out, stderr) = trace.stop(libc::SIGINT).unwrap();
+    assert!(status.success());
+    let moved = stderr
+        .iter()
+        .find(|l| l.contains("conntrack statistics moved"))
+        .unwrap_or_else(|| panic!("{stderr:#?}"));
+    assert!(
+        moved.contains("clashres +") || moved.contains("insert_failed +"),
+        "{moved}"
+    );
+    let js = json_lines(&out);
+    assert!(from_web(&js, KUBERNETES, "A")
+        .iter()
+        .all(|j| j["outcome"]["status"] == "answered"));
+}

@@ -477,3 +477,28 @@ fn a_reply_without_its_query_starts_nothing() {
     assert!(js.is_empty());
     assert_eq!(e.open_count(), 0);
 }
+
+#[test]
+fn ctnetlink_supplies_the_dnat_when_no_leg_carried_conntrack() {
+    // A tc capture on the client's interface only: query out, answer in.
+    let recs: Vec<Record> = healthy(0, "10.244.0.10:4000", CLIENT_NS, 7)
+        .into_iter()
+        .filter(|r| r.packet.netns == CLIENT_NS)
+        .collect();
+    let mut e = Engine::new(Limits::default());
+    e.push(&recs[0]);
+    let ct = dnat_ct("10.244.0.10:4000", "10.244.0.54:53");
+    e.conntrack(&crate::conntrack::CtEvent {
+        kind: crate::conntrack::CtEventKind::New,
+        original: ct.original,
+        reply: ct.reply,
+        proto: 17,
+        status: ct.status,
+    });
+    e.push(&recs[1]);
+    let js = e.tick(2_000 * MS);
+    assert_eq!(
+        js[0].dnat,
+        Some((addr("10.96.0.10:53"), addr("10.244.0.54:53")))
+    );
+}
