@@ -19,6 +19,16 @@ pub trait Reader {
     fn available(&self) -> u32;
 }
 
+/// A helper's return code as a result.
+#[inline(always)]
+pub fn helper_result(ret: i64) -> Result<(), i64> {
+    if ret == 0 {
+        Ok(())
+    } else {
+        Err(ret)
+    }
+}
+
 /// Where the payload is and how long the headers say it is.
 pub struct L4 {
     offset: u32,

@@ -8,7 +8,7 @@ use dnstrace_common::{CtTuple, Hook, KernelOffsets, FLAG_CONNTRACK};
 
 use crate::{
     maps::{offsets, scratch, send, Scratch},
-    parse::{copy_payload, dns_packet, Reader},
+    parse::{copy_payload, dns_packet, helper_result, Reader},
 };
 
 /// `skb->network_header` when it was never set.
@@ -44,12 +44,7 @@ impl Reader for Linear {
     #[inline(always)]
     fn copy(&self, off: u32, dst: *mut u8, len: u32) -> Result<(), i64> {
         // SAFETY: `dst` has room for PAYLOAD_MAX bytes and len is bounded by it.
-        let ret = unsafe { probe_read_raw(dst.cast(), len, self.l3.add(off as usize).cast()) };
-        if ret == 0 {
-            Ok(())
-        } else {
-            Err(ret)
-        }
+        helper_result(unsafe { probe_read_raw(dst.cast(), len, self.l3.add(off as usize).cast()) })
     }
 
     #[inline(always)]

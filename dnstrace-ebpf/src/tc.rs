@@ -4,7 +4,7 @@ use dnstrace_common::Hook;
 
 use crate::{
     maps::{scratch, send, IFACES},
-    parse::{copy_payload, dns_packet, Reader},
+    parse::{copy_payload, dns_packet, helper_result, Reader},
 };
 
 const ETH_P_8021Q: u16 = 0x8100;
@@ -21,12 +21,7 @@ impl Reader for Tc<'_> {
     #[inline(always)]
     fn copy(&self, off: u32, dst: *mut u8, len: u32) -> Result<(), i64> {
         // SAFETY: `dst` has room for PAYLOAD_MAX bytes and len is bounded by it.
-        let ret = unsafe { bpf_skb_load_bytes(self.0.skb.skb.cast(), off, dst.cast(), len) };
-        if ret == 0 {
-            Ok(())
-        } else {
-            Err(ret)
-        }
+        helper_result(unsafe { bpf_skb_load_bytes(self.0.skb.skb.cast(), off, dst.cast(), len) })
     }
 
     #[inline(always)]

@@ -96,36 +96,26 @@ fn dnat_ct(client: &str, endpoint: &str) -> Conntrack {
 /// The six legs of a healthy lookup through kube-proxy's DNAT, from `client`.
 fn healthy(t0: u64, client: &'static str, client_ns: u32, id: u16) -> Vec<Record> {
     let ct = dnat_ct(client, "10.244.0.53:53");
-    let q = |ts, hook, netns, ifindex, src, dst, ct| {
+    let leg = |response, ts, hook, netns, ifindex, src, dst, ct| {
+        let ev = Ev {
+            ts: t0 + ts,
+            hook,
+            netns,
+            ifindex,
+            src,
+            dst,
+        };
         rec(
-            &Ev {
-                ts: t0 + ts,
-                hook,
-                netns,
-                ifindex,
-                src,
-                dst,
-            },
-            msg(id, "kubernetes.default.svc.cluster.local.", "A", false),
+            &ev,
+            msg(id, "kubernetes.default.svc.cluster.local.", "A", response),
             ct,
             None,
         )
     };
-    let r = |ts, hook, netns, ifindex, src, dst, ct| {
-        rec(
-            &Ev {
-                ts: t0 + ts,
-                hook,
-                netns,
-                ifindex,
-                src,
-                dst,
-            },
-            msg(id, "kubernetes.default.svc.cluster.local.", "A", true),
-            ct,
-            None,
-        )
-    };
+    let q =
+        |ts, hook, netns, ifindex, src, dst, ct| leg(false, ts, hook, netns, ifindex, src, dst, ct);
+    let r =
+        |ts, hook, netns, ifindex, src, dst, ct| leg(true, ts, hook, netns, ifindex, src, dst, ct);
     vec![
         q(
             0,
