@@ -263,7 +263,12 @@ impl Dnstrace {
     }
 
     fn wait_stderr(&mut self, needle: &str) -> Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(20);
+        self.wait_stderr_for(needle, Duration::from_secs(20))
+    }
+
+    /// Waits up to `wait` for a stderr line containing `needle`.
+    pub fn wait_stderr_for(&mut self, needle: &str, wait: Duration) -> Result<()> {
+        let deadline = Instant::now() + wait;
         while Instant::now() < deadline {
             match self.stderr.recv_timeout(Duration::from_millis(100)) {
                 Ok(line) => {

@@ -156,37 +156,48 @@ fn a_dropped_query_ends_its_journey_with_the_kernel_reason() {
 fn conntrack_race_counters_are_reported_as_they_move() {
     require_root();
     let lab = Lab::up(&["--fault", "conntrack-race"]);
-    let trace = Dnstrace::start_here(&[
+    // The race needs both CPUs free at one instant: on a 2-core machine a
+    // tracer busy with every DNS event takes one. A port that matches nothing
+    // keeps dnstrace idle while it watches the node's conntrack statistics.
+    let mut trace = Dnstrace::start_here(&[
         "trace",
-        "-o",
-        "json",
+        "--port",
+        "9",
         "--node-netns",
         "/run/netns/dtlab-node",
     ])
     .unwrap();
-    lab.traffic(&[
-        "--pod",
-        "web",
-        "--name",
-        KUBERNETES,
-        "--rate",
-        "200",
-        "--duration",
-        "2s",
-    ]);
-    std::thread::sleep(std::time::Duration::from_millis(1500));
-    let (status, out, stderr) = trace.stop(libc::SIGINT).unwrap();
+    assert!(trace
+        .stderr_lines
+        .iter()
+        .any(|l| l.contains("conntrack statistics: insert_failed=")));
+    let moved = (0..8).any(|_| {
+        lab.traffic(&[
+            "--pod",
+            "web",
+            "--name",
+            KUBERNETES,
+            "--rate",
+            "200",
+            "--duration",
+            "2s",
+        ]);
+        trace
+            .wait_stderr_for(
+                "conntrack statistics moved",
+                std::time::Duration::from_millis(1500),
+            )
+            .is_ok()
+    });
+    let (status, _, stderr) = trace.stop(libc::SIGINT).unwrap();
     assert!(status.success());
-    let moved = stderr
+    assert!(moved, "no clash counted: {stderr:#?}");
+    let line = stderr
         .iter()
         .find(|l| l.contains("conntrack statistics moved"))
-        .unwrap_or_else(|| panic!("{stderr:#?}"));
+        .unwrap();
     assert!(
-        moved.contains("clashres +") || moved.contains("insert_failed +"),
-        "{moved}"
+        line.contains("clashres +") || line.contains("insert_failed +"),
+        "{line}"
     );
-    let js = json_lines(&out);
-    assert!(from_web(&js, KUBERNETES, "A")
-        .iter()
-        .all(|j| j["outcome"]["status"] == "answered"));
 }
