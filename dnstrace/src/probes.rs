@@ -15,7 +15,7 @@ use aya::{
     },
     Ebpf, EbpfLoader,
 };
-use dnstrace_common::{port_slot, PORT_WORDS};
+use dnstrace_common::{port_slot, KernelOffsets, PORT_WORDS};
 
 use crate::cli::{AttachMode, CaptureArgs};
 
@@ -140,8 +140,12 @@ impl Probes {
             .collect::<Result<Vec<_>>>()?;
         check_kernel()?;
         let btf = btf::Btf::from_sys_fs()?;
-        let (offsets, ct_off) = offsets::kernel_offsets(&btf)
-            .context("the kernel's BTF lacks a field dnstrace reads")?;
+        let (offsets, ct_off) = match offsets::kernel_offsets(&btf) {
+            Ok(found) => found,
+            // tc needs no kernel struct; only the node-wide hooks are lost.
+            Err(e) if !ifaces.is_empty() => (KernelOffsets::UNSET, Some(format!("node-wide tracepoints: {e:#}"))),
+            Err(e) => return Err(e.context("the kernel's BTF lacks a field the node-wide tracepoints read; name interfaces with --iface to use tc only")),
+        };
         let ebpf = EbpfLoader::new()
             .map_max_entries("EVENTS", args.ring_buffer_mib << 20)
             .override_global("OFFSETS", &offsets, true)
