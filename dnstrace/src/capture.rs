@@ -145,15 +145,7 @@ impl Stop {
 pub async fn run(args: CaptureArgs, view: View) -> Result<()> {
     let mut stop = Stop::new()?;
     let mut probes = Probes::attach(&args)?;
-    for a in &probes.attachments {
-        eprintln!(
-            "dnstrace: {} (prog id {}) attached to {} ({})",
-            a.program, a.prog_id, a.target, a.how
-        );
-    }
-    for why in &probes.off {
-        eprintln!("dnstrace: off: {why}");
-    }
+    announce(&probes);
     let mut ingest = Ingest::new(probes.take_events()?).context("watching the ring buffer")?;
     // Root reads real addresses from kallsyms; drop locations need them.
     let kallsyms = std::fs::read_to_string("/proc/kallsyms").unwrap_or_default();
@@ -165,13 +157,7 @@ pub async fn run(args: CaptureArgs, view: View) -> Result<()> {
         kernel,
         io::stdout().lock(),
     );
-    let node = args.node_netns.as_deref();
-    let ct = CtWatcher::open(node)
-        .map_err(|e| eprintln!("dnstrace: off: conntrack events: {e:#}"))
-        .ok();
-    let stats = CtStats::open(node)
-        .map_err(|e| eprintln!("dnstrace: off: conntrack statistics: {e:#}"))
-        .ok();
+    let (ct, stats) = watch_conntrack(args.node_netns.as_deref());
     let mut pipe = Pipeline {
         ingest: &mut ingest,
         decoder: Decoder::default(),
@@ -179,7 +165,7 @@ pub async fn run(args: CaptureArgs, view: View) -> Result<()> {
         probes: &probes,
         lost_seen: 0,
         ct,
-        stats: stats.map(RaceWatch::new),
+        stats,
         ports: args.ports.clone(),
     };
     let ports: Vec<String> = args.ports.iter().map(u16::to_string).collect();
@@ -191,37 +177,79 @@ pub async fn run(args: CaptureArgs, view: View) -> Result<()> {
         View::Packets => pipe.drive(lines, &mut stop).await,
         View::Journeys(limits) => pipe.drive(JourneySink::new(limits, lines), &mut stop).await,
     };
-    let (counts, evicted_streams, summary) = (
-        pipe.counts,
-        pipe.decoder.evicted_streams(),
-        result.as_ref().ok().cloned().flatten(),
-    );
-    let lost = probes.lost_events().unwrap_or(0);
-    let mut targets: Vec<String> = probes
-        .attachments
-        .iter()
-        .map(|a| a.target.clone())
-        .collect();
-    targets.dedup();
+    let exit = ExitReport {
+        counts: pipe.counts,
+        evicted_streams: pipe.decoder.evicted_streams(),
+        summary: result.as_ref().ok().cloned().flatten(),
+        lost: probes.lost_events().unwrap_or(0),
+        targets: probes.targets(),
+        bad_events: ingest.bad_events,
+    };
+    // Detach before saying so.
     drop(probes);
-    eprintln!(
-        "dnstrace: {} DNS packets, {} messages, {} malformed{}; {lost} events lost; detached from {}",
-        counts.packets,
-        counts.messages,
-        counts.malformed,
-        summary.map(|s| format!(", {s}")).unwrap_or_default(),
-        targets.join(", ")
-    );
-    if evicted_streams > 0 {
-        eprintln!("dnstrace: {evicted_streams} TCP streams dropped from reassembly (too many open at once)");
-    }
-    if ingest.bad_events > 0 {
+    exit.print();
+    result.map(drop)
+}
+
+/// Says what is attached, and what is off and why.
+fn announce(probes: &Probes) {
+    for a in &probes.attachments {
         eprintln!(
-            "dnstrace: {} kernel events could not be decoded",
-            ingest.bad_events
+            "dnstrace: {} (prog id {}) attached to {} ({})",
+            a.program, a.prog_id, a.target, a.how
         );
     }
-    result.map(drop)
+    for why in &probes.off {
+        eprintln!("dnstrace: off: {why}");
+    }
+}
+
+/// ctnetlink events and statistics of the node's namespace; either may be
+/// unavailable, which is said and does not stop the capture.
+fn watch_conntrack(node: Option<&std::path::Path>) -> (Option<CtWatcher>, Option<RaceWatch>) {
+    let ct = CtWatcher::open(node)
+        .map_err(|e| eprintln!("dnstrace: off: conntrack events: {e:#}"))
+        .ok();
+    let stats = CtStats::open(node)
+        .map_err(|e| eprintln!("dnstrace: off: conntrack statistics: {e:#}"))
+        .ok();
+    (ct, stats.map(RaceWatch::new))
+}
+
+struct ExitReport {
+    counts: Counts,
+    evicted_streams: u64,
+    summary: Option<String>,
+    lost: u64,
+    targets: Vec<String>,
+    bad_events: u64,
+}
+
+impl ExitReport {
+    fn print(&self) {
+        let c = &self.counts;
+        eprintln!(
+            "dnstrace: {} DNS packets, {} messages, {} malformed{}; {} events lost; detached from {}",
+            c.packets,
+            c.messages,
+            c.malformed,
+            self.summary.as_ref().map(|s| format!(", {s}")).unwrap_or_default(),
+            self.lost,
+            self.targets.join(", ")
+        );
+        if self.evicted_streams > 0 {
+            eprintln!(
+                "dnstrace: {} TCP streams dropped from reassembly (too many open at once)",
+                self.evicted_streams
+            );
+        }
+        if self.bad_events > 0 {
+            eprintln!(
+                "dnstrace: {} kernel events could not be decoded",
+                self.bad_events
+            );
+        }
+    }
 }
 
 struct Pipeline<'a> {

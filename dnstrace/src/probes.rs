@@ -320,6 +320,13 @@ impl Probes {
         Ok(prog_id)
     }
 
+    /// Where programs are attached, each once.
+    pub fn targets(&self) -> Vec<String> {
+        let mut targets: Vec<String> = self.attachments.iter().map(|a| a.target.clone()).collect();
+        targets.dedup();
+        targets
+    }
+
     /// Interface names by ifindex, for output.
     pub fn iface_names(&self) -> std::collections::HashMap<u32, String> {
         self.ifaces
