@@ -120,6 +120,8 @@ struct Open {
     /// Keys the query is also known by, past a SNAT.
     aliases: Vec<Key>,
     last_ns: u64,
+    /// Kernel time of the leg that decided `j.outcome`.
+    outcome_ns: u64,
     /// The DNAT ctnetlink reported for this client socket.
     ct_dnat: Option<(SocketAddr, SocketAddr)>,
     /// The answer reached the netns the query started in.
@@ -291,6 +293,7 @@ impl Engine {
                 aliases: Vec::new(),
                 last_ns: p.ts_ns,
                 ct_dnat: None,
+                outcome_ns: 0,
                 delivered: false,
             },
         );
@@ -413,23 +416,28 @@ impl Open {
             drop: p.drop.map(|d| (d.reason, d.location)),
         });
         self.last_ns = self.last_ns.max(p.ts_ns);
-        if let Some(d) = p.drop {
-            if !matches!(self.j.outcome, Outcome::Answered { .. }) {
-                self.j.outcome = Outcome::Dropped {
-                    reason: d.reason,
-                    location: d.location,
-                };
-            }
-        } else if msg.response {
-            self.j.outcome = Outcome::Answered {
-                rcode: msg.rcode.clone(),
-                answers: msg
-                    .answers
-                    .iter()
-                    .map(|a| format!("{} {}", a.rtype, a.data))
-                    .collect(),
-                truncated: msg.flags.tc,
+        // The latest answer or drop, in kernel time, decides: an answer the
+        // kernel then dropped at the client never reached the application.
+        let decides = (p.drop.is_some() || msg.response) && p.ts_ns >= self.outcome_ns;
+        if let (Some(d), true) = (p.drop, decides) {
+            self.j.outcome = Outcome::Dropped {
+                reason: d.reason,
+                location: d.location,
             };
+            self.outcome_ns = p.ts_ns;
+        } else if msg.response && p.drop.is_none() {
+            if decides {
+                self.j.outcome = Outcome::Answered {
+                    rcode: msg.rcode.clone(),
+                    answers: msg
+                        .answers
+                        .iter()
+                        .map(|a| format!("{} {}", a.rtype, a.data))
+                        .collect(),
+                    truncated: msg.flags.tc,
+                };
+                self.outcome_ns = p.ts_ns;
+            }
             self.delivered |= self.reached_client(p);
         }
     }

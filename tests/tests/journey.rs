@@ -201,3 +201,33 @@ fn conntrack_race_counters_are_reported_as_they_move() {
         "{line}"
     );
 }
+
+#[test]
+fn bridge_nf_off_shows_the_unnated_answer_dropped_at_the_client() {
+    require_root();
+    let lab = Lab::up(&["--fault", "bridge-nf-off"]);
+    let js = journeys(|| {
+        lab.dig(WEB, &format!("@{SERVICE} {KUBERNETES}"));
+    });
+    let j = from_web(&js, KUBERNETES, "A")
+        .into_iter()
+        .next()
+        .unwrap_or_else(|| panic!("{js:#?}"));
+    let endpoint = j["dnat"][1].as_str().unwrap();
+    let legs = j["legs"].as_array().unwrap();
+    let at_client = legs
+        .iter()
+        .find(|l| {
+            l["response"] == true
+                && l["hook"] == "dev_receive"
+                && l["dst"].as_str().unwrap().starts_with("10.244.0.10:")
+                && l["iface"] == "eth0"
+        })
+        .unwrap_or_else(|| panic!("the answer never reached the client: {legs:#?}"));
+    assert_eq!(
+        at_client["src"], endpoint,
+        "un-NATed: from the CoreDNS pod, not {SERVICE}"
+    );
+    assert_eq!(j["outcome"]["status"], "dropped");
+    assert_eq!(j["outcome"]["reason_name"], "NO_SOCKET");
+}

@@ -28,54 +28,29 @@ pub fn run() -> Result<()> {
 }
 
 fn story(bin: &Path) -> Result<()> {
-    let veths = pod_veths()?;
-    step(&format!(
-        "tracing DNS on the node's pod interfaces ({})",
-        veths.join(", ")
-    ));
-    let mut args = vec![
-        "netns",
-        "exec",
-        NODE,
-        bin.to_str().context("non UTF-8 path")?,
-    ];
-    for v in &veths {
-        args.extend(["--iface", v.as_str()]);
-    }
+    step("tracing every DNS query on the machine, end to end (dnstrace trace)");
+    let node_netns = format!("/run/netns/{NODE}");
     let mut trace = Kill(
-        Command::new("ip")
-            .args(&args)
+        Command::new(bin)
+            .args(["trace", "--node-netns", &node_netns, "--timeout", "3s"])
             .stdin(Stdio::null())
             .spawn()
             .context("starting dnstrace")?,
     );
-    sleep(Duration::from_secs(2));
-    step("a healthy lookup from default/web: query to the service IP, DNAT to a CoreDNS pod, reply from the service IP");
+    sleep(Duration::from_secs(3));
+    step("a healthy lookup from default/web: to the service IP, DNAT to a CoreDNS pod, the answer back from the service IP");
     traffic(bin, "kubernetes.default.svc.cluster.local.")?;
-    step("fault bridge-nf-off (net.bridge.bridge-nf-call-iptables=0 on the node): watch the reply's source");
+    sleep(Duration::from_secs(1));
+    step("fault bridge-nf-off (net.bridge.bridge-nf-call-iptables=0 on the node): watch where the answer comes from");
     dnstrace(bin, &["lab", "fault", "bridge-nf-off", "on"])?;
     traffic(bin, "kube-dns.kube-system.svc.cluster.local.")?;
-    step("the reply left CoreDNS from its pod IP and reached the client un-NATed: the client's socket never saw it");
+    sleep(Duration::from_secs(1));
+    step("the answer reached the client from the CoreDNS pod's own address, un-NATed: its socket dropped it and it timed out");
     dnstrace(bin, &["lab", "fault", "bridge-nf-off", "off"])?;
-    sleep(Duration::from_millis(500));
     // SAFETY: signalling our own child.
     unsafe { libc::kill(trace.0.id() as i32, libc::SIGINT) };
     trace.0.wait()?;
     Ok(())
-}
-
-fn pod_veths() -> Result<Vec<String>> {
-    let out = Command::new("ip")
-        .args(["-n", NODE, "-o", "link", "show", "master", "cni0"])
-        .output()?;
-    let names: Vec<String> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.split(": ").nth(1)?.split('@').next().map(str::to_owned))
-        .collect();
-    if names.is_empty() {
-        bail!("the lab's bridge has no pod interfaces");
-    }
-    Ok(names)
 }
 
 fn traffic(bin: &Path, name: &str) -> Result<()> {

@@ -492,3 +492,38 @@ fn ctnetlink_supplies_the_dnat_when_no_leg_carried_conntrack() {
         Some((addr("10.96.0.10:53"), addr("10.244.0.54:53")))
     );
 }
+
+#[test]
+fn an_answer_dropped_at_the_client_ends_the_journey_as_dropped() {
+    // bridge-nf-call-iptables=0: the answer comes back un-NATed and the
+    // client's connected socket does not take it.
+    let mut recs = healthy(0, "10.244.0.10:4000", CLIENT_NS, 7);
+    let ev = Ev {
+        ts: 212_000,
+        hook: Hook::Drop,
+        netns: CLIENT_NS,
+        ifindex: 2,
+        src: "10.244.0.53:53",
+        dst: "10.244.0.10:4000",
+    };
+    let no_socket = Dropped {
+        reason: 3,
+        location: 0xbeef,
+    };
+    recs.push(rec(
+        &ev,
+        msg(7, "kubernetes.default.svc.cluster.local.", "A", true),
+        None,
+        Some(no_socket),
+    ));
+    // Arriving before the answer it follows changes nothing.
+    recs.swap(7, 8);
+    let (_, js) = run(&recs, 2_000 * MS);
+    assert_eq!(
+        js[0].outcome,
+        Outcome::Dropped {
+            reason: 3,
+            location: 0xbeef
+        }
+    );
+}
