@@ -13,6 +13,7 @@ use crate::{
     conntrack::{CtEvent, CtStats, CtWatcher, RACE_COUNTERS},
     correlate::{Engine, Limits},
     decode::{Body, Decoder, KernelNames, Packet, Record},
+    diagnose::{Context, Diagnoser},
     ingest::Ingest,
     output::{monotonic_now, Clock, LineSink},
     probes::Probes,
@@ -23,8 +24,16 @@ pub trait Sink {
     fn record(&mut self, rec: &Record) -> io::Result<()>;
     /// Kernel monotonic time has reached `now_ns`.
     fn tick(&mut self, now_ns: u64) -> io::Result<()>;
+    /// Before the first event: what is known already.
+    fn start(&mut self) -> io::Result<()> {
+        Ok(())
+    }
     /// A ctnetlink event of a DNS flow.
     fn conntrack(&mut self, ev: &CtEvent) -> io::Result<()>;
+    /// The node's conntrack race counters rose: (name, increase).
+    fn counters(&mut self, _moved: &[(&'static str, u64)]) -> io::Result<()> {
+        Ok(())
+    }
     /// The kernel lost events.
     fn lost(&mut self);
     /// The capture ends: write what is left.
@@ -52,17 +61,20 @@ impl<W: io::Write> Sink for LineSink<W> {
     }
 }
 
-/// Journeys: records into the correlation engine, finished journeys out.
+/// Journeys: records into the correlation engine, finished journeys out,
+/// and through the diagnosis rules.
 pub struct JourneySink<W: io::Write> {
     engine: Engine,
+    diagnoser: Diagnoser,
     lines: LineSink<W>,
     printed: u64,
 }
 
 impl<W: io::Write> JourneySink<W> {
-    pub fn new(limits: Limits, lines: LineSink<W>) -> Self {
+    pub fn new(limits: Limits, context: Context, lines: LineSink<W>) -> Self {
         Self {
             engine: Engine::new(limits),
+            diagnoser: Diagnoser::new(context),
             lines,
             printed: 0,
         }
@@ -72,18 +84,33 @@ impl<W: io::Write> JourneySink<W> {
         for j in &journeys {
             self.lines.write_journey(j)?;
             self.printed += 1;
+            for a in self.diagnoser.journey(j, self.lines.kernel()) {
+                self.lines.write_anomaly(&a)?;
+            }
         }
         self.lines.flush()
     }
 }
 
 impl<W: io::Write> Sink for JourneySink<W> {
+    fn start(&mut self) -> io::Result<()> {
+        for a in self.diagnoser.static_checks(monotonic_now()) {
+            self.lines.write_anomaly(&a)?;
+        }
+        self.lines.flush()
+    }
     fn record(&mut self, rec: &Record) -> io::Result<()> {
         self.engine.push(rec);
         Ok(())
     }
     fn conntrack(&mut self, ev: &CtEvent) -> io::Result<()> {
         self.engine.conntrack(ev);
+        Ok(())
+    }
+    fn counters(&mut self, moved: &[(&'static str, u64)]) -> io::Result<()> {
+        for a in self.diagnoser.counters_moved(moved, monotonic_now()) {
+            self.lines.write_anomaly(&a)?;
+        }
         Ok(())
     }
     fn tick(&mut self, now_ns: u64) -> io::Result<()> {
@@ -95,13 +122,16 @@ impl<W: io::Write> Sink for JourneySink<W> {
     }
     fn finish(&mut self, now_ns: u64) -> io::Result<()> {
         let rest = self.engine.finish(now_ns);
-        self.print(rest)
+        self.print(rest)?;
+        self.lines.write_summary(&self.diagnoser.summary())?;
+        self.lines.flush()
     }
     fn summary(&self) -> Option<String> {
         Some(format!(
-            "{} journeys, {} evicted (too many open at once)",
+            "{} journeys, {} evicted (too many open at once), {} anomalies",
             self.printed,
-            self.engine.evicted()
+            self.engine.evicted(),
+            self.diagnoser.summary().len()
         ))
     }
 }
@@ -175,7 +205,11 @@ pub async fn run(args: CaptureArgs, view: View) -> Result<()> {
     );
     let result = match view {
         View::Packets => pipe.drive(lines, &mut stop).await,
-        View::Journeys(limits) => pipe.drive(JourneySink::new(limits, lines), &mut stop).await,
+        View::Journeys(limits) => {
+            let context = node_context(args.node_netns.as_deref());
+            pipe.drive(JourneySink::new(limits, context, lines), &mut stop)
+                .await
+        }
     };
     let exit = ExitReport {
         counts: pipe.counts,
@@ -189,6 +223,15 @@ pub async fn run(args: CaptureArgs, view: View) -> Result<()> {
     drop(probes);
     exit.print();
     result.map(drop)
+}
+
+/// What the diagnosis rules need to know about the node.
+fn node_context(node: Option<&std::path::Path>) -> Context {
+    Context {
+        service_ips: crate::naming::dns_service_ips(node),
+        bridge_nf_call_iptables: crate::netns::sysctl(node, "net/bridge/bridge-nf-call-iptables"),
+        node_netns: crate::netns::inode(node).unwrap_or(0),
+    }
 }
 
 /// Says what is attached, and what is off and why.
@@ -290,18 +333,24 @@ impl RaceWatch {
             .collect()
     }
 
-    fn check(&mut self) {
+    /// Reports and returns the counters that rose since the last check.
+    fn check(&mut self) -> Vec<(&'static str, u64)> {
         let now = Self::values(&mut self.stats);
-        let moved: Vec<String> = RACE_COUNTERS
+        let rose: Vec<(&'static str, u64)> = RACE_COUNTERS
             .iter()
             .zip(now.iter().zip(&self.last))
             .filter(|(_, (n, l))| n > l)
-            .map(|(name, (n, l))| format!("{name} +{}", n - l))
+            .map(|(name, (n, l))| (*name, n - l))
             .collect();
-        if !moved.is_empty() {
+        if !rose.is_empty() {
+            let moved: Vec<String> = rose
+                .iter()
+                .map(|(name, d)| format!("{name} +{d}"))
+                .collect();
             eprintln!("dnstrace: conntrack statistics moved: {}", moved.join(", "));
         }
         self.last = now;
+        rose
     }
 }
 
@@ -317,6 +366,7 @@ impl Pipeline<'_> {
     /// Moves events into `sink` until a signal arrives or stdout closes;
     /// returns the sink's summary.
     async fn drive<S: Sink>(&mut self, mut sink: S, stop: &mut Stop) -> Result<Option<String>> {
+        sink.start().context("writing to stdout")?;
         let mut tick = interval(Duration::from_millis(100));
         let mut stats_tick = interval(Duration::from_secs(1));
         let result = loop {
@@ -338,8 +388,9 @@ impl Pipeline<'_> {
                     }
                 }
                 _ = stats_tick.tick() => {
-                    if let Some(s) = self.stats.as_mut() {
-                        s.check();
+                    let rose = self.stats.as_mut().map(RaceWatch::check).unwrap_or_default();
+                    if let Err(e) = sink.counters(&rose) {
+                        break Err(e);
                     }
                 }
                 _ = tick.tick() => {
@@ -355,6 +406,8 @@ impl Pipeline<'_> {
         };
         let mut rest = Vec::new();
         self.ingest.drain_now(&mut rest);
+        // Journeys closed now must know about losses since the last tick.
+        self.check_lost(&mut sink);
         let result = result
             .and_then(|()| self.feed(rest, &mut sink))
             .and_then(|()| sink.finish(monotonic_now()));

@@ -12,7 +12,7 @@ use std::{
 use anyhow::{anyhow, bail, Context as _, Result};
 use tokio::io::{unix::AsyncFd, Interest};
 
-use crate::decode::packet::CtTuple;
+use crate::{decode::packet::CtTuple, netns::in_netns};
 
 const NFNL_SUBSYS_CTNETLINK: u16 = 1;
 const IPCTNL_MSG_CT_NEW: u16 = 0;
@@ -133,32 +133,6 @@ pub fn parse_event(msg: &[u8]) -> Result<Option<CtEvent>> {
         proto,
         status,
     }))
-}
-
-/// Runs `f` on a thread inside the network namespace at `netns` (or here).
-fn in_netns<T: Send + 'static>(
-    netns: Option<&Path>,
-    f: impl FnOnce() -> Result<T> + Send + 'static,
-) -> Result<T> {
-    let ns = netns
-        .map(|p| {
-            File::open(p).with_context(|| format!("opening network namespace {}", p.display()))
-        })
-        .transpose()?;
-    std::thread::spawn(move || {
-        if let Some(ns) = ns {
-            // SAFETY: setns on this thread only, with a namespace fd.
-            if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                bail!(
-                    "entering the network namespace: {}",
-                    io::Error::last_os_error()
-                );
-            }
-        }
-        f()
-    })
-    .join()
-    .map_err(|_| anyhow!("netns thread panicked"))?
 }
 
 /// ctnetlink event subscription.

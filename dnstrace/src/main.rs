@@ -4,8 +4,11 @@ mod cli;
 mod conntrack;
 mod correlate;
 mod decode;
+mod diagnose;
 mod ingest;
 mod lab;
+mod naming;
+mod netns;
 mod output;
 mod probes;
 

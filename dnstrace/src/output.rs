@@ -12,6 +12,7 @@ use crate::{
     conntrack::CtEvent,
     correlate::{Journey, Outcome},
     decode::{Body, Conntrack, DnsMessage, KernelNames, Packet, Record, Transport},
+    diagnose::Anomaly,
 };
 
 /// Nanoseconds as milliseconds, e.g. `0.054 ms`.
@@ -178,6 +179,57 @@ impl<W: Write> LineSink<W> {
         }
     }
 
+    pub fn kernel(&self) -> &KernelNames {
+        &self.kernel
+    }
+
+    /// An anomaly, as it is raised.
+    pub fn write_anomaly(&mut self, a: &Anomaly) -> io::Result<()> {
+        match self.format {
+            OutputFormat::Text => {
+                let mut text = format!("!! {:?} {}: {}\n", a.severity, a.kind, a.summary);
+                for e in &a.evidence {
+                    text += &format!("   evidence: {e}\n");
+                }
+                text += &format!("   cause: {}\n   fix: {}\n", a.cause, a.fix);
+                write!(self.out, "{text}")
+            }
+            OutputFormat::Json => {
+                let mut v = serde_json::to_value(a).map_err(io::Error::other)?;
+                v["type"] = "anomaly".into();
+                writeln!(self.out, "{v}")
+            }
+        }
+    }
+
+    /// Every anomaly of the run, at exit.
+    pub fn write_summary(&mut self, all: &[&Anomaly]) -> io::Result<()> {
+        match self.format {
+            OutputFormat::Text if all.is_empty() => writeln!(self.out, "no anomalies"),
+            OutputFormat::Text => {
+                writeln!(self.out, "{} anomalies:", all.len())?;
+                for a in all {
+                    let ids: Vec<String> = a.journeys.iter().map(u64::to_string).collect();
+                    writeln!(
+                        self.out,
+                        "  {:?} {} x{}: {} (journeys {})",
+                        a.severity,
+                        a.kind,
+                        a.count,
+                        a.summary,
+                        ids.join(" ")
+                    )?;
+                }
+                Ok(())
+            }
+            OutputFormat::Json => writeln!(
+                self.out,
+                "{}",
+                serde_json::json!({ "type": "summary", "anomalies": all })
+            ),
+        }
+    }
+
     pub fn write_journey(&mut self, j: &Journey) -> io::Result<()> {
         match self.format {
             OutputFormat::Text => {
@@ -291,6 +343,7 @@ impl<W: Write> LineSink<W> {
 
     fn journey_json(&self, j: &Journey) -> serde_json::Value {
         let mut v = serde_json::to_value(j).unwrap_or_default();
+        v["type"] = "journey".into();
         v["time"] = humantime::format_rfc3339_nanos(self.clock.wall(j.started_ns))
             .to_string()
             .into();

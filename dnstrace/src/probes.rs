@@ -4,7 +4,7 @@ mod btf;
 mod netlink;
 mod offsets;
 
-use std::{fmt::Write as _, os::unix::fs::MetadataExt as _};
+use std::fmt::Write as _;
 
 use anyhow::{anyhow, bail, Context as _, Result};
 use aya::{
@@ -120,19 +120,13 @@ const PROGRAMS: [(&str, TcAttachType); 2] = [
     ("dns_tc_egress", TcAttachType::Egress),
 ];
 
-/// The inode of dnstrace's own network namespace.
-pub fn own_netns() -> Result<u32> {
-    let meta = std::fs::metadata("/proc/self/ns/net").context("reading /proc/self/ns/net")?;
-    Ok(meta.ino() as u32)
-}
-
 impl Probes {
     /// Checks privileges and kernel support, loads the programs and attaches
     /// them: tc on every interface in `args`, or, with none named, the BTF
     /// tracepoints that see the whole node.
     pub fn attach(args: &CaptureArgs) -> Result<Self> {
         check_privileges()?;
-        let netns = own_netns()?;
+        let netns = crate::netns::inode(None)?;
         let ifaces = args
             .ifaces
             .iter()

@@ -217,10 +217,12 @@ pub fn dnstrace_bin() -> &'static Path {
     })
 }
 
-/// A running `dnstrace`, its stderr followed line by line.
+/// A running `dnstrace`, its stderr followed line by line and its stdout
+/// drained as it comes (a full pipe would stall it).
 pub struct Dnstrace {
     child: Child,
     stderr: mpsc::Receiver<String>,
+    stdout: Option<std::thread::JoinHandle<String>>,
     pub stderr_lines: Vec<String>,
 }
 
@@ -252,9 +254,16 @@ impl Dnstrace {
                 let _ = tx.send(line);
             }
         });
+        let mut out = child.stdout.take().expect("piped stdout");
+        let stdout = Some(std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = out.read_to_string(&mut text);
+            text
+        }));
         let mut t = Self {
             child,
             stderr: rx,
+            stdout,
             stderr_lines: Vec::new(),
         };
         t.wait_stderr("capturing DNS")
@@ -299,13 +308,13 @@ impl Dnstrace {
         std::thread::sleep(Duration::from_millis(300));
         // SAFETY: signalling our own child process.
         unsafe { libc::kill(self.child.id() as i32, signal) };
-        let mut out = String::new();
-        self.child
+        let status = self.child.wait()?;
+        let out = self
             .stdout
             .take()
-            .expect("piped stdout")
-            .read_to_string(&mut out)?;
-        let status = self.child.wait()?;
+            .expect("stdout reader")
+            .join()
+            .map_err(|_| anyhow::anyhow!("stdout reader panicked"))?;
         self.stderr_lines.extend(self.stderr.iter());
         Ok((status, out, std::mem::take(&mut self.stderr_lines)))
     }

@@ -19,7 +19,8 @@ fn journeys(work: impl FnOnce()) -> Vec<Value> {
 fn from_web<'a>(js: &'a [Value], name: &str, qtype: &str) -> Vec<&'a Value> {
     js.iter()
         .filter(|j| {
-            j["client"].as_str().unwrap().starts_with("10.244.0.10:")
+            j["type"] == "journey"
+                && j["client"].as_str().unwrap().starts_with("10.244.0.10:")
                 && j["name"] == name
                 && j["qtype"] == qtype
         })

@@ -1,0 +1,567 @@
+//! Diagnosis: rules over finished journeys (and the node's conntrack
+//! counters) that name what went wrong, show the evidence, and give the
+//! likely cause and the usual fix. Pure: journeys in, anomalies out.
+//! Repeats of one problem are one anomaly with a rising count.
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::{IpAddr, SocketAddr},
+};
+
+use serde::Serialize;
+
+use crate::{
+    correlate::{Journey, Leg, Outcome},
+    decode::KernelNames,
+};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    Warning,
+    Critical,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Anomaly {
+    /// Stable name, e.g. `reply_from_unexpected_source`.
+    pub kind: &'static str,
+    pub severity: Severity,
+    pub summary: String,
+    pub evidence: Vec<String>,
+    pub cause: String,
+    pub fix: &'static str,
+    /// The most recent journeys behind it (at most `JOURNEYS_KEPT`).
+    pub journeys: Vec<u64>,
+    pub count: u64,
+    pub first_ns: u64,
+    pub last_ns: u64,
+}
+
+const JOURNEYS_KEPT: usize = 16;
+/// Distinct anomalies kept; a flood of new keys stops growing memory here.
+const MAX_ANOMALIES: usize = 1024;
+/// An answer slower than this, most of it in one place, is worth a word.
+const SLOW_NS: u64 = 200_000_000;
+
+/// What the rules know about the node besides journeys.
+#[derive(Clone, Debug, Default)]
+pub struct Context {
+    /// Cluster IPs of services with port 53, from kube-proxy's rules.
+    pub service_ips: BTreeSet<IpAddr>,
+    /// The node's net.bridge.bridge-nf-call-iptables, when it could be read.
+    pub bridge_nf_call_iptables: Option<String>,
+    /// Inode of the node's network namespace: other namespaces are pods.
+    pub node_netns: u32,
+}
+
+/// One rule's verdict on one journey, before deduplication.
+struct Finding {
+    kind: &'static str,
+    severity: Severity,
+    /// What makes two findings the same problem (with `kind`).
+    key: String,
+    summary: String,
+    evidence: Vec<String>,
+    cause: String,
+    fix: &'static str,
+}
+
+pub struct Diagnoser {
+    ctx: Context,
+    active: BTreeMap<(&'static str, String), Anomaly>,
+    upstream: BTreeMap<SocketAddr, UpstreamStats>,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct UpstreamStats {
+    queries: u64,
+    answers: u64,
+    timeouts: u64,
+    total_ns: u64,
+}
+
+impl Diagnoser {
+    pub fn new(ctx: Context) -> Self {
+        Self {
+            ctx,
+            active: BTreeMap::new(),
+            upstream: BTreeMap::new(),
+        }
+    }
+
+    /// Checks what can be known before any traffic; returns what it raises.
+    pub fn static_checks(&mut self, now_ns: u64) -> Vec<Anomaly> {
+        let mut found = Vec::new();
+        if self.ctx.bridge_nf_call_iptables.as_deref() == Some("0") {
+            found.push(Finding {
+                kind: "bridge_nf_call_iptables_off",
+                severity: Severity::Critical,
+                key: String::new(),
+                summary: "net.bridge.bridge-nf-call-iptables is 0 on the node".into(),
+                evidence: vec!["sysctl net.bridge.bridge-nf-call-iptables = 0 in the node's network namespace".into()],
+                cause: "packets bridged between pods skip iptables, so kube-proxy's reverse NAT never runs on replies from a CoreDNS pod on the same node".into(),
+                fix: "sysctl -w net.bridge.bridge-nf-call-iptables=1 (and set it in /etc/sysctl.d so it survives a reboot)",
+            });
+        }
+        self.record(found, now_ns, None)
+    }
+
+    /// The node's conntrack counters moved: (name, increase). A resolved
+    /// clash (`clashres`) lost nothing and is no failure; packets conntrack
+    /// dropped are.
+    pub fn counters_moved(&mut self, moved: &[(&'static str, u64)], now_ns: u64) -> Vec<Anomaly> {
+        let lost: Vec<String> = moved
+            .iter()
+            .filter(|(n, _)| *n != "clashres")
+            .map(|(n, d)| format!("{n} +{d}"))
+            .collect();
+        if lost.is_empty() {
+            return Vec::new();
+        }
+        let found = vec![Finding {
+            kind: "conntrack_insert_failed",
+            severity: Severity::Critical,
+            key: String::new(),
+            summary: format!("conntrack dropped packets: {}", lost.join(", ")),
+            evidence: vec![format!("/proc/net/stat/nf_conntrack on the node: {}", lost.join(", "))],
+            cause: "conntrack could not insert or keep entries (the parallel A/AAAA race lost, or the table is full); the client waits 5 s for its retry".into(),
+            fix: "`options single-request-reopen` (glibc) or use-vc in the pods' resolv.conf, NodeLocalDNS, or a larger nf_conntrack_max",
+        }];
+        self.record(found, now_ns, None)
+    }
+
+    /// Checks a finished journey; returns anomalies raised for the first time.
+    pub fn journey(&mut self, j: &Journey, names: &KernelNames) -> Vec<Anomaly> {
+        self.count_upstream(j);
+        let found = self.findings(j, names);
+        self.record(found, j.ended_ns, Some(j.id))
+    }
+
+    /// Every anomaly raised so far, most severe first.
+    pub fn summary(&self) -> Vec<&Anomaly> {
+        let mut all: Vec<&Anomaly> = self.active.values().collect();
+        all.sort_by(|a, b| b.severity.cmp(&a.severity).then(b.count.cmp(&a.count)));
+        all
+    }
+
+    fn record(&mut self, found: Vec<Finding>, now_ns: u64, journey: Option<u64>) -> Vec<Anomaly> {
+        let mut new = Vec::new();
+        for f in found {
+            let key = (f.kind, f.key);
+            if !self.active.contains_key(&key) && self.active.len() >= MAX_ANOMALIES {
+                continue;
+            }
+            let a = self.active.entry(key).or_insert_with(|| Anomaly {
+                kind: f.kind,
+                severity: f.severity,
+                summary: f.summary,
+                evidence: f.evidence,
+                cause: f.cause,
+                fix: f.fix,
+                journeys: Vec::new(),
+                count: 0,
+                first_ns: now_ns,
+                last_ns: now_ns,
+            });
+            a.count += 1;
+            a.last_ns = a.last_ns.max(now_ns);
+            if let Some(id) = journey {
+                if a.journeys.len() == JOURNEYS_KEPT {
+                    a.journeys.remove(0);
+                }
+                a.journeys.push(id);
+            }
+            if a.count == 1 {
+                new.push(a.clone());
+            }
+        }
+        new
+    }
+
+    fn count_upstream(&mut self, j: &Journey) {
+        for u in &j.upstream {
+            let Some(server) = u.legs.first().map(|l| l.dst) else {
+                continue;
+            };
+            let s = self.upstream.entry(server).or_default();
+            s.queries += 1;
+            match u.outcome {
+                Outcome::Answered { .. } => {
+                    s.answers += 1;
+                    s.total_ns += u.total_ns();
+                }
+                Outcome::Timeout => s.timeouts += 1,
+                Outcome::Dropped { .. } => {}
+            }
+            self.count_upstream(u);
+        }
+    }
+
+    /// Every rule, in order; a rule that explains a journey silences the
+    /// generic ones (drop, no answer) that would only repeat it. Absence is
+    /// no evidence when events were lost: incomplete journeys raise nothing
+    /// for what was not seen.
+    fn findings(&self, j: &Journey, names: &KernelNames) -> Vec<Finding> {
+        let mut out = Vec::new();
+        let specific = [
+            unexpected_source(j, &self.ctx),
+            loopback_nameserver(j, &self.ctx),
+            not_translated(j, &self.ctx),
+            forwarding_loop(j),
+        ];
+        let explained = specific.iter().any(Option::is_some);
+        out.extend(specific.into_iter().flatten());
+        if !explained {
+            let upstream = upstream_failures(j, &self.upstream, names);
+            let upstream_failed = !upstream.is_empty();
+            out.extend(upstream);
+            out.extend(dropped(j, names));
+            out.extend(failing_answer(j));
+            if !upstream_failed && !j.incomplete {
+                out.extend(unanswered(j));
+            }
+        }
+        out.extend(slow(j));
+        out
+    }
+}
+
+fn place(l: &Leg) -> String {
+    format!("{}@{}", l.iface.as_deref().unwrap_or("?"), l.netns)
+}
+
+/// The first query leg: where the client sent it.
+fn origin(j: &Journey) -> Option<&Leg> {
+    j.legs.iter().find(|l| !l.response)
+}
+
+/// Answers that came back through the place the query left.
+fn answers_at_client(j: &Journey) -> impl Iterator<Item = &Leg> {
+    let o = origin(j);
+    j.legs.iter().filter(move |l| {
+        l.response
+            && o.is_some_and(|o| {
+                l.netns == o.netns
+                    && l.ifindex == o.ifindex
+                    && l.direction != o.direction
+                    && l.direction != "drop"
+            })
+    })
+}
+
+fn unexpected_source(j: &Journey, ctx: &Context) -> Option<Finding> {
+    let o = origin(j)?;
+    let wrong = answers_at_client(j).find(|l| l.src != o.dst)?;
+    let mut evidence = vec![
+        format!("the query {} → {} left {}", j.client, o.dst, place(o)),
+        format!(
+            "its answer reached {} from {}, not from {}",
+            place(wrong),
+            wrong.src,
+            o.dst
+        ),
+    ];
+    if let Outcome::Dropped { .. } = j.outcome {
+        evidence.push(format!(
+            "the kernel dropped it there: the client's socket, connected to {}, does not take it",
+            o.dst
+        ));
+    }
+    let sysctl = match ctx.bridge_nf_call_iptables.as_deref() {
+        Some(v) => format!(" (the node's net.bridge.bridge-nf-call-iptables is {v} now)"),
+        None => String::new(),
+    };
+    Some(Finding {
+        kind: "reply_from_unexpected_source",
+        severity: Severity::Critical,
+        key: wrong.src.ip().to_string(),
+        summary: format!("answers to queries for {} come back from {} un-NATed", o.dst, wrong.src),
+        evidence,
+        cause: format!(
+            "the reverse NAT of kube-proxy's DNAT did not run on the reply: br_netfilter not loaded or net.bridge.bridge-nf-call-iptables=0 on the node, so replies bridged between pods skip iptables{sysctl}"
+        ),
+        fix: "modprobe br_netfilter; sysctl -w net.bridge.bridge-nf-call-iptables=1, and persist both (/etc/modules-load.d, /etc/sysctl.d)",
+    })
+}
+
+fn is_loopback(ip: IpAddr) -> bool {
+    ip.is_loopback()
+}
+
+fn loopback_nameserver(j: &Journey, ctx: &Context) -> Option<Finding> {
+    let o = origin(j)?;
+    let in_pod = o.netns != 0 && o.netns != ctx.node_netns;
+    (is_loopback(o.dst.ip()) && in_pod).then(|| Finding {
+        kind: "loopback_nameserver",
+        severity: Severity::Critical,
+        key: format!("{}@{}", o.dst.ip(), o.netns),
+        summary: format!("a pod (network namespace {}) sends its DNS queries to {}", o.netns, o.dst),
+        evidence: vec![format!("{} asked {} for {} on {}", j.client, o.dst, j.name, place(o))],
+        cause: "the pod's resolv.conf names a loopback nameserver: dnsPolicy Default (or kubelet --resolv-conf) on a node whose resolv.conf points at systemd-resolved (127.0.0.53); nothing listens there inside the pod".into(),
+        fix: "use dnsPolicy ClusterFirst, or point kubelet --resolv-conf at /run/systemd/resolve/resolv.conf",
+    })
+}
+
+fn not_translated(j: &Journey, ctx: &Context) -> Option<Finding> {
+    let o = origin(j)?;
+    let unanswered = !matches!(j.outcome, Outcome::Answered { .. });
+    let asked_service = ctx.service_ips.contains(&o.dst.ip());
+    if !(unanswered && asked_service && j.dnat.is_none()) {
+        return None;
+    }
+    let last = j.legs.iter().rfind(|l| !l.response).unwrap_or(o);
+    Some(Finding {
+        kind: "service_not_translated",
+        severity: Severity::Critical,
+        key: o.dst.ip().to_string(),
+        summary: format!("queries to the service IP {} are never translated to an endpoint", o.dst.ip()),
+        evidence: vec![
+            format!("{} asked {} for {}; no leg shows a DNAT", j.client, o.dst, j.name),
+            format!("last seen at {} ({}), still addressed to {}", place(last), last.hook, last.dst),
+        ],
+        cause: "kube-proxy's rules for the service are missing or broken (no KUBE-SERVICES jump for it, or no endpoints)".into(),
+        fix: "check `iptables -t nat -S KUBE-SERVICES | grep <ip>` on the node and kube-proxy's logs; restart kube-proxy",
+    })
+}
+
+/// A server that asks a server already on the journey, or its own loopback.
+fn forwarding_loop(j: &Journey) -> Option<Finding> {
+    fn walk<'a>(j: &'a Journey, path: &mut Vec<IpAddr>) -> Option<(&'a Journey, IpAddr)> {
+        for u in &j.upstream {
+            let server = u.legs.first()?.dst.ip();
+            // Another resolver on loopback (a cache in front of unbound) answers;
+            // a query that went round to itself does not.
+            let unanswered = !matches!(u.outcome, Outcome::Answered { .. });
+            if unanswered && (is_loopback(server) || path.contains(&server)) {
+                return Some((u, server));
+            }
+            path.push(server);
+            if let Some(found) = walk(u, path) {
+                return Some(found);
+            }
+            path.pop();
+        }
+        None
+    }
+    let first = origin(j)?.dst.ip();
+    let mut path = vec![first];
+    if let Some(endpoint) = j.dnat.map(|(_, to)| to.ip()) {
+        path.push(endpoint);
+    }
+    let (u, server) = walk(j, &mut path)?;
+    let probe = u.qtype == "HINFO";
+    let mut evidence = vec![format!("{} asked {} for {}", j.client, first, j.name)];
+    evidence.push(format!(
+        "{} forwarded it to {}, {}",
+        u.client.ip(),
+        server,
+        if is_loopback(server) {
+            "a loopback address: itself"
+        } else {
+            "a resolver already on this journey"
+        }
+    ));
+    if probe {
+        evidence.push("the question is a CoreDNS loop-plugin probe (random labels, HINFO)".into());
+    }
+    Some(Finding {
+        kind: "forwarding_loop",
+        severity: Severity::Critical,
+        key: format!("{}>{}", u.client.ip(), server),
+        summary: format!("DNS forwarding loop: {} forwards to {}", u.client.ip(), server),
+        evidence,
+        cause: "the resolver forwards to what its resolv.conf says, inherited from the node: 127.0.0.53 (systemd-resolved's stub, which is the resolver itself in its pod) or a NodeLocalDNS address that forwards back into the cluster".into(),
+        fix: "point CoreDNS's `forward .` at real upstream servers (e.g. /run/systemd/resolve/resolv.conf), and NodeLocalDNS's upstream away from kube-dns",
+    })
+}
+
+fn dropped(j: &Journey, names: &KernelNames) -> Option<Finding> {
+    let Outcome::Dropped { reason, location } = j.outcome else {
+        return None;
+    };
+    let leg = j.legs.iter().rfind(|l| l.drop.is_some())?;
+    let (why, at) = (names.drop_reason(reason), names.location(location));
+    Some(Finding {
+        kind: "dropped",
+        severity: Severity::Critical,
+        key: format!("{why}@{at}"),
+        summary: format!("DNS packets dropped in the kernel: {why} at {at}"),
+        evidence: vec![format!(
+            "the {} {} → {} ({} {}) was dropped on {}: {why} at {at}",
+            if leg.response { "answer" } else { "query" },
+            leg.src,
+            leg.dst,
+            j.name,
+            j.qtype,
+            place(leg)
+        )],
+        cause: format!("the kernel's drop reason is {why}: a netfilter rule (iptables/nftables DROP), a missing route or socket, or a full queue, depending on it"),
+        fix: "for NETFILTER_DROP, find the rule: `iptables-save | grep -i drop` in that namespace; otherwise see the reason's name in include/net/dropreason-core.h",
+    })
+}
+
+/// An upstream query that got no answer.
+struct UpstreamFailure {
+    server: SocketAddr,
+    resolver: IpAddr,
+    /// Dropped on the way (reason, location), or timed out.
+    drop: Option<(u32, u64)>,
+}
+
+fn failed_upstream(j: &Journey, out: &mut Vec<UpstreamFailure>) {
+    for u in &j.upstream {
+        let drop = match u.outcome {
+            Outcome::Answered { .. } => None,
+            Outcome::Timeout => Some(None),
+            Outcome::Dropped { reason, location } => Some(Some((reason, location))),
+        };
+        if let (Some(drop), Some(first)) = (drop, u.legs.first()) {
+            // A timeout is no evidence when events were lost; a drop is.
+            if !u.incomplete || drop.is_some() {
+                out.push(UpstreamFailure {
+                    server: first.dst,
+                    resolver: u.client.ip(),
+                    drop,
+                });
+            }
+        }
+        failed_upstream(u, out);
+    }
+}
+
+/// Upstream queries that got no answer: timed out, or dropped on the way.
+fn upstream_failures(
+    j: &Journey,
+    stats: &BTreeMap<SocketAddr, UpstreamStats>,
+    names: &KernelNames,
+) -> Vec<Finding> {
+    let mut found = Vec::new();
+    failed_upstream(j, &mut found);
+    found
+        .into_iter()
+        .map(|UpstreamFailure { server, resolver, drop }| {
+            let s = stats.get(&server).copied().unwrap_or_default();
+            let mean = if s.answers > 0 { format!(", mean answer {:.1} ms", s.total_ns as f64 / s.answers as f64 / 1e6) } else { String::new() };
+            let how = match drop {
+                Some((reason, at)) => format!("the query was dropped on the way: {} at {}", names.drop_reason(reason), names.location(at)),
+                None => "no answer came".to_owned(),
+            };
+            Finding {
+                kind: "upstream_timeout",
+                severity: Severity::Critical,
+                key: server.to_string(),
+                summary: format!("the upstream resolver {server} does not answer"),
+                evidence: vec![
+                    format!("{resolver} asked {server} for {}: {how}", j.name),
+                    format!("{server} so far: {} queries, {} answers, {} timeouts{mean}", s.queries, s.answers, s.timeouts),
+                ],
+                cause: "the upstream server is down, unreachable, or a firewall drops DNS to it".into(),
+                fix: "check the upstream from the node (`dig @server`), its firewall, and CoreDNS's forward list",
+            }
+        })
+        .collect()
+}
+
+fn failing_answer(j: &Journey) -> Option<Finding> {
+    let Outcome::Answered { rcode, .. } = &j.outcome else {
+        return None;
+    };
+    if rcode != "SERVFAIL" && rcode != "REFUSED" {
+        return None;
+    }
+    let server = origin(j)?.dst;
+    let upstream_said = j.upstream.iter().find_map(|u| match &u.outcome {
+        Outcome::Answered { rcode: r, .. } if r == rcode => u.legs.first().map(|l| l.dst),
+        _ => None,
+    });
+    let mut evidence = vec![format!(
+        "{} asked {server} for {} {}: {rcode}",
+        j.client, j.name, j.qtype
+    )];
+    if let Some(up) = upstream_said {
+        evidence.push(format!(
+            "the upstream {up} answered {rcode} first: the failure comes from upstream"
+        ));
+    }
+    Some(Finding {
+        kind: "failing_answers",
+        severity: Severity::Warning,
+        key: format!("{rcode}:{}", upstream_said.unwrap_or(server)),
+        summary: format!(
+            "{rcode} answers {}",
+            upstream_said.map_or_else(
+                || format!("from {server}"),
+                |u| format!("coming from the upstream {u}")
+            )
+        ),
+        evidence,
+        cause: if upstream_said.is_some() {
+            "the upstream resolver fails to resolve (its own upstreams unreachable, DNSSEC failure, or it refuses the client)".into()
+        } else {
+            "the resolver failed or refused the query".into()
+        },
+        fix: "query the server directly with dig to see its answer, and check its logs and ACLs",
+    })
+}
+
+fn unanswered(j: &Journey) -> Option<Finding> {
+    if j.outcome != Outcome::Timeout {
+        return None;
+    }
+    let o = origin(j)?;
+    let last = j.legs.last()?;
+    Some(Finding {
+        kind: "unanswered",
+        severity: Severity::Warning,
+        key: o.dst.to_string(),
+        summary: format!("lookups sent to {} get no answer", o.dst),
+        evidence: vec![format!("{} asked {} for {} {}; last seen at {} ({} {} → {})", j.client, o.dst, j.name, j.qtype, place(last), last.hook, last.src, last.dst)],
+        cause: "the query or its answer was lost after the last place it was seen".into(),
+        fix: "follow the journey from where it was last seen; check the server's health and the path to it",
+    })
+}
+
+/// Where the time of a slow answer went: the server's own work, its
+/// upstream queries, or the network in between.
+fn slow(j: &Journey) -> Option<Finding> {
+    if !matches!(j.outcome, Outcome::Answered { .. }) || j.total_ns() < SLOW_NS {
+        return None;
+    }
+    let arrival = j.legs.iter().rfind(|l| !l.response)?;
+    let reply = j.legs.iter().find(|l| l.response)?;
+    let at_server = reply.ts_ns.saturating_sub(arrival.ts_ns);
+    let upstream: u64 = j.upstream.iter().map(Journey::total_ns).max().unwrap_or(0);
+    let network = j.total_ns().saturating_sub(at_server);
+    let (where_, _) = [
+        ("upstream", upstream),
+        ("the resolver itself", at_server.saturating_sub(upstream)),
+        ("the network", network),
+    ]
+    .into_iter()
+    .max_by_key(|(_, ns)| *ns)?;
+    let ms = |ns: u64| ns as f64 / 1e6;
+    Some(Finding {
+        kind: "slow_answers",
+        severity: Severity::Warning,
+        key: where_.to_owned(),
+        summary: format!("slow answers: {:.0} ms, most of it in {where_}", ms(j.total_ns())),
+        evidence: vec![format!(
+            "{} {}: {:.1} ms in all; {:.1} ms upstream, {:.1} ms in the resolver, {:.1} ms on the network",
+            j.name,
+            j.qtype,
+            ms(j.total_ns()),
+            ms(upstream),
+            ms(at_server.saturating_sub(upstream)),
+            ms(network)
+        )],
+        cause: match where_ {
+            "upstream" => "the upstream resolver is slow to answer".into(),
+            "the resolver itself" => "the resolver is slow (overloaded, throttled CPU, or waiting on something other than its upstream)".into(),
+            _ => "the network between the client and the resolver is slow or lossy".into(),
+        },
+        fix: "look at the part named: the upstream's latency, the resolver's CPU and cache, or the path",
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,385 @@
+use std::net::SocketAddr;
+
+use super::*;
+use crate::correlate::{Journey, Leg, Outcome};
+
+const CLIENT_NS: u32 = 100;
+const NODE_NS: u32 = 200;
+const DNS_NS: u32 = 300;
+
+fn a(s: &str) -> SocketAddr {
+    s.parse().unwrap()
+}
+
+fn leg(
+    ts: u64,
+    hook: &'static str,
+    netns: u32,
+    ifindex: u32,
+    src: &str,
+    dst: &str,
+    response: bool,
+) -> Leg {
+    let direction = match hook {
+        "dev_xmit" => "egress",
+        "dev_receive" => "ingress",
+        _ => "drop",
+    };
+    Leg {
+        ts_ns: ts,
+        since_prev_ns: 0,
+        hook,
+        direction,
+        iface: Some("eth0".into()),
+        ifindex,
+        netns,
+        src: a(src),
+        dst: a(dst),
+        response,
+        dnat: None,
+        snat: None,
+        drop: (direction == "drop").then_some((3, 0x10)),
+    }
+}
+
+fn answered(rcode: &str) -> Outcome {
+    Outcome::Answered {
+        rcode: rcode.into(),
+        answers: vec!["A 10.96.0.1".into()],
+        truncated: false,
+    }
+}
+
+/// A lookup through the service IP, answered by 10.244.0.53 and reverse-NATed.
+fn healthy() -> Journey {
+    Journey {
+        id: 1,
+        lookup: 1,
+        client: a("10.244.0.10:4000"),
+        dns_id: 7,
+        name: "kubernetes.default.svc.cluster.local.".into(),
+        qtype: "A".into(),
+        tcp: false,
+        started_ns: 0,
+        ended_ns: 300_000,
+        outcome: answered("NOERROR"),
+        dnat: Some((a("10.96.0.10:53"), a("10.244.0.53:53"))),
+        legs: vec![
+            leg(
+                0,
+                "dev_xmit",
+                CLIENT_NS,
+                2,
+                "10.244.0.10:4000",
+                "10.96.0.10:53",
+                false,
+            ),
+            leg(
+                50_000,
+                "dev_receive",
+                DNS_NS,
+                2,
+                "10.244.0.10:4000",
+                "10.244.0.53:53",
+                false,
+            ),
+            leg(
+                250_000,
+                "dev_xmit",
+                DNS_NS,
+                2,
+                "10.244.0.53:53",
+                "10.244.0.10:4000",
+                true,
+            ),
+            leg(
+                300_000,
+                "dev_receive",
+                CLIENT_NS,
+                2,
+                "10.96.0.10:53",
+                "10.244.0.10:4000",
+                true,
+            ),
+        ],
+        upstream: vec![],
+        incomplete: false,
+    }
+}
+
+fn upstream(server: &str, outcome: Outcome, total: u64) -> Journey {
+    Journey {
+        id: 2,
+        client: a("10.244.0.53:5555"),
+        started_ns: 60_000,
+        ended_ns: 60_000 + total,
+        outcome,
+        dnat: None,
+        legs: vec![leg(
+            60_000,
+            "dev_xmit",
+            DNS_NS,
+            2,
+            "10.244.0.53:5555",
+            server,
+            false,
+        )],
+        ..healthy()
+    }
+}
+
+fn ctx() -> Context {
+    Context {
+        service_ips: ["10.96.0.10".parse().unwrap()].into(),
+        bridge_nf_call_iptables: Some("1".into()),
+        node_netns: NODE_NS,
+    }
+}
+
+fn kinds(j: &Journey) -> Vec<&'static str> {
+    Diagnoser::new(ctx())
+        .journey(j, &KernelNames::default())
+        .iter()
+        .map(|a| a.kind)
+        .collect()
+}
+
+#[test]
+fn a_healthy_journey_raises_nothing() {
+    assert!(kinds(&healthy()).is_empty());
+    let mut external = healthy();
+    external
+        .upstream
+        .push(upstream("198.51.100.53:53", answered("NOERROR"), 100_000));
+    assert!(kinds(&external).is_empty());
+}
+
+#[test]
+fn an_unnated_answer_is_named_and_its_drop_not_repeated() {
+    let mut j = healthy();
+    j.legs[3].src = a("10.244.0.53:53");
+    j.legs.push(leg(
+        301_000,
+        "kfree_skb",
+        CLIENT_NS,
+        2,
+        "10.244.0.53:53",
+        "10.244.0.10:4000",
+        true,
+    ));
+    j.outcome = Outcome::Dropped {
+        reason: 3,
+        location: 0x10,
+    };
+    let found = Diagnoser::new(ctx()).journey(&j, &KernelNames::default());
+    assert_eq!(
+        found.iter().map(|a| a.kind).collect::<Vec<_>>(),
+        vec!["reply_from_unexpected_source"]
+    );
+    let a = &found[0];
+    assert!(
+        a.evidence[1].contains("from 10.244.0.53:53, not from 10.96.0.10:53"),
+        "{:?}",
+        a.evidence
+    );
+    assert!(a.cause.contains("bridge-nf-call-iptables is 1 now"));
+}
+
+#[test]
+fn a_pod_asking_loopback_is_flagged_but_not_the_node() {
+    let mut j = healthy();
+    j.legs = vec![leg(
+        0,
+        "dev_xmit",
+        CLIENT_NS,
+        1,
+        "127.0.0.1:4000",
+        "127.0.0.53:53",
+        false,
+    )];
+    j.outcome = Outcome::Timeout;
+    assert_eq!(kinds(&j), vec!["loopback_nameserver"]);
+    j.legs[0].netns = NODE_NS;
+    assert_eq!(
+        kinds(&j),
+        vec!["unanswered"],
+        "systemd-resolved on the node is normal"
+    );
+}
+
+#[test]
+fn a_service_query_without_dnat_is_not_translated() {
+    let mut j = healthy();
+    j.dnat = None;
+    j.legs.truncate(1);
+    j.outcome = Outcome::Timeout;
+    assert_eq!(kinds(&j), vec!["service_not_translated"]);
+    j.legs[0].dst = a("10.244.0.53:53");
+    assert_eq!(kinds(&j), vec!["unanswered"], "a pod IP is not a service");
+}
+
+#[test]
+fn forwarding_to_loopback_or_back_into_the_path_is_a_loop() {
+    let mut j = healthy();
+    j.outcome = Outcome::Timeout;
+    j.upstream
+        .push(upstream("127.0.0.53:53", Outcome::Timeout, 0));
+    assert_eq!(
+        kinds(&j),
+        vec!["forwarding_loop"],
+        "the upstream timeout is the loop's, not another problem"
+    );
+    let mut round = healthy();
+    let mut nodelocal = upstream("169.254.20.10:53", Outcome::Timeout, 0);
+    nodelocal
+        .upstream
+        .push(upstream("10.96.0.10:53", Outcome::Timeout, 0));
+    round.upstream.push(nodelocal);
+    assert_eq!(kinds(&round), vec!["forwarding_loop"]);
+}
+
+#[test]
+fn drops_name_reason_and_place() {
+    let mut j = healthy();
+    j.legs.truncate(1);
+    j.legs.push(leg(
+        40_000,
+        "kfree_skb",
+        NODE_NS,
+        7,
+        "10.244.0.10:4000",
+        "10.244.0.54:53",
+        false,
+    ));
+    j.outcome = Outcome::Dropped {
+        reason: 3,
+        location: 0x10,
+    };
+    let found = Diagnoser::new(ctx()).journey(
+        &j,
+        &KernelNames::new(
+            [(3, "SKB_DROP_REASON_NETFILTER_DROP".to_owned())].into(),
+            "0000000000000000 T x\n0000000000000008 t nf_hook_slow\n",
+        ),
+    );
+    assert_eq!(found.len(), 1);
+    assert_eq!(
+        found[0].summary,
+        "DNS packets dropped in the kernel: NETFILTER_DROP at nf_hook_slow+0x8"
+    );
+}
+
+#[test]
+fn an_upstream_that_does_not_answer_is_named_with_its_counts() {
+    let mut j = healthy();
+    j.outcome = answered("SERVFAIL");
+    j.upstream
+        .push(upstream("198.51.100.53:53", Outcome::Timeout, 0));
+    let found = Diagnoser::new(ctx()).journey(&j, &KernelNames::default());
+    let up = found.iter().find(|a| a.kind == "upstream_timeout").unwrap();
+    assert!(
+        up.evidence[1].contains("1 queries, 0 answers, 1 timeouts"),
+        "{:?}",
+        up.evidence
+    );
+}
+
+#[test]
+fn servfail_from_upstream_says_so() {
+    let mut j = healthy();
+    j.outcome = answered("SERVFAIL");
+    j.upstream
+        .push(upstream("198.51.100.53:53", answered("SERVFAIL"), 100_000));
+    let found = Diagnoser::new(ctx()).journey(&j, &KernelNames::default());
+    assert_eq!(found.len(), 1);
+    assert_eq!(
+        found[0].summary,
+        "SERVFAIL answers coming from the upstream 198.51.100.53:53"
+    );
+}
+
+#[test]
+fn a_slow_answer_says_where_the_time_went() {
+    let mut j = healthy();
+    j.legs[2].ts_ns = 850_000_000;
+    j.legs[3].ts_ns = 850_100_000;
+    j.ended_ns = 850_100_000;
+    j.upstream.push(upstream(
+        "198.51.100.53:53",
+        answered("NOERROR"),
+        800_000_000,
+    ));
+    let found = Diagnoser::new(ctx()).journey(&j, &KernelNames::default());
+    assert_eq!(
+        found.iter().map(|a| a.kind).collect::<Vec<_>>(),
+        vec!["slow_answers"]
+    );
+    assert!(
+        found[0].summary.contains("most of it in upstream"),
+        "{}",
+        found[0].summary
+    );
+}
+
+#[test]
+fn repeats_are_one_anomaly_with_a_rising_count() {
+    let mut d = Diagnoser::new(ctx());
+    let mut j = healthy();
+    j.legs.truncate(1);
+    j.dnat = None;
+    j.outcome = Outcome::Timeout;
+    assert_eq!(d.journey(&j, &KernelNames::default()).len(), 1);
+    for id in 2..50 {
+        j.id = id;
+        assert!(d.journey(&j, &KernelNames::default()).is_empty());
+    }
+    let all = d.summary();
+    assert_eq!(all.len(), 1);
+    assert_eq!(all[0].count, 49);
+    assert_eq!(all[0].journeys.len(), JOURNEYS_KEPT);
+    assert_eq!(all[0].journeys.last(), Some(&49));
+}
+
+#[test]
+fn counters_and_static_checks() {
+    let mut d = Diagnoser::new(Context {
+        bridge_nf_call_iptables: Some("0".into()),
+        ..ctx()
+    });
+    assert_eq!(d.static_checks(0)[0].kind, "bridge_nf_call_iptables_off");
+    assert!(
+        d.counters_moved(&[("clashres", 12)], 1).is_empty(),
+        "a resolved clash lost nothing"
+    );
+    let raised = d.counters_moved(&[("insert_failed", 1), ("clashres", 3)], 2);
+    assert_eq!(
+        raised.iter().map(|a| a.kind).collect::<Vec<_>>(),
+        vec!["conntrack_insert_failed"]
+    );
+    assert_eq!(d.summary()[0].severity, Severity::Critical);
+}
+
+#[test]
+fn a_cache_forwarding_to_another_resolver_on_loopback_is_no_loop() {
+    let mut j = healthy();
+    let mut up = upstream("198.51.100.53:53", answered("NOERROR"), 100_000);
+    up.upstream
+        .push(upstream("127.0.0.1:53", answered("NOERROR"), 50_000));
+    j.upstream.push(up);
+    assert!(kinds(&j).is_empty());
+}
+
+#[test]
+fn an_upstream_query_dropped_on_the_way_explains_the_client_timeout() {
+    let mut j = healthy();
+    j.outcome = Outcome::Timeout;
+    j.upstream.push(upstream(
+        "198.51.100.53:53",
+        Outcome::Dropped {
+            reason: 3,
+            location: 0x10,
+        },
+        0,
+    ));
+    assert_eq!(kinds(&j), vec!["upstream_timeout"]);
+}
