@@ -3,7 +3,7 @@
 //! likely cause and the usual fix. Pure: journeys in, anomalies out.
 //! Repeats of one problem are one anomaly with a rising count.
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::{BTreeMap, BTreeSet, VecDeque},
     net::{IpAddr, SocketAddr},
 };
 
@@ -42,6 +42,23 @@ const JOURNEYS_KEPT: usize = 16;
 const MAX_ANOMALIES: usize = 1024;
 /// An answer slower than this, most of it in one place, is worth a word.
 const SLOW_NS: u64 = 200_000_000;
+/// Search-list NXDOMAINs costing this much before an answer are worth a word.
+const AMPLIFICATION_NS: u64 = 100_000_000;
+/// Questions remembered per client, and clients remembered, for the
+/// lookup-level rules.
+const RECENT_PER_CLIENT: usize = 32;
+const RECENT_CLIENTS: usize = 4096;
+/// How far back a lookup's earlier search-list queries are looked for.
+const LOOKUP_WINDOW_NS: u64 = 15_000_000_000;
+
+/// A client's recent question: name, answer code, when, how long it took.
+#[derive(Clone, Debug)]
+struct Asked {
+    name: String,
+    nxdomain: bool,
+    ended_ns: u64,
+    total_ns: u64,
+}
 
 /// What the rules know about the node besides journeys.
 #[derive(Clone, Debug, Default)]
@@ -70,6 +87,7 @@ pub struct Diagnoser {
     ctx: Context,
     active: BTreeMap<(&'static str, String), Anomaly>,
     upstream: BTreeMap<SocketAddr, UpstreamStats>,
+    recent: BTreeMap<IpAddr, VecDeque<Asked>>,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -86,6 +104,7 @@ impl Diagnoser {
             ctx,
             active: BTreeMap::new(),
             upstream: BTreeMap::new(),
+            recent: BTreeMap::new(),
         }
     }
 
@@ -101,6 +120,19 @@ impl Diagnoser {
                 evidence: vec!["sysctl net.bridge.bridge-nf-call-iptables = 0 in the node's network namespace".into()],
                 cause: "packets bridged between pods skip iptables, so kube-proxy's reverse NAT never runs on replies from a CoreDNS pod on the same node".into(),
                 fix: "sysctl -w net.bridge.bridge-nf-call-iptables=1 (and set it in /etc/sysctl.d so it survives a reboot)",
+            });
+        }
+        // No bridge sysctls at all: br_netfilter is not loaded. That matters
+        // only on a Kubernetes node (one with kube-proxy's service rules).
+        if self.ctx.bridge_nf_call_iptables.is_none() && !self.ctx.service_ips.is_empty() {
+            found.push(Finding {
+                kind: "br_netfilter_not_loaded",
+                severity: Severity::Critical,
+                key: String::new(),
+                summary: "br_netfilter is not loaded on this Kubernetes node".into(),
+                evidence: vec!["/proc/sys/net/bridge/bridge-nf-call-iptables does not exist in the node's network namespace".into()],
+                cause: "without br_netfilter, packets bridged between pods skip iptables, so kube-proxy's reverse NAT never runs on replies from a CoreDNS pod on the same node".into(),
+                fix: "modprobe br_netfilter, and list it in /etc/modules-load.d so it is loaded at boot",
             });
         }
         self.record(found, now_ns, None)
@@ -133,8 +165,50 @@ impl Diagnoser {
     /// Checks a finished journey; returns anomalies raised for the first time.
     pub fn journey(&mut self, j: &Journey, names: &KernelNames) -> Vec<Anomaly> {
         self.count_upstream(j);
-        let found = self.findings(j, names);
+        let mut found = self.findings(j, names);
+        let recent = self.recent_of(j);
+        found.extend(search_leak(j, &recent));
+        found.extend(ndots_amplification(j, &recent));
+        self.remember(j);
         self.record(found, j.ended_ns, Some(j.id))
+    }
+
+    /// What this journey's client asked lately, within the lookup window.
+    fn recent_of(&self, j: &Journey) -> Vec<&Asked> {
+        self.recent
+            .get(&j.client.ip())
+            .map(|r| {
+                r.iter()
+                    .filter(|a| j.started_ns.saturating_sub(a.ended_ns) <= LOOKUP_WINDOW_NS)
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    fn remember(&mut self, j: &Journey) {
+        let client = j.client.ip();
+        if !self.recent.contains_key(&client) && self.recent.len() >= RECENT_CLIENTS {
+            // Forget the client that has been quiet longest.
+            let oldest = self
+                .recent
+                .iter()
+                .min_by_key(|(_, r)| r.back().map_or(0, |a| a.ended_ns))
+                .map(|(ip, _)| *ip);
+            if let Some(ip) = oldest {
+                self.recent.remove(&ip);
+            }
+        }
+        let r = self.recent.entry(client).or_default();
+        if r.len() == RECENT_PER_CLIENT {
+            r.pop_front();
+        }
+        let nxdomain = matches!(&j.outcome, Outcome::Answered { rcode, .. } if rcode == "NXDOMAIN");
+        r.push_back(Asked {
+            name: j.name.clone(),
+            nxdomain,
+            ended_ns: j.ended_ns,
+            total_ns: j.total_ns(),
+        });
     }
 
     /// Every anomaly raised so far, most severe first.
@@ -224,6 +298,77 @@ impl Diagnoser {
         out.extend(slow(j));
         out
     }
+}
+
+/// The cluster's own suffix; names under it never leave the cluster.
+const CLUSTER_SUFFIX: &str = ".cluster.local.";
+
+/// `B.cluster.local.` then `B.S.` with S foreign: S came from the client's
+/// search list, and a cluster-style name went to the outside world.
+fn search_leak(j: &Journey, recent: &[&Asked]) -> Option<Finding> {
+    if j.name.ends_with(CLUSTER_SUFFIX) {
+        return None;
+    }
+    let base = recent.iter().rev().find_map(|a| {
+        let base = a.name.strip_suffix(CLUSTER_SUFFIX)?;
+        j.name
+            .strip_prefix(base)?
+            .strip_prefix('.')
+            .filter(|rest| !rest.is_empty())
+            .map(|_| base)
+    })?;
+    let suffix = j.name[base.len() + 1..].trim_end_matches('.');
+    let tried: Vec<&str> = recent
+        .iter()
+        .filter(|a| a.name.starts_with(&format!("{base}.")))
+        .map(|a| a.name.as_str())
+        .collect();
+    let upstream = j
+        .upstream
+        .first()
+        .and_then(|u| u.legs.first())
+        .map(|l| format!(" (sent upstream to {})", l.dst))
+        .unwrap_or_default();
+    Some(Finding {
+        kind: "search_domain_leak",
+        severity: Severity::Warning,
+        key: suffix.to_owned(),
+        summary: format!("cluster-style names leak out with the foreign search domain {suffix}"),
+        evidence: vec![format!("{} asked {}, then {}{upstream}", j.client.ip(), tried.join(", "), j.name)],
+        cause: format!("the client's search list includes {suffix} (the node's resolv.conf, inherited through dnsPolicy, or the pod's dnsConfig), so every short name is also asked of the outside world"),
+        fix: "remove the domain from the search list (node resolv.conf or dnsConfig.searches), or use fully qualified names with a trailing dot",
+    })
+}
+
+/// An answer that came only after several search-list NXDOMAINs that cost
+/// real time: the price of ndots:5 for names outside the cluster.
+fn ndots_amplification(j: &Journey, recent: &[&Asked]) -> Option<Finding> {
+    let Outcome::Answered { rcode, answers, .. } = &j.outcome else {
+        return None;
+    };
+    if rcode != "NOERROR" || answers.is_empty() {
+        return None;
+    }
+    let stem = j.name.trim_end_matches('.');
+    let misses: Vec<&&Asked> = recent
+        .iter()
+        .filter(|a| {
+            a.nxdomain && a.name.len() > j.name.len() && a.name.starts_with(&format!("{stem}."))
+        })
+        .collect();
+    let cost: u64 = misses.iter().map(|a| a.total_ns).sum();
+    if misses.len() < 3 || cost < AMPLIFICATION_NS {
+        return None;
+    }
+    Some(Finding {
+        kind: "ndots_amplification",
+        severity: Severity::Warning,
+        key: String::new(),
+        summary: format!("lookups pay for search-list misses: {} NXDOMAINs ({:.0} ms) before {} was answered", misses.len(), cost as f64 / 1e6, j.name),
+        evidence: vec![format!("{} asked {} first", j.client.ip(), misses.iter().map(|a| a.name.as_str()).collect::<Vec<_>>().join(", "))],
+        cause: "with ndots:5 every name with fewer than five dots is tried with each search suffix first, and those NXDOMAINs are slow here".into(),
+        fix: "use fully qualified names with a trailing dot, lower ndots in the pod's dnsConfig, or add NodeLocalDNS to answer the misses quickly",
+    })
 }
 
 fn place(l: &Leg) -> String {

@@ -259,3 +259,22 @@ fn a_conntrack_race_this_kernel_resolves_is_reported_but_no_anomaly() {
         assert!(kinds.is_empty(), "{kinds:?}");
     }
 }
+
+#[test]
+fn search_leak_names_the_foreign_domain() {
+    require_root();
+    let lab = Lab::up(&["--fault", "search-leak"]);
+    let (kinds, anomalies) = diagnose(&[], || {
+        lab.traffic(&["--pod", "web", "--name", "orders"]);
+    });
+    assert_eq!(kinds, set(&["search_domain_leak"]));
+    let a = find(&anomalies, "search_domain_leak");
+    assert!(a["summary"].as_str().unwrap().contains("corp.example.com"));
+    assert!(
+        a["evidence"][0]
+            .as_str()
+            .unwrap()
+            .contains("sent upstream to 198.51.100.53:53"),
+        "{a}"
+    );
+}

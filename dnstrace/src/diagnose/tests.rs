@@ -1,4 +1,4 @@
-use std::net::SocketAddr;
+use std::{collections::BTreeSet, net::SocketAddr};
 
 use super::*;
 use crate::correlate::{Journey, Leg, Outcome};
@@ -382,4 +382,107 @@ fn an_upstream_query_dropped_on_the_way_explains_the_client_timeout() {
         0,
     ));
     assert_eq!(kinds(&j), vec!["upstream_timeout"]);
+}
+
+/// A journey for `name` from the web pod, ended at `end_ms`, `ms` long.
+fn asked(id: u64, name: &str, rcode: &str, end_ms: u64, ms: u64) -> Journey {
+    let end = end_ms * 1_000_000;
+    Journey {
+        id,
+        name: name.into(),
+        started_ns: end - ms * 1_000_000,
+        ended_ns: end,
+        outcome: answered(rcode),
+        ..healthy()
+    }
+}
+
+#[test]
+fn a_foreign_search_domain_after_the_cluster_ones_is_a_leak() {
+    let mut d = Diagnoser::new(ctx());
+    let names = KernelNames::default();
+    for (i, n) in [
+        "orders.default.svc.cluster.local.",
+        "orders.svc.cluster.local.",
+        "orders.cluster.local.",
+    ]
+    .iter()
+    .enumerate()
+    {
+        assert!(d
+            .journey(&asked(i as u64, n, "NXDOMAIN", 10 + i as u64, 1), &names)
+            .is_empty());
+    }
+    let mut leak = asked(9, "orders.corp.example.com.", "NXDOMAIN", 20, 1);
+    leak.upstream
+        .push(upstream("198.51.100.53:53", answered("NXDOMAIN"), 100_000));
+    let found = d.journey(&leak, &names);
+    assert_eq!(
+        found.iter().map(|a| a.kind).collect::<Vec<_>>(),
+        vec!["search_domain_leak"]
+    );
+    assert!(found[0].summary.contains("corp.example.com"));
+    assert!(found[0].evidence[0].contains("orders.cluster.local., then orders.corp.example.com. (sent upstream to 198.51.100.53:53)"), "{:?}", found[0].evidence);
+}
+
+#[test]
+fn the_absolute_name_after_the_search_list_is_no_leak() {
+    let mut d = Diagnoser::new(ctx());
+    let names = KernelNames::default();
+    for (i, n) in [
+        "www.example.com.default.svc.cluster.local.",
+        "www.example.com.svc.cluster.local.",
+        "www.example.com.cluster.local.",
+    ]
+    .iter()
+    .enumerate()
+    {
+        d.journey(&asked(i as u64, n, "NXDOMAIN", 10 + i as u64, 1), &names);
+    }
+    assert!(d
+        .journey(&asked(9, "www.example.com.", "NOERROR", 20, 1), &names)
+        .is_empty());
+}
+
+#[test]
+fn costly_search_list_misses_before_an_answer_are_amplification() {
+    let names = KernelNames::default();
+    let misses = [
+        "www.example.com.default.svc.cluster.local.",
+        "www.example.com.svc.cluster.local.",
+        "www.example.com.cluster.local.",
+    ];
+    for (ms, expect) in [(1, 0), (60, 1)] {
+        let mut d = Diagnoser::new(ctx());
+        for (i, n) in misses.iter().enumerate() {
+            d.journey(
+                &asked(i as u64, n, "NXDOMAIN", 100 * (i as u64 + 1), ms),
+                &names,
+            );
+        }
+        let found = d.journey(&asked(9, "www.example.com.", "NOERROR", 500, 1), &names);
+        assert_eq!(
+            found
+                .iter()
+                .filter(|a| a.kind == "ndots_amplification")
+                .count(),
+            expect,
+            "{ms} ms per miss"
+        );
+    }
+}
+
+#[test]
+fn br_netfilter_missing_matters_only_on_a_kubernetes_node() {
+    let mut d = Diagnoser::new(Context {
+        bridge_nf_call_iptables: None,
+        ..ctx()
+    });
+    assert_eq!(d.static_checks(0)[0].kind, "br_netfilter_not_loaded");
+    let mut plain_host = Diagnoser::new(Context {
+        bridge_nf_call_iptables: None,
+        service_ips: BTreeSet::new(),
+        ..ctx()
+    });
+    assert!(plain_host.static_checks(0).is_empty());
 }
