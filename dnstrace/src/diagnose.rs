@@ -51,14 +51,21 @@ const RECENT_CLIENTS: usize = 4096;
 /// How far back a lookup's earlier search-list queries are looked for.
 const LOOKUP_WINDOW_NS: u64 = 15_000_000_000;
 
-/// A client's recent question: name, answer code, when, how long it took.
+/// A client's recent question: what, from which port, how it ended, when.
 #[derive(Clone, Debug)]
 struct Asked {
     name: String,
+    qtype: String,
+    port: u16,
+    answered: bool,
     nxdomain: bool,
+    started_ns: u64,
     ended_ns: u64,
     total_ns: u64,
 }
+
+/// The two queries of a parallel pair leave their socket this close together.
+const PAIR_NS: u64 = 50_000_000;
 
 /// What the rules know about the node besides journeys.
 #[derive(Clone, Debug, Default)]
@@ -165,8 +172,11 @@ impl Diagnoser {
     /// Checks a finished journey; returns anomalies raised for the first time.
     pub fn journey(&mut self, j: &Journey, names: &KernelNames) -> Vec<Anomaly> {
         self.count_upstream(j);
-        let mut found = self.findings(j, names);
         let recent = self.recent_of(j);
+        let mut found = match half_pair_lost(j, &recent, names) {
+            Some(pair) => vec![pair],
+            None => self.findings(j, names),
+        };
         found.extend(search_leak(j, &recent));
         found.extend(ndots_amplification(j, &recent));
         self.remember(j);
@@ -205,7 +215,11 @@ impl Diagnoser {
         let nxdomain = matches!(&j.outcome, Outcome::Answered { rcode, .. } if rcode == "NXDOMAIN");
         r.push_back(Asked {
             name: j.name.clone(),
+            qtype: j.qtype.clone(),
+            port: j.client.port(),
+            answered: matches!(j.outcome, Outcome::Answered { .. }),
             nxdomain,
+            started_ns: j.started_ns,
             ended_ns: j.ended_ns,
             total_ns: j.total_ns(),
         });
@@ -298,6 +312,57 @@ impl Diagnoser {
         out.extend(slow(j));
         out
     }
+}
+
+/// One of a parallel A/AAAA pair got no answer while its sibling, sent
+/// from the same socket at the same moment, did: the conntrack insert race.
+fn half_pair_lost(j: &Journey, recent: &[&Asked], names: &KernelNames) -> Option<Finding> {
+    if matches!(j.outcome, Outcome::Answered { .. }) || !matches!(j.qtype.as_str(), "A" | "AAAA") {
+        return None;
+    }
+    let sibling = recent.iter().find(|a| {
+        a.answered
+            && a.name == j.name
+            && a.port == j.client.port()
+            && a.qtype != j.qtype
+            && a.started_ns.abs_diff(j.started_ns) < PAIR_NS
+    })?;
+    let mut evidence = vec![format!(
+        "{} and {} for {} left {} {:.3} ms apart; the {} was answered, the {} was not",
+        sibling.qtype,
+        j.qtype,
+        j.name,
+        j.client,
+        sibling.started_ns.abs_diff(j.started_ns) as f64 / 1e6,
+        sibling.qtype,
+        j.qtype
+    )];
+    if let Outcome::Dropped { reason, location } = j.outcome {
+        evidence.push(format!(
+            "the kernel dropped the {}: {} at {}",
+            j.qtype,
+            names.drop_reason(reason),
+            names.location(location)
+        ));
+    }
+    let retry = recent.iter().find(|a| {
+        a.name == j.name && a.qtype == j.qtype && a.started_ns > j.started_ns + 1_000_000_000
+    });
+    if let Some(r) = retry {
+        evidence.push(format!(
+            "the client asked again {:.1} s later",
+            (r.started_ns - j.started_ns) as f64 / 1e9
+        ));
+    }
+    Some(Finding {
+        kind: "parallel_query_lost",
+        severity: Severity::Critical,
+        key: j.client.ip().to_string(),
+        summary: format!("one of a parallel A/AAAA pair is lost: lookups from {} wait for the retry", j.client.ip()),
+        evidence,
+        cause: "A and AAAA sent at once from one socket race to insert the same conntrack entry through DNAT; the loser is dropped (insert_failed) and the client waits for its 5 s timeout".into(),
+        fix: "`options single-request-reopen` in the pods' resolv.conf (dnsConfig), NodeLocalDNS, or a kernel that resolves the clash",
+    })
 }
 
 /// The cluster's own suffix; names under it never leave the cluster.

@@ -187,34 +187,44 @@ pub fn wait_for<T>(mut f: impl FnMut() -> Option<T>) -> Result<T> {
     }
 }
 
-/// The dnstrace binary of this workspace, built once per test run.
+/// The dnstrace binary of this workspace (debug), built once per test run.
 pub fn dnstrace_bin() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
-        if let Some(bin) = std::env::var_os("DNSTRACE_BIN") {
-            return PathBuf::from(bin);
-        }
-        let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .parent()
-            .expect("workspace root");
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = Command::new(cargo)
-            .current_dir(root)
-            .args([
-                "build",
-                "--quiet",
-                "--package",
-                "dnstrace",
-                "--bin",
-                "dnstrace",
-            ])
-            .status()
-            .expect("running cargo build");
-        assert!(status.success(), "building dnstrace failed");
-        let target =
-            std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
-        target.join("debug").join("dnstrace")
+        std::env::var_os("DNSTRACE_BIN").map_or_else(|| build("debug"), PathBuf::from)
     })
+}
+
+/// An optimised dnstrace, for tests that measure what it keeps up with.
+pub fn dnstrace_release_bin() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| build("release"))
+}
+
+fn build(profile: &str) -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(root).args([
+        "build",
+        "--quiet",
+        "--package",
+        "dnstrace",
+        "--bin",
+        "dnstrace",
+    ]);
+    if profile == "release" {
+        cmd.arg("--release");
+    }
+    assert!(
+        cmd.status().expect("running cargo build").success(),
+        "building dnstrace failed"
+    );
+    let target =
+        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
+    target.join(profile).join("dnstrace")
 }
 
 /// A running `dnstrace`, its stderr followed line by line and its stdout
@@ -236,7 +246,12 @@ impl Dnstrace {
 
     /// Starts dnstrace in the test's own network namespace.
     pub fn start_here(args: &[&str]) -> Result<Self> {
-        let mut cmd = Command::new(dnstrace_bin());
+        Self::start_binary(dnstrace_bin(), args)
+    }
+
+    /// Starts the given dnstrace binary in the test's own network namespace.
+    pub fn start_binary(bin: &Path, args: &[&str]) -> Result<Self> {
+        let mut cmd = Command::new(bin);
         cmd.args(args);
         Self::spawn(cmd)
     }

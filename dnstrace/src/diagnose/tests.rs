@@ -486,3 +486,49 @@ fn br_netfilter_missing_matters_only_on_a_kubernetes_node() {
     });
     assert!(plain_host.static_checks(0).is_empty());
 }
+
+#[test]
+fn a_lost_half_of_a_parallel_pair_is_the_conntrack_race() {
+    let names = KernelNames::default();
+    let mut d = Diagnoser::new(ctx());
+    let aaaa = Journey {
+        id: 1,
+        qtype: "AAAA".into(),
+        started_ns: 100_000,
+        ended_ns: 400_000,
+        ..healthy()
+    };
+    assert!(d.journey(&aaaa, &names).is_empty());
+    let retry = Journey {
+        id: 3,
+        started_ns: 5_000_000_000,
+        ended_ns: 5_000_300_000,
+        client: a("10.244.0.10:4001"),
+        ..healthy()
+    };
+    assert!(d.journey(&retry, &names).is_empty());
+    let mut lost = Journey {
+        id: 2,
+        started_ns: 0,
+        ended_ns: 10_000,
+        ..healthy()
+    };
+    lost.legs.truncate(1);
+    lost.outcome = Outcome::Timeout;
+    let found = d.journey(&lost, &names);
+    assert_eq!(
+        found.iter().map(|a| a.kind).collect::<Vec<_>>(),
+        vec!["parallel_query_lost"],
+        "not also unanswered"
+    );
+    assert!(
+        found[0].evidence[0].contains("the AAAA was answered, the A was not"),
+        "{:?}",
+        found[0].evidence
+    );
+    assert!(
+        found[0].evidence[1].contains("asked again 5.0 s later"),
+        "{:?}",
+        found[0].evidence
+    );
+}
