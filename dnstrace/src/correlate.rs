@@ -8,6 +8,7 @@
 //! in, journeys out, time only from the records and `tick`.
 use std::{
     collections::{HashMap, VecDeque},
+    hash::Hash,
     net::SocketAddr,
 };
 
@@ -132,11 +133,44 @@ pub struct Engine {
     limits: Limits,
     open: HashMap<u64, Open>,
     by_key: HashMap<Key, u64>,
-    /// Open journey ids, oldest first (for eviction).
+    /// Open journeys by question and by client socket, so that finding a
+    /// parent or a conntrack entry's journeys never scans them all.
+    by_name: Index<String>,
+    by_client: Index<SocketAddr>,
+    /// Journey ids, oldest first, for eviction; closed ones are skipped
+    /// lazily and compacted away now and then.
     order: VecDeque<u64>,
     lookups: HashMap<(SocketAddr, String), (u64, u64)>,
+    /// `lookups` is pruned when it grows past this (amortised).
+    lookups_limit: usize,
     next_id: u64,
     evicted: u64,
+}
+
+/// Open journey ids grouped by something they share.
+struct Index<K>(HashMap<K, Vec<u64>>);
+
+impl<K: Hash + Eq> Index<K> {
+    fn new() -> Self {
+        Self(HashMap::new())
+    }
+
+    fn add(&mut self, k: K, id: u64) {
+        self.0.entry(k).or_default().push(id);
+    }
+
+    fn remove(&mut self, k: &K, id: u64) {
+        if let Some(ids) = self.0.get_mut(k) {
+            ids.retain(|&x| x != id);
+            if ids.is_empty() {
+                self.0.remove(k);
+            }
+        }
+    }
+
+    fn get(&self, k: &K) -> &[u64] {
+        self.0.get(k).map_or(&[], Vec::as_slice)
+    }
 }
 
 impl Engine {
@@ -145,8 +179,11 @@ impl Engine {
             limits,
             open: HashMap::new(),
             by_key: HashMap::new(),
+            by_name: Index::new(),
+            by_client: Index::new(),
             order: VecDeque::new(),
             lookups: HashMap::new(),
+            lookups_limit: limits.max_open,
             next_id: 1,
             evicted: 0,
         }
@@ -216,12 +253,10 @@ impl Engine {
         .dnat() else {
             return;
         };
-        for o in self
-            .open
-            .values_mut()
-            .filter(|o| o.key.client == ev.original.src && o.ct_dnat.is_none())
-        {
-            o.ct_dnat = Some(dnat);
+        for id in self.by_client.get(&ev.original.src) {
+            if let Some(o) = self.open.get_mut(id) {
+                o.ct_dnat.get_or_insert(dnat);
+            }
         }
     }
 
@@ -282,6 +317,12 @@ impl Engine {
             }
         }
         self.by_key.insert(key.clone(), id);
+        self.by_name.add(key.name.clone(), id);
+        self.by_client.add(key.client, id);
+        if self.order.len() > 2 * self.open.len() + 1024 {
+            let open = &self.open;
+            self.order.retain(|id| open.contains_key(id));
+        }
         self.order.push_back(id);
         self.open.insert(
             id,
@@ -303,9 +344,10 @@ impl Engine {
     /// A/AAAA from one socket for one name, and its retries, are one lookup.
     fn lookup_for(&mut self, key: &Key, ts: u64, id: u64) -> u64 {
         let window = self.limits.timeout_ns * 2;
-        if self.lookups.len() > self.limits.max_open {
+        if self.lookups.len() > self.lookups_limit {
             self.lookups
                 .retain(|_, (_, last)| ts.saturating_sub(*last) <= window);
+            self.lookups_limit = self.limits.max_open.max(2 * self.lookups.len());
         }
         let slot = self
             .lookups
@@ -321,16 +363,15 @@ impl Engine {
     /// The open journey this query serves, if it was sent by a server that
     /// a journey for the same question is waiting at.
     fn waiting_parent(&self, key: &Key, p: &Packet) -> Option<u64> {
-        self.open
+        self.by_name
+            .get(&key.name)
             .iter()
+            .filter_map(|id| Some((*id, self.open.get(id)?)))
             .filter(|(_, o)| {
-                o.key.name == key.name
-                    && o.key.client != key.client
-                    && !o.j.legs.iter().any(|l| l.response)
+                o.key.client != key.client && !o.j.legs.iter().any(|l| l.response) && o.server_is(p)
             })
-            .filter(|(_, o)| o.server_is(p))
             .min_by_key(|(_, o)| o.j.started_ns)
-            .map(|(&id, _)| id)
+            .map(|(id, _)| id)
     }
 
     fn finished(&self, o: &Open, now: u64) -> bool {
@@ -348,8 +389,7 @@ impl Engine {
 
     fn close(&mut self, id: u64) -> Option<Journey> {
         let mut o = self.open.remove(&id)?;
-        self.forget_keys(&o);
-        self.order.retain(|&x| x != id);
+        self.forget(id, &o);
         for child in std::mem::take(&mut o.children) {
             if let Some(c) = self.close(child) {
                 o.j.upstream.push(c);
@@ -358,16 +398,18 @@ impl Engine {
         Some(o.finish())
     }
 
-    fn forget_keys(&mut self, o: &Open) {
+    fn forget(&mut self, id: u64, o: &Open) {
         for k in std::iter::once(&o.key).chain(&o.aliases) {
             self.by_key.remove(k);
         }
+        self.by_name.remove(&o.key.name, id);
+        self.by_client.remove(&o.key.client, id);
     }
 
     fn evict_oldest(&mut self) {
         while let Some(id) = self.order.pop_front() {
             if let Some(o) = self.open.remove(&id) {
-                self.forget_keys(&o);
+                self.forget(id, &o);
                 self.evicted += 1;
                 return;
             }

@@ -461,6 +461,32 @@ fn open_journeys_are_capped_and_evictions_counted() {
 }
 
 #[test]
+fn eviction_takes_the_oldest_open_journey_after_many_closed_and_indexes_empty() {
+    let mut e = Engine::new(Limits {
+        max_open: 3,
+        ..Limits::default()
+    });
+    let mut done = 0;
+    for i in 0..3_000u16 {
+        let t0 = u64::from(i) * MS;
+        for r in healthy(t0, "10.244.0.10:4000", CLIENT_NS, i) {
+            e.push(&r);
+        }
+        done += e.tick(t0 + 500 * MS).len();
+    }
+    assert_eq!((done, e.evicted()), (3_000, 0));
+    let t0 = 10_000 * MS;
+    for i in 0..5u16 {
+        e.push(&healthy(t0 + u64::from(i), "10.244.0.10:4000", CLIENT_NS, i)[0]);
+    }
+    assert_eq!((e.open_count(), e.evicted()), (3, 2));
+    let left: Vec<u16> = e.finish(t0).iter().map(|j| j.dns_id).collect();
+    assert_eq!(left, vec![2, 3, 4]);
+    assert!(e.by_name.0.is_empty() && e.by_client.0.is_empty() && e.by_key.is_empty());
+    assert!(e.order.len() <= 1024 + 5);
+}
+
+#[test]
 fn a_reply_without_its_query_starts_nothing() {
     let recs = &healthy(0, "10.244.0.10:4000", CLIENT_NS, 7)[5..];
     let (e, js) = run(recs, 10_000 * MS);
