@@ -13,7 +13,7 @@ use crate::{
     conntrack::{CtEvent, CtStats, CtWatcher, RACE_COUNTERS},
     correlate::{Engine, Limits},
     decode::{Body, Decoder, KernelNames, Packet, Record},
-    diagnose::{Context, Diagnoser},
+    diagnose::{ConntrackAtStart, Context, Diagnoser},
     ingest::Ingest,
     output::{monotonic_now, Clock, LineSink},
     probes::Probes,
@@ -115,7 +115,15 @@ impl<W: io::Write> Sink for JourneySink<W> {
     }
     fn tick(&mut self, now_ns: u64) -> io::Result<()> {
         let done = self.engine.tick(now_ns);
-        self.print(done)
+        self.print(done)?;
+        let engine = &self.engine;
+        let late = self.diagnoser.tick(now_ns, |client, name, qtype, since| {
+            engine.asked_over_tcp(client, name, qtype, since)
+        });
+        for a in late {
+            self.lines.write_anomaly(&a)?;
+        }
+        self.lines.flush()
     }
     fn lost(&mut self) {
         self.engine.lost();
@@ -231,7 +239,24 @@ fn node_context(node: Option<&std::path::Path>) -> Context {
         service_ips: crate::naming::dns_service_ips(node),
         bridge_nf_call_iptables: crate::netns::sysctl(node, "net/bridge/bridge-nf-call-iptables"),
         node_netns: crate::netns::inode(node).unwrap_or(0),
+        conntrack: conntrack_at_start(node),
     }
+}
+
+/// What conntrack dropped before now, and how full its table is.
+fn conntrack_at_start(node: Option<&std::path::Path>) -> Option<ConntrackAtStart> {
+    let stats = CtStats::open(node).and_then(|mut s| s.read()).ok()?;
+    let dropped = RACE_COUNTERS
+        .iter()
+        .filter(|n| **n != "clashres")
+        .map(|n| (*n, stats.get(*n).copied().unwrap_or(0)))
+        .collect();
+    Some(ConntrackAtStart {
+        dropped,
+        entries: stats.get("entries").copied().unwrap_or(0),
+        max: crate::netns::sysctl(node, "net/netfilter/nf_conntrack_max")
+            .and_then(|v| v.parse().ok()),
+    })
 }
 
 /// Says what is attached, and what is off and why.

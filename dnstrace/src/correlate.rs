@@ -9,7 +9,7 @@
 use std::{
     collections::{HashMap, VecDeque},
     hash::Hash,
-    net::SocketAddr,
+    net::{IpAddr, SocketAddr},
 };
 
 use serde::Serialize;
@@ -143,6 +143,9 @@ pub struct Engine {
     lookups: HashMap<(SocketAddr, String), (u64, u64)>,
     /// `lookups` is pruned when it grows past this (amortised).
     lookups_limit: usize,
+    /// When each address last sent or got DNS over TCP, even where the
+    /// message could not be read (a payload outside the captured bytes).
+    tcp_seen: HashMap<IpAddr, u64>,
     next_id: u64,
     evicted: u64,
 }
@@ -168,7 +171,10 @@ impl<K: Hash + Eq> Index<K> {
         }
     }
 
-    fn get(&self, k: &K) -> &[u64] {
+    fn get<Q: Hash + Eq + ?Sized>(&self, k: &Q) -> &[u64]
+    where
+        K: std::borrow::Borrow<Q>,
+    {
         self.0.get(k).map_or(&[], Vec::as_slice)
     }
 }
@@ -184,6 +190,7 @@ impl Engine {
             order: VecDeque::new(),
             lookups: HashMap::new(),
             lookups_limit: limits.max_open,
+            tcp_seen: HashMap::new(),
             next_id: 1,
             evicted: 0,
         }
@@ -194,6 +201,32 @@ impl Engine {
         self.evicted
     }
 
+    /// Did `client` turn to TCP since `since_ns`: a TCP journey for the
+    /// question still open, or DNS over TCP seen from it at all?
+    pub fn asked_over_tcp(&self, client: IpAddr, name: &str, qtype: &str, since_ns: u64) -> bool {
+        let open = self.by_name.get(name).iter().any(|id| {
+            self.open
+                .get(id)
+                .is_some_and(|o| o.j.tcp && o.key.client.ip() == client && o.key.qtype == qtype)
+        });
+        open || self.tcp_seen.get(&client).is_some_and(|&ts| ts >= since_ns)
+    }
+
+    fn note_tcp(&mut self, p: &Packet) {
+        if !matches!(p.transport, crate::decode::Transport::Tcp { .. }) {
+            return;
+        }
+        if self.tcp_seen.len() > self.limits.max_open {
+            let window = self.limits.timeout_ns;
+            self.tcp_seen
+                .retain(|_, ts| p.ts_ns.saturating_sub(*ts) <= window);
+        }
+        for ip in [p.src.ip(), p.dst.ip()] {
+            let ts = self.tcp_seen.entry(ip).or_default();
+            *ts = (*ts).max(p.ts_ns);
+        }
+    }
+
     #[cfg(test)]
     pub fn open_count(&self) -> usize {
         self.open.len()
@@ -201,6 +234,7 @@ impl Engine {
 
     /// Adds one decoded record; malformed payloads join nothing.
     pub fn push(&mut self, rec: &Record) {
+        self.note_tcp(&rec.packet);
         let Body::Dns(msg) = &rec.body else { return };
         let Some(q) = msg.questions.first() else {
             return;
@@ -364,7 +398,7 @@ impl Engine {
     /// a journey for the same question is waiting at.
     fn waiting_parent(&self, key: &Key, p: &Packet) -> Option<u64> {
         self.by_name
-            .get(&key.name)
+            .get(key.name.as_str())
             .iter()
             .filter_map(|id| Some((*id, self.open.get(id)?)))
             .filter(|(_, o)| {

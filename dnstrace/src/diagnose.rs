@@ -76,6 +76,34 @@ pub struct Context {
     pub bridge_nf_call_iptables: Option<String>,
     /// Inode of the node's network namespace: other namespaces are pods.
     pub node_netns: u32,
+    /// The node's conntrack counters and table size when tracing started.
+    pub conntrack: Option<ConntrackAtStart>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct ConntrackAtStart {
+    /// Counters of packets conntrack dropped since boot (name, value).
+    pub dropped: Vec<(&'static str, u64)>,
+    pub entries: u64,
+    /// net.netfilter.nf_conntrack_max, when it could be read.
+    pub max: Option<u64>,
+}
+
+/// A conntrack table this full starts dropping new flows soon.
+const TABLE_FULL_PERCENT: u64 = 90;
+/// How long a client has to retry over TCP after a truncated answer.
+const TCP_RETRY_NS: u64 = 1_000_000_000;
+/// Truncated answers waiting for their TCP retry, at most.
+const MAX_PENDING: usize = 4096;
+
+/// A truncated UDP answer whose TCP retry has not been seen yet.
+struct Truncated {
+    client: IpAddr,
+    server: SocketAddr,
+    name: String,
+    qtype: String,
+    journey: u64,
+    answered_ns: u64,
 }
 
 /// One rule's verdict on one journey, before deduplication.
@@ -95,6 +123,7 @@ pub struct Diagnoser {
     active: BTreeMap<(&'static str, String), Anomaly>,
     upstream: BTreeMap<SocketAddr, UpstreamStats>,
     recent: BTreeMap<IpAddr, VecDeque<Asked>>,
+    truncated: VecDeque<Truncated>,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -112,6 +141,7 @@ impl Diagnoser {
             active: BTreeMap::new(),
             upstream: BTreeMap::new(),
             recent: BTreeMap::new(),
+            truncated: VecDeque::new(),
         }
     }
 
@@ -142,6 +172,13 @@ impl Diagnoser {
                 fix: "modprobe br_netfilter, and list it in /etc/modules-load.d so it is loaded at boot",
             });
         }
+        found.extend(
+            self.ctx
+                .conntrack
+                .as_ref()
+                .and_then(conntrack_drops_before_start),
+        );
+        found.extend(self.ctx.conntrack.as_ref().and_then(conntrack_table_full));
         self.record(found, now_ns, None)
     }
 
@@ -172,15 +209,70 @@ impl Diagnoser {
     /// Checks a finished journey; returns anomalies raised for the first time.
     pub fn journey(&mut self, j: &Journey, names: &KernelNames) -> Vec<Anomaly> {
         self.count_upstream(j);
+        self.await_tcp_retry(j);
         let recent = self.recent_of(j);
-        let mut found = match half_pair_lost(j, &recent, names) {
-            Some(pair) => vec![pair],
-            None => self.findings(j, names),
-        };
+        let mut found = self.findings(j, &recent, names);
         found.extend(search_leak(j, &recent));
         found.extend(ndots_amplification(j, &recent));
         self.remember(j);
         self.record(found, j.ended_ns, Some(j.id))
+    }
+
+    /// Raises truncated answers whose TCP retry did not come in time;
+    /// `retried(client, name, qtype, since_ns)` says whether the client
+    /// turned to TCP after all (a journey not finished yet, or one whose
+    /// messages could not be read).
+    pub fn tick(
+        &mut self,
+        now_ns: u64,
+        retried: impl Fn(IpAddr, &str, &str, u64) -> bool,
+    ) -> Vec<Anomaly> {
+        let mut found = Vec::new();
+        while let Some(t) = self.truncated.front() {
+            if now_ns.saturating_sub(t.answered_ns) < TCP_RETRY_NS {
+                break;
+            }
+            if let Some(t) = self.truncated.pop_front() {
+                if !retried(t.client, &t.name, &t.qtype, t.answered_ns) {
+                    found.push((no_tcp_retry(&t), t.journey));
+                }
+            }
+        }
+        found
+            .into_iter()
+            .flat_map(|(f, id)| self.record(vec![f], now_ns, Some(id)))
+            .collect()
+    }
+
+    /// Truncated UDP answers wait for a TCP retry; a TCP lookup settles them.
+    fn await_tcp_retry(&mut self, j: &Journey) {
+        if j.tcp {
+            let client = j.client.ip();
+            self.truncated
+                .retain(|t| !(t.client == client && t.name == j.name && t.qtype == j.qtype));
+            return;
+        }
+        let truncated = matches!(
+            j.outcome,
+            Outcome::Answered {
+                truncated: true,
+                ..
+            }
+        );
+        let Some(o) = origin(j).filter(|_| truncated) else {
+            return;
+        };
+        if self.truncated.len() == MAX_PENDING {
+            self.truncated.pop_front();
+        }
+        self.truncated.push_back(Truncated {
+            client: j.client.ip(),
+            server: o.dst,
+            name: j.name.clone(),
+            qtype: j.qtype.clone(),
+            journey: j.id,
+            answered_ns: j.ended_ns,
+        });
     }
 
     /// What this journey's client asked lately, within the lookup window.
@@ -289,13 +381,16 @@ impl Diagnoser {
     /// generic ones (drop, no answer) that would only repeat it. Absence is
     /// no evidence when events were lost: incomplete journeys raise nothing
     /// for what was not seen.
-    fn findings(&self, j: &Journey, names: &KernelNames) -> Vec<Finding> {
+    fn findings(&self, j: &Journey, recent: &[&Asked], names: &KernelNames) -> Vec<Finding> {
         let mut out = Vec::new();
+        // Rules that conclude from what is missing (no DNAT, no answer).
+        let seen_all = !j.incomplete;
         let specific = [
             unexpected_source(j, &self.ctx),
             loopback_nameserver(j, &self.ctx),
-            not_translated(j, &self.ctx),
-            forwarding_loop(j),
+            seen_all.then(|| not_translated(j, &self.ctx)).flatten(),
+            seen_all.then(|| forwarding_loop(j)).flatten(),
+            seen_all.then(|| half_pair_lost(j, recent, names)).flatten(),
         ];
         let explained = specific.iter().any(Option::is_some);
         out.extend(specific.into_iter().flatten());
@@ -305,8 +400,8 @@ impl Diagnoser {
             out.extend(upstream);
             out.extend(dropped(j, names));
             out.extend(failing_answer(j));
-            if !upstream_failed && !j.incomplete {
-                out.extend(unanswered(j));
+            if !upstream_failed && seen_all {
+                out.extend(unanswered(j, recent));
             }
         }
         out.extend(slow(j));
@@ -534,6 +629,14 @@ fn not_translated(j: &Journey, ctx: &Context) -> Option<Finding> {
     })
 }
 
+/// CoreDNS's loop plugin asks `HINFO <random number>.<random number>.<zone>`.
+fn is_loop_probe(name: &str, qtype: &str) -> bool {
+    let mut labels = name.split('.');
+    let numeric =
+        |l: Option<&str>| l.is_some_and(|l| !l.is_empty() && l.bytes().all(|b| b.is_ascii_digit()));
+    qtype == "HINFO" && numeric(labels.next()) && numeric(labels.next())
+}
+
 /// A server that asks a server already on the journey, or its own loopback.
 fn forwarding_loop(j: &Journey) -> Option<Finding> {
     fn walk<'a>(j: &'a Journey, path: &mut Vec<IpAddr>) -> Option<(&'a Journey, IpAddr)> {
@@ -559,7 +662,7 @@ fn forwarding_loop(j: &Journey) -> Option<Finding> {
         path.push(endpoint);
     }
     let (u, server) = walk(j, &mut path)?;
-    let probe = u.qtype == "HINFO";
+    let probe = is_loop_probe(&u.name, &u.qtype);
     let mut evidence = vec![format!("{} asked {} for {}", j.client, first, j.name)];
     evidence.push(format!(
         "{} forwarded it to {}, {}",
@@ -714,20 +817,105 @@ fn failing_answer(j: &Journey) -> Option<Finding> {
     })
 }
 
-fn unanswered(j: &Journey) -> Option<Finding> {
+fn unanswered(j: &Journey, recent: &[&Asked]) -> Option<Finding> {
     if j.outcome != Outcome::Timeout {
         return None;
     }
     let o = origin(j)?;
     let last = j.legs.last()?;
+    let mut evidence = vec![format!(
+        "{} asked {} for {} {}; last seen at {} ({} {} → {})",
+        j.client,
+        o.dst,
+        j.name,
+        j.qtype,
+        place(last),
+        last.hook,
+        last.src,
+        last.dst
+    )];
+    evidence.extend(earlier_attempts(j, recent));
     Some(Finding {
         kind: "unanswered",
         severity: Severity::Warning,
         key: o.dst.to_string(),
         summary: format!("lookups sent to {} get no answer", o.dst),
-        evidence: vec![format!("{} asked {} for {} {}; last seen at {} ({} {} → {})", j.client, o.dst, j.name, j.qtype, place(last), last.hook, last.src, last.dst)],
+        evidence,
         cause: "the query or its answer was lost after the last place it was seen".into(),
         fix: "follow the journey from where it was last seen; check the server's health and the path to it",
+    })
+}
+
+/// The client's earlier unanswered tries of the same question (its retries,
+/// from the same socket or new ones), as one line.
+fn earlier_attempts(j: &Journey, recent: &[&Asked]) -> Option<String> {
+    let tries: Vec<&&Asked> = recent
+        .iter()
+        .filter(|a| !a.answered && a.name == j.name && a.qtype == j.qtype)
+        .collect();
+    let first = tries.first()?;
+    let ports: BTreeSet<u16> = tries
+        .iter()
+        .map(|a| a.port)
+        .chain([j.client.port()])
+        .collect();
+    Some(format!(
+        "attempt {} of this lookup without an answer, {:.1} s after the first (from {} source port{})",
+        tries.len() + 1,
+        j.started_ns.saturating_sub(first.started_ns) as f64 / 1e9,
+        ports.len(),
+        if ports.len() == 1 { "" } else { "s" }
+    ))
+}
+
+fn no_tcp_retry(t: &Truncated) -> Finding {
+    Finding {
+        kind: "truncated_without_tcp_retry",
+        severity: Severity::Warning,
+        key: t.server.to_string(),
+        summary: format!("truncated answers from {} are not retried over TCP", t.server),
+        evidence: vec![format!(
+            "{} got a truncated (TC) answer for {} {} from {}, and no TCP query followed within {} s",
+            t.client,
+            t.name,
+            t.qtype,
+            t.server,
+            TCP_RETRY_NS / 1_000_000_000
+        )],
+        cause: "the client's resolver does not fall back to TCP (musl libc before 1.2.4, as in older Alpine images, some custom stubs), or its TCP connection to port 53 never got through (a NetworkPolicy or firewall that allows only UDP)".into(),
+        fix: "let TCP/53 through to the resolver, use an image whose resolver retries over TCP, or keep answers small (fewer records, no ANY)",
+    }
+}
+
+fn conntrack_drops_before_start(ct: &ConntrackAtStart) -> Option<Finding> {
+    let dropped: Vec<String> = ct
+        .dropped
+        .iter()
+        .filter(|(_, v)| *v > 0)
+        .map(|(n, v)| format!("{n} {v}"))
+        .collect();
+    (!dropped.is_empty()).then(|| Finding {
+        kind: "conntrack_drops_before_start",
+        severity: Severity::Warning,
+        key: String::new(),
+        summary: format!("conntrack has dropped packets since boot: {}", dropped.join(", ")),
+        evidence: vec![format!("/proc/net/stat/nf_conntrack on the node when tracing started: {}", dropped.join(", "))],
+        cause: "conntrack could not insert entries at some time before now (the parallel A/AAAA race, or a full table); whether it still happens shows when the counters move while tracing".into(),
+        fix: "watch for conntrack_insert_failed while tracing; `conntrack -S` shows the counters per CPU",
+    })
+}
+
+fn conntrack_table_full(ct: &ConntrackAtStart) -> Option<Finding> {
+    let max = ct.max.filter(|m| *m > 0)?;
+    let percent = ct.entries.saturating_mul(100) / max;
+    (percent >= TABLE_FULL_PERCENT).then(|| Finding {
+        kind: "conntrack_table_nearly_full",
+        severity: Severity::Critical,
+        key: String::new(),
+        summary: format!("the node's conntrack table is {percent}% full ({} of {max})", ct.entries),
+        evidence: vec![format!("nf_conntrack entries {} of net.netfilter.nf_conntrack_max {max} when tracing started", ct.entries)],
+        cause: "when the table is full new flows, DNS queries through the service IP included, are dropped (\"nf_conntrack: table full, dropping packet\" in dmesg)".into(),
+        fix: "raise net.netfilter.nf_conntrack_max (kube-proxy's --conntrack-max-per-core), or shorten UDP timeouts (nf_conntrack_udp_timeout)",
     })
 }
 

@@ -143,13 +143,43 @@ fn forward_loop_is_a_loop() {
 }
 
 #[test]
-fn nodelocaldns_loop_is_a_loop() {
+fn nodelocaldns_loop_is_a_loop_and_the_loop_plugin_probe_is_recognised() {
     require_root();
     let lab = Lab::up(&["--nodelocaldns", "--fault", "nodelocaldns-loop"]);
-    let (kinds, _) = diagnose(&[], || {
+    let (kinds, anomalies) = diagnose(&[], || {
         lab.dig(WEB, &format!("@169.254.20.10 {}", fresh("nl")));
     });
     assert_eq!(kinds, set(&["forwarding_loop"]));
+    assert!(!anomalies[0].to_string().contains("loop-plugin probe"));
+    // What CoreDNS's loop plugin sends to its upstream at start-up.
+    let probe = format!("{}.{}.", std::process::id(), 4_526_581_924_823_745_234u64);
+    let (kinds, anomalies) = diagnose(&[], || {
+        lab.dig(&format!("dtlab-{COREDNS_A}"), &format!("@169.254.20.10 {probe} HINFO"));
+    });
+    assert_eq!(kinds, set(&["forwarding_loop"]));
+    let evidence = find(&anomalies, "forwarding_loop")["evidence"].to_string();
+    assert!(evidence.contains("CoreDNS loop-plugin probe"), "{evidence}");
+}
+
+#[test]
+fn a_truncated_answer_needs_its_tcp_retry() {
+    require_root();
+    let lab = Lab::up(&[]);
+    // dig +ignore keeps the truncated answer, as a client without TCP
+    // fallback does (musl before 1.2.4).
+    let (kinds, anomalies) = diagnose(&[], || {
+        lab.dig(WEB, &format!("@{SERVICE} big.example.com TXT +ignore"));
+    });
+    assert_eq!(kinds, set(&["truncated_without_tcp_retry"]));
+    assert!(find(&anomalies, "truncated_without_tcp_retry")["summary"]
+        .as_str()
+        .unwrap()
+        .contains("10.96.0.10:53"));
+    let (kinds, _) = diagnose(&[], || {
+        let out = lab.dig(WEB, &format!("@{SERVICE} big.example.com TXT"));
+        assert!(out.contains("(TCP)"), "{out}");
+    });
+    assert!(kinds.is_empty(), "the TCP retry came: {kinds:?}");
 }
 
 #[test]

@@ -1,4 +1,4 @@
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use bytes::Bytes;
 use dnstrace_common::Hook;
@@ -552,4 +552,29 @@ fn an_answer_dropped_at_the_client_ends_the_journey_as_dropped() {
             location: 0xbeef
         }
     );
+}
+
+#[test]
+fn dns_over_tcp_counts_as_a_retry_even_when_unreadable() {
+    let mut e = Engine::new(Limits::default());
+    let client: IpAddr = "10.244.0.10".parse().unwrap();
+    let name = "big.example.com.";
+    assert!(!e.asked_over_tcp(client, name, "TXT", 0));
+    let ev = Ev {
+        ts: 5 * MS,
+        hook: Hook::DevXmit,
+        netns: CLIENT_NS,
+        ifindex: 2,
+        src: "10.244.0.10:4100",
+        dst: "10.96.0.10:53",
+    };
+    let mut cut = rec(&ev, msg(1, name, "TXT", false), None, None);
+    cut.packet.transport = Transport::Tcp { seq: 1, flags: 0x18 };
+    cut.body = Body::Malformed {
+        reason: "payload cut".into(),
+        len: 40,
+    };
+    e.push(&cut);
+    assert!(e.asked_over_tcp(client, name, "TXT", 4 * MS));
+    assert!(!e.asked_over_tcp(client, name, "TXT", 6 * MS), "before the answer");
 }

@@ -1,4 +1,7 @@
-use std::{collections::BTreeSet, net::SocketAddr};
+use std::{
+    collections::BTreeSet,
+    net::{IpAddr, SocketAddr},
+};
 
 use super::*;
 use crate::correlate::{Journey, Leg, Outcome};
@@ -133,6 +136,7 @@ fn ctx() -> Context {
         service_ips: ["10.96.0.10".parse().unwrap()].into(),
         bridge_nf_call_iptables: Some("1".into()),
         node_netns: NODE_NS,
+        conntrack: None,
     }
 }
 
@@ -531,4 +535,169 @@ fn a_lost_half_of_a_parallel_pair_is_the_conntrack_race() {
         "{:?}",
         found[0].evidence
     );
+}
+
+#[test]
+fn absence_proves_nothing_on_a_journey_that_lost_events() {
+    let mut untranslated = healthy();
+    untranslated.dnat = None;
+    untranslated.legs.truncate(1);
+    untranslated.outcome = Outcome::Timeout;
+    let mut looped = healthy();
+    looped.outcome = Outcome::Timeout;
+    looped
+        .upstream
+        .push(upstream("127.0.0.53:53", Outcome::Timeout, 0));
+    for mut j in [untranslated, looped] {
+        assert!(!kinds(&j).is_empty());
+        // Losses mark every journey open at the time, upstream ones too.
+        j.incomplete = true;
+        j.upstream.iter_mut().for_each(|u| u.incomplete = true);
+        assert!(kinds(&j).is_empty(), "{:?}", kinds(&j));
+    }
+}
+
+fn truncated_answer() -> Journey {
+    Journey {
+        name: "big.example.com.".into(),
+        qtype: "TXT".into(),
+        outcome: Outcome::Answered {
+            rcode: "NOERROR".into(),
+            answers: vec![],
+            truncated: true,
+        },
+        ..healthy()
+    }
+}
+
+#[test]
+fn a_truncated_answer_needs_its_tcp_retry() {
+    let names = KernelNames::default();
+    let no_retry = |_: IpAddr, _: &str, _: &str, _: u64| false;
+    let mut d = Diagnoser::new(ctx());
+    assert!(d.journey(&truncated_answer(), &names).is_empty());
+    assert!(d.tick(900_000_000, no_retry).is_empty(), "too early to say");
+    let raised = d.tick(1_300_000_000, no_retry);
+    assert_eq!(raised[0].kind, "truncated_without_tcp_retry");
+    assert!(
+        raised[0].summary.contains("10.96.0.10:53"),
+        "{}",
+        raised[0].summary
+    );
+    assert_eq!(raised[0].journeys, vec![1]);
+
+    // The retry came and was answered, or is still on its way.
+    let mut d = Diagnoser::new(ctx());
+    d.journey(&truncated_answer(), &names);
+    let tcp = Journey {
+        id: 2,
+        tcp: true,
+        client: a("10.244.0.10:4100"),
+        ..truncated_answer()
+    };
+    d.journey(&tcp, &names);
+    assert!(d.tick(2_000_000_000, no_retry).is_empty());
+    let mut d = Diagnoser::new(ctx());
+    d.journey(&truncated_answer(), &names);
+    let asking = |ip: IpAddr, name: &str, qtype: &str, since: u64| {
+        ip.to_string() == "10.244.0.10"
+            && name == "big.example.com."
+            && qtype == "TXT"
+            && since == 300_000
+    };
+    assert!(d.tick(2_000_000_000, asking).is_empty());
+}
+
+#[test]
+fn conntrack_trouble_before_the_start_is_a_static_finding() {
+    let at_start = |dropped: u64, entries: u64| ConntrackAtStart {
+        dropped: vec![("insert_failed", dropped), ("drop", 0)],
+        entries,
+        max: Some(1000),
+    };
+    let static_kinds = |ct| {
+        let mut d = Diagnoser::new(Context {
+            conntrack: Some(ct),
+            ..ctx()
+        });
+        d.static_checks(0)
+            .iter()
+            .map(|a| a.kind)
+            .collect::<Vec<_>>()
+    };
+    assert!(static_kinds(at_start(0, 10)).is_empty());
+    assert_eq!(
+        static_kinds(at_start(7, 950)),
+        vec![
+            "conntrack_drops_before_start",
+            "conntrack_table_nearly_full"
+        ]
+    );
+}
+
+#[test]
+fn retries_of_an_unanswered_lookup_are_counted_as_one_lookup() {
+    let names = KernelNames::default();
+    let mut d = Diagnoser::new(ctx());
+    let attempt = |id: u64, port: u16, start_s: u64| {
+        let mut j = Journey {
+            id,
+            client: SocketAddr::new("10.244.0.10".parse().unwrap(), port),
+            started_ns: start_s * 1_000_000_000,
+            ended_ns: start_s * 1_000_000_000 + 5_500_000_000,
+            ..healthy()
+        };
+        j.legs.truncate(2);
+        j.outcome = Outcome::Timeout;
+        j
+    };
+    assert_eq!(
+        d.journey(&attempt(1, 4000, 0), &names)[0].kind,
+        "unanswered"
+    );
+    d.journey(&attempt(2, 4001, 5), &names);
+    let all = d.summary();
+    assert_eq!(
+        (all.len(), all[0].count),
+        (1, 2),
+        "one anomaly, two attempts"
+    );
+    let mut d2 = Diagnoser::new(ctx());
+    d2.journey(&attempt(1, 4000, 0), &names);
+    d2.journey(&attempt(2, 4001, 5), &names);
+    let third = attempt(3, 4001, 10);
+    let found = d2.findings(&third, &d2.recent_of(&third), &names);
+    assert!(
+        found[0].evidence[1].contains("attempt 3 of this lookup without an answer, 10.0 s after the first (from 2 source ports)"),
+        "{:?}",
+        found[0].evidence
+    );
+}
+
+#[test]
+fn coredns_loop_probes_are_recognised_by_their_shape() {
+    assert!(is_loop_probe(
+        "8471638447265532841.4526581924823745234.",
+        "HINFO"
+    ));
+    assert!(is_loop_probe("1.2.cluster.local.", "HINFO"));
+    assert!(!is_loop_probe(
+        "8471638447265532841.4526581924823745234.",
+        "A"
+    ));
+    assert!(!is_loop_probe("host.example.com.", "HINFO"));
+    let mut j = healthy();
+    j.name = "8471638447265532841.4526581924823745234.".into();
+    j.qtype = "HINFO".into();
+    j.outcome = Outcome::Timeout;
+    let mut up = upstream("127.0.0.53:53", Outcome::Timeout, 0);
+    up.name = j.name.clone();
+    up.qtype = "HINFO".into();
+    j.upstream.push(up);
+    let raised = Diagnoser::new(ctx()).journey(&j, &KernelNames::default());
+    assert_eq!(raised[0].kind, "forwarding_loop");
+    assert!(raised[0]
+        .evidence
+        .iter()
+        .any(|e| e.contains("loop-plugin probe")));
 }
