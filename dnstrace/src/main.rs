@@ -10,6 +10,7 @@ mod lab;
 mod naming;
 mod netns;
 mod output;
+mod pods;
 mod probes;
 
 use std::process::ExitCode;
