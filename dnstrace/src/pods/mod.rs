@@ -3,6 +3,8 @@
 //! pod's sandbox tells about its network and its resolver.
 mod containerd;
 mod crio;
+pub mod net;
+pub mod resolv;
 mod spec;
 #[cfg(test)]
 pub mod testdir;
