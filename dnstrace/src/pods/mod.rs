@@ -4,6 +4,7 @@
 mod containerd;
 mod crio;
 pub mod net;
+pub mod report;
 pub mod resolv;
 mod spec;
 #[cfg(test)]
