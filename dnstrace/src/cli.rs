@@ -1,5 +1,9 @@
 //! Command-line interface.
+use std::path::PathBuf;
+
 use clap::{Parser, ValueEnum};
+
+use crate::pods;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -29,6 +33,22 @@ pub enum Command {
         /// Queries followed at once before the oldest are evicted.
         #[arg(long, default_value_t = 65_536)]
         max_open: usize,
+    },
+    /// The pods on this node, found in the container runtime's own state
+    /// (no API server), with their addresses, host veths and nameservers.
+    Pods {
+        /// Only this pod: its name, namespace/name, or a unique prefix.
+        #[arg(value_name = "POD")]
+        query: Option<String>,
+        #[command(flatten)]
+        runtime: RuntimeArgs,
+        /// Network namespace holding the pods' host veths: the node's
+        /// (default: the one dnstrace runs in), e.g. /run/netns/NAME.
+        #[arg(long, value_name = "PATH")]
+        node_netns: Option<PathBuf>,
+        /// Output format: a table, or one JSON object per pod.
+        #[arg(short, long, value_enum, default_value_t = OutputFormat::Text)]
+        output: OutputFormat,
     },
     /// A simulated Kubernetes node in network namespaces, with switchable DNS faults.
     Lab {
@@ -65,6 +85,26 @@ pub struct CaptureArgs {
     /// has them (6.6+), else a clsact qdisc over netlink.
     #[arg(long, value_enum, default_value_t = AttachMode::Auto, hide = true)]
     pub tc_attach: AttachMode,
+}
+
+/// Where the container runtimes keep their state; a missing one is skipped.
+#[derive(clap::Args, Debug, Clone)]
+pub struct RuntimeArgs {
+    /// containerd's state directory (`state` in config.toml).
+    #[arg(long, value_name = "PATH", default_value = pods::CONTAINERD_ROOT)]
+    pub containerd_root: PathBuf,
+    /// CRI-O's containers/storage run root (`runroot` in storage.conf).
+    #[arg(long, value_name = "PATH", default_value = pods::CRIO_ROOT)]
+    pub crio_root: PathBuf,
+}
+
+impl RuntimeArgs {
+    pub fn dirs(&self) -> pods::RuntimeDirs {
+        pods::RuntimeDirs {
+            containerd: self.containerd_root.clone(),
+            crio: self.crio_root.clone(),
+        }
+    }
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -109,5 +149,26 @@ mod tests {
         let cli = Cli::try_parse_from(["dnstrace", "-i", "eth0", "--port", "53", "--port", "5353"])
             .unwrap();
         assert_eq!(cli.capture.ports, vec![53, 5353]);
+    }
+
+    #[test]
+    fn pods_takes_runtime_roots_with_defaults() {
+        let cli =
+            Cli::try_parse_from(["dnstrace", "pods", "--crio-root", "/x", "-o", "json", "web"])
+                .unwrap();
+        let Some(Command::Pods {
+            query,
+            runtime,
+            output,
+            ..
+        }) = cli.command
+        else {
+            panic!("not the pods command");
+        };
+        assert_eq!(query.as_deref(), Some("web"));
+        assert_eq!(output, OutputFormat::Json);
+        let dirs = runtime.dirs();
+        assert_eq!(dirs.containerd, PathBuf::from("/run/containerd"));
+        assert_eq!(dirs.crio, PathBuf::from("/x"));
     }
 }

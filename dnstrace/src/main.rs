@@ -10,6 +10,7 @@ mod lab;
 mod naming;
 mod netns;
 mod output;
+mod pods;
 mod probes;
 
 use std::process::ExitCode;
@@ -28,6 +29,12 @@ fn main() -> ExitCode {
     let work = async {
         match cli.command {
             Some(cli::Command::Lab { command }) => lab::run(command).await,
+            Some(cli::Command::Pods {
+                query,
+                runtime,
+                node_netns,
+                output,
+            }) => pods::report::run(&runtime.dirs(), query.as_deref(), node_netns, output),
             Some(cli::Command::Trace {
                 capture,
                 timeout,
