@@ -314,6 +314,8 @@ mod user {
     unsafe impl aya::Pod for super::PacketMeta {}
     // SAFETY: plain `#[repr(C)]` u32 fields.
     unsafe impl aya::Pod for super::KernelOffsets {}
+    // SAFETY: plain `#[repr(C)]` u32 fields.
+    unsafe impl aya::Pod for crate::TargetFilter {}
 }
 
 // The layouts are shared with the kernel programs: no implicit padding allowed.

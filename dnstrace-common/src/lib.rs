@@ -5,7 +5,9 @@
 #![no_std]
 
 pub mod event;
+pub mod filter;
 pub mod ports;
 
 pub use event::*;
+pub use filter::*;
 pub use ports::*;

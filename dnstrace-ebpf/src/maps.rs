@@ -6,8 +6,9 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
 use dnstrace_common::{
-    port_slot, EventHeader, EventKind, KernelOffsets, PacketMeta, PACKET_META_SIZE, PAYLOAD_MAX,
-    PORT_WORDS, SCHEMA_VERSION,
+    port_slot, EventHeader, EventKind, KernelOffsets, PacketMeta, TargetFilter, FLAG_CONNTRACK,
+    MAX_WATCHED, PACKET_META_SIZE, PAYLOAD_MAX, PORT_WORDS, ROLE_RESOLVER, ROLE_TARGET,
+    SCHEMA_VERSION,
 };
 
 /// Per-interface facts only user space knows (tc hooks).
@@ -32,6 +33,48 @@ static PORTS: Array<u32> = Array::with_max_entries(PORT_WORDS, 0);
 
 #[map]
 pub static IFACES: HashMap<u32, IfaceConfig> = HashMap::with_max_entries(1024, BPF_F_NO_PREALLOC);
+
+/// Addresses of the traced target and its resolvers: `ROLE_*` bits.
+#[map]
+static WATCHED: HashMap<[u8; 16], u8> = HashMap::with_max_entries(MAX_WATCHED, 0);
+
+/// Set by user space before loading when tracing one target.
+#[unsafe(no_mangle)]
+static FILTER: TargetFilter = TargetFilter::OFF;
+
+#[inline(always)]
+fn role(addr: &[u8; 16]) -> u8 {
+    let key = *addr;
+    // SAFETY: map lookup; the value is copied out.
+    unsafe { WATCHED.get(&key) }.copied().unwrap_or(0)
+}
+
+/// Is this packet part of the target's journeys? Everything is when no
+/// target is set.
+#[inline(always)]
+pub fn wanted(m: &PacketMeta) -> bool {
+    // SAFETY: a global user space patches before load (see `offsets`).
+    let f = unsafe { core::ptr::read_volatile(&FILTER) };
+    if f.enabled == 0 || (f.netns != 0 && m.netns == f.netns) {
+        return true;
+    }
+    let (src, dst) = (role(&m.saddr), role(&m.daddr));
+    if (src | dst) & ROLE_TARGET != 0 {
+        return true;
+    }
+    // A resolver's own queries upstream and their answers.
+    if (src & ROLE_RESOLVER != 0 && is_dns_port(m.dport))
+        || (dst & ROLE_RESOLVER != 0 && is_dns_port(m.sport))
+    {
+        return true;
+    }
+    // Past a NAT the addresses are others'; the entry keeps the original.
+    if m.flags & FLAG_CONNTRACK == 0 {
+        return false;
+    }
+    let origin = role(&m.ct.original.src);
+    origin & ROLE_TARGET != 0 || (origin & ROLE_RESOLVER != 0 && is_dns_port(m.ct.original.dport))
+}
 
 /// Set by user space from the running kernel's BTF before loading.
 #[unsafe(no_mangle)]

@@ -7,7 +7,7 @@ use aya_ebpf::helpers::{
 use dnstrace_common::{CtTuple, Hook, KernelOffsets, FLAG_CONNTRACK};
 
 use crate::{
-    maps::{offsets, scratch, send, Scratch},
+    maps::{offsets, scratch, send, wanted, Scratch},
     parse::{copy_payload, dns_packet, helper_result, Reader},
 };
 
@@ -80,6 +80,9 @@ pub fn try_capture(skb: *const u8, dev: *const u8, hook: Hook, drop: Drop) -> Re
     s.meta.drop_reason = drop.reason;
     s.meta.drop_location = drop.location;
     conntrack(skb, &o, s);
+    if !wanted(&s.meta) {
+        return Err(0);
+    }
     let cap = copy_payload(&r, &l4, s)?;
     send(s, cap);
     Ok(())

@@ -3,7 +3,7 @@ use aya_ebpf::{helpers::generated::bpf_skb_load_bytes, programs::TcContext};
 use dnstrace_common::Hook;
 
 use crate::{
-    maps::{scratch, send, IFACES},
+    maps::{scratch, send, wanted, IFACES},
     parse::{copy_payload, dns_packet, helper_result, Reader},
 };
 
@@ -43,6 +43,9 @@ pub fn try_capture(ctx: &TcContext, hook: Hook) -> Result<(), i64> {
     s.meta.netns = iface.map_or(0, |c| c.netns);
     s.meta.wire_len = ctx.len();
     s.meta.hook = hook as u8;
+    if !wanted(&s.meta) {
+        return Err(0);
+    }
     let cap = copy_payload(&r, &l4, s)?;
     send(s, cap);
     Ok(())

@@ -15,8 +15,10 @@ use crate::{
     decode::{Body, Decoder, KernelNames, Packet, Record},
     diagnose::{ConntrackAtStart, Context, Diagnoser},
     ingest::Ingest,
+    naming::{Names, Services},
     output::{monotonic_now, Clock, LineSink},
     probes::Probes,
+    target,
 };
 
 /// Where decoded records go.
@@ -68,6 +70,10 @@ pub struct JourneySink<W: io::Write> {
     diagnoser: Diagnoser,
     lines: LineSink<W>,
     printed: u64,
+    /// With a target: (its netns, its addresses). The kernel also passes
+    /// its resolvers' upstream queries, which belong to others' lookups
+    /// unless linked under one of the target's journeys.
+    only: Option<(u32, Vec<std::net::IpAddr>)>,
 }
 
 impl<W: io::Write> JourneySink<W> {
@@ -77,10 +83,26 @@ impl<W: io::Write> JourneySink<W> {
             diagnoser: Diagnoser::new(context),
             lines,
             printed: 0,
+            only: None,
         }
     }
 
+    /// Keeps only journeys that start from `target`.
+    pub fn only_from(mut self, target: Option<&target::Target>) -> Self {
+        self.only = target.map(|t| (t.netns_inode, t.addrs.clone()));
+        self
+    }
+
+    fn wanted(&self, j: &crate::correlate::Journey) -> bool {
+        let Some((netns, addrs)) = &self.only else {
+            return true;
+        };
+        let origin = j.legs.iter().find(|l| !l.response);
+        addrs.contains(&j.client.ip()) || origin.is_some_and(|o| *netns != 0 && o.netns == *netns)
+    }
+
     fn print(&mut self, journeys: Vec<crate::correlate::Journey>) -> io::Result<()> {
+        let journeys: Vec<_> = journeys.into_iter().filter(|j| self.wanted(j)).collect();
         for j in &journeys {
             self.lines.write_journey(j)?;
             self.printed += 1;
@@ -182,8 +204,20 @@ impl Stop {
 
 pub async fn run(args: CaptureArgs, view: View) -> Result<()> {
     let mut stop = Stop::new()?;
-    let mut probes = Probes::attach(&args)?;
+    crate::probes::check_privileges()?;
+    let node = args.node_netns.as_deref();
+    let target = target::resolve(&args)?;
+    let services = Services::read(node);
+    let pods = target::pod_addresses(&args);
+    let filter = target
+        .as_ref()
+        .map(|t| t.kernel_filter(&target::resolvers(&services, &pods)))
+        .transpose()?;
+    let mut probes = Probes::attach(&args, filter.as_ref())?;
     announce(&probes);
+    if let Some(t) = &target {
+        eprintln!("dnstrace: {}", t.describe());
+    }
     let mut ingest = Ingest::new(probes.take_events()?).context("watching the ring buffer")?;
     // Root reads real addresses from kallsyms; drop locations need them.
     let kallsyms = std::fs::read_to_string("/proc/kallsyms").unwrap_or_default();
@@ -194,7 +228,8 @@ pub async fn run(args: CaptureArgs, view: View) -> Result<()> {
         Clock::now(),
         kernel,
         io::stdout().lock(),
-    );
+    )
+    .with_names(Names::new(&services, &pods));
     let (ct, stats) = watch_conntrack(args.node_netns.as_deref());
     let mut pipe = Pipeline {
         ingest: &mut ingest,
@@ -214,9 +249,9 @@ pub async fn run(args: CaptureArgs, view: View) -> Result<()> {
     let result = match view {
         View::Packets => pipe.drive(lines, &mut stop).await,
         View::Journeys(limits) => {
-            let context = node_context(args.node_netns.as_deref());
-            pipe.drive(JourneySink::new(limits, context, lines), &mut stop)
-                .await
+            let sink = JourneySink::new(limits, context_of(node, &services, target.clone()), lines)
+                .only_from(target.as_ref());
+            pipe.drive(sink, &mut stop).await
         }
     };
     let exit = ExitReport {
@@ -234,9 +269,14 @@ pub async fn run(args: CaptureArgs, view: View) -> Result<()> {
 }
 
 /// What the diagnosis rules need to know about the node.
-fn node_context(node: Option<&std::path::Path>) -> Context {
+fn context_of(
+    node: Option<&std::path::Path>,
+    services: &Services,
+    target: Option<target::Target>,
+) -> Context {
     Context {
-        service_ips: crate::naming::dns_service_ips(node),
+        service_ips: services.dns_ips.clone(),
+        target,
         bridge_nf_call_iptables: crate::netns::sysctl(node, "net/bridge/bridge-nf-call-iptables"),
         node_netns: crate::netns::inode(node).unwrap_or(0),
         conntrack: conntrack_at_start(node),

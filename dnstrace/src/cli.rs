@@ -72,6 +72,26 @@ pub struct CaptureArgs {
     #[arg(short, long, value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
 
+    /// Trace only this pod's lookups: `name`, `namespace/name` or a unique
+    /// prefix, found in the container runtime's state on this node.
+    #[arg(long, value_name = "[NAMESPACE/]NAME", group = "target")]
+    pub pod: Option<String>,
+
+    /// Trace only lookups made in this network namespace, e.g. /run/netns/NAME.
+    #[arg(long, value_name = "PATH", group = "target")]
+    pub netns: Option<PathBuf>,
+
+    /// Trace only lookups made in this process's network namespace.
+    #[arg(long, value_name = "PID", group = "target")]
+    pub pid: Option<u32>,
+
+    /// Trace only lookups from or to this address.
+    #[arg(long, value_name = "ADDR", group = "target")]
+    pub ip: Option<std::net::IpAddr>,
+
+    #[command(flatten)]
+    pub runtime: RuntimeArgs,
+
     /// Network namespace whose conntrack events and statistics to watch: the
     /// node's (default: the one dnstrace runs in), e.g. /run/netns/NAME.
     #[arg(long, value_name = "PATH")]

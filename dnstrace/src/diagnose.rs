@@ -12,6 +12,7 @@ use serde::Serialize;
 use crate::{
     correlate::{Journey, Leg, Outcome},
     decode::KernelNames,
+    target::Target,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -78,6 +79,8 @@ pub struct Context {
     pub node_netns: u32,
     /// The node's conntrack counters and table size when tracing started.
     pub conntrack: Option<ConntrackAtStart>,
+    /// The pod (or namespace, process) being traced, with its resolv.conf.
+    pub target: Option<Target>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -179,6 +182,10 @@ impl Diagnoser {
                 .and_then(conntrack_drops_before_start),
         );
         found.extend(self.ctx.conntrack.as_ref().and_then(conntrack_table_full));
+        if let Some(t) = &self.ctx.target {
+            found.extend(resolv_loopback(t));
+            found.extend(resolv_foreign_search(t));
+        }
         self.record(found, now_ns, None)
     }
 
@@ -593,6 +600,10 @@ fn is_loopback(ip: IpAddr) -> bool {
     ip.is_loopback()
 }
 
+const LOOPBACK_CAUSE: &str = "the pod's resolv.conf names a loopback nameserver: dnsPolicy Default (or kubelet --resolv-conf) on a node whose resolv.conf points at systemd-resolved (127.0.0.53); inside the pod nothing listens there (or, in a resolver's own pod, the resolver itself does: a loop)";
+const LOOPBACK_FIX: &str =
+    "use dnsPolicy ClusterFirst, or point kubelet --resolv-conf at /run/systemd/resolve/resolv.conf";
+
 fn loopback_nameserver(j: &Journey, ctx: &Context) -> Option<Finding> {
     let o = origin(j)?;
     let in_pod = o.netns != 0 && o.netns != ctx.node_netns;
@@ -600,10 +611,19 @@ fn loopback_nameserver(j: &Journey, ctx: &Context) -> Option<Finding> {
         kind: "loopback_nameserver",
         severity: Severity::Critical,
         key: format!("{}@{}", o.dst.ip(), o.netns),
-        summary: format!("a pod (network namespace {}) sends its DNS queries to {}", o.netns, o.dst),
-        evidence: vec![format!("{} asked {} for {} on {}", j.client, o.dst, j.name, place(o))],
-        cause: "the pod's resolv.conf names a loopback nameserver: dnsPolicy Default (or kubelet --resolv-conf) on a node whose resolv.conf points at systemd-resolved (127.0.0.53); nothing listens there inside the pod".into(),
-        fix: "use dnsPolicy ClusterFirst, or point kubelet --resolv-conf at /run/systemd/resolve/resolv.conf",
+        summary: format!(
+            "a pod (network namespace {}) sends its DNS queries to {}",
+            o.netns, o.dst
+        ),
+        evidence: vec![format!(
+            "{} asked {} for {} on {}",
+            j.client,
+            o.dst,
+            j.name,
+            place(o)
+        )],
+        cause: LOOPBACK_CAUSE.into(),
+        fix: LOOPBACK_FIX,
     })
 }
 
@@ -885,6 +905,67 @@ fn no_tcp_retry(t: &Truncated) -> Finding {
         cause: "the client's resolver does not fall back to TCP (musl libc before 1.2.4, as in older Alpine images, some custom stubs), or its TCP connection to port 53 never got through (a NetworkPolicy or firewall that allows only UDP)".into(),
         fix: "let TCP/53 through to the resolver, use an image whose resolver retries over TCP, or keep answers small (fewer records, no ANY)",
     }
+}
+
+/// The target's resolv.conf names a loopback nameserver.
+fn resolv_loopback(t: &Target) -> Option<Finding> {
+    let r = t.resolv.as_ref()?;
+    let lo: Vec<String> = r
+        .nameservers
+        .iter()
+        .filter(|ip| ip.is_loopback())
+        .map(IpAddr::to_string)
+        .collect();
+    (!lo.is_empty() && t.netns_inode != 0).then(|| Finding {
+        kind: "loopback_nameserver",
+        severity: Severity::Critical,
+        key: format!("resolv.conf of {}", t.label),
+        summary: format!(
+            "the resolv.conf of {} names a loopback nameserver: {}",
+            t.label,
+            lo.join(", ")
+        ),
+        evidence: vec![format!(
+            "{}'s /etc/resolv.conf: nameserver {}",
+            t.label,
+            lo.join(", ")
+        )],
+        cause: LOOPBACK_CAUSE.into(),
+        fix: LOOPBACK_FIX,
+    })
+}
+
+/// Search domains outside the cluster's in a pod's resolv.conf: every short
+/// name is also asked of whoever serves that domain.
+fn resolv_foreign_search(t: &Target) -> Option<Finding> {
+    let r = t.resolv.as_ref()?;
+    // ClusterFirst pods search `<ns>.svc.<cluster>`, `svc.<cluster>`, `<cluster>`.
+    let cluster = r.search.iter().find_map(|d| d.strip_prefix("svc."))?;
+    let foreign: Vec<&str> = r
+        .search
+        .iter()
+        .map(|d| d.trim_end_matches('.'))
+        .filter(|d| *d != cluster && !d.ends_with(&format!(".{cluster}")))
+        .collect();
+    if foreign.is_empty() {
+        return None;
+    }
+    Some(Finding {
+        kind: "foreign_search_domain",
+        severity: Severity::Warning,
+        key: format!("resolv.conf of {}", t.label),
+        summary: format!("{} searches outside the cluster: {}", t.label, foreign.join(", ")),
+        evidence: vec![format!(
+            "{}'s /etc/resolv.conf: search {}; ndots:{}, so a name with fewer than {} dots is tried with each of the {} suffixes before as it is",
+            t.label,
+            r.search.join(" "),
+            r.ndots,
+            r.ndots,
+            r.search.len()
+        )],
+        cause: format!("the node's search domains ({}) are appended to every ClusterFirst pod's list by the kubelet, or the pod's dnsConfig adds them; cluster-style names then leak to the outside resolvers", foreign.join(", ")),
+        fix: "remove them from the node's resolv.conf (or point kubelet --resolv-conf at a file without them), or from the pod's dnsConfig.searches",
+    })
 }
 
 fn conntrack_drops_before_start(ct: &ConntrackAtStart) -> Option<Finding> {

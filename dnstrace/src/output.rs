@@ -2,6 +2,7 @@
 use std::{
     collections::HashMap,
     io::{self, Write},
+    net::SocketAddr,
     time::{Duration, SystemTime},
 };
 
@@ -13,6 +14,7 @@ use crate::{
     correlate::{Journey, Outcome},
     decode::{Body, Conntrack, DnsMessage, KernelNames, Packet, Record, Transport},
     diagnose::Anomaly,
+    naming::Names,
 };
 
 /// Nanoseconds as milliseconds, e.g. `0.054 ms`.
@@ -60,6 +62,7 @@ pub struct LineSink<W: Write> {
     iface_names: HashMap<u32, String>,
     clock: Clock,
     kernel: KernelNames,
+    names: Names,
     out: W,
 }
 
@@ -116,8 +119,37 @@ impl<W: Write> LineSink<W> {
             iface_names,
             clock,
             kernel,
+            names: Names::default(),
             out,
         }
+    }
+
+    /// Pods and services to name addresses after in journeys.
+    pub fn with_names(mut self, names: Names) -> Self {
+        self.names = names;
+        self
+    }
+
+    /// `namespace/name (address)`, or the address where it has no name.
+    fn named(&self, addr: SocketAddr) -> String {
+        match self.names.get(&addr.ip()) {
+            Some(name) => format!("{name} ({addr})"),
+            None => addr.to_string(),
+        }
+    }
+
+    /// The names of a journey's addresses, for JSON readers.
+    fn names_of(&self, j: &Journey) -> serde_json::Map<String, serde_json::Value> {
+        let addrs = j.legs.iter().flat_map(|l| {
+            [l.src, l.dst]
+                .into_iter()
+                .chain(l.dnat.into_iter().flat_map(|(a, b)| [a, b]))
+                .chain(l.snat.into_iter().flat_map(|(a, b)| [a, b]))
+        });
+        addrs
+            .chain([j.client])
+            .filter_map(|a| Some((a.ip().to_string(), self.names.get(&a.ip())?.into())))
+            .collect()
     }
 
     pub fn write(&mut self, rec: &Record) -> io::Result<()> {
@@ -252,10 +284,10 @@ impl<W: Write> LineSink<W> {
         let first_dst = j
             .legs
             .first()
-            .map_or_else(String::new, |l| l.dst.to_string());
+            .map_or_else(String::new, |l| self.named(l.dst));
         let mut out = format!(
             "{indent}{time} {} → {first_dst} {} id={} {} {}: {} in {}{}{}\n",
-            j.client,
+            self.named(j.client),
             if j.tcp { "tcp" } else { "udp" },
             j.dns_id,
             j.name,
@@ -263,7 +295,7 @@ impl<W: Write> LineSink<W> {
             self.outcome(&j.outcome),
             ms(j.total_ns()),
             j.dnat
-                .map(|(a, b)| format!(" [DNAT {a} → {b}]"))
+                .map(|(a, b)| format!(" [DNAT {} → {}]", self.named(a), self.named(b)))
                 .unwrap_or_default(),
             if j.incomplete {
                 " [incomplete: events were lost]"
@@ -353,6 +385,7 @@ impl<W: Write> LineSink<W> {
             v["outcome"]["location_name"] = self.kernel.location(location).into();
         }
         v["upstream"] = j.upstream.iter().map(|u| self.journey_json(u)).collect();
+        v["names"] = self.names_of(j).into();
         v
     }
 

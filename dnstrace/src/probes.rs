@@ -15,9 +15,12 @@ use aya::{
     },
     Ebpf, EbpfLoader,
 };
-use dnstrace_common::{port_slot, KernelOffsets, PORT_WORDS};
+use dnstrace_common::{port_slot, KernelOffsets, TargetFilter, PORT_WORDS};
 
-use crate::cli::{AttachMode, CaptureArgs};
+use crate::{
+    cli::{AttachMode, CaptureArgs},
+    target::KernelFilter,
+};
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/dnstrace-ebpf.o"));
 
@@ -124,7 +127,7 @@ impl Probes {
     /// Checks privileges and kernel support, loads the programs and attaches
     /// them: tc on every interface in `args`, or, with none named, the BTF
     /// tracepoints that see the whole node.
-    pub fn attach(args: &CaptureArgs) -> Result<Self> {
+    pub fn attach(args: &CaptureArgs, target: Option<&KernelFilter>) -> Result<Self> {
         check_privileges()?;
         let netns = crate::netns::inode(None)?;
         let ifaces = args
@@ -143,6 +146,11 @@ impl Probes {
         let ebpf = EbpfLoader::new()
             .map_max_entries("EVENTS", args.ring_buffer_mib << 20)
             .override_global("OFFSETS", &offsets, true)
+            .override_global(
+                "FILTER",
+                &target.map_or(TargetFilter::OFF, |t| t.filter),
+                true,
+            )
             .load(OBJECT)
             .map_err(|e| anyhow!("loading the eBPF object failed: {e}"))?;
         let mut probes = Self {
@@ -159,6 +167,9 @@ impl Probes {
                 .collect(),
         };
         probes.configure(&args.ports, &ifaces)?;
+        if let Some(t) = target {
+            probes.watch(&t.watched)?;
+        }
         if ifaces.is_empty() {
             probes.attach_tracepoints()?;
             probes.attach_kprobes();
@@ -205,6 +216,19 @@ impl Probes {
             .program_mut(name)
             .ok_or_else(|| anyhow!("program {name} missing from the eBPF object"))?;
         Ok(prog.try_into()?)
+    }
+
+    /// The target's addresses and its resolvers' for the kernel's filter.
+    fn watch(&mut self, watched: &[([u8; 16], u8)]) -> Result<()> {
+        let mut map: HashMap<_, [u8; 16], u8> = self
+            .ebpf
+            .map_mut("WATCHED")
+            .context("WATCHED map")?
+            .try_into()?;
+        for (addr, role) in watched {
+            map.insert(addr, role, 0)?;
+        }
+        Ok(())
     }
 
     fn configure(&mut self, ports: &[u16], ifaces: &[Iface]) -> Result<()> {
@@ -383,7 +407,7 @@ fn is_exists(e: &aya::programs::tc::TcError) -> bool {
 }
 
 /// Root, or the capabilities loading and attaching need.
-fn check_privileges() -> Result<()> {
+pub fn check_privileges() -> Result<()> {
     const CAP_NET_ADMIN: u32 = 12;
     const CAP_SYS_ADMIN: u32 = 21;
     const CAP_PERFMON: u32 = 38;

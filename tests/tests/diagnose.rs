@@ -150,7 +150,10 @@ fn nodelocaldns_loop_is_a_loop_and_the_loop_plugin_probe_is_recognised() {
     // What CoreDNS's loop plugin sends to its upstream at start-up.
     let probe = format!("{}.{}.", std::process::id(), 4_526_581_924_823_745_234u64);
     let (kinds, anomalies) = diagnose(&[], || {
-        lab.dig(&format!("dtlab-{COREDNS_A}"), &format!("@169.254.20.10 {probe} HINFO"));
+        lab.dig(
+            &format!("dtlab-{COREDNS_A}"),
+            &format!("@169.254.20.10 {probe} HINFO"),
+        );
     });
     assert_eq!(kinds, set(&["forwarding_loop"]));
     let evidence = find(&anomalies, "forwarding_loop")["evidence"].to_string();

@@ -569,12 +569,18 @@ fn dns_over_tcp_counts_as_a_retry_even_when_unreadable() {
         dst: "10.96.0.10:53",
     };
     let mut cut = rec(&ev, msg(1, name, "TXT", false), None, None);
-    cut.packet.transport = Transport::Tcp { seq: 1, flags: 0x18 };
+    cut.packet.transport = Transport::Tcp {
+        seq: 1,
+        flags: 0x18,
+    };
     cut.body = Body::Malformed {
         reason: "payload cut".into(),
         len: 40,
     };
     e.push(&cut);
     assert!(e.asked_over_tcp(client, name, "TXT", 4 * MS));
-    assert!(!e.asked_over_tcp(client, name, "TXT", 6 * MS), "before the answer");
+    assert!(
+        !e.asked_over_tcp(client, name, "TXT", 6 * MS),
+        "before the answer"
+    );
 }

@@ -137,6 +137,7 @@ fn ctx() -> Context {
         bridge_nf_call_iptables: Some("1".into()),
         node_netns: NODE_NS,
         conntrack: None,
+        target: None,
     }
 }
 
@@ -700,4 +701,45 @@ fn coredns_loop_probes_are_recognised_by_their_shape() {
         .evidence
         .iter()
         .any(|e| e.contains("loop-plugin probe")));
+}
+
+#[test]
+fn the_target_pods_resolv_conf_is_checked_at_start() {
+    let target = |text: &str| crate::target::Target {
+        label: "pod default/web".into(),
+        netns_inode: 7,
+        addrs: vec![],
+        host_veth: None,
+        resolv: Some(crate::pods::resolv::parse(text)),
+        namespace: Some("default".into()),
+    };
+    let static_kinds = |text: &str| {
+        let mut d = Diagnoser::new(Context {
+            target: Some(target(text)),
+            ..ctx()
+        });
+        d.static_checks(0)
+            .iter()
+            .map(|a| a.kind)
+            .collect::<Vec<_>>()
+    };
+    let healthy = "nameserver 10.96.0.10\nsearch default.svc.cluster.local svc.cluster.local cluster.local\noptions ndots:5\n";
+    assert!(static_kinds(healthy).is_empty());
+    assert_eq!(
+        static_kinds("nameserver 127.0.0.53\n"),
+        vec!["loopback_nameserver"]
+    );
+    let leak = "nameserver 10.96.0.10\nsearch default.svc.cluster.local svc.cluster.local cluster.local corp.example.com\noptions ndots:5\n";
+    let mut d = Diagnoser::new(Context {
+        target: Some(target(leak)),
+        ..ctx()
+    });
+    let raised = d.static_checks(0);
+    assert_eq!(raised[0].kind, "foreign_search_domain");
+    assert!(
+        raised[0].summary.ends_with("corp.example.com"),
+        "{}",
+        raised[0].summary
+    );
+    assert!(raised[0].evidence[0].contains("ndots:5"));
 }

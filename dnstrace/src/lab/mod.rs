@@ -38,6 +38,10 @@ pub enum LabCommand {
         /// Dual-stack: IPv6 pod addresses, service IP and ip6tables rules too.
         #[arg(long)]
         ipv6: bool,
+        /// Whose runtime state the pods leave, for `dnstrace pods` and `--pod`
+        /// (under /run/dnstrace-lab/containerd or /run/dnstrace-lab/crio).
+        #[arg(long, value_enum, default_value_t = runtime::Runtime::Containerd)]
+        runtime: runtime::Runtime,
     },
     /// Remove every namespace, process, rule and file the lab made.
     Down,
@@ -76,6 +80,8 @@ pub struct LabState {
     pub ipv6: bool,
     pub nodelocaldns: bool,
     pub faults: BTreeSet<Fault>,
+    #[serde(default)]
+    pub runtime: runtime::Runtime,
     /// Long-running processes by name.
     pub pids: BTreeMap<String, u32>,
 }
@@ -116,7 +122,8 @@ pub async fn run(cmd: LabCommand) -> Result<()> {
             faults,
             nodelocaldns,
             ipv6,
-        } => up(faults, nodelocaldns, ipv6),
+            runtime,
+        } => up(faults, nodelocaldns, ipv6, runtime),
         LabCommand::Down => down(true),
         LabCommand::Status => status(),
         LabCommand::Fault { fault, state } => switch_fault(fault, state == Switch::On),
@@ -137,7 +144,7 @@ fn require_root() -> Result<()> {
     Ok(())
 }
 
-fn up(faults: Vec<Fault>, nodelocaldns: bool, ipv6: bool) -> Result<()> {
+fn up(faults: Vec<Fault>, nodelocaldns: bool, ipv6: bool, runtime: runtime::Runtime) -> Result<()> {
     sys::require_programs()?;
     if let Ok(state) = LabState::load() {
         if state.pids.values().all(|&p| sys::alive(p)) && !sys::lab_namespaces().is_empty() {
@@ -154,6 +161,7 @@ fn up(faults: Vec<Fault>, nodelocaldns: bool, ipv6: bool) -> Result<()> {
     let mut state = LabState {
         ipv6,
         nodelocaldns: nodelocaldns || needs_nodelocal,
+        runtime,
         ..LabState::default()
     };
     if let Err(e) = build(&mut state) {
@@ -323,7 +331,10 @@ fn add_pod(state: &mut LabState, pod: &Pod) -> Result<()> {
     // The sandbox's pause process: what makes the namespace a pod to the node.
     let pid = sys::spawn_detached(&ns, "sleep", &["infinity"])?;
     state.pids.insert(format!("pause/{}", pod.full_name()), pid);
-    runtime::write_sandbox(pod, pid)
+    match state.runtime {
+        runtime::Runtime::Containerd => runtime::write_sandbox(pod, pid),
+        runtime::Runtime::Crio => runtime::write_crio_sandbox(&runtime::crio_root(), pod, pid),
+    }
 }
 
 /// `ip netns exec NS` bind-mounts the files here over /etc.
@@ -755,4 +766,19 @@ fn print_summary(state: &LabState) {
         eprintln!("lab: faults on: {}", faults.join(" "));
     }
     eprintln!("lab: try `dnstrace lab traffic`, and `dnstrace lab down` to remove it");
+    eprintln!(
+        "lab: trace one pod: dnstrace trace {}",
+        runtime_flags(state.runtime)
+    );
+}
+
+/// The flags that point dnstrace at the lab's node and runtime state.
+pub fn runtime_flags(runtime: runtime::Runtime) -> String {
+    let root = match runtime {
+        runtime::Runtime::Containerd => {
+            format!("--containerd-root {}", runtime::containerd_root().display())
+        }
+        runtime::Runtime::Crio => format!("--crio-root {}", runtime::crio_root().display()),
+    };
+    format!("--node-netns /run/netns/{NODE_NS} {root} --pod web")
 }

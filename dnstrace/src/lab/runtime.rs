@@ -6,9 +6,19 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result};
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::plan::{Pod, LAB_DIR};
+
+/// Which runtime's state layout the lab writes.
+#[derive(clap::ValueEnum, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum Runtime {
+    #[default]
+    Containerd,
+    Crio,
+}
 
 /// The lab's stand-in for /run/containerd.
 pub fn containerd_root() -> PathBuf {
@@ -51,10 +61,6 @@ pub fn write_sandbox(pod: &Pod, pid: u32) -> Result<()> {
 }
 
 /// The lab's stand-in for CRI-O's run root, /run/containers/storage.
-#[cfg_attr(
-    not(test),
-    expect(dead_code, reason = "lab up writes CRI-O state next")
-)]
 pub fn crio_root() -> PathBuf {
     PathBuf::from(LAB_DIR).join("crio")
 }
@@ -63,10 +69,6 @@ pub fn crio_root() -> PathBuf {
 /// does: `overlay-containers/<id>/userdata/` with the OCI spec, whose
 /// annotations are CRI-O's own plus the kubelet's pod labels, and the
 /// infra process's `pidfile`.
-#[cfg_attr(
-    not(test),
-    expect(dead_code, reason = "lab up writes CRI-O state next")
-)]
 pub fn write_crio_sandbox(root: &Path, pod: &Pod, pid: u32) -> Result<()> {
     let dir = root
         .join("overlay-containers")

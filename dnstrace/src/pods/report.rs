@@ -1,6 +1,7 @@
 //! `dnstrace pods [POD]`: one row per pod on this node, with what its
 //! sandbox says about its network and its resolver.
 use std::{
+    collections::BTreeSet,
     io::Write as _,
     net::IpAddr,
     path::{Path, PathBuf},
@@ -15,25 +16,32 @@ use super::{
     resolv::{read_for_pod, ResolvConf},
     select, Pod, RuntimeDirs,
 };
-use crate::cli::OutputFormat;
+use crate::{cli::OutputFormat, naming::Services, target::is_coredns};
 
 /// A pod and what could be learnt about it.
 struct Row<'a> {
     pod: &'a Pod,
     net: Result<PodNet>,
     resolv: Result<ResolvConf>,
+    /// A cluster resolver: CoreDNS by name, or a DNS service's endpoint.
+    resolver: bool,
 }
 
 impl<'a> Row<'a> {
-    fn of(pod: &'a Pod, node_netns: Option<&Path>) -> Self {
+    fn of(pod: &'a Pod, node_netns: Option<&Path>, dns_endpoints: &BTreeSet<IpAddr>) -> Self {
         let net = pod
             .netns_path()
             .ok_or_else(|| anyhow!("the runtime records neither a process nor a network namespace"))
             .and_then(|netns| inspect(&netns, node_netns));
+        let resolver = is_coredns(&pod.full_name())
+            || net
+                .as_ref()
+                .is_ok_and(|n| n.ips.iter().any(|ip| dns_endpoints.contains(ip)));
         Self {
             pod,
             net,
             resolv: read_for_pod(pod),
+            resolver,
         }
     }
 
@@ -47,7 +55,7 @@ impl<'a> Row<'a> {
         net.into_iter().chain(resolv)
     }
 
-    fn cells(&self) -> [String; 6] {
+    fn cells(&self) -> [String; 7] {
         let (ips, veth) = match &self.net {
             Ok(net) => (
                 dash_if_empty(join(&net.ips)),
@@ -68,6 +76,7 @@ impl<'a> Row<'a> {
             self.pod.namespace.clone(),
             self.pod.name.clone(),
             self.pod.runtime.to_string(),
+            if self.resolver { "coredns" } else { "-" }.to_owned(),
             ips,
             veth,
             nameserver,
@@ -79,6 +88,7 @@ impl<'a> Row<'a> {
 struct JsonRow<'a> {
     #[serde(flatten)]
     pod: &'a Pod,
+    resolver: bool,
     net: Option<&'a PodNet>,
     resolv: Option<&'a ResolvConf>,
 }
@@ -102,9 +112,10 @@ pub fn run(
         Some(query) => std::slice::from_ref(select(&inventory.pods, query)?),
         None => &inventory.pods[..],
     };
+    let dns_endpoints = Services::read(node_netns.as_deref()).dns_endpoints();
     let rows: Vec<Row> = pods
         .iter()
-        .map(|pod| Row::of(pod, node_netns.as_deref()))
+        .map(|pod| Row::of(pod, node_netns.as_deref(), &dns_endpoints))
         .collect();
     for row in &rows {
         for e in row.errors() {
@@ -118,17 +129,19 @@ pub fn run(
                 "NAMESPACE",
                 "NAME",
                 "RUNTIME",
+                "ROLE",
                 "IPS",
                 "HOST VETH",
                 "NAMESERVER",
             ];
-            let cells: Vec<[String; 6]> = rows.iter().map(Row::cells).collect();
+            let cells: Vec<[String; 7]> = rows.iter().map(Row::cells).collect();
             write!(out, "{}", table(header, &cells))?;
         }
         OutputFormat::Json => {
             for row in &rows {
                 let json = JsonRow {
                     pod: row.pod,
+                    resolver: row.resolver,
                     net: row.net.as_ref().ok(),
                     resolv: row.resolv.as_ref().ok(),
                 };
@@ -227,10 +240,11 @@ mod tests {
             pod: &pod,
             net: Err(anyhow!("no netns")),
             resolv: Ok(crate::pods::resolv::parse("nameserver 10.96.0.10\n")),
+            resolver: false,
         };
         assert_eq!(
             row.cells(),
-            ["shop", "checkout", "cri-o", "?", "?", "10.96.0.10"]
+            ["shop", "checkout", "cri-o", "-", "?", "?", "10.96.0.10"]
         );
         assert_eq!(row.errors().collect::<Vec<_>>(), ["network: no netns"]);
         let row = Row {
@@ -241,6 +255,7 @@ mod tests {
                 host_veth: Some(("veth1234abcd".into(), 7)),
             }),
             resolv: Err(anyhow!("gone")),
+            resolver: true,
         };
         assert_eq!(
             row.cells(),
@@ -248,6 +263,7 @@ mod tests {
                 "shop",
                 "checkout",
                 "cri-o",
+                "coredns",
                 "10.244.0.11,fd00::11",
                 "veth1234abcd",
                 "?"
@@ -258,7 +274,7 @@ mod tests {
     #[test]
     fn a_row_without_process_or_netns_is_an_error_not_a_panic() {
         let pod = pod("x");
-        let row = Row::of(&pod, None);
+        let row = Row::of(&pod, None, &BTreeSet::new());
         assert!(row.net.is_err());
         assert!(row.resolv.is_err());
         assert_eq!(row.errors().count(), 2);
@@ -287,6 +303,7 @@ mod tests {
         let pod = pod("checkout");
         let json = serde_json::to_value(JsonRow {
             pod: &pod,
+            resolver: false,
             net: None,
             resolv: None,
         })

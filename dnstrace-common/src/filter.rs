@@ -1,0 +1,29 @@
+//! Tracing one target (a pod) on a busy node: the kernel keeps only what
+//! belongs to its journeys, so user space is not flooded with the rest.
+
+/// Set by user space before loading; `enabled == 0` keeps everything.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TargetFilter {
+    pub enabled: u32,
+    /// Inode of the target's network namespace: everything seen there is kept
+    /// (loopback nameservers included). 0 for none.
+    pub netns: u32,
+}
+
+impl TargetFilter {
+    pub const OFF: Self = Self {
+        enabled: 0,
+        netns: 0,
+    };
+}
+
+/// Roles of watched addresses (bits of the WATCHED map's values).
+/// The target's own address: its queries and answers, before and after NAT.
+pub const ROLE_TARGET: u8 = 1;
+/// A resolver the target's queries reach (CoreDNS): its own queries to
+/// upstream servers and their answers are kept, its answers to others not.
+pub const ROLE_RESOLVER: u8 = 2;
+
+/// Addresses watched at most.
+pub const MAX_WATCHED: u32 = 256;

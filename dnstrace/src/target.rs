@@ -1,0 +1,268 @@
+//! What dnstrace follows: the whole node, or one target (a pod found in the
+//! container runtime's state, a network namespace, a process, an address),
+//! resolved to the namespace and addresses the kernel keeps.
+use std::{
+    collections::BTreeSet,
+    net::IpAddr,
+    path::{Path, PathBuf},
+};
+
+use anyhow::{Context as _, Result};
+use dnstrace_common::{TargetFilter, MAX_WATCHED, ROLE_RESOLVER, ROLE_TARGET};
+
+use crate::{
+    cli::CaptureArgs,
+    naming::Services,
+    pods::{self, net::inspect, resolv::ResolvConf, Pod},
+};
+
+#[derive(Clone, Debug)]
+pub struct Target {
+    /// What the user asked for, e.g. `pod default/web-7d9f`.
+    pub label: String,
+    pub netns_inode: u32,
+    pub addrs: Vec<IpAddr>,
+    pub host_veth: Option<String>,
+    pub resolv: Option<ResolvConf>,
+    /// The pod's Kubernetes namespace, for its expected search list.
+    pub namespace: Option<String>,
+}
+
+/// The kernel side of a target: its namespace and watched addresses.
+pub struct KernelFilter {
+    pub filter: TargetFilter,
+    pub watched: Vec<([u8; 16], u8)>,
+}
+
+/// The target the arguments name, if any; a name that matches no pod (or
+/// several) is an error listing the candidates.
+pub fn resolve(args: &CaptureArgs) -> Result<Option<Target>> {
+    let node = args.node_netns.as_deref();
+    if let Some(query) = &args.pod {
+        let inventory = pods::discover(&args.runtime.dirs());
+        for e in &inventory.errors {
+            eprintln!("dnstrace: {e}");
+        }
+        let pod = pods::select(&inventory.pods, query)?;
+        return of_pod(pod, node).map(Some);
+    }
+    if let Some(path) = &args.netns {
+        return of_netns(
+            format!("network namespace {}", path.display()),
+            path,
+            node,
+            None,
+        )
+        .map(Some);
+    }
+    if let Some(pid) = args.pid {
+        let path = PathBuf::from(format!("/proc/{pid}/ns/net"));
+        let resolv = pods::resolv::read_for_pid(pid).ok();
+        return of_netns(format!("process {pid}"), &path, node, resolv).map(Some);
+    }
+    Ok(args.ip.map(|ip| Target {
+        label: format!("address {ip}"),
+        netns_inode: 0,
+        addrs: vec![ip],
+        host_veth: None,
+        resolv: None,
+        namespace: None,
+    }))
+}
+
+fn of_pod(pod: &Pod, node: Option<&Path>) -> Result<Target> {
+    let netns = pod.netns_path().with_context(|| {
+        format!(
+            "pod {}: the runtime records no network namespace",
+            pod.full_name()
+        )
+    })?;
+    let resolv = pods::resolv::read_for_pod(pod)
+        .map_err(|e| eprintln!("dnstrace: pod {}: resolv.conf: {e:#}", pod.full_name()))
+        .ok();
+    let mut t = of_netns(format!("pod {}", pod.full_name()), &netns, node, resolv)?;
+    t.namespace = Some(pod.namespace.clone());
+    Ok(t)
+}
+
+fn of_netns(
+    label: String,
+    netns: &Path,
+    node: Option<&Path>,
+    resolv: Option<ResolvConf>,
+) -> Result<Target> {
+    let net = inspect(netns, node).with_context(|| label.clone())?;
+    Ok(Target {
+        label,
+        netns_inode: net.netns_inode,
+        addrs: net.ips,
+        host_veth: net.host_veth.map(|(name, _)| name),
+        resolv,
+        namespace: None,
+    })
+}
+
+impl Target {
+    /// Keeps the target's own packets (its namespace and addresses) and its
+    /// resolvers' queries upstream.
+    pub fn kernel_filter(&self, resolvers: &BTreeSet<IpAddr>) -> Result<KernelFilter> {
+        let mut watched: Vec<([u8; 16], u8)> = Vec::new();
+        let roles = self
+            .addrs
+            .iter()
+            .map(|ip| (*ip, ROLE_TARGET))
+            .chain(resolvers.iter().map(|ip| (*ip, ROLE_RESOLVER)));
+        for (ip, role) in roles {
+            let key = key(ip);
+            match watched.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, r)) => *r |= role,
+                None => watched.push((key, role)),
+            }
+        }
+        anyhow::ensure!(
+            watched.len() <= MAX_WATCHED as usize,
+            "{} addresses to watch, more than {MAX_WATCHED}",
+            watched.len()
+        );
+        Ok(KernelFilter {
+            filter: TargetFilter {
+                enabled: 1,
+                netns: self.netns_inode,
+            },
+            watched,
+        })
+    }
+
+    /// One line for the start of a capture.
+    pub fn describe(&self) -> String {
+        let addrs: Vec<String> = self.addrs.iter().map(IpAddr::to_string).collect();
+        let mut s = format!("tracing {}", self.label);
+        if self.netns_inode != 0 {
+            s += &format!(" (netns {})", self.netns_inode);
+        }
+        s += &format!(
+            ": {}",
+            if addrs.is_empty() {
+                "no address".into()
+            } else {
+                addrs.join(", ")
+            }
+        );
+        if let Some(veth) = &self.host_veth {
+            s += &format!("; host veth {veth}");
+        }
+        if let Some(r) = &self.resolv {
+            let ns: Vec<String> = r.nameservers.iter().map(IpAddr::to_string).collect();
+            s += &format!(
+                "; nameserver {}, search {}, ndots {}",
+                ns.join(" "),
+                if r.search.is_empty() {
+                    "-".to_owned()
+                } else {
+                    r.search.join(" ")
+                },
+                r.ndots
+            );
+        }
+        s
+    }
+}
+
+/// Addresses as the programs store them: IPv4 in the first four bytes.
+fn key(ip: IpAddr) -> [u8; 16] {
+    match ip {
+        IpAddr::V4(v4) => {
+            let mut k = [0; 16];
+            k[..4].copy_from_slice(&v4.octets());
+            k
+        }
+        IpAddr::V6(v6) => v6.octets(),
+    }
+}
+
+/// The resolvers a target's queries reach: the DNS services' endpoints in
+/// kube-proxy's rules, and CoreDNS pods by name.
+pub fn resolvers(services: &Services, pods: &[(String, Vec<IpAddr>)]) -> BTreeSet<IpAddr> {
+    let coredns = pods
+        .iter()
+        .filter(|(name, _)| is_coredns(name))
+        .flat_map(|(_, ips)| ips.iter().copied());
+    services
+        .dns_endpoints()
+        .into_iter()
+        .chain(coredns)
+        .collect()
+}
+
+/// `kube-system/coredns-...` or `kube-system/kube-dns-...`.
+pub fn is_coredns(full_name: &str) -> bool {
+    full_name
+        .strip_prefix("kube-system/")
+        .is_some_and(|n| n.starts_with("coredns") || n.starts_with("kube-dns"))
+}
+
+/// Every running pod's name and addresses, for naming; what cannot be read
+/// is left out (names are a help, not a requirement).
+pub fn pod_addresses(args: &CaptureArgs) -> Vec<(String, Vec<IpAddr>)> {
+    let node = args.node_netns.as_deref();
+    pods::discover(&args.runtime.dirs())
+        .pods
+        .iter()
+        .filter_map(|p| {
+            let net = inspect(&p.netns_path()?, node).ok()?;
+            Some((p.full_name(), net.ips))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn the_filter_watches_the_target_and_its_resolvers() {
+        let t = Target {
+            label: "pod default/web".into(),
+            netns_inode: 42,
+            addrs: vec![ip("10.244.0.10"), ip("fd00::10")],
+            host_veth: None,
+            resolv: None,
+            namespace: Some("default".into()),
+        };
+        let resolvers = [ip("10.244.0.53"), ip("10.244.0.10")].into();
+        let k = t.kernel_filter(&resolvers).unwrap();
+        assert_eq!(
+            k.filter,
+            TargetFilter {
+                enabled: 1,
+                netns: 42
+            }
+        );
+        let role = |s: &str| {
+            k.watched
+                .iter()
+                .find(|(a, _)| *a == key(ip(s)))
+                .map(|(_, r)| *r)
+        };
+        assert_eq!(role("10.244.0.10"), Some(ROLE_TARGET | ROLE_RESOLVER));
+        assert_eq!(role("10.244.0.53"), Some(ROLE_RESOLVER));
+        assert_eq!(role("fd00::10"), Some(ROLE_TARGET));
+        assert_eq!(key(ip("10.1.2.3"))[..5], [10, 1, 2, 3, 0]);
+    }
+
+    #[test]
+    fn coredns_pods_are_known_by_name() {
+        assert!(is_coredns("kube-system/coredns-7db6d8ff4d-4xk9m"));
+        assert!(!is_coredns("default/coredns-lookalike"));
+        let services = Services::parse("-A KUBE-SERVICES -d 10.96.0.10/32 -p udp -m comment --comment \"kube-system/kube-dns:dns cluster IP\" -m udp --dport 53 -j KUBE-SVC-X\n-A KUBE-SEP-Y -p udp -m comment --comment \"kube-system/kube-dns:dns\" -m udp -j DNAT --to-destination 10.244.0.54:53\n");
+        let pods = [("kube-system/coredns-a".to_owned(), vec![ip("10.244.0.53")])];
+        assert_eq!(
+            resolvers(&services, &pods),
+            [ip("10.244.0.53"), ip("10.244.0.54")].into()
+        );
+    }
+}

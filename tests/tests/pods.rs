@@ -1,0 +1,180 @@
+//! `--pod` on the lab: pods found in the runtime's state (containerd's
+//! layout, and CRI-O's), one pod traced while another also makes lookups,
+//! and addresses named after pods and services.
+use std::collections::BTreeSet;
+
+use serde_json::Value;
+
+use dnstrace_tests::*;
+
+const NODE_NETNS: &str = "/run/netns/dtlab-node";
+const CONTAINERD: &str = "/run/dnstrace-lab/containerd";
+const CRIO: &str = "/run/dnstrace-lab/crio";
+
+fn pods(args: &[&str]) -> (bool, Vec<Value>, String) {
+    let mut all = vec!["pods", "-o", "json", "--node-netns", NODE_NETNS];
+    all.extend_from_slice(args);
+    let out = dnstrace(&all);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    (out.status.success(), json_lines(&stdout), stderr)
+}
+
+fn check_web(row: &Value, runtime: &str) {
+    assert_eq!(row["namespace"], "default");
+    assert_eq!(row["name"], "web-7d9f8c6b5-x2x4k");
+    assert_eq!(row["runtime"], runtime);
+    assert_eq!(row["net"]["ips"], serde_json::json!(["10.244.0.10"]));
+    let veth = row["net"]["host_veth"][0].as_str().unwrap();
+    let link = std::process::Command::new("ip")
+        .args(["-n", NODE, "-o", "link", "show", veth])
+        .output()
+        .unwrap();
+    assert!(link.status.success(), "{veth} is on the node");
+    let inode = std::fs::metadata(format!("/run/netns/{WEB}")).unwrap();
+    assert_eq!(
+        row["net"]["netns_inode"].as_u64(),
+        Some(std::os::unix::fs::MetadataExt::ino(&inode))
+    );
+    assert_eq!(
+        row["resolv"]["nameservers"],
+        serde_json::json!(["10.96.0.10"])
+    );
+    assert_eq!(row["resolv"]["ndots"], 5);
+}
+
+#[test]
+fn pods_are_found_in_containerd_state_by_name_namespace_and_prefix() {
+    require_root();
+    let _lab = Lab::up(&[]);
+    let (ok, all, stderr) = pods(&["--containerd-root", CONTAINERD]);
+    assert!(ok, "{stderr}");
+    assert_eq!(all.len(), 4, "{all:?}");
+    let coredns: Vec<bool> = all
+        .iter()
+        .map(|p| p["resolver"].as_bool().unwrap())
+        .collect();
+    assert_eq!(
+        coredns.iter().filter(|c| **c).count(),
+        2,
+        "the two CoreDNS pods"
+    );
+    for query in [
+        "web-7d9f8c6b5-x2x4k",
+        "default/web-7d9f8c6b5-x2x4k",
+        "web",
+        "default/w",
+    ] {
+        let (ok, one, stderr) = pods(&["--containerd-root", CONTAINERD, query]);
+        assert!(ok, "{query}: {stderr}");
+        check_web(&one[0], "containerd");
+    }
+    let (ok, _, stderr) = pods(&["--containerd-root", CONTAINERD, "coredns"]);
+    assert!(!ok && stderr.contains("matches 2 pods"), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    let (ok, _, stderr) = pods(&["--containerd-root", CONTAINERD, "nope"]);
+    assert!(
+        !ok && stderr.contains("no pod matches \"nope\""),
+        "{stderr}"
+    );
+    // The same errors from `trace --pod`, before anything is attached.
+    let out = dnstrace(&["trace", "--containerd-root", CONTAINERD, "--pod", "coredns"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("give namespace/name"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("attached"), "{stderr}");
+}
+
+#[test]
+fn pods_are_found_in_crio_state() {
+    require_root();
+    let _lab = Lab::up(&["--runtime", "crio"]);
+    let (ok, one, stderr) = pods(&[
+        "--crio-root",
+        CRIO,
+        "--containerd-root",
+        "/nonexistent",
+        "web",
+    ]);
+    assert!(ok, "{stderr}");
+    check_web(&one[0], "cri-o");
+}
+
+#[test]
+fn tracing_one_pod_keeps_only_its_journeys_complete_and_named() {
+    require_root();
+    let lab = Lab::up(&[]);
+    let trace = Dnstrace::start_here(&[
+        "trace",
+        "-o",
+        "json",
+        "--timeout",
+        "3s",
+        "--node-netns",
+        NODE_NETNS,
+        "--containerd-root",
+        CONTAINERD,
+        "--pod",
+        "default/web",
+    ])
+    .unwrap();
+    lab.traffic(&[
+        "--pod",
+        "checkout",
+        "--name",
+        "kubernetes.default",
+        "--name",
+        "other.example.com",
+    ]);
+    lab.traffic(&["--pod", "web", "--name", "www.example.com"]);
+    lab.traffic(&["--pod", "checkout", "--name", "kubernetes.default"]);
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let (status, out, stderr) = trace.stop(libc::SIGINT).unwrap();
+    assert!(status.success(), "{stderr:?}");
+    assert!(
+        stderr
+            .iter()
+            .any(|l| l.contains("tracing pod default/web-7d9f8c6b5-x2x4k")
+                && l.contains("10.244.0.10")
+                && l.contains("nameserver 10.96.0.10")),
+        "{stderr:#?}"
+    );
+    let journeys: Vec<Value> = json_lines(&out)
+        .into_iter()
+        .filter(|l| l["type"] == "journey")
+        .collect();
+    let clients: BTreeSet<&str> = journeys
+        .iter()
+        .map(|j| j["client"].as_str().unwrap().split(':').next().unwrap())
+        .collect();
+    assert_eq!(clients, ["10.244.0.10"].into(), "only web's journeys");
+    // The search list, then the name itself: 4 names, A and AAAA each.
+    assert_eq!(journeys.len(), 8, "{journeys:#?}");
+    let answered = journeys
+        .iter()
+        .find(|j| j["name"] == "www.example.com." && j["qtype"] == "A")
+        .expect("the external name's journey");
+    assert_eq!(answered["outcome"]["status"], "answered");
+    assert!(
+        !answered["upstream"].as_array().unwrap().is_empty(),
+        "CoreDNS's upstream leg"
+    );
+    let names = &answered["names"];
+    assert_eq!(names["10.244.0.10"], "default/web-7d9f8c6b5-x2x4k");
+    assert_eq!(names["10.96.0.10"], "kube-system/kube-dns");
+    let endpoint = answered["dnat"][1]
+        .as_str()
+        .unwrap()
+        .split(':')
+        .next()
+        .unwrap();
+    assert!(
+        names[endpoint]
+            .as_str()
+            .unwrap()
+            .starts_with("kube-system/coredns-7db6d8ff4d-"),
+        "{names}"
+    );
+}
