@@ -46,7 +46,7 @@ static FILTER: TargetFilter = TargetFilter::OFF;
 fn role(addr: &[u8; 16]) -> u8 {
     let key = *addr;
     // SAFETY: map lookup; the value is copied out.
-    unsafe { WATCHED.get(&key) }.copied().unwrap_or(0)
+    unsafe { WATCHED.get(key) }.copied().unwrap_or(0)
 }
 
 /// Is this packet part of the target's journeys? Everything is when no
