@@ -178,3 +178,37 @@ fn tracing_one_pod_keeps_only_its_journeys_complete_and_named() {
         "{names}"
     );
 }
+
+/// The packet view has no journey filter in user space: what it prints is
+/// what the kernel passed.
+#[test]
+fn the_kernel_passes_only_the_target_pods_packets() {
+    require_root();
+    let lab = Lab::up(&[]);
+    let trace = Dnstrace::start_here(&[
+        "-o",
+        "json",
+        "--node-netns",
+        NODE_NETNS,
+        "--containerd-root",
+        CONTAINERD,
+        "--pod",
+        "default/web",
+    ])
+    .unwrap();
+    lab.traffic(&["--pod", "checkout", "--name", "kubernetes.default"]);
+    lab.traffic(&["--pod", "web", "--name", "kubernetes.default"]);
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let (status, out, stderr) = trace.stop(libc::SIGINT).unwrap();
+    assert!(status.success(), "{stderr:?}");
+    let packets = json_lines(&out);
+    let touches = |ip: &str| {
+        packets.iter().any(|p| {
+            [&p["src"], &p["dst"]]
+                .iter()
+                .any(|a| a.as_str().is_some_and(|a| a.starts_with(&format!("{ip}:"))))
+        })
+    };
+    assert!(touches("10.244.0.10"), "web's packets: {packets:#?}");
+    assert!(!touches("10.244.0.11"), "none of checkout's");
+}
