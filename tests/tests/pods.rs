@@ -212,3 +212,84 @@ fn the_kernel_passes_only_the_target_pods_packets() {
     assert!(touches("10.244.0.10"), "web's packets: {packets:#?}");
     assert!(!touches("10.244.0.11"), "none of checkout's");
 }
+
+/// The selectors for namespaces that are in no runtime's state: a network
+/// namespace path, a process inside it, an address. Each must keep web's
+/// lookups, complete through DNAT, and none of checkout's.
+#[test]
+fn netns_pid_and_ip_select_the_same_client() {
+    require_root();
+    let lab = Lab::up(&[]);
+    // `ip netns exec` execs in place: this pid lives in web's namespace and
+    // sees web's resolv.conf through its own root.
+    let mut inside = std::process::Command::new("ip")
+        .args(["netns", "exec", WEB, "sleep", "120"])
+        .spawn()
+        .unwrap();
+    let pid = inside.id().to_string();
+    let netns = format!("/run/netns/{WEB}");
+    let cases = [
+        (
+            "--netns",
+            netns.as_str(),
+            format!("network namespace {netns}"),
+        ),
+        ("--pid", pid.as_str(), format!("process {pid}")),
+        ("--ip", "10.244.0.10", "address 10.244.0.10".to_owned()),
+    ];
+    for (flag, value, label) in &cases {
+        let journeys = trace_while_both_ask(&lab, flag, value, label);
+        let clients: BTreeSet<&str> = journeys
+            .iter()
+            .map(|j| j["client"].as_str().unwrap().split(':').next().unwrap())
+            .collect();
+        assert_eq!(clients, ["10.244.0.10"].into(), "{flag}: only web's");
+        let answered = journeys
+            .iter()
+            .find(|j| j["name"] == "kubernetes.default.svc.cluster.local." && j["qtype"] == "A")
+            .unwrap_or_else(|| panic!("{flag}: {journeys:#?}"));
+        assert_eq!(answered["outcome"]["status"], "answered", "{flag}");
+        assert_eq!(answered["dnat"][0], "10.96.0.10:53", "{flag}");
+    }
+    let _ = inside.kill();
+    let _ = inside.wait();
+}
+
+/// Traces with one selector while checkout, then web, look a name up;
+/// returns the journeys, after checking the start line named the target.
+fn trace_while_both_ask(lab: &Lab, flag: &str, value: &str, label: &str) -> Vec<Value> {
+    let trace = Dnstrace::start_here(&[
+        "trace",
+        "-o",
+        "json",
+        "--timeout",
+        "3s",
+        "--node-netns",
+        NODE_NETNS,
+        flag,
+        value,
+    ])
+    .unwrap();
+    lab.traffic(&["--pod", "checkout", "--name", "kubernetes.default"]);
+    lab.traffic(&["--pod", "web", "--name", "kubernetes.default"]);
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let (status, out, stderr) = trace.stop(libc::SIGINT).unwrap();
+    assert!(status.success(), "{flag}: {stderr:?}");
+    let described = format!("tracing {label}");
+    assert!(
+        stderr
+            .iter()
+            .any(|l| l.contains(&described) && l.contains("10.244.0.10")),
+        "{flag}: {stderr:#?}"
+    );
+    if flag == "--pid" {
+        assert!(
+            stderr.iter().any(|l| l.contains("nameserver 10.96.0.10")),
+            "--pid reads resolv.conf through the process: {stderr:#?}"
+        );
+    }
+    json_lines(&out)
+        .into_iter()
+        .filter(|l| l["type"] == "journey")
+        .collect()
+}
