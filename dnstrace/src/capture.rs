@@ -1,24 +1,26 @@
 //! The capture pipeline, the same for every view: probes → ring buffer →
 //! decode → a sink (packet lines, or journeys), until Ctrl-C or SIGTERM.
-use std::io;
+use std::{io, sync::Arc};
 
 use anyhow::{Context as _, Result};
 use tokio::{
     signal::unix::{signal, Signal, SignalKind},
+    sync::Notify,
     time::{interval, Duration},
 };
 
 use crate::{
-    cli::CaptureArgs,
+    cli::{CaptureArgs, OutputFormat},
     conntrack::{CtEvent, CtStats, CtWatcher, RACE_COUNTERS},
-    correlate::{Engine, Limits},
+    correlate::{Engine, Journey, Limits},
     decode::{Body, Decoder, KernelNames, Packet, Record},
-    diagnose::{ConntrackAtStart, Context, Diagnoser},
+    diagnose::{Anomaly, ConntrackAtStart, Context, Diagnoser},
     ingest::Ingest,
     naming::{Names, Services},
-    output::{monotonic_now, Clock, LineSink},
+    output::{monotonic_now, Clock, Labels, LineSink},
     probes::Probes,
     target,
+    view::{self, model::Health, state::About, LiveOut},
 };
 
 /// Where decoded records go.
@@ -36,8 +38,8 @@ pub trait Sink {
     fn counters(&mut self, _moved: &[(&'static str, u64)]) -> io::Result<()> {
         Ok(())
     }
-    /// The kernel lost events.
-    fn lost(&mut self);
+    /// The kernel has lost `total` events so far.
+    fn lost(&mut self, total: u64);
     /// The capture ends: write what is left.
     fn finish(&mut self, now_ns: u64) -> io::Result<()>;
     /// A few words for the exit line.
@@ -54,7 +56,7 @@ impl<W: io::Write> Sink for LineSink<W> {
     fn tick(&mut self, _: u64) -> io::Result<()> {
         self.flush()
     }
-    fn lost(&mut self) {}
+    fn lost(&mut self, _: u64) {}
     fn finish(&mut self, _: u64) -> io::Result<()> {
         self.flush()
     }
@@ -63,26 +65,62 @@ impl<W: io::Write> Sink for LineSink<W> {
     }
 }
 
+/// Where finished journeys and anomalies go: lines, or the live view.
+pub trait JourneyOut {
+    fn labels(&self) -> &Labels;
+    /// A finished journey and the anomalies (kind, summary) it fed.
+    fn journey(&mut self, j: &Journey, badges: &[(&'static str, String)]) -> io::Result<()>;
+    /// An anomaly raised for the first time.
+    fn anomaly(&mut self, a: &Anomaly) -> io::Result<()>;
+    /// Every tick: every anomaly so far and the capture's health.
+    fn state(&mut self, _all: &[&Anomaly], _health: &Health) -> io::Result<()> {
+        Ok(())
+    }
+    /// At the end: every anomaly of the run.
+    fn summary(&mut self, all: &[&Anomaly]) -> io::Result<()>;
+    fn flush(&mut self) -> io::Result<()>;
+}
+
+impl<W: io::Write> JourneyOut for LineSink<W> {
+    fn labels(&self) -> &Labels {
+        LineSink::labels(self)
+    }
+    fn journey(&mut self, j: &Journey, _: &[(&'static str, String)]) -> io::Result<()> {
+        self.write_journey(j)
+    }
+    fn anomaly(&mut self, a: &Anomaly) -> io::Result<()> {
+        self.write_anomaly(a)
+    }
+    fn summary(&mut self, all: &[&Anomaly]) -> io::Result<()> {
+        self.write_summary(all)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        LineSink::flush(self)
+    }
+}
+
 /// Journeys: records into the correlation engine, finished journeys out,
 /// and through the diagnosis rules.
-pub struct JourneySink<W: io::Write> {
+pub struct JourneySink<O: JourneyOut> {
     engine: Engine,
     diagnoser: Diagnoser,
-    lines: LineSink<W>,
+    pub out: O,
     printed: u64,
+    lost: u64,
     /// With a target: (its netns, its addresses). The kernel also passes
     /// its resolvers' upstream queries, which belong to others' lookups
     /// unless linked under one of the target's journeys.
     only: Option<(u32, Vec<std::net::IpAddr>)>,
 }
 
-impl<W: io::Write> JourneySink<W> {
-    pub fn new(limits: Limits, context: Context, lines: LineSink<W>) -> Self {
+impl<O: JourneyOut> JourneySink<O> {
+    pub fn new(limits: Limits, context: Context, out: O) -> Self {
         Self {
             engine: Engine::new(limits),
             diagnoser: Diagnoser::new(context),
-            lines,
+            out,
             printed: 0,
+            lost: 0,
             only: None,
         }
     }
@@ -93,7 +131,7 @@ impl<W: io::Write> JourneySink<W> {
         self
     }
 
-    fn wanted(&self, j: &crate::correlate::Journey) -> bool {
+    fn wanted(&self, j: &Journey) -> bool {
         let Some((netns, addrs)) = &self.only else {
             return true;
         };
@@ -101,25 +139,38 @@ impl<W: io::Write> JourneySink<W> {
         addrs.contains(&j.client.ip()) || origin.is_some_and(|o| *netns != 0 && o.netns == *netns)
     }
 
-    fn print(&mut self, journeys: Vec<crate::correlate::Journey>) -> io::Result<()> {
+    fn print(&mut self, journeys: Vec<Journey>) -> io::Result<()> {
         let journeys: Vec<_> = journeys.into_iter().filter(|j| self.wanted(j)).collect();
         for j in &journeys {
-            self.lines.write_journey(j)?;
+            let new = self.diagnoser.journey(j, self.out.labels().kernel());
+            self.out.journey(j, self.diagnoser.hits())?;
             self.printed += 1;
-            for a in self.diagnoser.journey(j, self.lines.kernel()) {
-                self.lines.write_anomaly(&a)?;
+            for a in new {
+                self.out.anomaly(&a)?;
             }
         }
-        self.lines.flush()
+        self.out.flush()
+    }
+
+    fn health(&self, now_ns: u64) -> Health {
+        Health {
+            now_ns,
+            lost: self.lost,
+            evicted: self.engine.evicted(),
+            open: self.engine.open_count(),
+        }
     }
 }
 
-impl<W: io::Write> Sink for JourneySink<W> {
+impl<O: JourneyOut> Sink for JourneySink<O> {
     fn start(&mut self) -> io::Result<()> {
-        for a in self.diagnoser.static_checks(monotonic_now()) {
-            self.lines.write_anomaly(&a)?;
+        let now = monotonic_now();
+        for a in self.diagnoser.static_checks(now) {
+            self.out.anomaly(&a)?;
         }
-        self.lines.flush()
+        self.out
+            .state(&self.diagnoser.summary(), &self.health(now))?;
+        self.out.flush()
     }
     fn record(&mut self, rec: &Record) -> io::Result<()> {
         self.engine.push(rec);
@@ -131,7 +182,7 @@ impl<W: io::Write> Sink for JourneySink<W> {
     }
     fn counters(&mut self, moved: &[(&'static str, u64)]) -> io::Result<()> {
         for a in self.diagnoser.counters_moved(moved, monotonic_now()) {
-            self.lines.write_anomaly(&a)?;
+            self.out.anomaly(&a)?;
         }
         Ok(())
     }
@@ -143,18 +194,21 @@ impl<W: io::Write> Sink for JourneySink<W> {
             engine.asked_over_tcp(client, name, qtype, since)
         });
         for a in late {
-            self.lines.write_anomaly(&a)?;
+            self.out.anomaly(&a)?;
         }
-        self.lines.flush()
+        self.out
+            .state(&self.diagnoser.summary(), &self.health(now_ns))?;
+        self.out.flush()
     }
-    fn lost(&mut self) {
+    fn lost(&mut self, total: u64) {
+        self.lost = total;
         self.engine.lost();
     }
     fn finish(&mut self, now_ns: u64) -> io::Result<()> {
         let rest = self.engine.finish(now_ns);
         self.print(rest)?;
-        self.lines.write_summary(&self.diagnoser.summary())?;
-        self.lines.flush()
+        self.out.summary(&self.diagnoser.summary())?;
+        self.out.flush()
     }
     fn summary(&self) -> Option<String> {
         Some(format!(
@@ -170,6 +224,8 @@ impl<W: io::Write> Sink for JourneySink<W> {
 pub enum View {
     Packets,
     Journeys(Limits),
+    /// The live terminal view of journeys.
+    Live(Limits),
 }
 
 #[derive(Default, Debug)]
@@ -184,6 +240,8 @@ struct Counts {
 struct Stop {
     int: Signal,
     term: Signal,
+    /// The live view's quit key.
+    quit: Option<Arc<Notify>>,
 }
 
 impl Stop {
@@ -191,13 +249,22 @@ impl Stop {
         Ok(Self {
             int: signal(SignalKind::interrupt())?,
             term: signal(SignalKind::terminate())?,
+            quit: None,
         })
     }
 
     async fn wait(&mut self) {
+        let quit = &self.quit;
+        let quit = async {
+            match quit {
+                Some(n) => n.notified().await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             _ = self.int.recv() => {}
             _ = self.term.recv() => {}
+            () = quit => {}
         }
     }
 }
@@ -222,14 +289,9 @@ pub async fn run(args: CaptureArgs, view: View) -> Result<()> {
     // Root reads real addresses from kallsyms; drop locations need them.
     let kallsyms = std::fs::read_to_string("/proc/kallsyms").unwrap_or_default();
     let kernel = KernelNames::new(std::mem::take(&mut probes.drop_reasons), &kallsyms);
-    let lines = LineSink::new(
-        args.output,
-        probes.iface_names(),
-        Clock::now(),
-        kernel,
-        io::stdout().lock(),
-    )
-    .with_names(Names::new(&services, &pods));
+    let labels = Labels::new(probes.iface_names(), Clock::now(), kernel)
+        .with_names(Names::new(&services, &pods));
+    let format = args.output.unwrap_or(OutputFormat::Text);
     let (ct, stats) = watch_conntrack(args.node_netns.as_deref());
     let mut pipe = Pipeline {
         ingest: &mut ingest,
@@ -246,12 +308,26 @@ pub async fn run(args: CaptureArgs, view: View) -> Result<()> {
         "dnstrace: capturing DNS on port {}; Ctrl-C to stop",
         ports.join(",")
     );
+    let context = context_of(node, &services, target.clone());
     let result = match view {
-        View::Packets => pipe.drive(lines, &mut stop).await,
+        View::Packets => {
+            let mut lines = LineSink::new(format, labels, io::stdout().lock());
+            pipe.drive(&mut lines, &mut stop).await
+        }
         View::Journeys(limits) => {
-            let sink = JourneySink::new(limits, context_of(node, &services, target.clone()), lines)
-                .only_from(target.as_ref());
-            pipe.drive(sink, &mut stop).await
+            let lines = LineSink::new(format, labels, io::stdout().lock());
+            let mut sink = JourneySink::new(limits, context, lines).only_from(target.as_ref());
+            pipe.drive(&mut sink, &mut stop).await
+        }
+        View::Live(limits) => {
+            let about = About {
+                target: target.as_ref().map_or("the whole node".into(), headline),
+                hooks: probes.attachments.len(),
+                log: None,
+            };
+            let log = args.log_file.clone().unwrap_or_else(view::default_log);
+            let sink = |out| JourneySink::new(limits, context, out).only_from(target.as_ref());
+            live(&mut pipe, &mut stop, about, &log, labels, sink).await
         }
     };
     let exit = ExitReport {
@@ -266,6 +342,45 @@ pub async fn run(args: CaptureArgs, view: View) -> Result<()> {
     drop(probes);
     exit.print();
     result.map(drop)
+}
+
+/// The live view's capture: the view takes the terminal and stderr until
+/// the capture ends, then the anomalies are printed on the terminal.
+async fn live(
+    pipe: &mut Pipeline<'_>,
+    stop: &mut Stop,
+    mut about: About,
+    log: &std::path::Path,
+    labels: Labels,
+    sink: impl FnOnce(LiveOut) -> JourneySink<LiveOut>,
+) -> Result<Option<String>> {
+    let quit = Arc::new(Notify::new());
+    stop.quit = Some(quit.clone());
+    about.log = Some(log.display().to_string());
+    let (view, out) = view::start(about, log, labels, quit)?;
+    let mut sink = sink(out);
+    let result = pipe.drive(&mut sink, stop).await;
+    let anomalies = sink.out.summary.take();
+    drop(sink);
+    let closed = view.close();
+    report_log(log);
+    print!("{}", anomalies.unwrap_or_default());
+    closed.and(result)
+}
+
+/// Points at the log of the live session, or removes it when empty.
+fn report_log(log: &std::path::Path) {
+    match std::fs::metadata(log) {
+        Ok(m) if m.len() == 0 => drop(std::fs::remove_file(log)),
+        Ok(_) => eprintln!("dnstrace: the session's log lines are in {}", log.display()),
+        Err(_) => {}
+    }
+}
+
+/// `pod default/web-… (10.244.0.10)`: the target in a few words.
+fn headline(t: &target::Target) -> String {
+    let addrs: Vec<String> = t.addrs.iter().map(ToString::to_string).collect();
+    format!("{} ({})", t.label, addrs.join(", "))
 }
 
 /// What the diagnosis rules need to know about the node.
@@ -430,7 +545,7 @@ async fn ct_events(ct: &mut Option<CtWatcher>, ports: &[u16]) -> io::Result<Vec<
 impl Pipeline<'_> {
     /// Moves events into `sink` until a signal arrives or stdout closes;
     /// returns the sink's summary.
-    async fn drive<S: Sink>(&mut self, mut sink: S, stop: &mut Stop) -> Result<Option<String>> {
+    async fn drive<S: Sink>(&mut self, sink: &mut S, stop: &mut Stop) -> Result<Option<String>> {
         sink.start().context("writing to stdout")?;
         let mut tick = interval(Duration::from_millis(100));
         let mut stats_tick = interval(Duration::from_secs(1));
@@ -459,22 +574,22 @@ impl Pipeline<'_> {
                     }
                 }
                 _ = tick.tick() => {
-                    self.check_lost(&mut sink);
+                    self.check_lost(sink);
                     if let Err(e) = sink.tick(monotonic_now()) {
                         break Err(e);
                     }
                 }
             }
-            if let Err(e) = self.feed(batch, &mut sink) {
+            if let Err(e) = self.feed(batch, sink) {
                 break Err(e);
             }
         };
         let mut rest = Vec::new();
         self.ingest.drain_now(&mut rest);
         // Journeys closed now must know about losses since the last tick.
-        self.check_lost(&mut sink);
+        self.check_lost(sink);
         let result = result
-            .and_then(|()| self.feed(rest, &mut sink))
+            .and_then(|()| self.feed(rest, sink))
             .and_then(|()| sink.finish(monotonic_now()));
         result
             .map(|()| sink.summary())
@@ -486,7 +601,7 @@ impl Pipeline<'_> {
         if lost > self.lost_seen {
             eprintln!("dnstrace: warning: {lost} events lost so far (ring buffer full; raise --ring-buffer-mib)");
             self.lost_seen = lost;
-            sink.lost();
+            sink.lost(lost);
         }
     }
 

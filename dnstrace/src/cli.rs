@@ -68,9 +68,19 @@ pub struct CaptureArgs {
     #[arg(short, long = "port", value_name = "PORT", default_value = "53")]
     pub ports: Vec<u16>,
 
-    /// Output format: one line per DNS message.
-    #[arg(short, long, value_enum, default_value_t = OutputFormat::Text)]
-    pub output: OutputFormat,
+    /// Output format: one line (text or JSON) per DNS message, or per
+    /// journey with `trace`. Without it, on a terminal, the live view.
+    #[arg(short, long, value_enum)]
+    pub output: Option<OutputFormat>,
+
+    /// Lines even on a terminal: no live view.
+    #[arg(long)]
+    pub no_tui: bool,
+
+    /// Where log lines go while the live view is up (default: a new
+    /// dnstrace-PID.log in the temporary directory).
+    #[arg(long, value_name = "PATH")]
+    pub log_file: Option<PathBuf>,
 
     /// Trace only this pod's lookups: `name`, `namespace/name` or a unique
     /// prefix, found in the container runtime's state on this node.
@@ -116,6 +126,14 @@ pub struct RuntimeArgs {
     /// CRI-O's containers/storage run root (`runroot` in storage.conf).
     #[arg(long, value_name = "PATH", default_value = pods::CRIO_ROOT)]
     pub crio_root: PathBuf,
+}
+
+impl CaptureArgs {
+    /// The live view: on a terminal, unless lines were asked for.
+    pub fn live(&self) -> bool {
+        use std::io::IsTerminal as _;
+        self.output.is_none() && !self.no_tui && std::io::stdout().is_terminal()
+    }
 }
 
 impl RuntimeArgs {

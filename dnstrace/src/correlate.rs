@@ -227,7 +227,7 @@ impl Engine {
         }
     }
 
-    #[cfg(test)]
+    /// Journeys followed now.
     pub fn open_count(&self) -> usize {
         self.open.len()
     }

@@ -127,6 +127,8 @@ pub struct Diagnoser {
     upstream: BTreeMap<SocketAddr, UpstreamStats>,
     recent: BTreeMap<IpAddr, VecDeque<Asked>>,
     truncated: VecDeque<Truncated>,
+    /// (kind, summary) of every anomaly the last journey checked fed.
+    hits: Vec<(&'static str, String)>,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -145,6 +147,7 @@ impl Diagnoser {
             upstream: BTreeMap::new(),
             recent: BTreeMap::new(),
             truncated: VecDeque::new(),
+            hits: Vec::new(),
         }
     }
 
@@ -215,6 +218,7 @@ impl Diagnoser {
 
     /// Checks a finished journey; returns anomalies raised for the first time.
     pub fn journey(&mut self, j: &Journey, names: &KernelNames) -> Vec<Anomaly> {
+        self.hits.clear();
         self.count_upstream(j);
         self.await_tcp_retry(j);
         let recent = self.recent_of(j);
@@ -234,6 +238,7 @@ impl Diagnoser {
         now_ns: u64,
         retried: impl Fn(IpAddr, &str, &str, u64) -> bool,
     ) -> Vec<Anomaly> {
+        self.hits.clear();
         let mut found = Vec::new();
         while let Some(t) = self.truncated.front() {
             if now_ns.saturating_sub(t.answered_ns) < TCP_RETRY_NS {
@@ -324,6 +329,12 @@ impl Diagnoser {
         });
     }
 
+    /// The anomalies (kind, summary) the last checked journey fed, new or
+    /// already raised: a view's badges.
+    pub fn hits(&self) -> &[(&'static str, String)] {
+        &self.hits
+    }
+
     /// Every anomaly raised so far, most severe first.
     pub fn summary(&self) -> Vec<&Anomaly> {
         let mut all: Vec<&Anomaly> = self.active.values().collect();
@@ -353,6 +364,7 @@ impl Diagnoser {
             a.count += 1;
             a.last_ns = a.last_ns.max(now_ns);
             if let Some(id) = journey {
+                self.hits.push((a.kind, a.summary.clone()));
                 if a.journeys.len() == JOURNEYS_KEPT {
                     a.journeys.remove(0);
                 }

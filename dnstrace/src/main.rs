@@ -13,6 +13,7 @@ mod output;
 mod pods;
 mod probes;
 mod target;
+mod view;
 
 use std::process::ExitCode;
 
@@ -46,7 +47,16 @@ fn main() -> ExitCode {
                     max_open,
                     ..Default::default()
                 };
-                capture::run(capture, capture::View::Journeys(limits)).await
+                let view = if capture.live() {
+                    capture::View::Live(limits)
+                } else {
+                    capture::View::Journeys(limits)
+                };
+                capture::run(capture, view).await
+            }
+            None if cli.capture.live() => {
+                let view = capture::View::Live(correlate::Limits::default());
+                capture::run(cli.capture, view).await
             }
             None => capture::run(cli.capture, capture::View::Packets).await,
         }

@@ -11,7 +11,7 @@ use serde::Serialize;
 use crate::{
     cli::OutputFormat,
     conntrack::CtEvent,
-    correlate::{Journey, Outcome},
+    correlate::{Journey, Leg, Outcome},
     decode::{Body, Conntrack, DnsMessage, KernelNames, Packet, Record, Transport},
     diagnose::Anomaly,
     naming::Names,
@@ -45,6 +45,10 @@ pub fn monotonic_now() -> u64 {
 }
 
 impl Clock {
+    /// Monotonic zero at the epoch: fixed times for tests.
+    #[cfg(test)]
+    pub const EPOCH: Self = Self { offset_ns: 0 };
+
     pub fn now() -> Self {
         Self {
             offset_ns: clock_ns(libc::CLOCK_REALTIME) - clock_ns(libc::CLOCK_MONOTONIC),
@@ -57,12 +61,108 @@ impl Clock {
     }
 }
 
-pub struct LineSink<W: Write> {
-    format: OutputFormat,
+/// What turns numbers into words: device names, wall time, kernel drop
+/// reasons and locations, pod and service names. Shared by every view.
+pub struct Labels {
     iface_names: HashMap<u32, String>,
     clock: Clock,
     kernel: KernelNames,
     names: Names,
+}
+
+impl Labels {
+    pub fn new(iface_names: HashMap<u32, String>, clock: Clock, kernel: KernelNames) -> Self {
+        Self {
+            iface_names,
+            clock,
+            kernel,
+            names: Names::default(),
+        }
+    }
+
+    /// Pods and services to name addresses after in journeys.
+    pub fn with_names(mut self, names: Names) -> Self {
+        self.names = names;
+        self
+    }
+
+    pub fn kernel(&self) -> &KernelNames {
+        &self.kernel
+    }
+
+    /// The pod or service at `ip`, if known.
+    pub fn name(&self, ip: &std::net::IpAddr) -> Option<&str> {
+        self.names.get(ip)
+    }
+
+    /// `namespace/name (address)`, or the address where it has no name.
+    pub fn named(&self, addr: SocketAddr) -> String {
+        match self.names.get(&addr.ip()) {
+            Some(name) => format!("{name} ({addr})"),
+            None => addr.to_string(),
+        }
+    }
+
+    /// Wall-clock time of day with microseconds, UTC.
+    pub fn time_of_day(&self, mono_ns: u64) -> String {
+        let time = humantime::format_rfc3339_micros(self.clock.wall(mono_ns)).to_string();
+        time.get(11..26).map(str::to_owned).unwrap_or(time)
+    }
+
+    /// Where a leg was seen: `device@netns` for hooks that see every
+    /// namespace, else the --iface device.
+    pub fn place(&self, leg: &Leg) -> String {
+        match &leg.iface {
+            Some(name) => format!("{name}@{}", leg.netns),
+            None => self
+                .iface_names
+                .get(&leg.ifindex)
+                .cloned()
+                .unwrap_or_else(|| format!("if{}", leg.ifindex)),
+        }
+    }
+
+    /// How a journey ended: rcode and answers, a drop, or no answer.
+    pub fn outcome(&self, o: &Outcome) -> String {
+        match o {
+            Outcome::Answered {
+                rcode,
+                answers,
+                truncated,
+            } => {
+                let mut s = rcode.clone();
+                if *truncated {
+                    s += " (truncated)";
+                }
+                if !answers.is_empty() {
+                    let shown: Vec<String> = answers.iter().take(3).map(|a| shorten(a)).collect();
+                    s += &format!(" → {}", shown.join(", "));
+                    if answers.len() > 3 {
+                        s += &format!(" (+{} more)", answers.len() - 3);
+                    }
+                }
+                s
+            }
+            Outcome::Dropped { reason, location } => {
+                format!("DROPPED ({})", self.drop_text(*reason, *location))
+            }
+            Outcome::Timeout => "NO ANSWER".to_owned(),
+        }
+    }
+
+    /// `reason at location` of a kernel drop.
+    pub fn drop_text(&self, reason: u32, location: u64) -> String {
+        format!(
+            "{} at {}",
+            self.kernel.drop_reason(reason),
+            self.kernel.location(location)
+        )
+    }
+}
+
+pub struct LineSink<W: Write> {
+    format: OutputFormat,
+    labels: Labels,
     out: W,
 }
 
@@ -107,35 +207,16 @@ struct JsonDrop {
 }
 
 impl<W: Write> LineSink<W> {
-    pub fn new(
-        format: OutputFormat,
-        iface_names: HashMap<u32, String>,
-        clock: Clock,
-        kernel: KernelNames,
-        out: W,
-    ) -> Self {
+    pub fn new(format: OutputFormat, labels: Labels, out: W) -> Self {
         Self {
             format,
-            iface_names,
-            clock,
-            kernel,
-            names: Names::default(),
+            labels,
             out,
         }
     }
 
-    /// Pods and services to name addresses after in journeys.
-    pub fn with_names(mut self, names: Names) -> Self {
-        self.names = names;
-        self
-    }
-
-    /// `namespace/name (address)`, or the address where it has no name.
     fn named(&self, addr: SocketAddr) -> String {
-        match self.names.get(&addr.ip()) {
-            Some(name) => format!("{name} ({addr})"),
-            None => addr.to_string(),
-        }
+        self.labels.named(addr)
     }
 
     /// The names of a journey's addresses, for JSON readers.
@@ -148,7 +229,7 @@ impl<W: Write> LineSink<W> {
         });
         addrs
             .chain([j.client])
-            .filter_map(|a| Some((a.ip().to_string(), self.names.get(&a.ip())?.into())))
+            .filter_map(|a| Some((a.ip().to_string(), self.labels.name(&a.ip())?.into())))
             .collect()
     }
 
@@ -180,7 +261,8 @@ impl<W: Write> LineSink<W> {
         let proto = if ev.proto == 6 { "tcp" } else { "udp" };
         match self.format {
             OutputFormat::Text => {
-                let time = humantime::format_rfc3339_micros(self.clock.wall(now_ns)).to_string();
+                let time =
+                    humantime::format_rfc3339_micros(self.labels.clock.wall(now_ns)).to_string();
                 let mut line = format!(
                     "{} conntrack {:?} {proto} {} → {} reply {} → {}",
                     time.get(11..26).unwrap_or(&time),
@@ -197,7 +279,7 @@ impl<W: Write> LineSink<W> {
             }
             OutputFormat::Json => {
                 let v = serde_json::json!({
-                    "time": humantime::format_rfc3339_nanos(self.clock.wall(now_ns)).to_string(),
+                    "time": humantime::format_rfc3339_nanos(self.labels.clock.wall(now_ns)).to_string(),
                     "kind": "conntrack",
                     "event": ev.kind,
                     "transport": proto,
@@ -211,8 +293,8 @@ impl<W: Write> LineSink<W> {
         }
     }
 
-    pub fn kernel(&self) -> &KernelNames {
-        &self.kernel
+    pub fn labels(&self) -> &Labels {
+        &self.labels
     }
 
     /// An anomaly, as it is raised.
@@ -237,23 +319,7 @@ impl<W: Write> LineSink<W> {
     /// Every anomaly of the run, at exit.
     pub fn write_summary(&mut self, all: &[&Anomaly]) -> io::Result<()> {
         match self.format {
-            OutputFormat::Text if all.is_empty() => writeln!(self.out, "no anomalies"),
-            OutputFormat::Text => {
-                writeln!(self.out, "{} anomalies:", all.len())?;
-                for a in all {
-                    let ids: Vec<String> = a.journeys.iter().map(u64::to_string).collect();
-                    writeln!(
-                        self.out,
-                        "  {:?} {} x{}: {} (journeys {})",
-                        a.severity,
-                        a.kind,
-                        a.count,
-                        a.summary,
-                        ids.join(" ")
-                    )?;
-                }
-                Ok(())
-            }
+            OutputFormat::Text => write!(self.out, "{}", summary_text(all)),
             OutputFormat::Json => writeln!(
                 self.out,
                 "{}",
@@ -279,8 +345,7 @@ impl<W: Write> LineSink<W> {
     /// A journey as a header line and one indented line per leg, upstream
     /// journeys nested under it.
     fn timeline(&self, j: &Journey, indent: &str) -> String {
-        let time = humantime::format_rfc3339_micros(self.clock.wall(j.started_ns)).to_string();
-        let time = time.get(11..26).unwrap_or(&time);
+        let time = self.labels.time_of_day(j.started_ns);
         let first_dst = j
             .legs
             .first()
@@ -304,14 +369,7 @@ impl<W: Write> LineSink<W> {
             },
         );
         for leg in &j.legs {
-            let place = match &leg.iface {
-                Some(name) => format!("{name}@{}", leg.netns),
-                None => self
-                    .iface_names
-                    .get(&leg.ifindex)
-                    .cloned()
-                    .unwrap_or_else(|| format!("if{}", leg.ifindex)),
-            };
+            let place = self.labels.place(leg);
             let dir = direction_word(leg.direction);
             let mut line = format!(
                 "{indent}  +{:>9} {place:<28} {dir} {:<8} {} → {}",
@@ -327,11 +385,7 @@ impl<W: Write> LineSink<W> {
                 line += &format!("  SNAT {a} → {b}");
             }
             if let Some((reason, at)) = leg.drop {
-                line += &format!(
-                    "  dropped: {} at {}",
-                    self.kernel.drop_reason(reason),
-                    self.kernel.location(at)
-                );
+                line += &format!("  dropped: {}", self.labels.drop_text(reason, at));
             }
             out += &line;
             out.push('\n');
@@ -343,46 +397,19 @@ impl<W: Write> LineSink<W> {
     }
 
     fn outcome(&self, o: &Outcome) -> String {
-        match o {
-            Outcome::Answered {
-                rcode,
-                answers,
-                truncated,
-            } => {
-                let mut s = rcode.clone();
-                if *truncated {
-                    s += " (truncated)";
-                }
-                if !answers.is_empty() {
-                    let shown: Vec<String> = answers.iter().take(3).map(|a| shorten(a)).collect();
-                    s += &format!(" → {}", shown.join(", "));
-                    if answers.len() > 3 {
-                        s += &format!(" (+{} more)", answers.len() - 3);
-                    }
-                }
-                s
-            }
-            Outcome::Dropped { reason, location } => {
-                format!(
-                    "DROPPED ({} at {})",
-                    self.kernel.drop_reason(*reason),
-                    self.kernel.location(*location)
-                )
-            }
-            Outcome::Timeout => "NO ANSWER".to_owned(),
-        }
+        self.labels.outcome(o)
     }
 
     fn journey_json(&self, j: &Journey) -> serde_json::Value {
         let mut v = serde_json::to_value(j).unwrap_or_default();
         v["type"] = "journey".into();
-        v["time"] = humantime::format_rfc3339_nanos(self.clock.wall(j.started_ns))
+        v["time"] = humantime::format_rfc3339_nanos(self.labels.clock.wall(j.started_ns))
             .to_string()
             .into();
         v["total_ms"] = (j.total_ns() as f64 / 1e6).into();
         if let Outcome::Dropped { reason, location } = j.outcome {
-            v["outcome"]["reason_name"] = self.kernel.drop_reason(reason).into();
-            v["outcome"]["location_name"] = self.kernel.location(location).into();
+            v["outcome"]["reason_name"] = self.labels.kernel.drop_reason(reason).into();
+            v["outcome"]["location_name"] = self.labels.kernel.location(location).into();
         }
         v["upstream"] = j.upstream.iter().map(|u| self.journey_json(u)).collect();
         v["names"] = self.names_of(j).into();
@@ -393,13 +420,13 @@ impl<W: Write> LineSink<W> {
     fn iface(&self, p: &Packet) -> String {
         p.ifname
             .clone()
-            .or_else(|| self.iface_names.get(&p.ifindex).cloned())
+            .or_else(|| self.labels.iface_names.get(&p.ifindex).cloned())
             .unwrap_or_else(|| format!("if{}", p.ifindex))
     }
 
     fn text(&self, rec: &Record) -> String {
         let p = &rec.packet;
-        let time = humantime::format_rfc3339_micros(self.clock.wall(p.ts_ns)).to_string();
+        let time = humantime::format_rfc3339_micros(self.labels.clock.wall(p.ts_ns)).to_string();
         let time = time.get(11..26).unwrap_or(&time);
         let place = match p.ifname {
             // Hooks that see every namespace: say which one.
@@ -426,8 +453,8 @@ impl<W: Write> LineSink<W> {
         if let Some(d) = p.drop {
             line += &format!(
                 " [dropped: {} at {}]",
-                self.kernel.drop_reason(d.reason),
-                self.kernel.location(d.location)
+                self.labels.kernel.drop_reason(d.reason),
+                self.labels.kernel.location(d.location)
             );
         }
         line
@@ -438,7 +465,7 @@ impl<W: Write> LineSink<W> {
         let pair =
             |(a, b): (std::net::SocketAddr, std::net::SocketAddr)| [a.to_string(), b.to_string()];
         JsonLine {
-            time: humantime::format_rfc3339_nanos(self.clock.wall(p.ts_ns)).to_string(),
+            time: humantime::format_rfc3339_nanos(self.labels.clock.wall(p.ts_ns)).to_string(),
             mono_ns: p.ts_ns,
             hook: p.hook.name(),
             iface: self.iface(p),
@@ -460,12 +487,32 @@ impl<W: Write> LineSink<W> {
                 snat: ct.snat().map(pair),
             }),
             drop: p.drop.map(|d| JsonDrop {
-                reason: self.kernel.drop_reason(d.reason),
-                location: self.kernel.location(d.location),
+                reason: self.labels.kernel.drop_reason(d.reason),
+                location: self.labels.kernel.location(d.location),
             }),
             body: &rec.body,
         }
     }
+}
+
+/// Every anomaly of the run, as text lines.
+pub fn summary_text(all: &[&Anomaly]) -> String {
+    if all.is_empty() {
+        return "no anomalies\n".into();
+    }
+    let mut s = format!("{} anomalies:\n", all.len());
+    for a in all {
+        let ids: Vec<String> = a.journeys.iter().map(u64::to_string).collect();
+        s += &format!(
+            "  {:?} {} x{}: {} (journeys {})\n",
+            a.severity,
+            a.kind,
+            a.count,
+            a.summary,
+            ids.join(" ")
+        );
+    }
+    s
 }
 
 /// The short word the text views use for a hook's direction.
@@ -591,9 +638,11 @@ mod tests {
     fn sink(format: OutputFormat) -> LineSink<Vec<u8>> {
         LineSink::new(
             format,
-            HashMap::from([(7, "veth-s".to_string())]),
-            Clock { offset_ns: 0 },
-            KernelNames::default(),
+            Labels::new(
+                HashMap::from([(7, "veth-s".to_string())]),
+                Clock { offset_ns: 0 },
+                KernelNames::default(),
+            ),
             Vec::new(),
         )
     }

@@ -24,6 +24,9 @@ pub fn run() -> Result<()> {
     let result = story(&bin);
     step("removing the lab");
     dnstrace(&bin, &["lab", "down"])?;
+    if result.is_ok() {
+        step("next, the live view, in a terminal: `target/release/dnstrace lab up --fault bridge-nf-off`, then `target/release/dnstrace trace --node-netns /run/netns/dtlab-node --containerd-root /run/dnstrace-lab/containerd --pod web` and, from another terminal, `target/release/dnstrace lab traffic --pod web`; ? lists the keys, q quits, `lab down` removes the lab");
+    }
     result
 }
 
@@ -32,7 +35,16 @@ fn story(bin: &Path) -> Result<()> {
     let node_netns = format!("/run/netns/{NODE}");
     let mut trace = Kill(
         Command::new(bin)
-            .args(["trace", "--node-netns", &node_netns, "--timeout", "3s"])
+            // Lines between the demo's steps; `dnstrace trace` alone on a
+            // terminal opens the live view instead.
+            .args([
+                "trace",
+                "--no-tui",
+                "--node-netns",
+                &node_netns,
+                "--timeout",
+                "3s",
+            ])
             .stdin(Stdio::null())
             .spawn()
             .context("starting dnstrace")?,

@@ -27,6 +27,7 @@ const TEST_PACKAGES: &[&str] = &[
     "tshark",
     "bpftool",
     "util-linux",
+    "tmux",
 ];
 
 pub fn is_root() -> bool {
