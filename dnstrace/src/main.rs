@@ -12,6 +12,7 @@ mod netns;
 mod output;
 mod pods;
 mod probes;
+mod record;
 mod target;
 mod view;
 

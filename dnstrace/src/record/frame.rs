@@ -1,0 +1,434 @@
+//! Packets to raw IP frames for recordings, and link-layer frames (ours or
+//! any capture's) back to addresses, ports and the DNS payload.
+//!
+//! Decoding follows the kernel side (dnstrace-ebpf's parse.rs): the same
+//! extension headers, fragments and announced lengths.
+use std::{
+    fmt,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+};
+
+use crate::decode::{Packet, Transport};
+
+pub const LINKTYPE_NULL: u16 = 0;
+pub const LINKTYPE_ETHERNET: u16 = 1;
+pub const LINKTYPE_RAW: u16 = 101;
+pub const LINKTYPE_LOOP: u16 = 108;
+pub const LINKTYPE_LINUX_SLL: u16 = 113;
+pub const LINKTYPE_IPV4: u16 = 228;
+pub const LINKTYPE_IPV6: u16 = 229;
+pub const LINKTYPE_LINUX_SLL2: u16 = 276;
+/// DLT_RAW's values on some BSDs, found in old files instead of 101.
+const DLT_RAW_BSD: [u16; 2] = [12, 14];
+
+const ETH_P_IP: u16 = 0x0800;
+const ETH_P_IPV6: u16 = 0x86dd;
+const ETH_P_8021Q: u16 = 0x8100;
+const ETH_P_8021AD: u16 = 0x88a8;
+const IPPROTO_TCP: u8 = 6;
+const IPPROTO_UDP: u8 = 17;
+const IPPROTO_FRAGMENT: u8 = 44;
+const IPV4_MF: u16 = 0x2000;
+/// IPv6 extension headers walked before giving up, as in the kernel.
+const MAX_EXT_HEADERS: usize = 6;
+const TTL: u8 = 64;
+
+/// A raw IP frame (LINKTYPE_RAW) and the length the packet had.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Frame {
+    pub data: Vec<u8>,
+    pub orig_len: u32,
+}
+
+/// Rebuilds the IP and UDP/TCP headers around `p.payload`: lengths as the
+/// packet announced them, checksums over the bytes captured (so correct
+/// unless the payload was cut). IPv4 options and IPv6 extension headers are
+/// not kept; a first fragment keeps its fragment flag.
+pub fn encode(p: &Packet) -> Frame {
+    let payload_len = p.payload_len.max(p.payload.len() as u32);
+    let (mut l4, checksum_at, proto) = match p.transport {
+        Transport::Udp => (udp_header(p, payload_len), 6, IPPROTO_UDP),
+        Transport::Tcp { seq, flags } => (tcp_header(p, seq, flags), 16, IPPROTO_TCP),
+    };
+    // A first fragment holds what was captured; its transport header
+    // announces the whole datagram.
+    let in_ip = if p.fragment {
+        p.payload.len() as u32
+    } else {
+        payload_len
+    };
+    let l4_len = (l4.len() as u32).saturating_add(in_ip);
+    let (mut data, pseudo) = match ips(p) {
+        (IpAddr::V4(src), IpAddr::V4(dst)) => ipv4_header(src, dst, proto, l4_len, p.fragment),
+        (src, dst) => ipv6_header(v6(src), v6(dst), proto, l4_len, p.fragment),
+    };
+    let sum = sum16(sum16(pseudo, &l4), &p.payload);
+    let sum = match (fold(sum), p.transport) {
+        // 0 means "no checksum" in UDP.
+        (0, Transport::Udp) => 0xffff,
+        (s, _) => s,
+    };
+    l4[checksum_at..checksum_at + 2].copy_from_slice(&sum.to_be_bytes());
+    let orig_len = (data.len() as u32).saturating_add(l4_len);
+    data.reserve(l4.len() + p.payload.len());
+    data.extend_from_slice(&l4);
+    data.extend_from_slice(&p.payload);
+    Frame { data, orig_len }
+}
+
+/// Both addresses of one family (IPv4-mapped IPv6 if they differ).
+fn ips(p: &Packet) -> (IpAddr, IpAddr) {
+    match (p.src.ip(), p.dst.ip()) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => (s.into(), d.into()),
+        (s, d) => (v6(s).into(), v6(d).into()),
+    }
+}
+
+fn v6(ip: IpAddr) -> Ipv6Addr {
+    match ip {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+        IpAddr::V6(v6) => v6,
+    }
+}
+
+fn u16_len(len: u32) -> [u8; 2] {
+    u16::try_from(len).unwrap_or(u16::MAX).to_be_bytes()
+}
+
+fn udp_header(p: &Packet, payload_len: u32) -> Vec<u8> {
+    let mut h = Vec::with_capacity(8);
+    h.extend_from_slice(&p.src.port().to_be_bytes());
+    h.extend_from_slice(&p.dst.port().to_be_bytes());
+    h.extend_from_slice(&u16_len(payload_len.saturating_add(8)));
+    h.extend_from_slice(&[0, 0]);
+    h
+}
+
+/// No acknowledgement number is known; the window is the largest unscaled.
+fn tcp_header(p: &Packet, seq: u32, flags: u8) -> Vec<u8> {
+    let mut h = Vec::with_capacity(20);
+    h.extend_from_slice(&p.src.port().to_be_bytes());
+    h.extend_from_slice(&p.dst.port().to_be_bytes());
+    h.extend_from_slice(&seq.to_be_bytes());
+    h.extend_from_slice(&[0; 4]);
+    h.extend_from_slice(&[5 << 4, flags, 0xff, 0xff, 0, 0, 0, 0]);
+    h
+}
+
+/// The header, and the pseudo-header sum for the transport checksum.
+fn ipv4_header(src: Ipv4Addr, dst: Ipv4Addr, proto: u8, l4_len: u32, frag: bool) -> (Vec<u8>, u64) {
+    let mut h = Vec::with_capacity(20);
+    h.extend_from_slice(&[0x45, 0]);
+    h.extend_from_slice(&u16_len(l4_len.saturating_add(20)));
+    h.extend_from_slice(&[0, 0]);
+    h.extend_from_slice(&(if frag { IPV4_MF } else { 0 }).to_be_bytes());
+    h.extend_from_slice(&[TTL, proto, 0, 0]);
+    h.extend_from_slice(&src.octets());
+    h.extend_from_slice(&dst.octets());
+    let sum = fold(sum16(0, &h));
+    h[10..12].copy_from_slice(&sum.to_be_bytes());
+    let pseudo = sum16(sum16(0, &h[12..20]), &[0, proto]) + u64::from(l4_len);
+    (h, pseudo)
+}
+
+fn ipv6_header(src: Ipv6Addr, dst: Ipv6Addr, proto: u8, l4_len: u32, frag: bool) -> (Vec<u8>, u64) {
+    let ext = if frag { 8 } else { 0 };
+    let mut h = Vec::with_capacity(48);
+    h.extend_from_slice(&[0x60, 0, 0, 0]);
+    h.extend_from_slice(&u16_len(l4_len.saturating_add(ext)));
+    h.extend_from_slice(&[if frag { IPPROTO_FRAGMENT } else { proto }, TTL]);
+    h.extend_from_slice(&src.octets());
+    h.extend_from_slice(&dst.octets());
+    if frag {
+        // Offset 0, more fragments, identification 0.
+        h.extend_from_slice(&[proto, 0, 0, 1, 0, 0, 0, 0]);
+    }
+    let pseudo = sum16(sum16(0, &h[8..40]), &[0, proto]) + u64::from(l4_len);
+    (h, pseudo)
+}
+
+/// Adds big-endian 16-bit words (an odd last byte padded with zero).
+fn sum16(acc: u64, bytes: &[u8]) -> u64 {
+    let mut words = bytes.chunks_exact(2);
+    let mut sum = acc;
+    for w in &mut words {
+        sum += u64::from(u16::from_be_bytes([w[0], w[1]]));
+    }
+    if let [last] = words.remainder() {
+        sum += u64::from(*last) << 8;
+    }
+    sum
+}
+
+/// The ones' complement of the ones' complement sum.
+fn fold(mut sum: u64) -> u16 {
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// A UDP or TCP packet found in a frame.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decoded<'a> {
+    pub src: SocketAddr,
+    pub dst: SocketAddr,
+    pub transport: Transport,
+    /// The L4 payload captured (without link-layer padding).
+    pub payload: &'a [u8],
+    /// L4 payload length the headers announce.
+    pub payload_len: u32,
+    /// Fewer payload bytes captured than announced.
+    pub truncated: bool,
+    /// The first fragment of a fragmented datagram.
+    pub fragment: bool,
+}
+
+/// A frame that does not parse as what its headers say.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FrameError(pub String);
+
+impl fmt::Display for FrameError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for FrameError {}
+
+fn bad<T>(what: impl Into<String>) -> Result<T, FrameError> {
+    Err(FrameError(what.into()))
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ip {
+    V4,
+    V6,
+}
+
+/// `Ok(None)`: not UDP or TCP over IP (or a later fragment, without ports).
+pub fn decode(linktype: u16, data: &[u8]) -> Result<Option<Decoded<'_>>, FrameError> {
+    let Some((ip, packet)) = link(linktype, data)? else {
+        return Ok(None);
+    };
+    let l3 = match ip {
+        Ip::V4 => ipv4(packet)?,
+        Ip::V6 => ipv6(packet)?,
+    };
+    let Some(l3) = l3 else {
+        return Ok(None);
+    };
+    transport(l3)
+}
+
+/// The network layer a link-layer frame carries.
+fn link(linktype: u16, data: &[u8]) -> Result<Option<(Ip, &[u8])>, FrameError> {
+    let ethertype = |at: usize, what: &str| match data.get(at..at + 2) {
+        Some(&[a, b]) => Ok(u16::from_be_bytes([a, b])),
+        _ => bad(format!("{what} header cut at {} bytes", data.len())),
+    };
+    match linktype {
+        LINKTYPE_RAW => Ok(raw(data)),
+        t if DLT_RAW_BSD.contains(&t) => Ok(raw(data)),
+        LINKTYPE_IPV4 => Ok(Some((Ip::V4, data))),
+        LINKTYPE_IPV6 => Ok(Some((Ip::V6, data))),
+        LINKTYPE_ETHERNET => vlan(ethertype(12, "Ethernet")?, &data[14..]),
+        LINKTYPE_LINUX_SLL => vlan(ethertype(14, "Linux cooked")?, &data[16..]),
+        LINKTYPE_LINUX_SLL2 => {
+            if data.len() < 20 {
+                return bad(format!(
+                    "Linux cooked v2 header cut at {} bytes",
+                    data.len()
+                ));
+            }
+            vlan(ethertype(0, "Linux cooked v2")?, &data[20..])
+        }
+        LINKTYPE_NULL | LINKTYPE_LOOP => {
+            let Some(&[a, b, c, d]) = data.get(..4) else {
+                return bad(format!("loopback header cut at {} bytes", data.len()));
+            };
+            let family = match linktype {
+                // NULL: the capturing host's byte order; families are small.
+                LINKTYPE_NULL if a == 0 && b == 0 => u32::from_be_bytes([a, b, c, d]),
+                LINKTYPE_NULL => u32::from_le_bytes([a, b, c, d]),
+                _ => u32::from_be_bytes([a, b, c, d]),
+            };
+            Ok(match family {
+                2 => Some((Ip::V4, &data[4..])),
+                // Linux, then the BSDs and macOS.
+                10 | 24 | 28 | 30 => Some((Ip::V6, &data[4..])),
+                _ => None,
+            })
+        }
+        t => bad(format!("link type {t} is not supported")),
+    }
+}
+
+fn raw(data: &[u8]) -> Option<(Ip, &[u8])> {
+    match data.first()? >> 4 {
+        4 => Some((Ip::V4, data)),
+        6 => Some((Ip::V6, data)),
+        _ => None,
+    }
+}
+
+/// Skips up to two 802.1Q/802.1ad tags.
+fn vlan(mut ethertype: u16, mut rest: &[u8]) -> Result<Option<(Ip, &[u8])>, FrameError> {
+    for _ in 0..2 {
+        if ethertype != ETH_P_8021Q && ethertype != ETH_P_8021AD {
+            break;
+        }
+        let Some(&[_, _, a, b]) = rest.get(..4) else {
+            return bad("VLAN tag cut");
+        };
+        ethertype = u16::from_be_bytes([a, b]);
+        rest = &rest[4..];
+    }
+    Ok(match ethertype {
+        ETH_P_IP => Some((Ip::V4, rest)),
+        ETH_P_IPV6 => Some((Ip::V6, rest)),
+        _ => None,
+    })
+}
+
+/// The transport layer an IP packet carries.
+struct L3<'a> {
+    src: IpAddr,
+    dst: IpAddr,
+    proto: u8,
+    /// Transport bytes captured, up to the end the IP header announces.
+    l4: &'a [u8],
+    /// Transport length the IP header announces.
+    l4_len: u32,
+    fragment: bool,
+}
+
+fn ipv4(p: &[u8]) -> Result<Option<L3<'_>>, FrameError> {
+    let Some(h) = p.get(..20) else {
+        return bad(format!("IPv4 header cut at {} bytes", p.len()));
+    };
+    let ihl = usize::from(h[0] & 0x0f) * 4;
+    if h[0] >> 4 != 4 || ihl < 20 {
+        return bad(format!("not an IPv4 header (first byte 0x{:02x})", h[0]));
+    }
+    let total = match usize::from(u16::from_be_bytes([h[2], h[3]])) {
+        // Segmentation offload leaves 0 in packets captured before it.
+        0 => p.len(),
+        t => t,
+    };
+    if total < ihl || p.len() < ihl {
+        return bad(format!("IPv4 header of {ihl} bytes in a packet of {total}"));
+    }
+    let frag = u16::from_be_bytes([h[6], h[7]]);
+    if frag & 0x1fff != 0 {
+        return Ok(None); // a later fragment carries no ports
+    }
+    let src: [u8; 4] = [h[12], h[13], h[14], h[15]];
+    let dst: [u8; 4] = [h[16], h[17], h[18], h[19]];
+    Ok(Some(L3 {
+        src: Ipv4Addr::from(src).into(),
+        dst: Ipv4Addr::from(dst).into(),
+        proto: h[9],
+        l4: &p[ihl..total.min(p.len())],
+        l4_len: (total - ihl) as u32,
+        fragment: frag & IPV4_MF != 0,
+    }))
+}
+
+fn ipv6(p: &[u8]) -> Result<Option<L3<'_>>, FrameError> {
+    let Some(h) = p.get(..40) else {
+        return bad(format!("IPv6 header cut at {} bytes", p.len()));
+    };
+    if h[0] >> 4 != 6 {
+        return bad(format!("not an IPv6 header (first byte 0x{:02x})", h[0]));
+    }
+    let octets = |at: usize| {
+        let mut a = [0; 16];
+        a.copy_from_slice(&h[at..at + 16]);
+        Ipv6Addr::from(a)
+    };
+    let mut l3 = L3 {
+        src: octets(8).into(),
+        dst: octets(24).into(),
+        proto: h[6],
+        l4: &p[40..],
+        l4_len: u16::from_be_bytes([h[4], h[5]]).into(),
+        fragment: false,
+    };
+    l3.l4 = &l3.l4[..l3.l4.len().min(l3.l4_len as usize)];
+    for _ in 0..MAX_EXT_HEADERS {
+        let ext_len = |unit: usize, extra: usize| match l3.l4.get(1) {
+            Some(&n) => Ok((usize::from(n) + extra) * unit),
+            None => bad("IPv6 extension header cut"),
+        };
+        let len = match l3.proto {
+            IPPROTO_UDP | IPPROTO_TCP => return Ok(Some(l3)),
+            // hop-by-hop, routing, destination options
+            0 | 43 | 60 => ext_len(8, 1)?,
+            // authentication header
+            51 => ext_len(4, 2)?,
+            IPPROTO_FRAGMENT => {
+                let Some(&[_, _, a, b]) = l3.l4.get(..4) else {
+                    return bad("IPv6 fragment header cut");
+                };
+                let frag = u16::from_be_bytes([a, b]);
+                if frag & 0xfff8 != 0 {
+                    return Ok(None);
+                }
+                l3.fragment |= frag & 1 != 0;
+                8
+            }
+            _ => return Ok(None),
+        };
+        if l3.l4.len() < len {
+            return bad(format!("IPv6 extension header of {len} bytes cut"));
+        }
+        l3.proto = l3.l4[0];
+        l3.l4 = &l3.l4[len..];
+        l3.l4_len = l3.l4_len.saturating_sub(len as u32);
+    }
+    Ok(None)
+}
+
+fn transport(l3: L3<'_>) -> Result<Option<Decoded<'_>>, FrameError> {
+    let (transport, header, payload_len) = match l3.proto {
+        IPPROTO_UDP => {
+            let Some(h) = l3.l4.get(..8) else {
+                return bad(format!("UDP header cut at {} bytes", l3.l4.len()));
+            };
+            let len = u16::from_be_bytes([h[4], h[5]]);
+            if len < 8 {
+                return bad(format!("UDP length {len} is below its header's"));
+            }
+            (Transport::Udp, 8, u32::from(len) - 8)
+        }
+        IPPROTO_TCP => {
+            let Some(h) = l3.l4.get(..20) else {
+                return bad(format!("TCP header cut at {} bytes", l3.l4.len()));
+            };
+            let doff = usize::from(h[12] >> 4) * 4;
+            if doff < 20 || l3.l4.len() < doff || (l3.l4_len as usize) < doff {
+                return bad(format!("TCP header of {doff} bytes does not fit"));
+            }
+            let seq = u32::from_be_bytes([h[4], h[5], h[6], h[7]]);
+            let tcp = Transport::Tcp { seq, flags: h[13] };
+            (tcp, doff, l3.l4_len - doff as u32)
+        }
+        _ => return Ok(None),
+    };
+    let ports = |at: usize| u16::from_be_bytes([l3.l4[at], l3.l4[at + 1]]);
+    let payload = &l3.l4[header..];
+    let payload = &payload[..payload.len().min(payload_len as usize)];
+    Ok(Some(Decoded {
+        src: SocketAddr::new(l3.src, ports(0)),
+        dst: SocketAddr::new(l3.dst, ports(2)),
+        transport,
+        payload,
+        payload_len,
+        truncated: (payload.len() as u32) < payload_len,
+        fragment: l3.fragment,
+    }))
+}
+
+#[cfg(test)]
+mod tests;

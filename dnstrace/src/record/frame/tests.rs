@@ -1,0 +1,282 @@
+use super::*;
+use crate::record::tests::{packet, Rng};
+
+const PSH_ACK: u8 = 0x18;
+
+fn tcp(seq: u32) -> Transport {
+    Transport::Tcp {
+        seq,
+        flags: PSH_ACK,
+    }
+}
+
+fn decoded(p: &Packet) -> Decoded<'_> {
+    Decoded {
+        src: p.src,
+        dst: p.dst,
+        transport: p.transport,
+        payload: &p.payload[..],
+        payload_len: p.payload_len,
+        truncated: p.truncated,
+        fragment: p.fragment,
+    }
+}
+
+/// Ones' complement sum of `bytes` folds to 0 when a checksum in them is right.
+fn checksum_ok(bytes: &[u8]) -> bool {
+    fold(sum16(0, bytes)) == 0
+}
+
+fn cases() -> Vec<Packet> {
+    let query = b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x01a\x00\x00\x01\x00\x01";
+    let mut cut = packet("10.0.0.1:53", "10.0.0.2:40000", Transport::Udp, &query[..7]);
+    cut.payload_len = 512;
+    cut.truncated = true;
+    let mut frag4 = packet("10.0.0.1:53", "10.0.0.2:40000", Transport::Udp, &[1; 1472]);
+    (frag4.payload_len, frag4.truncated, frag4.fragment) = (3000, true, true);
+    let mut frag6 = packet(
+        "[fd00::1]:53",
+        "[fd00::2]:40000",
+        Transport::Udp,
+        &[2; 1448],
+    );
+    (frag6.payload_len, frag6.truncated, frag6.fragment) = (3000, true, true);
+    vec![
+        packet("10.244.0.10:40000", "10.96.0.10:53", Transport::Udp, query),
+        packet(
+            "[fd00::10]:40000",
+            "[fd00::53]:53",
+            Transport::Udp,
+            &query[..13],
+        ),
+        packet("10.0.0.1:40000", "10.0.0.2:53", tcp(7), &[0, 19]),
+        packet("[fd00::1]:53", "[fd00::2]:40000", tcp(u32::MAX), b""),
+        cut,
+        frag4,
+        frag6,
+    ]
+}
+
+#[test]
+fn encoded_packets_decode_to_themselves() {
+    for p in cases() {
+        let frame = encode(&p);
+        let d = decode(LINKTYPE_RAW, &frame.data).unwrap().unwrap();
+        assert_eq!(d, decoded(&p), "{p:?}");
+        assert!(frame.orig_len as usize >= frame.data.len());
+    }
+}
+
+#[test]
+fn lengths_and_checksums_are_right() {
+    let cases = cases();
+    let [udp4, udp6, tcp4, tcp6, cut, ..] = &cases[..] else {
+        unreachable!()
+    };
+    let f = encode(udp4);
+    assert_eq!((f.data.len(), f.orig_len), (20 + 8 + 19, 47));
+    assert_eq!(&f.data[2..4], &47u16.to_be_bytes());
+    assert!(checksum_ok(&f.data[..20]));
+    assert!(checksum_ok(
+        &[&f.data[12..20], &[0, 17, 0, 27], &f.data[20..]].concat()
+    ));
+    let f = encode(udp6);
+    assert_eq!((f.data.len(), f.orig_len), (40 + 8 + 13, 61));
+    let pseudo = [&f.data[8..40], &[0, 0, 0, 21, 0, 0, 0, 17]].concat();
+    assert!(checksum_ok(&[&pseudo[..], &f.data[40..]].concat()));
+    let f = encode(tcp4);
+    assert_eq!(f.data[20 + 13], PSH_ACK);
+    assert!(checksum_ok(
+        &[&f.data[12..20], &[0, 6, 0, 22], &f.data[20..]].concat()
+    ));
+    let f = encode(tcp6);
+    let pseudo = [&f.data[8..40], &[0, 0, 0, 20, 0, 0, 0, 6]].concat();
+    assert!(checksum_ok(&[&pseudo[..], &f.data[40..]].concat()));
+    // A cut payload: the headers announce all of it.
+    let f = encode(cut);
+    assert_eq!((f.data.len(), f.orig_len), (20 + 8 + 7, 20 + 8 + 512));
+    assert_eq!(&f.data[24..26], &520u16.to_be_bytes());
+    // Lengths beyond what the headers hold saturate.
+    let mut huge = cut.clone();
+    huge.payload_len = u32::MAX;
+    let f = encode(&huge);
+    assert_eq!(f.orig_len, u32::MAX);
+    assert_eq!(&f.data[2..4], &[0xff, 0xff]);
+    let d = decode(LINKTYPE_RAW, &f.data).unwrap().unwrap();
+    assert_eq!((d.payload_len, d.truncated), (65535 - 8, true));
+}
+
+fn eth(ethertype: u16, tags: &[u16], ip: &[u8]) -> Vec<u8> {
+    let mut f = vec![0xaa; 12];
+    for &tpid in tags {
+        f.extend_from_slice(&tpid.to_be_bytes());
+        f.extend_from_slice(&[0, 42]);
+    }
+    f.extend_from_slice(&ethertype.to_be_bytes());
+    f.extend_from_slice(ip);
+    f
+}
+
+#[test]
+fn every_link_type_gives_the_same_packet() {
+    let p = &cases()[0];
+    let ip = encode(p).data;
+    let mut sll = vec![0, 4, 3, 4, 0, 6, 1, 2, 3, 4, 5, 6, 0, 0];
+    sll.extend_from_slice(&ETH_P_IP.to_be_bytes());
+    let mut sll2 = ETH_P_IP.to_be_bytes().to_vec();
+    sll2.extend_from_slice(&[0, 0, 0, 0, 0, 1, 0, 1, 4, 6, 1, 2, 3, 4, 5, 6, 0, 0]);
+    let mut padded = eth(ETH_P_IP, &[], &ip);
+    padded.extend_from_slice(&[0; 13]); // Ethernet padding is not payload
+    let frames = [
+        (LINKTYPE_RAW, ip.clone()),
+        (12, ip.clone()),
+        (14, ip.clone()),
+        (LINKTYPE_IPV4, ip.clone()),
+        (LINKTYPE_ETHERNET, eth(ETH_P_IP, &[], &ip)),
+        (LINKTYPE_ETHERNET, padded),
+        (
+            LINKTYPE_ETHERNET,
+            eth(ETH_P_IP, &[ETH_P_8021AD, ETH_P_8021Q], &ip),
+        ),
+        (LINKTYPE_LINUX_SLL, [&sll[..], &ip].concat()),
+        (LINKTYPE_LINUX_SLL2, [&sll2[..], &ip].concat()),
+        (LINKTYPE_NULL, [&2u32.to_le_bytes()[..], &ip].concat()),
+        (LINKTYPE_NULL, [&2u32.to_be_bytes()[..], &ip].concat()),
+        (LINKTYPE_LOOP, [&2u32.to_be_bytes()[..], &ip].concat()),
+    ];
+    for (linktype, frame) in frames {
+        let d = decode(linktype, &frame).unwrap();
+        assert_eq!(d, Some(decoded(p)), "link type {linktype}");
+    }
+    let p6 = &cases()[1];
+    let ip6 = encode(p6).data;
+    for (linktype, frame) in [
+        (LINKTYPE_IPV6, ip6.clone()),
+        (LINKTYPE_ETHERNET, eth(ETH_P_IPV6, &[ETH_P_8021Q], &ip6)),
+        (LINKTYPE_NULL, [&30u32.to_le_bytes()[..], &ip6].concat()),
+    ] {
+        assert_eq!(decode(linktype, &frame).unwrap(), Some(decoded(p6)));
+    }
+}
+
+#[test]
+fn ipv6_extension_headers_are_walked() {
+    let p = &cases()[1];
+    let ip = encode(p).data;
+    let (fixed, l4) = ip.split_at(40);
+    // Hop-by-hop (8 bytes), then destination options (16 bytes).
+    let mut with_ext = fixed.to_vec();
+    with_ext[6] = 0;
+    with_ext[5] += 24;
+    with_ext.extend_from_slice(&[60, 0, 1, 4, 0, 0, 0, 0]);
+    with_ext.extend_from_slice(&[17, 1, 1, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+    with_ext.extend_from_slice(l4);
+    assert_eq!(decode(LINKTYPE_RAW, &with_ext).unwrap(), Some(decoded(p)));
+    // A later fragment carries no ports.
+    let mut later = fixed.to_vec();
+    later[6] = IPPROTO_FRAGMENT;
+    later.extend_from_slice(&[17, 0, 0x05, 0x01, 0, 0, 0, 1]);
+    later.extend_from_slice(l4);
+    assert_eq!(decode(LINKTYPE_RAW, &later).unwrap(), None);
+}
+
+#[test]
+fn what_is_not_udp_or_tcp_over_ip_is_skipped() {
+    let ip = encode(&cases()[0]).data;
+    let mut icmp = ip.clone();
+    icmp[9] = 1;
+    let mut later_fragment = ip.clone();
+    later_fragment[7] = 1;
+    let frames = [
+        (LINKTYPE_ETHERNET, eth(0x0806, &[], &[0; 28])),
+        (LINKTYPE_ETHERNET, eth(0x8100, &[0x8100, 0x8100], &ip)),
+        (LINKTYPE_RAW, icmp),
+        (LINKTYPE_RAW, later_fragment),
+        (LINKTYPE_RAW, vec![0x20]),
+        (LINKTYPE_RAW, vec![]),
+        (LINKTYPE_NULL, [&7u32.to_le_bytes()[..], &ip].concat()),
+    ];
+    for (linktype, frame) in frames {
+        assert_eq!(decode(linktype, &frame), Ok(None), "{frame:?}");
+    }
+}
+
+#[test]
+fn malformed_frames_are_errors() {
+    let ip = encode(&cases()[0]).data;
+    let tcp = encode(&cases()[2]).data;
+    let patched = |mut f: Vec<u8>, at: usize, v: u8| {
+        f[at] = v;
+        f
+    };
+    let frames = [
+        (
+            LINKTYPE_ETHERNET,
+            vec![0; 13],
+            "Ethernet header cut at 13 bytes",
+        ),
+        (
+            LINKTYPE_LINUX_SLL2,
+            vec![0; 19],
+            "Linux cooked v2 header cut",
+        ),
+        (LINKTYPE_LOOP, vec![0; 3], "loopback header cut"),
+        (LINKTYPE_ETHERNET, eth(0x8100, &[], &[0; 2]), "VLAN tag cut"),
+        (LINKTYPE_IPV4, vec![0x45; 19], "IPv4 header cut at 19 bytes"),
+        (
+            LINKTYPE_IPV4,
+            patched(ip.clone(), 0, 0x44),
+            "first byte 0x44",
+        ),
+        (LINKTYPE_IPV6, ip.clone(), "not an IPv6 header"),
+        (
+            LINKTYPE_RAW,
+            patched(ip.clone(), 3, 12),
+            "IPv4 header of 20 bytes in a packet of 12",
+        ),
+        (LINKTYPE_RAW, ip[..24].to_vec(), "UDP header cut at 4 bytes"),
+        (LINKTYPE_RAW, patched(ip.clone(), 25, 7), "UDP length 7"),
+        (
+            LINKTYPE_RAW,
+            patched(tcp.clone(), 32, 0x40),
+            "TCP header of 16 bytes",
+        ),
+        (
+            LINKTYPE_RAW,
+            patched(tcp.clone(), 32, 0xf0),
+            "TCP header of 60 bytes",
+        ),
+        (147, ip.clone(), "link type 147 is not supported"),
+    ];
+    for (linktype, frame, what) in frames {
+        let e = decode(linktype, &frame).unwrap_err();
+        assert!(e.to_string().contains(what), "{e} (expected {what})");
+    }
+    let ip6 = encode(&cases()[1]).data;
+    let mut cut_ext = ip6[..40].to_vec();
+    cut_ext[6] = 0;
+    assert!(decode(LINKTYPE_RAW, &cut_ext).is_err());
+}
+
+#[test]
+fn mutated_frames_never_panic() {
+    let linktypes = [0, 1, 12, 101, 108, 113, 228, 229, 276];
+    let frames: Vec<Vec<u8>> = cases().iter().map(|p| encode(p).data).collect();
+    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+    for _ in 0..5_000 {
+        let mut f = frames[rng.below(frames.len())].clone();
+        let linktype = linktypes[rng.below(linktypes.len())];
+        // Give link layers something to skip before the IP header.
+        let mut prefix: Vec<u8> = (0..rng.below(24)).map(|_| rng.next() as u8).collect();
+        prefix.append(&mut f);
+        let mut f = prefix;
+        for _ in 0..rng.below(4) {
+            let at = rng.below(f.len());
+            f[at] = rng.next() as u8;
+        }
+        f.truncate(f.len() - rng.below(f.len().min(16)));
+        if let Ok(Some(d)) = decode(linktype, &f) {
+            assert!(d.payload.len() <= d.payload_len as usize);
+        }
+    }
+}

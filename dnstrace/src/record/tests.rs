@@ -1,0 +1,267 @@
+//! Helpers shared by the recording tests, and recordings against the real
+//! tools: what tshark makes of ours, and what we make of tcpdump's.
+use std::{net::SocketAddr, process::Command, str::FromStr as _};
+
+use bytes::Bytes;
+use dnstrace_common::Hook;
+use hickory_proto::{
+    op::{Message, MessageType, Query, ResponseCode},
+    rr::{Name, RecordType},
+};
+
+use super::{
+    frame::{self, LINKTYPE_RAW},
+    pcapng::{Block, Interface, PacketOpt, Reader, SectionInfo, Writer, FLAG_OUTBOUND},
+};
+use crate::{
+    decode::{dns, Body, Packet, Transport},
+    pods::testdir::TestDir,
+};
+
+/// xorshift64: reproducible noise without a dependency.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+pub fn packet(src: &str, dst: &str, transport: Transport, payload: &[u8]) -> Packet {
+    Packet {
+        ts_ns: 1,
+        netns: 4026531840,
+        ifindex: 2,
+        hook: Hook::TcEgress,
+        src: src.parse().unwrap(),
+        dst: dst.parse().unwrap(),
+        transport,
+        wire_len: 0,
+        payload_len: payload.len() as u32,
+        truncated: false,
+        fragment: false,
+        payload: Bytes::copy_from_slice(payload),
+        ifname: None,
+        ct: None,
+        drop: None,
+    }
+}
+
+fn dns_message(id: u16, name: &str, rcode: Option<ResponseCode>) -> Vec<u8> {
+    let mut m = Message::new();
+    m.set_id(id)
+        .set_recursion_desired(true)
+        .add_query(Query::query(Name::from_str(name).unwrap(), RecordType::A));
+    if let Some(rcode) = rcode {
+        m.set_message_type(MessageType::Response)
+            .set_response_code(rcode);
+    }
+    m.to_vec().unwrap()
+}
+
+fn tshark(args: &[&str]) -> String {
+    let out = Command::new("tshark")
+        .args(args)
+        .output()
+        .expect("tshark must be installed (cargo xtask setup)");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "tshark {args:?}: {stderr}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Bad checksums and malformed packets, as tshark's expert reports errors.
+fn tshark_errors(path: &str) -> String {
+    let checks = [
+        "ip.check_checksum:TRUE",
+        "udp.check_checksum:TRUE",
+        "tcp.check_checksum:TRUE",
+    ];
+    let mut args = vec!["-r", path, "-q", "-z", "expert,error"];
+    for c in &checks {
+        args.extend(["-o", c]);
+    }
+    tshark(&args)
+}
+
+#[test]
+fn tshark_reads_our_recordings_without_complaint() {
+    let dir = TestDir::new();
+    let path = dir.path().join("dns.pcapng");
+    let file = std::fs::File::create(&path).unwrap();
+    let info = SectionInfo {
+        user_appl: "dnstrace test".into(),
+        ..Default::default()
+    };
+    let mut w = Writer::new(file, &info).unwrap();
+    let iface = |name: &str| Interface {
+        linktype: LINKTYPE_RAW,
+        snaplen: 0,
+        name: name.into(),
+        description: "netns 4026531840 tc_egress".into(),
+    };
+    let eth0 = w.interface(&iface("eth0")).unwrap();
+    let cni0 = w.interface(&iface("cni0")).unwrap();
+    let query = dns_message(0x1234, "kubernetes.default.svc.cluster.local.", None);
+    let answer = dns_message(
+        0x1234,
+        "kubernetes.default.svc.cluster.local.",
+        Some(ResponseCode::NXDomain),
+    );
+    let tcp_query = [&(query.len() as u16).to_be_bytes()[..], &query].concat();
+    let push_ack = Transport::Tcp {
+        seq: 1,
+        flags: 0x18,
+    };
+    let packets = [
+        (
+            eth0,
+            packet("10.244.0.10:40000", "10.96.0.10:53", Transport::Udp, &query),
+        ),
+        (
+            cni0,
+            packet("[fd00::53]:53", "[fd00::10]:40001", Transport::Udp, &answer),
+        ),
+        (
+            eth0,
+            packet("10.244.0.10:40002", "10.96.0.10:53", push_ack, &tcp_query),
+        ),
+    ];
+    let opts = [
+        PacketOpt::Comment("seen at tc_egress".into()),
+        PacketOpt::Flags(FLAG_OUTBOUND),
+        PacketOpt::Custom {
+            pen: 32473,
+            data: vec![1, 2, 3, 4, 5],
+        },
+    ];
+    for (i, (iface, p)) in packets.iter().enumerate() {
+        let f = frame::encode(p);
+        let ts = 1_700_000_000_000_000_000 + i as u64 * 1_000;
+        w.packet(*iface, ts, &f.data, f.orig_len, &opts).unwrap();
+    }
+    w.custom_block(32473, br#"{"kind":"anomaly"}"#).unwrap();
+    w.flush().unwrap();
+    drop(w);
+
+    let path = path.to_str().unwrap();
+    let fields = [
+        "frame.interface_name",
+        "dns.id",
+        "dns.qry.name",
+        "dns.flags.rcode",
+        "ip.src",
+        "ipv6.src",
+        "udp.srcport",
+        "tcp.srcport",
+        "frame.comment",
+    ];
+    let mut args = vec!["-r", path, "-T", "fields", "-E", "separator=|"];
+    for f in &fields {
+        args.extend(["-e", f]);
+    }
+    let name = "kubernetes.default.svc.cluster.local";
+    // Queries carry no rcode field. Wireshark (4.0) lists the custom block
+    // as a record of its own, without packet fields.
+    let expected = [
+        format!("eth0|0x1234|{name}||10.244.0.10||40000||seen at tc_egress"),
+        format!("cni0|0x1234|{name}|3||fd00::53|53||seen at tc_egress"),
+        format!("eth0|0x1234|{name}||10.244.0.10|||40002|seen at tc_egress"),
+        "||||||||".to_string(),
+    ];
+    assert_eq!(tshark(&args).lines().collect::<Vec<_>>(), expected);
+    let errors = tshark_errors(path);
+    assert!(!errors.contains("Errors"), "{errors}");
+    // The same check does see errors: loopback's offloaded checksums.
+    let lo = concat!(env!("CARGO_MANIFEST_DIR"), "/src/record/fixtures/lo.pcap");
+    assert!(tshark_errors(lo).contains("Bad checksum"));
+}
+
+/// What the fixtures hold. Made with tcpdump (`-i lo -w lo.pcap -c 4 'udp
+/// port 53535'`, and `-i any --time-stamp-precision=nano -s 70 -w
+/// any-cut.pcap`) while fixtures/send.py sent four queries: 127.0.0.1 and ::1
+/// in turn, from port 40000 + i, for fixture-<i>.test.
+fn fixture_queries() -> Vec<(SocketAddr, SocketAddr, Vec<u8>)> {
+    (0..4)
+        .map(|i| {
+            let ip = if i % 2 == 0 { "127.0.0.1" } else { "[::1]" };
+            let src = format!("{ip}:{}", 40000 + i).parse().unwrap();
+            let dst = format!("{ip}:53535").parse().unwrap();
+            let name = format!("fixture-{i}.test.");
+            (src, dst, dns_message(0x1000 + i, &name, None))
+        })
+        .collect()
+}
+
+/// Each packet's link type and frame.
+fn read_fixture(name: &str) -> Vec<(u16, u64, Vec<u8>, u32)> {
+    let path = format!("{}/src/record/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
+    let reader = Reader::new(std::fs::File::open(path).unwrap()).unwrap();
+    let mut linktype = None;
+    let mut frames = Vec::new();
+    for block in reader {
+        match block.unwrap() {
+            Block::Interface { iface, .. } => linktype = Some(iface.linktype),
+            Block::Packet {
+                ts_ns,
+                data,
+                orig_len,
+                ..
+            } => frames.push((linktype.unwrap(), ts_ns, data, orig_len)),
+            b => panic!("unexpected {b:?}"),
+        }
+    }
+    frames
+}
+
+#[test]
+fn tcpdump_captures_read_as_the_packets_sent() {
+    let frames = read_fixture("lo.pcap");
+    assert_eq!(frames.len(), 4);
+    let mut last_ts = 0;
+    for ((linktype, ts_ns, data, orig_len), (src, dst, query)) in
+        frames.iter().zip(fixture_queries())
+    {
+        assert_eq!(
+            (*linktype, data.len()),
+            (frame::LINKTYPE_ETHERNET, *orig_len as usize)
+        );
+        assert!(*ts_ns > last_ts && *ts_ns > 1_700_000_000_000_000_000);
+        last_ts = *ts_ns;
+        let d = frame::decode(*linktype, data).unwrap().unwrap();
+        assert_eq!((d.src, d.dst, d.transport), (src, dst, Transport::Udp));
+        assert_eq!(
+            (d.payload, d.truncated, d.fragment),
+            (&query[..], false, false)
+        );
+        let Body::Dns(msg) = dns::parse(d.payload) else {
+            panic!("not DNS");
+        };
+        assert_eq!(msg.id, 0x1000 + (src.port() - 40000));
+    }
+}
+
+#[test]
+fn cut_tcpdump_captures_read_as_cut() {
+    let frames = read_fixture("any-cut.pcap");
+    assert_eq!(frames.len(), 4);
+    for ((linktype, ts_ns, data, orig_len), (src, dst, query)) in
+        frames.iter().zip(fixture_queries())
+    {
+        // 70 bytes captured of each; nanosecond timestamps.
+        assert_eq!((*linktype, data.len()), (frame::LINKTYPE_LINUX_SLL2, 70));
+        assert!(*orig_len as usize > data.len());
+        assert_ne!(ts_ns % 1_000, 0);
+        let d = frame::decode(*linktype, data).unwrap().unwrap();
+        assert_eq!((d.src, d.dst), (src, dst));
+        assert_eq!(d.payload_len as usize, query.len());
+        assert!(d.truncated);
+        assert_eq!(d.payload, &query[..d.payload.len()]);
+    }
+}
