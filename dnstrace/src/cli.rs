@@ -50,6 +50,45 @@ pub enum Command {
         #[arg(short, long, value_enum, default_value_t = OutputFormat::Text)]
         output: OutputFormat,
     },
+    /// Replay a recording (dnstrace's, or a tcpdump capture) through the
+    /// same decoding, journeys and rules as live tracing; needs no root.
+    Replay {
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+        /// `fast`, or how many times real time (1 replays in real time).
+        #[arg(long, default_value = "fast")]
+        speed: crate::record::replay::Speed,
+        /// One line per DNS packet instead of journeys.
+        #[arg(long)]
+        packets: bool,
+        /// Ports that count as DNS in captures without dnstrace's notes.
+        #[arg(short, long = "port", value_name = "PORT", default_value = "53")]
+        ports: Vec<u16>,
+        /// Output format; without it, on a terminal, the live view.
+        #[arg(short, long, value_enum)]
+        output: Option<OutputFormat>,
+        /// Lines even on a terminal: no live view.
+        #[arg(long)]
+        no_tui: bool,
+        /// Where log lines go while the live view is up.
+        #[arg(long, value_name = "PATH")]
+        log_file: Option<PathBuf>,
+    },
+    /// A postmortem summary of a recording (time range, lookups, failure
+    /// rates, latency, anomalies with evidence, the slowest and the failed
+    /// journeys) in Markdown, or HTML with charts.
+    Report {
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+        #[arg(long, value_enum, default_value_t = crate::record::report::Format::Markdown)]
+        format: crate::record::report::Format,
+        /// Write the report here instead of to stdout.
+        #[arg(short, long, value_name = "PATH")]
+        write: Option<PathBuf>,
+        /// Ports that count as DNS in captures without dnstrace's notes.
+        #[arg(short, long = "port", value_name = "PORT", default_value = "53")]
+        ports: Vec<u16>,
+    },
     /// A simulated Kubernetes node in network namespaces, with switchable DNS faults.
     Lab {
         #[command(subcommand)]
@@ -102,6 +141,22 @@ pub struct CaptureArgs {
     #[command(flatten)]
     pub runtime: RuntimeArgs,
 
+    /// Record what is seen to this pcapng file, readable by the owner only:
+    /// Wireshark opens it, `dnstrace replay` and `dnstrace report` read it.
+    #[arg(long, value_name = "FILE")]
+    pub record: Option<PathBuf>,
+
+    /// Start a new recording file past this size, like tcpdump -C: a number
+    /// of megabytes, or bytes with a k, M or G suffix. Files are FILE,
+    /// FILE.1, FILE.2, …
+    #[arg(long, value_name = "SIZE", requires = "record", value_parser = parse_size)]
+    pub record_size: Option<u64>,
+
+    /// Keep at most this many recording files, reusing the oldest, like
+    /// tcpdump -W.
+    #[arg(long, value_name = "N", requires = "record_size", value_parser = clap::value_parser!(u32).range(1..))]
+    pub record_files: Option<u32>,
+
     /// Network namespace whose conntrack events and statistics to watch: the
     /// node's (default: the one dnstrace runs in), e.g. /run/netns/NAME.
     #[arg(long, value_name = "PATH")]
@@ -128,12 +183,42 @@ pub struct RuntimeArgs {
     pub crio_root: PathBuf,
 }
 
+/// `20` (megabytes, as tcpdump -C), `64k`, `10M`, `1G`.
+fn parse_size(s: &str) -> Result<u64, String> {
+    let (digits, unit) = match s.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((i, _)) => s.split_at(i),
+        None => (s, "M"),
+    };
+    let unit = match unit {
+        "k" | "K" => 1 << 10,
+        "M" | "m" => 1 << 20,
+        "G" | "g" => 1 << 30,
+        _ => {
+            return Err(format!(
+                "{s:?}: a size is a number with an optional k, M or G"
+            ))
+        }
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{s:?}: a size is a number with an optional k, M or G"))?;
+    match n.checked_mul(unit) {
+        Some(bytes) if bytes >= 4096 => Ok(bytes),
+        _ => Err(format!("{s:?}: at least 4k, at most a few G")),
+    }
+}
+
 impl CaptureArgs {
     /// The live view: on a terminal, unless lines were asked for.
     pub fn live(&self) -> bool {
-        use std::io::IsTerminal as _;
-        self.output.is_none() && !self.no_tui && std::io::stdout().is_terminal()
+        live(self.output, self.no_tui)
     }
+}
+
+/// The live view: on a terminal, unless lines were asked for.
+pub fn live(output: Option<OutputFormat>, no_tui: bool) -> bool {
+    use std::io::IsTerminal as _;
+    output.is_none() && !no_tui && std::io::stdout().is_terminal()
 }
 
 impl RuntimeArgs {

@@ -22,7 +22,7 @@ const NLA_TYPE_MASK: u16 = 0x3fff;
 /// NFNLGRP_CONNTRACK_NEW, _UPDATE, _DESTROY.
 const GROUPS: u32 = 0b111;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum CtEventKind {
     New,

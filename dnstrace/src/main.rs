@@ -10,6 +10,7 @@ mod lab;
 mod naming;
 mod netns;
 mod output;
+mod pipeline;
 mod pods;
 mod probes;
 mod record;
@@ -38,6 +39,32 @@ fn main() -> ExitCode {
                 node_netns,
                 output,
             }) => pods::report::run(&runtime.dirs(), query.as_deref(), node_netns, output),
+            Some(cli::Command::Replay {
+                file,
+                speed,
+                packets,
+                ports,
+                output,
+                no_tui,
+                log_file,
+            }) => {
+                let args = record::replay::ReplayArgs {
+                    file,
+                    speed,
+                    packets,
+                    ports,
+                    output,
+                    live: cli::live(output, no_tui),
+                    log_file,
+                };
+                record::replay::run(args).await
+            }
+            Some(cli::Command::Report {
+                file,
+                format,
+                write,
+                ports,
+            }) => record::report::run(&file, format, write.as_deref(), ports).await,
             Some(cli::Command::Trace {
                 capture,
                 timeout,
@@ -49,17 +76,17 @@ fn main() -> ExitCode {
                     ..Default::default()
                 };
                 let view = if capture.live() {
-                    capture::View::Live(limits)
+                    pipeline::View::Live(limits)
                 } else {
-                    capture::View::Journeys(limits)
+                    pipeline::View::Journeys(limits)
                 };
                 capture::run(capture, view).await
             }
             None if cli.capture.live() => {
-                let view = capture::View::Live(correlate::Limits::default());
+                let view = pipeline::View::Live(correlate::Limits::default());
                 capture::run(cli.capture, view).await
             }
-            None => capture::run(cli.capture, capture::View::Packets).await,
+            None => capture::run(cli.capture, pipeline::View::Packets).await,
         }
     };
     match runtime.block_on(work) {

@@ -128,6 +128,15 @@ impl Names {
     pub fn get(&self, ip: &IpAddr) -> Option<&str> {
         self.names.get(ip).map(String::as_str)
     }
+
+    pub fn entries(&self) -> &BTreeMap<IpAddr, String> {
+        &self.names
+    }
+
+    /// Names as a recording kept them.
+    pub fn from_entries(names: BTreeMap<IpAddr, String>) -> Self {
+        Self { names }
+    }
 }
 
 #[cfg(test)]

@@ -49,6 +49,17 @@ impl Clock {
     #[cfg(test)]
     pub const EPOCH: Self = Self { offset_ns: 0 };
 
+    /// A clock as recorded: realtime minus monotonic, in nanoseconds.
+    pub fn with_offset(offset_ns: i64) -> Self {
+        Self {
+            offset_ns: offset_ns.into(),
+        }
+    }
+
+    pub fn offset_ns(&self) -> i64 {
+        self.offset_ns as i64
+    }
+
     pub fn now() -> Self {
         Self {
             offset_ns: clock_ns(libc::CLOCK_REALTIME) - clock_ns(libc::CLOCK_MONOTONIC),
@@ -88,6 +99,18 @@ impl Labels {
 
     pub fn kernel(&self) -> &KernelNames {
         &self.kernel
+    }
+
+    pub fn iface_names(&self) -> &HashMap<u32, String> {
+        &self.iface_names
+    }
+
+    pub fn names(&self) -> &Names {
+        &self.names
+    }
+
+    pub fn clock(&self) -> Clock {
+        self.clock
     }
 
     /// The pod or service at `ip`, if known.

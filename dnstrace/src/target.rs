@@ -16,7 +16,7 @@ use crate::{
     pods::{self, net::inspect, resolv::ResolvConf, Pod},
 };
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Target {
     /// What the user asked for, e.g. `pod default/web-7d9f`.
     pub label: String,

@@ -1,12 +1,14 @@
 //! Kernel numbers as names: drop reasons (from BTF, since their values differ
 //! between kernels) and code addresses (from /proc/kallsyms).
-use std::collections::HashMap;
+use std::{collections::HashMap, sync::Arc};
 
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub struct KernelNames {
     drop_reasons: HashMap<u32, String>,
-    /// Sorted by address.
-    symbols: Vec<(u64, String)>,
+    /// Sorted by address; shared, as kallsyms is large.
+    symbols: Arc<[(u64, String)]>,
+    /// Locations named as a recording kept them.
+    recorded: HashMap<u64, String>,
 }
 
 impl KernelNames {
@@ -24,8 +26,23 @@ impl KernelNames {
         symbols.sort_unstable();
         Self {
             drop_reasons,
-            symbols,
+            symbols: symbols.into(),
+            recorded: HashMap::new(),
         }
+    }
+
+    /// Names as a recording kept them: drop reasons, and each drop
+    /// location already resolved on the recording machine.
+    pub fn recorded(drop_reasons: HashMap<u32, String>, locations: HashMap<u64, String>) -> Self {
+        Self {
+            drop_reasons,
+            symbols: Arc::new([]),
+            recorded: locations,
+        }
+    }
+
+    pub fn drop_reasons(&self) -> &HashMap<u32, String> {
+        &self.drop_reasons
     }
 
     /// `NETFILTER_DROP` for `SKB_DROP_REASON_NETFILTER_DROP`.
@@ -38,6 +55,9 @@ impl KernelNames {
 
     /// `nf_hook_slow+0x9c`, or the raw address when kallsyms hides it.
     pub fn location(&self, addr: u64) -> String {
+        if let Some(name) = self.recorded.get(&addr) {
+            return name.clone();
+        }
         let i = self.symbols.partition_point(|(a, _)| *a <= addr);
         match i.checked_sub(1).map(|i| &self.symbols[i]) {
             Some((start, name)) if addr - start < 0x10_0000 => {

@@ -6,7 +6,7 @@ pub mod tcp;
 
 pub use dns::DnsMessage;
 pub use kernel::KernelNames;
-pub use packet::{Conntrack, Packet, Transport};
+pub use packet::{Conntrack, CtTuple, Dropped, Packet, Transport};
 
 use bytes::Bytes;
 use serde::Serialize;

@@ -13,7 +13,7 @@ use super::Pod;
 const MAX_NDOTS: u32 = 15;
 const MAX_BYTES: u64 = 64 << 10;
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct ResolvConf {
     /// Every nameserver, in order; glibc queries only the first three.
     pub nameservers: Vec<IpAddr>,

@@ -1,9 +1,93 @@
-//! Recordings: pcapng files that Wireshark opens as they are, with dnstrace's
-//! own records in custom blocks, read back along with plain pcap captures.
-// Wired into capture and replay in the next step.
-#![cfg_attr(not(test), allow(dead_code))]
+//! Recordings: pcapng files that Wireshark opens as they are, with
+//! dnstrace's own notes in custom blocks and options; replay of them (and
+//! of plain tcpdump captures) through the same pipeline; a report.
 pub mod frame;
+pub mod notes;
 pub mod pcapng;
+mod recorder;
+pub mod replay;
+pub mod report;
 
 #[cfg(test)]
 mod tests;
+
+use std::collections::HashMap;
+
+pub use self::recorder::{RecordOptions, Recorder};
+use self::{
+    notes::{ContextNote, Header, LabelsNote, FORMAT},
+    pcapng::SectionInfo,
+};
+use crate::{
+    correlate::Limits,
+    decode::{KernelNames, Packet},
+    diagnose::Context,
+    output::{monotonic_now, Clock, Labels},
+};
+
+/// What every file of a recording starts with, and what its packets need.
+pub struct Meta {
+    section: SectionInfo,
+    header: Header,
+    labels: LabelsNote,
+    context: ContextNote,
+    clock: Clock,
+    kernel: KernelNames,
+    iface_names: HashMap<u32, String>,
+}
+
+impl Meta {
+    /// The device a packet was seen on, by name where known.
+    fn place(&self, p: &Packet) -> String {
+        p.ifname
+            .clone()
+            .or_else(|| self.iface_names.get(&p.ifindex).cloned())
+            .unwrap_or_else(|| format!("if{}", p.ifindex))
+    }
+}
+
+/// A one-line file of /proc/sys, trimmed.
+fn sys(name: &str) -> String {
+    std::fs::read_to_string(format!("/proc/sys/kernel/{name}"))
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default()
+}
+
+pub fn meta(labels: &Labels, context: &Context, limits: Limits) -> Meta {
+    let version = env!("CARGO_PKG_VERSION");
+    let kernel = sys("osrelease");
+    let node = sys("hostname");
+    let target = context.target.as_ref().map(|t| t.label.clone());
+    let mut comment = vec![format!("dnstrace recording on node {node}")];
+    comment.extend(target.as_ref().map(|t| format!("tracing {t}")));
+    Meta {
+        section: SectionInfo {
+            hardware: String::new(),
+            os: format!("Linux {kernel}"),
+            user_appl: format!("dnstrace {version}"),
+            comment,
+        },
+        header: Header {
+            format: FORMAT,
+            dnstrace: version.into(),
+            kernel,
+            node,
+            target,
+            command: std::env::args().collect(),
+            started_ns: monotonic_now(),
+            clock_offset_ns: labels.clock().offset_ns(),
+            timeout_ns: limits.timeout_ns,
+            max_open: limits.max_open,
+            part: 0,
+        },
+        labels: LabelsNote {
+            iface_names: labels.iface_names().clone().into_iter().collect(),
+            names: labels.names().entries().clone(),
+            drop_reasons: labels.kernel().drop_reasons().clone().into_iter().collect(),
+        },
+        context: ContextNote::of(context),
+        clock: labels.clock(),
+        kernel: labels.kernel().clone(),
+        iface_names: labels.iface_names().clone(),
+    }
+}

@@ -265,3 +265,131 @@ fn cut_tcpdump_captures_read_as_cut() {
         assert_eq!(d.payload, &query[..d.payload.len()]);
     }
 }
+
+/// Everything the pipeline can be fed, with every optional fact set.
+fn inputs() -> Vec<crate::pipeline::Input> {
+    use crate::{
+        conntrack::{CtEvent, CtEventKind},
+        decode::{Conntrack, CtTuple, Dropped},
+        pipeline::Input,
+    };
+    let a = |s: &str| s.parse::<SocketAddr>().unwrap();
+    let query = dns_message(7, "kubernetes.default.svc.cluster.local.", None);
+    let mut out = packet("10.244.0.10:4000", "10.96.0.10:53", Transport::Udp, &query);
+    out.ts_ns = 5_000_000_000;
+    out.hook = Hook::DevXmit;
+    out.ifname = Some("eth0".into());
+    let tuple = |src: &str, dst: &str| CtTuple {
+        src: a(src),
+        dst: a(dst),
+    };
+    let answer = dns_message(
+        7,
+        "kubernetes.default.svc.cluster.local.",
+        Some(ResponseCode::NoError),
+    );
+    let mut back = packet(
+        "10.244.0.53:53",
+        "10.244.0.10:4000",
+        Transport::Udp,
+        &answer,
+    );
+    back.ts_ns = 5_000_300_000;
+    back.hook = Hook::Drop;
+    back.ct = Some(Conntrack {
+        original: tuple("10.244.0.10:4000", "10.96.0.10:53"),
+        reply: tuple("10.244.0.53:53", "10.244.0.10:4000"),
+        status: 1 << 5,
+        is_reply: true,
+    });
+    back.drop = Some(Dropped {
+        reason: 3,
+        location: 0xffff_ffff_8100_0000,
+    });
+    let tcp = packet(
+        "10.244.0.10:4001",
+        "10.96.0.10:53",
+        Transport::Tcp {
+            seq: 99,
+            flags: 0x18,
+        },
+        &query,
+    );
+    let event = CtEvent {
+        kind: CtEventKind::New,
+        original: tuple("10.244.0.10:4000", "10.96.0.10:53"),
+        reply: tuple("10.244.0.53:53", "10.244.0.10:4000"),
+        proto: 17,
+        status: 8,
+    };
+    vec![
+        Input::Packets(vec![out, back, tcp]),
+        Input::Conntrack {
+            now_ns: 5_000_400_000,
+            events: vec![event],
+        },
+        Input::Counters {
+            now_ns: 5_000_500_000,
+            moved: vec![("insert_failed", 2)],
+        },
+        Input::Lost {
+            now_ns: 5_000_600_000,
+            total: 12,
+        },
+        Input::Tick(5_100_000_000),
+    ]
+}
+
+#[tokio::test]
+async fn a_recording_replays_the_inputs_it_was_fed() {
+    use super::{
+        replay::{About, Replay, Speed},
+        RecordOptions, Recorder,
+    };
+    use crate::{
+        correlate::Limits,
+        decode::KernelNames,
+        diagnose::Context,
+        output::{Clock, Labels},
+        pipeline::Source,
+    };
+    let dir = TestDir::new();
+    let path = dir.path().join("r.pcapng");
+    let kernel = KernelNames::new(
+        [(3, "SKB_DROP_REASON_NO_SOCKET".to_owned())].into(),
+        "ffffffff81000000 T __udp4_lib_rcv\n",
+    );
+    let labels = Labels::new([(2, "eth0".to_owned())].into(), Clock::EPOCH, kernel);
+    let meta = super::meta(&labels, &Context::default(), Limits::default());
+    let options = RecordOptions {
+        path: path.clone(),
+        max_bytes: None,
+        files: None,
+    };
+    let mut rec = Recorder::create(options, meta).unwrap();
+    rec.start(4_000_000_000);
+    let fed = inputs();
+    fed.iter().for_each(|i| rec.input(i));
+    rec.end(6_000_000_000);
+    drop(rec);
+
+    let about = About::read(&path).unwrap();
+    assert_eq!(about.started_ns, Some(4_000_000_000));
+    assert_eq!(about.labels().kernel().drop_reason(3), "NO_SOCKET");
+    assert_eq!(
+        about.labels().iface_names().get(&2).map(String::as_str),
+        Some("eth0")
+    );
+    assert_eq!(
+        about.labels().kernel().location(0xffff_ffff_8100_0000),
+        "__udp4_lib_rcv+0x0"
+    );
+    let mut replay = Replay::open(&path, &about, vec![53], Speed::Fast).unwrap();
+    let mut back = Vec::new();
+    while let Some(i) = replay.next().await.unwrap() {
+        back.push(i);
+    }
+    assert_eq!(format!("{back:?}"), format!("{fed:?}"));
+    assert_eq!(replay.now(), 6_000_000_000);
+    assert!(replay.error.is_none());
+}

@@ -38,18 +38,29 @@ pub fn draw(app: &App, f: &mut Frame) {
 }
 
 fn header_lines(app: &App) -> Vec<Line<'_>> {
-    let mut first = vec![
-        Span::styled(" dnstrace ", Style::new().bold().reversed()),
-        Span::raw(format!(" {} │ {} hooks", app.about.target, app.about.hooks)),
-    ];
-    if let Some(log) = &app.about.log {
-        first.push(Span::styled(format!(" │ log {log}"), DIM));
-    }
+    let mut first = vec![Span::styled(" dnstrace ", Style::new().bold().reversed())];
+    // First, so that no terminal is too narrow for it.
     if let Some(held) = &app.held {
         first.push(Span::styled(
-            format!(" │ PAUSED ({} new)", held.rows.len()),
+            format!(" PAUSED ({} new) │", held.rows.len()),
             WARN,
         ));
+    }
+    first.push(Span::raw(format!(" {}", app.about.target)));
+    // A replay has no hooks of its own.
+    if app.about.hooks > 0 {
+        first.push(Span::raw(format!(" │ {} hooks", app.about.hooks)));
+    }
+    if let Some(r) = &app.health.recording {
+        let style = if r.starts_with("recording stopped") {
+            BAD
+        } else {
+            DIM
+        };
+        first.push(Span::styled(format!(" │ {r}"), style));
+    }
+    if let Some(log) = &app.about.log {
+        first.push(Span::styled(format!(" │ log {log}"), DIM));
     }
     let s = &app.stats;
     let t = &s.totals;

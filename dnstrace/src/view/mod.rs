@@ -36,10 +36,10 @@ use self::{
     state::{About, App, Update},
 };
 use crate::{
-    capture::JourneyOut,
     correlate::Journey,
     diagnose::Anomaly,
     output::{summary_text, Labels},
+    pipeline::JourneyOut,
 };
 
 /// Updates waiting for the view; beyond this the capture drops and counts.

@@ -20,6 +20,8 @@ pub struct Health {
     pub evicted: u64,
     /// Journeys open now.
     pub open: usize,
+    /// How the recording goes, when there is one.
+    pub recording: Option<String>,
 }
 
 /// An anomaly's identity across updates.

@@ -267,6 +267,7 @@ fn busy() -> App {
         lost: 0,
         evicted: 0,
         open: 2,
+        recording: None,
     }));
     app
 }
@@ -532,6 +533,9 @@ fn snapshot_help_paused_and_losing() {
         lost: 1234,
         evicted: 7,
         open: 0,
+        recording: Some(
+            "recording stopped: No space left on device (os error 28); tracing goes on".into(),
+        ),
     }));
     insta::assert_snapshot!(render(&app, 80, 24));
 }

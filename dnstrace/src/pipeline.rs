@@ -1,0 +1,429 @@
+//! The one pipeline of every view, live or replayed: inputs (kernel packet
+//! events, ctnetlink events, conntrack counters, losses, clock ticks) →
+//! decode → a sink (packet lines, or journeys as lines or in the live
+//! view). A recording, when asked for, takes each input on the way in, so
+//! a replay feeds the same inputs through the same code.
+use std::{io, sync::Arc};
+
+use anyhow::{Context as _, Result};
+use tokio::{
+    signal::unix::{signal, Signal, SignalKind},
+    sync::Notify,
+};
+
+use crate::{
+    conntrack::CtEvent,
+    correlate::{Engine, Journey, Limits},
+    decode::{Body, Decoder, Packet, Record},
+    diagnose::{Anomaly, Context, Diagnoser},
+    output::{Labels, LineSink},
+    record::Recorder,
+    target,
+    view::model::Health,
+};
+
+/// Where decoded records go.
+pub trait Sink {
+    fn record(&mut self, rec: &Record) -> io::Result<()>;
+    /// Kernel monotonic time has reached `now_ns`.
+    fn tick(&mut self, now_ns: u64) -> io::Result<()>;
+    /// Before the first event: what is known already.
+    fn start(&mut self, _now_ns: u64) -> io::Result<()> {
+        Ok(())
+    }
+    /// A ctnetlink event of a DNS flow.
+    fn conntrack(&mut self, ev: &CtEvent, now_ns: u64) -> io::Result<()>;
+    /// The node's conntrack race counters rose: (name, increase).
+    fn counters(&mut self, _moved: &[(&'static str, u64)], _now_ns: u64) -> io::Result<()> {
+        Ok(())
+    }
+    /// Anomalies raised since the last call, for the recording.
+    fn raised(&mut self) -> Vec<Anomaly> {
+        Vec::new()
+    }
+    /// How the recording goes, when that changes.
+    fn recording(&mut self, _status: String) {}
+    /// The kernel has lost `total` events so far.
+    fn lost(&mut self, total: u64);
+    /// The capture ends: write what is left.
+    fn finish(&mut self, now_ns: u64) -> io::Result<()>;
+    /// A few words for the exit line.
+    fn summary(&self) -> Option<String>;
+}
+
+impl<W: io::Write> Sink for LineSink<W> {
+    fn record(&mut self, rec: &Record) -> io::Result<()> {
+        self.write(rec)
+    }
+    fn conntrack(&mut self, ev: &CtEvent, now_ns: u64) -> io::Result<()> {
+        self.write_conntrack(ev, now_ns)
+    }
+    fn tick(&mut self, _: u64) -> io::Result<()> {
+        self.flush()
+    }
+    fn lost(&mut self, _: u64) {}
+    fn finish(&mut self, _: u64) -> io::Result<()> {
+        self.flush()
+    }
+    fn summary(&self) -> Option<String> {
+        None
+    }
+}
+
+/// Where finished journeys and anomalies go: lines, or the live view.
+pub trait JourneyOut {
+    fn labels(&self) -> &Labels;
+    /// A finished journey and the anomalies (kind, summary) it fed.
+    fn journey(&mut self, j: &Journey, badges: &[(&'static str, String)]) -> io::Result<()>;
+    /// An anomaly raised for the first time.
+    fn anomaly(&mut self, a: &Anomaly) -> io::Result<()>;
+    /// Every tick: every anomaly so far and the capture's health.
+    fn state(&mut self, _all: &[&Anomaly], _health: &Health) -> io::Result<()> {
+        Ok(())
+    }
+    /// At the end: every anomaly of the run.
+    fn summary(&mut self, all: &[&Anomaly]) -> io::Result<()>;
+    fn flush(&mut self) -> io::Result<()>;
+}
+
+impl<W: io::Write> JourneyOut for LineSink<W> {
+    fn labels(&self) -> &Labels {
+        LineSink::labels(self)
+    }
+    fn journey(&mut self, j: &Journey, _: &[(&'static str, String)]) -> io::Result<()> {
+        self.write_journey(j)
+    }
+    fn anomaly(&mut self, a: &Anomaly) -> io::Result<()> {
+        self.write_anomaly(a)
+    }
+    fn summary(&mut self, all: &[&Anomaly]) -> io::Result<()> {
+        self.write_summary(all)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        LineSink::flush(self)
+    }
+}
+
+/// Journeys: records into the correlation engine, finished journeys out,
+/// and through the diagnosis rules.
+pub struct JourneySink<O: JourneyOut> {
+    engine: Engine,
+    diagnoser: Diagnoser,
+    pub out: O,
+    printed: u64,
+    lost: u64,
+    /// New anomalies not yet taken by `raised`.
+    raised: Vec<Anomaly>,
+    recording: Option<String>,
+    /// With a target: (its netns, its addresses). The kernel also passes
+    /// its resolvers' upstream queries, which belong to others' lookups
+    /// unless linked under one of the target's journeys.
+    only: Option<(u32, Vec<std::net::IpAddr>)>,
+}
+
+impl<O: JourneyOut> JourneySink<O> {
+    pub fn new(limits: Limits, context: Context, out: O) -> Self {
+        Self {
+            engine: Engine::new(limits),
+            diagnoser: Diagnoser::new(context),
+            out,
+            printed: 0,
+            lost: 0,
+            raised: Vec::new(),
+            recording: None,
+            only: None,
+        }
+    }
+
+    /// Keeps only journeys that start from `target`.
+    pub fn only_from(mut self, target: Option<&target::Target>) -> Self {
+        self.only = target.map(|t| (t.netns_inode, t.addrs.clone()));
+        self
+    }
+
+    fn wanted(&self, j: &Journey) -> bool {
+        let Some((netns, addrs)) = &self.only else {
+            return true;
+        };
+        let origin = j.legs.iter().find(|l| !l.response);
+        addrs.contains(&j.client.ip()) || origin.is_some_and(|o| *netns != 0 && o.netns == *netns)
+    }
+
+    fn print(&mut self, journeys: Vec<Journey>) -> io::Result<()> {
+        let journeys: Vec<_> = journeys.into_iter().filter(|j| self.wanted(j)).collect();
+        for j in &journeys {
+            let new = self.diagnoser.journey(j, self.out.labels().kernel());
+            self.out.journey(j, self.diagnoser.hits())?;
+            self.printed += 1;
+            self.raise(new)?;
+        }
+        self.out.flush()
+    }
+
+    fn raise(&mut self, new: Vec<Anomaly>) -> io::Result<()> {
+        for a in &new {
+            self.out.anomaly(a)?;
+        }
+        self.raised.extend(new);
+        Ok(())
+    }
+
+    fn health(&self, now_ns: u64) -> Health {
+        Health {
+            now_ns,
+            lost: self.lost,
+            evicted: self.engine.evicted(),
+            open: self.engine.open_count(),
+            recording: self.recording.clone(),
+        }
+    }
+}
+
+impl<O: JourneyOut> Sink for JourneySink<O> {
+    fn start(&mut self, now_ns: u64) -> io::Result<()> {
+        let found = self.diagnoser.static_checks(now_ns);
+        self.raise(found)?;
+        self.out
+            .state(&self.diagnoser.summary(), &self.health(now_ns))?;
+        self.out.flush()
+    }
+    fn record(&mut self, rec: &Record) -> io::Result<()> {
+        self.engine.push(rec);
+        Ok(())
+    }
+    fn conntrack(&mut self, ev: &CtEvent, _: u64) -> io::Result<()> {
+        self.engine.conntrack(ev);
+        Ok(())
+    }
+    fn counters(&mut self, moved: &[(&'static str, u64)], now_ns: u64) -> io::Result<()> {
+        let found = self.diagnoser.counters_moved(moved, now_ns);
+        self.raise(found)
+    }
+    fn raised(&mut self) -> Vec<Anomaly> {
+        std::mem::take(&mut self.raised)
+    }
+    fn recording(&mut self, status: String) {
+        self.recording = Some(status);
+    }
+    fn tick(&mut self, now_ns: u64) -> io::Result<()> {
+        let done = self.engine.tick(now_ns);
+        self.print(done)?;
+        let engine = &self.engine;
+        let late = self.diagnoser.tick(now_ns, |client, name, qtype, since| {
+            engine.asked_over_tcp(client, name, qtype, since)
+        });
+        self.raise(late)?;
+        self.out
+            .state(&self.diagnoser.summary(), &self.health(now_ns))?;
+        self.out.flush()
+    }
+    fn lost(&mut self, total: u64) {
+        self.lost = total;
+        self.engine.lost();
+    }
+    fn finish(&mut self, now_ns: u64) -> io::Result<()> {
+        let rest = self.engine.finish(now_ns);
+        self.print(rest)?;
+        self.out.summary(&self.diagnoser.summary())?;
+        self.out.flush()
+    }
+    fn summary(&self) -> Option<String> {
+        Some(format!(
+            "{} journeys, {} evicted (too many open at once), {} anomalies",
+            self.printed,
+            self.engine.evicted(),
+            self.diagnoser.summary().len()
+        ))
+    }
+}
+
+/// What to show.
+pub enum View {
+    Packets,
+    Journeys(Limits),
+    /// The live terminal view of journeys.
+    Live(Limits),
+}
+
+/// One thing the pipeline is fed, in the order it happened.
+#[derive(Clone, Debug)]
+pub enum Input {
+    /// Kernel packet events, as read from the ring buffer.
+    Packets(Vec<Packet>),
+    /// ctnetlink events of DNS flows, seen at `now_ns`.
+    Conntrack { now_ns: u64, events: Vec<CtEvent> },
+    /// The node's conntrack race counters rose: (name, increase).
+    Counters {
+        now_ns: u64,
+        moved: Vec<(&'static str, u64)>,
+    },
+    /// The kernel has lost `total` events so far.
+    Lost { now_ns: u64, total: u64 },
+    /// Kernel monotonic time has reached `now_ns`.
+    Tick(u64),
+}
+
+/// Where inputs come from: the kernel, or a recording.
+pub trait Source {
+    /// Kernel monotonic time now, or the recording's.
+    fn now(&self) -> u64;
+    /// The next input; None when there are no more.
+    #[allow(async_fn_in_trait)]
+    async fn next(&mut self) -> Result<Option<Input>>;
+    /// What is queued at the end, without waiting.
+    fn rest(&mut self) -> Vec<Input>;
+}
+
+#[derive(Default, Debug)]
+pub struct Counts {
+    pub packets: u64,
+    pub messages: u64,
+    pub malformed: u64,
+}
+
+/// Decoding and recording, between a source and a sink.
+#[derive(Default)]
+pub struct Pipeline {
+    pub decoder: Decoder,
+    pub counts: Counts,
+    recorder: Option<Recorder>,
+}
+
+impl Pipeline {
+    pub fn recording(recorder: Option<Recorder>) -> Self {
+        Self {
+            recorder,
+            ..Self::default()
+        }
+    }
+
+    /// Moves inputs from `src` into `sink` until the source ends, a signal
+    /// arrives or stdout closes; returns the sink's summary.
+    pub async fn drive<S: Sink>(
+        &mut self,
+        src: &mut impl Source,
+        sink: &mut S,
+        stop: &mut Stop,
+    ) -> Result<Option<String>> {
+        let start = src.now();
+        if let Some(r) = &mut self.recorder {
+            r.start(start);
+        }
+        sink.start(start).context("writing to stdout")?;
+        self.after(sink);
+        let result = loop {
+            let input = tokio::select! {
+                () = stop.wait() => break Ok(()),
+                input = src.next() => input?,
+            };
+            let Some(input) = input else { break Ok(()) };
+            if let Err(e) = self.step(input, sink) {
+                break Err(e);
+            }
+        };
+        let result =
+            result.and_then(|()| src.rest().into_iter().try_for_each(|i| self.step(i, sink)));
+        let end = src.now();
+        let result = result
+            .and_then(|()| sink.finish(end))
+            .map(|()| self.after(sink));
+        if let Some(r) = &mut self.recorder {
+            r.end(end);
+        }
+        result
+            .map(|()| sink.summary())
+            .or_else(|e| ignore_closed_stdout(e).map(|()| sink.summary()))
+    }
+
+    /// Records `input`, then hands it to `sink`.
+    fn step(&mut self, input: Input, sink: &mut impl Sink) -> io::Result<()> {
+        if let Some(r) = &mut self.recorder {
+            r.input(&input);
+        }
+        match input {
+            Input::Packets(batch) => self.feed(batch, sink)?,
+            Input::Conntrack { now_ns, events } => {
+                for ev in &events {
+                    sink.conntrack(ev, now_ns)?;
+                }
+            }
+            Input::Counters { now_ns, moved } => sink.counters(&moved, now_ns)?,
+            Input::Lost { total, .. } => sink.lost(total),
+            Input::Tick(now_ns) => sink.tick(now_ns)?,
+        }
+        self.after(sink);
+        Ok(())
+    }
+
+    /// Records what the sink raised, and tells it how recording goes.
+    fn after(&mut self, sink: &mut impl Sink) {
+        let raised = sink.raised();
+        if let Some(r) = &mut self.recorder {
+            for a in &raised {
+                r.anomaly(a);
+            }
+            if let Some(status) = r.status_changed() {
+                sink.recording(status);
+            }
+        }
+    }
+
+    fn feed(&mut self, batch: Vec<Packet>, sink: &mut impl Sink) -> io::Result<()> {
+        let mut records = Vec::new();
+        for packet in batch {
+            self.counts.packets += 1;
+            self.decoder.decode(packet, &mut records);
+        }
+        for rec in &records {
+            match rec.body {
+                Body::Dns(_) => self.counts.messages += 1,
+                Body::Malformed { .. } => self.counts.malformed += 1,
+            }
+            sink.record(rec)?;
+        }
+        Ok(())
+    }
+}
+
+/// Ctrl-C and SIGTERM, caught from the start so that a stop during
+/// start-up still detaches everything.
+pub struct Stop {
+    int: Signal,
+    term: Signal,
+    /// The live view's quit key.
+    pub quit: Option<Arc<Notify>>,
+}
+
+impl Stop {
+    pub fn new() -> io::Result<Self> {
+        Ok(Self {
+            int: signal(SignalKind::interrupt())?,
+            term: signal(SignalKind::terminate())?,
+            quit: None,
+        })
+    }
+
+    pub async fn wait(&mut self) {
+        let quit = &self.quit;
+        let quit = async {
+            match quit {
+                Some(n) => n.notified().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = self.int.recv() => {}
+            _ = self.term.recv() => {}
+            () = quit => {}
+        }
+    }
+}
+
+/// A reader that went away (`| head`) ends the capture quietly.
+fn ignore_closed_stdout(e: io::Error) -> Result<()> {
+    if e.kind() == io::ErrorKind::BrokenPipe {
+        Ok(())
+    } else {
+        Err(anyhow::Error::new(e).context("writing to stdout"))
+    }
+}

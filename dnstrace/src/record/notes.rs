@@ -1,0 +1,266 @@
+//! dnstrace's own records inside a pcapng file, as JSON: one `Note` per
+//! custom block (what the pipeline was fed besides packets, and what it
+//! raised), and a `PacketNote` option on each packet with what the frame
+//! cannot say (hook, namespace, conntrack entry, drop, monotonic time).
+use std::{
+    collections::BTreeMap,
+    net::{IpAddr, SocketAddr},
+};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    conntrack::{CtEvent, CtEventKind, RACE_COUNTERS},
+    decode::{Conntrack, CtTuple, Dropped, Packet},
+    diagnose::{ConntrackAtStart, Context},
+    target::Target,
+};
+
+/// The Private Enterprise Number dnstrace's custom blocks and options are
+/// marked with. This is IANA's number for documentation (RFC 5612) until
+/// dnstrace has one of its own; readers other than dnstrace skip them.
+pub const PEN: u32 = 32473;
+
+/// Bumped when a note's meaning changes; older readers refuse newer files.
+pub const FORMAT: u32 = 1;
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Note {
+    /// First in every file: who wrote it, where, about what.
+    Header(Header),
+    /// What turns numbers into names, as the recording machine saw them.
+    Labels(LabelsNote),
+    /// What the diagnosis rules knew about the node at the start.
+    Context(ContextNote),
+    /// The pipeline started (static checks ran) at this time.
+    Start {
+        now_ns: u64,
+    },
+    Tick {
+        now_ns: u64,
+    },
+    Conntrack {
+        now_ns: u64,
+        events: Vec<CtEventNote>,
+    },
+    Counters {
+        now_ns: u64,
+        moved: Vec<(String, u64)>,
+    },
+    Lost {
+        now_ns: u64,
+        total: u64,
+    },
+    /// An anomaly as it was raised (the JSON line output's object).
+    Anomaly {
+        anomaly: serde_json::Value,
+    },
+    /// The capture ended here.
+    End {
+        now_ns: u64,
+    },
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Header {
+    pub format: u32,
+    pub dnstrace: String,
+    pub kernel: String,
+    pub node: String,
+    pub target: Option<String>,
+    pub command: Vec<String>,
+    /// Kernel monotonic time at the start.
+    pub started_ns: u64,
+    /// CLOCK_REALTIME minus CLOCK_MONOTONIC, to print times as they were.
+    pub clock_offset_ns: i64,
+    pub timeout_ns: u64,
+    pub max_open: usize,
+    /// This file's number among rotated files (0 for the first).
+    pub part: u32,
+}
+
+/// Pairs, not maps, where keys are numbers: a tagged enum's content cannot
+/// read numbers back from JSON's string keys.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct LabelsNote {
+    pub iface_names: Vec<(u32, String)>,
+    pub names: BTreeMap<IpAddr, String>,
+    pub drop_reasons: Vec<(u32, String)>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ContextNote {
+    pub service_ips: Vec<IpAddr>,
+    pub bridge_nf_call_iptables: Option<String>,
+    pub node_netns: u32,
+    pub conntrack: Option<ConntrackNote>,
+    pub target: Option<Target>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ConntrackNote {
+    pub dropped: Vec<(String, u64)>,
+    pub entries: u64,
+    pub max: Option<u64>,
+}
+
+/// A counter's name as the one the rules know, if it is one.
+fn counter(name: &str) -> Option<&'static str> {
+    RACE_COUNTERS.iter().copied().find(|n| *n == name)
+}
+
+/// Counters as recorded, keeping only the ones the rules know.
+pub fn counters(moved: &[(String, u64)]) -> Vec<(&'static str, u64)> {
+    moved
+        .iter()
+        .filter_map(|(n, v)| Some((counter(n)?, *v)))
+        .collect()
+}
+
+impl ContextNote {
+    pub fn of(c: &Context) -> Self {
+        Self {
+            service_ips: c.service_ips.iter().copied().collect(),
+            bridge_nf_call_iptables: c.bridge_nf_call_iptables.clone(),
+            node_netns: c.node_netns,
+            conntrack: c.conntrack.as_ref().map(|ct| ConntrackNote {
+                dropped: ct
+                    .dropped
+                    .iter()
+                    .map(|(n, v)| ((*n).to_owned(), *v))
+                    .collect(),
+                entries: ct.entries,
+                max: ct.max,
+            }),
+            target: c.target.clone(),
+        }
+    }
+
+    pub fn context(self) -> Context {
+        Context {
+            service_ips: self.service_ips.into_iter().collect(),
+            bridge_nf_call_iptables: self.bridge_nf_call_iptables,
+            node_netns: self.node_netns,
+            conntrack: self.conntrack.map(|ct| ConntrackAtStart {
+                dropped: counters(&ct.dropped),
+                entries: ct.entries,
+                max: ct.max,
+            }),
+            target: self.target,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct CtEventNote {
+    pub kind: CtEventKind,
+    pub proto: u8,
+    pub status: u32,
+    pub original: [SocketAddr; 2],
+    pub reply: [SocketAddr; 2],
+}
+
+impl CtEventNote {
+    pub fn of(e: &CtEvent) -> Self {
+        Self {
+            kind: e.kind,
+            proto: e.proto,
+            status: e.status,
+            original: [e.original.src, e.original.dst],
+            reply: [e.reply.src, e.reply.dst],
+        }
+    }
+
+    pub fn event(&self) -> CtEvent {
+        CtEvent {
+            kind: self.kind,
+            proto: self.proto,
+            status: self.status,
+            original: tuple(self.original),
+            reply: tuple(self.reply),
+        }
+    }
+}
+
+fn tuple([src, dst]: [SocketAddr; 2]) -> CtTuple {
+    CtTuple { src, dst }
+}
+
+/// A packet's facts the frame does not carry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PacketNote {
+    pub mono_ns: u64,
+    pub netns: u32,
+    pub ifindex: u32,
+    pub hook: u8,
+    pub wire_len: u32,
+    pub payload_len: u32,
+    pub truncated: bool,
+    pub fragment: bool,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub ifname: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub ct: Option<CtNote>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub drop: Option<DropNote>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CtNote {
+    pub original: [SocketAddr; 2],
+    pub reply: [SocketAddr; 2],
+    pub status: u32,
+    pub is_reply: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DropNote {
+    pub reason: u32,
+    pub location: u64,
+    /// The location's symbol on the recording machine.
+    pub at: String,
+}
+
+impl PacketNote {
+    pub fn of(p: &Packet, location: impl Fn(u64) -> String) -> Self {
+        Self {
+            mono_ns: p.ts_ns,
+            netns: p.netns,
+            ifindex: p.ifindex,
+            hook: p.hook as u8,
+            wire_len: p.wire_len,
+            payload_len: p.payload_len,
+            truncated: p.truncated,
+            fragment: p.fragment,
+            ifname: p.ifname.clone(),
+            ct: p.ct.map(|c| CtNote {
+                original: [c.original.src, c.original.dst],
+                reply: [c.reply.src, c.reply.dst],
+                status: c.status,
+                is_reply: c.is_reply,
+            }),
+            drop: p.drop.map(|d| DropNote {
+                reason: d.reason,
+                location: d.location,
+                at: location(d.location),
+            }),
+        }
+    }
+
+    pub fn conntrack(&self) -> Option<Conntrack> {
+        self.ct.as_ref().map(|c| Conntrack {
+            original: tuple(c.original),
+            reply: tuple(c.reply),
+            status: c.status,
+            is_reply: c.is_reply,
+        })
+    }
+
+    pub fn dropped(&self) -> Option<Dropped> {
+        self.drop.as_ref().map(|d| Dropped {
+            reason: d.reason,
+            location: d.location,
+        })
+    }
+}

@@ -1,0 +1,269 @@
+//! `--record`: every input of the pipeline written to pcapng as it goes,
+//! packets as raw IP frames Wireshark reads, the rest as dnstrace's notes.
+//! Each block is written whole, so a file cut short (kill -9, power loss)
+//! reads up to its last complete block; a write error stops the recording,
+//! never the tracing.
+use std::{
+    collections::HashMap,
+    fs::{File, OpenOptions},
+    io::{self, BufWriter},
+    os::unix::fs::{OpenOptionsExt, PermissionsExt},
+    path::PathBuf,
+};
+
+use anyhow::{Context as _, Result};
+
+use super::{
+    frame,
+    notes::{CtEventNote, Note, PacketNote, PEN},
+    pcapng::{Interface, PacketOpt, Writer, FLAG_INBOUND, FLAG_OUTBOUND},
+    Meta,
+};
+use crate::{decode::Packet, diagnose::Anomaly, pipeline::Input};
+
+pub struct RecordOptions {
+    pub path: PathBuf,
+    /// Start a new file past this many bytes.
+    pub max_bytes: Option<u64>,
+    /// Reuse the oldest file past this many.
+    pub files: Option<u32>,
+}
+
+pub struct Recorder {
+    options: RecordOptions,
+    meta: Meta,
+    out: Option<Out>,
+    /// Files started so far, minus one.
+    part: u32,
+    status: String,
+    status_sent: bool,
+}
+
+/// One open file and the interfaces described in it.
+struct Out {
+    w: Writer<BufWriter<File>>,
+    ifaces: HashMap<(String, u32, u8), u32>,
+}
+
+impl Recorder {
+    pub fn create(options: RecordOptions, meta: Meta) -> Result<Self> {
+        let path = options.path.clone();
+        let out = open(&path, &meta, 0)
+            .with_context(|| format!("cannot record to {}", path.display()))?;
+        Ok(Self {
+            status: format!("recording to {}", path.display()),
+            options,
+            meta,
+            out: Some(out),
+            part: 0,
+            status_sent: false,
+        })
+    }
+
+    pub fn input(&mut self, input: &Input) {
+        match input {
+            Input::Packets(batch) => batch.iter().for_each(|p| self.packet(p)),
+            Input::Conntrack { now_ns, events } => self.note(&Note::Conntrack {
+                now_ns: *now_ns,
+                events: events.iter().map(CtEventNote::of).collect(),
+            }),
+            Input::Counters { now_ns, moved } => self.note(&Note::Counters {
+                now_ns: *now_ns,
+                moved: moved.iter().map(|(n, v)| ((*n).to_owned(), *v)).collect(),
+            }),
+            Input::Lost { now_ns, total } => self.note(&Note::Lost {
+                now_ns: *now_ns,
+                total: *total,
+            }),
+            Input::Tick(now_ns) => {
+                self.note(&Note::Tick { now_ns: *now_ns });
+                // What a kill -9 can lose: one tick's worth.
+                self.write(|out| out.w.flush());
+            }
+        }
+    }
+
+    pub fn anomaly(&mut self, a: &Anomaly) {
+        match serde_json::to_value(a) {
+            Ok(anomaly) => self.note(&Note::Anomaly { anomaly }),
+            Err(e) => self.stop(&io::Error::other(e)),
+        }
+    }
+
+    pub fn start(&mut self, now_ns: u64) {
+        self.note(&Note::Start { now_ns });
+    }
+
+    pub fn end(&mut self, now_ns: u64) {
+        self.note(&Note::End { now_ns });
+        self.write(|out| out.w.flush());
+    }
+
+    /// The status line, once after each change.
+    pub fn status_changed(&mut self) -> Option<String> {
+        (!std::mem::replace(&mut self.status_sent, true)).then(|| self.status.clone())
+    }
+
+    fn note(&mut self, note: &Note) {
+        match serde_json::to_vec(note) {
+            Ok(data) => self.write(|out| out.w.custom_block(PEN, &data)),
+            Err(e) => self.stop(&io::Error::other(e)),
+        }
+    }
+
+    fn packet(&mut self, p: &Packet) {
+        let place = self.meta.place(p);
+        let clock = self.meta.clock;
+        let note = PacketNote::of(p, |at| self.meta.kernel.location(at));
+        let comment = comment(p, &place, note.drop.as_ref().map(|d| d.at.as_str()));
+        let Ok(note) = serde_json::to_vec(&note) else {
+            return;
+        };
+        let wall_ns = clock
+            .wall(p.ts_ns)
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        let flags = match p.hook.direction() {
+            "ingress" => FLAG_INBOUND,
+            "egress" => FLAG_OUTBOUND,
+            _ => 0,
+        };
+        let f = frame::encode(p);
+        let opts = [
+            PacketOpt::Flags(flags),
+            PacketOpt::Comment(comment),
+            PacketOpt::Custom {
+                pen: PEN,
+                data: note,
+            },
+        ];
+        self.write(|out| {
+            let id = out.interface(&place, p)?;
+            out.w.packet(id, wall_ns, &f.data, f.orig_len, &opts)
+        });
+    }
+
+    /// Runs `op` on the open file; a failure stops the recording.
+    fn write(&mut self, op: impl FnOnce(&mut Out) -> io::Result<()>) {
+        let Some(out) = &mut self.out else { return };
+        if let Err(e) = op(out) {
+            return self.stop(&e);
+        }
+        let full = self
+            .options
+            .max_bytes
+            .is_some_and(|max| out.w.bytes_written() >= max);
+        if full {
+            self.rotate();
+        }
+    }
+
+    fn rotate(&mut self) {
+        if let Some(mut out) = self.out.take() {
+            if let Err(e) = out.w.flush() {
+                return self.stop(&e);
+            }
+        }
+        self.part += 1;
+        let index = self.options.files.map_or(self.part, |n| self.part % n);
+        let path = path_of(&self.options.path, index);
+        match open(&path, &self.meta, self.part) {
+            Ok(out) => {
+                self.out = Some(out);
+                self.set_status(format!("recording to {}", path.display()));
+            }
+            Err(e) => self.stop(&e),
+        }
+    }
+
+    fn stop(&mut self, e: &io::Error) {
+        self.out = None;
+        let status = format!("recording stopped: {e}; tracing goes on");
+        eprintln!("dnstrace: {status}");
+        self.set_status(status);
+    }
+
+    fn set_status(&mut self, status: String) {
+        self.status = status;
+        self.status_sent = false;
+    }
+}
+
+/// FILE for the first file, FILE.1, FILE.2, … after it.
+fn path_of(path: &std::path::Path, index: u32) -> PathBuf {
+    match index {
+        0 => path.to_owned(),
+        n => PathBuf::from(format!("{}.{n}", path.display())),
+    }
+}
+
+/// Creates (or empties) a file only its owner reads, and writes the
+/// section header and dnstrace's notes about the capture.
+fn open(path: &std::path::Path, meta: &Meta, part: u32) -> io::Result<Out> {
+    let file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    // `mode` applies to new files only.
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    let mut w = Writer::new(BufWriter::with_capacity(64 << 10, file), &meta.section)?;
+    let mut header = meta.header.clone();
+    header.part = part;
+    for note in [
+        Note::Header(header),
+        Note::Labels(meta.labels.clone()),
+        Note::Context(meta.context.clone()),
+    ] {
+        w.custom_block(PEN, &serde_json::to_vec(&note).map_err(io::Error::other)?)?;
+    }
+    Ok(Out {
+        w,
+        ifaces: HashMap::new(),
+    })
+}
+
+impl Out {
+    /// The interface block of a hook point, described on first use.
+    fn interface(&mut self, place: &str, p: &Packet) -> io::Result<u32> {
+        let key = (place.to_owned(), p.netns, p.hook as u8);
+        if let Some(id) = self.ifaces.get(&key) {
+            return Ok(*id);
+        }
+        let name = match p.netns {
+            0 => place.to_owned(),
+            ns => format!("{place}@{ns}"),
+        };
+        let id = self.w.interface(&Interface {
+            linktype: frame::LINKTYPE_RAW,
+            snaplen: 0,
+            description: format!(
+                "dnstrace {} ({}) on {name}",
+                p.hook.name(),
+                p.hook.direction()
+            ),
+            name,
+        })?;
+        self.ifaces.insert(key, id);
+        Ok(id)
+    }
+}
+
+/// What Wireshark shows as the packet's comment.
+fn comment(p: &Packet, place: &str, drop_at: Option<&str>) -> String {
+    let mut c = format!("dnstrace: {} on {place}", p.hook.name());
+    if p.netns != 0 {
+        c += &format!(" in netns {}", p.netns);
+    }
+    if let Some((a, b)) = p.ct.as_ref().and_then(|ct| ct.dnat()) {
+        c += &format!("; DNAT {a} → {b}");
+    }
+    if let Some((a, b)) = p.ct.as_ref().and_then(|ct| ct.snat()) {
+        c += &format!("; SNAT {a} → {b}");
+    }
+    if let Some(at) = drop_at {
+        c += &format!("; dropped at {at}");
+    }
+    c
+}

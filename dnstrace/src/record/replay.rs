@@ -1,0 +1,479 @@
+//! `dnstrace replay FILE`: a recording's inputs, in order, as a pipeline
+//! source. dnstrace's own recordings give back exactly what the live
+//! pipeline was fed; plain captures (tcpdump's pcap or pcapng) give their
+//! DNS packets, with ticks made from their timestamps.
+use std::{
+    collections::{HashMap, VecDeque},
+    fs::File,
+    io::BufReader,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use anyhow::{anyhow, bail, Context as _, Result};
+use bytes::Bytes;
+use dnstrace_common::Hook;
+use tokio::time::Instant;
+
+use super::{
+    frame::{self, LINKTYPE_RAW},
+    notes::{self, ContextNote, Header, LabelsNote, Note, PacketNote, FORMAT, PEN},
+    pcapng::{Block, PacketOpt, ReadError, Reader},
+};
+use crate::{
+    capture::Show,
+    correlate::Limits,
+    decode::{KernelNames, Packet},
+    diagnose::Context,
+    naming::Names,
+    output::{Clock, Labels},
+    pipeline::{Input, Pipeline, Source, Stop, View},
+    view,
+};
+
+/// Packets handed over at once.
+const BATCH: usize = 1024;
+/// How often a plain capture's clock ticks, in its own time.
+const TICK_NS: u64 = 100_000_000;
+
+/// What a dnstrace recording says about itself; absent from plain captures.
+#[derive(Clone, Debug, Default)]
+pub struct About {
+    pub header: Option<Header>,
+    pub labels: LabelsNote,
+    pub context: ContextNote,
+    /// Drop locations as the recording machine named them.
+    pub locations: HashMap<u64, String>,
+    /// When the recorded pipeline started.
+    pub started_ns: Option<u64>,
+    /// The first packet's timestamp: a plain capture's start.
+    pub first_ns: Option<u64>,
+}
+
+impl About {
+    /// Reads what the file says about itself, and checks it can be replayed:
+    /// a first pass that stops at the first damaged block.
+    pub fn read(path: &Path) -> Result<Self> {
+        let mut reader = open(path)?;
+        let mut about = Self::default();
+        while let Ok(Some(block)) = reader.next_block() {
+            match block {
+                Block::Custom { pen: PEN, data } => match parse(&data) {
+                    Some(Note::Header(h)) if about.header.is_none() => {
+                        if h.format > FORMAT {
+                            bail!(
+                                "{}: written by dnstrace {} in a newer format ({}); use that version or newer",
+                                path.display(),
+                                h.dnstrace,
+                                h.format
+                            );
+                        }
+                        about.header = Some(h);
+                    }
+                    Some(Note::Labels(l)) => about.labels = l,
+                    Some(Note::Start { now_ns }) => {
+                        about.started_ns.get_or_insert(now_ns);
+                    }
+                    Some(Note::Context(c)) => about.context = c,
+                    _ => {}
+                },
+                Block::Packet { opts, ts_ns, .. } => {
+                    about.first_ns.get_or_insert(ts_ns);
+                    if let Some(d) = packet_note(&opts).and_then(|n| n.drop) {
+                        about.locations.insert(d.location, d.at);
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(about)
+    }
+
+    /// Names as the recording machine knew them.
+    pub fn labels(&self) -> Labels {
+        let offset = self.header.as_ref().map_or(0, |h| h.clock_offset_ns);
+        let kernel = KernelNames::recorded(
+            self.labels.drop_reasons.clone().into_iter().collect(),
+            self.locations.clone(),
+        );
+        let names = Names::from_entries(self.labels.names.clone());
+        Labels::new(
+            self.labels.iface_names.clone().into_iter().collect(),
+            Clock::with_offset(offset),
+            kernel,
+        )
+        .with_names(names)
+    }
+
+    pub fn context(&self) -> Context {
+        self.context.clone().context()
+    }
+
+    /// The journey limits the recording was made with.
+    pub fn limits(&self) -> Limits {
+        let mut limits = Limits::default();
+        if let Some(h) = &self.header {
+            limits.timeout_ns = h.timeout_ns;
+            limits.max_open = h.max_open;
+        }
+        limits
+    }
+}
+
+fn open(path: &Path) -> Result<Reader<BufReader<File>>> {
+    let file = File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+    Reader::new(BufReader::with_capacity(256 << 10, file))
+        .map_err(|e| anyhow!("{}: {e}", path.display()))
+}
+
+/// A note, or None for what is not one of ours (or is damaged: JSON with
+/// the zero padding custom blocks get).
+fn parse(data: &[u8]) -> Option<Note> {
+    let end = data.iter().rposition(|b| *b != 0).map_or(0, |i| i + 1);
+    serde_json::from_slice(&data[..end]).ok()
+}
+
+fn packet_note(opts: &[PacketOpt]) -> Option<PacketNote> {
+    opts.iter().find_map(|o| match o {
+        PacketOpt::Custom { pen: PEN, data } => serde_json::from_slice(data).ok(),
+        _ => None,
+    })
+}
+
+/// How fast to replay: as fast as possible, or at a multiple of real time.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Speed {
+    Fast,
+    Times(f64),
+}
+
+#[cfg(test)]
+#[test]
+fn speeds_parse() {
+    assert_eq!("fast".parse(), Ok(Speed::Fast));
+    assert_eq!("1".parse(), Ok(Speed::Times(1.0)));
+    assert_eq!("10x".parse(), Ok(Speed::Times(10.0)));
+    assert!("0".parse::<Speed>().is_err());
+    assert!("-2".parse::<Speed>().is_err());
+    assert!("slow".parse::<Speed>().is_err());
+}
+
+impl std::str::FromStr for Speed {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "fast" {
+            return Ok(Self::Fast);
+        }
+        match s.trim_end_matches('x').parse::<f64>() {
+            Ok(x) if x > 0.0 && x.is_finite() => Ok(Self::Times(x)),
+            _ => Err(format!(
+                "{s:?}: `fast`, or how many times real time (1 for real time, 10x, 0.5)"
+            )),
+        }
+    }
+}
+
+pub struct Replay {
+    path: PathBuf,
+    reader: Reader<BufReader<File>>,
+    /// Link type and name of each interface of the current section.
+    ifaces: Vec<(u16, String)>,
+    ports: Vec<u16>,
+    queued: VecDeque<Input>,
+    batch: Vec<Packet>,
+    now_ns: u64,
+    /// Plain captures have no recorded ticks; their clock makes them.
+    make_ticks: bool,
+    last_tick: u64,
+    speed: Speed,
+    /// The first time seen, and when it was replayed.
+    start: Option<(u64, Instant)>,
+    done: bool,
+    /// Why the replay stopped early, said after what came before it.
+    pub error: Option<anyhow::Error>,
+    /// Frames that were not DNS, or did not parse.
+    pub skipped: u64,
+}
+
+impl Replay {
+    pub fn open(path: &Path, about: &About, ports: Vec<u16>, speed: Speed) -> Result<Self> {
+        Ok(Self {
+            path: path.to_owned(),
+            reader: open(path)?,
+            ifaces: Vec::new(),
+            ports,
+            queued: VecDeque::new(),
+            batch: Vec::new(),
+            now_ns: about
+                .started_ns
+                .or(about.header.as_ref().map(|h| h.started_ns))
+                .or(about.first_ns)
+                .unwrap_or(0),
+            make_ticks: about.header.is_none(),
+            last_tick: 0,
+            speed,
+            start: None,
+            done: false,
+            error: None,
+            skipped: 0,
+        })
+    }
+
+    /// Reads blocks until an input is ready (or the file ends).
+    fn fill(&mut self) {
+        while self.queued.is_empty() && !self.done {
+            match self.reader.next_block() {
+                Ok(Some(block)) => self.block(block),
+                Ok(None) => self.done = true,
+                Err(ReadError::Truncated { offset }) => {
+                    eprintln!(
+                        "dnstrace: {}: the recording was cut short at byte {offset} (inside a block); replayed what came before",
+                        self.path.display()
+                    );
+                    self.done = true;
+                }
+                Err(e) => {
+                    self.error = Some(anyhow!("{}: {e}", self.path.display()));
+                    self.done = true;
+                }
+            }
+            if self.done || self.batch.len() >= BATCH {
+                self.flush_batch();
+            }
+        }
+    }
+
+    fn block(&mut self, block: Block) {
+        match block {
+            Block::Section { .. } => self.ifaces.clear(),
+            Block::Interface { iface, .. } => self.ifaces.push((iface.linktype, iface.name)),
+            Block::Packet {
+                iface,
+                ts_ns,
+                data,
+                opts,
+                ..
+            } => self.packet(iface, ts_ns, &data, &opts),
+            Block::Custom { pen: PEN, data } => {
+                if let Some(input) = parse(&data).and_then(|n| self.input(n)) {
+                    self.flush_batch();
+                    self.queued.push_back(input);
+                }
+            }
+            Block::Custom { .. } => {}
+        }
+    }
+
+    /// The input a note stands for, if it is one.
+    fn input(&mut self, note: Note) -> Option<Input> {
+        let input = match note {
+            Note::Tick { now_ns } => Input::Tick(now_ns),
+            Note::Conntrack { now_ns, events } => Input::Conntrack {
+                now_ns,
+                events: events.iter().map(|e| e.event()).collect(),
+            },
+            Note::Counters { now_ns, moved } => Input::Counters {
+                now_ns,
+                moved: notes::counters(&moved),
+            },
+            Note::Lost { now_ns, total } => Input::Lost { now_ns, total },
+            Note::End { now_ns } => {
+                self.now_ns = self.now_ns.max(now_ns);
+                return None;
+            }
+            Note::Header(_)
+            | Note::Labels(_)
+            | Note::Context(_)
+            | Note::Start { .. }
+            | Note::Anomaly { .. } => return None,
+        };
+        self.now_ns = self.now_ns.max(time_of(&input).unwrap_or(0));
+        Some(input)
+    }
+
+    fn packet(&mut self, iface: u32, ts_ns: u64, data: &[u8], opts: &[PacketOpt]) {
+        let (linktype, name) = self
+            .ifaces
+            .get(iface as usize)
+            .cloned()
+            .unwrap_or((LINKTYPE_RAW, String::new()));
+        let packet = match packet_note(opts) {
+            Some(note) => recorded(&note, data),
+            None => self.captured(linktype, iface, name, ts_ns, data),
+        };
+        let Some(p) = packet else {
+            self.skipped += 1;
+            return;
+        };
+        if self.make_ticks && p.ts_ns >= self.last_tick + TICK_NS {
+            self.flush_batch();
+            self.last_tick = p.ts_ns;
+            self.queued.push_back(Input::Tick(p.ts_ns));
+        }
+        self.now_ns = self.now_ns.max(p.ts_ns);
+        self.batch.push(p);
+    }
+
+    /// A packet of a plain capture: what its frame shows, at one place.
+    fn captured(
+        &self,
+        linktype: u16,
+        iface: u32,
+        name: String,
+        ts_ns: u64,
+        data: &[u8],
+    ) -> Option<Packet> {
+        let d = frame::decode(linktype, data).ok().flatten()?;
+        let dns = |p: u16| self.ports.contains(&p);
+        if !dns(d.src.port()) && !dns(d.dst.port()) {
+            return None;
+        }
+        Some(Packet {
+            ts_ns,
+            netns: 0,
+            ifindex: iface + 1,
+            hook: Hook::DevReceive,
+            src: d.src,
+            dst: d.dst,
+            transport: d.transport,
+            wire_len: data.len() as u32,
+            payload_len: d.payload_len,
+            truncated: d.truncated,
+            fragment: d.fragment,
+            payload: Bytes::copy_from_slice(d.payload),
+            ifname: Some(if name.is_empty() {
+                format!("if{iface}")
+            } else {
+                name
+            }),
+            ct: None,
+            drop: None,
+        })
+    }
+
+    fn flush_batch(&mut self) {
+        if !self.batch.is_empty() {
+            let batch = std::mem::take(&mut self.batch);
+            self.queued.push_back(Input::Packets(batch));
+        }
+    }
+
+    /// Waits until `input` is due, at the chosen speed.
+    async fn pace(&mut self, input: &Input) {
+        let (Speed::Times(x), Some(t)) = (self.speed, time_of(input)) else {
+            return;
+        };
+        let (t0, start) = *self.start.get_or_insert((t, Instant::now()));
+        let due = Duration::from_nanos((t.saturating_sub(t0) as f64 / x) as u64);
+        tokio::time::sleep_until(start + due).await;
+    }
+}
+
+/// A recorded packet: the frame gives addresses and payload, the note the
+/// rest.
+fn recorded(note: &PacketNote, data: &[u8]) -> Option<Packet> {
+    let d = frame::decode(LINKTYPE_RAW, data).ok().flatten()?;
+    Some(Packet {
+        ts_ns: note.mono_ns,
+        netns: note.netns,
+        ifindex: note.ifindex,
+        hook: Hook::from_u8(note.hook)?,
+        src: d.src,
+        dst: d.dst,
+        transport: d.transport,
+        wire_len: note.wire_len,
+        payload_len: note.payload_len,
+        truncated: note.truncated,
+        fragment: note.fragment,
+        payload: Bytes::copy_from_slice(d.payload),
+        ifname: note.ifname.clone(),
+        ct: note.conntrack(),
+        drop: note.dropped(),
+    })
+}
+
+/// When an input happened.
+fn time_of(input: &Input) -> Option<u64> {
+    match input {
+        Input::Packets(b) => b.last().map(|p| p.ts_ns),
+        Input::Conntrack { now_ns, .. }
+        | Input::Counters { now_ns, .. }
+        | Input::Lost { now_ns, .. }
+        | Input::Tick(now_ns) => Some(*now_ns),
+    }
+}
+
+impl Source for Replay {
+    fn now(&self) -> u64 {
+        self.now_ns
+    }
+
+    async fn next(&mut self) -> Result<Option<Input>> {
+        self.fill();
+        let Some(input) = self.queued.pop_front() else {
+            return Ok(None);
+        };
+        self.pace(&input).await;
+        Ok(Some(input))
+    }
+
+    fn rest(&mut self) -> Vec<Input> {
+        Vec::new()
+    }
+}
+
+/// What `dnstrace replay` was asked for.
+pub struct ReplayArgs {
+    pub file: PathBuf,
+    pub speed: Speed,
+    pub packets: bool,
+    pub ports: Vec<u16>,
+    pub output: Option<crate::cli::OutputFormat>,
+    pub live: bool,
+    pub log_file: Option<PathBuf>,
+}
+
+pub async fn run(args: ReplayArgs) -> Result<()> {
+    let about = About::read(&args.file)?;
+    let mut replay = Replay::open(&args.file, &about, args.ports.clone(), args.speed)?;
+    let limits = about.limits();
+    let view = match (args.packets, args.live) {
+        (true, _) => View::Packets,
+        (false, true) => View::Live(limits),
+        (false, false) => View::Journeys(limits),
+    };
+    let context = about.context();
+    let what = match &context.target {
+        Some(t) => format!("replay of {} ({})", args.file.display(), t.label),
+        None => format!("replay of {}", args.file.display()),
+    };
+    let show = Show {
+        view,
+        format: args.output.unwrap_or(crate::cli::OutputFormat::Text),
+        labels: about.labels(),
+        target: context.target.clone(),
+        context,
+        about: view::state::About {
+            target: what,
+            hooks: 0,
+            log: None,
+        },
+        log: args.log_file,
+        hold: true,
+    };
+    let mut pipe = Pipeline::default();
+    let result = show.run(&mut pipe, &mut replay, &mut Stop::new()?).await;
+    let c = &pipe.counts;
+    eprintln!(
+        "dnstrace: replayed {} DNS packets, {} messages, {} malformed{}; {} frames skipped (not DNS, or not decodable)",
+        c.packets,
+        c.messages,
+        c.malformed,
+        result.as_ref().ok().cloned().flatten().map(|s| format!(", {s}")).unwrap_or_default(),
+        replay.skipped
+    );
+    match (result, replay.error.take()) {
+        (Err(e), _) | (Ok(_), Some(e)) => Err(e),
+        (Ok(_), None) => Ok(()),
+    }
+}
