@@ -401,9 +401,28 @@ pub fn dnstrace(args: &[&str]) -> std::process::Output {
 }
 
 /// The built-in lab, brought down on drop. Its namespace names are fixed, so
-/// only one may exist at a time: hold `LAB_LOCK` while using it.
+/// only one may exist at a time on the machine: `LAB_LOCK` in this process,
+/// and an exclusive flock on `LAB_FILE_LOCK` across processes (another test
+/// run, `cargo xtask bench`).
 pub struct Lab {
     _guard: std::sync::MutexGuard<'static, ()>,
+    _file: std::fs::File,
+}
+
+pub const LAB_FILE_LOCK: &str = "/run/dnstrace-lab.lock";
+
+/// Waits for the machine-wide lab lock; it is released when the file closes.
+fn lock_lab_file() -> std::fs::File {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(LAB_FILE_LOCK)
+        .expect("opening the lab lock");
+    // SAFETY: flock on a descriptor this function owns.
+    let rc = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&file), libc::LOCK_EX) };
+    assert_eq!(rc, 0, "locking {LAB_FILE_LOCK}");
+    file
 }
 
 pub static LAB_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -418,6 +437,7 @@ pub const SERVICE: &str = "10.96.0.10";
 impl Lab {
     pub fn up(args: &[&str]) -> Self {
         let guard = LAB_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        let file = lock_lab_file();
         let _ = dnstrace(&["lab", "down"]);
         let mut all = vec!["lab", "up"];
         all.extend_from_slice(args);
@@ -427,7 +447,10 @@ impl Lab {
             "lab up failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        Self { _guard: guard }
+        Self {
+            _guard: guard,
+            _file: file,
+        }
     }
 
     pub fn fault(&self, name: &str, on: bool) {

@@ -40,6 +40,16 @@ impl Drop for Dir {
     }
 }
 
+/// `dnstrace VIEW -o json` on the lab's node, recording to `file`, with
+/// `extra` arguments.
+fn recording<'a>(view: &[&'a str], file: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = view.to_vec();
+    args.extend(["-o", "json", "--node-netns", NODE_NETNS, "--record"]);
+    args.push(file.to_str().unwrap());
+    args.extend_from_slice(extra);
+    args
+}
+
 /// Runs dnstrace with `args` while `work` runs; returns stdout's JSON
 /// lines and stderr.
 fn traced(args: &[&str], work: impl FnOnce()) -> (Vec<Value>, Vec<String>) {
@@ -96,23 +106,13 @@ fn tshark_reads_a_recording_and_agrees_with_dnstrace_on_every_packet() {
     let lab = Lab::up(&["--fault", "bridge-nf-off"]);
     let dir = Dir::new("tshark");
     let file = dir.file("lab.pcapng");
-    let (packets, _) = traced(
-        &[
-            "-o",
-            "json",
-            "--node-netns",
-            NODE_NETNS,
-            "--record",
-            file.to_str().unwrap(),
-        ],
-        || {
-            lab.traffic(&["--pod", "checkout", "--name", "www.example.com"]);
-            lab.dig(
-                WEB,
-                &format!("@{SERVICE} kubernetes.default.svc.cluster.local."),
-            );
-        },
-    );
+    let (packets, _) = traced(&recording(&[], &file, &[]), || {
+        lab.traffic(&["--pod", "checkout", "--name", "www.example.com"]);
+        lab.dig(
+            WEB,
+            &format!("@{SERVICE} kubernetes.default.svc.cluster.local."),
+        );
+    });
     let ours: Vec<String> = packets
         .iter()
         .filter(|p| p["kind"] == "dns")
@@ -180,22 +180,15 @@ fn a_replay_gives_the_live_runs_journeys_and_anomalies_without_root() {
     let lab = Lab::up(&["--fault", "bridge-nf-off"]);
     let dir = Dir::new("replay");
     let file = dir.file("lab.pcapng");
-    let args = [
-        "trace",
-        "-o",
-        "json",
+    let pod = [
         "--timeout",
         "2s",
-        "--node-netns",
-        NODE_NETNS,
         "--containerd-root",
         "/run/dnstrace-lab/containerd",
         "--pod",
         "web",
-        "--record",
-        file.to_str().unwrap(),
     ];
-    let (live, _) = traced(&args, || {
+    let (live, _) = traced(&recording(&["trace"], &file, &pod), || {
         lab.traffic(&["--pod", "checkout", "--name", "www.example.com"]);
         lab.traffic(&["--pod", "web", "--name", "www.example.com"]);
         lab.dig(
@@ -281,24 +274,10 @@ fn recordings_rotate_and_cut_or_damaged_files_are_clear_errors() {
     let lab = Lab::up(&[]);
     let dir = Dir::new("rotate");
     let file = dir.file("r.pcapng");
-    traced(
-        &[
-            "trace",
-            "-o",
-            "json",
-            "--node-netns",
-            NODE_NETNS,
-            "--record",
-            file.to_str().unwrap(),
-            "--record-size",
-            "16k",
-            "--record-files",
-            "3",
-        ],
-        || {
-            lab.traffic(&["--rate", "40", "--duration", "3s"]);
-        },
-    );
+    let rotate = ["--record-size", "16k", "--record-files", "3"];
+    traced(&recording(&["trace"], &file, &rotate), || {
+        lab.traffic(&["--rate", "40", "--duration", "3s"]);
+    });
     // Each file stands alone: its own header, names and interfaces.
     let mut journeys = 0;
     let mut full = 0;
@@ -317,16 +296,7 @@ fn recordings_rotate_and_cut_or_damaged_files_are_clear_errors() {
 
     // Killed outright: the file reads up to its last whole block.
     let killed = dir.file("killed.pcapng");
-    let trace = Dnstrace::start_here(&[
-        "trace",
-        "-o",
-        "json",
-        "--node-netns",
-        NODE_NETNS,
-        "--record",
-        killed.to_str().unwrap(),
-    ])
-    .unwrap();
+    let trace = Dnstrace::start_here(&recording(&["trace"], &killed, &[])).unwrap();
     lab.traffic(&["--pod", "web", "--name", "www.example.com"]);
     std::thread::sleep(Duration::from_millis(800));
     trace.stop(libc::SIGKILL).unwrap();
@@ -378,22 +348,11 @@ fn a_full_disk_stops_the_recording_and_tracing_goes_on() {
         .unwrap();
     assert!(mounted.success());
     let file = dir.file("r.pcapng");
-    let (lines, stderr) = traced(
-        &[
-            "trace",
-            "-o",
-            "json",
-            "--node-netns",
-            NODE_NETNS,
-            "--record",
-            file.to_str().unwrap(),
-        ],
-        || {
-            lab.traffic(&["--rate", "40", "--duration", "3s"]);
-            std::thread::sleep(Duration::from_millis(500));
-            lab.traffic(&["--pod", "web", "--name", "after.example.com"]);
-        },
-    );
+    let (lines, stderr) = traced(&recording(&["trace"], &file, &[]), || {
+        lab.traffic(&["--rate", "40", "--duration", "3s"]);
+        std::thread::sleep(Duration::from_millis(500));
+        lab.traffic(&["--pod", "web", "--name", "after.example.com"]);
+    });
     assert!(
         stderr
             .iter()
@@ -417,25 +376,12 @@ fn a_report_names_the_anomaly_and_the_failed_lookups() {
     let lab = Lab::up(&["--fault", "bridge-nf-off"]);
     let dir = Dir::new("report");
     let file = dir.file("lab.pcapng");
-    traced(
-        &[
-            "trace",
-            "-o",
-            "json",
-            "--timeout",
-            "2s",
-            "--node-netns",
-            NODE_NETNS,
-            "--record",
-            file.to_str().unwrap(),
-        ],
-        || {
-            lab.dig(
-                WEB,
-                &format!("@{SERVICE} kubernetes.default.svc.cluster.local."),
-            );
-        },
-    );
+    traced(&recording(&["trace"], &file, &["--timeout", "2s"]), || {
+        lab.dig(
+            WEB,
+            &format!("@{SERVICE} kubernetes.default.svc.cluster.local."),
+        );
+    });
     let md = dnstrace(&["report", file.to_str().unwrap()]);
     assert!(
         md.status.success(),
