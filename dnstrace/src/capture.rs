@@ -65,6 +65,8 @@ pub async fn run(args: CaptureArgs, view: View) -> Result<()> {
         })
         .transpose()?;
     let (ct, stats) = watch_conntrack(node);
+    // Everything privileged is open now.
+    probes.drop_privileges()?;
     let mut src = LiveSource::new(ingest, &probes, ct, stats, args.ports.clone());
     let mut pipe = Pipeline::recording(recorder);
     let ports: Vec<String> = args.ports.iter().map(u16::to_string).collect();
@@ -313,6 +315,8 @@ struct LiveSource<'a> {
     tick: Interval,
     stats_tick: Interval,
     lost_seen: u64,
+    /// When the loss counter was last read.
+    looked_ns: u64,
     queued: VecDeque<Input>,
 }
 
@@ -333,6 +337,7 @@ impl<'a> LiveSource<'a> {
             tick: interval(Duration::from_millis(100)),
             stats_tick: interval(Duration::from_secs(1)),
             lost_seen: 0,
+            looked_ns: monotonic_now(),
             queued: VecDeque::new(),
         }
     }
@@ -340,13 +345,15 @@ impl<'a> LiveSource<'a> {
     /// New kernel losses since the last look, said once on stderr.
     fn lost(&mut self) -> Option<Input> {
         let total = self.probes.lost_events().unwrap_or(0);
+        let since_ns = std::mem::replace(&mut self.looked_ns, monotonic_now());
         if total <= self.lost_seen {
             return None;
         }
         eprintln!("dnstrace: warning: {total} events lost so far (ring buffer full; raise --ring-buffer-mib)");
         self.lost_seen = total;
         Some(Input::Lost {
-            now_ns: monotonic_now(),
+            since_ns,
+            now_ns: self.looked_ns,
             total,
         })
     }

@@ -19,6 +19,9 @@ use crate::{
     decode::{Body, Conntrack, DnsMessage, Packet, Record},
 };
 
+/// Loss windows remembered; older ones are long past any open journey.
+const MAX_LOSSES: usize = 256;
+
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
     /// A journey without an answer ends after this long.
@@ -148,6 +151,10 @@ pub struct Engine {
     tcp_seen: HashMap<IpAddr, u64>,
     next_id: u64,
     evicted: u64,
+    /// Windows (since, until) in which the kernel lost events, recent ones:
+    /// a journey that overlaps one may miss legs, even if its first event
+    /// was read only after the loss was noticed.
+    losses: VecDeque<(u64, u64)>,
 }
 
 /// Open journey ids grouped by something they share.
@@ -193,6 +200,7 @@ impl Engine {
             tcp_seen: HashMap::new(),
             next_id: 1,
             evicted: 0,
+            losses: VecDeque::new(),
         }
     }
 
@@ -294,11 +302,32 @@ impl Engine {
         }
     }
 
-    /// Events were lost: every open journey may now miss legs.
-    pub fn lost(&mut self) {
+    /// Events were lost between `since_ns` and `until_ns`: every open
+    /// journey may miss legs, and so may any journey overlapping that time.
+    pub fn lost(&mut self, since_ns: u64, until_ns: u64) {
         for o in self.open.values_mut() {
             o.j.incomplete = true;
         }
+        if self.losses.len() == MAX_LOSSES {
+            self.losses.pop_front();
+        }
+        self.losses.push_back((since_ns, until_ns));
+    }
+
+    /// Whether a journey started at `start` and closed at `now` overlaps a
+    /// loss; windows no open journey can reach any more are dropped.
+    fn overlaps_loss(&mut self, start: u64, now: u64) -> bool {
+        let reach = self.limits.timeout_ns + self.limits.settle_ns;
+        while self
+            .losses
+            .front()
+            .is_some_and(|(_, until)| until.saturating_add(2 * reach) < now)
+        {
+            self.losses.pop_front();
+        }
+        self.losses
+            .iter()
+            .any(|(since, until)| start <= *until && now >= *since)
     }
 
     /// Closes what is finished at `now_ns` and returns top-level journeys.
@@ -311,7 +340,10 @@ impl Engine {
             })
             .map(|(&id, _)| id)
             .collect();
-        let mut out: Vec<Journey> = ready.into_iter().filter_map(|id| self.close(id)).collect();
+        let mut out: Vec<Journey> = ready
+            .into_iter()
+            .filter_map(|id| self.close(id, now_ns))
+            .collect();
         out.sort_by_key(|j| j.started_ns);
         out
     }
@@ -421,13 +453,16 @@ impl Engine {
             || now.saturating_sub(o.j.started_ns) >= self.limits.timeout_ns + self.limits.settle_ns
     }
 
-    fn close(&mut self, id: u64) -> Option<Journey> {
+    fn close(&mut self, id: u64, now_ns: u64) -> Option<Journey> {
         let mut o = self.open.remove(&id)?;
         self.forget(id, &o);
         for child in std::mem::take(&mut o.children) {
-            if let Some(c) = self.close(child) {
+            if let Some(c) = self.close(child, now_ns) {
                 o.j.upstream.push(c);
             }
+        }
+        if self.overlaps_loss(o.j.started_ns, now_ns) {
+            o.j.incomplete = true;
         }
         Some(o.finish())
     }

@@ -129,6 +129,8 @@ pub struct Diagnoser {
     truncated: VecDeque<Truncated>,
     /// (kind, summary) of every anomaly the last journey checked fed.
     hits: Vec<(&'static str, String)>,
+    /// When kernel event losses were last noticed.
+    lost_ns: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -148,6 +150,7 @@ impl Diagnoser {
             recent: BTreeMap::new(),
             truncated: VecDeque::new(),
             hits: Vec::new(),
+            lost_ns: None,
         }
     }
 
@@ -216,6 +219,12 @@ impl Diagnoser {
         self.record(found, now_ns, None)
     }
 
+    /// The kernel lost events, noticed at `now_ns`: what was not seen since
+    /// is no evidence.
+    pub fn lost(&mut self, now_ns: u64) {
+        self.lost_ns = Some(now_ns);
+    }
+
     /// Checks a finished journey; returns anomalies raised for the first time.
     pub fn journey(&mut self, j: &Journey, names: &KernelNames) -> Vec<Anomaly> {
         self.hits.clear();
@@ -245,7 +254,9 @@ impl Diagnoser {
                 break;
             }
             if let Some(t) = self.truncated.pop_front() {
-                if !retried(t.client, &t.name, &t.qtype, t.answered_ns) {
+                // Events lost since the answer: the retry may be among them.
+                let unseen = self.lost_ns.is_some_and(|l| l >= t.answered_ns);
+                if !unseen && !retried(t.client, &t.name, &t.qtype, t.answered_ns) {
                     found.push((no_tcp_retry(&t), t.journey));
                 }
             }

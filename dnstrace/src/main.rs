@@ -22,6 +22,11 @@ use std::process::ExitCode;
 use clap::Parser as _;
 
 fn main() -> ExitCode {
+    if setuid() {
+        return fail(anyhow::anyhow!(
+            "dnstrace refuses to run as a setuid or setgid program: remove the bit and run it as root (sudo)"
+        ));
+    }
     let cli = cli::Cli::parse();
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -93,6 +98,12 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail(e),
     }
+}
+
+/// Started through a setuid or setgid bit: the caller is not who runs it.
+fn setuid() -> bool {
+    // SAFETY: these calls only read the process's ids.
+    unsafe { libc::getuid() != libc::geteuid() || libc::getgid() != libc::getegid() }
 }
 
 fn fail(e: anyhow::Error) -> ExitCode {

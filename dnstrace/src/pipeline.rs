@@ -43,8 +43,9 @@ pub trait Sink {
     }
     /// How the recording goes, when that changes.
     fn recording(&mut self, _status: String) {}
-    /// The kernel has lost `total` events so far.
-    fn lost(&mut self, total: u64);
+    /// The kernel has lost `total` events so far, some between `since_ns`
+    /// (the last look) and `now_ns`.
+    fn lost(&mut self, total: u64, since_ns: u64, now_ns: u64);
     /// The capture ends: write what is left.
     fn finish(&mut self, now_ns: u64) -> io::Result<()>;
     /// A few words for the exit line.
@@ -61,7 +62,7 @@ impl<W: io::Write> Sink for LineSink<W> {
     fn tick(&mut self, _: u64) -> io::Result<()> {
         self.flush()
     }
-    fn lost(&mut self, _: u64) {}
+    fn lost(&mut self, _: u64, _: u64, _: u64) {}
     fn finish(&mut self, _: u64) -> io::Result<()> {
         self.flush()
     }
@@ -217,9 +218,10 @@ impl<O: JourneyOut> Sink for JourneySink<O> {
             .state(&self.diagnoser.summary(), &self.health(now_ns))?;
         self.out.flush()
     }
-    fn lost(&mut self, total: u64) {
+    fn lost(&mut self, total: u64, since_ns: u64, now_ns: u64) {
         self.lost = total;
-        self.engine.lost();
+        self.engine.lost(since_ns, now_ns);
+        self.diagnoser.lost(now_ns);
     }
     fn finish(&mut self, now_ns: u64) -> io::Result<()> {
         let rest = self.engine.finish(now_ns);
@@ -257,8 +259,13 @@ pub enum Input {
         now_ns: u64,
         moved: Vec<(&'static str, u64)>,
     },
-    /// The kernel has lost `total` events so far.
-    Lost { now_ns: u64, total: u64 },
+    /// The kernel has lost `total` events so far, some of them since
+    /// `since_ns` (the last look).
+    Lost {
+        since_ns: u64,
+        now_ns: u64,
+        total: u64,
+    },
     /// Kernel monotonic time has reached `now_ns`.
     Tick(u64),
 }
@@ -348,7 +355,11 @@ impl Pipeline {
                 }
             }
             Input::Counters { now_ns, moved } => sink.counters(&moved, now_ns)?,
-            Input::Lost { total, .. } => sink.lost(total),
+            Input::Lost {
+                total,
+                since_ns,
+                now_ns,
+            } => sink.lost(total, since_ns, now_ns),
             Input::Tick(now_ns) => sink.tick(now_ns)?,
         }
         self.after(sink);

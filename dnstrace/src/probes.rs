@@ -1,6 +1,7 @@
 //! Loading the eBPF programs, attaching them to interfaces, and detaching
 //! everything again when the `Probes` value is dropped, on every exit path.
 mod btf;
+mod leftovers;
 mod netlink;
 mod offsets;
 
@@ -10,7 +11,7 @@ use anyhow::{anyhow, bail, Context as _, Result};
 use aya::{
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
     programs::{
-        tc::{NlOptions, TcAttachOptions},
+        tc::{NlOptions, SchedClassifierLink, TcAttachOptions},
         BtfTracePoint, KProbe, LinkOrder, ProgramError, ProgramType, SchedClassifier, TcAttachType,
     },
     Ebpf, EbpfLoader,
@@ -112,6 +113,10 @@ pub struct Probes {
     ifaces: Vec<Iface>,
     /// clsact qdiscs dnstrace added (netlink mode): removed on drop.
     added_qdiscs: Vec<Iface>,
+    /// Filters attached over netlink: detached on drop.
+    nl_links: Vec<SchedClassifierLink>,
+    /// What a SIGKILL would leave behind, for the next start to remove.
+    ledger: leftovers::Ledger,
     /// Hooks or parts left off, and why.
     pub off: Vec<String>,
     /// `skb_drop_reason` names of the running kernel.
@@ -130,6 +135,9 @@ impl Probes {
     pub fn attach(args: &CaptureArgs, target: Option<&KernelFilter>) -> Result<Self> {
         check_privileges()?;
         let netns = crate::netns::inode(None)?;
+        for line in leftovers::reap(netns) {
+            eprintln!("dnstrace: {line}");
+        }
         let ifaces = args
             .ifaces
             .iter()
@@ -158,6 +166,8 @@ impl Probes {
             attachments: Vec::new(),
             ifaces: ifaces.clone(),
             added_qdiscs: Vec::new(),
+            nl_links: Vec::new(),
+            ledger: leftovers::Ledger::new(),
             off: ct_off.into_iter().collect(),
             drop_reasons: btf
                 .enum_names("skb_drop_reason")
@@ -270,13 +280,18 @@ impl Probes {
             AttachMode::Tcx => true,
             AttachMode::Netlink => false,
         };
+        let mut qdisc_added = false;
         if !tcx {
             match aya::programs::tc::qdisc_add_clsact(&iface.name) {
-                Ok(()) => self.added_qdiscs.push(iface.clone()),
+                Ok(()) => {
+                    qdisc_added = true;
+                    self.added_qdiscs.push(iface.clone());
+                }
                 Err(e) if is_exists(&e) => {}
                 Err(e) => return Err(anyhow!("adding a clsact qdisc to {}: {e}", iface.name)),
             }
         }
+        let mut filters = Vec::new();
         for (name, attach_type) in PROGRAMS {
             let options = if tcx {
                 TcAttachOptions::TcxOrder(LinkOrder::default())
@@ -284,9 +299,16 @@ impl Probes {
                 TcAttachOptions::Netlink(NlOptions::default())
             };
             let prog = self.program(name)?;
-            prog.attach_with_options(&iface.name, attach_type, options)
+            let id = prog
+                .attach_with_options(&iface.name, attach_type, options)
                 .map_err(|e| anyhow!("attaching {name} to {}: {e}", iface.name))?;
             let prog_id = prog.info()?.id();
+            if !tcx {
+                let link = prog.take_link(id)?;
+                let ingress = attach_type == TcAttachType::Ingress;
+                filters.push((ingress, link.priority()?, u32::from(link.handle()?)));
+                self.nl_links.push(link);
+            }
             let how = if tcx { "tcx link" } else { "clsact filter" };
             self.attachments.push(Attachment {
                 program: name,
@@ -294,6 +316,18 @@ impl Probes {
                 target: iface.name.clone(),
                 how,
             });
+        }
+        if !tcx {
+            let entry = leftovers::Entry {
+                netns: iface.netns,
+                iface: iface.name.clone(),
+                ifindex: iface.index,
+                qdisc_added,
+                filters,
+            };
+            self.ledger
+                .add(entry)
+                .context("noting the tc filters in /run/dnstrace")?;
         }
         Ok(())
     }
@@ -360,6 +394,17 @@ impl Probes {
     }
 
     /// Events the kernel could not queue because the ring buffer was full.
+    /// Attached and set up, dnstrace needs no privilege but CAP_NET_ADMIN
+    /// to remove netlink filters at exit: every other capability goes, for
+    /// good (bounding set, no new privileges). Call it before starting any
+    /// thread: capabilities are per thread.
+    pub fn drop_privileges(&self) -> Result<()> {
+        const CAP_NET_ADMIN: u64 = 1 << 12;
+        let netlink = !self.nl_links.is_empty() || !self.added_qdiscs.is_empty();
+        limit_capabilities(if netlink { CAP_NET_ADMIN } else { 0 })
+            .context("dropping capabilities after attaching")
+    }
+
     pub fn lost_events(&self) -> Result<u64> {
         let map: PerCpuArray<_, u64> = self.ebpf.map("LOST").context("LOST map")?.try_into()?;
         Ok(map.get(&0, 0)?.iter().sum())
@@ -368,6 +413,8 @@ impl Probes {
 
 impl Drop for Probes {
     fn drop(&mut self) {
+        // Dropping a netlink link detaches its filter.
+        self.nl_links.clear();
         for (name, _) in PROGRAMS {
             if let Ok(prog) = self.program(name) {
                 // Unloading detaches every link and netlink filter of the program.
@@ -385,7 +432,63 @@ impl Drop for Probes {
     }
 }
 
-/// The interface already had a clsact qdisc (someone else's: leave it on exit).
+/// Keeps only the capabilities in `keep` (a bit per capability) in the
+/// effective, permitted and bounding sets; clears inheritable and ambient.
+fn limit_capabilities(keep: u64) -> std::io::Result<()> {
+    const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    let last: u32 = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(40);
+    let check = |rc: libc::c_int| match rc {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
+    };
+    // SAFETY: prctl(2) with integer arguments only.
+    unsafe {
+        check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))?;
+        for cap in (0..=last.min(63)).filter(|c| keep & (1 << c) == 0) {
+            check(libc::prctl(
+                libc::PR_CAPBSET_DROP,
+                cap as libc::c_ulong,
+                0,
+                0,
+                0,
+            ))?;
+        }
+        check(libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
+            0,
+            0,
+            0,
+        ))?;
+    }
+    let header = Header {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    let words = [keep as u32, (keep >> 32) as u32].map(|w| Data {
+        effective: w,
+        permitted: w,
+        inheritable: 0,
+    });
+    // SAFETY: capset(2) with a version 3 header and its two data words.
+    let rc = unsafe { libc::syscall(libc::SYS_capset, &header, words.as_ptr()) };
+    check(rc as libc::c_int)
+}
+
 /// Whether the running kernel was built with kprobes, where it says.
 fn kprobes_configured() -> bool {
     let config = std::process::Command::new("zcat")
@@ -396,6 +499,7 @@ fn kprobes_configured() -> bool {
     config.is_empty() || config.lines().any(|l| l == "CONFIG_KPROBES=y")
 }
 
+/// The interface already had a clsact qdisc (someone else's: leave it on exit).
 fn is_exists(e: &aya::programs::tc::TcError) -> bool {
     use aya::programs::tc::TcError;
     match e {

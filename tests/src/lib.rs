@@ -310,6 +310,11 @@ impl Dnstrace {
     }
 
     /// Kernel ids of the programs dnstrace reported attaching.
+    /// The process id (`ip netns exec` runs dnstrace in its own place).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn prog_ids(&self) -> Vec<u32> {
         self.stderr_lines
             .iter()

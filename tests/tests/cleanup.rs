@@ -127,3 +127,62 @@ fn sigkill_with_tcx_links_leaves_nothing_attached() {
     // No exit path runs at all: the kernel drops TCX links with their last fd.
     stop_leaves_nothing("tcx", libc::SIGKILL);
 }
+
+/// SIGKILL runs no exit path, and netlink filters outlive their process:
+/// the next start removes them (and the qdisc the dead one added), then
+/// cleans up after itself as usual.
+fn next_start_removes_what_sigkill_left(existing_qdisc: bool) {
+    require_root();
+    let pair = Pair::new().unwrap();
+    if existing_qdisc {
+        run(pair
+            .server
+            .cmd("tc")
+            .args(["qdisc", "add", "dev", Pair::SERVER_IF, "clsact"]))
+        .unwrap();
+    }
+    let before = tc_state(&pair.server);
+    let args = ["--iface", Pair::SERVER_IF, "--tc-attach", "netlink"];
+    let killed = Dnstrace::start(&pair.server, &args).unwrap();
+    let pid = killed.pid();
+    killed.stop(libc::SIGKILL).unwrap();
+    let left = tc_state(&pair.server);
+    assert!(
+        left.contains("dns_tc_ingress"),
+        "SIGKILL leaves filters: {left}"
+    );
+
+    let next = Dnstrace::start(&pair.server, &args).unwrap();
+    let said = format!("removed the tc filters a dead dnstrace (pid {pid}) left on vs");
+    assert!(
+        next.stderr_lines.iter().any(|l| l.contains(&said)),
+        "{:?}",
+        next.stderr_lines
+    );
+    let during = tc_state(&pair.server);
+    assert_eq!(
+        during
+            .lines()
+            .filter(|l| l.contains("dns_tc_ingress"))
+            .count(),
+        1,
+        "only the new instance's filter: {during}"
+    );
+    let (status, _, stderr) = next.stop(libc::SIGINT).unwrap();
+    assert!(status.success(), "{stderr:?}");
+    assert_eq!(tc_state(&pair.server), before, "tc state changed");
+    assert!(
+        !std::path::Path::new(&format!("/run/dnstrace/tc-{pid}.json")).exists(),
+        "the dead instance's ledger is gone"
+    );
+}
+
+#[test]
+fn the_next_start_removes_filters_and_qdisc_a_sigkill_left() {
+    next_start_removes_what_sigkill_left(false);
+}
+
+#[test]
+fn the_next_start_removes_only_the_filters_from_an_existing_qdisc() {
+    next_start_removes_what_sigkill_left(true);
+}

@@ -8,17 +8,23 @@ use dnstrace_tests::*;
 
 const KUBERNETES: &str = "kubernetes.default.svc.cluster.local.";
 
-/// Runs `dnstrace trace` on the lab while `work` runs; returns the anomaly
-/// kinds raised and the anomaly objects.
+/// Runs `dnstrace trace` on the lab while `work` runs, at a rate where no
+/// event may be lost; returns the anomaly kinds raised and the anomalies.
 fn diagnose(extra: &[&str], work: impl FnOnce()) -> (BTreeSet<String>, Vec<Value>) {
-    diagnose_with(dnstrace_bin(), extra, work)
+    let (kinds, anomalies, lines) = diagnose_with(dnstrace_bin(), extra, work);
+    assert!(
+        lines.iter().all(|l| l["incomplete"] != true),
+        "events were lost: nothing raised or not would prove little"
+    );
+    (kinds, anomalies)
 }
 
+/// Also returns every JSON line.
 fn diagnose_with(
     bin: &std::path::Path,
     extra: &[&str],
     work: impl FnOnce(),
-) -> (BTreeSet<String>, Vec<Value>) {
+) -> (BTreeSet<String>, Vec<Value>, Vec<Value>) {
     let mut args = vec![
         "trace",
         "-o",
@@ -34,10 +40,6 @@ fn diagnose_with(
     std::thread::sleep(std::time::Duration::from_millis(1500));
     let (status, out, stderr) = trace.stop(libc::SIGINT).unwrap();
     assert!(status.success(), "{status}: {stderr:?}");
-    assert!(
-        stderr.iter().any(|l| l.contains("; 0 events lost;")),
-        "{stderr:?}"
-    );
     let lines = json_lines(&out);
     let summary = lines
         .iter()
@@ -48,7 +50,7 @@ fn diagnose_with(
         .iter()
         .map(|a| a["kind"].as_str().unwrap().to_owned())
         .collect();
-    (kinds, anomalies)
+    (kinds, anomalies, lines)
 }
 
 fn set(kinds: &[&str]) -> BTreeSet<String> {
@@ -72,16 +74,24 @@ fn healthy_traffic_raises_nothing() {
 }
 
 /// The quality bar: 10,000 lookups of mixed names (A and AAAA, search
-/// lists, NXDOMAIN, CNAME chains, TCP) and not one anomaly, with no event
-/// lost (or "nothing raised" would prove little).
+/// lists, NXDOMAIN, CNAME chains, TCP) and not one anomaly. On a busy
+/// machine the kernel may drop events (the bench measures that); journeys
+/// that overlap a loss are marked and the rules stay silent on them, so
+/// at least 10,000 journeys must have been seen whole.
 #[test]
 fn ten_thousand_healthy_lookups_of_mixed_names_raise_nothing() {
     require_root();
     let lab = Lab::up(&[]);
-    let (kinds, _) = diagnose_with(dnstrace_release_bin(), &["--ring-buffer-mib", "64"], || {
-        let lookups = lab.traffic(&["--rate", "250", "--duration", "20s"]);
-        assert!(lookups.len() >= 10_000, "{} lookups", lookups.len());
-    });
+    let (kinds, _, lines) =
+        diagnose_with(dnstrace_release_bin(), &["--ring-buffer-mib", "64"], || {
+            let lookups = lab.traffic(&["--rate", "250", "--duration", "20s"]);
+            assert!(lookups.len() >= 10_000, "{} lookups", lookups.len());
+        });
+    let whole = lines
+        .iter()
+        .filter(|l| l["type"] == "journey" && l["incomplete"] == false)
+        .count();
+    assert!(whole >= 10_000, "{whole} journeys seen whole");
     assert!(kinds.is_empty(), "{kinds:?}");
 }
 

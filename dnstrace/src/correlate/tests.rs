@@ -253,10 +253,27 @@ fn lost_events_mark_open_journeys_incomplete() {
     let recs = healthy(0, "10.244.0.10:4000", CLIENT_NS, 7);
     let mut e = Engine::new(Limits::default());
     recs[..3].iter().for_each(|r| e.push(r));
-    e.lost();
+    e.lost(0, 1);
     recs[3..].iter().for_each(|r| e.push(r));
     let js = e.tick(2_000 * MS);
     assert!(js[0].incomplete);
+}
+
+/// A stalled reader notices the loss before it reads the events queued
+/// ahead of it: journeys that start in those events overlap the loss too.
+#[test]
+fn a_journey_read_after_the_loss_was_noticed_is_incomplete() {
+    let recs = healthy(0, "10.244.0.10:4000", CLIENT_NS, 7);
+    let mut e = Engine::new(Limits::default());
+    e.lost(0, 50 * MS);
+    recs[..3].iter().for_each(|r| e.push(r));
+    let js = e.tick(10_000 * MS);
+    assert!(js[0].incomplete);
+    // Later journeys, clear of the loss, are whole.
+    let later = healthy(20_000 * MS, "10.244.0.10:4001", CLIENT_NS, 8);
+    later.iter().for_each(|r| e.push(r));
+    let js = e.tick(22_000 * MS);
+    assert!(!js[0].incomplete);
 }
 
 #[test]

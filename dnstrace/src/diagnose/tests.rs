@@ -607,6 +607,12 @@ fn a_truncated_answer_needs_its_tcp_retry() {
             && since == 300_000
     };
     assert!(d.tick(2_000_000_000, asking).is_empty());
+
+    // Events were lost after the answer: the retry may be among them.
+    let mut d = Diagnoser::new(ctx());
+    d.journey(&truncated_answer(), &names);
+    d.lost(800_000_000);
+    assert!(d.tick(2_000_000_000, no_retry).is_empty());
 }
 
 #[test]

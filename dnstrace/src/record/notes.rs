@@ -49,6 +49,7 @@ pub enum Note {
         moved: Vec<(String, u64)>,
     },
     Lost {
+        since_ns: u64,
         now_ns: u64,
         total: u64,
     },

@@ -71,7 +71,12 @@ impl Recorder {
                 now_ns: *now_ns,
                 moved: moved.iter().map(|(n, v)| ((*n).to_owned(), *v)).collect(),
             }),
-            Input::Lost { now_ns, total } => self.note(&Note::Lost {
+            Input::Lost {
+                since_ns,
+                now_ns,
+                total,
+            } => self.note(&Note::Lost {
+                since_ns: *since_ns,
                 now_ns: *now_ns,
                 total: *total,
             }),

@@ -276,7 +276,15 @@ impl Replay {
                 now_ns,
                 moved: notes::counters(&moved),
             },
-            Note::Lost { now_ns, total } => Input::Lost { now_ns, total },
+            Note::Lost {
+                since_ns,
+                now_ns,
+                total,
+            } => Input::Lost {
+                since_ns,
+                now_ns,
+                total,
+            },
             Note::End { now_ns } => {
                 self.now_ns = self.now_ns.max(now_ns);
                 return None;

@@ -333,6 +333,7 @@ fn inputs() -> Vec<crate::pipeline::Input> {
             moved: vec![("insert_failed", 2)],
         },
         Input::Lost {
+            since_ns: 5_000_550_000,
             now_ns: 5_000_600_000,
             total: 12,
         },
