@@ -16,6 +16,7 @@ use crate::{
     decode::KernelNames,
     diagnose::{ConntrackAtStart, Context},
     ingest::Ingest,
+    links::LinkWatch,
     naming::{Names, Services},
     output::{monotonic_now, Clock, Labels, LineSink},
     pipeline::{Counts, Input, JourneySink, Pipeline, Source, Stop, View},
@@ -65,9 +66,14 @@ pub async fn run(args: CaptureArgs, view: View) -> Result<()> {
         })
         .transpose()?;
     let (ct, stats) = watch_conntrack(node);
+    // The namespace of the --iface devices, or the node's.
+    let links = LinkWatch::open(if args.ifaces.is_empty() { node } else { None })
+        .map_err(|e| eprintln!("dnstrace: off: link changes: {e:#}"))
+        .ok();
     // Everything privileged is open now.
     probes.drop_privileges()?;
-    let mut src = LiveSource::new(ingest, &probes, ct, stats, args.ports.clone());
+    let watches = Watches { ct, stats, links };
+    let mut src = LiveSource::new(ingest, &probes, watches, args.ports.clone());
     let mut pipe = Pipeline::recording(recorder);
     let ports: Vec<String> = args.ports.iter().map(u16::to_string).collect();
     eprintln!(
@@ -97,6 +103,7 @@ pub async fn run(args: CaptureArgs, view: View) -> Result<()> {
         lost: probes.lost_events().unwrap_or(0),
         targets: probes.targets(),
         bad_events: src.ingest.bad_events,
+        ct_overruns: src.watches.ct.as_ref().map_or(0, CtWatcher::overruns),
     };
     drop(src);
     // Detach before saying so.
@@ -268,6 +275,13 @@ fn watch_conntrack(node: Option<&std::path::Path>) -> (Option<CtWatcher>, Option
     (ct, stats.map(RaceWatch::new))
 }
 
+/// What else the kernel tells while tracing, each optional.
+struct Watches {
+    ct: Option<CtWatcher>,
+    stats: Option<RaceWatch>,
+    links: Option<LinkWatch>,
+}
+
 struct ExitReport {
     counts: Counts,
     evicted_streams: u64,
@@ -275,6 +289,7 @@ struct ExitReport {
     lost: u64,
     targets: Vec<String>,
     bad_events: u64,
+    ct_overruns: u64,
 }
 
 impl ExitReport {
@@ -295,6 +310,12 @@ impl ExitReport {
                 self.evicted_streams
             );
         }
+        if self.ct_overruns > 0 {
+            eprintln!(
+                "dnstrace: conntrack events were lost {} times (netlink queue full)",
+                self.ct_overruns
+            );
+        }
         if self.bad_events > 0 {
             eprintln!(
                 "dnstrace: {} kernel events could not be decoded",
@@ -309,8 +330,7 @@ impl ExitReport {
 struct LiveSource<'a> {
     ingest: Ingest,
     probes: &'a Probes,
-    ct: Option<CtWatcher>,
-    stats: Option<RaceWatch>,
+    watches: Watches,
     ports: Vec<u16>,
     tick: Interval,
     stats_tick: Interval,
@@ -321,18 +341,11 @@ struct LiveSource<'a> {
 }
 
 impl<'a> LiveSource<'a> {
-    fn new(
-        ingest: Ingest,
-        probes: &'a Probes,
-        ct: Option<CtWatcher>,
-        stats: Option<RaceWatch>,
-        ports: Vec<u16>,
-    ) -> Self {
+    fn new(ingest: Ingest, probes: &'a Probes, watches: Watches, ports: Vec<u16>) -> Self {
         Self {
             ingest,
             probes,
-            ct,
-            stats,
+            watches,
             ports,
             tick: interval(Duration::from_millis(100)),
             stats_tick: interval(Duration::from_secs(1)),
@@ -372,18 +385,25 @@ impl Source for LiveSource<'_> {
             let mut batch = Vec::new();
             tokio::select! {
                 r = self.ingest.next_batch(&mut batch) => r.context("reading the ring buffer")?,
-                events = ct_events(&mut self.ct, &self.ports) => match events {
+                events = ct_events(&mut self.watches.ct, &self.ports) => match events {
                     Ok(events) => {
                         let now_ns = monotonic_now();
                         return Ok(Some(Input::Conntrack { now_ns, events }));
                     }
                     Err(e) => {
                         eprintln!("dnstrace: conntrack events stopped: {e}");
-                        self.ct = None;
+                        self.watches.ct = None;
+                    }
+                },
+                said = link_changes(&mut self.watches.links) => match said {
+                    Ok(said) => said.iter().for_each(|s| eprintln!("dnstrace: {s}")),
+                    Err(e) => {
+                        eprintln!("dnstrace: link changes stopped: {e}");
+                        self.watches.links = None;
                     }
                 },
                 _ = self.stats_tick.tick() => {
-                    let moved = self.stats.as_mut().map(RaceWatch::check).unwrap_or_default();
+                    let moved = self.watches.stats.as_mut().map(RaceWatch::check).unwrap_or_default();
                     if !moved.is_empty() {
                         return Ok(Some(Input::Counters { now_ns: monotonic_now(), moved }));
                     }
@@ -456,6 +476,14 @@ impl RaceWatch {
         }
         self.last = now;
         rose
+    }
+}
+
+/// Waits for link changes, or forever without a watcher.
+async fn link_changes(links: &mut Option<LinkWatch>) -> io::Result<Vec<String>> {
+    match links {
+        Some(w) => w.next().await,
+        None => std::future::pending().await,
     }
 }
 

@@ -5,20 +5,21 @@ use std::{
     fs::File,
     io::{self, Read as _, Seek as _},
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
-    os::fd::{AsRawFd, FromRawFd, OwnedFd},
     path::Path,
 };
 
 use anyhow::{anyhow, bail, Context as _, Result};
-use tokio::io::{unix::AsyncFd, Interest};
 
-use crate::{decode::packet::CtTuple, netns::in_netns};
+use crate::{
+    decode::packet::CtTuple,
+    netlink::{attrs, Subscription},
+    netns::in_netns,
+};
 
 const NFNL_SUBSYS_CTNETLINK: u16 = 1;
 const IPCTNL_MSG_CT_NEW: u16 = 0;
 const IPCTNL_MSG_CT_DELETE: u16 = 2;
 const NLM_F_CREATE: u16 = 0x400;
-const NLA_TYPE_MASK: u16 = 0x3fff;
 /// NFNLGRP_CONNTRACK_NEW, _UPDATE, _DESTROY.
 const GROUPS: u32 = 0b111;
 
@@ -38,26 +39,6 @@ pub struct CtEvent {
     pub reply: CtTuple,
     pub proto: u8,
     pub status: u32,
-}
-
-/// Netlink attributes of `buf`, as (type, payload).
-fn attrs(mut buf: &[u8]) -> impl Iterator<Item = Result<(u16, &[u8])>> {
-    std::iter::from_fn(move || {
-        if buf.len() < 4 {
-            return None;
-        }
-        let len = usize::from(u16::from_ne_bytes([buf[0], buf[1]]));
-        let kind = u16::from_ne_bytes([buf[2], buf[3]]) & NLA_TYPE_MASK;
-        if len < 4 || len > buf.len() {
-            buf = &[];
-            return Some(Err(anyhow!(
-                "netlink attribute of length {len} overruns its message"
-            )));
-        }
-        let payload = &buf[4..len];
-        buf = buf.get((len + 3) & !3..).unwrap_or_default();
-        Some(Ok((kind, payload)))
-    })
 }
 
 fn find(buf: &[u8], kind: u16) -> Result<Option<&[u8]>> {
@@ -137,114 +118,36 @@ pub fn parse_event(msg: &[u8]) -> Result<Option<CtEvent>> {
 
 /// ctnetlink event subscription.
 pub struct CtWatcher {
-    fd: AsyncFd<OwnedFd>,
-    buf: Vec<u8>,
-    /// Events the kernel could not queue for us (ENOBUFS).
-    pub overruns: u64,
+    sub: Subscription,
 }
 
 impl CtWatcher {
     pub fn open(netns: Option<&Path>) -> Result<Self> {
-        let fd = in_netns(netns, || {
-            // SAFETY: plain socket(2); owned at once.
-            let raw = unsafe {
-                libc::socket(
-                    libc::AF_NETLINK,
-                    libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-                    libc::NETLINK_NETFILTER,
-                )
-            };
-            if raw < 0 {
-                bail!("ctnetlink socket: {}", io::Error::last_os_error());
-            }
-            // SAFETY: raw is a fresh descriptor.
-            let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-            // SAFETY: zeroed sockaddr_nl with its family and groups set.
-            let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-            addr.nl_family = libc::AF_NETLINK as u16;
-            addr.nl_groups = GROUPS;
-            let len = std::mem::size_of::<libc::sockaddr_nl>() as u32;
-            // SAFETY: bind with a valid address of the given length.
-            if unsafe { libc::bind(fd.as_raw_fd(), (&raw const addr).cast(), len) } != 0 {
-                bail!(
-                    "subscribing to conntrack events: {}",
-                    io::Error::last_os_error()
-                );
-            }
-            // A deep queue rides out bursts; root may exceed rmem_max.
-            let size: libc::c_int = 8 << 20;
-            // SAFETY: setsockopt with a valid int.
-            unsafe {
-                libc::setsockopt(
-                    fd.as_raw_fd(),
-                    libc::SOL_SOCKET,
-                    libc::SO_RCVBUFFORCE,
-                    (&raw const size).cast(),
-                    4,
-                );
-            }
-            Ok(fd)
-        })?;
-        // SAFETY: the AsyncFd owns the socket, which stays open as long as it.
-        let fd = unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }
-            .map_err(|e| e.into_parts().1)?;
-        Ok(Self {
-            fd,
-            buf: vec![0; 64 << 10],
-            overruns: 0,
-        })
+        // A deep queue rides out bursts.
+        let sub = Subscription::open(netns, libc::NETLINK_NETFILTER, GROUPS, 8 << 20)
+            .context("subscribing to conntrack events")?;
+        Ok(Self { sub })
+    }
+
+    /// Events the kernel could not queue for us (ENOBUFS).
+    pub fn overruns(&self) -> u64 {
+        self.sub.overruns
     }
 
     /// Waits for events and returns those of DNS flows (by `is_dns` port).
     pub async fn next(&mut self, is_dns: impl Fn(u16) -> bool) -> io::Result<Vec<CtEvent>> {
         let mut out = Vec::new();
-        let mut guard = self.fd.readable_mut().await?;
-        loop {
-            // SAFETY: recv into our own buffer of the given length.
-            let n = unsafe {
-                libc::recv(
-                    guard.get_inner().as_raw_fd(),
-                    self.buf.as_mut_ptr().cast(),
-                    self.buf.len(),
-                    0,
-                )
-            };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                match e.raw_os_error() {
-                    Some(libc::EAGAIN) => {
-                        guard.clear_ready();
-                        return Ok(out);
-                    }
-                    Some(libc::ENOBUFS) => self.overruns += 1,
-                    _ => return Err(e),
-                }
-                continue;
-            }
-            for msg in messages(&self.buf[..n as usize]) {
+        self.sub
+            .next(|msg| {
                 if let Ok(Some(ev)) = parse_event(msg) {
                     if is_dns(ev.original.dst.port()) || is_dns(ev.original.src.port()) {
                         out.push(ev);
                     }
                 }
-            }
-        }
+            })
+            .await?;
+        Ok(out)
     }
-}
-
-/// The netlink messages in one datagram.
-fn messages(mut buf: &[u8]) -> impl Iterator<Item = &[u8]> {
-    std::iter::from_fn(move || {
-        let len = buf
-            .get(..4)
-            .map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]) as usize)?;
-        if len < 16 || len > buf.len() {
-            return None;
-        }
-        let msg = &buf[..len];
-        buf = buf.get((len + 3) & !3..).unwrap_or_default();
-        Some(msg)
-    })
 }
 
 /// /proc/net/stat/nf_conntrack of a namespace, opened there and re-read.
@@ -380,7 +283,6 @@ mod tests {
         lying[20] = 0xff; // the first attribute claims more bytes than there are
         lying[21] = 0x7f;
         assert!(parse_event(&lying).is_err());
-        assert_eq!(messages(&good[..10]).count(), 0);
     }
 
     #[test]

@@ -1,0 +1,152 @@
+//! Netlink subscriptions (ctnetlink events, link changes) in a network
+//! namespace, and the message and attribute framing they share.
+use std::{
+    io,
+    os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    path::Path,
+};
+
+use anyhow::{anyhow, bail, Result};
+use tokio::io::{unix::AsyncFd, Interest};
+
+use crate::netns::in_netns;
+
+const NLA_TYPE_MASK: u16 = 0x3fff;
+
+/// A netlink socket bound to multicast `groups` in a namespace.
+pub struct Subscription {
+    fd: AsyncFd<OwnedFd>,
+    buf: Vec<u8>,
+    /// Messages the kernel could not queue for us (ENOBUFS).
+    pub overruns: u64,
+}
+
+impl Subscription {
+    /// `rcvbuf` bytes of queue; root may exceed rmem_max.
+    pub fn open(netns: Option<&Path>, protocol: i32, groups: u32, rcvbuf: i32) -> Result<Self> {
+        let fd = in_netns(netns, move || {
+            // SAFETY: plain socket(2); owned at once.
+            let raw = unsafe {
+                libc::socket(
+                    libc::AF_NETLINK,
+                    libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                    protocol,
+                )
+            };
+            if raw < 0 {
+                bail!("netlink socket: {}", io::Error::last_os_error());
+            }
+            // SAFETY: raw is a fresh descriptor.
+            let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+            // SAFETY: zeroed sockaddr_nl with its family and groups set.
+            let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+            addr.nl_family = libc::AF_NETLINK as u16;
+            addr.nl_groups = groups;
+            let len = std::mem::size_of::<libc::sockaddr_nl>() as u32;
+            // SAFETY: bind with a valid address of the given length.
+            if unsafe { libc::bind(fd.as_raw_fd(), (&raw const addr).cast(), len) } != 0 {
+                bail!("{}", io::Error::last_os_error());
+            }
+            // SAFETY: setsockopt with a valid int.
+            unsafe {
+                libc::setsockopt(
+                    fd.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    libc::SO_RCVBUFFORCE,
+                    (&raw const rcvbuf).cast(),
+                    4,
+                );
+            }
+            Ok(fd)
+        })?;
+        // SAFETY: the AsyncFd owns the socket, which stays open as long as it.
+        let fd = unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }
+            .map_err(|e| anyhow!("{}", e.into_parts().1))?;
+        Ok(Self {
+            fd,
+            buf: vec![0; 64 << 10],
+            overruns: 0,
+        })
+    }
+
+    /// Waits until messages arrive, then hands each queued one to `each`.
+    pub async fn next(&mut self, mut each: impl FnMut(&[u8])) -> io::Result<()> {
+        let mut guard = self.fd.readable_mut().await?;
+        loop {
+            // SAFETY: recv into our own buffer of the given length.
+            let n = unsafe {
+                libc::recv(
+                    guard.get_inner().as_raw_fd(),
+                    self.buf.as_mut_ptr().cast(),
+                    self.buf.len(),
+                    0,
+                )
+            };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                match e.raw_os_error() {
+                    Some(libc::EAGAIN) => {
+                        guard.clear_ready();
+                        return Ok(());
+                    }
+                    Some(libc::ENOBUFS) => self.overruns += 1,
+                    _ => return Err(e),
+                }
+                continue;
+            }
+            messages(&self.buf[..n as usize]).for_each(&mut each);
+        }
+    }
+}
+
+/// Netlink attributes of `buf`, as (type, payload).
+pub fn attrs(mut buf: &[u8]) -> impl Iterator<Item = Result<(u16, &[u8])>> {
+    std::iter::from_fn(move || {
+        if buf.len() < 4 {
+            return None;
+        }
+        let len = usize::from(u16::from_ne_bytes([buf[0], buf[1]]));
+        let kind = u16::from_ne_bytes([buf[2], buf[3]]) & NLA_TYPE_MASK;
+        if len < 4 || len > buf.len() {
+            buf = &[];
+            return Some(Err(anyhow!(
+                "netlink attribute of length {len} overruns its message"
+            )));
+        }
+        let payload = &buf[4..len];
+        buf = buf.get((len + 3) & !3..).unwrap_or_default();
+        Some(Ok((kind, payload)))
+    })
+}
+
+/// The netlink messages in one datagram.
+pub fn messages(mut buf: &[u8]) -> impl Iterator<Item = &[u8]> {
+    std::iter::from_fn(move || {
+        let len = buf
+            .get(..4)
+            .map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]) as usize)?;
+        if len < 16 || len > buf.len() {
+            return None;
+        }
+        let msg = &buf[..len];
+        buf = buf.get((len + 3) & !3..).unwrap_or_default();
+        Some(msg)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn damaged_framing_is_cut_not_followed() {
+        // A message claiming more bytes than the datagram holds.
+        let mut msg = vec![0u8; 20];
+        msg[..4].copy_from_slice(&64u32.to_ne_bytes());
+        assert_eq!(messages(&msg).count(), 0);
+        assert_eq!(messages(&msg[..10]).count(), 0);
+        // An attribute of length 2 (under its own header) is an error.
+        let attr = [2u8, 0, 1, 0];
+        assert!(attrs(&attr).next().unwrap().is_err());
+    }
+}

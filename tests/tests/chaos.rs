@@ -1,0 +1,220 @@
+//! Chaos on the lab while dnstrace traces the whole node: the conntrack
+//! table flushed, CoreDNS restarted, a pod's namespace deleted, a veth
+//! removed and put back, a new pod started. dnstrace keeps running, says
+//! what it saw happen, and follows the lookups made afterwards, the new
+//! pod's included.
+use std::process::Command;
+
+use serde_json::Value;
+
+use dnstrace_tests::*;
+
+const NODE_NETNS: &str = "/run/netns/dtlab-node";
+const KUBERNETES: &str = "kubernetes.default.svc.cluster.local.";
+const NEW_POD: &str = "dtlab-chaos-new";
+
+fn sh(args: &[&str]) {
+    let out = Command::new(args[0]).args(&args[1..]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn pids_in(ns: &str) -> Vec<i32> {
+    let out = Command::new("ip")
+        .args(["netns", "pids", ns])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+/// Kills the CoreDNS pod's server and starts the same command again;
+/// returns the new processes, for the test to reap after `lab down`.
+fn restart_coredns(ns: &str) -> Vec<std::process::Child> {
+    let mut started = Vec::new();
+    for pid in pids_in(ns) {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let argv: Vec<String> = cmdline
+            .split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        if !argv.first().is_some_and(|a| a.contains("dnsmasq")) {
+            continue;
+        }
+        // SAFETY: signalling a process of the lab.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        // It runs in the foreground, as the lab started it; `lab down` ends it.
+        let child = Command::new("ip")
+            .args(["netns", "exec", ns])
+            .args(&argv)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        started.push(child);
+    }
+    started
+}
+
+/// The host veth of a pod, as the node names it.
+fn host_veth(pod_ns: &str) -> String {
+    let out = Command::new("ip")
+        .args(["-n", NODE, "-o", "link", "show", "master", "cni0"])
+        .output()
+        .unwrap();
+    let peer_index = Command::new("ip")
+        .args(["-n", pod_ns, "-o", "link", "show", "eth0"])
+        .output()
+        .unwrap();
+    // `eth0@if12:` in the pod names the host end's ifindex.
+    let text = String::from_utf8_lossy(&peer_index.stdout);
+    let index = text
+        .split("@if")
+        .nth(1)
+        .and_then(|s| s.split(':').next())
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find(|l| l.starts_with(&format!("{index}: ")))
+        .and_then(|l| l.split(": ").nth(1))
+        .and_then(|n| n.split('@').next())
+        .unwrap()
+        .to_owned()
+}
+
+/// A pod's network as the lab plumbs it: a veth on the node's bridge.
+fn plumb(pod_ns: &str, veth: &str, addr: &str) {
+    sh(&[
+        "ip", "-n", NODE, "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns",
+        pod_ns,
+    ]);
+    sh(&[
+        "ip", "-n", NODE, "link", "set", veth, "master", "cni0", "up",
+    ]);
+    sh(&[
+        "ip",
+        "-n",
+        pod_ns,
+        "addr",
+        "add",
+        &format!("{addr}/24"),
+        "dev",
+        "eth0",
+    ]);
+    sh(&["ip", "-n", pod_ns, "link", "set", "eth0", "up"]);
+    sh(&[
+        "ip",
+        "-n",
+        pod_ns,
+        "route",
+        "add",
+        "default",
+        "via",
+        "10.244.0.1",
+    ]);
+}
+
+fn dig_from(ns: &str) -> String {
+    let out = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            ns,
+            "dig",
+            "+tries=2",
+            "+time=2",
+            &format!("@{SERVICE}"),
+            KUBERNETES,
+        ])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn answered_from(journeys: &[Value], client: &str) -> bool {
+    journeys.iter().any(|j| {
+        j["client"]
+            .as_str()
+            .is_some_and(|c| c.starts_with(&format!("{client}:")))
+            && j["name"] == KUBERNETES
+            && j["outcome"]["status"] == "answered"
+    })
+}
+
+#[test]
+fn tracing_goes_on_through_chaos_and_follows_a_new_pod() {
+    require_root();
+    let lab = Lab::up(&[]);
+    let trace = Dnstrace::start_here(&[
+        "trace",
+        "-o",
+        "json",
+        "--timeout",
+        "3s",
+        "--node-netns",
+        NODE_NETNS,
+    ])
+    .unwrap();
+    let pid = trace.pid();
+    assert!(dig_from(WEB).contains("status: NOERROR"));
+
+    sh(&["ip", "netns", "exec", NODE, "conntrack", "-F"]);
+    let mut restarted = restart_coredns(&format!("dtlab-{COREDNS_A}"));
+    restarted.extend(restart_coredns(&format!("dtlab-{COREDNS_B}")));
+    for p in pids_in(CHECKOUT) {
+        // SAFETY: signalling a process of the lab.
+        unsafe { libc::kill(p, libc::SIGKILL) };
+    }
+    sh(&["ip", "netns", "del", CHECKOUT]);
+    let veth = host_veth(WEB);
+    sh(&["ip", "-n", NODE, "link", "del", &veth]);
+    plumb(WEB, &veth, "10.244.0.10");
+    sh(&["ip", "netns", "add", NEW_POD]);
+    sh(&["ip", "-n", NEW_POD, "link", "set", "lo", "up"]);
+    plumb(NEW_POD, "vethchaosnew", "10.244.0.30");
+
+    assert!(
+        dig_from(WEB).contains("status: NOERROR"),
+        "web after the chaos"
+    );
+    assert!(dig_from(NEW_POD).contains("status: NOERROR"), "the new pod");
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert!(
+        std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok(),
+        "dnstrace is still running"
+    );
+    let (status, out, stderr) = trace.stop(libc::SIGINT).unwrap();
+    assert!(status.success(), "{stderr:?}");
+    let journeys: Vec<Value> = json_lines(&out)
+        .into_iter()
+        .filter(|l| l["type"] == "journey")
+        .collect();
+    assert!(
+        answered_from(&journeys, "10.244.0.10"),
+        "web after the chaos: {journeys:#?}"
+    );
+    assert!(
+        answered_from(&journeys, "10.244.0.30"),
+        "the new pod: {journeys:#?}"
+    );
+    for (link, what) in [
+        (veth.as_str(), "went away"),
+        (veth.as_str(), "appeared"),
+        ("vethchaosnew", "appeared"),
+    ] {
+        let said = |l: &String| l.contains(&format!("interface {link} ")) && l.ends_with(what);
+        assert!(stderr.iter().any(said), "{link} {what}: {stderr:#?}");
+    }
+    drop(lab);
+    for mut c in restarted {
+        let _ = c.wait();
+    }
+}
