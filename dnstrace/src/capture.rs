@@ -192,8 +192,12 @@ impl Live<'_> {
         let (view, out) = view::start(self.about, self.log, self.labels, quit)?;
         let mut sink = sink(out);
         let result = pipe.drive(src, &mut sink, stop).await;
-        if self.hold && result.is_ok() {
-            stop.wait().await;
+        // A replay's view stays up until the user quits (maybe already).
+        while self.hold && result.is_ok() && !view.ended() {
+            tokio::select! {
+                () = stop.wait() => break,
+                () = tokio::time::sleep(Duration::from_millis(100)) => {}
+            }
         }
         let anomalies = sink.out.summary.take();
         drop(sink);

@@ -86,6 +86,11 @@ impl LiveView {
         self.end()
     }
 
+    /// The view thread is gone (the user quit, or it failed).
+    pub fn ended(&self) -> bool {
+        self.thread.as_ref().is_none_or(JoinHandle::is_finished)
+    }
+
     fn end(&mut self) -> Result<()> {
         let ended = self.thread.take().map(JoinHandle::join);
         ratatui::restore();
