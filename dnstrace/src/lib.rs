@@ -1,13 +1,15 @@
 //! dnstrace: follow DNS on a Linux or Kubernetes node with eBPF.
 //!
-//! A library only so other crates can reach inside; the binary is `main`
-//! and nothing else is public.
+//! A library only so the fuzz targets (`fuzz/`, feature `fuzzing`) can
+//! reach the decoders; the binary is `main` and nothing else is public.
 mod capture;
 mod cli;
 mod conntrack;
 mod correlate;
 mod decode;
 mod diagnose;
+#[cfg(feature = "fuzzing")]
+pub mod fuzz;
 mod ingest;
 mod lab;
 mod naming;
