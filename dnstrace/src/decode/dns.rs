@@ -1,7 +1,10 @@
 //! DNS messages decoded with hickory-proto into a flat summary.
+use std::fmt;
+
 use hickory_proto::{
     op::{Message, MessageType},
     rr::{RData, Record},
+    serialize::binary::BinEncodable as _,
 };
 use serde::Serialize;
 
@@ -105,13 +108,31 @@ fn rcode_name(code: u16) -> String {
 fn answer(r: &Record) -> Answer {
     let data = match r.data() {
         RData::TXT(txt) => txt_presentation(txt.iter()),
-        other => other.to_string(),
+        other => presentation(other),
     };
     Answer {
         name: r.name().to_string(),
         rtype: r.record_type().to_string(),
         ttl: r.ttl(),
         data,
+    }
+}
+
+/// Record data as zone files show it. What hickory has no text for (an
+/// OPT record among the answers: its Display fails, and `to_string` would
+/// panic) gets RFC 3597's generic form, `\# <length> <hex>`.
+fn presentation(data: &RData) -> String {
+    let mut text = String::new();
+    if fmt::write(&mut text, format_args!("{data}")).is_ok() {
+        return text;
+    }
+    match data.to_bytes() {
+        Ok(bytes) if bytes.is_empty() => "\\# 0".to_owned(),
+        Ok(bytes) => {
+            let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+            format!("\\# {} {hex}", bytes.len())
+        }
+        Err(e) => format!("(unprintable {} data: {e})", data.record_type()),
     }
 }
 
@@ -257,6 +278,32 @@ mod tests {
             Body::Malformed { len, .. } => assert_eq!(len, raw.len()),
             Body::Dns(m) => panic!("accepted {m:?}"),
         }
+    }
+
+    /// Found by fuzzing: an OPT record among the answers, which hickory
+    /// cannot print, made `to_string` panic.
+    #[test]
+    fn answers_hickory_cannot_print_get_the_generic_form() {
+        let mut raw = response(vec![]);
+        raw[7] = 1; // ANCOUNT = 1
+                    // Root name, type OPT (41), class 512, TTL 0, 4 bytes: option 3, empty.
+        raw.extend_from_slice(&[0, 0, 41, 2, 0, 0, 0, 0, 0, 0, 4, 0, 3, 0, 0]);
+        let m = dns(parse(&raw));
+        assert_eq!(m.answers[0].rtype, "OPT");
+        assert_eq!(m.answers[0].data, "\\# 4 00030000");
+        // The fuzzer's input itself.
+        let found: &[u8] = &[
+            0x00, 0x03, 0x41, 0x64, 0x00, 0x01, 0x00, 0x01, 0x00, 0x00, 0x00, 0x00, 0x0d, 0x0d,
+            0x0d, 0x78, 0x6e, 0x2d, 0x2d, 0x0d, 0x0d, 0x0d, 0x0d, 0x0d, 0x0d, 0x00, 0x0d, 0x0d,
+            0x0d, 0x0d, 0x2d, 0xf3, 0xf2, 0xf2, 0xf1, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x6c,
+            0x6c, 0x6c, 0x6c, 0x00, 0x00, 0x29, 0x02, 0x00, 0x01, 0x00, 0x00, 0x00, 0x00, 0x30,
+            0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x1f, 0x00, 0x00,
+            0xdd, 0x6b, 0x1f, 0x00, 0x00, 0x03, 0x81, 0x03, 0x00, 0x01, 0x3f, 0x00, 0x01, 0x07,
+            0x63, 0x6c, 0x73, 0x65, 0x74, 0x75, 0x72, 0x05, 0x6c, 0x90, 0x6f, 0x63, 0x61, 0x6c,
+            0x00, 0x00, 0x1c, 0x00, 0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x74, 0x76,
+            0x03, 0x73, 0x63, 0x07, 0x63, 0x6c, 0x00, 0x00, 0x00, 0x00,
+        ];
+        let _ = parse(found);
     }
 
     #[test]
