@@ -329,7 +329,7 @@ impl<R: Read> Replay<R> {
             self.skipped += 1;
             return;
         };
-        if self.make_ticks && p.ts_ns >= self.last_tick + TICK_NS {
+        if self.make_ticks && p.ts_ns.saturating_sub(self.last_tick) >= TICK_NS {
             self.flush_batch();
             self.last_tick = p.ts_ns;
             self.queued.push_back(Input::Tick(p.ts_ns));
