@@ -12,7 +12,8 @@ const USAGE: &str = "usage: cargo xtask <setup | test | demo | fuzz>
   test    setup, then formatting, lints and the whole test suite (as root)
   demo    setup, build, then trace DNS between two throw-away network namespaces
   fuzz    setup, then each fuzz target for 10 million runs (cargo-fuzz, nightly)
-          [--runs N] [--target dns|tcp_stream|event|recording] [--max-time SECONDS]";
+          [--runs N] [--target dns|tcp_stream|event|recording] [--max-time SECONDS]
+          [--sanitizer none|address]";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
