@@ -72,6 +72,18 @@ fn test() -> Result<()> {
     }
     cargo(&["fmt", "--all", "--", "--check"])?;
     cargo(&["clippy", "--all-targets", "--", "-D", "warnings"])?;
+    // The fuzz targets' entry points (`cargo xtask fuzz` runs them).
+    cargo(&[
+        "clippy",
+        "--package",
+        "dnstrace",
+        "--features",
+        "fuzzing",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ])?;
     clippy_ebpf()?;
     cargo(&["test"])
 }
