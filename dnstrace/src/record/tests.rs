@@ -401,23 +401,24 @@ fn a_capture_at_the_end_of_time_replays() {
     use super::replay::{About, Replay, Speed};
     use crate::pipeline::Input;
     let mut bytes = Vec::new();
-    let mut w = Writer::new(&mut bytes, &SectionInfo::default()).unwrap();
-    let raw = Interface {
-        linktype: LINKTYPE_RAW,
-        ..Default::default()
-    };
-    let id = w.interface(&raw).unwrap();
-    let query = dns_message(1, "end.test.", None);
-    let f = frame::encode(&packet(
-        "10.0.0.1:4000",
-        "10.0.0.2:53",
-        Transport::Udp,
-        &query,
-    ));
-    for ts_ns in [u64::MAX - 1, u64::MAX] {
-        w.packet(id, ts_ns, &f.data, f.orig_len, &[]).unwrap();
+    {
+        let mut w = Writer::new(&mut bytes, &SectionInfo::default()).unwrap();
+        let raw = Interface {
+            linktype: LINKTYPE_RAW,
+            ..Default::default()
+        };
+        let id = w.interface(&raw).unwrap();
+        let query = dns_message(1, "end.test.", None);
+        let f = frame::encode(&packet(
+            "10.0.0.1:4000",
+            "10.0.0.2:53",
+            Transport::Udp,
+            &query,
+        ));
+        for ts_ns in [u64::MAX - 1, u64::MAX] {
+            w.packet(id, ts_ns, &f.data, f.orig_len, &[]).unwrap();
+        }
     }
-    drop(w);
     let path = std::path::Path::new("end.pcapng");
     let mut replay = Replay::with_reader(
         path,
