@@ -1,22 +1,28 @@
-//! Developer tasks: `cargo xtask setup | test | demo`.
+//! Developer tasks: `cargo xtask setup | test | demo | fuzz`.
 mod demo;
+mod fuzz;
 mod setup;
 
 use std::process::{Command, ExitCode};
 
 use anyhow::{bail, Context, Result};
 
-const USAGE: &str = "usage: cargo xtask <setup | test | demo>
+const USAGE: &str = "usage: cargo xtask <setup | test | demo | fuzz>
   setup   install what building and testing need (idempotent)
   test    setup, then formatting, lints and the whole test suite (as root)
-  demo    setup, build, then trace DNS between two throw-away network namespaces";
+  demo    setup, build, then trace DNS between two throw-away network namespaces
+  fuzz    setup, then each fuzz target for 10 million runs (cargo-fuzz, nightly)
+          [--runs N] [--target dns|tcp_stream|event|recording] [--max-time SECONDS]
+          [--sanitizer none|address]";
 
 fn main() -> ExitCode {
-    let task = std::env::args().nth(1).unwrap_or_default();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let task = args.first().cloned().unwrap_or_default();
     let result = match task.as_str() {
         "setup" => setup::run(),
         "test" => setup::run().and_then(|()| test()),
         "demo" => setup::run().and_then(|()| demo::run()),
+        "fuzz" => setup::run().and_then(|()| fuzz::run(&args[1..])),
         _ => {
             eprintln!("{USAGE}");
             return ExitCode::from(2);
@@ -66,6 +72,18 @@ fn test() -> Result<()> {
     }
     cargo(&["fmt", "--all", "--", "--check"])?;
     cargo(&["clippy", "--all-targets", "--", "-D", "warnings"])?;
+    // The fuzz targets' entry points (`cargo xtask fuzz` runs them).
+    cargo(&[
+        "clippy",
+        "--package",
+        "dnstrace",
+        "--features",
+        "fuzzing",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ])?;
     clippy_ebpf()?;
     cargo(&["test"])
 }

@@ -37,13 +37,17 @@ pub struct Decoder {
 
 impl Default for Decoder {
     fn default() -> Self {
-        Self {
-            tcp: tcp::Reassembler::new(tcp::Limits::default()),
-        }
+        Self::new(tcp::Limits::default())
     }
 }
 
 impl Decoder {
+    pub fn new(limits: tcp::Limits) -> Self {
+        Self {
+            tcp: tcp::Reassembler::new(limits),
+        }
+    }
+
     pub fn decode(&mut self, packet: Packet, out: &mut Vec<Record>) {
         match packet.transport {
             Transport::Udp => {

@@ -9,7 +9,7 @@ pub mod replay;
 pub mod report;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use std::collections::HashMap;
 

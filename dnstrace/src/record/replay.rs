@@ -5,7 +5,7 @@
 use std::{
     collections::{HashMap, VecDeque},
     fs::File,
-    io::BufReader,
+    io::{BufReader, Read},
     path::{Path, PathBuf},
     time::Duration,
 };
@@ -54,7 +54,11 @@ impl About {
     /// Reads what the file says about itself, and checks it can be replayed:
     /// a first pass that stops at the first damaged block.
     pub fn read(path: &Path) -> Result<Self> {
-        let mut reader = open(path)?;
+        Self::scan(open(path)?, path)
+    }
+
+    /// [`About::read`] over any reader; `path` names it in errors.
+    pub(crate) fn scan<R: Read>(mut reader: Reader<R>, path: &Path) -> Result<Self> {
         let mut about = Self::default();
         while let Ok(Some(block)) = reader.next_block() {
             match block {
@@ -173,9 +177,9 @@ impl std::str::FromStr for Speed {
     }
 }
 
-pub struct Replay {
+pub struct Replay<R: Read = BufReader<File>> {
     path: PathBuf,
-    reader: Reader<BufReader<File>>,
+    reader: Reader<R>,
     /// Link type and name of each interface of the current section.
     ifaces: Vec<(u16, String)>,
     ports: Vec<u16>,
@@ -193,13 +197,29 @@ pub struct Replay {
     pub error: Option<anyhow::Error>,
     /// Frames that were not DNS, or did not parse.
     pub skipped: u64,
+    /// Where the file was cut short (inside a block), said once the
+    /// inputs before it are out.
+    cut_at: Option<u64>,
 }
 
 impl Replay {
     pub fn open(path: &Path, about: &About, ports: Vec<u16>, speed: Speed) -> Result<Self> {
-        Ok(Self {
+        Ok(Self::with_reader(path, open(path)?, about, ports, speed))
+    }
+}
+
+impl<R: Read> Replay<R> {
+    /// A replay of what `reader` holds; `path` names it in messages.
+    pub(crate) fn with_reader(
+        path: &Path,
+        reader: Reader<R>,
+        about: &About,
+        ports: Vec<u16>,
+        speed: Speed,
+    ) -> Self {
+        Self {
             path: path.to_owned(),
-            reader: open(path)?,
+            reader,
             ifaces: Vec::new(),
             ports,
             queued: VecDeque::new(),
@@ -216,7 +236,14 @@ impl Replay {
             done: false,
             error: None,
             skipped: 0,
-        })
+            cut_at: None,
+        }
+    }
+
+    /// The next input, without pacing; None at the end.
+    pub(crate) fn next_input(&mut self) -> Option<Input> {
+        self.fill();
+        self.queued.pop_front()
     }
 
     /// Reads blocks until an input is ready (or the file ends).
@@ -226,10 +253,7 @@ impl Replay {
                 Ok(Some(block)) => self.block(block),
                 Ok(None) => self.done = true,
                 Err(ReadError::Truncated { offset }) => {
-                    eprintln!(
-                        "dnstrace: {}: the recording was cut short at byte {offset} (inside a block); replayed what came before",
-                        self.path.display()
-                    );
+                    self.cut_at = Some(offset);
                     self.done = true;
                 }
                 Err(e) => {
@@ -411,14 +435,19 @@ fn time_of(input: &Input) -> Option<u64> {
     }
 }
 
-impl Source for Replay {
+impl<R: Read> Source for Replay<R> {
     fn now(&self) -> u64 {
         self.now_ns
     }
 
     async fn next(&mut self) -> Result<Option<Input>> {
-        self.fill();
-        let Some(input) = self.queued.pop_front() else {
+        let Some(input) = self.next_input() else {
+            if let Some(offset) = self.cut_at.take() {
+                eprintln!(
+                    "dnstrace: {}: the recording was cut short at byte {offset} (inside a block); replayed what came before",
+                    self.path.display()
+                );
+            }
             return Ok(None);
         };
         self.pace(&input).await;

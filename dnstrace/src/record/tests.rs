@@ -267,7 +267,7 @@ fn cut_tcpdump_captures_read_as_cut() {
 }
 
 /// Everything the pipeline can be fed, with every optional fact set.
-fn inputs() -> Vec<crate::pipeline::Input> {
+pub fn inputs() -> Vec<crate::pipeline::Input> {
     use crate::{
         conntrack::{CtEvent, CtEventKind},
         decode::{Conntrack, CtTuple, Dropped},

@@ -1,0 +1,120 @@
+//! dnstrace: follow DNS on a Linux or Kubernetes node with eBPF.
+//!
+//! A library only so the fuzz targets (`fuzz/`, feature `fuzzing`) can
+//! reach the decoders; the binary is `main` and nothing else is public.
+mod capture;
+mod cli;
+mod conntrack;
+mod correlate;
+mod decode;
+mod diagnose;
+#[cfg(feature = "fuzzing")]
+pub mod fuzz;
+mod ingest;
+mod lab;
+mod links;
+mod naming;
+mod netlink;
+mod netns;
+mod output;
+mod pipeline;
+mod pods;
+mod probes;
+mod record;
+mod target;
+mod view;
+
+use std::process::ExitCode;
+
+use clap::Parser as _;
+
+/// The command line, run to the end.
+pub fn main() -> ExitCode {
+    if setuid() {
+        return fail(anyhow::anyhow!(
+            "dnstrace refuses to run as a setuid or setgid program: remove the bit and run it as root (sudo)"
+        ));
+    }
+    let cli = cli::Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return fail(anyhow::anyhow!("cannot start the runtime: {e}")),
+    };
+    let work = async {
+        match cli.command {
+            Some(cli::Command::Lab { command }) => lab::run(command).await,
+            Some(cli::Command::Pods {
+                query,
+                runtime,
+                node_netns,
+                output,
+            }) => pods::report::run(&runtime.dirs(), query.as_deref(), node_netns, output),
+            Some(cli::Command::Replay {
+                file,
+                speed,
+                packets,
+                ports,
+                output,
+                no_tui,
+                log_file,
+            }) => {
+                let args = record::replay::ReplayArgs {
+                    file,
+                    speed,
+                    packets,
+                    ports,
+                    output,
+                    live: cli::live(output, no_tui),
+                    log_file,
+                };
+                record::replay::run(args).await
+            }
+            Some(cli::Command::Report {
+                file,
+                format,
+                write,
+                ports,
+            }) => record::report::run(&file, format, write.as_deref(), ports).await,
+            Some(cli::Command::Trace {
+                capture,
+                timeout,
+                max_open,
+            }) => {
+                let limits = correlate::Limits {
+                    timeout_ns: timeout.as_nanos() as u64,
+                    max_open,
+                    ..Default::default()
+                };
+                let view = if capture.live() {
+                    pipeline::View::Live(limits)
+                } else {
+                    pipeline::View::Journeys(limits)
+                };
+                capture::run(capture, view).await
+            }
+            None if cli.capture.live() => {
+                let view = pipeline::View::Live(correlate::Limits::default());
+                capture::run(cli.capture, view).await
+            }
+            None => capture::run(cli.capture, pipeline::View::Packets).await,
+        }
+    };
+    match runtime.block_on(work) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(e),
+    }
+}
+
+/// Started through a setuid or setgid bit: the caller is not who runs it.
+fn setuid() -> bool {
+    // SAFETY: these calls only read the process's ids.
+    unsafe { libc::getuid() != libc::geteuid() || libc::getgid() != libc::getegid() }
+}
+
+fn fail(e: anyhow::Error) -> ExitCode {
+    eprintln!("dnstrace: error: {e:#}");
+    ExitCode::FAILURE
+}
