@@ -1,4 +1,5 @@
-//! Developer tasks: `cargo xtask setup | test | demo`.
+//! Developer tasks: `cargo xtask setup | test | demo | bench`.
+mod bench;
 mod demo;
 mod setup;
 
@@ -6,17 +7,20 @@ use std::process::{Command, ExitCode};
 
 use anyhow::{bail, Context, Result};
 
-const USAGE: &str = "usage: cargo xtask <setup | test | demo>
+const USAGE: &str = "usage: cargo xtask <setup | test | demo | bench>
   setup   install what building and testing need (idempotent)
   test    setup, then formatting, lints and the whole test suite (as root)
-  demo    setup, build, then trace DNS between two throw-away network namespaces";
+  demo    setup, build, then trace DNS between two throw-away network namespaces
+  bench   setup, build, then measure dnstrace's cost on the lab (--quick, --markdown PATH)";
 
 fn main() -> ExitCode {
-    let task = std::env::args().nth(1).unwrap_or_default();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let task = args.first().cloned().unwrap_or_default();
     let result = match task.as_str() {
         "setup" => setup::run(),
         "test" => setup::run().and_then(|()| test()),
         "demo" => setup::run().and_then(|()| demo::run()),
+        "bench" => setup::run().and_then(|()| bench::run(&args[1..])),
         _ => {
             eprintln!("{USAGE}");
             return ExitCode::from(2);
