@@ -50,6 +50,10 @@ const RSS_GOAL_MIB: f64 = 64.0;
 const DNSPERF_CLIENTS: &str = "32";
 const DNSPERF_OUTSTANDING: &str = "500";
 
+/// dnstrace under DNS load: the largest usual ring buffer, and room for
+/// every journey (the issue's "tracing everything").
+const DNS_LOAD: &[&str] = &["--ring-buffer-mib", "64", "--max-open", "262144"];
+
 const USAGE: &str = "usage: cargo xtask bench [--quick] [--markdown PATH]
   --quick          short runs (seconds instead of minutes) for trying things
   --markdown PATH  also write the table as Markdown (for the README)";
@@ -61,6 +65,8 @@ struct Plan {
     perf_secs: u32,
     perf_rounds: usize,
     zero_secs: u32,
+    /// Each side of the tcpdump comparison, at each rate.
+    side_secs: u32,
     record_secs: u32,
     replays: usize,
     /// dnstrace's --timeout while lookups pile up; the sender's rate is
@@ -80,6 +86,7 @@ impl Plan {
                 perf_secs: 8,
                 perf_rounds: 2,
                 zero_secs: 10,
+                side_secs: 10,
                 record_secs: 5,
                 replays: 2,
                 inflight_timeout_secs: 30,
@@ -90,10 +97,11 @@ impl Plan {
         } else {
             Self {
                 iperf_secs: 10,
-                iperf_rounds: 3,
+                iperf_rounds: 5,
                 perf_secs: 15,
                 perf_rounds: 3,
                 zero_secs: 60,
+                side_secs: 30,
                 record_secs: 15,
                 replays: 3,
                 inflight_timeout_secs: 30,
@@ -190,7 +198,7 @@ struct Bench {
     /// The lab's highest qps without dnstrace (median of the baseline runs).
     capacity: Option<f64>,
     /// The rate of the zero-loss run, used again for tcpdump and the recording.
-    rate: Option<(u32, TraceExit, PerfResult)>,
+    rate: Option<Offered>,
 }
 
 impl Bench {
@@ -265,7 +273,10 @@ impl Bench {
     fn iperf(&mut self) -> Result<()> {
         let server = Proc::spawn(
             "iperf3 server",
-            Command::new("ip").args(["netns", "exec", CHECKOUT, "iperf3", "-s", "-B", CHECKOUT_IP]),
+            Command::new("ip")
+                .args(["netns", "exec", CHECKOUT])
+                .args(pinned(1))
+                .args(["iperf3", "-s", "-B", CHECKOUT_IP]),
             Capture::Discard,
         )?;
         wait_listening(CHECKOUT, "-Hltn", 5201)?;
@@ -283,12 +294,18 @@ impl Bench {
         let secs = self.plan.iperf_secs;
         let mut base = Vec::new();
         let mut with: Vec<Vec<f64>> = vec![Vec::new(); modes.len()];
-        // Alternated, so a drift of the machine hits both sides alike.
+        // Alternated, in an order that turns each round, so a drift of the
+        // machine hits every side alike.
         for round in 0..self.plan.iperf_rounds {
-            let b = iperf3(secs)?;
-            eprintln!("bench: round {}: baseline {}", round + 1, gbits(b));
-            base.push(b);
-            for (i, (_, hooks)) in modes.iter().enumerate() {
+            for k in 0..=modes.len() {
+                let which = (k + round) % (modes.len() + 1);
+                if which == modes.len() {
+                    let b = iperf3(secs)?;
+                    eprintln!("bench: round {}: baseline {}", round + 1, gbits(b));
+                    base.push(b);
+                    continue;
+                }
+                let hooks = &modes[which].1;
                 let tracer = self.tracer(hooks, &[])?;
                 let t = iperf3(secs)?;
                 tracer.stop()?;
@@ -298,7 +315,7 @@ impl Bench {
                     hooks.short(),
                     gbits(t)
                 );
-                with[i].push(t);
+                with[which].push(t);
             }
         }
         let b = median(&base);
@@ -383,7 +400,7 @@ impl Bench {
             eprintln!("bench: round {}: baseline {b}", round + 1);
             base.push(b.qps);
             settle()?;
-            let tracer = self.tracer(&Hooks::Tracepoints, &["--max-open", "1048576"])?;
+            let tracer = self.tracer(&Hooks::Tracepoints, DNS_LOAD)?;
             let t = dnsperf(&self.queries(), secs, None)?;
             let exit = tracer.stop()?;
             eprintln!("bench: round {}: traced {t}; {exit}", round + 1);
@@ -413,73 +430,61 @@ impl Bench {
             .capacity
             .ok_or_else(|| anyhow!("needs the lab's capacity, which was not measured"))?;
         let secs = self.plan.zero_secs;
-        // What the lab sustains without dnstrace, highest first.
-        let ladder: Vec<u32> = [
-            ZERO_LOSS_QPS,
-            15_000,
-            12_000,
-            10_000,
-            8_000,
-            6_000,
-            4_000,
-            2_000,
-        ]
-        .into_iter()
-        .filter(|&r| f64::from(r) <= cap * 0.9)
-        .collect();
-        if ladder.is_empty() {
-            bail!("the lab sustains only {} qps", thousands(cap));
-        }
+        // 20,000 first, whatever the lab's capacity (what dnstrace loses
+        // there is worth knowing), then down through rates the lab sustains
+        // without it. A run stops at dnstrace's first lost event.
+        let mut ladder = vec![ZERO_LOSS_QPS];
+        ladder.extend(
+            [
+                15_000, 12_000, 10_000, 8_000, 6_000, 5_000, 4_000, 3_000, 2_500, 2_000, 1_500,
+                1_000, 500,
+            ]
+            .into_iter()
+            .filter(|&r| f64::from(r) <= cap * 0.9),
+        );
         let mut tried = Vec::new();
         let mut found = None;
-        for &rate in ladder.iter().take(3) {
-            let tracer = self.tracer(&Hooks::Tracepoints, &["--max-open", "1048576"])?;
-            let perf = dnsperf(&self.queries(), secs, Some(rate))?;
-            let exit = tracer.stop()?;
-            eprintln!("bench: {rate} qps for {secs} s: {perf}; {exit}");
+        for &rate in &ladder {
+            let run = self.offer(rate, secs, true)?;
+            eprintln!("bench: {rate} qps: {run}");
             tried.push(format!(
-                "{} qps: {} events lost, {} evicted",
+                "{} qps: {}",
                 thousands(f64::from(rate)),
-                exit.lost,
-                exit.evicted
+                run.brief()
             ));
-            if exit.lost == 0 && exit.evicted == 0 {
-                found = Some((rate, exit, perf));
+            if run.clean() {
+                found = Some(run);
                 break;
             }
             settle()?;
         }
         let lab_note = if cap * 0.9 < f64::from(ZERO_LOSS_QPS) {
             format!(
-                "the lab itself tops out at {} qps on this machine (dnsperf, dnsmasq as CoreDNS, dnstrace and the kernel share 2 cores), so {} qps cannot be offered; highest rate tried: {}",
+                "The lab itself tops out at {} qps here (dnsperf, dnsmasq as CoreDNS, dnstrace and the kernel share 2 cores), so it cannot sustain {} qps",
                 thousands(cap),
                 thousands(f64::from(ZERO_LOSS_QPS)),
-                thousands(f64::from(ladder[0]))
             )
         } else {
-            format!("the lab sustains {} qps", thousands(cap))
+            format!("The lab sustains {} qps", thousands(cap))
         };
         self.notes.push(format!(
-            "Zero-loss runs ({secs} s each): {}. {lab_note}.",
+            "Zero-loss runs ({secs} s each, stopped at dnstrace's first lost event; `dnstrace trace -o json --ring-buffer-mib 64 --max-open 262144`): {}. {lab_note}.",
             tried.join("; ")
         ));
         let with = match &found {
-            Some((rate, exit, perf)) => format!(
-                "{} qps for {secs} s: {} events lost, {} evicted ({} of {} queries answered)",
-                thousands(f64::from(*rate)),
-                exit.lost,
-                exit.evicted,
-                perf.completed,
-                perf.sent
+            Some(run) => format!(
+                "{} qps for {secs} s: {}",
+                thousands(f64::from(run.rate)),
+                run.brief()
             ),
-            None => format!("no zero-loss rate among {}", tried.join("; ")),
+            None => "no rate without loss".into(),
         };
         let met = found
             .as_ref()
-            .is_some_and(|(rate, ..)| *rate >= ZERO_LOSS_QPS && secs >= 60);
+            .is_some_and(|run| run.rate >= ZERO_LOSS_QPS && secs >= 60);
         self.rows.push(Row {
             figure: format!(
-                "Zero lost events and evicted journeys, sustained (highest rate with zero loss, {secs} s)"
+                "Zero lost events and evicted journeys, sustained: the highest rate without loss ({secs} s)"
             ),
             baseline: format!("lab's highest: {} qps", thousands(cap)),
             with,
@@ -491,68 +496,116 @@ impl Bench {
         Ok(())
     }
 
+    /// dnstrace tracing while dnsperf offers `rate` for `secs`; with
+    /// `stop_at_loss`, the run ends at the first event dnstrace loses.
+    fn offer(&self, rate: u32, secs: u32, stop_at_loss: bool) -> Result<Offered> {
+        let tracer = self.tracer(&Hooks::Tracepoints, DNS_LOAD)?;
+        let cpu0 = proc_cpu(tracer.pid())?;
+        let start = Instant::now();
+        let perf = Proc::spawn(
+            "dnsperf",
+            &mut dnsperf_cmd(&self.queries(), secs, Some(rate)),
+            Capture::Stdout,
+        )?;
+        let mut lost_after = None;
+        while alive(perf.pid) {
+            pause(Duration::from_millis(50))?;
+            if stop_at_loss && tracer.lost_so_far() > 0 {
+                lost_after = Some(start.elapsed());
+                // SAFETY: signalling our own child; dnsperf then prints its statistics.
+                unsafe { libc::kill(perf.pid, libc::SIGINT) };
+                break;
+            }
+        }
+        let cpu = proc_cpu(tracer.pid())? - cpu0;
+        let ended = perf.wait(Duration::from_secs(30))?;
+        let perf = parse_dnsperf(&ended.output).ok();
+        let exit = if lost_after.is_some() {
+            // Its backlog would take long to drain: what it lost is known.
+            let lost = tracer.lost_so_far();
+            drop(tracer);
+            Err(lost)
+        } else {
+            Ok(tracer.stop()?)
+        };
+        Ok(Offered {
+            rate,
+            perf,
+            exit,
+            lost_after,
+            cpu,
+        })
+    }
+
     // ----------------------------------------------------------------- tcpdump
 
     fn tcpdump(&mut self) -> Result<()> {
-        let Some((rate, dnstrace, dnstrace_perf)) = &self.rate else {
-            bail!("needs the zero-loss run's rate, which was not found");
-        };
-        let (rate, secs) = (*rate, self.plan.zero_secs);
-        let file = self.dir.join("tcpdump.pcap");
-        let dump = Proc::spawn(
-            "tcpdump",
-            Command::new("ip")
-                .args(["netns", "exec", NODE, "tcpdump", "-i", "any", "-n", "-w"])
-                .arg(&file)
-                .args(["port", "53"]),
-            Capture::Lines,
-        )?;
-        dump.wait_line("listening on", Duration::from_secs(10))?;
-        let perf = dnsperf(&self.queries(), secs, Some(rate))?;
-        let ended = dump.stop(libc::SIGINT, Duration::from_secs(30))?;
-        let _ = std::fs::remove_file(&file);
-        let count = |what: &str| {
-            ended
-                .stderr
-                .lines()
-                .find(|l| l.ends_with(what))
-                .and_then(|l| l.split_whitespace().next()?.parse::<u64>().ok())
-                .unwrap_or(0)
-        };
-        let (captured, dropped) = (
-            count("packets captured"),
-            count("packets dropped by kernel"),
+        let found = self.rate.as_ref().map(|r| r.rate);
+        let mut rates: Vec<u32> = found.into_iter().collect();
+        if found != Some(ZERO_LOSS_QPS) {
+            rates.push(ZERO_LOSS_QPS);
+        }
+        let secs = self.plan.side_secs;
+        for rate in rates {
+            let file = self.dir.join("tcpdump.pcap");
+            let dump = Proc::spawn(
+                "tcpdump",
+                Command::new("ip")
+                    .args(["netns", "exec", NODE, "tcpdump", "-i", "any", "-n", "-w"])
+                    .arg(&file)
+                    .args(["port", "53"]),
+                Capture::Lines,
+            )?;
+            dump.wait_line("listening on", Duration::from_secs(10))?;
+            let cpu0 = proc_cpu(dump.pid)?;
+            let perf = dnsperf(&self.queries(), secs, Some(rate))?;
+            let cpu = proc_cpu(dump.pid)? - cpu0;
+            let ended = dump.stop(libc::SIGINT, Duration::from_secs(60))?;
+            let _ = std::fs::remove_file(&file);
+            let count = |what: &str| {
+                ended
+                    .output
+                    .lines()
+                    .find(|l| l.ends_with(what))
+                    .and_then(|l| l.split_whitespace().next()?.parse::<u64>().ok())
+                    .unwrap_or(0)
+            };
+            let (captured, dropped) = (
+                count("packets captured"),
+                count("packets dropped by kernel"),
+            );
+            eprintln!("bench: tcpdump at {rate} qps: {captured} captured, {dropped} dropped, {cpu:.2} s CPU; {perf}");
+            settle()?;
+            let run = self.offer(rate, secs, false)?;
+            eprintln!("bench: dnstrace at {rate} qps: {run}");
+            settle()?;
+            let share = |cpu: f64| format!("{:.0}% of a core", 100.0 * cpu / f64::from(secs));
+            let (lost, packets) = match &run.exit {
+                Ok(e) => (e.lost.to_string(), e.packets.to_string()),
+                Err(lost) => (format!("≥ {lost}"), "?".into()),
+            };
+            self.rows.push(Row {
+                figure: format!(
+                    "Side by side at {} qps offered for {secs} s: `tcpdump -i any -w FILE port 53` (node netns) vs `dnstrace trace` (every netns)",
+                    thousands(f64::from(rate))
+                ),
+                baseline: format!(
+                    "tcpdump: {cpu:.1} s CPU ({}), {dropped} dropped, {captured} packets",
+                    share(cpu)
+                ),
+                with: format!(
+                    "dnstrace: {:.1} s CPU ({}), {lost} events lost, {packets} packets",
+                    run.cpu,
+                    share(run.cpu)
+                ),
+                ratio: format!("{:.1}× CPU", run.cpu / cpu.max(1e-9)),
+                goal: "—".into(),
+                met: None,
+            });
+        }
+        self.notes.push(
+            "Side by side: tcpdump sees only the node's devices (the veths, cni0, eth0), dnstrace also each pod's own eth0, and decodes every message and follows each lookup end to end. CPU is the process's user+system time while dnsperf ran (from /proc/PID/stat); the kernel-side cost of each (tcpdump's packet socket, dnstrace's BPF programs) is not in it.".into(),
         );
-        eprintln!(
-            "bench: tcpdump: {captured} captured, {dropped} dropped, {:.2} s CPU; {perf}",
-            ended.cpu
-        );
-        let pct_core = |cpu: f64| 100.0 * cpu / f64::from(secs);
-        self.rows.push(Row {
-            figure: format!(
-                "Side by side at {} qps for {secs} s: `tcpdump -i any -w FILE port 53` (node netns) vs `dnstrace trace` (every netns)",
-                thousands(f64::from(rate))
-            ),
-            baseline: format!(
-                "tcpdump: {:.1} s CPU ({:.0}% of a core), {dropped} dropped, {captured} packets",
-                ended.cpu,
-                pct_core(ended.cpu)
-            ),
-            with: format!(
-                "dnstrace: {:.1} s CPU ({:.0}% of a core), {} lost, {} packets",
-                dnstrace.cpu,
-                pct_core(dnstrace.cpu),
-                dnstrace.lost,
-                dnstrace.packets
-            ),
-            ratio: format!("{:.1}× CPU", dnstrace.cpu / ended.cpu.max(1e-9)),
-            goal: "—".into(),
-            met: None,
-        });
-        self.notes.push(format!(
-            "tcpdump sees only the node's devices (the veths, cni0, eth0); dnstrace also sees each pod's own eth0, decodes every message and follows each lookup end to end. CPU is the process's user+system time; the kernel-side cost of each (tcpdump's packet socket, dnstrace's BPF programs) is not in it. dnsperf answered {} of {} queries with dnstrace, {} of {} with tcpdump.",
-            dnstrace_perf.completed, dnstrace_perf.sent, perf.completed, perf.sent
-        ));
         Ok(())
     }
 
@@ -562,7 +615,7 @@ impl Bench {
         let rate = self
             .rate
             .as_ref()
-            .map(|(r, ..)| *r)
+            .map(|r| r.rate)
             .or_else(|| self.capacity.map(|c| ((c * 0.5) as u32).max(1000)))
             .ok_or_else(|| anyhow!("needs a rate the lab sustains"))?;
         let file = self.dir.join("stream.pcapng");
@@ -570,7 +623,7 @@ impl Bench {
         let file_arg = file.to_string_lossy().into_owned();
         let tracer = self.tracer(
             &Hooks::Tracepoints,
-            &["--max-open", "1048576", "--record", &file_arg],
+            &[DNS_LOAD, &["--record", &file_arg]].concat(),
         )?;
         // The run's kernel side, while DNS flows.
         let stats = BpfStats::enable()?;
@@ -599,13 +652,13 @@ impl Bench {
             let ended = replay.wait(Duration::from_secs(600))?;
             let secs = start.elapsed().as_secs_f64();
             if ended.code != Some(0) {
-                bail!("dnstrace replay failed: {}", ended.stderr.trim());
+                bail!("dnstrace replay failed: {}", ended.output.trim());
             }
             packets = ended
-                .stderr
+                .output
                 .lines()
                 .find_map(|l| number_before(l.strip_prefix("dnstrace: replayed ")?, " DNS packets"))
-                .ok_or_else(|| anyhow!("no `replayed N DNS packets` line in {:?}", ended.stderr))?;
+                .ok_or_else(|| anyhow!("no `replayed N DNS packets` line in {:?}", ended.output))?;
             eprintln!(
                 "bench: replayed {packets} packets in {secs:.2} s ({:.2} s CPU)",
                 ended.cpu
@@ -653,9 +706,10 @@ impl Bench {
         // Enough that IN_FLIGHT are always unanswered within the timeout.
         let rate = IN_FLIGHT.div_ceil(timeout) + IN_FLIGHT / 50 / timeout;
         let timeout_arg = format!("{timeout}s");
+        // The default ring buffer (4 MiB): its pages count in RSS too.
         let tracer = self.tracer(
             &Hooks::Tracepoints,
-            &["--timeout", &timeout_arg, "--max-open", "1048576"],
+            &["--timeout", &timeout_arg, "--max-open", "131072"],
         )?;
         let pid = tracer.pid();
         let stop = Arc::new(AtomicBool::new(false));
@@ -667,7 +721,9 @@ impl Bench {
         let total = ramp + self.plan.soak_secs;
         let sender = sender(rate, Duration::from_secs(u64::from(total)), stop.clone());
         let start = Instant::now();
-        let mut samples: Vec<(u32, f64)> = Vec::new();
+        let mib = |key: &str| status_kib(pid, key).map(|k| k as f64 / 1024.0);
+        let idle = (mib("VmRSS:")?, mib("RssAnon:")?);
+        let mut samples: Vec<(u32, f64, f64)> = Vec::new();
         let run = (|| -> Result<()> {
             let mut next = ramp;
             while start.elapsed() < Duration::from_secs(u64::from(total)) {
@@ -676,15 +732,15 @@ impl Bench {
                     break;
                 }
                 if start.elapsed() >= Duration::from_secs(u64::from(next)) {
-                    let rss = status_kib(pid, "VmRSS:")? as f64 / 1024.0;
-                    eprintln!("bench: t={next} s: RSS {rss:.1} MiB");
-                    samples.push((next, rss));
+                    let (rss, anon) = (mib("VmRSS:")?, mib("RssAnon:")?);
+                    eprintln!("bench: t={next} s: RSS {rss:.1} MiB ({anon:.1} MiB anonymous)");
+                    samples.push((next, rss, anon));
                     next += self.plan.sample_secs;
                 }
             }
             Ok(())
         })();
-        let peak = status_kib(pid, "VmHWM:").map(|k| k as f64 / 1024.0);
+        let peak = mib("VmHWM:");
         stop.store(true, Ordering::SeqCst);
         let sent = sender
             .join()
@@ -705,12 +761,15 @@ impl Bench {
         let in_flight = u64::from(rate) * u64::from(timeout);
         self.rows.push(Row {
             figure: format!(
-                "Memory: peak RSS with ~{} lookups in flight (never answered; `--timeout {timeout}s`)",
+                "Memory: peak RSS with ~{} lookups in flight (never answered; `--timeout {timeout}s`, default 4 MiB ring buffer)",
                 thousands(in_flight as f64)
             ),
-            baseline: "—".into(),
-            with: format!("{peak:.1} MiB ({} lost, {} evicted)", exit.lost, exit.evicted),
-            ratio: "—".into(),
+            baseline: format!("idle: {:.1} MiB ({:.1} anonymous)", idle.0, idle.1),
+            with: format!(
+                "{peak:.1} MiB ({} lost, {} evicted)",
+                exit.lost, exit.evicted
+            ),
+            ratio: format!("{:.1}×", peak / idle.0),
             goal: "< 64 MiB".into(),
             met: Some(peak < RSS_GOAL_MIB && exit.evicted == 0),
         });
@@ -719,7 +778,8 @@ impl Bench {
         let flat = last <= first * 1.05 + 1.0;
         self.rows.push(Row {
             figure: format!(
-                "Memory over a {soak_min:.0}-minute soak at {rate} new lookups/s (RSS every {} s)",
+                "Memory over a {soak_min:.0}-minute soak, ~{} in flight throughout ({rate} new lookups/s; RSS every {} s)",
+                thousands(in_flight as f64),
                 self.plan.sample_secs
             ),
             baseline: format!("{first:.1} MiB at the start"),
@@ -729,10 +789,10 @@ impl Bench {
             met: Some(flat),
         });
         self.notes.push(format!(
-            "Lookups in flight: the lab's `upstream-timeout` fault drops the upstream's DNS with iptables, a drop dnstrace sees (it closes that leg at once), and the lab's CoreDNS (dnsmasq, `--dns-forward-max=1000`) answers REFUSED past 1,000 forwarded queries, so through kube-dns no more than about 2,000 lookups can be left waiting. The memory figure therefore sends {rate} queries/s of distinct names from default/web to a blackhole resolver in shop/checkout ({CHECKOUT_IP}:53, a socket that reads and never answers): {sent} sent, {received} received, each an open journey for {timeout} s. RSS samples (MiB): {}.",
+            "Lookups in flight: the lab's `upstream-timeout` fault drops the upstream's DNS with iptables, a drop dnstrace sees (it closes that leg at once), and the lab's CoreDNS (dnsmasq, `--dns-forward-max=1000`) answers REFUSED past 1,000 forwarded queries, so through kube-dns no more than about 2,000 lookups can be left waiting. The memory figure therefore sends {rate} queries/s of distinct names from default/web to a blackhole resolver in shop/checkout ({CHECKOUT_IP}:53, a socket that reads and never answers): {sent} sent, {received} received, each an open journey for {timeout} s. RSS samples, total/anonymous MiB: {}.",
             samples
                 .iter()
-                .map(|(t, r)| format!("{t} s {r:.1}"))
+                .map(|(t, r, a)| format!("{t} s {r:.0}/{a:.0}"))
                 .collect::<Vec<_>>()
                 .join(", ")
         ));
@@ -799,15 +859,8 @@ impl Bench {
                 c
             }
         };
-        cmd.args([
-            "-o",
-            "json",
-            "--containerd-root",
-            CONTAINERD,
-            "--ring-buffer-mib",
-            "64",
-        ])
-        .args(extra);
+        cmd.args(["-o", "json", "--containerd-root", CONTAINERD])
+            .args(extra);
         let start = Instant::now();
         let proc = Proc::spawn("dnstrace trace", &mut cmd, Capture::Lines)?;
         let at = proc.wait_line("capturing DNS on port", Duration::from_secs(30))?;
@@ -874,7 +927,71 @@ impl std::fmt::Display for TraceExit {
     }
 }
 
+/// One run of dnstrace under dnsperf at a fixed rate.
+struct Offered {
+    rate: u32,
+    perf: Option<PerfResult>,
+    /// Its exit line, or (stopped at the first loss) the events lost by then.
+    exit: std::result::Result<TraceExit, u64>,
+    lost_after: Option<Duration>,
+    /// dnstrace's CPU seconds while dnsperf ran.
+    cpu: f64,
+}
+
+impl Offered {
+    /// No event lost, no journey evicted, and the lab answered (nearly) all.
+    fn clean(&self) -> bool {
+        let sustained = self
+            .perf
+            .as_ref()
+            .is_some_and(|p| p.lost as f64 <= p.sent as f64 * 0.005);
+        matches!(&self.exit, Ok(e) if e.lost == 0 && e.evicted == 0) && sustained
+    }
+
+    fn brief(&self) -> String {
+        let answered = self.perf.as_ref().map_or("?".into(), |p| {
+            format!(
+                "{} answered",
+                pct(p.completed as f64 / p.sent.max(1) as f64)
+            )
+        });
+        match (&self.exit, self.lost_after) {
+            (Ok(e), _) => format!("{answered}, {} events lost, {} evicted", e.lost, e.evicted),
+            (Err(lost), Some(t)) => format!(
+                "{answered}, events lost from {:.0} s on ({lost} by then)",
+                t.as_secs_f64()
+            ),
+            (Err(lost), None) => format!("{answered}, {lost} events lost"),
+        }
+    }
+}
+
+impl std::fmt::Display for Offered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some(p) = &self.perf {
+            write!(f, "{p}; ")?;
+        }
+        match &self.exit {
+            Ok(e) => write!(f, "{e}"),
+            Err(_) => write!(f, "{}", self.brief()),
+        }?;
+        write!(f, "; {:.1} s CPU while dnsperf ran", self.cpu)
+    }
+}
+
 impl Tracer {
+    /// The count in its latest "N events lost so far" warning.
+    fn lost_so_far(&self) -> u64 {
+        self.proc
+            .lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|(_, l)| number_before(l, " events lost so far"))
+            .max()
+            .unwrap_or(0)
+    }
+
     fn pid(&self) -> i32 {
         self.proc.pid
     }
@@ -883,13 +1000,17 @@ impl Tracer {
     fn stop(self) -> Result<TraceExit> {
         let ended = self.proc.stop(libc::SIGINT, Duration::from_secs(120))?;
         let line = ended
-            .stderr
+            .output
             .lines()
-            .find(|l| l.starts_with("dnstrace: ") && l.contains(" events lost"))
+            .find(|l| {
+                l.starts_with("dnstrace: ")
+                    && l.contains(" DNS packets")
+                    && l.contains(" events lost")
+            })
             .ok_or_else(|| {
                 anyhow!(
                     "dnstrace ended without its summary: {}",
-                    ended.stderr.trim()
+                    ended.output.trim()
                 )
             })?;
         let get = |suffix: &str| {
@@ -925,7 +1046,10 @@ fn number_before(line: &str, suffix: &str) -> Option<u64> {
 
 enum Capture {
     Discard,
+    /// stderr's lines, each with when it came.
     Lines,
+    /// stdout's lines instead (stderr discarded).
+    Stdout,
 }
 
 /// A child process, killed and reaped if still there when dropped.
@@ -942,22 +1066,27 @@ struct Ended {
     code: Option<i32>,
     /// User + system seconds, from wait4.
     cpu: f64,
-    stderr: String,
+    /// The captured stream's lines.
+    output: String,
 }
 
 impl Proc {
     fn spawn(name: &'static str, cmd: &mut Command, capture: Capture) -> Result<Self> {
-        cmd.stdin(Stdio::null()).stdout(Stdio::null());
-        cmd.stderr(match capture {
-            Capture::Discard => Stdio::null(),
-            Capture::Lines => Stdio::piped(),
-        });
+        cmd.stdin(Stdio::null());
+        let piped = |on: bool| if on { Stdio::piped() } else { Stdio::null() };
+        cmd.stdout(piped(matches!(capture, Capture::Stdout)));
+        cmd.stderr(piped(matches!(capture, Capture::Lines)));
         let mut child = cmd.spawn().with_context(|| format!("starting {name}"))?;
         let lines = Arc::new(Mutex::new(Vec::new()));
-        let reader = child.stderr.take().map(|err| {
+        let stream: Option<Box<dyn std::io::Read + Send>> = match capture {
+            Capture::Discard => None,
+            Capture::Lines => child.stderr.take().map(|e| Box::new(e) as _),
+            Capture::Stdout => child.stdout.take().map(|o| Box::new(o) as _),
+        };
+        let reader = stream.map(|stream| {
             let lines = lines.clone();
             thread::spawn(move || {
-                for line in BufReader::new(err).lines() {
+                for line in BufReader::new(stream).lines() {
                     let Ok(line) = line else { break };
                     lines.lock().unwrap().push((Instant::now(), line));
                 }
@@ -973,7 +1102,7 @@ impl Proc {
         })
     }
 
-    fn stderr(&self) -> String {
+    fn captured(&self) -> String {
         self.lines
             .lock()
             .unwrap()
@@ -1000,14 +1129,14 @@ impl Proc {
                 bail!(
                     "{} ended before saying {pat:?}: {}",
                     self.name,
-                    self.stderr().trim()
+                    self.captured().trim()
                 );
             }
             if Instant::now() > deadline {
                 bail!(
                     "{} did not say {pat:?} within {timeout:?}: {}",
                     self.name,
-                    self.stderr().trim()
+                    self.captured().trim()
                 );
             }
             pause(Duration::from_millis(5))?;
@@ -1043,7 +1172,7 @@ impl Proc {
                 return Ok(Ended {
                     code,
                     cpu: secs(ru.ru_utime) + secs(ru.ru_stime),
-                    stderr: self.stderr(),
+                    output: self.captured(),
                 });
             }
             if r < 0 {
@@ -1205,19 +1334,21 @@ fn output(cmd: &mut Command) -> Result<String> {
 /// iperf3 from default/web to shop/checkout: bits per second received.
 fn iperf3(secs: u32) -> Result<f64> {
     interrupted()?;
-    let out = output(Command::new("ip").args([
-        "netns",
-        "exec",
-        WEB,
-        "iperf3",
-        "-c",
-        CHECKOUT_IP,
-        "-t",
-        &secs.to_string(),
-        "-O",
-        "1",
-        "-J",
-    ]))?;
+    let out = output(
+        Command::new("ip")
+            .args(["netns", "exec", WEB])
+            .args(pinned(0))
+            .args([
+                "iperf3",
+                "-c",
+                CHECKOUT_IP,
+                "-t",
+                &secs.to_string(),
+                "-O",
+                "1",
+                "-J",
+            ]),
+    )?;
     let v: serde_json::Value = serde_json::from_str(&out).context("iperf3's JSON")?;
     v["end"]["sum_received"]["bits_per_second"]
         .as_f64()
@@ -1245,8 +1376,7 @@ impl std::fmt::Display for PerfResult {
 }
 
 /// dnsperf from default/web to kube-dns; `rate` None is as fast as answers come.
-fn dnsperf(queries: &Path, secs: u32, rate: Option<u32>) -> Result<PerfResult> {
-    interrupted()?;
+fn dnsperf_cmd(queries: &Path, secs: u32, rate: Option<u32>) -> Command {
     let mut cmd = Command::new("ip");
     cmd.args(["netns", "exec", WEB, "dnsperf", "-s", SERVICE, "-d"])
         .arg(queries)
@@ -1255,7 +1385,15 @@ fn dnsperf(queries: &Path, secs: u32, rate: Option<u32>) -> Result<PerfResult> {
         Some(r) => cmd.args(["-Q", &r.to_string(), "-q", "5000"]),
         None => cmd.args(["-q", DNSPERF_OUTSTANDING]),
     };
-    let out = output(&mut cmd)?;
+    cmd
+}
+
+fn dnsperf(queries: &Path, secs: u32, rate: Option<u32>) -> Result<PerfResult> {
+    interrupted()?;
+    parse_dnsperf(&output(&mut dnsperf_cmd(queries, secs, rate))?)
+}
+
+fn parse_dnsperf(out: &str) -> Result<PerfResult> {
     let field = |key: &str| {
         out.lines()
             .find_map(|l| l.trim().strip_prefix(key))
@@ -1268,6 +1406,36 @@ fn dnsperf(queries: &Path, secs: u32, rate: Option<u32>) -> Result<PerfResult> {
         lost: field("Queries lost:")? as u64,
         qps: field("Queries per second:")?,
     })
+}
+
+/// A process's user + system seconds so far, all threads.
+fn proc_cpu(pid: i32) -> Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .with_context(|| format!("reading /proc/{pid}/stat"))?;
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let ticks = |i: usize| -> Result<f64> {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .ok_or_else(|| anyhow!("short /proc/{pid}/stat"))
+    };
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    // utime and stime: fields 14 and 15, counted from the state (field 3).
+    Ok((ticks(11)? + ticks(12)?) / hz)
+}
+
+/// `taskset -c CPU` where the machine has two CPUs or more: iperf3's client
+/// and server on CPUs of their own vary less from run to run.
+fn pinned(cpu: usize) -> Vec<String> {
+    if thread::available_parallelism().map_or(1, |n| n.get()) >= 2 {
+        vec!["taskset".into(), "-c".into(), cpu.to_string()]
+    } else {
+        Vec::new()
+    }
 }
 
 /// Runs `f` on a thread of its own inside the lab namespace `ns`.
