@@ -319,16 +319,17 @@ impl Bench {
             }
         }
         let b = median(&base);
-        for ((what, _), w) in modes.iter().zip(&with) {
-            let w = median(w);
+        let spread = |v: &[f64]| format!("{:.2}–{:.2}", min(v) / 1e9, max(v) / 1e9);
+        for ((what, _), runs) in modes.iter().zip(&with) {
+            let w = median(runs);
             let ratio = w / b;
             self.rows.push(Row {
                 figure: format!(
                     "TCP throughput pod → pod through the node (iperf3, {secs} s × {}, medians), {what}",
                     base.len()
                 ),
-                baseline: gbits(b),
-                with: gbits(w),
+                baseline: format!("{} ({})", gbits(b), spread(&base)),
+                with: format!("{} ({})", gbits(w), spread(runs)),
                 ratio: pct(ratio),
                 goal: "≥ 98%".into(),
                 met: Some(ratio >= 0.98),
@@ -416,8 +417,18 @@ impl Bench {
                 "DNS capacity: dnsperf at the lab's highest rate via kube-dns {SERVICE} ({secs} s × {}, medians; `dnstrace trace -o json`)",
                 base.len()
             ),
-            baseline: format!("{} qps", thousands(b)),
-            with: format!("{} qps ({lost} events lost, {evicted} evicted)", thousands(w)),
+            baseline: format!(
+                "{} qps ({}–{})",
+                thousands(b),
+                thousands(min(&base)),
+                thousands(max(&base))
+            ),
+            with: format!(
+                "{} qps ({}–{}; {lost} events lost, {evicted} evicted)",
+                thousands(w),
+                thousands(min(&with)),
+                thousands(max(&with))
+            ),
             ratio: pct(w / b),
             goal: "≥ 95%".into(),
             met: Some(w / b >= 0.95),
@@ -508,9 +519,14 @@ impl Bench {
             Capture::Stdout,
         )?;
         let mut lost_after = None;
+        let mut looked = Instant::now();
         while alive(perf.pid) {
             pause(Duration::from_millis(50))?;
-            if stop_at_loss && tracer.lost_so_far() > 0 {
+            if stop_at_loss && looked.elapsed() >= Duration::from_secs(1) {
+                looked = Instant::now();
+                if tracer.lost_so_far() == 0 {
+                    continue;
+                }
                 lost_after = Some(start.elapsed());
                 // SAFETY: signalling our own child; dnsperf then prints its statistics.
                 unsafe { libc::kill(perf.pid, libc::SIGINT) };
@@ -981,15 +997,20 @@ impl std::fmt::Display for Offered {
 
 impl Tracer {
     /// The count in its latest "N events lost so far" warning.
+    /// Events lost so far: the kernel's count in dnstrace's LOST map (read
+    /// with bpftool), or its latest "N events lost so far" warning, which
+    /// comes late when it is busy.
     fn lost_so_far(&self) -> u64 {
-        self.proc
+        let said = self
+            .proc
             .lines
             .lock()
             .unwrap()
             .iter()
             .filter_map(|(_, l)| number_before(l, " events lost so far"))
             .max()
-            .unwrap_or(0)
+            .unwrap_or(0);
+        said.max(lost_in_map(self.pid()).unwrap_or(0))
     }
 
     fn pid(&self) -> i32 {
@@ -1579,8 +1600,9 @@ impl BpfStats {
         })
     }
 
-    /// dnstrace's programs (named dns_*) loaded by `pid`, summed by name.
+    /// The programs (named dns_*) that `pid` holds, summed by name.
     fn programs(&self, pid: i32) -> Result<BTreeMap<String, ProgStat>> {
+        let ours = bpf_ids(pid, "prog_id:");
         let out = output(Command::new("bpftool").args(["-j", "prog", "show"]))?;
         let progs: Vec<serde_json::Value> = serde_json::from_str(&out).context("bpftool's JSON")?;
         let mut by_name: BTreeMap<String, ProgStat> = BTreeMap::new();
@@ -1588,11 +1610,7 @@ impl BpfStats {
             let Some(name) = p["name"].as_str().filter(|n| n.starts_with("dns_")) else {
                 continue;
             };
-            let ours = p["pids"].as_array().is_none_or(|pids| {
-                pids.iter()
-                    .any(|x| x["pid"].as_i64() == Some(i64::from(pid)))
-            });
-            if !ours {
+            if !p["id"].as_u64().is_some_and(|id| ours.contains(&id)) {
                 continue;
             }
             let s = by_name.entry(name.to_owned()).or_default();
@@ -1601,6 +1619,67 @@ impl BpfStats {
         }
         Ok(by_name)
     }
+}
+
+/// The ids of the BPF maps or programs (`key` "map_id:" or "prog_id:") a
+/// process holds descriptors of, from /proc/PID/fdinfo.
+fn bpf_ids(pid: i32, key: &str) -> Vec<u64> {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fdinfo")) else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .filter_map(|info| {
+            info.lines()
+                .find_map(|l| l.strip_prefix(key))
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .collect()
+}
+
+/// The sum over CPUs of the LOST map of the dnstrace with this pid.
+fn lost_in_map(pid: i32) -> Result<u64> {
+    let ours = bpf_ids(pid, "map_id:");
+    let out = output(Command::new("bpftool").args(["-j", "map", "show"]))?;
+    let maps: Vec<serde_json::Value> = serde_json::from_str(&out).context("bpftool's JSON")?;
+    let id = maps
+        .iter()
+        .filter(|m| m["name"].as_str() == Some("LOST"))
+        .filter_map(|m| m["id"].as_u64())
+        .find(|id| ours.contains(id))
+        .ok_or_else(|| anyhow!("no LOST map of pid {pid}"))?;
+    let out = output(Command::new("bpftool").args([
+        "-j",
+        "map",
+        "lookup",
+        "id",
+        &id.to_string(),
+        "key",
+        "0",
+        "0",
+        "0",
+        "0",
+    ]))?;
+    let v: serde_json::Value = serde_json::from_str(&out).context("bpftool's JSON")?;
+    let values = v["formatted"]["values"]
+        .as_array()
+        .or_else(|| v["values"].as_array())
+        .ok_or_else(|| anyhow!("no per-CPU values for the LOST map"))?;
+    Ok(values
+        .iter()
+        .map(|c| match &c["value"] {
+            serde_json::Value::Number(n) => n.as_u64().unwrap_or(0),
+            // Raw bytes, little-endian, as "0x2a" strings.
+            serde_json::Value::Array(bytes) => bytes.iter().rev().fold(0u64, |acc, b| {
+                let byte = b
+                    .as_str()
+                    .and_then(|s| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok())
+                    .unwrap_or(0);
+                (acc << 8) | byte
+            }),
+            _ => 0,
+        })
+        .sum())
 }
 
 /// "dns_dev_xmit 41 ns × 1.2M runs, …" between two readings.
