@@ -16,7 +16,7 @@ use std::{
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::{
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicI32, Ordering},
         mpsc, Arc, Mutex,
     },
     thread::{self, sleep, JoinHandle},
@@ -219,7 +219,7 @@ impl Bench {
         step(name);
         if let Err(e) = f(self) {
             if stopping() {
-                return Err(e);
+                return Err(e.context(interrupted().err().unwrap_or_else(|| anyhow!("stopped"))));
             }
             eprintln!("bench: {name}: {e:#}");
             self.rows.push(Row {
@@ -1342,9 +1342,16 @@ fn output(cmd: &mut Command) -> Result<String> {
         .output()
         .with_context(|| format!("running {cmd:?}"))?;
     if !out.status.success() {
+        // iperf3 -J, for one, says what went wrong on stdout.
+        let said = if out.stderr.is_empty() {
+            &out.stdout
+        } else {
+            &out.stderr
+        };
         bail!(
-            "{cmd:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
+            "{cmd:?} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(said).trim()
         );
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
@@ -1704,18 +1711,31 @@ fn per_run(before: &BTreeMap<String, ProgStat>, after: &BTreeMap<String, ProgSta
 // ---------------------------------------------------------------- little things
 
 static STOP: AtomicBool = AtomicBool::new(false);
+/// The signal that stopped the bench, and who sent it.
+static SIGNAL: AtomicI32 = AtomicI32::new(0);
+static SENDER: AtomicI32 = AtomicI32::new(0);
 
-extern "C" fn on_signal(_: libc::c_int) {
+extern "C" fn on_signal(sig: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    SIGNAL.store(sig, Ordering::SeqCst);
+    if !info.is_null() {
+        // SAFETY: the kernel passes a valid siginfo with SA_SIGINFO.
+        SENDER.store(unsafe { (*info).si_pid() }, Ordering::SeqCst);
+    }
     STOP.store(true, Ordering::SeqCst);
 }
 
 /// Ctrl-C and SIGTERM end the bench between steps, through the guards.
 fn catch_signals() {
-    let handler = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
-    // SAFETY: the handler only stores to an atomic.
+    // SAFETY: a zeroed sigaction is valid; the handler only stores to atomics.
     unsafe {
-        libc::signal(libc::SIGINT, handler);
-        libc::signal(libc::SIGTERM, handler);
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_signal
+            as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void)
+            as libc::sighandler_t;
+        sa.sa_flags = libc::SA_SIGINFO;
+        libc::sigemptyset(&mut sa.sa_mask);
+        libc::sigaction(libc::SIGINT, &sa, std::ptr::null_mut());
+        libc::sigaction(libc::SIGTERM, &sa, std::ptr::null_mut());
     }
 }
 
@@ -1725,7 +1745,11 @@ fn stopping() -> bool {
 
 fn interrupted() -> Result<()> {
     if stopping() {
-        bail!("interrupted");
+        bail!(
+            "interrupted by signal {} from pid {}",
+            SIGNAL.load(Ordering::SeqCst),
+            SENDER.load(Ordering::SeqCst)
+        );
     }
     Ok(())
 }
