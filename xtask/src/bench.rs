@@ -973,8 +973,9 @@ impl Offered {
         });
         match (&self.exit, self.lost_after) {
             (Ok(e), _) => format!("{answered}, {} events lost, {} evicted", e.lost, e.evicted),
+            // dnsperf, stopped, counts what was still outstanding as lost.
             (Err(lost), Some(t)) => format!(
-                "{answered}, events lost from {:.0} s on ({lost} by then)",
+                "events lost from {:.0} s on ({lost} by then)",
                 t.as_secs_f64()
             ),
             (Err(lost), None) => format!("{answered}, {lost} events lost"),
