@@ -1,4 +1,5 @@
-//! Developer tasks: `cargo xtask setup | test | demo | fuzz`.
+//! Developer tasks: `cargo xtask setup | test | demo | bench | fuzz`.
+mod bench;
 mod demo;
 mod fuzz;
 mod setup;
@@ -7,10 +8,11 @@ use std::process::{Command, ExitCode};
 
 use anyhow::{bail, Context, Result};
 
-const USAGE: &str = "usage: cargo xtask <setup | test | demo | fuzz>
+const USAGE: &str = "usage: cargo xtask <setup | test | demo | bench | fuzz>
   setup   install what building and testing need (idempotent)
   test    setup, then formatting, lints and the whole test suite (as root)
   demo    setup, build, then trace DNS between two throw-away network namespaces
+  bench   setup, build, then measure dnstrace's cost on the lab (--quick, --markdown PATH)
   fuzz    setup, then each fuzz target for 10 million runs (cargo-fuzz, nightly)
           [--runs N] [--target dns|tcp_stream|event|recording] [--max-time SECONDS]
           [--sanitizer none|address]";
@@ -22,6 +24,7 @@ fn main() -> ExitCode {
         "setup" => setup::run(),
         "test" => setup::run().and_then(|()| test()),
         "demo" => setup::run().and_then(|()| demo::run()),
+        "bench" => setup::run().and_then(|()| bench::run(&args[1..])),
         "fuzz" => setup::run().and_then(|()| fuzz::run(&args[1..])),
         _ => {
             eprintln!("{USAGE}");

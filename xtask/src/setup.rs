@@ -40,11 +40,20 @@ pub fn run() -> Result<()> {
     if !nightly_with_rust_src() {
         wanted.extend(TOOLCHAIN_PACKAGES);
     }
-    let missing: Vec<&str> = wanted.into_iter().filter(|p| !installed(p)).collect();
+    ensure_packages(&wanted)?;
+    if !has_bpf_linker() {
+        install_bpf_linker()?;
+    }
+    Ok(())
+}
+
+/// Installs the Debian packages of `wanted` that are missing.
+pub fn ensure_packages(wanted: &[&str]) -> Result<()> {
+    let missing: Vec<&str> = wanted.iter().copied().filter(|p| !installed(p)).collect();
     if !missing.is_empty() {
         if !is_root() {
             bail!(
-                "missing Debian packages {}: run `sudo cargo xtask setup`",
+                "missing Debian packages {}: run this as root (sudo) to install them",
                 missing.join(" ")
             );
         }
@@ -56,9 +65,6 @@ pub fn run() -> Result<()> {
                 .args(&missing)
                 .env("DEBIAN_FRONTEND", "noninteractive"),
         )?;
-    }
-    if !has_bpf_linker() {
-        install_bpf_linker()?;
     }
     Ok(())
 }
