@@ -7,10 +7,12 @@
 //! the same question, are its upstream journeys. The engine is pure: records
 //! in, journeys out, time only from the records and `tick`.
 use std::{
-    collections::{HashMap, VecDeque},
-    hash::Hash,
+    collections::{HashMap, HashSet, VecDeque},
+    hash::{BuildHasher, Hash},
     net::{IpAddr, SocketAddr},
 };
+
+use foldhash::fast::RandomState;
 
 use serde::Serialize;
 
@@ -21,6 +23,12 @@ use crate::{
 
 /// Loss windows remembered; older ones are long past any open journey.
 const MAX_LOSSES: usize = 256;
+
+/// The engine's maps are keyed by what packets carry, once per packet:
+/// foldhash is several times faster than SipHash there, and its per-process
+/// random seed keeps crafted names from colliding on purpose.
+type Map<K, V> = HashMap<K, V, RandomState>;
+type Set<T> = HashSet<T, RandomState>;
 
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
@@ -81,7 +89,7 @@ pub enum Outcome {
     Timeout,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug)]
 pub struct Journey {
     pub id: u64,
     /// Journeys of one lookup (A and AAAA siblings, retries) share this.
@@ -130,25 +138,39 @@ struct Open {
     ct_dnat: Option<(SocketAddr, SocketAddr)>,
     /// The answer reached the netns the query started in.
     delivered: bool,
+    /// Where it is filed in `Engine::waiting`: (name hash, place), while
+    /// no answer has been seen.
+    waiting_at: Vec<(u64, Place)>,
+}
+
+/// Where a query was delivered, as a server's own queries show it: sent
+/// from that network namespace, or (without namespaces) that address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Place {
+    Netns(u32),
+    Addr(IpAddr),
 }
 
 pub struct Engine {
     limits: Limits,
-    open: HashMap<u64, Open>,
-    by_key: HashMap<Key, u64>,
-    /// Open journeys by question and by client socket, so that finding a
-    /// parent or a conntrack entry's journeys never scans them all.
-    by_name: Index<String>,
+    open: Map<u64, Open>,
+    by_key: Map<Key, u64>,
+    /// Unanswered journeys by question and place, TCP journeys by question,
+    /// and journeys by client socket, so that finding a parent, a TCP
+    /// retry or a conntrack entry's journeys never scans them all.
+    waiting: Index<(u64, Place)>,
+    tcp_by_name: Index<String>,
     by_client: Index<SocketAddr>,
+    hasher: RandomState,
     /// Journey ids, oldest first, for eviction; closed ones are skipped
     /// lazily and compacted away now and then.
     order: VecDeque<u64>,
-    lookups: HashMap<(SocketAddr, String), (u64, u64)>,
+    lookups: Map<(SocketAddr, String), (u64, u64)>,
     /// `lookups` is pruned when it grows past this (amortised).
     lookups_limit: usize,
     /// When each address last sent or got DNS over TCP, even where the
     /// message could not be read (a payload outside the captured bytes).
-    tcp_seen: HashMap<IpAddr, u64>,
+    tcp_seen: Map<IpAddr, u64>,
     next_id: u64,
     evicted: u64,
     /// Windows (since, until) in which the kernel lost events, recent ones:
@@ -157,32 +179,33 @@ pub struct Engine {
     losses: VecDeque<(u64, u64)>,
 }
 
-/// Open journey ids grouped by something they share.
-struct Index<K>(HashMap<K, Vec<u64>>);
+/// Open journey ids grouped by something they share; a group can hold
+/// thousands (one resolver socket's queries), so removal is not a scan.
+struct Index<K>(Map<K, Set<u64>>);
 
 impl<K: Hash + Eq> Index<K> {
     fn new() -> Self {
-        Self(HashMap::new())
+        Self(Map::default())
     }
 
     fn add(&mut self, k: K, id: u64) {
-        self.0.entry(k).or_default().push(id);
+        self.0.entry(k).or_default().insert(id);
     }
 
     fn remove(&mut self, k: &K, id: u64) {
         if let Some(ids) = self.0.get_mut(k) {
-            ids.retain(|&x| x != id);
+            ids.remove(&id);
             if ids.is_empty() {
                 self.0.remove(k);
             }
         }
     }
 
-    fn get<Q: Hash + Eq + ?Sized>(&self, k: &Q) -> &[u64]
+    fn get<Q: Hash + Eq + ?Sized>(&self, k: &Q) -> impl Iterator<Item = u64> + '_
     where
         K: std::borrow::Borrow<Q>,
     {
-        self.0.get(k).map_or(&[], Vec::as_slice)
+        self.0.get(k).into_iter().flatten().copied()
     }
 }
 
@@ -190,14 +213,16 @@ impl Engine {
     pub fn new(limits: Limits) -> Self {
         Self {
             limits,
-            open: HashMap::new(),
-            by_key: HashMap::new(),
-            by_name: Index::new(),
+            open: Map::default(),
+            by_key: Map::default(),
+            waiting: Index::new(),
+            tcp_by_name: Index::new(),
             by_client: Index::new(),
+            hasher: RandomState::default(),
             order: VecDeque::new(),
-            lookups: HashMap::new(),
+            lookups: Map::default(),
             lookups_limit: limits.max_open,
-            tcp_seen: HashMap::new(),
+            tcp_seen: Map::default(),
             next_id: 1,
             evicted: 0,
             losses: VecDeque::new(),
@@ -212,10 +237,10 @@ impl Engine {
     /// Did `client` turn to TCP since `since_ns`: a TCP journey for the
     /// question still open, or DNS over TCP seen from it at all?
     pub fn asked_over_tcp(&self, client: IpAddr, name: &str, qtype: &str, since_ns: u64) -> bool {
-        let open = self.by_name.get(name).iter().any(|id| {
+        let open = self.tcp_by_name.get(name).any(|id| {
             self.open
-                .get(id)
-                .is_some_and(|o| o.j.tcp && o.key.client.ip() == client && o.key.qtype == qtype)
+                .get(&id)
+                .is_some_and(|o| o.key.client.ip() == client && o.key.qtype == qtype)
         });
         open || self.tcp_seen.get(&client).is_some_and(|&ts| ts >= since_ns)
     }
@@ -270,6 +295,14 @@ impl Engine {
             return;
         };
         o.add_leg(p, msg);
+        let filed = std::mem::take(&mut o.waiting_at);
+        let name = self.hasher.hash_one(&key.name);
+        o.waiting_at = o
+            .places()
+            .into_iter()
+            .flatten()
+            .map(|pl| (name, pl))
+            .collect();
         // Past a SNAT the same query goes on under another source address.
         if let Some((_, seen)) = p.ct.as_ref().and_then(Conntrack::snat) {
             let alias = Key {
@@ -279,6 +312,14 @@ impl Engine {
             if !o.aliases.contains(&alias) {
                 o.aliases.push(alias.clone());
                 self.by_key.insert(alias, id);
+            }
+        }
+        if filed != o.waiting_at {
+            for k in &filed {
+                self.waiting.remove(k, id);
+            }
+            for &k in &o.waiting_at {
+                self.waiting.add(k, id);
             }
         }
     }
@@ -296,7 +337,7 @@ impl Engine {
             return;
         };
         for id in self.by_client.get(&ev.original.src) {
-            if let Some(o) = self.open.get_mut(id) {
+            if let Some(o) = self.open.get_mut(&id) {
                 o.ct_dnat.get_or_insert(dnat);
             }
         }
@@ -383,7 +424,9 @@ impl Engine {
             }
         }
         self.by_key.insert(key.clone(), id);
-        self.by_name.add(key.name.clone(), id);
+        if j.tcp {
+            self.tcp_by_name.add(key.name.clone(), id);
+        }
         self.by_client.add(key.client, id);
         if self.order.len() > 2 * self.open.len() + 1024 {
             let open = &self.open;
@@ -402,6 +445,7 @@ impl Engine {
                 ct_dnat: None,
                 outcome_ns: 0,
                 delivered: false,
+                waiting_at: Vec::new(),
             },
         );
         id
@@ -429,12 +473,21 @@ impl Engine {
     /// The open journey this query serves, if it was sent by a server that
     /// a journey for the same question is waiting at.
     fn waiting_parent(&self, key: &Key, p: &Packet) -> Option<u64> {
-        self.by_name
-            .get(key.name.as_str())
-            .iter()
-            .filter_map(|id| Some((*id, self.open.get(id)?)))
+        let name = self.hasher.hash_one(&key.name);
+        let places = [
+            Some(Place::Addr(p.src.ip())),
+            (p.netns != 0).then_some(Place::Netns(p.netns)),
+        ];
+        places
+            .into_iter()
+            .flatten()
+            .flat_map(|pl| self.waiting.get(&(name, pl)))
+            .filter_map(|id| Some((id, self.open.get(&id)?)))
             .filter(|(_, o)| {
-                o.key.client != key.client && !o.j.legs.iter().any(|l| l.response) && o.server_is(p)
+                o.key.name == key.name
+                    && o.key.client != key.client
+                    && !o.j.legs.iter().any(|l| l.response)
+                    && o.server_is(p)
             })
             .min_by_key(|(_, o)| o.j.started_ns)
             .map(|(id, _)| id)
@@ -471,8 +524,13 @@ impl Engine {
         for k in std::iter::once(&o.key).chain(&o.aliases) {
             self.by_key.remove(k);
         }
-        self.by_name.remove(&o.key.name, id);
+        if o.j.tcp {
+            self.tcp_by_name.remove(&o.key.name, id);
+        }
         self.by_client.remove(&o.key.client, id);
+        for k in &o.waiting_at {
+            self.waiting.remove(k, id);
+        }
     }
 
     fn evict_oldest(&mut self) {
@@ -487,6 +545,22 @@ impl Engine {
 }
 
 impl Open {
+    /// Where a server's query on this journey's behalf would come from
+    /// (what `server_is` accepts); none once an answer was seen.
+    fn places(&self) -> [Option<Place>; 2] {
+        if self.j.legs.iter().any(|l| l.response) {
+            return [None, None];
+        }
+        let Some(arrival) = self.j.legs.iter().rev().find(|l| !l.response) else {
+            return [None, None];
+        };
+        let netns = arrival.netns != 0 && arrival.netns != self.j.legs[0].netns;
+        [
+            Some(Place::Addr(arrival.dst.ip())),
+            netns.then_some(Place::Netns(arrival.netns)),
+        ]
+    }
+
     /// Was `p` sent from where this journey's query was delivered: the
     /// server's namespace, or (without namespaces) the server's address?
     fn server_is(&self, p: &Packet) -> bool {

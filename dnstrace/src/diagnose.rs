@@ -63,6 +63,8 @@ struct Asked {
     started_ns: u64,
     ended_ns: u64,
     total_ns: u64,
+    /// Events were lost while it was open: its times may be wrong.
+    incomplete: bool,
 }
 
 /// The two queries of a parallel pair leave their socket this close together.
@@ -337,6 +339,7 @@ impl Diagnoser {
             started_ns: j.started_ns,
             ended_ns: j.ended_ns,
             total_ns: j.total_ns(),
+            incomplete: j.incomplete,
         });
     }
 
@@ -532,18 +535,23 @@ fn search_leak(j: &Journey, recent: &[&Asked]) -> Option<Finding> {
 
 /// An answer that came only after several search-list NXDOMAINs that cost
 /// real time: the price of ndots:5 for names outside the cluster.
+/// A cost rule: journeys that lost events are left out, as their times are
+/// no evidence.
 fn ndots_amplification(j: &Journey, recent: &[&Asked]) -> Option<Finding> {
     let Outcome::Answered { rcode, answers, .. } = &j.outcome else {
         return None;
     };
-    if rcode != "NOERROR" || answers.is_empty() {
+    if rcode != "NOERROR" || answers.is_empty() || j.incomplete {
         return None;
     }
     let stem = j.name.trim_end_matches('.');
     let misses: Vec<&&Asked> = recent
         .iter()
         .filter(|a| {
-            a.nxdomain && a.name.len() > j.name.len() && a.name.starts_with(&format!("{stem}."))
+            a.nxdomain
+                && !a.incomplete
+                && a.name.len() > j.name.len()
+                && a.name.starts_with(&format!("{stem}."))
         })
         .collect();
     let cost: u64 = misses.iter().map(|a| a.total_ns).sum();

@@ -1,8 +1,8 @@
 //! Line output: one text line or one JSON object per DNS message.
 use std::{
-    collections::HashMap,
+    collections::{BTreeMap, HashMap},
     io::{self, Write},
-    net::SocketAddr,
+    net::{IpAddr, SocketAddr},
     time::{Duration, SystemTime},
 };
 
@@ -212,6 +212,40 @@ struct JsonLine<'a> {
     body: &'a Body,
 }
 
+/// A journey line: the journey's own fields, and what labels add.
+#[derive(Serialize)]
+struct JourneyJson<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    time: String,
+    total_ms: f64,
+    id: u64,
+    lookup: u64,
+    client: SocketAddr,
+    dns_id: u16,
+    name: &'a str,
+    qtype: &'a str,
+    tcp: bool,
+    started_ns: u64,
+    ended_ns: u64,
+    outcome: OutcomeJson<'a>,
+    dnat: Option<(SocketAddr, SocketAddr)>,
+    legs: &'a [Leg],
+    incomplete: bool,
+    upstream: Vec<JourneyJson<'a>>,
+    names: BTreeMap<IpAddr, &'a str>,
+}
+
+#[derive(Serialize)]
+struct OutcomeJson<'a> {
+    #[serde(flatten)]
+    outcome: &'a Outcome,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason_name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    location_name: Option<String>,
+}
+
 #[derive(Serialize)]
 struct JsonConntrack {
     original: [String; 2],
@@ -242,8 +276,9 @@ impl<W: Write> LineSink<W> {
         self.labels.named(addr)
     }
 
-    /// The names of a journey's addresses, for JSON readers.
-    fn names_of(&self, j: &Journey) -> serde_json::Map<String, serde_json::Value> {
+    /// The names of a journey's addresses, for JSON readers: each named
+    /// address once, looked up before anything is formatted.
+    fn names_of(&self, j: &Journey) -> BTreeMap<IpAddr, &str> {
         let addrs = j.legs.iter().flat_map(|l| {
             [l.src, l.dst]
                 .into_iter()
@@ -252,7 +287,7 @@ impl<W: Write> LineSink<W> {
         });
         addrs
             .chain([j.client])
-            .filter_map(|a| Some((a.ip().to_string(), self.labels.name(&a.ip())?.into())))
+            .filter_map(|a| Some((a.ip(), self.labels.name(&a.ip())?)))
             .collect()
     }
 
@@ -423,20 +458,40 @@ impl<W: Write> LineSink<W> {
         self.labels.outcome(o)
     }
 
-    fn journey_json(&self, j: &Journey) -> serde_json::Value {
-        let mut v = serde_json::to_value(j).unwrap_or_default();
-        v["type"] = "journey".into();
-        v["time"] = humantime::format_rfc3339_nanos(self.labels.clock.wall(j.started_ns))
-            .to_string()
-            .into();
-        v["total_ms"] = (j.total_ns() as f64 / 1e6).into();
-        if let Outcome::Dropped { reason, location } = j.outcome {
-            v["outcome"]["reason_name"] = self.labels.kernel.drop_reason(reason).into();
-            v["outcome"]["location_name"] = self.labels.kernel.location(location).into();
+    /// Written straight from the journey (no intermediate JSON tree): the
+    /// pipeline's hottest output path.
+    fn journey_json<'a>(&'a self, j: &'a Journey) -> JourneyJson<'a> {
+        let (reason_name, location_name) = match j.outcome {
+            Outcome::Dropped { reason, location } => (
+                Some(self.labels.kernel.drop_reason(reason)),
+                Some(self.labels.kernel.location(location)),
+            ),
+            _ => (None, None),
+        };
+        JourneyJson {
+            kind: "journey",
+            time: humantime::format_rfc3339_nanos(self.labels.clock.wall(j.started_ns)).to_string(),
+            total_ms: j.total_ns() as f64 / 1e6,
+            id: j.id,
+            lookup: j.lookup,
+            client: j.client,
+            dns_id: j.dns_id,
+            name: &j.name,
+            qtype: &j.qtype,
+            tcp: j.tcp,
+            started_ns: j.started_ns,
+            ended_ns: j.ended_ns,
+            dnat: j.dnat,
+            legs: &j.legs,
+            incomplete: j.incomplete,
+            outcome: OutcomeJson {
+                outcome: &j.outcome,
+                reason_name,
+                location_name,
+            },
+            upstream: j.upstream.iter().map(|u| self.journey_json(u)).collect(),
+            names: self.names_of(j),
         }
-        v["upstream"] = j.upstream.iter().map(|u| self.journey_json(u)).collect();
-        v["names"] = self.names_of(j).into();
-        v
     }
 
     /// The device's name: reported by the hook, or known from --iface.

@@ -499,7 +499,12 @@ fn eviction_takes_the_oldest_open_journey_after_many_closed_and_indexes_empty() 
     assert_eq!((e.open_count(), e.evicted()), (3, 2));
     let left: Vec<u16> = e.finish(t0).iter().map(|j| j.dns_id).collect();
     assert_eq!(left, vec![2, 3, 4]);
-    assert!(e.by_name.0.is_empty() && e.by_client.0.is_empty() && e.by_key.is_empty());
+    assert!(
+        e.waiting.0.is_empty()
+            && e.tcp_by_name.0.is_empty()
+            && e.by_client.0.is_empty()
+            && e.by_key.is_empty()
+    );
     assert!(e.order.len() <= 1024 + 5);
 }
 
