@@ -7,7 +7,7 @@
 //! the same question, are its upstream journeys. The engine is pure: records
 //! in, journeys out, time only from the records and `tick`.
 use std::{
-    collections::{HashMap, HashSet, VecDeque},
+    collections::{hash_map::Entry, HashMap, HashSet, VecDeque},
     hash::{BuildHasher, Hash},
     net::{IpAddr, SocketAddr},
 };
@@ -179,9 +179,15 @@ pub struct Engine {
     losses: VecDeque<(u64, u64)>,
 }
 
-/// Open journey ids grouped by something they share; a group can hold
-/// thousands (one resolver socket's queries), so removal is not a scan.
-struct Index<K>(Map<K, Set<u64>>);
+/// Open journey ids grouped by something they share. Most groups hold one
+/// id (kept inline); some hold thousands (one resolver socket's queries),
+/// so removal is never a scan.
+struct Index<K>(Map<K, Ids>);
+
+enum Ids {
+    One(u64),
+    Many(Set<u64>),
+}
 
 impl<K: Hash + Eq> Index<K> {
     fn new() -> Self {
@@ -189,15 +195,36 @@ impl<K: Hash + Eq> Index<K> {
     }
 
     fn add(&mut self, k: K, id: u64) {
-        self.0.entry(k).or_default().insert(id);
+        match self.0.entry(k) {
+            Entry::Vacant(v) => {
+                v.insert(Ids::One(id));
+            }
+            Entry::Occupied(mut o) => match o.get_mut() {
+                Ids::One(first) if *first == id => {}
+                Ids::One(first) => {
+                    let first = *first;
+                    o.insert(Ids::Many(Set::from_iter([first, id])));
+                }
+                Ids::Many(ids) => {
+                    ids.insert(id);
+                }
+            },
+        }
     }
 
     fn remove(&mut self, k: &K, id: u64) {
-        if let Some(ids) = self.0.get_mut(k) {
-            ids.remove(&id);
-            if ids.is_empty() {
-                self.0.remove(k);
+        let Some(ids) = self.0.get_mut(k) else {
+            return;
+        };
+        let empty = match ids {
+            Ids::One(x) => *x == id,
+            Ids::Many(set) => {
+                set.remove(&id);
+                set.is_empty()
             }
+        };
+        if empty {
+            self.0.remove(k);
         }
     }
 
@@ -205,7 +232,13 @@ impl<K: Hash + Eq> Index<K> {
     where
         K: std::borrow::Borrow<Q>,
     {
-        self.0.get(k).into_iter().flatten().copied()
+        self.0.get(k).into_iter().flat_map(|ids| {
+            let (one, many) = match ids {
+                Ids::One(id) => (Some(*id), None),
+                Ids::Many(set) => (None, Some(set.iter().copied())),
+            };
+            one.into_iter().chain(many.into_iter().flatten())
+        })
     }
 }
 

@@ -710,7 +710,7 @@ mod tests {
             authority_count: 0,
             additional_count: 0,
         };
-        Body::Dns(m)
+        Body::Dns(m.into())
     }
 
     fn sink(format: OutputFormat) -> LineSink<Vec<u8>> {

@@ -74,7 +74,7 @@ fn rec(e: &Ev, m: DnsMessage, ct: Option<Conntrack>, drop: Option<Dropped>) -> R
             ct,
             drop,
         },
-        body: Body::Dns(m),
+        body: Body::Dns(m.into()),
     }
 }
 
@@ -453,7 +453,7 @@ fn a_and_aaaa_from_one_socket_are_siblings_of_one_lookup() {
     let mut aaaa = healthy(1_000, "10.244.0.10:4000", CLIENT_NS, 8);
     for r in &mut aaaa {
         if let Body::Dns(m) = &mut r.body {
-            m.questions[0].qtype = "AAAA".into();
+            std::sync::Arc::make_mut(m).questions[0].qtype = "AAAA".into();
         }
     }
     recs.extend(aaaa);

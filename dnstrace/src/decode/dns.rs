@@ -53,7 +53,7 @@ pub struct Answer {
 /// Parses a DNS message; anything hickory rejects becomes `Malformed`.
 pub fn parse(payload: &[u8]) -> Body {
     match Message::from_vec(payload) {
-        Ok(msg) => Body::Dns(summarize(&msg)),
+        Ok(msg) => Body::Dns(std::sync::Arc::new(summarize(&msg))),
         Err(e) => Body::Malformed {
             reason: e.to_string(),
             len: payload.len(),
@@ -189,7 +189,7 @@ mod tests {
 
     fn dns(body: Body) -> DnsMessage {
         match body {
-            Body::Dns(m) => m,
+            Body::Dns(m) => (*m).clone(),
             Body::Malformed { reason, .. } => panic!("malformed: {reason}"),
         }
     }

@@ -8,19 +8,20 @@ pub use dns::DnsMessage;
 pub use kernel::KernelNames;
 pub use packet::{Conntrack, CtTuple, Dropped, Packet, Transport};
 
+use std::sync::Arc;
+
 use bytes::Bytes;
+use foldhash::fast::FixedState;
 use serde::Serialize;
 
 /// What one DNS payload turned out to be.
 #[derive(Clone, Debug, Serialize)]
 #[serde(rename_all = "snake_case", tag = "kind")]
 pub enum Body {
-    Dns(DnsMessage),
+    /// Shared: one message is seen at many hooks and decoded once.
+    Dns(Arc<DnsMessage>),
     /// Not a DNS message: why, and how many bytes there were.
-    Malformed {
-        reason: String,
-        len: usize,
-    },
+    Malformed { reason: String, len: usize },
 }
 
 /// One decoded DNS message (or malformed payload) with the packet that carried it.
@@ -30,9 +31,16 @@ pub struct Record {
     pub body: Body,
 }
 
+/// Recently decoded UDP payloads: a message crosses several hooks (pod,
+/// veth, bridge, CoreDNS) within microseconds, and is parsed only once.
+const RECENT: usize = 64;
+
 /// Turns packets into records: UDP payloads directly, TCP through reassembly.
 pub struct Decoder {
     tcp: tcp::Reassembler,
+    recent: Vec<(u64, Bytes, Arc<DnsMessage>)>,
+    next: usize,
+    hasher: FixedState,
 }
 
 impl Default for Decoder {
@@ -45,7 +53,34 @@ impl Decoder {
     pub fn new(limits: tcp::Limits) -> Self {
         Self {
             tcp: tcp::Reassembler::new(limits),
+            recent: Vec::with_capacity(RECENT),
+            next: 0,
+            hasher: FixedState::default(),
         }
+    }
+
+    /// A whole UDP payload, parsed or found among the recent ones.
+    fn udp(&mut self, payload: &Bytes) -> Body {
+        use std::hash::BuildHasher as _;
+        let hash = self.hasher.hash_one(payload.as_ref());
+        if let Some((_, _, msg)) = self
+            .recent
+            .iter()
+            .find(|(h, p, _)| *h == hash && p == payload)
+        {
+            return Body::Dns(msg.clone());
+        }
+        let body = dns::parse(payload);
+        if let Body::Dns(msg) = &body {
+            let entry = (hash, payload.clone(), msg.clone());
+            if self.recent.len() < RECENT {
+                self.recent.push(entry);
+            } else {
+                self.recent[self.next] = entry;
+                self.next = (self.next + 1) % RECENT;
+            }
+        }
+        body
     }
 
     pub fn decode(&mut self, packet: Packet, out: &mut Vec<Record>) {
@@ -54,7 +89,7 @@ impl Decoder {
                 let body = if packet.truncated {
                     cut_payload(&packet)
                 } else {
-                    dns::parse(&packet.payload)
+                    self.udp(&packet.payload)
                 };
                 out.push(Record { packet, body });
             }

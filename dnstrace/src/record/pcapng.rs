@@ -794,10 +794,10 @@ impl<R: io::Read> Counting<R> {
         Ok(buf)
     }
 
-    /// `len` bytes of the block that starts at `start`; memory grows only as
-    /// bytes arrive, so a lying length costs nothing.
+    /// `len` bytes of the block that starts at `start`; past 64 KiB memory
+    /// grows only as bytes arrive, so a lying length costs nothing.
     fn vec(&mut self, len: usize, start: u64) -> Result<Vec<u8>, ReadError> {
-        let mut buf = Vec::new();
+        let mut buf = Vec::with_capacity(len.min(1 << 16));
         let n = (&mut self.inner).take(len as u64).read_to_end(&mut buf)?;
         self.pos += n as u64;
         if n < len {
