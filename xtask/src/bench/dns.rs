@@ -1,0 +1,263 @@
+//! DNS under load: the lab's capacity with and without dnstrace, the highest
+//! rate without loss, and tcpdump side by side.
+use super::*;
+
+impl Bench {
+    pub(super) fn query_file(&self) -> Result<()> {
+        // Names CoreDNS (dnsmasq in the lab) answers itself, and names it
+        // forwards to the upstream (answers cached up to 30 s, NXDOMAIN too).
+        let names = [
+            ("kubernetes.default.svc.cluster.local", "A"),
+            ("kube-dns.kube-system.svc.cluster.local", "A"),
+            ("db.default.svc.cluster.local", "A"),
+            ("10-244-0-10.default.pod.cluster.local", "A"),
+            ("web.default.svc.cluster.local", "A"),
+            ("kubernetes.default.svc.cluster.local", "AAAA"),
+            ("www.example.com", "A"),
+            ("www.example.com", "AAAA"),
+            ("api.example.com", "A"),
+            ("chain.example.com", "A"),
+            ("nothing.example.com", "A"),
+        ];
+        let text: String = names.iter().map(|(n, t)| format!("{n} {t}\n")).collect();
+        std::fs::write(self.queries(), text)?;
+        Ok(())
+    }
+
+    pub(super) fn queries(&self) -> PathBuf {
+        self.dir.join("queries.txt")
+    }
+
+    pub(super) fn capacity(&mut self) -> Result<()> {
+        let secs = self.plan.perf_secs;
+        let mut base = Vec::new();
+        let mut with = Vec::new();
+        let mut lost = 0;
+        let mut evicted = 0;
+        for round in 0..self.plan.perf_rounds {
+            let b = dnsperf(&self.queries(), secs, None)?;
+            eprintln!("bench: round {}: baseline {b}", round + 1);
+            base.push(b.qps);
+            settle()?;
+            let tracer = self.tracer(&Hooks::Tracepoints, DNS_LOAD)?;
+            let t = dnsperf(&self.queries(), secs, None)?;
+            let exit = tracer.stop()?;
+            eprintln!("bench: round {}: traced {t}; {exit}", round + 1);
+            lost += exit.lost;
+            evicted += exit.evicted;
+            with.push(t.qps);
+            settle()?;
+        }
+        let (b, w) = (median(&base), median(&with));
+        self.capacity = Some(b);
+        self.rows.push(Row {
+            figure: format!(
+                "DNS capacity: dnsperf at the lab's highest rate via kube-dns {SERVICE} ({secs} s × {}, medians; `dnstrace trace -o json`)",
+                base.len()
+            ),
+            baseline: format!(
+                "{} qps ({}–{})",
+                thousands(b),
+                thousands(min(&base)),
+                thousands(max(&base))
+            ),
+            with: format!(
+                "{} qps ({}–{}; {lost} events lost, {evicted} evicted)",
+                thousands(w),
+                thousands(min(&with)),
+                thousands(max(&with))
+            ),
+            ratio: pct(w / b),
+            goal: "≥ 95%".into(),
+            met: Some(w / b >= 0.95),
+        });
+        Ok(())
+    }
+
+    pub(super) fn zero_loss(&mut self) -> Result<()> {
+        let cap = self
+            .capacity
+            .ok_or_else(|| anyhow!("needs the lab's capacity, which was not measured"))?;
+        let secs = self.plan.zero_secs;
+        // 20,000 first, whatever the lab's capacity (what dnstrace loses
+        // there is worth knowing), then down through rates the lab sustains
+        // without it. A run stops at dnstrace's first lost event.
+        let mut ladder = vec![ZERO_LOSS_QPS];
+        ladder.extend(
+            [
+                15_000, 12_000, 10_000, 8_000, 6_000, 5_000, 4_000, 3_000, 2_500, 2_000, 1_500,
+                1_000, 500,
+            ]
+            .into_iter()
+            .filter(|&r| f64::from(r) <= cap * 0.9),
+        );
+        let mut tried = Vec::new();
+        let mut found = None;
+        for &rate in &ladder {
+            let run = self.offer(rate, secs, true)?;
+            eprintln!("bench: {rate} qps: {run}");
+            tried.push(format!(
+                "{} qps: {}",
+                thousands(f64::from(rate)),
+                run.brief()
+            ));
+            if run.clean() {
+                found = Some(run);
+                break;
+            }
+            settle()?;
+        }
+        let lab_note = if cap * 0.9 < f64::from(ZERO_LOSS_QPS) {
+            format!(
+                "The lab itself tops out at {} qps here (dnsperf, dnsmasq as CoreDNS, dnstrace and the kernel share 2 cores), so it cannot sustain {} qps",
+                thousands(cap),
+                thousands(f64::from(ZERO_LOSS_QPS)),
+            )
+        } else {
+            format!("The lab sustains {} qps", thousands(cap))
+        };
+        self.notes.push(format!(
+            "Zero-loss runs ({secs} s each, stopped at dnstrace's first lost event; `dnstrace trace -o json --ring-buffer-mib 64 --max-open 262144`): {}. {lab_note}.",
+            tried.join("; ")
+        ));
+        let with = match &found {
+            Some(run) => format!(
+                "{} qps for {secs} s: {}",
+                thousands(f64::from(run.rate)),
+                run.brief()
+            ),
+            None => "no rate without loss".into(),
+        };
+        let met = found
+            .as_ref()
+            .is_some_and(|run| run.rate >= ZERO_LOSS_QPS && secs >= 60);
+        self.rows.push(Row {
+            figure: format!(
+                "Zero lost events and evicted journeys, sustained: the highest rate without loss ({secs} s)"
+            ),
+            baseline: format!("lab's highest: {} qps", thousands(cap)),
+            with,
+            ratio: "—".into(),
+            goal: "20,000 qps for 60 s, 0 lost, 0 evicted".into(),
+            met: Some(met),
+        });
+        self.rate = found;
+        Ok(())
+    }
+
+    /// dnstrace tracing while dnsperf offers `rate` for `secs`; with
+    /// `stop_at_loss`, the run ends at the first event dnstrace loses.
+    pub(super) fn offer(&self, rate: u32, secs: u32, stop_at_loss: bool) -> Result<Offered> {
+        let tracer = self.tracer(&Hooks::Tracepoints, DNS_LOAD)?;
+        let cpu0 = proc_cpu(tracer.pid())?;
+        let start = Instant::now();
+        let perf = Proc::spawn(
+            "dnsperf",
+            &mut dnsperf_cmd(&self.queries(), secs, Some(rate)),
+            Capture::Stdout,
+        )?;
+        let mut lost_after = None;
+        let mut looked = Instant::now();
+        while alive(perf.pid) {
+            pause(Duration::from_millis(50))?;
+            if stop_at_loss && looked.elapsed() >= Duration::from_secs(1) {
+                looked = Instant::now();
+                if tracer.lost_so_far() == 0 {
+                    continue;
+                }
+                lost_after = Some(start.elapsed());
+                // SAFETY: signalling our own child; dnsperf then prints its statistics.
+                unsafe { libc::kill(perf.pid, libc::SIGINT) };
+                break;
+            }
+        }
+        let cpu = proc_cpu(tracer.pid())? - cpu0;
+        let ended = perf.wait(Duration::from_secs(30))?;
+        let perf = parse_dnsperf(&ended.output).ok();
+        let exit = if lost_after.is_some() {
+            // Its backlog would take long to drain: what it lost is known.
+            let lost = tracer.lost_so_far();
+            drop(tracer);
+            Err(lost)
+        } else {
+            Ok(tracer.stop()?)
+        };
+        Ok(Offered {
+            rate,
+            perf,
+            exit,
+            lost_after,
+            cpu,
+        })
+    }
+
+    pub(super) fn tcpdump(&mut self) -> Result<()> {
+        let found = self.rate.as_ref().map(|r| r.rate);
+        let mut rates: Vec<u32> = found.into_iter().collect();
+        if found != Some(ZERO_LOSS_QPS) {
+            rates.push(ZERO_LOSS_QPS);
+        }
+        let secs = self.plan.side_secs;
+        for rate in rates {
+            let file = self.dir.join("tcpdump.pcap");
+            let dump = Proc::spawn(
+                "tcpdump",
+                Command::new("ip")
+                    .args(["netns", "exec", NODE, "tcpdump", "-i", "any", "-n", "-w"])
+                    .arg(&file)
+                    .args(["port", "53"]),
+                Capture::Lines,
+            )?;
+            dump.wait_line("listening on", Duration::from_secs(10))?;
+            let cpu0 = proc_cpu(dump.pid)?;
+            let perf = dnsperf(&self.queries(), secs, Some(rate))?;
+            let cpu = proc_cpu(dump.pid)? - cpu0;
+            let ended = dump.stop(libc::SIGINT, Duration::from_secs(60))?;
+            let _ = std::fs::remove_file(&file);
+            let count = |what: &str| {
+                ended
+                    .output
+                    .lines()
+                    .find(|l| l.ends_with(what))
+                    .and_then(|l| l.split_whitespace().next()?.parse::<u64>().ok())
+                    .unwrap_or(0)
+            };
+            let (captured, dropped) = (
+                count("packets captured"),
+                count("packets dropped by kernel"),
+            );
+            eprintln!("bench: tcpdump at {rate} qps: {captured} captured, {dropped} dropped, {cpu:.2} s CPU; {perf}");
+            settle()?;
+            let run = self.offer(rate, secs, false)?;
+            eprintln!("bench: dnstrace at {rate} qps: {run}");
+            settle()?;
+            let share = |cpu: f64| format!("{:.0}% of a core", 100.0 * cpu / f64::from(secs));
+            let (lost, packets) = match &run.exit {
+                Ok(e) => (e.lost.to_string(), e.packets.to_string()),
+                Err(lost) => (format!("≥ {lost}"), "?".into()),
+            };
+            self.rows.push(Row {
+                figure: format!(
+                    "Side by side at {} qps offered for {secs} s: `tcpdump -i any -w FILE port 53` (node netns) vs `dnstrace trace` (every netns)",
+                    thousands(f64::from(rate))
+                ),
+                baseline: format!(
+                    "tcpdump: {cpu:.1} s CPU ({}), {dropped} dropped, {captured} packets",
+                    share(cpu)
+                ),
+                with: format!(
+                    "dnstrace: {:.1} s CPU ({}), {lost} events lost, {packets} packets",
+                    run.cpu,
+                    share(run.cpu)
+                ),
+                ratio: format!("{:.1}× CPU", run.cpu / cpu.max(1e-9)),
+                goal: "—".into(),
+                met: None,
+            });
+        }
+        self.notes.push(
+            "Side by side: tcpdump sees only the node's devices (the veths, cni0, eth0), dnstrace also each pod's own eth0, and decodes every message and follows each lookup end to end. CPU is the process's user+system time while dnsperf ran (from /proc/PID/stat); the kernel-side cost of each (tcpdump's packet socket, dnstrace's BPF programs) is not in it.".into(),
+        );
+        Ok(())
+    }
+}

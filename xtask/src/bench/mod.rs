@@ -1,0 +1,475 @@
+//! `cargo xtask bench`: issue 9's figures, each a ratio of runs made here
+//! and now on the built-in lab, with dnstrace and without, printed as a
+//! table (and as Markdown with `--markdown PATH`).
+//!
+//! The whole run holds an exclusive flock on /run/dnstrace-lab.lock, as the
+//! test suite does around the lab, so it never shares the lab (whose
+//! namespace names are machine-wide) or the machine's cores with a test.
+//! All traffic stays inside the lab's network namespaces.
+use std::{
+    collections::BTreeMap,
+    fmt::Write as _,
+    fs::File,
+    io::{BufRead as _, BufReader, Read as _},
+    net::UdpSocket,
+    os::fd::AsRawFd as _,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{
+        atomic::{AtomicBool, AtomicI32, Ordering},
+        mpsc, Arc, Mutex,
+    },
+    thread::{self, sleep, JoinHandle},
+    time::{Duration, Instant},
+};
+
+use anyhow::{anyhow, bail, Context as _, Result};
+
+use crate::{cargo, setup, workspace_root};
+
+mod bpf;
+mod dns;
+mod kernel_cost;
+mod lab;
+mod load;
+mod memory;
+mod pipeline;
+mod process;
+mod table;
+mod tracer;
+
+use bpf::*;
+use lab::*;
+use load::*;
+use process::*;
+use tracer::*;
+
+const LOCK: &str = "/run/dnstrace-lab.lock";
+/// What the bench runs beyond setup's list (unbound is the lab's upstream).
+const PACKAGES: &[&str] = &["iperf3", "dnsperf", "unbound"];
+
+/// The lab's names and addresses (dnstrace/src/lab/plan.rs).
+const NODE: &str = "dtlab-node";
+const WEB: &str = "dtlab-web-7d9f8c6b5-x2x4k";
+const CHECKOUT: &str = "dtlab-checkout-5f6d7c9b8-q7w2e";
+const CHECKOUT_IP: &str = "10.244.0.11";
+const SERVICE: &str = "10.96.0.10";
+const CONTAINERD: &str = "/run/dnstrace-lab/containerd";
+
+/// The issue's goals.
+const ZERO_LOSS_QPS: u32 = 20_000;
+const IN_FLIGHT: u32 = 100_000;
+const PIPELINE_GOAL: f64 = 1_000_000.0;
+const RSS_GOAL_MIB: f64 = 64.0;
+
+/// dnsperf's sockets (many, so kube-proxy's random DNAT spreads them over
+/// both CoreDNS pods) and its queries outstanding at once.
+const DNSPERF_CLIENTS: &str = "32";
+const DNSPERF_OUTSTANDING: &str = "500";
+
+/// dnstrace under DNS load: the largest usual ring buffer, and room for
+/// every journey (the issue's "tracing everything").
+const DNS_LOAD: &[&str] = &["--ring-buffer-mib", "64", "--max-open", "262144"];
+
+const USAGE: &str = "usage: cargo xtask bench [--quick] [--markdown PATH]
+  --quick          short runs (seconds instead of minutes) for trying things
+  --markdown PATH  also write the table as Markdown (for the README)";
+
+/// How long each figure is measured.
+struct Plan {
+    iperf_secs: u32,
+    iperf_rounds: usize,
+    perf_secs: u32,
+    perf_rounds: usize,
+    zero_secs: u32,
+    /// Each side of the tcpdump comparison, at each rate.
+    side_secs: u32,
+    record_secs: u32,
+    replays: usize,
+    /// dnstrace's --timeout while lookups pile up; the sender's rate is
+    /// IN_FLIGHT over it.
+    inflight_timeout_secs: u32,
+    soak_secs: u32,
+    sample_secs: u32,
+    startups: usize,
+}
+
+impl Plan {
+    fn new(quick: bool) -> Self {
+        if quick {
+            Self {
+                iperf_secs: 4,
+                iperf_rounds: 2,
+                perf_secs: 8,
+                perf_rounds: 2,
+                zero_secs: 10,
+                side_secs: 10,
+                record_secs: 5,
+                replays: 2,
+                inflight_timeout_secs: 30,
+                soak_secs: 60,
+                sample_secs: 10,
+                startups: 5,
+            }
+        } else {
+            Self {
+                iperf_secs: 10,
+                iperf_rounds: 5,
+                perf_secs: 15,
+                perf_rounds: 3,
+                zero_secs: 60,
+                side_secs: 30,
+                record_secs: 15,
+                replays: 3,
+                inflight_timeout_secs: 30,
+                soak_secs: 600,
+                sample_secs: 30,
+                startups: 5,
+            }
+        }
+    }
+}
+
+pub fn run(args: &[String]) -> Result<()> {
+    let mut quick = false;
+    let mut markdown = None;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--quick" => quick = true,
+            "--markdown" => {
+                markdown =
+                    Some(PathBuf::from(it.next().ok_or_else(|| {
+                        anyhow!("--markdown needs a path\n{USAGE}")
+                    })?))
+            }
+            _ => bail!("unknown argument {a:?}\n{USAGE}"),
+        }
+    }
+    if !setup::is_root() {
+        bail!("the bench loads eBPF programs and builds the lab: run `sudo cargo xtask bench`");
+    }
+    setup::ensure_packages(PACKAGES)?;
+    cargo(&["build", "--release", "--quiet", "--package", "dnstrace"])?;
+    let bin = workspace_root().join("target/release/dnstrace");
+    let _lock = LabLock::acquire()?;
+    catch_signals();
+    let started = Instant::now();
+    let dir = std::env::temp_dir().join(format!("dnstrace-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let _dir = RemoveDir(dir.clone());
+    let mut bench = Bench {
+        bin,
+        dir,
+        plan: Plan::new(quick),
+        quick,
+        rows: Vec::new(),
+        notes: Vec::new(),
+        capacity: None,
+        rate: None,
+    };
+    step("building the lab (dnstrace lab up)");
+    let lab = Lab::up(&bench.bin)?;
+    let result = bench.all();
+    drop(lab);
+    result?;
+    let elapsed = started.elapsed();
+    let machine = machine();
+    let table = bench.text_table();
+    println!("\n{machine}\n");
+    println!("{table}");
+    for n in &bench.notes {
+        println!("- {n}");
+    }
+    println!(
+        "\nbench: {} mode, {:.1} minutes",
+        if quick { "quick" } else { "full" },
+        elapsed.as_secs_f64() / 60.0
+    );
+    if let Some(path) = markdown {
+        std::fs::write(&path, bench.markdown(&machine, elapsed))
+            .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("bench: wrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// One line of the table.
+struct Row {
+    figure: String,
+    baseline: String,
+    with: String,
+    ratio: String,
+    goal: String,
+    /// None: nothing to meet (a figure shown side by side).
+    met: Option<bool>,
+}
+
+struct Bench {
+    bin: PathBuf,
+    dir: PathBuf,
+    plan: Plan,
+    quick: bool,
+    rows: Vec<Row>,
+    notes: Vec<String>,
+    /// The lab's highest qps without dnstrace (median of the baseline runs).
+    capacity: Option<f64>,
+    /// The rate of the zero-loss run, used again for tcpdump and the recording.
+    rate: Option<Offered>,
+}
+
+impl Bench {
+    fn all(&mut self) -> Result<()> {
+        self.query_file()?;
+        self.phase("start-up: launch to all hooks attached", Self::startup)?;
+        self.phase("TCP throughput through the node (iperf3)", Self::iperf)?;
+        self.phase("DNS capacity (dnsperf against kube-dns)", Self::capacity)?;
+        self.phase("zero loss at a sustained rate", Self::zero_loss)?;
+        self.phase("tcpdump -i any -w at the same rate", Self::tcpdump)?;
+        self.phase("user-space pipeline (replay on one core)", Self::pipeline)?;
+        self.phase("memory with lookups in flight", Self::memory)?;
+        Ok(())
+    }
+
+    /// A failed figure is a row saying why; the others are still measured.
+    fn phase(&mut self, name: &str, f: fn(&mut Self) -> Result<()>) -> Result<()> {
+        step(name);
+        if let Err(e) = f(self) {
+            if stopping() {
+                return Err(e.context(interrupted().err().unwrap_or_else(|| anyhow!("stopped"))));
+            }
+            eprintln!("bench: {name}: {e:#}");
+            self.rows.push(Row {
+                figure: name.to_owned(),
+                baseline: "—".into(),
+                with: format!("not measured: {e:#}"),
+                ratio: "—".into(),
+                goal: "—".into(),
+                met: Some(false),
+            });
+        }
+        Ok(())
+    }
+
+    fn tracer(&self, hooks: &Hooks, extra: &[&str]) -> Result<Tracer> {
+        let mut cmd = match hooks {
+            Hooks::Tracepoints => {
+                let mut c = Command::new(&self.bin);
+                c.args(["trace", "--node-netns", &format!("/run/netns/{NODE}")]);
+                c
+            }
+            // tc attaches by name in dnstrace's own network namespace.
+            Hooks::Tc(ifaces) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", NODE]).arg(&self.bin).arg("trace");
+                for i in ifaces {
+                    c.args(["--iface", i]);
+                }
+                c
+            }
+        };
+        cmd.args(["-o", "json", "--containerd-root", CONTAINERD])
+            .args(extra);
+        let start = Instant::now();
+        let proc = Proc::spawn("dnstrace trace", &mut cmd, Capture::Lines)?;
+        let at = proc.wait_line("capturing DNS on port", Duration::from_secs(30))?;
+        Ok(Tracer {
+            proc,
+            startup: at - start,
+        })
+    }
+}
+
+impl Row {
+    fn cells(&self) -> [String; 6] {
+        [
+            self.figure.clone(),
+            self.baseline.clone(),
+            self.with.clone(),
+            self.ratio.clone(),
+            self.goal.clone(),
+            match self.met {
+                Some(true) => "yes".into(),
+                Some(false) => "**no**".into(),
+                None => "—".into(),
+            },
+        ]
+    }
+}
+
+static STOP: AtomicBool = AtomicBool::new(false);
+/// The signal that stopped the bench, and who sent it.
+static SIGNAL: AtomicI32 = AtomicI32::new(0);
+static SENDER: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn on_signal(sig: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    SIGNAL.store(sig, Ordering::SeqCst);
+    if !info.is_null() {
+        // SAFETY: the kernel passes a valid siginfo with SA_SIGINFO.
+        SENDER.store(unsafe { (*info).si_pid() }, Ordering::SeqCst);
+    }
+    STOP.store(true, Ordering::SeqCst);
+}
+
+/// Ctrl-C and SIGTERM end the bench between steps, through the guards.
+fn catch_signals() {
+    // SAFETY: a zeroed sigaction is valid; the handler only stores to atomics.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_signal
+            as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void)
+            as libc::sighandler_t;
+        sa.sa_flags = libc::SA_SIGINFO;
+        libc::sigemptyset(&mut sa.sa_mask);
+        libc::sigaction(libc::SIGINT, &sa, std::ptr::null_mut());
+        libc::sigaction(libc::SIGTERM, &sa, std::ptr::null_mut());
+    }
+}
+
+fn stopping() -> bool {
+    STOP.load(Ordering::SeqCst)
+}
+
+fn interrupted() -> Result<()> {
+    if stopping() {
+        bail!(
+            "interrupted by signal {} from pid {}",
+            SIGNAL.load(Ordering::SeqCst),
+            SENDER.load(Ordering::SeqCst)
+        );
+    }
+    Ok(())
+}
+
+fn pause(d: Duration) -> Result<()> {
+    let end = Instant::now() + d;
+    while Instant::now() < end {
+        interrupted()?;
+        sleep((end - Instant::now()).min(Duration::from_millis(50)));
+    }
+    Ok(())
+}
+
+/// Lets dnsperf's stragglers and the resolvers' queues drain between runs.
+fn settle() -> Result<()> {
+    pause(Duration::from_secs(2))
+}
+
+struct RemoveDir(PathBuf);
+
+impl Drop for RemoveDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn step(what: &str) {
+    eprintln!("\n### {what}");
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .map(|v| v.trim_start_matches([' ', '\t', ':']).to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let mem_gib = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+        })
+        .map_or(0.0, |kib| kib / 1024.0 / 1024.0);
+    let mut kernel = String::new();
+    if let Ok(mut f) = File::open("/proc/sys/kernel/osrelease") {
+        let _ = f.read_to_string(&mut kernel);
+    }
+    format!(
+        "Machine: {} cores ({cpu}), {mem_gib:.0} GiB, Linux {}",
+        thread::available_parallelism().map_or(0, |n| n.get()),
+        kernel.trim()
+    )
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    match s.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => s[n / 2],
+        n => (s[n / 2 - 1] + s[n / 2]) / 2.0,
+    }
+}
+
+fn min(v: &[f64]) -> f64 {
+    v.iter().copied().fold(f64::INFINITY, f64::min)
+}
+
+fn max(v: &[f64]) -> f64 {
+    v.iter().copied().fold(f64::NEG_INFINITY, f64::max)
+}
+
+fn pct(ratio: f64) -> String {
+    format!("{:.1}%", ratio * 100.0)
+}
+
+fn gbits(bps: f64) -> String {
+    format!("{:.2} Gbit/s", bps / 1e9)
+}
+
+/// 1234567.8 → "1,234,568".
+fn thousands(x: f64) -> String {
+    let n = x.round() as u64;
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn short_count(n: u64) -> String {
+    match n {
+        n if n >= 1_000_000 => format!("{:.1}M", n as f64 / 1e6),
+        n if n >= 1_000 => format!("{:.0}k", n as f64 / 1e3),
+        n => n.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_line_numbers() {
+        let line = "dnstrace: 812 DNS packets, 406 messages, 0 malformed, 101 journeys, 3 evicted (too many open at once), 2 anomalies; 7 events lost; detached from a, b";
+        assert_eq!(number_before(line, " DNS packets"), Some(812));
+        assert_eq!(number_before(line, " journeys"), Some(101));
+        assert_eq!(number_before(line, " evicted"), Some(3));
+        assert_eq!(number_before(line, " events lost"), Some(7));
+        assert_eq!(number_before(line, " nothing"), None);
+    }
+
+    #[test]
+    fn numbers_read_well() {
+        assert_eq!(thousands(1_234_567.8), "1,234,568");
+        assert_eq!(thousands(999.0), "999");
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+    }
+
+    #[test]
+    fn queries_are_wire_format() {
+        let q = query(17);
+        assert_eq!(&q[..2], &1u16.to_be_bytes());
+        assert_eq!(q[12] as usize, "n17".len());
+        assert!(q.ends_with(&[0, 0, 1, 0, 1]));
+    }
+}
