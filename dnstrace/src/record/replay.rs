@@ -17,7 +17,7 @@ use tokio::time::Instant;
 
 use super::{
     frame::{self, LINKTYPE_RAW},
-    notes::{self, ContextNote, Header, LabelsNote, Note, PacketNote, FORMAT, PEN},
+    notes::{self, ContextNote, DropNote, Header, LabelsNote, Note, PacketNote, FORMAT, PEN},
     pcapng::{Block, PacketOpt, ReadError, Reader},
 };
 use crate::{
@@ -83,7 +83,7 @@ impl About {
                 },
                 Block::Packet { opts, ts_ns, .. } => {
                     about.first_ns.get_or_insert(ts_ns);
-                    if let Some(d) = packet_note(&opts).and_then(|n| n.drop) {
+                    if let Some(d) = dropped(&opts) {
                         about.locations.insert(d.location, d.at);
                     }
                 }
@@ -135,6 +135,16 @@ fn open(path: &Path) -> Result<Reader<BufReader<File>>> {
 fn parse(data: &[u8]) -> Option<Note> {
     let end = data.iter().rposition(|b| *b != 0).map_or(0, |i| i + 1);
     serde_json::from_slice(&data[..end]).ok()
+}
+
+/// A packet's drop note, read only where its note names one: the first
+/// pass then parses a handful of notes, not every packet's.
+fn dropped(opts: &[PacketOpt]) -> Option<DropNote> {
+    let named = opts.iter().any(|o| match o {
+        PacketOpt::Custom { pen: PEN, data } => data.windows(7).any(|w| w == b"\"drop\":"),
+        _ => false,
+    });
+    named.then(|| packet_note(opts)?.drop).flatten()
 }
 
 fn packet_note(opts: &[PacketOpt]) -> Option<PacketNote> {
