@@ -148,13 +148,16 @@ impl Show {
             log,
             hold,
         } = self;
+        // Lines are flushed every tick and after each batch of journeys, not
+        // one write(2) each: under load that is most of the output's cost.
+        let stdout = || io::BufWriter::with_capacity(1 << 16, io::stdout().lock());
         match view {
             View::Packets => {
-                let mut lines = LineSink::new(format, labels, io::stdout().lock());
+                let mut lines = LineSink::new(format, labels, stdout());
                 pipe.drive(src, &mut lines, stop).await
             }
             View::Journeys(limits) => {
-                let lines = LineSink::new(format, labels, io::stdout().lock());
+                let lines = LineSink::new(format, labels, stdout());
                 let mut sink = JourneySink::new(limits, context, lines).only_from(target.as_ref());
                 pipe.drive(src, &mut sink, stop).await
             }
