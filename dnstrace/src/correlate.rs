@@ -12,6 +12,8 @@ use std::{
     net::{IpAddr, SocketAddr},
 };
 
+use std::sync::Arc;
+
 use foldhash::fast::RandomState;
 
 use serde::Serialize;
@@ -23,6 +25,8 @@ use crate::{
 
 /// Loss windows remembered; older ones are long past any open journey.
 const MAX_LOSSES: usize = 256;
+/// Device names kept for sharing.
+const MAX_IFNAMES: usize = 4096;
 
 /// The engine's maps are keyed by what packets carry, once per packet:
 /// foldhash is several times faster than SipHash there, and its per-process
@@ -61,15 +65,17 @@ pub struct Leg {
     pub hook: &'static str,
     /// ingress, egress, drop, nat or clash.
     pub direction: &'static str,
-    pub iface: Option<String>,
+    /// Shared among legs: thousands of open journeys name the same devices.
+    pub iface: Option<Arc<str>>,
     pub ifindex: u32,
     pub netns: u32,
     pub src: SocketAddr,
     pub dst: SocketAddr,
     pub response: bool,
-    /// (asked for, rewritten to), where conntrack shows a DNAT.
-    pub dnat: Option<(SocketAddr, SocketAddr)>,
-    pub snat: Option<(SocketAddr, SocketAddr)>,
+    /// (asked for, rewritten to), where conntrack shows a DNAT. Boxed, as
+    /// most legs have none and open journeys should stay small.
+    pub dnat: Option<Box<(SocketAddr, SocketAddr)>>,
+    pub snat: Option<Box<(SocketAddr, SocketAddr)>>,
     /// The kernel's drop reason and location, numbers as captured.
     pub drop: Option<(u32, u64)>,
 }
@@ -153,7 +159,9 @@ enum Place {
 
 pub struct Engine {
     limits: Limits,
-    open: Map<u64, Open>,
+    /// Boxed: an open journey is half a KiB, and a map of them would move
+    /// (and over-allocate) all that as it grows.
+    open: Map<u64, Box<Open>>,
     by_key: Map<Key, u64>,
     /// Unanswered journeys by question and place, TCP journeys by question,
     /// and journeys by client socket, so that finding a parent, a TCP
@@ -177,6 +185,8 @@ pub struct Engine {
     /// a journey that overlaps one may miss legs, even if its first event
     /// was read only after the loss was noticed.
     losses: VecDeque<(u64, u64)>,
+    /// Device names, each kept once.
+    ifnames: Set<Arc<str>>,
 }
 
 /// Open journey ids grouped by something they share. Most groups hold one
@@ -259,6 +269,7 @@ impl Engine {
             next_id: 1,
             evicted: 0,
             losses: VecDeque::new(),
+            ifnames: Set::default(),
         }
     }
 
@@ -327,7 +338,8 @@ impl Engine {
         let Some(o) = self.open.get_mut(&id) else {
             return;
         };
-        o.add_leg(p, msg);
+        let iface = p.ifname.as_deref().map(|n| intern(&mut self.ifnames, n));
+        o.add_leg(p, msg, iface);
         let filed = std::mem::take(&mut o.waiting_at);
         let name = self.hasher.hash_one(&key.name);
         o.waiting_at = o
@@ -468,7 +480,7 @@ impl Engine {
         self.order.push_back(id);
         self.open.insert(
             id,
-            Open {
+            Box::new(Open {
                 j,
                 key,
                 parent,
@@ -479,7 +491,7 @@ impl Engine {
                 outcome_ns: 0,
                 delivered: false,
                 waiting_at: Vec::new(),
-            },
+            }),
         );
         id
     }
@@ -577,6 +589,21 @@ impl Engine {
     }
 }
 
+/// The shared copy of `name`. Device names are few (a node's devices in
+/// every namespace) but pods come and go: past a bound the set starts over,
+/// and legs keep the copies they hold.
+fn intern(names: &mut Set<Arc<str>>, name: &str) -> Arc<str> {
+    if let Some(n) = names.get(name) {
+        return n.clone();
+    }
+    if names.len() >= MAX_IFNAMES {
+        names.clear();
+    }
+    let n: Arc<str> = name.into();
+    names.insert(n.clone());
+    n
+}
+
 impl Open {
     /// Where a server's query on this journey's behalf would come from
     /// (what `server_is` accepts); none once an answer was seen.
@@ -607,7 +634,7 @@ impl Open {
         }
     }
 
-    fn add_leg(&mut self, p: &Packet, msg: &DnsMessage) {
+    fn add_leg(&mut self, p: &Packet, msg: &DnsMessage, iface: Option<Arc<str>>) {
         let duplicate = self.j.legs.iter().any(|l| {
             l.ts_ns == p.ts_ns
                 && l.ifindex == p.ifindex
@@ -623,14 +650,14 @@ impl Open {
             since_prev_ns: 0,
             hook: p.hook.name(),
             direction: p.hook.direction(),
-            iface: p.ifname.clone(),
+            iface,
             ifindex: p.ifindex,
             netns: p.netns,
             src: p.src,
             dst: p.dst,
             response: msg.response,
-            dnat: ct.and_then(Conntrack::dnat),
-            snat: ct.and_then(Conntrack::snat),
+            dnat: ct.and_then(Conntrack::dnat).map(Box::new),
+            snat: ct.and_then(Conntrack::snat).map(Box::new),
             drop: p.drop.map(|d| (d.reason, d.location)),
         });
         self.last_ns = self.last_ns.max(p.ts_ns);
@@ -696,7 +723,7 @@ impl Open {
         j.dnat = j
             .legs
             .iter()
-            .find_map(|l| l.dnat)
+            .find_map(|l| l.dnat.as_deref().copied())
             .or(self.ct_dnat)
             .or_else(|| {
                 let mut queries = j.legs.iter().filter(|l| !l.response).map(|l| l.dst);

@@ -282,8 +282,8 @@ impl<W: Write> LineSink<W> {
         let addrs = j.legs.iter().flat_map(|l| {
             [l.src, l.dst]
                 .into_iter()
-                .chain(l.dnat.into_iter().flat_map(|(a, b)| [a, b]))
-                .chain(l.snat.into_iter().flat_map(|(a, b)| [a, b]))
+                .chain(l.dnat.as_deref().into_iter().flat_map(|&(a, b)| [a, b]))
+                .chain(l.snat.as_deref().into_iter().flat_map(|&(a, b)| [a, b]))
         });
         addrs
             .chain([j.client])
@@ -436,10 +436,10 @@ impl<W: Write> LineSink<W> {
                 leg.src,
                 leg.dst
             );
-            if let Some((a, b)) = leg.dnat {
+            if let Some(&(a, b)) = leg.dnat.as_deref() {
                 line += &format!("  DNAT {a} → {b}");
             }
-            if let Some((a, b)) = leg.snat {
+            if let Some(&(a, b)) = leg.snat.as_deref() {
                 line += &format!("  SNAT {a} → {b}");
             }
             if let Some((reason, at)) = leg.drop {

@@ -228,10 +228,10 @@ fn legs(j: &Journey, depth: u8, labels: &Labels) -> Vec<LegRow> {
         .iter()
         .map(|l| {
             let mut notes = Vec::new();
-            if let Some((a, b)) = l.dnat {
+            if let Some(&(a, b)) = l.dnat.as_deref() {
                 notes.push(format!("DNAT {} → {}", labels.named(a), labels.named(b)));
             }
-            if let Some((a, b)) = l.snat {
+            if let Some(&(a, b)) = l.snat.as_deref() {
                 notes.push(format!("SNAT {} → {}", labels.named(a), labels.named(b)));
             }
             if let Some((reason, at)) = l.drop {

@@ -95,7 +95,7 @@ fn journey(id: u64, name: &str, start: u64, outcome: Outcome, upstream: bool) ->
         ),
         leg(start + 90_000, 10_000, ("eth0", 300), "ingress", c, dns),
     ];
-    legs[2].dnat = Some((a(svc), a(dns)));
+    legs[2].dnat = Some(Box::new((a(svc), a(dns))));
     let answered = matches!(outcome, Outcome::Answered { .. });
     let took = if upstream { 2 * MS } else { 300_000 };
     if answered {
