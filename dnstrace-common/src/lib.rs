@@ -6,8 +6,10 @@
 
 pub mod event;
 pub mod filter;
+pub mod iface;
 pub mod ports;
 
 pub use event::*;
 pub use filter::*;
+pub use iface::*;
 pub use ports::*;

@@ -7,8 +7,8 @@ use aya_ebpf::{
 };
 use dnstrace_common::{
     port_slot, EventHeader, EventKind, KernelOffsets, PacketMeta, TargetFilter, FLAG_CONNTRACK,
-    MAX_WATCHED, PACKET_META_SIZE, PAYLOAD_MAX, PORT_WORDS, ROLE_RESOLVER, ROLE_TARGET,
-    SCHEMA_VERSION,
+    L2_LEN_MIXED, MAX_WATCHED, PACKET_META_SIZE, PAYLOAD_MAX, PORT_WORDS, ROLE_RESOLVER,
+    ROLE_TARGET, SCHEMA_VERSION,
 };
 
 /// Per-interface facts only user space knows (tc hooks).
@@ -32,7 +32,25 @@ static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 static PORTS: Array<u32> = Array::with_max_entries(PORT_WORDS, 0);
 
 #[map]
-pub static IFACES: HashMap<u32, IfaceConfig> = HashMap::with_max_entries(1024, BPF_F_NO_PREALLOC);
+static IFACES: HashMap<u32, IfaceConfig> = HashMap::with_max_entries(1024, BPF_F_NO_PREALLOC);
+
+/// Set by user space before loading: the link-layer header length of every
+/// --iface interface, or `L2_LEN_MIXED`.
+#[unsafe(no_mangle)]
+static TC_L2_LEN: u32 = L2_LEN_MIXED;
+
+#[inline(always)]
+pub fn tc_l2_len() -> u32 {
+    // SAFETY: a global user space patches before load (see `offsets`).
+    unsafe { core::ptr::read_volatile(&TC_L2_LEN) }
+}
+
+/// What user space told of interface `ifindex`, if it is one of --iface.
+#[inline(always)]
+pub fn iface(ifindex: u32) -> Option<IfaceConfig> {
+    // SAFETY: map lookup; the value is copied out.
+    unsafe { IFACES.get(ifindex) }.copied()
+}
 
 /// Addresses of the traced target and its resolvers: `ROLE_*` bits.
 #[map]
@@ -84,6 +102,13 @@ pub fn offsets() -> KernelOffsets {
     // SAFETY: a global that user space patches before load; volatile so the
     // compiler does not fold the zeros it was compiled with.
     unsafe { core::ptr::read_volatile(&OFFSETS) }
+}
+
+/// One field of `OFFSETS`, for paths that need only a few.
+#[inline(always)]
+pub fn offset(field: impl Fn(&KernelOffsets) -> &u32) -> u32 {
+    // SAFETY: as in `offsets`.
+    unsafe { core::ptr::read_volatile(field(&OFFSETS)) }
 }
 
 /// Room to assemble one event: too large for the 512-byte eBPF stack.

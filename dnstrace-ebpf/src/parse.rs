@@ -36,72 +36,137 @@ pub struct L4 {
     flags: u8,
 }
 
-/// Parses IPv4/IPv6 and UDP/TCP at `l3`; fails (skipping the packet) unless
-/// it is DNS. Fills the address and port fields of `meta`.
+/// The IPv4 header without options, and the ports if no options follow.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Ipv4Head {
+    vihl: u8,
+    _tos: u8,
+    total: [u8; 2],
+    _id: [u8; 2],
+    frag: [u8; 2],
+    _ttl: u8,
+    proto: u8,
+    _csum: [u8; 2],
+    saddr: [u8; 4],
+    daddr: [u8; 4],
+    ports: [u8; 4],
+}
+
+/// The fixed IPv6 header, and the ports if no extension header follows.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Ipv6Head {
+    _vtcfl: [u8; 4],
+    plen: [u8; 2],
+    next: u8,
+    _hops: u8,
+    saddr: [u8; 16],
+    daddr: [u8; 16],
+    ports: [u8; 4],
+}
+
+/// The headers of a DNS packet, kept in locals until it is known to be one.
+pub struct Dns {
+    saddr: [u8; 16],
+    daddr: [u8; 16],
+    sport: u16,
+    dport: u16,
+    ip_version: u8,
+    l4_proto: u8,
+    l4: L4,
+}
+
+/// Parses IPv4/IPv6 up to the ports at `l3`; fails (skipping the packet)
+/// unless it is UDP or TCP to or from a DNS port. Each IP header is one
+/// read, with the ports in it when no options or extensions come between.
 #[inline(always)]
-pub fn dns_packet<R: Reader>(
-    r: &R,
-    ethertype: u16,
-    l3: u32,
-    meta: &mut PacketMeta,
-) -> Result<L4, i64> {
-    let l4 = match ethertype {
-        ETH_P_IP => ipv4(r, l3, meta)?,
-        ETH_P_IPV6 => ipv6(r, l3, meta)?,
-        _ => return Err(0),
-    };
-    transport(r, l4, meta)
+pub fn dns_headers<R: Reader>(r: &R, ethertype: u16, l3: u32) -> Result<Dns, i64> {
+    match ethertype {
+        ETH_P_IP => ipv4(r, l3),
+        ETH_P_IPV6 => ipv6(r, l3),
+        _ => Err(0),
+    }
 }
 
 #[inline(always)]
-fn ipv4<R: Reader>(r: &R, off: u32, meta: &mut PacketMeta) -> Result<L4, i64> {
-    let vihl: u8 = r.load(off)?;
-    let ihl = u32::from(vihl & 0x0f) * 4;
-    if vihl >> 4 != 4 || ihl < 20 {
+fn ipv4<R: Reader>(r: &R, off: u32) -> Result<Dns, i64> {
+    let h: Ipv4Head = r.load(off)?;
+    let ihl = u32::from(h.vihl & 0x0f) * 4;
+    if h.vihl >> 4 != 4 || ihl < 20 {
         return Err(0);
     }
-    let total = u32::from(u16::from_be(r.load::<u16>(off + 2)?));
-    let frag = u16::from_be(r.load::<u16>(off + 6)?);
-    if frag & 0x1fff != 0 {
+    let frag = u16::from_be_bytes(h.frag);
+    if frag & 0x1fff != 0 || (h.proto != IPPROTO_UDP && h.proto != IPPROTO_TCP) {
         return Err(0); // a later fragment carries no ports
     }
-    meta.l4_proto = r.load(off + 9)?;
-    meta.saddr = [0; 16];
-    meta.daddr = [0; 16];
-    meta.saddr[..4].copy_from_slice(&r.load::<[u8; 4]>(off + 12)?);
-    meta.daddr[..4].copy_from_slice(&r.load::<[u8; 4]>(off + 16)?);
-    meta.ip_version = 4;
-    Ok(L4 {
-        offset: off + ihl,
-        payload_len: total.saturating_sub(ihl),
-        flags: if frag & 0x2000 != 0 { FLAG_FRAGMENT } else { 0 },
+    let ports = if ihl == 20 {
+        h.ports
+    } else {
+        r.load(off + ihl)?
+    };
+    let (sport, dport) = dns_ports(ports)?;
+    let mut saddr = [0; 16];
+    let mut daddr = [0; 16];
+    saddr[..4].copy_from_slice(&h.saddr);
+    daddr[..4].copy_from_slice(&h.daddr);
+    let total = u32::from(u16::from_be_bytes(h.total));
+    Ok(Dns {
+        saddr,
+        daddr,
+        sport,
+        dport,
+        ip_version: 4,
+        l4_proto: h.proto,
+        l4: L4 {
+            offset: off + ihl,
+            payload_len: total.saturating_sub(ihl),
+            flags: if frag & 0x2000 != 0 { FLAG_FRAGMENT } else { 0 },
+        },
     })
 }
 
 #[inline(always)]
-fn ipv6<R: Reader>(r: &R, off: u32, meta: &mut PacketMeta) -> Result<L4, i64> {
-    let plen = u32::from(u16::from_be(r.load::<u16>(off + 4)?));
-    let mut next: u8 = r.load(off + 6)?;
-    meta.saddr = r.load(off + 8)?;
-    meta.daddr = r.load(off + 24)?;
-    meta.ip_version = 6;
+fn ipv6<R: Reader>(r: &R, off: u32) -> Result<Dns, i64> {
+    let h: Ipv6Head = r.load(off)?;
     let mut l4 = L4 {
         offset: off + 40,
-        payload_len: plen,
+        payload_len: u32::from(u16::from_be_bytes(h.plen)),
         flags: 0,
     };
+    let (proto, ports) = if h.next == IPPROTO_UDP || h.next == IPPROTO_TCP {
+        (h.next, h.ports)
+    } else {
+        let proto = extension_headers(r, h.next, &mut l4)?;
+        (proto, r.load(l4.offset)?)
+    };
+    let (sport, dport) = dns_ports(ports)?;
+    Ok(Dns {
+        saddr: h.saddr,
+        daddr: h.daddr,
+        sport,
+        dport,
+        ip_version: 6,
+        l4_proto: proto,
+        l4,
+    })
+}
+
+/// Walks IPv6 extension headers to UDP or TCP; returns which one.
+#[inline(always)]
+fn extension_headers<R: Reader>(r: &R, mut next: u8, l4: &mut L4) -> Result<u8, i64> {
     for _ in 0..MAX_EXT_HEADERS {
+        // next header, length, and a fragment header's offset and flags
+        let h: [u8; 4] = match next {
+            IPPROTO_UDP | IPPROTO_TCP => return Ok(next),
+            0 | 43 | 44 | 51 | 60 => r.load(l4.offset)?,
+            _ => return Err(0),
+        };
         let hdr_len = match next {
-            IPPROTO_UDP | IPPROTO_TCP => {
-                meta.l4_proto = next;
-                return Ok(l4);
-            }
-            // hop-by-hop, routing, destination options: (len + 1) * 8
-            0 | 43 | 60 => (u32::from(r.load::<u8>(l4.offset + 1)?) + 1) * 8,
             // authentication header: (len + 2) * 4
-            51 => (u32::from(r.load::<u8>(l4.offset + 1)?) + 2) * 4,
+            51 => (u32::from(h[1]) + 2) * 4,
             44 => {
-                let frag = u16::from_be(r.load::<u16>(l4.offset + 2)?);
+                let frag = u16::from_be_bytes([h[2], h[3]]);
                 if frag & 0xfff8 != 0 {
                     return Err(0);
                 }
@@ -110,33 +175,50 @@ fn ipv6<R: Reader>(r: &R, off: u32, meta: &mut PacketMeta) -> Result<L4, i64> {
                 }
                 8
             }
-            _ => return Err(0),
+            // hop-by-hop, routing, destination options: (len + 1) * 8
+            _ => (u32::from(h[1]) + 1) * 8,
         };
-        next = r.load(l4.offset)?;
+        next = h[0];
         l4.offset += hdr_len;
         l4.payload_len = l4.payload_len.saturating_sub(hdr_len);
     }
     Err(0)
 }
 
+/// Source and destination ports, if either is a DNS port.
 #[inline(always)]
-fn transport<R: Reader>(r: &R, mut l4: L4, meta: &mut PacketMeta) -> Result<L4, i64> {
-    let ports: [u8; 4] = r.load(l4.offset)?;
-    meta.sport = u16::from_be_bytes([ports[0], ports[1]]);
-    meta.dport = u16::from_be_bytes([ports[2], ports[3]]);
-    if !is_dns_port(meta.sport) && !is_dns_port(meta.dport) {
-        return Err(0);
+fn dns_ports(p: [u8; 4]) -> Result<(u16, u16), i64> {
+    let sport = u16::from_be_bytes([p[0], p[1]]);
+    let dport = u16::from_be_bytes([p[2], p[3]]);
+    if is_dns_port(sport) || is_dns_port(dport) {
+        Ok((sport, dport))
+    } else {
+        Err(0)
     }
-    if meta.l4_proto == IPPROTO_UDP {
-        let len = u32::from(u16::from_be(r.load::<u16>(l4.offset + 4)?));
+}
+
+/// Fills `meta` with the packet's addresses and ports and reads the rest of
+/// its UDP or TCP header; returns where the payload is.
+#[inline(always)]
+pub fn transport<R: Reader>(r: &R, dns: Dns, meta: &mut PacketMeta) -> Result<L4, i64> {
+    let mut l4 = dns.l4;
+    meta.saddr = dns.saddr;
+    meta.daddr = dns.daddr;
+    meta.sport = dns.sport;
+    meta.dport = dns.dport;
+    meta.ip_version = dns.ip_version;
+    meta.l4_proto = dns.l4_proto;
+    if dns.l4_proto == IPPROTO_UDP {
+        let udp: [u8; 8] = r.load(l4.offset)?;
         meta.tcp_seq = 0;
         meta.tcp_flags = 0;
-        l4.payload_len = len.saturating_sub(8);
+        l4.payload_len = u32::from(u16::from_be_bytes([udp[4], udp[5]])).saturating_sub(8);
         l4.offset += 8;
     } else {
-        meta.tcp_seq = u32::from_be(r.load::<u32>(l4.offset + 4)?);
-        let doff = u32::from(r.load::<u8>(l4.offset + 12)? >> 4) * 4;
-        meta.tcp_flags = r.load(l4.offset + 13)?;
+        let tcp: [u8; 14] = r.load(l4.offset)?;
+        meta.tcp_seq = u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]);
+        meta.tcp_flags = tcp[13];
+        let doff = u32::from(tcp[12] >> 4) * 4;
         l4.payload_len = l4.payload_len.saturating_sub(doff);
         l4.offset += doff;
     }

@@ -7,8 +7,8 @@ use aya_ebpf::helpers::{
 use dnstrace_common::{CtTuple, Hook, KernelOffsets, FLAG_CONNTRACK};
 
 use crate::{
-    maps::{offsets, scratch, send, wanted, Scratch},
-    parse::{copy_payload, dns_packet, helper_result, Reader},
+    maps::{offset, offsets, scratch, send, wanted, Scratch},
+    parse::{copy_payload, dns_headers, helper_result, transport, Reader, ETH_P_IP, ETH_P_IPV6},
 };
 
 /// `skb->network_header` when it was never set.
@@ -61,21 +61,32 @@ fn read<T: Copy>(base: *const u8, off: u32) -> Result<T, i64> {
 
 #[inline(always)]
 pub fn try_capture(skb: *const u8, dev: *const u8, hook: Hook, drop: Drop) -> Result<(), i64> {
-    let o = offsets();
-    if o.skb_head == 0 || skb.is_null() {
+    // Everything up to the ports is on the path of every packet: as few
+    // reads as can rule a packet out, and nothing stored before it is DNS.
+    if offset(|o| &o.skb_head) == 0 || skb.is_null() {
         return Err(0);
     }
-    let r = linear(skb, hook, &o)?;
-    let ethertype = u16::from_be(read::<u16>(skb, o.skb_protocol)?);
+    let ethertype = u16::from_be(read::<u16>(skb, offset(|o| &o.skb_protocol))?);
+    if ethertype != ETH_P_IP && ethertype != ETH_P_IPV6 {
+        return Err(0);
+    }
+    let mut r = Linear {
+        l3: network_header(skb, hook)?,
+        len: 0,
+    };
+    let dns = dns_headers(&r, ethertype, 0)?;
+    let o = offsets();
+    let wire_len;
+    (r.len, wire_len) = linear_len(skb, r.l3, &o)?;
     let s = scratch().ok_or(0)?;
-    let l4 = dns_packet(&r, ethertype, 0, &mut s.meta)?;
+    let l4 = transport(&r, dns, &mut s.meta)?;
     let dev = if dev.is_null() {
         read::<*const u8>(skb, o.skb_dev)?
     } else {
         dev
     };
     device(dev, &o, s)?;
-    s.meta.wire_len = read(skb, o.skb_len)?;
+    s.meta.wire_len = wire_len;
     s.meta.hook = hook as u8;
     s.meta.drop_reason = drop.reason;
     s.meta.drop_location = drop.location;
@@ -88,29 +99,31 @@ pub fn try_capture(skb: *const u8, dev: *const u8, hook: Hook, drop: Drop) -> Re
     Ok(())
 }
 
-/// Finds the IP header: at `data` on receive, else where the stack put it.
+/// The IP header: at `data` on receive, else where the stack put it.
 #[inline(always)]
-fn linear(skb: *const u8, hook: Hook, o: &KernelOffsets) -> Result<Linear, i64> {
-    let head: *const u8 = read(skb, o.skb_head)?;
+fn network_header(skb: *const u8, hook: Hook) -> Result<*const u8, i64> {
+    if hook != Hook::DevReceive {
+        let network: u16 = read(skb, offset(|o| &o.skb_network_header))?;
+        if network != NO_HEADER {
+            let head: *const u8 = read(skb, offset(|o| &o.skb_head))?;
+            return Ok(head.wrapping_add(usize::from(network)));
+        }
+    }
+    read(skb, offset(|o| &o.skb_data))
+}
+
+/// Bytes of linear data from `l3` on, and `skb->len`.
+#[inline(always)]
+fn linear_len(skb: *const u8, l3: *const u8, o: &KernelOffsets) -> Result<(u32, u32), i64> {
     let data: *const u8 = read(skb, o.skb_data)?;
     let len: u32 = read(skb, o.skb_len)?;
     let data_len: u32 = read(skb, o.skb_data_len)?;
-    let network: u16 = read(skb, o.skb_network_header)?;
-    let l3 = if hook == Hook::DevReceive || network == NO_HEADER {
-        data
-    } else {
-        // SAFETY: pointer arithmetic only; reads go through probe_read.
-        unsafe { head.add(usize::from(network)) }
-    };
     let end = data as u64 + u64::from(len.saturating_sub(data_len));
     let avail = end.saturating_sub(l3 as u64);
-    if l3 < head || avail > 0xffff {
+    if avail > 0xffff {
         return Err(0);
     }
-    Ok(Linear {
-        l3,
-        len: avail as u32,
-    })
+    Ok((avail as u32, len))
 }
 
 #[inline(always)]

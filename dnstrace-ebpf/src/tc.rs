@@ -1,20 +1,37 @@
 //! tc classifiers: packets on the interfaces named with --iface.
+use core::mem::size_of;
+
 use aya_ebpf::{helpers::generated::bpf_skb_load_bytes, programs::TcContext};
-use dnstrace_common::Hook;
+use dnstrace_common::{Hook, L2_LEN_MIXED};
 
 use crate::{
-    maps::{scratch, send, wanted, IFACES},
-    parse::{copy_payload, dns_packet, helper_result, Reader},
+    maps::{iface, scratch, send, tc_l2_len, wanted},
+    parse::{copy_payload, dns_headers, helper_result, transport, Reader},
 };
 
 const ETH_P_8021Q: u16 = 0x8100;
 const ETH_P_8021AD: u16 = 0x88a8;
+/// Offsets read directly from the linear data stay below this, a bound the
+/// verifier needs on a packet pointer's variable offset.
+const DIRECT_MAX: u32 = 0x1000;
 
 struct Tc<'a>(&'a TcContext);
 
 impl Reader for Tc<'_> {
+    /// Straight from the linear data when it holds the bytes (no helper
+    /// call), else copied by `bpf_skb_load_bytes`.
     #[inline(always)]
     fn load<T: Copy>(&self, off: u32) -> Result<T, i64> {
+        // LLVM turns the bounds check of one byte into `at < data_end`,
+        // which gives the verifier no readable range.
+        const { assert!(size_of::<T>() > 1, "load at least two bytes") };
+        if off < DIRECT_MAX {
+            let at = self.0.data() + off as usize;
+            if at + size_of::<T>() <= self.0.data_end() {
+                // SAFETY: the bytes lie between data and data_end, checked above.
+                return Ok(unsafe { (at as *const T).read_unaligned() });
+            }
+        }
         self.0.load(off as usize)
     }
 
@@ -33,14 +50,23 @@ impl Reader for Tc<'_> {
 pub fn try_capture(ctx: &TcContext, hook: Hook) -> Result<(), i64> {
     // SAFETY: reading a field of the program's own context.
     let ifindex = unsafe { (*ctx.skb.skb).ifindex };
-    // SAFETY: map lookup; the value is copied out.
-    let iface = unsafe { IFACES.get(ifindex) }.copied();
-    let s = scratch().ok_or(0)?;
     let r = Tc(ctx);
-    let (ethertype, l3) = link_layer(ctx, iface.map_or(14, |c| c.l2_len))?;
-    let l4 = dns_packet(&r, ethertype, l3, &mut s.meta)?;
+    // The interface's config costs a hash lookup: taken before parsing only
+    // when the link-layer length differs between interfaces.
+    let (early, l2_len) = match tc_l2_len() {
+        L2_LEN_MIXED => {
+            let found = iface(ifindex);
+            (Some(found), found.map_or(14, |c| c.l2_len))
+        }
+        len => (None, len),
+    };
+    let (ethertype, l3) = link_layer(&r, l2_len)?;
+    let dns = dns_headers(&r, ethertype, l3)?;
+    let found = early.unwrap_or_else(|| iface(ifindex));
+    let s = scratch().ok_or(0)?;
+    let l4 = transport(&r, dns, &mut s.meta)?;
     s.meta.ifindex = ifindex;
-    s.meta.netns = iface.map_or(0, |c| c.netns);
+    s.meta.netns = found.map_or(0, |c| c.netns);
     s.meta.wire_len = ctx.len();
     s.meta.hook = hook as u8;
     if !wanted(&s.meta) {
@@ -53,18 +79,18 @@ pub fn try_capture(ctx: &TcContext, hook: Hook) -> Result<(), i64> {
 
 /// The ethertype and offset of the IP header, one or two VLAN tags skipped.
 #[inline(always)]
-fn link_layer(ctx: &TcContext, l2_len: u32) -> Result<(u16, u32), i64> {
+fn link_layer(r: &Tc, l2_len: u32) -> Result<(u16, u32), i64> {
     if l2_len == 0 {
-        return Ok((u16::from_be(ctx.skb.protocol() as u16), 0));
+        return Ok((u16::from_be(r.0.skb.protocol() as u16), 0));
     }
     let mut off = 12u32;
-    let mut ethertype = u16::from_be(ctx.load::<u16>(off as usize)?);
+    let mut ethertype = u16::from_be(r.load::<u16>(off)?);
     for _ in 0..2 {
         if ethertype != ETH_P_8021Q && ethertype != ETH_P_8021AD {
             break;
         }
         off += 4;
-        ethertype = u16::from_be(ctx.load::<u16>(off as usize)?);
+        ethertype = u16::from_be(r.load::<u16>(off)?);
     }
     Ok((ethertype, off + 2))
 }

@@ -16,7 +16,7 @@ use aya::{
     },
     Ebpf, EbpfLoader,
 };
-use dnstrace_common::{port_slot, KernelOffsets, TargetFilter, PORT_WORDS};
+use dnstrace_common::{port_slot, KernelOffsets, TargetFilter, L2_LEN_MIXED, PORT_WORDS};
 
 use crate::{
     cli::{AttachMode, CaptureArgs},
@@ -70,6 +70,15 @@ impl Iface {
             netns,
             l2_len,
         })
+    }
+}
+
+/// The link-layer header length all `ifaces` share, so that the tc programs
+/// need not look each packet's interface up before parsing it.
+fn tc_l2_len(ifaces: &[Iface]) -> u32 {
+    match ifaces.split_first() {
+        Some((first, rest)) if rest.iter().all(|i| i.l2_len == first.l2_len) => first.l2_len,
+        _ => L2_LEN_MIXED,
     }
 }
 
@@ -154,6 +163,7 @@ impl Probes {
         let ebpf = EbpfLoader::new()
             .map_max_entries("EVENTS", args.ring_buffer_mib << 20)
             .override_global("OFFSETS", &offsets, true)
+            .override_global("TC_L2_LEN", &tc_l2_len(&ifaces), true)
             .override_global(
                 "FILTER",
                 &target.map_or(TargetFilter::OFF, |t| t.filter),
@@ -585,6 +595,19 @@ mod tests {
         assert!(msg.starts_with("the kernel's verifier rejected program dns_tc_ingress"));
         assert!(msg.ends_with("    line 20"));
         assert!(msg.contains("line 13") && !msg.contains("line 12\n"));
+    }
+
+    #[test]
+    fn tc_l2_len_is_shared_or_mixed() {
+        let iface = |l2_len| Iface {
+            name: String::new(),
+            index: 1,
+            netns: 0,
+            l2_len,
+        };
+        assert_eq!(tc_l2_len(&[iface(14), iface(14)]), 14);
+        assert_eq!(tc_l2_len(&[iface(0)]), 0);
+        assert_eq!(tc_l2_len(&[iface(14), iface(0)]), L2_LEN_MIXED);
     }
 
     #[test]
