@@ -185,12 +185,7 @@ mod tests {
     };
 
     use super::*;
-    use crate::{
-        correlate::Limits,
-        diagnose::Context,
-        pods::testdir::TestDir,
-        record::{self, tests::inputs, RecordOptions, Recorder},
-    };
+    use crate::{pods::testdir::TestDir, record::tests::record_inputs};
 
     type Target = fn(&[u8]);
     /// (file name, contents)
@@ -437,26 +432,7 @@ mod tests {
     fn recording_seeds() -> Seeds {
         let dir = TestDir::new();
         let path = dir.path().join("r.pcapng");
-        let kernel = KernelNames::new(
-            [(3, "SKB_DROP_REASON_NO_SOCKET".to_owned())].into(),
-            "ffffffff81000000 T __udp4_lib_rcv\n",
-        );
-        let labels = Labels::new(
-            [(2, "eth0".to_owned())].into(),
-            Clock::with_offset(7),
-            kernel,
-        );
-        let meta = record::meta(&labels, &Context::default(), Limits::default());
-        let options = RecordOptions {
-            path: path.clone(),
-            max_bytes: None,
-            files: None,
-        };
-        let mut rec = Recorder::create(options, meta).unwrap();
-        rec.start(4_000_000_000);
-        inputs().iter().for_each(|i| rec.input(i));
-        rec.end(6_000_000_000);
-        drop(rec);
+        record_inputs(&path, Clock::with_offset(7));
         let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/record/fixtures");
         let fixture = |f: &str| std::fs::read(fixtures.join(f)).unwrap();
         vec![

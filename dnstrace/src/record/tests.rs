@@ -1,6 +1,6 @@
 //! Helpers shared by the recording tests, and recordings against the real
 //! tools: what tshark makes of ours, and what we make of tcpdump's.
-use std::{net::SocketAddr, process::Command, str::FromStr as _};
+use std::{net::SocketAddr, path::Path, process::Command, str::FromStr as _};
 
 use bytes::Bytes;
 use dnstrace_common::Hook;
@@ -341,29 +341,19 @@ pub fn inputs() -> Vec<crate::pipeline::Input> {
     ]
 }
 
-#[tokio::test]
-async fn a_recording_replays_the_inputs_it_was_fed() {
-    use super::{
-        replay::{About, Replay, Speed},
-        RecordOptions, Recorder,
-    };
-    use crate::{
-        correlate::Limits,
-        decode::KernelNames,
-        diagnose::Context,
-        output::{Clock, Labels},
-        pipeline::Source,
-    };
-    let dir = TestDir::new();
-    let path = dir.path().join("r.pcapng");
+/// Records [`inputs`] to `path` (eth0, a drop reason and a symbol named)
+/// and returns them.
+pub fn record_inputs(path: &Path, clock: crate::output::Clock) -> Vec<crate::pipeline::Input> {
+    use super::{RecordOptions, Recorder};
+    use crate::{correlate::Limits, decode::KernelNames, diagnose::Context, output::Labels};
     let kernel = KernelNames::new(
         [(3, "SKB_DROP_REASON_NO_SOCKET".to_owned())].into(),
         "ffffffff81000000 T __udp4_lib_rcv\n",
     );
-    let labels = Labels::new([(2, "eth0".to_owned())].into(), Clock::EPOCH, kernel);
+    let labels = Labels::new([(2, "eth0".to_owned())].into(), clock, kernel);
     let meta = super::meta(&labels, &Context::default(), Limits::default());
     let options = RecordOptions {
-        path: path.clone(),
+        path: path.to_owned(),
         max_bytes: None,
         files: None,
     };
@@ -372,7 +362,16 @@ async fn a_recording_replays_the_inputs_it_was_fed() {
     let fed = inputs();
     fed.iter().for_each(|i| rec.input(i));
     rec.end(6_000_000_000);
-    drop(rec);
+    fed
+}
+
+#[tokio::test]
+async fn a_recording_replays_the_inputs_it_was_fed() {
+    use super::replay::{About, Replay, Speed};
+    use crate::{output::Clock, pipeline::Source};
+    let dir = TestDir::new();
+    let path = dir.path().join("r.pcapng");
+    let fed = record_inputs(&path, Clock::EPOCH);
 
     let about = About::read(&path).unwrap();
     assert_eq!(about.started_ns, Some(4_000_000_000));
