@@ -12,7 +12,8 @@ use aya::{
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
     programs::{
         tc::{NlOptions, SchedClassifierLink, TcAttachOptions},
-        BtfTracePoint, KProbe, LinkOrder, ProgramError, ProgramType, SchedClassifier, TcAttachType,
+        BtfTracePoint, KProbe, LinkOrder, Program, ProgramError, ProgramType, SchedClassifier,
+        TcAttachType,
     },
     Ebpf, EbpfLoader,
 };
@@ -132,6 +133,9 @@ pub struct Probes {
     pub drop_reasons: std::collections::HashMap<u32, String>,
 }
 
+/// Each node-wide program's load (and verification) result, by name.
+type Loaded = std::collections::HashMap<String, Result<()>>;
+
 const PROGRAMS: [(&str, TcAttachType); 2] = [
     ("dns_tc_ingress", TcAttachType::Ingress),
     ("dns_tc_egress", TcAttachType::Egress),
@@ -191,8 +195,9 @@ impl Probes {
             probes.watch(&t.watched)?;
         }
         if ifaces.is_empty() {
-            probes.attach_tracepoints()?;
-            probes.attach_kprobes();
+            let mut loaded = probes.load_node_wide()?;
+            probes.attach_tracepoints(&mut loaded)?;
+            probes.attach_kprobes(&mut loaded);
         } else {
             for (name, _) in PROGRAMS {
                 probes
@@ -207,16 +212,51 @@ impl Probes {
         Ok(probes)
     }
 
-    fn attach_tracepoints(&mut self) -> Result<()> {
+    /// Loads the node-wide programs, each on a thread of its own: the
+    /// verifier takes most of start-up, and it can use every core.
+    fn load_node_wide(&mut self) -> Result<Loaded> {
         let btf = aya::Btf::from_sys_fs().context("reading the kernel's BTF")?;
+        let tracepoint = |name: &str| TRACEPOINTS.iter().find(|(n, _)| *n == name).map(|t| t.1);
+        let kprobe = |name: &str| KPROBES.iter().any(|(n, ..)| *n == name);
+        Ok(std::thread::scope(|scope| {
+            let loads: Vec<_> = self
+                .ebpf
+                .programs_mut()
+                .filter_map(|(name, prog)| {
+                    let result = match (prog, tracepoint(name)) {
+                        (Program::BtfTracePoint(p), Some(tp)) => {
+                            let btf = &btf;
+                            scope.spawn(move || p.load(tp, btf))
+                        }
+                        (Program::KProbe(p), None) if kprobe(name) => scope.spawn(move || p.load()),
+                        _ => return None,
+                    };
+                    Some((name.to_owned(), result))
+                })
+                .collect();
+            loads
+                .into_iter()
+                .map(|(name, load)| {
+                    let result = match load.join() {
+                        Ok(r) => r.map_err(|e| load_error(&name, e)),
+                        Err(_) => Err(anyhow!("loading {name} panicked")),
+                    };
+                    (name, result)
+                })
+                .collect()
+        }))
+    }
+
+    fn attach_tracepoints(&mut self, loaded: &mut Loaded) -> Result<()> {
         for (name, tracepoint) in TRACEPOINTS {
+            loaded
+                .remove(name)
+                .unwrap_or_else(|| Err(anyhow!("program {name} missing from the eBPF object")))?;
             let prog: &mut BtfTracePoint = self
                 .ebpf
                 .program_mut(name)
                 .ok_or_else(|| anyhow!("program {name} missing from the eBPF object"))?
                 .try_into()?;
-            prog.load(tracepoint, &btf)
-                .map_err(|e| load_error(name, e))?;
             prog.attach()
                 .map_err(|e| anyhow!("attaching {name} to tracepoint {tracepoint}: {e}"))?;
             let prog_id = prog.info()?.id();
@@ -344,9 +384,12 @@ impl Probes {
 
     /// Loads every kprobe (the verifier checks it whatever happens next) and
     /// attaches it where the kernel allows; what cannot attach is reported.
-    fn attach_kprobes(&mut self) {
+    fn attach_kprobes(&mut self, loaded: &mut Loaded) {
         for (name, function, ret) in KPROBES {
-            match self.load_kprobe(name, function) {
+            let load = loaded
+                .remove(name)
+                .unwrap_or_else(|| Err(anyhow!("program {name} missing from the eBPF object")));
+            match load.and_then(|()| self.attach_kprobe(name, function)) {
                 Ok(prog_id) => {
                     let kind = if ret { "kretprobe" } else { "kprobe" };
                     self.attachments.push(Attachment {
@@ -361,13 +404,12 @@ impl Probes {
         }
     }
 
-    fn load_kprobe(&mut self, name: &'static str, function: &str) -> Result<u32> {
+    fn attach_kprobe(&mut self, name: &'static str, function: &str) -> Result<u32> {
         let prog: &mut KProbe = self
             .ebpf
             .program_mut(name)
             .ok_or_else(|| anyhow!("program {name} missing from the eBPF object"))?
             .try_into()?;
-        prog.load().map_err(|e| load_error(name, e))?;
         let prog_id = prog.info()?.id();
         prog.attach(function, 0).map_err(|e| {
             let why = if std::path::Path::new("/sys/kernel/debug/kprobes").exists()

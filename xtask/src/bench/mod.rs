@@ -236,7 +236,8 @@ impl Bench {
         step(name);
         if let Err(e) = f(self) {
             if stopping() {
-                return Err(e.context(interrupted().err().unwrap_or_else(|| anyhow!("stopped"))));
+                // The signal is the cause; what it cut short says no more.
+                return interrupted().and(Err(e));
             }
             eprintln!("bench: {name}: {e:#}");
             self.rows.push(Row {
