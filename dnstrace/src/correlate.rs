@@ -10,12 +10,10 @@ use std::{
     collections::{hash_map::Entry, HashMap, HashSet, VecDeque},
     hash::{BuildHasher, Hash},
     net::{IpAddr, SocketAddr},
+    sync::Arc,
 };
 
-use std::sync::Arc;
-
 use foldhash::fast::RandomState;
-
 use serde::Serialize;
 
 use crate::{
