@@ -438,8 +438,17 @@ pub const COREDNS_A: &str = "coredns-7db6d8ff4d-4xk9m";
 pub const COREDNS_B: &str = "coredns-7db6d8ff4d-vz8lp";
 pub const NODE: &str = "dtlab-node";
 pub const SERVICE: &str = "10.96.0.10";
+/// The lab node's network namespace, as `--node-netns` takes it.
+pub const NODE_NETNS: &str = "/run/netns/dtlab-node";
 
 impl Lab {
+    /// `dnstrace trace -o json` over the whole lab node, with `extra`.
+    pub fn trace(&self, extra: &[&str]) -> Dnstrace {
+        let mut args = vec!["trace", "-o", "json", "--node-netns", NODE_NETNS];
+        args.extend_from_slice(extra);
+        Dnstrace::start_here(&args).unwrap()
+    }
+
     pub fn up(args: &[&str]) -> Self {
         let guard = LAB_LOCK.lock().unwrap_or_else(|e| e.into_inner());
         let file = lock_lab_file();

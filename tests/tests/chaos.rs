@@ -9,7 +9,6 @@ use serde_json::Value;
 
 use dnstrace_tests::*;
 
-const NODE_NETNS: &str = "/run/netns/dtlab-node";
 const KUBERNETES: &str = "kubernetes.default.svc.cluster.local.";
 const NEW_POD: &str = "dtlab-chaos-new";
 
@@ -153,16 +152,7 @@ fn answered_from(journeys: &[Value], client: &str) -> bool {
 fn tracing_goes_on_through_chaos_and_follows_a_new_pod() {
     require_root();
     let lab = Lab::up(&[]);
-    let trace = Dnstrace::start_here(&[
-        "trace",
-        "-o",
-        "json",
-        "--timeout",
-        "3s",
-        "--node-netns",
-        NODE_NETNS,
-    ])
-    .unwrap();
+    let trace = lab.trace(&["--timeout", "3s"]);
     let pid = trace.pid();
     assert!(dig_from(WEB).contains("status: NOERROR"));
 

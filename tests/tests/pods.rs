@@ -7,7 +7,6 @@ use serde_json::Value;
 
 use dnstrace_tests::*;
 
-const NODE_NETNS: &str = "/run/netns/dtlab-node";
 const CONTAINERD: &str = "/run/dnstrace-lab/containerd";
 const CRIO: &str = "/run/dnstrace-lab/crio";
 
@@ -106,20 +105,14 @@ fn pods_are_found_in_crio_state() {
 fn tracing_one_pod_keeps_only_its_journeys_complete_and_named() {
     require_root();
     let lab = Lab::up(&[]);
-    let trace = Dnstrace::start_here(&[
-        "trace",
-        "-o",
-        "json",
+    let trace = lab.trace(&[
         "--timeout",
         "3s",
-        "--node-netns",
-        NODE_NETNS,
         "--containerd-root",
         CONTAINERD,
         "--pod",
         "default/web",
-    ])
-    .unwrap();
+    ]);
     lab.traffic(&[
         "--pod",
         "checkout",
@@ -258,18 +251,7 @@ fn netns_pid_and_ip_select_the_same_client() {
 /// Traces with one selector while checkout, then web, look a name up;
 /// returns the journeys, after checking the start line named the target.
 fn trace_while_both_ask(lab: &Lab, flag: &str, value: &str, label: &str) -> Vec<Value> {
-    let trace = Dnstrace::start_here(&[
-        "trace",
-        "-o",
-        "json",
-        "--timeout",
-        "3s",
-        "--node-netns",
-        NODE_NETNS,
-        flag,
-        value,
-    ])
-    .unwrap();
+    let trace = lab.trace(&["--timeout", "3s", flag, value]);
     lab.traffic(&["--pod", "checkout", "--name", "kubernetes.default"]);
     lab.traffic(&["--pod", "web", "--name", "kubernetes.default"]);
     std::thread::sleep(std::time::Duration::from_millis(1500));

@@ -136,16 +136,7 @@ fn counted(stderr: &[String], what: &str) -> u64 {
 fn a_stalled_reader_loses_events_counts_them_and_raises_nothing_false() {
     require_root();
     let lab = Lab::up(&[]);
-    let trace = Dnstrace::start_here(&[
-        "trace",
-        "-o",
-        "json",
-        "--ring-buffer-mib",
-        "1",
-        "--node-netns",
-        "/run/netns/dtlab-node",
-    ])
-    .unwrap();
+    let trace = lab.trace(&["--ring-buffer-mib", "1"]);
     let pid = trace.pid() as i32;
     std::thread::scope(|s| {
         s.spawn(|| lab.traffic(&["--rate", "25", "--duration", "6s"]));
@@ -183,16 +174,7 @@ fn a_stalled_reader_loses_events_counts_them_and_raises_nothing_false() {
 fn too_many_open_journeys_are_evicted_and_counted() {
     require_root();
     let lab = Lab::up(&["--fault", "upstream-timeout"]);
-    let trace = Dnstrace::start_here(&[
-        "trace",
-        "-o",
-        "json",
-        "--max-open",
-        "8",
-        "--node-netns",
-        "/run/netns/dtlab-node",
-    ])
-    .unwrap();
+    let trace = lab.trace(&["--max-open", "8"]);
     // External names hang upstream: their journeys stay open.
     lab.traffic(&["--rate", "20", "--duration", "2s"]);
     let (status, _, stderr) = trace.stop(libc::SIGINT).unwrap();
