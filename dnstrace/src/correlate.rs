@@ -110,8 +110,27 @@ pub struct Journey {
     pub dnat: Option<(SocketAddr, SocketAddr)>,
     pub legs: Vec<Leg>,
     pub upstream: Vec<Journey>,
-    /// Events were lost while it was open: legs may be missing.
-    pub incomplete: bool,
+    /// Why legs may be missing, if they may.
+    pub incomplete: Option<Gap>,
+}
+
+/// Why a journey may not show everything that happened to it: absence of a
+/// leg or an answer is then no evidence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gap {
+    /// Kernel events were lost while it was open.
+    Lost,
+    /// The capture or recording ended before it could finish.
+    Ended,
+}
+
+impl Gap {
+    pub fn why(self) -> &'static str {
+        match self {
+            Gap::Lost => "kernel events were lost while it was open",
+            Gap::Ended => "the capture ended before it could finish",
+        }
+    }
 }
 
 impl Journey {
@@ -390,7 +409,7 @@ impl Engine {
     /// journey may miss legs, and so may any journey overlapping that time.
     pub fn lost(&mut self, since_ns: u64, until_ns: u64) {
         for o in self.open.values_mut() {
-            o.j.incomplete = true;
+            o.j.incomplete = Some(Gap::Lost);
         }
         if self.losses.len() == MAX_LOSSES {
             self.losses.pop_front();
@@ -433,7 +452,14 @@ impl Engine {
     }
 
     /// Closes everything still open (end of capture or of a recording).
+    /// What had no known fate by `now_ns` was cut off, not timed out.
     pub fn finish(&mut self, now_ns: u64) -> Vec<Journey> {
+        let timeout_ns = self.limits.timeout_ns;
+        for o in self.open.values_mut() {
+            if !o.settled(now_ns, timeout_ns) {
+                o.j.incomplete.get_or_insert(Gap::Ended);
+            }
+        }
         self.tick(now_ns.saturating_add(self.limits.timeout_ns + self.limits.settle_ns))
     }
 
@@ -459,7 +485,7 @@ impl Engine {
             dnat: None,
             legs: Vec::new(),
             upstream: Vec::new(),
-            incomplete: false,
+            incomplete: None,
         };
         if let Some(pid) = parent {
             if let Some(po) = self.open.get_mut(&pid) {
@@ -543,8 +569,7 @@ impl Engine {
             .iter()
             .all(|c| self.open.get(c).is_none_or(|c| self.finished(c, now)));
         let timed_out = now.saturating_sub(o.j.started_ns) >= self.limits.timeout_ns;
-        let answered_or_dropped = o.delivered || matches!(o.j.outcome, Outcome::Dropped { .. });
-        (quiet && children_done && answered_or_dropped)
+        (quiet && children_done && o.delivered_or_dropped())
             || (timed_out && quiet)
             || now.saturating_sub(o.j.started_ns) >= self.limits.timeout_ns + self.limits.settle_ns
     }
@@ -558,7 +583,7 @@ impl Engine {
             }
         }
         if self.overlaps_loss(o.j.started_ns, now_ns) {
-            o.j.incomplete = true;
+            o.j.incomplete = Some(Gap::Lost);
         }
         Some(o.finish())
     }
@@ -603,6 +628,15 @@ fn intern(names: &mut Set<Arc<str>>, name: &str) -> Arc<str> {
 }
 
 impl Open {
+    fn delivered_or_dropped(&self) -> bool {
+        self.delivered || matches!(self.j.outcome, Outcome::Dropped { .. })
+    }
+
+    /// Its fate is known by `now`: answered, dropped or timed out.
+    fn settled(&self, now: u64, timeout_ns: u64) -> bool {
+        self.delivered_or_dropped() || now.saturating_sub(self.j.started_ns) >= timeout_ns
+    }
+
     /// Where a server's query on this journey's behalf would come from
     /// (what `server_is` accepts); none once an answer was seen.
     fn places(&self) -> [Option<Place>; 2] {

@@ -63,7 +63,7 @@ struct Asked {
     started_ns: u64,
     ended_ns: u64,
     total_ns: u64,
-    /// Events were lost while it was open: its times may be wrong.
+    /// It may miss legs (see `Gap`): its times may be wrong.
     incomplete: bool,
 }
 
@@ -339,7 +339,7 @@ impl Diagnoser {
             started_ns: j.started_ns,
             ended_ns: j.ended_ns,
             total_ns: j.total_ns(),
-            incomplete: j.incomplete,
+            incomplete: j.incomplete.is_some(),
         });
     }
 
@@ -403,8 +403,9 @@ impl Diagnoser {
                     s.answers += 1;
                     s.total_ns += u.total_ns();
                 }
-                Outcome::Timeout => s.timeouts += 1,
-                Outcome::Dropped { .. } => {}
+                // Cut off or missing legs: no evidence of a timeout.
+                Outcome::Timeout if u.incomplete.is_none() => s.timeouts += 1,
+                Outcome::Timeout | Outcome::Dropped { .. } => {}
             }
             self.count_upstream(u);
         }
@@ -417,7 +418,7 @@ impl Diagnoser {
     fn findings(&self, j: &Journey, recent: &[&Asked], names: &KernelNames) -> Vec<Finding> {
         let mut out = Vec::new();
         // Rules that conclude from what is missing (no DNAT, no answer).
-        let seen_all = !j.incomplete;
+        let seen_all = j.incomplete.is_none();
         let specific = [
             unexpected_source(j, &self.ctx),
             loopback_nameserver(j, &self.ctx),
@@ -541,7 +542,7 @@ fn ndots_amplification(j: &Journey, recent: &[&Asked]) -> Option<Finding> {
     let Outcome::Answered { rcode, answers, .. } = &j.outcome else {
         return None;
     };
-    if rcode != "NOERROR" || answers.is_empty() || j.incomplete {
+    if rcode != "NOERROR" || answers.is_empty() || j.incomplete.is_some() {
         return None;
     }
     let stem = j.name.trim_end_matches('.');
@@ -781,7 +782,7 @@ fn failed_upstream(j: &Journey, out: &mut Vec<UpstreamFailure>) {
         };
         if let (Some(drop), Some(first)) = (drop, u.legs.first()) {
             // A timeout is no evidence when events were lost; a drop is.
-            if !u.incomplete || drop.is_some() {
+            if u.incomplete.is_none() || drop.is_some() {
                 out.push(UpstreamFailure {
                     server: first.dst,
                     resolver: u.client.ip(),

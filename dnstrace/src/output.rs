@@ -11,7 +11,7 @@ use serde::Serialize;
 use crate::{
     cli::OutputFormat,
     conntrack::CtEvent,
-    correlate::{Journey, Leg, Outcome},
+    correlate::{Gap, Journey, Leg, Outcome},
     decode::{Body, Conntrack, DnsMessage, KernelNames, Packet, Record, Transport},
     diagnose::Anomaly,
     naming::Names,
@@ -232,6 +232,8 @@ struct JourneyJson<'a> {
     dnat: Option<(SocketAddr, SocketAddr)>,
     legs: &'a [Leg],
     incomplete: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    incomplete_why: Option<&'static str>,
     upstream: Vec<JourneyJson<'a>>,
     names: BTreeMap<IpAddr, &'a str>,
 }
@@ -420,11 +422,9 @@ impl<W: Write> LineSink<W> {
             j.dnat
                 .map(|(a, b)| format!(" [DNAT {} → {}]", self.named(a), self.named(b)))
                 .unwrap_or_default(),
-            if j.incomplete {
-                " [incomplete: events were lost]"
-            } else {
-                ""
-            },
+            j.incomplete
+                .map(|g| format!(" [incomplete: {}]", g.why()))
+                .unwrap_or_default(),
         );
         for leg in &j.legs {
             let place = self.labels.place(leg);
@@ -483,7 +483,8 @@ impl<W: Write> LineSink<W> {
             ended_ns: j.ended_ns,
             dnat: j.dnat,
             legs: &j.legs,
-            incomplete: j.incomplete,
+            incomplete: j.incomplete.is_some(),
+            incomplete_why: j.incomplete.map(Gap::why),
             outcome: OutcomeJson {
                 outcome: &j.outcome,
                 reason_name,

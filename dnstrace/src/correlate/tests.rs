@@ -220,7 +220,7 @@ fn a_healthy_lookup_is_one_complete_journey_with_its_dnat() {
     let sum: u64 = j.legs.iter().map(|l| l.since_prev_ns).sum();
     assert_eq!(sum, j.total_ns(), "leg times add up to the total");
     assert_eq!(j.total_ns(), 211_000);
-    assert!(!j.incomplete);
+    assert_eq!(j.incomplete, None);
     assert_eq!(e.open_count(), 0);
 }
 
@@ -256,7 +256,7 @@ fn lost_events_mark_open_journeys_incomplete() {
     e.lost(0, 1);
     recs[3..].iter().for_each(|r| e.push(r));
     let js = e.tick(2_000 * MS);
-    assert!(js[0].incomplete);
+    assert_eq!(js[0].incomplete, Some(Gap::Lost));
 }
 
 /// A stalled reader notices the loss before it reads the events queued
@@ -268,12 +268,27 @@ fn a_journey_read_after_the_loss_was_noticed_is_incomplete() {
     e.lost(0, 50 * MS);
     recs[..3].iter().for_each(|r| e.push(r));
     let js = e.tick(10_000 * MS);
-    assert!(js[0].incomplete);
+    assert_eq!(js[0].incomplete, Some(Gap::Lost));
     // Later journeys, clear of the loss, are whole.
     let later = healthy(20_000 * MS, "10.244.0.10:4001", CLIENT_NS, 8);
     later.iter().for_each(|r| e.push(r));
     let js = e.tick(22_000 * MS);
-    assert!(!js[0].incomplete);
+    assert_eq!(js[0].incomplete, None);
+}
+
+/// A capture that stops (or a recording cut short) mid-lookup has not seen
+/// it time out: the journey says it was cut off, which silences the rules.
+#[test]
+fn the_end_of_a_capture_cuts_off_what_had_not_finished() {
+    let done = healthy(0, "10.244.0.10:4000", CLIENT_NS, 7);
+    let cut = healthy(500 * MS, "10.244.0.10:4001", CLIENT_NS, 8);
+    let mut e = Engine::new(Limits::default());
+    done.iter().chain(&cut[..3]).for_each(|r| e.push(r));
+    let js = e.finish(500 * MS + 1);
+    assert_eq!(js.len(), 2);
+    assert_eq!(js[0].incomplete, None, "answered before the end");
+    assert_eq!(js[1].outcome, Outcome::Timeout);
+    assert_eq!(js[1].incomplete, Some(Gap::Ended));
 }
 
 #[test]

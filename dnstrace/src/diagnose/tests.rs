@@ -4,7 +4,7 @@ use std::{
 };
 
 use super::*;
-use crate::correlate::{Journey, Leg, Outcome};
+use crate::correlate::{Gap, Journey, Leg, Outcome};
 
 const CLIENT_NS: u32 = 100;
 const NODE_NS: u32 = 200;
@@ -106,7 +106,7 @@ fn healthy() -> Journey {
             ),
         ],
         upstream: vec![],
-        incomplete: false,
+        incomplete: None,
     }
 }
 
@@ -462,7 +462,7 @@ fn costly_search_list_misses_before_an_answer_are_amplification() {
         let mut d = Diagnoser::new(ctx());
         for (i, n) in misses.iter().enumerate() {
             let mut miss = asked(i as u64, n, "NXDOMAIN", 100 * (i as u64 + 1), ms);
-            miss.incomplete = incomplete;
+            miss.incomplete = incomplete.then_some(Gap::Lost);
             d.journey(&miss, &names);
         }
         let found = d.journey(&asked(9, "www.example.com.", "NOERROR", 500, 1), &names);
@@ -549,12 +549,14 @@ fn absence_proves_nothing_on_a_journey_that_lost_events() {
     looped
         .upstream
         .push(upstream("127.0.0.53:53", Outcome::Timeout, 0));
-    for mut j in [untranslated, looped] {
-        assert!(!kinds(&j).is_empty());
-        // Losses mark every journey open at the time, upstream ones too.
-        j.incomplete = true;
-        j.upstream.iter_mut().for_each(|u| u.incomplete = true);
-        assert!(kinds(&j).is_empty(), "{:?}", kinds(&j));
+    for gap in [Gap::Lost, Gap::Ended] {
+        for mut j in [untranslated.clone(), looped.clone()] {
+            assert!(!kinds(&j).is_empty());
+            // Every journey open at the time is marked, upstream ones too.
+            j.incomplete = Some(gap);
+            j.upstream.iter_mut().for_each(|u| u.incomplete = Some(gap));
+            assert!(kinds(&j).is_empty(), "{gap:?}: {:?}", kinds(&j));
+        }
     }
 }
 

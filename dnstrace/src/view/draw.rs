@@ -345,11 +345,8 @@ fn journey_screen(app: &App, f: &mut Frame, area: Rect, id: u64) {
         d.outcome.clone(),
         status_style(&l.status),
     ))];
-    if d.incomplete {
-        lines.push(Line::from(Span::styled(
-            "incomplete: kernel events were lost while it was open",
-            WARN,
-        )));
+    if let Some(why) = d.incomplete {
+        lines.push(Line::from(Span::styled(format!("incomplete: {why}"), WARN)));
     }
     if !l.badges.is_empty() {
         let kinds: Vec<&str> = l.badges.iter().map(|(k, _)| *k).collect();

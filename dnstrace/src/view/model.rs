@@ -4,7 +4,7 @@
 use std::{net::SocketAddr, sync::Arc};
 
 use crate::{
-    correlate::{Journey, Outcome},
+    correlate::{Gap, Journey, Outcome},
     diagnose::{Anomaly, Severity},
     output::Labels,
 };
@@ -82,7 +82,8 @@ pub struct Detail {
     pub outcome: String,
     pub answers: Vec<String>,
     pub legs: Vec<LegRow>,
-    pub incomplete: bool,
+    /// Why legs may be missing, if they may.
+    pub incomplete: Option<&'static str>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -216,7 +217,7 @@ fn detail(j: &Journey, labels: &Labels) -> Detail {
         ),
         answers,
         legs: legs(j, 0, labels),
-        incomplete: j.incomplete,
+        incomplete: j.incomplete.map(Gap::why),
     }
 }
 

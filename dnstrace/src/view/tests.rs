@@ -147,7 +147,7 @@ fn journey(id: u64, name: &str, start: u64, outcome: Outcome, upstream: bool) ->
             ),
         ],
         upstream: vec![],
-        incomplete: false,
+        incomplete: None,
     });
     Journey {
         id,
@@ -167,7 +167,7 @@ fn journey(id: u64, name: &str, start: u64, outcome: Outcome, upstream: bool) ->
         dnat: Some((a(svc), a(dns))),
         legs,
         upstream: ups.into_iter().collect(),
-        incomplete: false,
+        incomplete: None,
     }
 }
 
