@@ -8,7 +8,6 @@ use anyhow::{anyhow, bail, Context as _, Result};
 
 const MAGIC: u16 = 0xeb9f;
 const KIND_INT: u32 = 1;
-const KIND_PTR: u32 = 2;
 const KIND_ARRAY: u32 = 3;
 const KIND_STRUCT: u32 = 4;
 const KIND_UNION: u32 = 5;
@@ -24,40 +23,27 @@ const KIND_DECL_TAG: u32 = 17;
 const KIND_TYPE_TAG: u32 = 18;
 const KIND_ENUM64: u32 = 19;
 
-#[derive(Clone, Debug)]
-struct Member {
-    name: String,
-    type_id: u32,
-    /// Offset in bits from the start of the enclosing struct.
-    bit_offset: u32,
+/// One type's header, read where it lies.
+#[derive(Clone, Copy)]
+struct Header {
+    name_off: u32,
+    kind: u32,
+    vlen: usize,
+    kflag: bool,
+    size_or_type: u32,
+    /// Byte offset of what follows the header (members, values, ...).
+    body: usize,
 }
 
-#[derive(Clone, Debug)]
-enum Type {
-    Struct {
-        size: u32,
-        members: Vec<Member>,
-    },
-    Array {
-        elem: u32,
-    },
-    /// typedef, const, volatile, restrict, type tag: look through to `inner`.
-    Alias {
-        inner: u32,
-    },
-    Enum {
-        values: Vec<(String, i64)>,
-    },
-    Sized {
-        size: u32,
-    },
-    Other,
-}
-
+/// The raw BTF with an index of where each type starts: parsing allocates
+/// nothing per type, and a type is decoded only when asked for (the kernel
+/// has some 100,000; start-up needs a dozen).
 pub struct Btf {
-    /// Index = type id; id 0 is `void`.
-    types: Vec<Type>,
-    names: HashMap<String, Vec<u32>>,
+    raw: Vec<u8>,
+    types: std::ops::Range<usize>,
+    strings: std::ops::Range<usize>,
+    /// Index = type id - 1 (id 0 is `void`): offset in the type section.
+    starts: Vec<u32>,
 }
 
 fn u32_at(b: &[u8], off: usize) -> Result<u32> {
@@ -66,156 +52,118 @@ fn u32_at(b: &[u8], off: usize) -> Result<u32> {
         .ok_or_else(|| anyhow!("BTF truncated at byte {off}"))
 }
 
-fn str_at(strings: &[u8], off: u32) -> Result<String> {
-    let rest = strings
-        .get(off as usize..)
-        .ok_or_else(|| anyhow!("BTF string offset {off} out of range"))?;
-    let end = rest
-        .iter()
-        .position(|&c| c == 0)
-        .ok_or_else(|| anyhow!("BTF string at {off} not terminated"))?;
-    Ok(String::from_utf8_lossy(&rest[..end]).into_owned())
+/// Bytes after a type's header: members, values, parameters.
+fn body_len(kind: u32, vlen: usize) -> Result<usize> {
+    Ok(match kind {
+        KIND_INT | KIND_VAR | KIND_DECL_TAG => 4,
+        KIND_ARRAY => 12,
+        KIND_STRUCT | KIND_UNION | KIND_DATASEC | KIND_ENUM64 => vlen * 12,
+        KIND_ENUM | KIND_FUNC_PROTO => vlen * 8,
+        k if k <= KIND_ENUM64 => 0,
+        k => bail!("unknown BTF kind {k}"),
+    })
 }
 
 impl Btf {
     pub fn from_sys_fs() -> Result<Self> {
         let path = "/sys/kernel/btf/vmlinux";
         let raw = std::fs::read(path).with_context(|| format!("reading {path}"))?;
-        Self::parse(&raw).with_context(|| format!("parsing {path}"))
+        Self::parse(raw).with_context(|| format!("parsing {path}"))
     }
 
-    pub fn parse(raw: &[u8]) -> Result<Self> {
+    pub fn parse(raw: Vec<u8>) -> Result<Self> {
         if raw.len() < 24 || u16::from_le_bytes([raw[0], raw[1]]) != MAGIC {
             bail!("not little-endian BTF (bad magic)");
         }
-        let hdr_len = u32_at(raw, 4)? as usize;
-        let (type_off, type_len) = (u32_at(raw, 8)? as usize, u32_at(raw, 12)? as usize);
-        let (str_off, str_len) = (u32_at(raw, 16)? as usize, u32_at(raw, 20)? as usize);
-        let section = |off: usize, len: usize| {
+        let hdr_len = u32_at(&raw, 4)? as usize;
+        let section = |at: usize| -> Result<std::ops::Range<usize>> {
+            let (off, len) = (u32_at(&raw, at)? as usize, u32_at(&raw, at + 4)? as usize);
             hdr_len
                 .checked_add(off)
                 .and_then(|s| Some(s..s.checked_add(len)?))
-                .and_then(|r| raw.get(r))
+                .filter(|r| r.end <= raw.len())
                 .ok_or_else(|| anyhow!("BTF section out of range"))
         };
-        let (types_raw, strings) = (section(type_off, type_len)?, section(str_off, str_len)?);
-        let mut btf = Self {
-            types: vec![Type::Other],
-            names: HashMap::new(),
-        };
+        let (types, strings) = (section(8)?, section(16)?);
+        let b = &raw[types.clone()];
+        let mut starts = Vec::new();
         let mut off = 0;
-        while off < types_raw.len() {
-            off = btf.parse_type(types_raw, strings, off)?;
+        while off < b.len() {
+            let info = u32_at(b, off + 4)?;
+            let len = body_len((info >> 24) & 0x1f, (info & 0xffff) as usize)
+                .with_context(|| format!("at type {}", starts.len() + 1))?;
+            starts.push(off as u32);
+            off += 12 + len;
         }
-        Ok(btf)
+        if off != b.len() {
+            bail!("BTF truncated in type {}", starts.len());
+        }
+        Ok(Self {
+            raw,
+            types,
+            strings,
+            starts,
+        })
     }
 
-    /// Parses the type at `off`, returning the offset of the next one.
-    fn parse_type(&mut self, b: &[u8], strings: &[u8], off: usize) -> Result<usize> {
-        let name = str_at(strings, u32_at(b, off)?)?;
+    fn type_bytes(&self) -> &[u8] {
+        &self.raw[self.types.clone()]
+    }
+
+    fn header(&self, id: u32) -> Result<Header> {
+        let start = id
+            .checked_sub(1)
+            .and_then(|i| self.starts.get(i as usize))
+            .ok_or_else(|| anyhow!("BTF type id {id} out of range"))?;
+        let (b, off) = (self.type_bytes(), *start as usize);
         let info = u32_at(b, off + 4)?;
-        let size_or_type = u32_at(b, off + 8)?;
-        let (vlen, kind, kflag) = (
-            (info & 0xffff) as usize,
-            (info >> 24) & 0x1f,
-            info >> 31 == 1,
-        );
-        let body = off + 12;
-        let (ty, extra) = match kind {
-            KIND_INT => (Type::Sized { size: size_or_type }, 4),
-            KIND_PTR => (Type::Sized { size: 8 }, 0),
-            KIND_ARRAY => (
-                Type::Array {
-                    elem: u32_at(b, body)?,
-                },
-                12,
-            ),
-            KIND_STRUCT | KIND_UNION => {
-                let mut members = Vec::with_capacity(vlen);
-                for i in 0..vlen {
-                    let m = body + i * 12;
-                    let raw_off = u32_at(b, m + 8)?;
-                    let bit_offset = if kflag {
-                        raw_off & 0x00ff_ffff
-                    } else {
-                        raw_off
-                    };
-                    members.push(Member {
-                        name: str_at(strings, u32_at(b, m)?)?,
-                        type_id: u32_at(b, m + 4)?,
-                        bit_offset,
-                    });
-                }
-                (
-                    Type::Struct {
-                        size: size_or_type,
-                        members,
-                    },
-                    vlen * 12,
-                )
-            }
-            KIND_ENUM | KIND_ENUM64 => {
-                let width = if kind == KIND_ENUM { 8 } else { 12 };
-                let mut values = Vec::with_capacity(vlen);
-                for i in 0..vlen {
-                    let v = body + i * width;
-                    let lo = u32_at(b, v + 4)?;
-                    let value = if kind == KIND_ENUM {
-                        i64::from(lo as i32)
-                    } else {
-                        (i64::from(u32_at(b, v + 8)?) << 32) | i64::from(lo)
-                    };
-                    values.push((str_at(strings, u32_at(b, v)?)?, value));
-                }
-                (Type::Enum { values }, vlen * width)
-            }
-            KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT | KIND_TYPE_TAG => (
-                Type::Alias {
-                    inner: size_or_type,
-                },
-                0,
-            ),
-            KIND_FUNC_PROTO => (Type::Other, vlen * 8),
-            KIND_VAR | KIND_DECL_TAG => (Type::Other, 4),
-            KIND_DATASEC => (Type::Other, vlen * 12),
-            k if k <= KIND_ENUM64 => (Type::Other, 0),
-            k => bail!("unknown BTF kind {k} at type {}", self.types.len()),
-        };
-        if !name.is_empty() {
-            self.names
-                .entry(name)
-                .or_default()
-                .push(self.types.len() as u32);
-        }
-        self.types.push(ty);
-        Ok(body + extra)
+        Ok(Header {
+            name_off: u32_at(b, off)?,
+            kind: (info >> 24) & 0x1f,
+            vlen: (info & 0xffff) as usize,
+            kflag: info >> 31 == 1,
+            size_or_type: u32_at(b, off + 8)?,
+            body: off + 12,
+        })
     }
 
-    fn get(&self, id: u32) -> Result<&Type> {
-        self.types
-            .get(id as usize)
-            .ok_or_else(|| anyhow!("BTF type id {id} out of range"))
+    /// The NUL-terminated name at `off` in the string section.
+    fn name(&self, off: u32) -> Result<&[u8]> {
+        let rest = self.raw[self.strings.clone()]
+            .get(off as usize..)
+            .ok_or_else(|| anyhow!("BTF string offset {off} out of range"))?;
+        let end = rest
+            .iter()
+            .position(|&c| c == 0)
+            .ok_or_else(|| anyhow!("BTF string at {off} not terminated"))?;
+        Ok(&rest[..end])
     }
 
     /// Looks through typedefs and qualifiers, with a bound against loops.
-    fn resolve(&self, mut id: u32) -> Result<&Type> {
+    fn resolve(&self, mut id: u32) -> Result<Header> {
         for _ in 0..32 {
-            match self.get(id)? {
-                Type::Alias { inner } => id = *inner,
-                t => return Ok(t),
+            let h = self.header(id)?;
+            match h.kind {
+                KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT | KIND_TYPE_TAG => {
+                    id = h.size_or_type
+                }
+                _ => return Ok(h),
             }
         }
         bail!("BTF type {id}: alias chain too long")
     }
 
-    fn struct_named(&self, name: &str) -> Result<u32> {
-        self.names
-            .get(name)
-            .and_then(|ids| {
-                ids.iter()
-                    .copied()
-                    .find(|&id| matches!(self.types[id as usize], Type::Struct { .. }))
+    /// The first type named `name` of one of `kinds`.
+    fn named(&self, name: &str, kinds: &[u32]) -> Option<Header> {
+        (1..=self.starts.len() as u32)
+            .filter_map(|id| self.header(id).ok())
+            .find(|h| {
+                kinds.contains(&h.kind) && self.name(h.name_off).ok() == Some(name.as_bytes())
             })
+    }
+
+    fn struct_named(&self, name: &str) -> Result<Header> {
+        self.named(name, &[KIND_STRUCT])
             .ok_or_else(|| anyhow!("struct {name} not in the kernel's BTF"))
     }
 
@@ -223,16 +171,16 @@ impl Btf {
     /// inside struct `name`; anonymous structs and unions are searched, arrays
     /// are entered at element 0.
     pub fn offset_of(&self, name: &str, path: &[&str]) -> Result<u32> {
-        let mut id = self.struct_named(name)?;
+        let mut ty = self.struct_named(name)?;
         let mut bits = 0;
         for field in path {
             let (off, member_type) = self
-                .find_member(id, field, 0)?
+                .find_member(ty, field.as_bytes(), 0)?
                 .ok_or_else(|| anyhow!("{name} has no member {}", path.join(".")))?;
             bits += off;
-            id = member_type;
-            while let Type::Array { elem } = self.resolve(id)? {
-                id = *elem;
+            ty = self.resolve(member_type)?;
+            while ty.kind == KIND_ARRAY {
+                ty = self.resolve(u32_at(self.type_bytes(), ty.body)?)?;
             }
         }
         if bits % 8 != 0 {
@@ -241,20 +189,31 @@ impl Btf {
         Ok(bits / 8)
     }
 
-    fn find_member(&self, struct_id: u32, field: &str, depth: u32) -> Result<Option<(u32, u32)>> {
-        let Type::Struct { members, .. } = self.resolve(struct_id)? else {
+    /// (bit offset, type id) of member `field`.
+    fn find_member(&self, ty: Header, field: &[u8], depth: u32) -> Result<Option<(u32, u32)>> {
+        if !matches!(ty.kind, KIND_STRUCT | KIND_UNION) {
             return Ok(None);
-        };
+        }
         if depth > 8 {
             bail!("BTF: anonymous members nested too deep");
         }
-        for m in members {
-            if m.name == field {
-                return Ok(Some((m.bit_offset, m.type_id)));
+        let b = self.type_bytes();
+        for i in 0..ty.vlen {
+            let m = ty.body + i * 12;
+            let (name, type_id, raw_off) = (u32_at(b, m)?, u32_at(b, m + 4)?, u32_at(b, m + 8)?);
+            let bit_offset = if ty.kflag {
+                raw_off & 0x00ff_ffff
+            } else {
+                raw_off
+            };
+            let name = self.name(name)?;
+            if name == field {
+                return Ok(Some((bit_offset, type_id)));
             }
-            if m.name.is_empty() {
-                if let Some((off, ty)) = self.find_member(m.type_id, field, depth + 1)? {
-                    return Ok(Some((m.bit_offset + off, ty)));
+            if name.is_empty() {
+                let inner = self.resolve(type_id)?;
+                if let Some((off, ty)) = self.find_member(inner, field, depth + 1)? {
+                    return Ok(Some((bit_offset + off, ty)));
                 }
             }
         }
@@ -263,24 +222,28 @@ impl Btf {
 
     /// Size in bytes of struct `name`.
     pub fn size_of(&self, name: &str) -> Result<u32> {
-        match self.get(self.struct_named(name)?)? {
-            Type::Struct { size, .. } | Type::Sized { size } => Ok(*size),
-            _ => bail!("{name} has no size"),
-        }
+        Ok(self.struct_named(name)?.size_or_type)
     }
 
     /// Names of an enum's values by value, e.g. `skb_drop_reason`.
     pub fn enum_names(&self, name: &str) -> Result<HashMap<i64, String>> {
-        let ids = self
-            .names
-            .get(name)
+        let ty = self
+            .named(name, &[KIND_ENUM, KIND_ENUM64])
             .ok_or_else(|| anyhow!("enum {name} not in the kernel's BTF"))?;
-        for &id in ids {
-            if let Type::Enum { values } = &self.types[id as usize] {
-                return Ok(values.iter().map(|(n, v)| (*v, n.clone())).collect());
-            }
-        }
-        bail!("{name} is not an enum")
+        let (b, width) = (self.type_bytes(), if ty.kind == KIND_ENUM { 8 } else { 12 });
+        (0..ty.vlen)
+            .map(|i| {
+                let v = ty.body + i * width;
+                let lo = u32_at(b, v + 4)?;
+                let value = if ty.kind == KIND_ENUM {
+                    i64::from(lo as i32)
+                } else {
+                    (i64::from(u32_at(b, v + 8)?) << 32) | i64::from(lo)
+                };
+                let name = String::from_utf8_lossy(self.name(u32_at(b, v)?)?).into_owned();
+                Ok((value, name))
+            })
+            .collect()
     }
 }
 
@@ -325,13 +288,13 @@ mod tests {
 
     #[test]
     fn damaged_btf_is_an_error() {
-        assert!(Btf::parse(b"").is_err());
-        assert!(Btf::parse(&[
+        assert!(Btf::parse(Vec::new()).is_err());
+        assert!(Btf::parse(vec![
             0x9f, 0xeb, 1, 0, 24, 0, 0, 0, 0, 0, 0, 0, 255, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0
         ])
         .is_err());
         let mut raw = std::fs::read("/sys/kernel/btf/vmlinux").unwrap();
         raw.truncate(raw.len() / 2);
-        assert!(Btf::parse(&raw).is_err());
+        assert!(Btf::parse(raw).is_err());
     }
 }
