@@ -20,7 +20,7 @@ use crate::{
     naming::{Names, Services},
     output::{monotonic_now, Clock, Labels, LineSink},
     pipeline::{Counts, Input, JourneySink, Pipeline, Source, Stop, View},
-    probes::Probes,
+    probes::{Load, Probes},
     record::{self, RecordOptions, Recorder},
     target,
     view::{self, state::About, LiveOut},
@@ -37,7 +37,7 @@ pub async fn run(args: CaptureArgs, view: View) -> Result<()> {
         .as_ref()
         .map(|t| t.kernel_filter(&target::resolvers(&services, &pods)))
         .transpose()?;
-    let mut probes = Probes::attach(&args, filter.as_ref())?;
+    let mut probes = Probes::attach(&args, filter.as_ref(), Load::Attachable)?;
     announce(&probes);
     if let Some(t) = &target {
         eprintln!("dnstrace: {}", t.describe());
@@ -259,6 +259,19 @@ fn conntrack_at_start(node: Option<&std::path::Path>) -> Option<ConntrackAtStart
         max: crate::netns::sysctl(node, "net/netfilter/nf_conntrack_max")
             .and_then(|v| v.parse().ok()),
     })
+}
+
+/// `dnstrace check`: loads every program, so the kernel's verifier checks
+/// each, attaches what this kernel allows, says so and detaches.
+pub fn check(ifaces: Vec<String>) -> Result<()> {
+    let probes = Probes::attach(&CaptureArgs::defaults_on(ifaces), None, Load::All)?;
+    announce(&probes);
+    eprintln!(
+        "dnstrace: check: {} attached, {} off; detached again",
+        probes.attachments.len(),
+        probes.off.len()
+    );
+    Ok(())
 }
 
 /// Says what is attached, and what is off and why.

@@ -89,11 +89,29 @@ pub enum Command {
         #[arg(short, long = "port", value_name = "PORT", default_value = "53")]
         ports: Vec<u16>,
     },
+    /// Whether dnstrace can trace on this node: loads every program (the
+    /// kernel's verifier checks each, kprobes too where they cannot attach),
+    /// attaches what the kernel allows, says what is on and what is off and
+    /// why, and detaches.
+    Check {
+        /// Check tc on these interfaces instead of the node-wide hooks.
+        #[arg(short, long = "iface", value_name = "IF")]
+        ifaces: Vec<String>,
+    },
     /// A simulated Kubernetes node in network namespaces, with switchable DNS faults.
     Lab {
         #[command(subcommand)]
         command: crate::lab::LabCommand,
     },
+}
+
+impl CaptureArgs {
+    /// Every default, on `ifaces` (none: the node-wide hooks).
+    pub fn defaults_on(ifaces: Vec<String>) -> Self {
+        let mut args = Cli::parse_from(["dnstrace"]).capture;
+        args.ifaces = ifaces;
+        args
+    }
 }
 
 #[derive(clap::Args, Debug, Clone)]

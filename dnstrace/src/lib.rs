@@ -46,6 +46,7 @@ pub fn main() -> ExitCode {
     let work = async {
         match cli.command {
             Some(cli::Command::Lab { command }) => lab::run(command).await,
+            Some(cli::Command::Check { ifaces }) => capture::check(ifaces),
             Some(cli::Command::Pods {
                 query,
                 runtime,

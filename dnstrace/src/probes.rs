@@ -133,6 +133,17 @@ pub struct Probes {
     pub drop_reasons: std::collections::HashMap<u32, String>,
 }
 
+/// Which programs to load.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Load {
+    /// What this kernel can attach: verifying the rest would only slow start-up.
+    Attachable,
+    /// Every program, so the verifier checks each (`dnstrace check`).
+    All,
+}
+
+const NO_KPROBES: &str = "this kernel has no kprobes (CONFIG_KPROBES is off)";
+
 /// Each node-wide program's load (and verification) result, by name.
 type Loaded = std::collections::HashMap<String, Result<()>>;
 
@@ -145,7 +156,7 @@ impl Probes {
     /// Checks privileges and kernel support, loads the programs and attaches
     /// them: tc on every interface in `args`, or, with none named, the BTF
     /// tracepoints that see the whole node.
-    pub fn attach(args: &CaptureArgs, target: Option<&KernelFilter>) -> Result<Self> {
+    pub fn attach(args: &CaptureArgs, target: Option<&KernelFilter>, load: Load) -> Result<Self> {
         check_privileges()?;
         let netns = crate::netns::inode(None)?;
         for line in leftovers::reap(netns) {
@@ -195,7 +206,7 @@ impl Probes {
             probes.watch(&t.watched)?;
         }
         if ifaces.is_empty() {
-            let mut loaded = probes.load_node_wide()?;
+            let mut loaded = probes.load_node_wide(load)?;
             probes.attach_tracepoints(&mut loaded)?;
             probes.attach_kprobes(&mut loaded);
         } else {
@@ -214,10 +225,11 @@ impl Probes {
 
     /// Loads the node-wide programs, each on a thread of its own: the
     /// verifier takes most of start-up, and it can use every core.
-    fn load_node_wide(&mut self) -> Result<Loaded> {
+    fn load_node_wide(&mut self, load: Load) -> Result<Loaded> {
         let btf = aya::Btf::from_sys_fs().context("reading the kernel's BTF")?;
         let tracepoint = |name: &str| TRACEPOINTS.iter().find(|(n, _)| *n == name).map(|t| t.1);
-        let kprobe = |name: &str| KPROBES.iter().any(|(n, ..)| *n == name);
+        let with_kprobes = load == Load::All || kprobes_available();
+        let kprobe = |name: &str| with_kprobes && KPROBES.iter().any(|(n, ..)| *n == name);
         Ok(std::thread::scope(|scope| {
             let loads: Vec<_> = self
                 .ebpf
@@ -382,13 +394,17 @@ impl Probes {
         Ok(())
     }
 
-    /// Loads every kprobe (the verifier checks it whatever happens next) and
-    /// attaches it where the kernel allows; what cannot attach is reported.
+    /// Attaches each loaded kprobe where the kernel allows; what is off is
+    /// reported, with why.
     fn attach_kprobes(&mut self, loaded: &mut Loaded) {
         for (name, function, ret) in KPROBES {
-            let load = loaded
-                .remove(name)
-                .unwrap_or_else(|| Err(anyhow!("program {name} missing from the eBPF object")));
+            let load = loaded.remove(name).unwrap_or_else(|| {
+                Err(if kprobes_available() {
+                    anyhow!("program {name} missing from the eBPF object")
+                } else {
+                    anyhow!("not loaded: {NO_KPROBES}; `dnstrace check` verifies it")
+                })
+            });
             match load.and_then(|()| self.attach_kprobe(name, function)) {
                 Ok(prog_id) => {
                     let kind = if ret { "kretprobe" } else { "kprobe" };
@@ -412,12 +428,10 @@ impl Probes {
             .try_into()?;
         let prog_id = prog.info()?.id();
         prog.attach(function, 0).map_err(|e| {
-            let why = if std::path::Path::new("/sys/kernel/debug/kprobes").exists()
-                || kprobes_configured()
-            {
+            let why = if kprobes_available() {
                 e.to_string()
             } else {
-                "this kernel has no kprobes (CONFIG_KPROBES is off)".to_owned()
+                NO_KPROBES.to_owned()
             };
             anyhow!("loaded and verified (prog id {prog_id}) but not attached: {why}")
         })?;
@@ -541,14 +555,16 @@ fn limit_capabilities(keep: u64) -> std::io::Result<()> {
     check(rc as libc::c_int)
 }
 
-/// Whether the running kernel was built with kprobes, where it says.
-fn kprobes_configured() -> bool {
-    let config = std::process::Command::new("zcat")
-        .arg("/proc/config.gz")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .unwrap_or_default();
-    config.is_empty() || config.lines().any(|l| l == "CONFIG_KPROBES=y")
+/// Whether kprobes can attach here: the kprobe PMU (or, on older kernels,
+/// tracefs's kprobe_events) exists only where the kernel has kprobe events.
+fn kprobes_available() -> bool {
+    [
+        "/sys/bus/event_source/devices/kprobe",
+        "/sys/kernel/tracing/kprobe_events",
+        "/sys/kernel/debug/tracing/kprobe_events",
+    ]
+    .iter()
+    .any(|p| std::path::Path::new(p).exists())
 }
 
 /// The interface already had a clsact qdisc (someone else's: leave it on exit).
