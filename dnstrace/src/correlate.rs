@@ -67,12 +67,16 @@ pub struct Leg {
     pub iface: Option<Arc<str>>,
     pub ifindex: u32,
     pub netns: u32,
+    #[serde(with = "crate::output::json_addr")]
     pub src: SocketAddr,
+    #[serde(with = "crate::output::json_addr")]
     pub dst: SocketAddr,
     pub response: bool,
     /// (asked for, rewritten to), where conntrack shows a DNAT. Boxed, as
     /// most legs have none and open journeys should stay small.
+    #[serde(serialize_with = "crate::output::json_addr::pair")]
     pub dnat: Option<Box<(SocketAddr, SocketAddr)>>,
+    #[serde(serialize_with = "crate::output::json_addr::pair")]
     pub snat: Option<Box<(SocketAddr, SocketAddr)>>,
     /// The kernel's drop reason and location, numbers as captured.
     pub drop: Option<(u32, u64)>,

@@ -1,4 +1,6 @@
 //! Line output: one text line or one JSON object per DNS message.
+pub mod json_addr;
+
 use std::{
     collections::{BTreeMap, HashMap},
     io::{self, Write},
@@ -221,6 +223,7 @@ struct JourneyJson<'a> {
     total_ms: f64,
     id: u64,
     lookup: u64,
+    #[serde(with = "json_addr")]
     client: SocketAddr,
     dns_id: u16,
     name: &'a str,
@@ -229,6 +232,7 @@ struct JourneyJson<'a> {
     started_ns: u64,
     ended_ns: u64,
     outcome: OutcomeJson<'a>,
+    #[serde(serialize_with = "json_addr::pair")]
     dnat: Option<(SocketAddr, SocketAddr)>,
     legs: &'a [Leg],
     incomplete: bool,
