@@ -266,11 +266,9 @@ fn conntrack_at_start(node: Option<&std::path::Path>) -> Option<ConntrackAtStart
 pub fn check(ifaces: Vec<String>) -> Result<()> {
     let probes = Probes::attach(&CaptureArgs::defaults_on(ifaces), None, Load::All)?;
     announce(&probes);
-    eprintln!(
-        "dnstrace: check: {} attached, {} off; detached again",
-        probes.attachments.len(),
-        probes.off.len()
-    );
+    let (on, off) = (probes.attachments.len(), probes.off.len());
+    drop(probes);
+    eprintln!("dnstrace: check: {on} attached, {off} off; all detached again");
     Ok(())
 }
 
