@@ -321,8 +321,8 @@ fn recordings_rotate_and_cut_or_damaged_files_are_clear_errors() {
     let (ok, lines, stderr) = replay(&cut, &[]);
     assert!(ok, "{stderr}");
     assert!(stderr.contains("cut short at byte"), "{stderr}");
-    let journeys = of_type(&lines, "journey");
-    assert!(journeys.len() >= 5, "{journeys:#?}");
+    let cut_journeys = of_type(&lines, "journey");
+    assert!(cut_journeys.len() >= 5, "{cut_journeys:#?}");
     assert!(of_type(&lines, "anomaly").is_empty(), "{lines:#?}");
 
     // Not a capture at all; a block claiming 2 GiB: one line, no panic.
