@@ -7,6 +7,7 @@
 //! the same question, are its upstream journeys. The engine is pure: records
 //! in, journeys out, time only from the records and `tick`.
 use std::{
+    borrow::Cow,
     collections::{hash_map::Entry, HashMap, HashSet, VecDeque},
     hash::{BuildHasher, Hash},
     net::{IpAddr, SocketAddr},
@@ -86,7 +87,7 @@ pub struct Leg {
 #[serde(rename_all = "snake_case", tag = "status")]
 pub enum Outcome {
     Answered {
-        rcode: String,
+        rcode: Cow<'static, str>,
         answers: Vec<String>,
         truncated: bool,
     },
@@ -105,7 +106,7 @@ pub struct Journey {
     pub client: SocketAddr,
     pub dns_id: u16,
     pub name: String,
-    pub qtype: String,
+    pub qtype: &'static str,
     pub tcp: bool,
     pub started_ns: u64,
     pub ended_ns: u64,
@@ -148,7 +149,7 @@ struct Key {
     client: SocketAddr,
     dns_id: u16,
     name: String,
-    qtype: String,
+    qtype: &'static str,
 }
 
 struct Open {
@@ -348,7 +349,7 @@ impl Engine {
             client,
             dns_id: msg.id,
             name: q.name.to_ascii_lowercase(),
-            qtype: q.qtype.clone(),
+            qtype: q.qtype,
         };
         let id = match self.by_key.get(&key) {
             Some(&id) => id,
@@ -481,7 +482,7 @@ impl Engine {
             client: key.client,
             dns_id: key.dns_id,
             name: key.name.clone(),
-            qtype: key.qtype.clone(),
+            qtype: key.qtype,
             tcp: matches!(p.transport, crate::decode::Transport::Tcp { .. }),
             started_ns: p.ts_ns,
             ended_ns: p.ts_ns,

@@ -56,7 +56,7 @@ const LOOKUP_WINDOW_NS: u64 = 15_000_000_000;
 #[derive(Clone, Debug)]
 struct Asked {
     name: String,
-    qtype: String,
+    qtype: &'static str,
     port: u16,
     answered: bool,
     nxdomain: bool,
@@ -106,7 +106,7 @@ struct Truncated {
     client: IpAddr,
     server: SocketAddr,
     name: String,
-    qtype: String,
+    qtype: &'static str,
     journey: u64,
     answered_ns: u64,
 }
@@ -294,7 +294,7 @@ impl Diagnoser {
             client: j.client.ip(),
             server: o.dst,
             name: j.name.clone(),
-            qtype: j.qtype.clone(),
+            qtype: j.qtype,
             journey: j.id,
             answered_ns: j.ended_ns,
         });
@@ -332,7 +332,7 @@ impl Diagnoser {
         let nxdomain = matches!(&j.outcome, Outcome::Answered { rcode, .. } if rcode == "NXDOMAIN");
         r.push_back(Asked {
             name: j.name.clone(),
-            qtype: j.qtype.clone(),
+            qtype: j.qtype,
             port: j.client.port(),
             answered: matches!(j.outcome, Outcome::Answered { .. }),
             nxdomain,
@@ -446,7 +446,7 @@ impl Diagnoser {
 /// One of a parallel A/AAAA pair got no answer while its sibling, sent
 /// from the same socket at the same moment, did: the conntrack insert race.
 fn half_pair_lost(j: &Journey, recent: &[&Asked], names: &KernelNames) -> Option<Finding> {
-    if matches!(j.outcome, Outcome::Answered { .. }) || !matches!(j.qtype.as_str(), "A" | "AAAA") {
+    if matches!(j.outcome, Outcome::Answered { .. }) || !matches!(j.qtype, "A" | "AAAA") {
         return None;
     }
     let sibling = recent.iter().find(|a| {

@@ -155,7 +155,7 @@ impl Labels {
                 answers,
                 truncated,
             } => {
-                let mut s = rcode.clone();
+                let mut s = rcode.to_string();
                 if *truncated {
                     s += " (truncated)";
                 }

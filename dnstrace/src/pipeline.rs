@@ -343,7 +343,7 @@ impl Pipeline {
     }
 
     /// Records `input`, then hands it to `sink`.
-    fn step(&mut self, input: Input, sink: &mut impl Sink) -> io::Result<()> {
+    pub(crate) fn step(&mut self, input: Input, sink: &mut impl Sink) -> io::Result<()> {
         if let Some(r) = &mut self.recorder {
             r.input(&input);
         }

@@ -19,7 +19,7 @@ fn addr(s: &str) -> SocketAddr {
     s.parse().unwrap()
 }
 
-fn msg(id: u16, name: &str, qtype: &str, response: bool) -> DnsMessage {
+fn msg(id: u16, name: &str, qtype: &'static str, response: bool) -> DnsMessage {
     DnsMessage {
         id,
         response,

@@ -1,9 +1,9 @@
 //! DNS messages decoded with hickory-proto into a flat summary.
-use std::fmt;
+use std::{borrow::Cow, fmt};
 
 use hickory_proto::{
-    op::{Message, MessageType},
-    rr::{RData, Record},
+    op::{Message, MessageType, OpCode},
+    rr::{Name, RData, Record},
     serialize::binary::BinEncodable as _,
 };
 use serde::Serialize;
@@ -14,9 +14,10 @@ use super::Body;
 pub struct DnsMessage {
     pub id: u16,
     pub response: bool,
-    pub opcode: String,
+    /// Mnemonics are static; only unknown codes are formatted.
+    pub opcode: Cow<'static, str>,
     pub flags: Flags,
-    pub rcode: String,
+    pub rcode: Cow<'static, str>,
     pub questions: Vec<Question>,
     pub answers: Vec<Answer>,
     pub authority_count: usize,
@@ -37,15 +38,15 @@ pub struct Flags {
 pub struct Question {
     pub name: String,
     #[serde(rename = "type")]
-    pub qtype: String,
-    pub class: String,
+    pub qtype: &'static str,
+    pub class: &'static str,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Answer {
     pub name: String,
     #[serde(rename = "type")]
-    pub rtype: String,
+    pub rtype: &'static str,
     pub ttl: u32,
     pub data: String,
 }
@@ -66,7 +67,7 @@ fn summarize(msg: &Message) -> DnsMessage {
     DnsMessage {
         id: h.id(),
         response: h.message_type() == MessageType::Response,
-        opcode: format!("{:?}", h.op_code()).to_uppercase(),
+        opcode: opcode_name(h.op_code()),
         flags: Flags {
             aa: h.authoritative(),
             tc: h.truncated(),
@@ -81,9 +82,9 @@ fn summarize(msg: &Message) -> DnsMessage {
             .queries()
             .iter()
             .map(|q| Question {
-                name: q.name().to_string(),
-                qtype: q.query_type().to_string(),
-                class: q.query_class().to_string(),
+                name: name_text(q.name()),
+                qtype: q.query_type().into(),
+                class: q.query_class().into(),
             })
             .collect(),
         answers: msg.answers().iter().map(answer).collect(),
@@ -93,16 +94,56 @@ fn summarize(msg: &Message) -> DnsMessage {
 }
 
 /// The mnemonic dig and the RFCs use.
-fn rcode_name(code: u16) -> String {
+fn rcode_name(code: u16) -> Cow<'static, str> {
     const NAMES: [&str; 11] = [
         "NOERROR", "FORMERR", "SERVFAIL", "NXDOMAIN", "NOTIMP", "REFUSED", "YXDOMAIN", "YXRRSET",
         "NXRRSET", "NOTAUTH", "NOTZONE",
     ];
     match NAMES.get(usize::from(code)) {
-        Some(name) => (*name).to_owned(),
-        None if code == 16 => "BADVERS".to_owned(),
-        None => format!("RCODE{code}"),
+        Some(name) => Cow::Borrowed(name),
+        None if code == 16 => Cow::Borrowed("BADVERS"),
+        None => Cow::Owned(format!("RCODE{code}")),
     }
+}
+
+fn opcode_name(op: OpCode) -> Cow<'static, str> {
+    match op {
+        OpCode::Query => Cow::Borrowed("QUERY"),
+        OpCode::Status => Cow::Borrowed("STATUS"),
+        OpCode::Notify => Cow::Borrowed("NOTIFY"),
+        OpCode::Update => Cow::Borrowed("UPDATE"),
+        OpCode::Unknown(n) => Cow::Owned(format!("UNKNOWN({n})")),
+    }
+}
+
+/// A name as hickory writes it, without its per-character formatting for
+/// the usual letters, digits, `-` and `_`; anything else (escapes, IDNA)
+/// is left to hickory.
+fn name_text(name: &Name) -> String {
+    let plain = name.iter().all(|label| {
+        !label.starts_with(b"xn--")
+            && label.iter().enumerate().all(|(i, &b)| {
+                b.is_ascii_alphanumeric()
+                    || b == b'_'
+                    || (b == b'-' && i > 0)
+                    || (b == b'*' && i == 0)
+            })
+    });
+    if !plain {
+        return name.to_string();
+    }
+    let mut text = String::with_capacity(usize::from(name.len()));
+    for (i, label) in name.iter().enumerate() {
+        if i > 0 {
+            text.push('.');
+        }
+        // Checked above: ASCII only.
+        text.extend(label.iter().map(|&b| char::from(b)));
+    }
+    if name.is_root() || name.is_fqdn() {
+        text.push('.');
+    }
+    text
 }
 
 fn answer(r: &Record) -> Answer {
@@ -111,8 +152,8 @@ fn answer(r: &Record) -> Answer {
         other => presentation(other),
     };
     Answer {
-        name: r.name().to_string(),
-        rtype: r.record_type().to_string(),
+        name: name_text(r.name()),
+        rtype: r.record_type().into(),
         ttl: r.ttl(),
         data,
     }
@@ -235,7 +276,7 @@ mod tests {
         let got: Vec<(&str, &str)> = m
             .answers
             .iter()
-            .map(|a| (a.rtype.as_str(), a.data.as_str()))
+            .map(|a| (a.rtype, a.data.as_str()))
             .collect();
         assert_eq!(
             got,
@@ -261,6 +302,37 @@ mod tests {
         assert_eq!(rcode_name(2), "SERVFAIL");
         assert_eq!(rcode_name(23), "RCODE23");
         assert!(m.answers.is_empty());
+    }
+
+    /// The fast path writes names exactly as hickory would, and leaves it
+    /// the ones it cannot (escapes, IDNA).
+    #[test]
+    fn names_read_as_hickory_writes_them() {
+        let labels: [&[u8]; 9] = [
+            b"www",
+            b"Mixed-Case",
+            b"_srv",
+            b"*",
+            b"-lead",
+            b"a.b",
+            b"sp ace",
+            b"\xff\x01",
+            b"xn--bcher-kva",
+        ];
+        for label in labels {
+            for fqdn in [true, false] {
+                let mut n = Name::from_labels([label, &b"example"[..]]).unwrap();
+                n.set_fqdn(fqdn);
+                assert_eq!(name_text(&n), n.to_string(), "{label:?}");
+            }
+        }
+        assert_eq!(name_text(&Name::root()), ".");
+    }
+
+    #[test]
+    fn opcodes_have_their_mnemonics() {
+        assert_eq!(opcode_name(OpCode::Update), "UPDATE");
+        assert_eq!(opcode_name(OpCode::Unknown(9)), "UNKNOWN(9)");
     }
 
     #[test]

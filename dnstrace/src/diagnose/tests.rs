@@ -45,7 +45,7 @@ fn leg(
     }
 }
 
-fn answered(rcode: &str) -> Outcome {
+fn answered(rcode: &'static str) -> Outcome {
     Outcome::Answered {
         rcode: rcode.into(),
         answers: vec!["A 10.96.0.1".into()],
@@ -390,7 +390,7 @@ fn an_upstream_query_dropped_on_the_way_explains_the_client_timeout() {
 }
 
 /// A journey for `name` from the web pod, ended at `end_ms`, `ms` long.
-fn asked(id: u64, name: &str, rcode: &str, end_ms: u64, ms: u64) -> Journey {
+fn asked(id: u64, name: &str, rcode: &'static str, end_ms: u64, ms: u64) -> Journey {
     let end = end_ms * 1_000_000;
     Journey {
         id,

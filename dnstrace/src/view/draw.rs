@@ -309,7 +309,7 @@ fn lookup_row(l: &Lookup, wide: bool) -> Row<'_> {
         Cell::from(l.time.as_str()),
         Cell::from(pod),
         Cell::from(l.name.as_str()),
-        Cell::from(l.qtype.as_str()),
+        Cell::from(l.qtype),
         Cell::from(Span::styled(l.status.word(), status_style(&l.status))),
         Cell::from(l.latency_ns.map(latency).unwrap_or_else(|| "-".into())),
     ];

@@ -1,7 +1,7 @@
 //! What the live view shows, as plain owned data: built on the capture
 //! side from journeys and anomalies (names already applied), so the view
 //! thread needs nothing but these.
-use std::{net::SocketAddr, sync::Arc};
+use std::{borrow::Cow, net::SocketAddr, sync::Arc};
 
 use crate::{
     correlate::{Gap, Journey, Outcome},
@@ -30,7 +30,10 @@ pub type AnomalyKey = (&'static str, String);
 /// How a lookup ended, in the words of the lookup list.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Status {
-    Answered { rcode: String, truncated: bool },
+    Answered {
+        rcode: Cow<'static, str>,
+        truncated: bool,
+    },
     Dropped,
     Timeout,
 }
@@ -65,7 +68,7 @@ pub struct Lookup {
     /// The client's pod, or its address.
     pub pod: String,
     pub name: String,
-    pub qtype: String,
+    pub qtype: &'static str,
     pub status: Status,
     /// None when no answer came.
     pub latency_ns: Option<u64>,
@@ -185,7 +188,7 @@ pub fn lookup(j: &Journey, badges: &[AnomalyKey], labels: &Labels) -> Lookup {
         time: time.get(..12).unwrap_or(&time).to_owned(),
         pod,
         name: j.name.clone(),
-        qtype: j.qtype.clone(),
+        qtype: j.qtype,
         latency_ns: matches!(status, Status::Answered { .. }).then(|| j.total_ns()),
         status,
         server: server

@@ -179,7 +179,7 @@ fn noerror(answer: &str) -> Outcome {
     }
 }
 
-fn rcode(r: &str) -> Outcome {
+fn rcode(r: &'static str) -> Outcome {
     Outcome::Answered {
         rcode: r.into(),
         answers: vec![],
