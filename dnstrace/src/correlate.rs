@@ -148,13 +148,16 @@ impl Journey {
 struct Key {
     client: SocketAddr,
     dns_id: u16,
-    name: String,
+    /// Lowercase.
+    name: Arc<str>,
     qtype: &'static str,
 }
 
 struct Open {
     j: Journey,
     key: Key,
+    /// `key.name` hashed, for `Engine::waiting`.
+    name_hash: u64,
     parent: Option<u64>,
     children: Vec<u64>,
     /// Keys the query is also known by, past a SNAT.
@@ -166,9 +169,12 @@ struct Open {
     ct_dnat: Option<(SocketAddr, SocketAddr)>,
     /// The answer reached the netns the query started in.
     delivered: bool,
+    /// The message `j.outcome` was made from: the same answer seen at the
+    /// next hook is not made again.
+    answered_by: Option<Arc<DnsMessage>>,
     /// Where it is filed in `Engine::waiting`: (name hash, place), while
     /// no answer has been seen.
-    waiting_at: Vec<(u64, Place)>,
+    waiting_at: [Option<(u64, Place)>; 2],
 }
 
 /// Where a query was delivered, as a server's own queries show it: sent
@@ -184,18 +190,18 @@ pub struct Engine {
     /// Boxed: an open journey is half a KiB, and a map of them would move
     /// (and over-allocate) all that as it grows.
     open: Map<u64, Box<Open>>,
-    by_key: Map<Key, u64>,
+    by_key: ByKey,
     /// Unanswered journeys by question and place, TCP journeys by question,
     /// and journeys by client socket, so that finding a parent, a TCP
     /// retry or a conntrack entry's journeys never scans them all.
     waiting: Index<(u64, Place)>,
-    tcp_by_name: Index<String>,
+    tcp_by_name: Index<Arc<str>>,
     by_client: Index<SocketAddr>,
     hasher: RandomState,
     /// Journey ids, oldest first, for eviction; closed ones are skipped
     /// lazily and compacted away now and then.
     order: VecDeque<u64>,
-    lookups: Map<(SocketAddr, String), (u64, u64)>,
+    lookups: Map<(SocketAddr, Arc<str>), (u64, u64)>,
     /// `lookups` is pruned when it grows past this (amortised).
     lookups_limit: usize,
     /// When each address last sent or got DNS over TCP, even where the
@@ -209,6 +215,53 @@ pub struct Engine {
     losses: VecDeque<(u64, u64)>,
     /// Device names, each kept once.
     ifnames: Set<Arc<str>>,
+}
+
+/// Open journeys by client socket, DNS id and type, then by name: one
+/// socket seldom has two names open under one id, and comparing names
+/// ignoring case spares a lowercase copy per packet.
+#[derive(Default)]
+struct ByKey(Map<Slot, Vec<(Arc<str>, u64)>>);
+
+/// Client socket, DNS id, type.
+type Slot = (SocketAddr, u16, &'static str);
+
+impl ByKey {
+    /// The open journey of this question from `client`, if any.
+    fn find(
+        &self,
+        client: SocketAddr,
+        dns_id: u16,
+        qtype: &'static str,
+        name: &str,
+    ) -> Option<u64> {
+        self.0
+            .get(&(client, dns_id, qtype))?
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|&(_, id)| id)
+    }
+
+    /// Files `key` under `id`, in place of any journey filed under it.
+    fn file(&mut self, key: &Key, id: u64) {
+        let named = self
+            .0
+            .entry((key.client, key.dns_id, key.qtype))
+            .or_default();
+        match named.iter_mut().find(|(n, _)| *n == key.name) {
+            Some(slot) => slot.1 = id,
+            None => named.push((key.name.clone(), id)),
+        }
+    }
+
+    fn unfile(&mut self, key: &Key) {
+        if let Entry::Occupied(mut named) = self.0.entry((key.client, key.dns_id, key.qtype)) {
+            named.get_mut().retain(|(n, _)| *n != key.name);
+            if named.get().is_empty() {
+                named.remove();
+            }
+        }
+    }
 }
 
 /// Open journey ids grouped by something they share. Most groups hold one
@@ -279,7 +332,7 @@ impl Engine {
         Self {
             limits,
             open: Map::default(),
-            by_key: Map::default(),
+            by_key: ByKey::default(),
             waiting: Index::new(),
             tcp_by_name: Index::new(),
             by_client: Index::new(),
@@ -345,47 +398,44 @@ impl Engine {
             (None, true) => p.dst,
             (None, false) => p.src,
         };
-        let key = Key {
-            client,
-            dns_id: msg.id,
-            name: q.name.to_ascii_lowercase(),
-            qtype: q.qtype,
-        };
-        let id = match self.by_key.get(&key) {
-            Some(&id) => id,
+        let id = match self.by_key.find(client, msg.id, q.qtype, &q.name) {
+            Some(id) => id,
             // A reply whose query was never seen starts nothing.
             None if msg.response => return,
-            None => self.start(key.clone(), p),
+            None => {
+                let key = Key {
+                    client,
+                    dns_id: msg.id,
+                    name: q.name.to_ascii_lowercase().into(),
+                    qtype: q.qtype,
+                };
+                self.start(key, p)
+            }
         };
         let Some(o) = self.open.get_mut(&id) else {
             return;
         };
         let iface = p.ifname.as_deref().map(|n| intern(&mut self.ifnames, n));
         o.add_leg(p, msg, iface);
-        let filed = std::mem::take(&mut o.waiting_at);
-        let name = self.hasher.hash_one(&key.name);
-        o.waiting_at = o
-            .places()
-            .into_iter()
-            .flatten()
-            .map(|pl| (name, pl))
-            .collect();
+        let filed = o.waiting_at;
+        let name = o.name_hash;
+        o.waiting_at = o.places().map(|pl| pl.map(|pl| (name, pl)));
         // Past a SNAT the same query goes on under another source address.
         if let Some((_, seen)) = p.ct.as_ref().and_then(Conntrack::snat) {
             let alias = Key {
                 client: seen,
-                ..key
+                ..o.key.clone()
             };
             if !o.aliases.contains(&alias) {
-                o.aliases.push(alias.clone());
-                self.by_key.insert(alias, id);
+                self.by_key.file(&alias, id);
+                o.aliases.push(alias);
             }
         }
         if filed != o.waiting_at {
-            for k in &filed {
+            for k in filed.iter().flatten() {
                 self.waiting.remove(k, id);
             }
-            for &k in &o.waiting_at {
+            for &k in o.waiting_at.iter().flatten() {
                 self.waiting.add(k, id);
             }
         }
@@ -475,13 +525,14 @@ impl Engine {
         let id = self.next_id;
         self.next_id += 1;
         let lookup = self.lookup_for(&key, p.ts_ns, id);
-        let parent = self.waiting_parent(&key, p);
+        let name_hash = self.hasher.hash_one(&key.name);
+        let parent = self.waiting_parent(&key, name_hash, p);
         let j = Journey {
             id,
             lookup,
             client: key.client,
             dns_id: key.dns_id,
-            name: key.name.clone(),
+            name: key.name.to_string(),
             qtype: key.qtype,
             tcp: matches!(p.transport, crate::decode::Transport::Tcp { .. }),
             started_ns: p.ts_ns,
@@ -497,7 +548,7 @@ impl Engine {
                 po.children.push(id);
             }
         }
-        self.by_key.insert(key.clone(), id);
+        self.by_key.file(&key, id);
         if j.tcp {
             self.tcp_by_name.add(key.name.clone(), id);
         }
@@ -512,6 +563,7 @@ impl Engine {
             Box::new(Open {
                 j,
                 key,
+                name_hash,
                 parent,
                 children: Vec::new(),
                 aliases: Vec::new(),
@@ -519,7 +571,8 @@ impl Engine {
                 ct_dnat: None,
                 outcome_ns: 0,
                 delivered: false,
-                waiting_at: Vec::new(),
+                answered_by: None,
+                waiting_at: [None; 2],
             }),
         );
         id
@@ -546,8 +599,7 @@ impl Engine {
 
     /// The open journey this query serves, if it was sent by a server that
     /// a journey for the same question is waiting at.
-    fn waiting_parent(&self, key: &Key, p: &Packet) -> Option<u64> {
-        let name = self.hasher.hash_one(&key.name);
+    fn waiting_parent(&self, key: &Key, name: u64, p: &Packet) -> Option<u64> {
         let places = [
             Some(Place::Addr(p.src.ip())),
             (p.netns != 0).then_some(Place::Netns(p.netns)),
@@ -595,13 +647,13 @@ impl Engine {
 
     fn forget(&mut self, id: u64, o: &Open) {
         for k in std::iter::once(&o.key).chain(&o.aliases) {
-            self.by_key.remove(k);
+            self.by_key.unfile(k);
         }
         if o.j.tcp {
             self.tcp_by_name.remove(&o.key.name, id);
         }
         self.by_client.remove(&o.key.client, id);
-        for k in &o.waiting_at {
+        for k in o.waiting_at.iter().flatten() {
             self.waiting.remove(k, id);
         }
     }
@@ -671,7 +723,7 @@ impl Open {
         }
     }
 
-    fn add_leg(&mut self, p: &Packet, msg: &DnsMessage, iface: Option<Arc<str>>) {
+    fn add_leg(&mut self, p: &Packet, msg: &Arc<DnsMessage>, iface: Option<Arc<str>>) {
         let duplicate = self.j.legs.iter().any(|l| {
             l.ts_ns == p.ts_ns
                 && l.ifindex == p.ifindex
@@ -709,19 +761,33 @@ impl Open {
             self.outcome_ns = p.ts_ns;
         } else if msg.response && p.drop.is_none() {
             if decides {
-                self.j.outcome = Outcome::Answered {
-                    rcode: msg.rcode.clone(),
-                    answers: msg
-                        .answers
-                        .iter()
-                        .map(|a| format!("{} {}", a.rtype, a.data))
-                        .collect(),
-                    truncated: msg.flags.tc,
-                };
+                self.answered(msg);
                 self.outcome_ns = p.ts_ns;
             }
             self.delivered |= self.reached_client(p);
         }
+    }
+
+    /// `msg` decides the outcome; made only if another one decided it last.
+    fn answered(&mut self, msg: &Arc<DnsMessage>) {
+        let again = self
+            .answered_by
+            .as_ref()
+            .is_some_and(|m| Arc::ptr_eq(m, msg))
+            && matches!(self.j.outcome, Outcome::Answered { .. });
+        if again {
+            return;
+        }
+        self.answered_by = Some(msg.clone());
+        self.j.outcome = Outcome::Answered {
+            rcode: msg.rcode.clone(),
+            answers: msg
+                .answers
+                .iter()
+                .map(|a| format!("{} {}", a.rtype, a.data))
+                .collect(),
+            truncated: msg.flags.tc,
+        };
     }
 
     /// The reply passed back, the other way, through the first place the

@@ -258,7 +258,7 @@ impl Diagnoser {
             if let Some(t) = self.truncated.pop_front() {
                 // Events lost since the answer: the retry may be among them.
                 let unseen = self.lost_ns.is_some_and(|l| l >= t.answered_ns);
-                if !unseen && !retried(t.client, &t.name, &t.qtype, t.answered_ns) {
+                if !unseen && !retried(t.client, &t.name, t.qtype, t.answered_ns) {
                     found.push((no_tcp_retry(&t), t.journey));
                 }
             }
@@ -714,7 +714,7 @@ fn forwarding_loop(j: &Journey) -> Option<Finding> {
         path.push(endpoint);
     }
     let (u, server) = walk(j, &mut path)?;
-    let probe = is_loop_probe(&u.name, &u.qtype);
+    let probe = is_loop_probe(&u.name, u.qtype);
     let mut evidence = vec![format!("{} asked {} for {}", j.client, first, j.name)];
     evidence.push(format!(
         "{} forwarded it to {}, {}",

@@ -28,13 +28,13 @@ fn msg(id: u16, name: &str, qtype: &'static str, response: bool) -> DnsMessage {
         rcode: "NOERROR".into(),
         questions: vec![dns::Question {
             name: name.into(),
-            qtype: qtype.into(),
-            class: "IN".into(),
+            qtype,
+            class: "IN",
         }],
         answers: if response {
             vec![dns::Answer {
                 name: name.into(),
-                rtype: "A".into(),
+                rtype: "A",
                 ttl: 5,
                 data: "10.96.0.1".into(),
             }]
@@ -468,7 +468,7 @@ fn a_and_aaaa_from_one_socket_are_siblings_of_one_lookup() {
     let mut aaaa = healthy(1_000, "10.244.0.10:4000", CLIENT_NS, 8);
     for r in &mut aaaa {
         if let Body::Dns(m) = &mut r.body {
-            std::sync::Arc::make_mut(m).questions[0].qtype = "AAAA".into();
+            std::sync::Arc::make_mut(m).questions[0].qtype = "AAAA";
         }
     }
     recs.extend(aaaa);
@@ -518,7 +518,7 @@ fn eviction_takes_the_oldest_open_journey_after_many_closed_and_indexes_empty() 
         e.waiting.0.is_empty()
             && e.tcp_by_name.0.is_empty()
             && e.by_client.0.is_empty()
-            && e.by_key.is_empty()
+            && e.by_key.0.is_empty()
     );
     assert!(e.order.len() <= 1024 + 5);
 }

@@ -132,7 +132,7 @@ fn name_text(name: &Name) -> String {
     if !plain {
         return name.to_string();
     }
-    let mut text = String::with_capacity(usize::from(name.len()));
+    let mut text = String::with_capacity(name.len());
     for (i, label) in name.iter().enumerate() {
         if i > 0 {
             text.push('.');

@@ -61,7 +61,7 @@ fn healthy() -> Journey {
         client: a("10.244.0.10:4000"),
         dns_id: 7,
         name: "kubernetes.default.svc.cluster.local.".into(),
-        qtype: "A".into(),
+        qtype: "A",
         tcp: false,
         started_ns: 0,
         ended_ns: 300_000,
@@ -498,7 +498,7 @@ fn a_lost_half_of_a_parallel_pair_is_the_conntrack_race() {
     let mut d = Diagnoser::new(ctx());
     let aaaa = Journey {
         id: 1,
-        qtype: "AAAA".into(),
+        qtype: "AAAA",
         started_ns: 100_000,
         ended_ns: 400_000,
         ..healthy()
@@ -563,7 +563,7 @@ fn absence_proves_nothing_on_a_journey_that_lost_events() {
 fn truncated_answer() -> Journey {
     Journey {
         name: "big.example.com.".into(),
-        qtype: "TXT".into(),
+        qtype: "TXT",
         outcome: Outcome::Answered {
             rcode: "NOERROR".into(),
             answers: vec![],
@@ -697,11 +697,11 @@ fn coredns_loop_probes_are_recognised_by_their_shape() {
     assert!(!is_loop_probe("host.example.com.", "HINFO"));
     let mut j = healthy();
     j.name = "8471638447265532841.4526581924823745234.".into();
-    j.qtype = "HINFO".into();
+    j.qtype = "HINFO";
     j.outcome = Outcome::Timeout;
     let mut up = upstream("127.0.0.53:53", Outcome::Timeout, 0);
     up.name = j.name.clone();
-    up.qtype = "HINFO".into();
+    up.qtype = "HINFO";
     j.upstream.push(up);
     let raised = Diagnoser::new(ctx()).journey(&j, &KernelNames::default());
     assert_eq!(raised[0].kind, "forwarding_loop");

@@ -379,7 +379,7 @@ fn html_table(rows: &[Lookup]) -> String {
             esc(&l.time),
             esc(&l.pod),
             esc(&l.name),
-            esc(&l.qtype),
+            esc(l.qtype),
             esc(l.status.word()),
             l.latency_ns.map(latency).unwrap_or("-".into()),
             esc(l.server.as_deref().unwrap_or("-"))

@@ -122,7 +122,7 @@ fn journey(id: u64, name: &str, start: u64, outcome: Outcome, upstream: bool) ->
         client: a("10.244.0.53:33333"),
         dns_id: 9,
         name: name.into(),
-        qtype: "A".into(),
+        qtype: "A",
         tcp: false,
         started_ns: start + 200_000,
         ended_ns: start + 1_800_000,
@@ -155,7 +155,7 @@ fn journey(id: u64, name: &str, start: u64, outcome: Outcome, upstream: bool) ->
         client: a(c),
         dns_id: id as u16,
         name: name.into(),
-        qtype: "A".into(),
+        qtype: "A",
         tcp: false,
         started_ns: start,
         ended_ns: if answered {
