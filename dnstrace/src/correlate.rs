@@ -494,7 +494,7 @@ impl Engine {
             .open
             .iter()
             .filter(|(_, o)| {
-                o.parent.is_none_or(|p| !self.open.contains_key(&p)) && self.finished(o, now_ns)
+                self.finished(o, now_ns) && o.parent.is_none_or(|p| !self.open.contains_key(&p))
             })
             .map(|(&id, _)| id)
             .collect();
@@ -619,16 +619,23 @@ impl Engine {
             .map(|(id, _)| id)
     }
 
+    /// Answered or dropped and quiet since (upstream journeys too), timed
+    /// out and quiet, or past the timeout and settling time whatever comes.
+    /// Every open journey is asked at every tick, most of them too recent:
+    /// the cheap tests go first.
     fn finished(&self, o: &Open, now: u64) -> bool {
-        let quiet = now.saturating_sub(o.last_ns) >= self.limits.settle_ns;
-        let children_done = o
-            .children
-            .iter()
-            .all(|c| self.open.get(c).is_none_or(|c| self.finished(c, now)));
-        let timed_out = now.saturating_sub(o.j.started_ns) >= self.limits.timeout_ns;
-        (quiet && children_done && o.delivered_or_dropped())
-            || (timed_out && quiet)
-            || now.saturating_sub(o.j.started_ns) >= self.limits.timeout_ns + self.limits.settle_ns
+        let age = now.saturating_sub(o.j.started_ns);
+        if age >= self.limits.timeout_ns + self.limits.settle_ns {
+            return true;
+        }
+        if now.saturating_sub(o.last_ns) < self.limits.settle_ns {
+            return false;
+        }
+        age >= self.limits.timeout_ns
+            || (o.delivered_or_dropped()
+                && o.children
+                    .iter()
+                    .all(|c| self.open.get(c).is_none_or(|c| self.finished(c, now))))
     }
 
     fn close(&mut self, id: u64, now_ns: u64) -> Option<Journey> {

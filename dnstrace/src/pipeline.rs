@@ -294,6 +294,10 @@ pub struct Pipeline {
     pub decoder: Decoder,
     pub counts: Counts,
     recorder: Option<Recorder>,
+    /// Reused from batch to batch: a batch's records are hundreds of KiB,
+    /// which the allocator would otherwise consolidate its heap for, each
+    /// time.
+    records: Vec<Record>,
 }
 
 impl Pipeline {
@@ -380,18 +384,19 @@ impl Pipeline {
     }
 
     fn feed(&mut self, batch: Vec<Packet>, sink: &mut impl Sink) -> io::Result<()> {
-        let mut records = Vec::new();
+        let mut records = std::mem::take(&mut self.records);
         for packet in batch {
             self.counts.packets += 1;
             self.decoder.decode(packet, &mut records);
         }
-        for rec in &records {
+        for rec in records.drain(..) {
             match rec.body {
                 Body::Dns(_) => self.counts.messages += 1,
                 Body::Malformed { .. } => self.counts.malformed += 1,
             }
-            sink.record(rec)?;
+            sink.record(&rec)?;
         }
+        self.records = records;
         Ok(())
     }
 }

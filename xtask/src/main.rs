@@ -75,13 +75,14 @@ fn test() -> Result<()> {
     }
     cargo(&["fmt", "--all", "--", "--check"])?;
     cargo(&["clippy", "--all-targets", "--", "-D", "warnings"])?;
-    // The fuzz targets' entry points (`cargo xtask fuzz` runs them).
+    // The fuzz targets' entry points (`cargo xtask fuzz` runs them) and the
+    // pipeline bench (`cargo xtask bench` runs it).
     cargo(&[
         "clippy",
         "--package",
         "dnstrace",
         "--features",
-        "fuzzing",
+        "fuzzing,bench",
         "--all-targets",
         "--",
         "-D",

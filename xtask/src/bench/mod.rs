@@ -25,7 +25,7 @@ use std::{
 
 use anyhow::{anyhow, bail, Context as _, Result};
 
-use crate::{cargo, setup, workspace_root};
+use crate::{cargo, cargo_cmd, setup, workspace_root};
 
 mod bpf;
 mod dns;
@@ -152,6 +152,7 @@ pub fn run(args: &[String]) -> Result<()> {
     setup::ensure_packages(PACKAGES)?;
     cargo(&["build", "--release", "--quiet", "--package", "dnstrace"])?;
     let bin = workspace_root().join("target/release/dnstrace");
+    let stages = pipeline_bench()?;
     let _lock = LabLock::acquire()?;
     catch_signals();
     let started = Instant::now();
@@ -160,6 +161,7 @@ pub fn run(args: &[String]) -> Result<()> {
     let _dir = RemoveDir(dir.clone());
     let mut bench = Bench {
         bin,
+        stages,
         dir,
         plan: Plan::new(quick),
         quick,
@@ -194,6 +196,33 @@ pub fn run(args: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// Builds the pipeline bench and returns where its executable is.
+fn pipeline_bench() -> Result<PathBuf> {
+    let out = cargo_cmd()
+        .args([
+            "bench",
+            "--no-run",
+            "--quiet",
+            "--package",
+            "dnstrace",
+            "--features",
+            "bench",
+        ])
+        .args(["--bench", "pipeline", "--message-format", "json"])
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("building the pipeline bench")?;
+    if !out.status.success() {
+        bail!("building the pipeline bench failed ({})", out.status);
+    }
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|m| m["target"]["name"] == "pipeline")
+        .find_map(|m| m["executable"].as_str().map(PathBuf::from))
+        .ok_or_else(|| anyhow!("cargo named no executable for the pipeline bench"))
+}
+
 /// One line of the table.
 struct Row {
     figure: String,
@@ -207,6 +236,8 @@ struct Row {
 
 struct Bench {
     bin: PathBuf,
+    /// `dnstrace/benches/pipeline.rs`, built.
+    stages: PathBuf,
     dir: PathBuf,
     plan: Plan,
     quick: bool,
