@@ -514,7 +514,7 @@ fn search_leak(j: &Journey, recent: &[&Asked]) -> Option<Finding> {
     let suffix = j.name[base.len() + 1..].trim_end_matches('.');
     let tried: Vec<&str> = recent
         .iter()
-        .filter(|a| a.name.starts_with(&format!("{base}.")))
+        .filter(|a| under(&a.name, base))
         .map(|a| a.name.as_str())
         .collect();
     let upstream = j
@@ -538,6 +538,12 @@ fn search_leak(j: &Journey, recent: &[&Asked]) -> Option<Finding> {
 /// real time: the price of ndots:5 for names outside the cluster.
 /// A cost rule: journeys that lost events are left out, as their times are
 /// no evidence.
+/// `name` is `stem` followed by a dot and more: `stem` with a suffix.
+fn under(name: &str, stem: &str) -> bool {
+    name.strip_prefix(stem)
+        .is_some_and(|rest| rest.starts_with('.'))
+}
+
 fn ndots_amplification(j: &Journey, recent: &[&Asked]) -> Option<Finding> {
     let Outcome::Answered { rcode, answers, .. } = &j.outcome else {
         return None;
@@ -549,10 +555,7 @@ fn ndots_amplification(j: &Journey, recent: &[&Asked]) -> Option<Finding> {
     let misses: Vec<&&Asked> = recent
         .iter()
         .filter(|a| {
-            a.nxdomain
-                && !a.incomplete
-                && a.name.len() > j.name.len()
-                && a.name.starts_with(&format!("{stem}."))
+            a.nxdomain && !a.incomplete && a.name.len() > j.name.len() && under(&a.name, stem)
         })
         .collect();
     let cost: u64 = misses.iter().map(|a| a.total_ns).sum();

@@ -1,5 +1,5 @@
 //! DNS messages decoded with hickory-proto into a flat summary.
-use std::{borrow::Cow, fmt};
+use std::{borrow::Cow, fmt, net::Ipv4Addr};
 
 use hickory_proto::{
     op::{Message, MessageType, OpCode},
@@ -120,34 +120,52 @@ fn opcode_name(op: OpCode) -> Cow<'static, str> {
 /// the usual letters, digits, `-` and `_`; anything else (escapes, IDNA)
 /// is left to hickory.
 fn name_text(name: &Name) -> String {
-    let plain = name.iter().all(|label| {
-        !label.starts_with(b"xn--")
-            && label.iter().enumerate().all(|(i, &b)| {
-                b.is_ascii_alphanumeric()
-                    || b == b'_'
-                    || (b == b'-' && i > 0)
-                    || (b == b'*' && i == 0)
-            })
-    });
-    if !plain {
-        return name.to_string();
-    }
-    let mut text = String::with_capacity(name.len());
+    let mut text = Vec::with_capacity(name.len());
     for (i, label) in name.iter().enumerate() {
+        if !plain(label) {
+            return name.to_string();
+        }
+        if i > 0 {
+            text.push(b'.');
+        }
+        text.extend_from_slice(label);
+    }
+    if name.is_root() || name.is_fqdn() {
+        text.push(b'.');
+    }
+    String::from_utf8(text).unwrap_or_else(|_| name.to_string())
+}
+
+/// A label hickory writes as it is.
+fn plain(label: &[u8]) -> bool {
+    !label.starts_with(b"xn--")
+        && label.iter().enumerate().all(|(i, &b)| {
+            b.is_ascii_alphanumeric() || b == b'_' || (b == b'-' && i > 0) || (b == b'*' && i == 0)
+        })
+}
+
+/// An IPv4 address as `Display` writes it, without `fmt`: most answers
+/// are A records.
+fn ipv4_text(ip: Ipv4Addr) -> String {
+    let mut text = String::with_capacity(15);
+    for (i, o) in ip.octets().into_iter().enumerate() {
         if i > 0 {
             text.push('.');
         }
-        // Checked above: ASCII only.
-        text.extend(label.iter().map(|&b| char::from(b)));
-    }
-    if name.is_root() || name.is_fqdn() {
-        text.push('.');
+        if o >= 100 {
+            text.push(char::from(b'0' + o / 100));
+        }
+        if o >= 10 {
+            text.push(char::from(b'0' + o / 10 % 10));
+        }
+        text.push(char::from(b'0' + o % 10));
     }
     text
 }
 
 fn answer(r: &Record) -> Answer {
     let data = match r.data() {
+        RData::A(a) => ipv4_text(a.0),
         RData::TXT(txt) => txt_presentation(txt.iter()),
         other => presentation(other),
     };
@@ -327,6 +345,14 @@ mod tests {
             }
         }
         assert_eq!(name_text(&Name::root()), ".");
+    }
+
+    #[test]
+    fn ipv4_answers_read_as_display_writes_them() {
+        for ip in ["0.0.0.0", "10.96.0.10", "192.168.100.255", "1.20.203.9"] {
+            let ip: Ipv4Addr = ip.parse().unwrap();
+            assert_eq!(ipv4_text(ip), ip.to_string());
+        }
     }
 
     #[test]
