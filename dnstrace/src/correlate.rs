@@ -244,10 +244,11 @@ impl ByKey {
 
     /// Files `key` under `id`, in place of any journey filed under it.
     fn file(&mut self, key: &Key, id: u64) {
+        // Mostly one name: room for just that.
         let named = self
             .0
             .entry((key.client, key.dns_id, key.qtype))
-            .or_default();
+            .or_insert_with(|| Vec::with_capacity(1));
         match named.iter_mut().find(|(n, _)| *n == key.name) {
             Some(slot) => slot.1 = id,
             None => named.push((key.name.clone(), id)),

@@ -10,7 +10,7 @@ use dnstrace_common::Hook;
 
 use crate::{
     cli::OutputFormat,
-    decode::{dns, tcp, Decoder, KernelNames, Packet, Record, Transport},
+    decode::{dns, tcp, wire, Body, Decoder, KernelNames, Packet, Record, Transport},
     output::{Clock, Labels, LineSink},
     pipeline::Input,
     record::{
@@ -25,6 +25,13 @@ use crate::{
 pub fn dns(data: &[u8]) {
     let packet = udp_packet(data);
     let body = dns::parse(data);
+    // What the wire reader takes, hickory must read the same.
+    if let Some(quick) = wire::common(data) {
+        let Body::Dns(h) = dns::hickory(data) else {
+            panic!("the wire reader read what hickory refuses");
+        };
+        assert_eq!(quick, *h, "the wire reader and hickory disagree");
+    }
     show(labels, &[Record { packet, body }]);
 }
 

@@ -51,8 +51,17 @@ pub struct Answer {
     pub data: String,
 }
 
-/// Parses a DNS message; anything hickory rejects becomes `Malformed`.
+/// Parses a DNS message: the common kind straight from the wire, the
+/// rest with hickory; anything hickory rejects becomes `Malformed`.
 pub fn parse(payload: &[u8]) -> Body {
+    match super::wire::common(payload) {
+        Some(msg) => Body::Dns(std::sync::Arc::new(msg)),
+        None => hickory(payload),
+    }
+}
+
+/// Parses a DNS message with hickory alone.
+pub fn hickory(payload: &[u8]) -> Body {
     match Message::from_vec(payload) {
         Ok(msg) => Body::Dns(std::sync::Arc::new(summarize(&msg))),
         Err(e) => Body::Malformed {
@@ -94,7 +103,7 @@ fn summarize(msg: &Message) -> DnsMessage {
 }
 
 /// The mnemonic dig and the RFCs use.
-fn rcode_name(code: u16) -> Cow<'static, str> {
+pub(super) fn rcode_name(code: u16) -> Cow<'static, str> {
     const NAMES: [&str; 11] = [
         "NOERROR", "FORMERR", "SERVFAIL", "NXDOMAIN", "NOTIMP", "REFUSED", "YXDOMAIN", "YXRRSET",
         "NXRRSET", "NOTAUTH", "NOTZONE",
@@ -136,17 +145,32 @@ fn name_text(name: &Name) -> String {
     String::from_utf8(text).unwrap_or_else(|_| name.to_string())
 }
 
-/// A label hickory writes as it is.
-fn plain(label: &[u8]) -> bool {
-    !label.starts_with(b"xn--")
-        && label.iter().enumerate().all(|(i, &b)| {
-            b.is_ascii_alphanumeric() || b == b'_' || (b == b'-' && i > 0) || (b == b'*' && i == 0)
-        })
+/// A label hickory writes as it is: letters, digits and `_`, `-` past the
+/// first byte, `*` as the first; not IDNA.
+pub(super) fn plain(label: &[u8]) -> bool {
+    let Some((&first, rest)) = label.split_first() else {
+        return true;
+    };
+    (PLAIN[usize::from(first)] || first == b'*')
+        && rest.iter().all(|&b| PLAIN[usize::from(b)] || b == b'-')
+        && !label.starts_with(b"xn--")
 }
+
+/// Letters, digits and `_`.
+static PLAIN: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        t[b] = c.is_ascii_alphanumeric() || c == b'_';
+        b += 1;
+    }
+    t
+};
 
 /// An IPv4 address as `Display` writes it, without `fmt`: most answers
 /// are A records.
-fn ipv4_text(ip: Ipv4Addr) -> String {
+pub(super) fn ipv4_text(ip: Ipv4Addr) -> String {
     let mut text = String::with_capacity(15);
     for (i, o) in ip.octets().into_iter().enumerate() {
         if i > 0 {

@@ -3,6 +3,7 @@ pub mod dns;
 pub mod kernel;
 pub mod packet;
 pub mod tcp;
+pub mod wire;
 
 pub use dns::DnsMessage;
 pub use kernel::KernelNames;
