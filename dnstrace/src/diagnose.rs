@@ -302,14 +302,16 @@ impl Diagnoser {
 
     /// What this journey's client asked lately, within the lookup window.
     fn recent_of(&self, j: &Journey) -> Vec<&Asked> {
-        self.recent
-            .get(&j.client.ip())
-            .map(|r| {
-                r.iter()
-                    .filter(|a| j.started_ns.saturating_sub(a.ended_ns) <= LOOKUP_WINDOW_NS)
-                    .collect()
-            })
-            .unwrap_or_default()
+        let Some(r) = self.recent.get(&j.client.ip()) else {
+            return Vec::new();
+        };
+        // Sized once: a filter's collect would grow it step by step.
+        let mut recent = Vec::with_capacity(r.len());
+        recent.extend(
+            r.iter()
+                .filter(|a| j.started_ns.saturating_sub(a.ended_ns) <= LOOKUP_WINDOW_NS),
+        );
+        recent
     }
 
     fn remember(&mut self, j: &Journey) {
