@@ -792,7 +792,7 @@ impl Open {
             answers: msg
                 .answers
                 .iter()
-                .map(|a| format!("{} {}", a.rtype, a.data))
+                .map(|a| [a.rtype, " ", &a.data].concat())
                 .collect(),
             truncated: msg.flags.tc,
         };
