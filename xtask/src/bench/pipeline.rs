@@ -117,11 +117,12 @@ impl Bench {
                 .arg(&self.stages)
                 .arg(file)
                 .arg(STAGE_PASSES.to_string()),
-            Capture::Lines,
+            // Its figures are on stdout.
+            Capture::Stdout,
         )?;
         let ended = run.wait(Duration::from_secs(600))?;
         if ended.code != Some(0) {
-            bail!("the pipeline bench failed: {}", ended.output.trim());
+            bail!("the pipeline bench failed ({:?})", ended.code);
         }
         for l in ended.output.lines().filter(|l| l.starts_with("pass: ")) {
             eprintln!("bench: {l}");
