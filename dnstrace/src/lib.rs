@@ -1,8 +1,8 @@
 //! dnstrace: follow DNS on a Linux or Kubernetes node with eBPF.
 //!
-//! A library only so the fuzz targets (`fuzz/`, feature `fuzzing`) can
-//! reach the decoders and the pipeline bench (`benches/`, feature `bench`)
-//! the pipeline; the binary is `main` and nothing else is public.
+//! A library only so that the fuzz targets (`fuzz/`, feature `fuzzing`)
+//! can reach the decoders, and the pipeline bench (`benches/`, feature
+//! `bench`) the pipeline; the binary is `main` and nothing else is public.
 #[cfg(feature = "bench")]
 pub mod bench;
 mod capture;
