@@ -31,7 +31,8 @@ pub struct Made {
 impl Stream {
     pub fn load(path: &Path) -> Result<Self> {
         let about = About::read(path)?;
-        let mut replay = Replay::open(path, &about, vec![53, 5353], Speed::Fast)?;
+        // Port 53, as `dnstrace replay` takes by default.
+        let mut replay = Replay::open(path, &about, vec![53], Speed::Fast)?;
         let inputs: Vec<Input> = std::iter::from_fn(|| replay.next_input()).collect();
         if let Some(e) = replay.error.take() {
             return Err(e);

@@ -536,16 +536,16 @@ fn search_leak(j: &Journey, recent: &[&Asked]) -> Option<Finding> {
     })
 }
 
-/// An answer that came only after several search-list NXDOMAINs that cost
-/// real time: the price of ndots:5 for names outside the cluster.
-/// A cost rule: journeys that lost events are left out, as their times are
-/// no evidence.
 /// `name` is `stem` followed by a dot and more: `stem` with a suffix.
 fn under(name: &str, stem: &str) -> bool {
     name.strip_prefix(stem)
         .is_some_and(|rest| rest.starts_with('.'))
 }
 
+/// An answer that came only after several search-list NXDOMAINs that cost
+/// real time: the price of ndots:5 for names outside the cluster.
+/// A cost rule: journeys that lost events are left out, as their times are
+/// no evidence.
 fn ndots_amplification(j: &Journey, recent: &[&Asked]) -> Option<Finding> {
     let Outcome::Answered { rcode, answers, .. } = &j.outcome else {
         return None;
