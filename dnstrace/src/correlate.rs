@@ -56,7 +56,7 @@ impl Default for Limits {
 }
 
 /// One sighting of a journey's packet.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug)]
 pub struct Leg {
     pub ts_ns: u64,
     /// Time since the previous leg of the journey.
@@ -68,16 +68,12 @@ pub struct Leg {
     pub iface: Option<Arc<str>>,
     pub ifindex: u32,
     pub netns: u32,
-    #[serde(with = "crate::output::json_addr")]
     pub src: SocketAddr,
-    #[serde(with = "crate::output::json_addr")]
     pub dst: SocketAddr,
     pub response: bool,
     /// (asked for, rewritten to), where conntrack shows a DNAT. Boxed, as
     /// most legs have none and open journeys should stay small.
-    #[serde(serialize_with = "crate::output::json_addr::pair")]
     pub dnat: Option<Box<(SocketAddr, SocketAddr)>>,
-    #[serde(serialize_with = "crate::output::json_addr::pair")]
     pub snat: Option<Box<(SocketAddr, SocketAddr)>>,
     /// The kernel's drop reason and location, numbers as captured.
     pub drop: Option<(u32, u64)>,
