@@ -82,7 +82,8 @@ impl JourneyJson<'_> {
             if i > 0 {
                 out.push(b',');
             }
-            write!(out, "\"{ip}\":").map_err(serde_json::Error::io)?;
+            json_addr::write_ip(out, ip);
+            out.push(b':');
             value(out, name)?;
         }
         out.extend_from_slice(b"}}");

@@ -1,19 +1,14 @@
 //! Socket addresses as JSON strings, written without `fmt`'s machinery:
 //! a journey's JSON is mostly addresses, and formatting them through
 //! `Display` was a seventh of a replay's time.
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 /// `a` as a JSON string: the same text as its `Display`.
 pub fn write(out: &mut Vec<u8>, a: &SocketAddr) {
     out.push(b'"');
     match a {
         SocketAddr::V4(v4) => {
-            for (i, octet) in v4.ip().octets().into_iter().enumerate() {
-                if i > 0 {
-                    out.push(b'.');
-                }
-                decimal(out, u32::from(octet));
-            }
+            ipv4(out, v4.ip());
             out.push(b':');
             decimal(out, u32::from(v4.port()));
         }
@@ -21,6 +16,25 @@ pub fn write(out: &mut Vec<u8>, a: &SocketAddr) {
         SocketAddr::V6(_) => out.extend_from_slice(a.to_string().as_bytes()),
     }
     out.push(b'"');
+}
+
+/// `ip` as a JSON string: the same text as its `Display`.
+pub fn write_ip(out: &mut Vec<u8>, ip: &IpAddr) {
+    out.push(b'"');
+    match ip {
+        IpAddr::V4(v4) => ipv4(out, v4),
+        IpAddr::V6(_) => out.extend_from_slice(ip.to_string().as_bytes()),
+    }
+    out.push(b'"');
+}
+
+fn ipv4(out: &mut Vec<u8>, ip: &Ipv4Addr) {
+    for (i, octet) in ip.octets().into_iter().enumerate() {
+        if i > 0 {
+            out.push(b'.');
+        }
+        decimal(out, u32::from(octet));
+    }
 }
 
 /// An optional (before, after) pair of a NAT: `null` or two strings.
@@ -73,10 +87,13 @@ mod tests {
             write(&mut out, &a);
             out.push(b' ');
             pair(&mut out, Some(&(a, b)));
+            out.push(b' ');
+            write_ip(&mut out, &a.ip());
             let expect = format!(
-                "{} {}",
+                "{} {} {}",
                 serde_json::json!(a.to_string()),
-                serde_json::json!([a.to_string(), b.to_string()])
+                serde_json::json!([a.to_string(), b.to_string()]),
+                serde_json::json!(a.ip().to_string())
             );
             assert_eq!(String::from_utf8(out).unwrap(), expect, "{text}");
         }
