@@ -197,7 +197,10 @@ pub struct Engine {
     /// Journey ids, oldest first, for eviction; closed ones are skipped
     /// lazily and compacted away now and then.
     order: VecDeque<u64>,
-    lookups: Map<(SocketAddr, Arc<str>), (u64, u64)>,
+    /// (lookup, last start) by the hash of (client socket, name): lookups
+    /// outlive their journeys, so they keep no name. Two lookups whose hashes
+    /// collide (odds 2^-64 a pair) would share an id; nothing else.
+    lookups: Map<u64, (u64, u64)>,
     /// `lookups` is pruned when it grows past this (amortised).
     lookups_limit: usize,
     /// When each address last sent or got DNS over TCP, even where the
@@ -213,50 +216,69 @@ pub struct Engine {
     ifnames: Set<Arc<str>>,
 }
 
-/// Open journeys by client socket, DNS id and type, then by name: one
-/// socket seldom has two names open under one id, and comparing names
-/// ignoring case spares a lowercase copy per packet.
-#[derive(Default)]
-struct ByKey(Map<Slot, Vec<(Arc<str>, u64)>>);
-
-/// Client socket, DNS id, type.
-type Slot = (SocketAddr, u16, &'static str);
+/// Open journeys by the hash of client socket, DNS id and type: one socket
+/// seldom has two names open under one id, so a slot holds one journey or
+/// a few, each confirmed against its own keys, names compared ignoring
+/// case (no lowercase copy per packet). An entry is 16 bytes, not a key.
+struct ByKey {
+    ids: Index<u64>,
+    hasher: RandomState,
+}
 
 impl ByKey {
-    /// The open journey of this question from `client`, if any.
-    fn find(
-        &self,
-        client: SocketAddr,
-        dns_id: u16,
-        qtype: &'static str,
-        name: &str,
-    ) -> Option<u64> {
-        self.0
-            .get(&(client, dns_id, qtype))?
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|&(_, id)| id)
-    }
-
-    /// Files `key` under `id`, in place of any journey filed under it.
-    fn file(&mut self, key: &Key, id: u64) {
-        // Mostly one name: room for just that.
-        let named = self
-            .0
-            .entry((key.client, key.dns_id, key.qtype))
-            .or_insert_with(|| Vec::with_capacity(1));
-        match named.iter_mut().find(|(n, _)| *n == key.name) {
-            Some(slot) => slot.1 = id,
-            None => named.push((key.name.clone(), id)),
+    fn new() -> Self {
+        Self {
+            ids: Index::new(),
+            hasher: RandomState::default(),
         }
     }
 
-    fn unfile(&mut self, key: &Key) {
-        if let Entry::Occupied(mut named) = self.0.entry((key.client, key.dns_id, key.qtype)) {
-            named.get_mut().retain(|(n, _)| *n != key.name);
-            if named.get().is_empty() {
-                named.remove();
-            }
+    fn slot(&self, client: SocketAddr, dns_id: u16, qtype: &'static str) -> u64 {
+        self.hasher.hash_one((client, dns_id, qtype))
+    }
+
+    /// The open journey known by this question from `client`, if any.
+    fn find(&self, open: &Map<u64, Box<Open>>, q: &Question<'_>) -> Option<u64> {
+        self.ids
+            .get(&self.slot(q.client, q.dns_id, q.qtype))
+            .find(|id| open.get(id).is_some_and(|o| o.known_as(q)))
+    }
+
+    /// Files `key` under `id`, in place of any other journey known by it.
+    fn file(&mut self, open: &Map<u64, Box<Open>>, key: &Key, id: u64) {
+        let slot = self.slot(key.client, key.dns_id, key.qtype);
+        let q = Question::of(key);
+        let stale = self
+            .ids
+            .get(&slot)
+            .find(|&other| other != id && open.get(&other).is_some_and(|o| o.known_as(&q)));
+        if let Some(other) = stale {
+            self.ids.remove(&slot, other);
+        }
+        self.ids.add(slot, id);
+    }
+
+    fn unfile(&mut self, key: &Key, id: u64) {
+        self.ids
+            .remove(&self.slot(key.client, key.dns_id, key.qtype), id);
+    }
+}
+
+/// A question as a packet asks it: the name in any case.
+struct Question<'a> {
+    client: SocketAddr,
+    dns_id: u16,
+    qtype: &'static str,
+    name: &'a str,
+}
+
+impl<'a> Question<'a> {
+    fn of(key: &'a Key) -> Self {
+        Self {
+            client: key.client,
+            dns_id: key.dns_id,
+            qtype: key.qtype,
+            name: &key.name,
         }
     }
 }
@@ -268,7 +290,8 @@ struct Index<K>(Map<K, Ids>);
 
 enum Ids {
     One(u64),
-    Many(Set<u64>),
+    /// Boxed: an index entry stays 16 bytes, most being `One`.
+    Many(Box<Set<u64>>),
 }
 
 impl<K: Hash + Eq> Index<K> {
@@ -285,7 +308,7 @@ impl<K: Hash + Eq> Index<K> {
                 Ids::One(first) if *first == id => {}
                 Ids::One(first) => {
                     let first = *first;
-                    o.insert(Ids::Many(Set::from_iter([first, id])));
+                    o.insert(Ids::Many(Box::new(Set::from_iter([first, id]))));
                 }
                 Ids::Many(ids) => {
                     ids.insert(id);
@@ -329,7 +352,7 @@ impl Engine {
         Self {
             limits,
             open: Map::default(),
-            by_key: ByKey::default(),
+            by_key: ByKey::new(),
             waiting: Index::new(),
             tcp_by_name: Index::new(),
             by_client: Index::new(),
@@ -395,7 +418,13 @@ impl Engine {
             (None, true) => p.dst,
             (None, false) => p.src,
         };
-        let id = match self.by_key.find(client, msg.id, q.qtype, &q.name) {
+        let asked = Question {
+            client,
+            dns_id: msg.id,
+            qtype: q.qtype,
+            name: &q.name,
+        };
+        let id = match self.by_key.find(&self.open, &asked) {
             Some(id) => id,
             // A reply whose query was never seen starts nothing.
             None if msg.response => return,
@@ -417,23 +446,26 @@ impl Engine {
         let filed = o.waiting_at;
         let name = o.name_hash;
         o.waiting_at = o.places().map(|pl| pl.map(|pl| (name, pl)));
-        // Past a SNAT the same query goes on under another source address.
-        if let Some((_, seen)) = p.ct.as_ref().and_then(Conntrack::snat) {
-            let alias = Key {
-                client: seen,
-                ..o.key.clone()
-            };
-            if !o.aliases.contains(&alias) {
-                self.by_key.file(&alias, id);
-                o.aliases.push(alias);
-            }
-        }
         if filed != o.waiting_at {
             for k in filed.iter().flatten() {
                 self.waiting.remove(k, id);
             }
             for &k in o.waiting_at.iter().flatten() {
                 self.waiting.add(k, id);
+            }
+        }
+        // Past a SNAT the same query goes on under another source address.
+        let alias =
+            p.ct.as_ref()
+                .and_then(Conntrack::snat)
+                .map(|(_, seen)| Key {
+                    client: seen,
+                    ..o.key.clone()
+                });
+        if let Some(alias) = alias.filter(|a| !o.aliases.contains(a)) {
+            self.by_key.file(&self.open, &alias, id);
+            if let Some(o) = self.open.get_mut(&id) {
+                o.aliases.push(alias);
             }
         }
     }
@@ -545,7 +577,7 @@ impl Engine {
                 po.children.push(id);
             }
         }
-        self.by_key.file(&key, id);
+        self.by_key.file(&self.open, &key, id);
         if j.tcp {
             self.tcp_by_name.add(key.name.clone(), id);
         }
@@ -583,10 +615,8 @@ impl Engine {
                 .retain(|_, (_, last)| ts.saturating_sub(*last) <= window);
             self.lookups_limit = self.limits.max_open.max(2 * self.lookups.len());
         }
-        let slot = self
-            .lookups
-            .entry((key.client, key.name.clone()))
-            .or_insert((id, ts));
+        let hash = self.hasher.hash_one((key.client, &*key.name));
+        let slot = self.lookups.entry(hash).or_insert((id, ts));
         if ts.saturating_sub(slot.1) > window {
             *slot = (id, ts);
         }
@@ -651,7 +681,7 @@ impl Engine {
 
     fn forget(&mut self, id: u64, o: &Open) {
         for k in std::iter::once(&o.key).chain(&o.aliases) {
-            self.by_key.unfile(k);
+            self.by_key.unfile(k, id);
         }
         if o.j.tcp {
             self.tcp_by_name.remove(&o.key.name, id);
@@ -689,6 +719,16 @@ fn intern(names: &mut Set<Arc<str>>, name: &str) -> Arc<str> {
 }
 
 impl Open {
+    /// Whether `q` is this journey's question, as asked or past a SNAT.
+    fn known_as(&self, q: &Question<'_>) -> bool {
+        std::iter::once(&self.key).chain(&self.aliases).any(|k| {
+            k.client == q.client
+                && k.dns_id == q.dns_id
+                && k.qtype == q.qtype
+                && k.name.eq_ignore_ascii_case(q.name)
+        })
+    }
+
     fn delivered_or_dropped(&self) -> bool {
         self.delivered || matches!(self.j.outcome, Outcome::Dropped { .. })
     }

@@ -518,7 +518,7 @@ fn eviction_takes_the_oldest_open_journey_after_many_closed_and_indexes_empty() 
         e.waiting.0.is_empty()
             && e.tcp_by_name.0.is_empty()
             && e.by_client.0.is_empty()
-            && e.by_key.0.is_empty()
+            && e.by_key.ids.0.is_empty()
     );
     assert!(e.order.len() <= 1024 + 5);
 }
