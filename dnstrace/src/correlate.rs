@@ -14,6 +14,7 @@ use std::{
     sync::Arc,
 };
 
+use dnstrace_common::Hook;
 use foldhash::fast::RandomState;
 use serde::Serialize;
 
@@ -61,9 +62,9 @@ pub struct Leg {
     pub ts_ns: u64,
     /// Time since the previous leg of the journey.
     pub since_prev_ns: u64,
-    pub hook: &'static str,
-    /// ingress, egress, drop, nat or clash.
-    pub direction: &'static str,
+    /// Its name and direction (ingress, egress, drop, nat or clash) are
+    /// `Hook`'s: a byte here, not two strings.
+    pub hook: Hook,
     /// Shared among legs: thousands of open journeys name the same devices.
     pub iface: Option<Arc<str>>,
     pub ifindex: u32,
@@ -75,8 +76,9 @@ pub struct Leg {
     /// most legs have none and open journeys should stay small.
     pub dnat: Option<Box<(SocketAddr, SocketAddr)>>,
     pub snat: Option<Box<(SocketAddr, SocketAddr)>>,
-    /// The kernel's drop reason and location, numbers as captured.
-    pub drop: Option<(u32, u64)>,
+    /// The kernel's drop reason and location, numbers as captured. Boxed,
+    /// as few legs are drops.
+    pub drop: Option<Box<(u32, u64)>>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -131,6 +133,12 @@ impl Gap {
             Gap::Lost => "kernel events were lost while it was open",
             Gap::Ended => "the capture ended before it could finish",
         }
+    }
+}
+
+impl Leg {
+    pub fn direction(&self) -> &'static str {
+        self.hook.direction()
     }
 }
 
@@ -769,10 +777,7 @@ impl Open {
 
     fn add_leg(&mut self, p: &Packet, msg: &Arc<DnsMessage>, iface: Option<Arc<str>>) {
         let duplicate = self.j.legs.iter().any(|l| {
-            l.ts_ns == p.ts_ns
-                && l.ifindex == p.ifindex
-                && l.netns == p.netns
-                && l.hook == p.hook.name()
+            l.ts_ns == p.ts_ns && l.ifindex == p.ifindex && l.netns == p.netns && l.hook == p.hook
         });
         if duplicate {
             return;
@@ -781,8 +786,7 @@ impl Open {
         self.j.legs.push(Leg {
             ts_ns: p.ts_ns,
             since_prev_ns: 0,
-            hook: p.hook.name(),
-            direction: p.hook.direction(),
+            hook: p.hook,
             iface,
             ifindex: p.ifindex,
             netns: p.netns,
@@ -791,7 +795,7 @@ impl Open {
             response: msg.response,
             dnat: ct.and_then(Conntrack::dnat).map(Box::new),
             snat: ct.and_then(Conntrack::snat).map(Box::new),
-            drop: p.drop.map(|d| (d.reason, d.location)),
+            drop: p.drop.map(|d| Box::new((d.reason, d.location))),
         });
         self.last_ns = self.last_ns.max(p.ts_ns);
         // The latest answer or drop, in kernel time, decides: an answer the
@@ -849,7 +853,7 @@ impl Open {
             through_device
                 && o.netns == p.netns
                 && o.ifindex == p.ifindex
-                && o.direction != p.hook.direction()
+                && o.hook.direction() != p.hook.direction()
         })
     }
 

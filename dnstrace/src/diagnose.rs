@@ -592,8 +592,8 @@ fn answers_at_client(j: &Journey) -> impl Iterator<Item = &Leg> {
             && o.is_some_and(|o| {
                 l.netns == o.netns
                     && l.ifindex == o.ifindex
-                    && l.direction != o.direction
-                    && l.direction != "drop"
+                    && l.direction() != o.direction()
+                    && l.direction() != "drop"
             })
     })
 }
@@ -679,7 +679,7 @@ fn not_translated(j: &Journey, ctx: &Context) -> Option<Finding> {
         summary: format!("queries to the service IP {} are never translated to an endpoint", o.dst.ip()),
         evidence: vec![
             format!("{} asked {} for {}; no leg shows a DNAT", j.client, o.dst, j.name),
-            format!("last seen at {} ({}), still addressed to {}", place(last), last.hook, last.dst),
+            format!("last seen at {} ({}), still addressed to {}", place(last), last.hook.name(), last.dst),
         ],
         cause: "kube-proxy's rules for the service are missing or broken (no KUBE-SERVICES jump for it, or no endpoints)".into(),
         fix: "check `iptables -t nat -S KUBE-SERVICES | grep <ip>` on the node and kube-proxy's logs; restart kube-proxy",
@@ -887,7 +887,7 @@ fn unanswered(j: &Journey, recent: &[&Asked]) -> Option<Finding> {
         j.name,
         j.qtype,
         place(last),
-        last.hook,
+        last.hook.name(),
         last.src,
         last.dst
     )];

@@ -416,7 +416,7 @@ impl<W: Write> LineSink<W> {
         );
         for leg in &j.legs {
             let place = self.labels.place(leg);
-            let dir = direction_word(leg.direction);
+            let dir = direction_word(leg.direction());
             let mut line = format!(
                 "{indent}  +{:>9} {place:<28} {dir} {:<8} {} → {}",
                 ms(leg.since_prev_ns),
@@ -430,7 +430,7 @@ impl<W: Write> LineSink<W> {
             if let Some(&(a, b)) = leg.snat.as_deref() {
                 line += &format!("  SNAT {a} → {b}");
             }
-            if let Some((reason, at)) = leg.drop {
+            if let Some(&(reason, at)) = leg.drop.as_deref() {
                 line += &format!("  dropped: {}", self.labels.drop_text(reason, at));
             }
             out += &line;
@@ -640,6 +640,7 @@ mod tests {
         decode::{dns, Packet},
     };
     use bytes::Bytes;
+    use dnstrace_common::Hook;
 
     fn record(body: Body) -> Record {
         Record {
@@ -742,12 +743,11 @@ mod tests {
         assert_eq!(lines[1]["len"], 3);
     }
 
-    fn leg(hook: &'static str, direction: &'static str, src: &str, dst: &str) -> Leg {
+    fn leg(hook: Hook, src: &str, dst: &str) -> Leg {
         Leg {
             ts_ns: 1_000,
             since_prev_ns: 0,
             hook,
-            direction,
             iface: Some("eth0".into()),
             ifindex: 2,
             netns: 4026532246,
@@ -764,13 +764,13 @@ mod tests {
     /// value, every optional field both present and absent.
     #[test]
     fn journey_line_has_every_field() {
-        let mut nat = leg("dev_xmit", "egress", "10.0.0.2:40000", "10.0.0.9:53");
+        let mut nat = leg(Hook::DevXmit, "10.0.0.2:40000", "10.0.0.9:53");
         nat.iface = Some("we\"ird\u{1}".into());
         nat.dnat = Some(Box::new(("10.96.0.10:53".parse().unwrap(), nat.dst)));
         nat.snat = Some(Box::new((nat.src, "10.0.0.3:40000".parse().unwrap())));
-        let mut dropped = leg("kfree_skb", "drop", "[fd00::2]:40000", "[fd00::9]:53");
+        let mut dropped = leg(Hook::Drop, "[fd00::2]:40000", "[fd00::9]:53");
         dropped.iface = None;
-        dropped.drop = Some((6, 0xffff_ffff_8100_0000));
+        dropped.drop = Some(Box::new((6, 0xffff_ffff_8100_0000)));
         dropped.since_prev_ns = 5;
         let up = Journey {
             id: 2,
@@ -810,10 +810,7 @@ mod tests {
                 "10.96.0.10:53".parse().unwrap(),
                 "10.0.0.9:53".parse().unwrap(),
             )),
-            legs: vec![
-                leg("dev_xmit", "egress", "10.0.0.2:40000", "10.96.0.10:53"),
-                nat,
-            ],
+            legs: vec![leg(Hook::DevXmit, "10.0.0.2:40000", "10.96.0.10:53"), nat],
             upstream: vec![up],
             incomplete: Some(Gap::Lost),
         };

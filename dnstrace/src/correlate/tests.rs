@@ -244,7 +244,7 @@ fn reordered_and_duplicate_events_make_the_same_journey() {
     assert_eq!(js.len(), 1);
     assert_eq!(js[0].legs.len(), 8);
     assert!(js[0].legs.windows(2).all(|w| w[0].ts_ns <= w[1].ts_ns));
-    assert_eq!(js[0].legs[0].hook, "dev_xmit");
+    assert_eq!(js[0].legs[0].hook, Hook::DevXmit);
     assert_eq!(js[0].legs[0].netns, CLIENT_NS);
 }
 

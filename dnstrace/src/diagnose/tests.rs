@@ -3,6 +3,8 @@ use std::{
     net::{IpAddr, SocketAddr},
 };
 
+use dnstrace_common::Hook;
+
 use super::*;
 use crate::correlate::{Gap, Journey, Leg, Outcome};
 
@@ -23,16 +25,15 @@ fn leg(
     dst: &str,
     response: bool,
 ) -> Leg {
-    let direction = match hook {
-        "dev_xmit" => "egress",
-        "dev_receive" => "ingress",
-        _ => "drop",
+    let hook = match hook {
+        "dev_xmit" => Hook::DevXmit,
+        "dev_receive" => Hook::DevReceive,
+        _ => Hook::Drop,
     };
     Leg {
         ts_ns: ts,
         since_prev_ns: 0,
         hook,
-        direction,
         iface: Some("eth0".into()),
         ifindex,
         netns,
@@ -41,7 +42,7 @@ fn leg(
         response,
         dnat: None,
         snat: None,
-        drop: (direction == "drop").then_some((3, 0x10)),
+        drop: (hook == Hook::Drop).then(|| Box::new((3, 0x10))),
     }
 }
 

@@ -98,9 +98,9 @@ fn leg(out: &mut Vec<u8>, l: &Leg) -> serde_json::Result<()> {
     number(out, l.since_prev_ns);
     // Hook, direction and device names are the kernel's and ours: plain.
     key!(out, "hook");
-    plain(out, l.hook);
+    plain(out, l.hook.name());
     key!(out, "direction");
-    plain(out, l.direction);
+    plain(out, l.direction());
     key!(out, "iface");
     // A device may be named almost anything: escaped as needed.
     value(out, &l.iface)?;
@@ -119,8 +119,8 @@ fn leg(out: &mut Vec<u8>, l: &Leg) -> serde_json::Result<()> {
     key!(out, "snat");
     json_addr::pair(out, l.snat.as_deref());
     key!(out, "drop");
-    match l.drop {
-        Some((reason, location)) => {
+    match l.drop.as_deref() {
+        Some(&(reason, location)) => {
             out.push(b'[');
             number(out, reason);
             out.push(b',');

@@ -238,7 +238,7 @@ fn legs(j: &Journey, depth: u8, labels: &Labels) -> Vec<LegRow> {
             if let Some(&(a, b)) = l.snat.as_deref() {
                 notes.push(format!("SNAT {} → {}", labels.named(a), labels.named(b)));
             }
-            if let Some((reason, at)) = l.drop {
+            if let Some(&(reason, at)) = l.drop.as_deref() {
                 notes.push(format!("dropped: {}", labels.drop_text(reason, at)));
             }
             let row = LegRow {
@@ -246,7 +246,7 @@ fn legs(j: &Journey, depth: u8, labels: &Labels) -> Vec<LegRow> {
                 heading: None,
                 since_prev_ns: l.since_prev_ns,
                 place: labels.place(l),
-                direction: l.direction,
+                direction: l.direction(),
                 answer: l.response,
                 from: at(labels, l.src),
                 to: at(labels, l.dst),

@@ -11,6 +11,8 @@ use ratatui::{
     Terminal,
 };
 
+use dnstrace_common::Hook;
+
 use super::{
     draw::draw,
     keys::action,
@@ -54,11 +56,10 @@ fn leg(ts: u64, prev: u64, place: (&str, u32), dir: &'static str, src: &str, dst
         ts_ns: ts,
         since_prev_ns: prev,
         hook: if dir == "egress" {
-            "dev_xmit"
+            Hook::DevXmit
         } else {
-            "dev_receive"
+            Hook::DevReceive
         },
-        direction: dir,
         iface: Some(place.0.into()),
         ifindex: 2,
         netns: place.1,
