@@ -169,8 +169,9 @@ struct Open {
     last_ns: u64,
     /// Kernel time of the leg that decided `j.outcome`.
     outcome_ns: u64,
-    /// The DNAT ctnetlink reported for this client socket.
-    ct_dnat: Option<(SocketAddr, SocketAddr)>,
+    /// The DNAT ctnetlink reported for this client socket; boxed, as most
+    /// journeys have none.
+    ct_dnat: Option<Box<(SocketAddr, SocketAddr)>>,
     /// The answer reached the netns the query started in.
     delivered: bool,
     /// The message `j.outcome` was made from: the same answer seen at the
@@ -492,7 +493,7 @@ impl Engine {
         };
         for id in self.by_client.get(&ev.original.src) {
             if let Some(o) = self.open.get_mut(&id) {
-                o.ct_dnat.get_or_insert(dnat);
+                o.ct_dnat.get_or_insert_with(|| Box::new(dnat));
             }
         }
     }
@@ -616,8 +617,12 @@ impl Engine {
     }
 
     /// A/AAAA from one socket for one name, and its retries, are one lookup.
+    /// A retry comes within a timeout of the query before it (the timeout is
+    /// set just past the resolvers' retry), so a lookup is remembered that
+    /// long past its latest query, and no longer: with thousands of lookups a
+    /// second, what is remembered is about what is open.
     fn lookup_for(&mut self, key: &Key, ts: u64, id: u64) -> u64 {
-        let window = self.limits.timeout_ns * 2;
+        let window = self.limits.timeout_ns;
         if self.lookups.len() > self.lookups_limit {
             self.lookups
                 .retain(|_, (_, last)| ts.saturating_sub(*last) <= window);
@@ -875,7 +880,7 @@ impl Open {
             .legs
             .iter()
             .find_map(|l| l.dnat.as_deref().copied())
-            .or(self.ct_dnat)
+            .or(self.ct_dnat.as_deref().copied())
             .or_else(|| {
                 let mut queries = j.legs.iter().filter(|l| !l.response).map(|l| l.dst);
                 let asked = queries.next()?;
