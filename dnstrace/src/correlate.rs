@@ -109,8 +109,9 @@ pub struct Journey {
     pub started_ns: u64,
     pub ended_ns: u64,
     pub outcome: Outcome,
-    /// Where the service address was translated, if it was.
-    pub dnat: Option<(SocketAddr, SocketAddr)>,
+    /// Where the service address was translated, if it was. Boxed: it is
+    /// known only once the journey is closed.
+    pub dnat: Option<Box<(SocketAddr, SocketAddr)>>,
     pub legs: Vec<Leg>,
     pub upstream: Vec<Journey>,
     /// Why legs may be missing, if they may.
@@ -879,12 +880,14 @@ impl Open {
         j.dnat = j
             .legs
             .iter()
-            .find_map(|l| l.dnat.as_deref().copied())
-            .or(self.ct_dnat.as_deref().copied())
+            .find_map(|l| l.dnat.clone())
+            .or(self.ct_dnat)
             .or_else(|| {
                 let mut queries = j.legs.iter().filter(|l| !l.response).map(|l| l.dst);
                 let asked = queries.next()?;
-                queries.find(|d| *d != asked).map(|served| (asked, served))
+                queries
+                    .find(|d| *d != asked)
+                    .map(|served| Box::new((asked, served)))
             });
         j.upstream.sort_by_key(|u| u.started_ns);
         self.j

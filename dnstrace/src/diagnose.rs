@@ -715,7 +715,7 @@ fn forwarding_loop(j: &Journey) -> Option<Finding> {
     }
     let first = origin(j)?.dst.ip();
     let mut path = vec![first];
-    if let Some(endpoint) = j.dnat.map(|(_, to)| to.ip()) {
+    if let Some(endpoint) = j.dnat.as_deref().map(|(_, to)| to.ip()) {
         path.push(endpoint);
     }
     let (u, server) = walk(j, &mut path)?;

@@ -408,7 +408,8 @@ impl<W: Write> LineSink<W> {
             self.outcome(&j.outcome),
             ms(j.total_ns()),
             j.dnat
-                .map(|(a, b)| format!(" [DNAT {} → {}]", self.named(a), self.named(b)))
+                .as_deref()
+                .map(|&(a, b)| format!(" [DNAT {} → {}]", self.named(a), self.named(b)))
                 .unwrap_or_default(),
             j.incomplete
                 .map(|g| format!(" [incomplete: {}]", g.why()))
@@ -806,10 +807,10 @@ mod tests {
                 answers: vec!["A 10.1.2.3".into()],
                 truncated: false,
             },
-            dnat: Some((
+            dnat: Some(Box::new((
                 "10.96.0.10:53".parse().unwrap(),
                 "10.0.0.9:53".parse().unwrap(),
-            )),
+            ))),
             legs: vec![leg(Hook::DevXmit, "10.0.0.2:40000", "10.96.0.10:53"), nat],
             upstream: vec![up],
             incomplete: Some(Gap::Lost),

@@ -67,7 +67,7 @@ fn healthy() -> Journey {
         started_ns: 0,
         ended_ns: 300_000,
         outcome: answered("NOERROR"),
-        dnat: Some((a("10.96.0.10:53"), a("10.244.0.53:53"))),
+        dnat: Some(Box::new((a("10.96.0.10:53"), a("10.244.0.53:53")))),
         legs: vec![
             leg(
                 0,

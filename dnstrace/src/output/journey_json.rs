@@ -65,7 +65,7 @@ impl JourneyJson<'_> {
         key!(out, "outcome");
         value(out, &self.outcome)?;
         key!(out, "dnat");
-        json_addr::pair(out, j.dnat.as_ref());
+        json_addr::pair(out, j.dnat.as_deref());
         key!(out, "legs");
         list(out, &j.legs, leg)?;
         key!(out, "incomplete");

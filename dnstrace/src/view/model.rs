@@ -180,7 +180,8 @@ pub fn lookup(j: &Journey, badges: &[AnomalyKey], labels: &Labels) -> Lookup {
     };
     let server = j
         .dnat
-        .map(|(_, to)| to)
+        .as_deref()
+        .map(|&(_, to)| to)
         .or_else(|| j.legs.first().map(|l| l.dst));
     Lookup {
         id: j.id,

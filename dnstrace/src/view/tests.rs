@@ -165,7 +165,7 @@ fn journey(id: u64, name: &str, start: u64, outcome: Outcome, upstream: bool) ->
             start + 5 * S
         },
         outcome,
-        dnat: Some((a(svc), a(dns))),
+        dnat: Some(Box::new((a(svc), a(dns)))),
         legs,
         upstream: ups.into_iter().collect(),
         incomplete: None,
