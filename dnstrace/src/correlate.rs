@@ -178,9 +178,9 @@ struct Open {
     /// The message `j.outcome` was made from: the same answer seen at the
     /// next hook is not made again.
     answered_by: Option<Arc<DnsMessage>>,
-    /// Where it is filed in `Engine::waiting`: (name hash, place), while
-    /// no answer has been seen.
-    waiting_at: [Option<(u64, Place)>; 2],
+    /// Where it is filed in `Engine::waiting`: (name hash, place) hashed,
+    /// while no answer has been seen.
+    waiting_at: [Option<u64>; 2],
 }
 
 /// Where a query was delivered, as a server's own queries show it: sent
@@ -199,8 +199,10 @@ pub struct Engine {
     by_key: ByKey,
     /// Unanswered journeys by question and place, TCP journeys by question,
     /// and journeys by client socket, so that finding a parent, a TCP
-    /// retry or a conntrack entry's journeys never scans them all.
-    waiting: Index<(u64, Place)>,
+    /// retry or a conntrack entry's journeys never scans them all. The
+    /// first is keyed by a hash of (name hash, place): a parent found there
+    /// is confirmed by its name and `Open::server_is`.
+    waiting: Index<u64>,
     tcp_by_name: Index<Arc<str>>,
     by_client: Index<SocketAddr>,
     hasher: RandomState,
@@ -455,7 +457,10 @@ impl Engine {
         o.add_leg(p, msg, iface);
         let filed = o.waiting_at;
         let name = o.name_hash;
-        o.waiting_at = o.places().map(|pl| pl.map(|pl| (name, pl)));
+        let hasher = &self.hasher;
+        o.waiting_at = o
+            .places()
+            .map(|pl| pl.map(|pl| hasher.hash_one((name, pl))));
         if filed != o.waiting_at {
             for k in filed.iter().flatten() {
                 self.waiting.remove(k, id);
@@ -648,7 +653,7 @@ impl Engine {
         places
             .into_iter()
             .flatten()
-            .flat_map(|pl| self.waiting.get(&(name, pl)))
+            .flat_map(|pl| self.waiting.get(&self.hasher.hash_one((name, pl))))
             .filter_map(|id| Some((id, self.open.get(&id)?)))
             .filter(|(_, o)| {
                 o.key.name == key.name
