@@ -5,6 +5,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet, VecDeque},
     net::{IpAddr, SocketAddr},
+    sync::Arc,
 };
 
 use serde::Serialize;
@@ -55,7 +56,7 @@ const LOOKUP_WINDOW_NS: u64 = 15_000_000_000;
 /// A client's recent question: what, from which port, how it ended, when.
 #[derive(Clone, Debug)]
 struct Asked {
-    name: String,
+    name: Arc<str>,
     qtype: &'static str,
     port: u16,
     answered: bool,
@@ -105,7 +106,7 @@ const MAX_PENDING: usize = 4096;
 struct Truncated {
     client: IpAddr,
     server: SocketAddr,
-    name: String,
+    name: Arc<str>,
     qtype: &'static str,
     journey: u64,
     answered_ns: u64,
@@ -517,7 +518,7 @@ fn search_leak(j: &Journey, recent: &[&Asked]) -> Option<Finding> {
     let tried: Vec<&str> = recent
         .iter()
         .filter(|a| under(&a.name, base))
-        .map(|a| a.name.as_str())
+        .map(|a| &*a.name)
         .collect();
     let upstream = j
         .upstream
@@ -569,7 +570,7 @@ fn ndots_amplification(j: &Journey, recent: &[&Asked]) -> Option<Finding> {
         severity: Severity::Warning,
         key: String::new(),
         summary: format!("lookups pay for search-list misses: {} NXDOMAINs ({:.0} ms) before {} was answered", misses.len(), cost as f64 / 1e6, j.name),
-        evidence: vec![format!("{} asked {} first", j.client.ip(), misses.iter().map(|a| a.name.as_str()).collect::<Vec<_>>().join(", "))],
+        evidence: vec![format!("{} asked {} first", j.client.ip(), misses.iter().map(|a| &*a.name).collect::<Vec<_>>().join(", "))],
         cause: "with ndots:5 every name with fewer than five dots is tried with each search suffix first, and those NXDOMAINs are slow here".into(),
         fix: "use fully qualified names with a trailing dot, lower ndots in the pod's dnsConfig, or add NodeLocalDNS to answer the misses quickly",
     })

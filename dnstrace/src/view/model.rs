@@ -188,7 +188,7 @@ pub fn lookup(j: &Journey, badges: &[AnomalyKey], labels: &Labels) -> Lookup {
         started_ns: j.started_ns,
         time: time.get(..12).unwrap_or(&time).to_owned(),
         pod,
-        name: j.name.clone(),
+        name: j.name.to_string(),
         qtype: j.qtype,
         latency_ns: matches!(status, Status::Answered { .. }).then(|| j.total_ns()),
         status,
