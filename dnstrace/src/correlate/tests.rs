@@ -531,6 +531,41 @@ fn a_reply_without_its_query_starts_nothing() {
     assert_eq!(e.open_count(), 0);
 }
 
+/// One socket may ask two names under one DNS id: an answer, whatever the
+/// case of its name, ends the journey of that name only, and an answer to
+/// a name never asked ends none.
+#[test]
+fn two_names_under_one_id_from_one_socket_stay_apart() {
+    let (client, service) = ("10.244.0.10:4000", "10.96.0.10:53");
+    let ev = |ts, hook, src, dst| Ev {
+        ts,
+        hook,
+        netns: CLIENT_NS,
+        ifindex: 2,
+        src,
+        dst,
+    };
+    let recs = [
+        (ev(0, Hook::DevXmit, client, service), "a.test.", false),
+        (ev(10, Hook::DevXmit, client, service), "b.test.", false),
+        (ev(MS, Hook::DevReceive, service, client), "B.Test.", true),
+        (
+            ev(2 * MS, Hook::DevReceive, service, client),
+            "c.test.",
+            true,
+        ),
+    ]
+    .map(|(e, name, response)| rec(&e, msg(7, name, "A", response), None, None));
+    let (e, js) = run(&recs, 10_000 * MS);
+    assert_eq!(js.len(), 2);
+    let named = |n: &str| js.iter().find(|j| &*j.name == n).unwrap();
+    assert_eq!(named("a.test.").outcome, Outcome::Timeout);
+    assert_eq!(named("a.test.").legs.len(), 1);
+    assert!(matches!(named("b.test.").outcome, Outcome::Answered { .. }));
+    assert_eq!(named("b.test.").legs.len(), 2);
+    assert_eq!(e.open_count(), 0);
+}
+
 #[test]
 fn ctnetlink_supplies_the_dnat_when_no_leg_carried_conntrack() {
     // A tc capture on the client's interface only: query out, answer in.
