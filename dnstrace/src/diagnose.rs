@@ -124,6 +124,27 @@ struct Finding {
     fix: &'static str,
 }
 
+/// Whether the anomaly of this kind and key is raised already.
+type Raised<'a> = dyn Fn(&'static str, &str) -> bool + 'a;
+
+impl Finding {
+    /// One more of an anomaly already raised: only what makes it the same
+    /// problem, as the rules that fire on every journey of a storm (drops,
+    /// timeouts, failing or slow answers) would otherwise write evidence
+    /// thousands of times a second for nobody.
+    fn again(kind: &'static str, key: String) -> Self {
+        Self {
+            kind,
+            severity: Severity::Warning,
+            key,
+            summary: String::new(),
+            evidence: Vec::new(),
+            cause: String::new(),
+            fix: "",
+        }
+    }
+}
+
 pub struct Diagnoser {
     ctx: Context,
     active: BTreeMap<(&'static str, String), Anomaly>,
@@ -420,6 +441,7 @@ impl Diagnoser {
     /// for what was not seen.
     fn findings(&self, j: &Journey, recent: &[&Asked], names: &KernelNames) -> Vec<Finding> {
         let mut out = Vec::new();
+        let raised = |kind, key: &str| self.active.contains_key(&(kind, key.to_owned()));
         // Rules that conclude from what is missing (no DNAT, no answer).
         let seen_all = j.incomplete.is_none();
         let specific = [
@@ -435,13 +457,13 @@ impl Diagnoser {
             let upstream = upstream_failures(j, &self.upstream, names);
             let upstream_failed = !upstream.is_empty();
             out.extend(upstream);
-            out.extend(dropped(j, names));
-            out.extend(failing_answer(j));
+            out.extend(dropped(j, names, &raised));
+            out.extend(failing_answer(j, &raised));
             if !upstream_failed && seen_all {
-                out.extend(unanswered(j, recent));
+                out.extend(unanswered(j, recent, &raised));
             }
         }
-        out.extend(slow(j));
+        out.extend(slow(j, &raised));
         out
     }
 }
@@ -746,16 +768,20 @@ fn forwarding_loop(j: &Journey) -> Option<Finding> {
     })
 }
 
-fn dropped(j: &Journey, names: &KernelNames) -> Option<Finding> {
+fn dropped(j: &Journey, names: &KernelNames, raised: &Raised) -> Option<Finding> {
     let Outcome::Dropped { reason, location } = j.outcome else {
         return None;
     };
     let leg = j.legs.iter().rfind(|l| l.drop.is_some())?;
     let (why, at) = (names.drop_reason(reason), names.location(location));
+    let key = format!("{why}@{at}");
+    if raised("dropped", &key) {
+        return Some(Finding::again("dropped", key));
+    }
     Some(Finding {
         kind: "dropped",
         severity: Severity::Critical,
-        key: format!("{why}@{at}"),
+        key,
         summary: format!("DNS packets dropped in the kernel: {why} at {at}"),
         evidence: vec![format!(
             "the {} {} → {} ({} {}) was dropped on {}: {why} at {at}",
@@ -833,7 +859,7 @@ fn upstream_failures(
         .collect()
 }
 
-fn failing_answer(j: &Journey) -> Option<Finding> {
+fn failing_answer(j: &Journey, raised: &Raised) -> Option<Finding> {
     let Outcome::Answered { rcode, .. } = &j.outcome else {
         return None;
     };
@@ -845,6 +871,10 @@ fn failing_answer(j: &Journey) -> Option<Finding> {
         Outcome::Answered { rcode: r, .. } if r == rcode => u.legs.first().map(|l| l.dst),
         _ => None,
     });
+    let key = format!("{rcode}:{}", upstream_said.unwrap_or(server));
+    if raised("failing_answers", &key) {
+        return Some(Finding::again("failing_answers", key));
+    }
     let mut evidence = vec![format!(
         "{} asked {server} for {} {}: {rcode}",
         j.client, j.name, j.qtype
@@ -857,7 +887,7 @@ fn failing_answer(j: &Journey) -> Option<Finding> {
     Some(Finding {
         kind: "failing_answers",
         severity: Severity::Warning,
-        key: format!("{rcode}:{}", upstream_said.unwrap_or(server)),
+        key,
         summary: format!(
             "{rcode} answers {}",
             upstream_said.map_or_else(
@@ -875,12 +905,16 @@ fn failing_answer(j: &Journey) -> Option<Finding> {
     })
 }
 
-fn unanswered(j: &Journey, recent: &[&Asked]) -> Option<Finding> {
+fn unanswered(j: &Journey, recent: &[&Asked], raised: &Raised) -> Option<Finding> {
     if j.outcome != Outcome::Timeout {
         return None;
     }
     let o = origin(j)?;
     let last = j.legs.last()?;
+    let key = o.dst.to_string();
+    if raised("unanswered", &key) {
+        return Some(Finding::again("unanswered", key));
+    }
     let mut evidence = vec![format!(
         "{} asked {} for {} {}; last seen at {} ({} {} → {})",
         j.client,
@@ -896,7 +930,7 @@ fn unanswered(j: &Journey, recent: &[&Asked]) -> Option<Finding> {
     Some(Finding {
         kind: "unanswered",
         severity: Severity::Warning,
-        key: o.dst.to_string(),
+        key,
         summary: format!("lookups sent to {} get no answer", o.dst),
         evidence,
         cause: "the query or its answer was lost after the last place it was seen".into(),
@@ -1040,7 +1074,7 @@ fn conntrack_table_full(ct: &ConntrackAtStart) -> Option<Finding> {
 
 /// Where the time of a slow answer went: the server's own work, its
 /// upstream queries, or the network in between.
-fn slow(j: &Journey) -> Option<Finding> {
+fn slow(j: &Journey, raised: &Raised) -> Option<Finding> {
     if !matches!(j.outcome, Outcome::Answered { .. }) || j.total_ns() < SLOW_NS {
         return None;
     }
@@ -1056,6 +1090,9 @@ fn slow(j: &Journey) -> Option<Finding> {
     ]
     .into_iter()
     .max_by_key(|(_, ns)| *ns)?;
+    if raised("slow_answers", where_) {
+        return Some(Finding::again("slow_answers", where_.to_owned()));
+    }
     let ms = |ns: u64| ns as f64 / 1e6;
     Some(Finding {
         kind: "slow_answers",
