@@ -96,7 +96,7 @@ fn leg(out: &mut Vec<u8>, l: &Leg) -> serde_json::Result<()> {
     number(out, l.ts_ns);
     key!(out, "since_prev_ns");
     number(out, l.since_prev_ns);
-    // Hook, direction and device names are the kernel's and ours: plain.
+    // Hook and direction names are ours: nothing to escape.
     key!(out, "hook");
     plain(out, l.hook.name());
     key!(out, "direction");
@@ -133,6 +133,7 @@ fn leg(out: &mut Vec<u8>, l: &Leg) -> serde_json::Result<()> {
     Ok(())
 }
 
+/// `s` quoted as it is: only for our own names, which need no escaping.
 fn plain(out: &mut Vec<u8>, s: &str) {
     out.push(b'"');
     out.extend_from_slice(s.as_bytes());
