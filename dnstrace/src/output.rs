@@ -459,7 +459,6 @@ impl<W: Write> LineSink<W> {
         };
         JourneyJson {
             time: humantime::format_rfc3339_nanos(self.labels.clock.wall(j.started_ns)),
-            total_ms: j.total_ns() as f64 / 1e6,
             j,
             outcome: OutcomeJson {
                 outcome: &j.outcome,

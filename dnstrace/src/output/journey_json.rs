@@ -19,7 +19,6 @@ macro_rules! key {
 /// A journey line: the journey's own fields, and what labels add.
 pub(super) struct JourneyJson<'a> {
     pub time: humantime::Rfc3339Timestamp,
-    pub total_ms: f64,
     pub j: &'a Journey,
     pub outcome: OutcomeJson<'a>,
     pub upstream: Vec<JourneyJson<'a>>,
@@ -43,7 +42,7 @@ impl JourneyJson<'_> {
         out.extend_from_slice(b"{\"type\":\"journey\",\"time\":\"");
         write!(out, "{}\"", self.time).map_err(serde_json::Error::io)?;
         key!(out, "total_ms");
-        value(out, &self.total_ms)?;
+        value(out, &(j.total_ns() as f64 / 1e6))?;
         key!(out, "id");
         number(out, j.id);
         key!(out, "lookup");
