@@ -1,9 +1,15 @@
 //! DNS messages decoded with hickory-proto into a flat summary.
-use std::{borrow::Cow, fmt, net::Ipv4Addr};
+use std::{
+    borrow::Cow,
+    collections::BTreeMap,
+    fmt,
+    net::Ipv4Addr,
+    sync::{Mutex, PoisonError},
+};
 
 use hickory_proto::{
     op::{Message, MessageType, OpCode},
-    rr::{Name, RData, Record},
+    rr::{DNSClass, Name, RData, Record, RecordType},
     serialize::binary::BinEncodable as _,
 };
 use serde::Serialize;
@@ -92,8 +98,8 @@ fn summarize(msg: &Message) -> DnsMessage {
             .iter()
             .map(|q| Question {
                 name: name_text(q.name()),
-                qtype: q.query_type().into(),
-                class: q.query_class().into(),
+                qtype: type_name(q.query_type()),
+                class: class_name(q.query_class()),
             })
             .collect(),
         answers: msg.answers().iter().map(answer).collect(),
@@ -113,6 +119,31 @@ pub(super) fn rcode_name(code: u16) -> Cow<'static, str> {
         None if code == 16 => Cow::Borrowed("BADVERS"),
         None => Cow::Owned(format!("RCODE{code}")),
     }
+}
+
+/// A record type's mnemonic, or `TYPE` and its number when hickory has
+/// none (RFC 3597), as dig writes it.
+pub(super) fn type_name(t: RecordType) -> &'static str {
+    match t {
+        RecordType::Unknown(n) => numbered("TYPE", n),
+        known => known.into(),
+    }
+}
+
+fn class_name(c: DNSClass) -> &'static str {
+    match c {
+        DNSClass::Unknown(n) => numbered("CLASS", n),
+        known => known.into(),
+    }
+}
+
+/// Interned so that summaries keep `&'static str`: at most 2 × 65,536
+/// short strings, whatever the traffic.
+fn numbered(prefix: &'static str, n: u16) -> &'static str {
+    static SEEN: Mutex<BTreeMap<(&str, u16), &'static str>> = Mutex::new(BTreeMap::new());
+    let mut seen = SEEN.lock().unwrap_or_else(PoisonError::into_inner);
+    seen.entry((prefix, n))
+        .or_insert_with(|| Box::leak(format!("{prefix}{n}").into_boxed_str()))
 }
 
 fn opcode_name(op: OpCode) -> Cow<'static, str> {
@@ -195,7 +226,7 @@ fn answer(r: &Record) -> Answer {
     };
     Answer {
         name: name_text(r.name()),
-        rtype: r.record_type().into(),
+        rtype: type_name(r.record_type()),
         ttl: r.ttl(),
         data,
     }
@@ -377,6 +408,28 @@ mod tests {
             let ip: Ipv4Addr = ip.parse().unwrap();
             assert_eq!(ipv4_text(ip), ip.to_string());
         }
+    }
+
+    /// Both readers: class IN is the wire reader's, any other hickory's.
+    #[test]
+    fn unknown_types_and_classes_are_named_by_number() {
+        let query = |qtype: u16, class: u16| {
+            let mut q = vec![0, 1, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0, 1, b'a', 4];
+            q.extend(b"test\0");
+            q.extend(qtype.to_be_bytes());
+            q.extend(class.to_be_bytes());
+            dns(parse(&q)).questions.remove(0)
+        };
+        let q = query(65534, 1);
+        assert_eq!((q.qtype, q.class), ("TYPE65534", "IN"));
+        let q = query(65534, 0x1234);
+        assert_eq!((q.qtype, q.class), ("TYPE65534", "CLASS4660"));
+        let q = query(28, 0x1234);
+        assert_eq!((q.qtype, q.class), ("AAAA", "CLASS4660"));
+        assert!(std::ptr::eq(
+            type_name(RecordType::Unknown(9)),
+            type_name(RecordType::Unknown(9))
+        ));
     }
 
     #[test]

@@ -10,7 +10,7 @@ use std::net::Ipv6Addr;
 
 use hickory_proto::rr::RecordType;
 
-use super::dns::{ipv4_text, plain, rcode_name, Answer, DnsMessage, Flags, Question};
+use super::dns::{ipv4_text, plain, rcode_name, type_name, Answer, DnsMessage, Flags, Question};
 
 const CLASS_IN: u16 = 1;
 const TYPE_A: u16 = 1;
@@ -142,7 +142,7 @@ impl Reader<'_> {
         let qtype = self.u16()?;
         (self.u16()? == CLASS_IN).then(|| Question {
             name,
-            qtype: RecordType::from(qtype).into(),
+            qtype: type_name(RecordType::from(qtype)),
             class: "IN",
         })
     }
@@ -175,7 +175,7 @@ impl Reader<'_> {
         };
         Some(Answer {
             name,
-            rtype: RecordType::from(rtype).into(),
+            rtype: type_name(RecordType::from(rtype)),
             ttl,
             data,
         })
