@@ -49,6 +49,7 @@ impl Bench {
         let received = sink
             .join()
             .map_err(|_| anyhow!("the blackhole panicked"))??;
+        let losses = tracer.loss_times(start);
         let exit = tracer.stop()?;
         run?;
         let peak = peak?;
@@ -90,13 +91,53 @@ impl Bench {
             met: Some(flat),
         });
         self.notes.push(format!(
-            "Lookups in flight: the lab's `upstream-timeout` fault drops the upstream's DNS with iptables, a drop dnstrace sees (it closes that leg at once), and the lab's CoreDNS (dnsmasq, `--dns-forward-max=1000`) answers REFUSED past 1,000 forwarded queries, so through kube-dns no more than about 2,000 lookups can be left waiting. The memory figure therefore sends {rate} queries/s of distinct names from default/web to a blackhole resolver in shop/checkout ({CHECKOUT_IP}:53, a socket that reads and never answers): {sent} sent, {received} received, each an open journey for {timeout} s. RSS samples, total/anonymous MiB: {}.",
+            "Lookups in flight: the lab's `upstream-timeout` fault drops the upstream's DNS with iptables, a drop dnstrace sees (it closes that leg at once), and the lab's CoreDNS (dnsmasq, `--dns-forward-max=1000`) answers REFUSED past 1,000 forwarded queries, so through kube-dns no more than about 2,000 lookups can be left waiting. The memory figure therefore sends {rate} queries/s of distinct names from default/web to a blackhole resolver in shop/checkout ({CHECKOUT_IP}:53, a socket that reads and never answers): {sent} sent, {received} received, each an open journey for {timeout} s. RSS samples, total/anonymous MiB: {}.{}",
             samples
                 .iter()
                 .map(|(t, r, a)| format!("{t} s {r:.0}/{a:.0}"))
                 .collect::<Vec<_>>()
-                .join(", ")
+                .join(", "),
+            loss_note(&losses)
         ));
         Ok(())
+    }
+}
+
+/// When events were lost (the first few warnings), for a loss to be traced
+/// to what the machine was doing then.
+fn loss_note(losses: &[(f64, u64)]) -> String {
+    if losses.is_empty() {
+        return String::new();
+    }
+    let mut said: Vec<String> = losses
+        .iter()
+        .take(8)
+        .map(|(t, n)| format!("{t:.1} s ({} so far)", thousands(*n as f64)))
+        .collect();
+    if losses.len() > said.len() {
+        said.push(format!("and {} more warnings", losses.len() - said.len()));
+    }
+    format!(" Events were lost at {}.", said.join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::loss_note;
+
+    #[test]
+    fn loss_note_names_the_first_warnings_and_counts_the_rest() {
+        assert_eq!(loss_note(&[]), "");
+        let many: Vec<(f64, u64)> = (1..=10)
+            .map(|i| (300.0 + f64::from(i as u8), i * 1000))
+            .collect();
+        let note = loss_note(&many);
+        assert!(
+            note.starts_with(" Events were lost at 301.0 s (1,000 so far), 302.0 s"),
+            "{note}"
+        );
+        assert!(
+            note.ends_with("308.0 s (8,000 so far), and 2 more warnings."),
+            "{note}"
+        );
     }
 }

@@ -111,6 +111,19 @@ impl Tracer {
         said.max(lost_in_map(self.pid()).unwrap_or(0))
     }
 
+    /// When dnstrace warned of lost events, in seconds from `start`, and
+    /// its total by then: a loss in a long run says when it came.
+    pub(super) fn loss_times(&self, start: Instant) -> Vec<(f64, u64)> {
+        let lines = self.proc.lines.lock().unwrap();
+        lines
+            .iter()
+            .filter_map(|(at, l)| {
+                let total = number_before(l, " events lost so far")?;
+                Some((at.saturating_duration_since(start).as_secs_f64(), total))
+            })
+            .collect()
+    }
+
     pub(super) fn pid(&self) -> i32 {
         self.proc.pid
     }
