@@ -10,7 +10,7 @@ use std::{
     borrow::Cow,
     collections::{hash_map::Entry, HashMap, HashSet, VecDeque},
     hash::{BuildHasher, Hash},
-    net::{IpAddr, SocketAddr},
+    net::{IpAddr, SocketAddr, SocketAddrV4, SocketAddrV6},
     sync::Arc,
 };
 
@@ -149,24 +149,26 @@ impl Journey {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+/// A new journey's question; the name lowercase.
 struct Key {
     client: SocketAddr,
     dns_id: u16,
-    /// Lowercase.
     name: Arc<str>,
     qtype: &'static str,
 }
 
+/// A journey being followed. Its legs are kept compact until it closes
+/// (`OpenLeg`), and its question is `j`'s: under load, open journeys are
+/// most of the memory.
 struct Open {
     j: Journey,
-    key: Key,
-    /// `key.name` hashed, for `Engine::waiting`.
+    legs: Vec<OpenLeg>,
+    /// `j.name` hashed, for `Engine::waiting`.
     name_hash: u64,
     parent: Option<u64>,
     children: Vec<u64>,
-    /// Keys the query is also known by, past a SNAT.
-    aliases: Vec<Key>,
+    /// Client sockets the query is also known by, past a SNAT.
+    aliases: Vec<SocketAddr>,
     last_ns: u64,
     /// Kernel time of the leg that decided `j.outcome`.
     outcome_ns: u64,
@@ -181,6 +183,31 @@ struct Open {
     /// Where it is filed in `Engine::waiting`: (name hash, place) hashed,
     /// while no answer has been seen.
     waiting_at: [Option<u64>; 2],
+}
+
+/// A leg while its journey is open: 96 bytes, not a `Leg`'s 136 (its
+/// addresses compact, no time since the previous leg, which is known only
+/// once the legs are sorted).
+struct OpenLeg {
+    ts_ns: u64,
+    hook: Hook,
+    response: bool,
+    iface: Option<Arc<str>>,
+    ifindex: u32,
+    netns: u32,
+    src: Endpoint,
+    dst: Endpoint,
+    dnat: Option<Box<(SocketAddr, SocketAddr)>>,
+    snat: Option<Box<(SocketAddr, SocketAddr)>>,
+    drop: Option<Box<(u32, u64)>>,
+}
+
+const _: () = assert!(std::mem::size_of::<OpenLeg>() <= 96);
+
+/// A socket address in 16 bytes, not 32: IPv4 inline, IPv6 boxed.
+enum Endpoint {
+    V4(SocketAddrV4),
+    V6(Box<SocketAddrV6>),
 }
 
 /// Where a query was delivered, as a server's own queries show it: sent
@@ -256,43 +283,31 @@ impl ByKey {
             .find(|id| open.get(id).is_some_and(|o| o.known_as(q)))
     }
 
-    /// Files `key` under `id`, in place of any other journey known by it.
-    fn file(&mut self, open: &Map<u64, Box<Open>>, key: &Key, id: u64) {
-        let slot = self.slot(key.client, key.dns_id, key.qtype);
-        let q = Question::of(key);
+    /// Files `id` under `q`, in place of any other journey known by it.
+    fn file(&mut self, open: &Map<u64, Box<Open>>, q: &Question<'_>, id: u64) {
+        let slot = self.slot(q.client, q.dns_id, q.qtype);
         let stale = self
             .ids
             .get(&slot)
-            .find(|&other| other != id && open.get(&other).is_some_and(|o| o.known_as(&q)));
+            .find(|&other| other != id && open.get(&other).is_some_and(|o| o.known_as(q)));
         if let Some(other) = stale {
             self.ids.remove(&slot, other);
         }
         self.ids.add(slot, id);
     }
 
-    fn unfile(&mut self, key: &Key, id: u64) {
-        self.ids
-            .remove(&self.slot(key.client, key.dns_id, key.qtype), id);
+    fn unfile(&mut self, q: &Question<'_>, id: u64) {
+        self.ids.remove(&self.slot(q.client, q.dns_id, q.qtype), id);
     }
 }
 
 /// A question as a packet asks it: the name in any case.
+#[derive(Clone, Copy)]
 struct Question<'a> {
     client: SocketAddr,
     dns_id: u16,
     qtype: &'static str,
     name: &'a str,
-}
-
-impl<'a> Question<'a> {
-    fn of(key: &'a Key) -> Self {
-        Self {
-            client: key.client,
-            dns_id: key.dns_id,
-            qtype: key.qtype,
-            name: &key.name,
-        }
-    }
 }
 
 /// Open journey ids grouped by something they share. Most groups hold one
@@ -391,7 +406,7 @@ impl Engine {
         let open = self.tcp_by_name.get(name).any(|id| {
             self.open
                 .get(&id)
-                .is_some_and(|o| o.key.client.ip() == client && o.key.qtype == qtype)
+                .is_some_and(|o| o.j.client.ip() == client && o.j.qtype == qtype)
         });
         open || self.tcp_seen.get(&client).is_some_and(|&ts| ts >= since_ns)
     }
@@ -470,18 +485,17 @@ impl Engine {
             }
         }
         // Past a SNAT the same query goes on under another source address.
-        let alias =
-            p.ct.as_ref()
-                .and_then(Conntrack::snat)
-                .map(|(_, seen)| Key {
-                    client: seen,
-                    ..o.key.clone()
-                });
+        let alias = p.ct.as_ref().and_then(Conntrack::snat).map(|(_, seen)| seen);
         if let Some(alias) = alias.filter(|a| !o.aliases.contains(a)) {
-            self.by_key.file(&self.open, &alias, id);
-            if let Some(o) = self.open.get_mut(&id) {
-                o.aliases.push(alias);
-            }
+            o.aliases.push(alias);
+            let name = o.j.name.clone();
+            let q = Question {
+                client: alias,
+                dns_id: o.j.dns_id,
+                qtype: o.j.qtype,
+                name: &name,
+            };
+            self.by_key.file(&self.open, &q, id);
         }
     }
 
@@ -592,7 +606,13 @@ impl Engine {
                 po.children.push(id);
             }
         }
-        self.by_key.file(&self.open, &key, id);
+        let asked = Question {
+            client: key.client,
+            dns_id: key.dns_id,
+            qtype: key.qtype,
+            name: &key.name,
+        };
+        self.by_key.file(&self.open, &asked, id);
         if j.tcp {
             self.tcp_by_name.add(key.name.clone(), id);
         }
@@ -606,7 +626,7 @@ impl Engine {
             id,
             Box::new(Open {
                 j,
-                key,
+                legs: Vec::new(),
                 name_hash,
                 parent,
                 children: Vec::new(),
@@ -656,9 +676,9 @@ impl Engine {
             .flat_map(|pl| self.waiting.get(&self.hasher.hash_one((name, pl))))
             .filter_map(|id| Some((id, self.open.get(&id)?)))
             .filter(|(_, o)| {
-                o.key.name == key.name
-                    && o.key.client != key.client
-                    && !o.j.legs.iter().any(|l| l.response)
+                o.j.name == key.name
+                    && o.j.client != key.client
+                    && !o.legs.iter().any(|l| l.response)
                     && o.server_is(p)
             })
             .min_by_key(|(_, o)| o.j.started_ns)
@@ -699,13 +719,15 @@ impl Engine {
     }
 
     fn forget(&mut self, id: u64, o: &Open) {
-        for k in std::iter::once(&o.key).chain(&o.aliases) {
-            self.by_key.unfile(k, id);
+        let q = o.question();
+        self.by_key.unfile(&q, id);
+        for &client in &o.aliases {
+            self.by_key.unfile(&Question { client, ..q }, id);
         }
         if o.j.tcp {
-            self.tcp_by_name.remove(&o.key.name, id);
+            self.tcp_by_name.remove(&o.j.name, id);
         }
-        self.by_client.remove(&o.key.client, id);
+        self.by_client.remove(&o.j.client, id);
         for k in o.waiting_at.iter().flatten() {
             self.waiting.remove(k, id);
         }
@@ -738,14 +760,23 @@ fn intern(names: &mut Set<Arc<str>>, name: &str) -> Arc<str> {
 }
 
 impl Open {
+    /// Its question as first asked.
+    fn question(&self) -> Question<'_> {
+        Question {
+            client: self.j.client,
+            dns_id: self.j.dns_id,
+            qtype: self.j.qtype,
+            name: &self.j.name,
+        }
+    }
+
     /// Whether `q` is this journey's question, as asked or past a SNAT.
     fn known_as(&self, q: &Question<'_>) -> bool {
-        std::iter::once(&self.key).chain(&self.aliases).any(|k| {
-            k.client == q.client
-                && k.dns_id == q.dns_id
-                && k.qtype == q.qtype
-                && k.name.eq_ignore_ascii_case(q.name)
-        })
+        let j = &self.j;
+        (j.client == q.client || self.aliases.contains(&q.client))
+            && j.dns_id == q.dns_id
+            && j.qtype == q.qtype
+            && j.name.eq_ignore_ascii_case(q.name)
     }
 
     fn delivered_or_dropped(&self) -> bool {
@@ -760,13 +791,13 @@ impl Open {
     /// Where a server's query on this journey's behalf would come from
     /// (what `server_is` accepts); none once an answer was seen.
     fn places(&self) -> [Option<Place>; 2] {
-        if self.j.legs.iter().any(|l| l.response) {
+        if self.legs.iter().any(|l| l.response) {
             return [None, None];
         }
-        let Some(arrival) = self.j.legs.iter().rev().find(|l| !l.response) else {
+        let Some(arrival) = self.legs.iter().rev().find(|l| !l.response) else {
             return [None, None];
         };
-        let netns = arrival.netns != 0 && arrival.netns != self.j.legs[0].netns;
+        let netns = arrival.netns != 0 && arrival.netns != self.legs[0].netns;
         [
             Some(Place::Addr(arrival.dst.ip())),
             netns.then_some(Place::Netns(arrival.netns)),
@@ -776,34 +807,33 @@ impl Open {
     /// Was `p` sent from where this journey's query was delivered: the
     /// server's namespace, or (without namespaces) the server's address?
     fn server_is(&self, p: &Packet) -> bool {
-        let Some(arrival) = self.j.legs.iter().rev().find(|l| !l.response) else {
+        let Some(arrival) = self.legs.iter().rev().find(|l| !l.response) else {
             return false;
         };
         if arrival.netns != 0 && p.netns != 0 {
-            arrival.netns == p.netns && arrival.netns != self.j.legs[0].netns
+            arrival.netns == p.netns && arrival.netns != self.legs[0].netns
         } else {
             arrival.dst.ip() == p.src.ip()
         }
     }
 
     fn add_leg(&mut self, p: &Packet, msg: &Arc<DnsMessage>, iface: Option<Arc<str>>) {
-        let duplicate = self.j.legs.iter().any(|l| {
+        let duplicate = self.legs.iter().any(|l| {
             l.ts_ns == p.ts_ns && l.ifindex == p.ifindex && l.netns == p.netns && l.hook == p.hook
         });
         if duplicate {
             return;
         }
         let ct = p.ct.as_ref();
-        self.j.legs.push(Leg {
+        self.legs.push(OpenLeg {
             ts_ns: p.ts_ns,
-            since_prev_ns: 0,
             hook: p.hook,
+            response: msg.response,
             iface,
             ifindex: p.ifindex,
             netns: p.netns,
-            src: p.src,
-            dst: p.dst,
-            response: msg.response,
+            src: p.src.into(),
+            dst: p.dst.into(),
             dnat: ct.and_then(Conntrack::dnat).map(Box::new),
             snat: ct.and_then(Conntrack::snat).map(Box::new),
             drop: p.drop.map(|d| Box::new((d.reason, d.location))),
@@ -853,7 +883,6 @@ impl Open {
     /// query was seen: it is with the client.
     fn reached_client(&self, p: &Packet) -> bool {
         let origin = self
-            .j
             .legs
             .iter()
             .filter(|l| !l.response)
@@ -870,6 +899,7 @@ impl Open {
 
     fn finish(mut self) -> Journey {
         let j = &mut self.j;
+        j.legs = self.legs.into_iter().map(OpenLeg::closed).collect();
         j.legs.sort_by_key(|l| l.ts_ns);
         let mut prev = j.legs.first().map_or(0, |l| l.ts_ns);
         for leg in &mut j.legs {
@@ -896,6 +926,50 @@ impl Open {
             });
         j.upstream.sort_by_key(|u| u.started_ns);
         self.j
+    }
+}
+
+impl OpenLeg {
+    fn closed(self) -> Leg {
+        Leg {
+            ts_ns: self.ts_ns,
+            since_prev_ns: 0,
+            hook: self.hook,
+            iface: self.iface,
+            ifindex: self.ifindex,
+            netns: self.netns,
+            src: self.src.addr(),
+            dst: self.dst.addr(),
+            response: self.response,
+            dnat: self.dnat,
+            snat: self.snat,
+            drop: self.drop,
+        }
+    }
+}
+
+impl From<SocketAddr> for Endpoint {
+    fn from(a: SocketAddr) -> Self {
+        match a {
+            SocketAddr::V4(a) => Endpoint::V4(a),
+            SocketAddr::V6(a) => Endpoint::V6(Box::new(a)),
+        }
+    }
+}
+
+impl Endpoint {
+    fn ip(&self) -> IpAddr {
+        match self {
+            Endpoint::V4(a) => IpAddr::V4(*a.ip()),
+            Endpoint::V6(a) => IpAddr::V6(*a.ip()),
+        }
+    }
+
+    fn addr(&self) -> SocketAddr {
+        match self {
+            Endpoint::V4(a) => SocketAddr::V4(*a),
+            Endpoint::V6(a) => SocketAddr::V6(**a),
+        }
     }
 }
 
