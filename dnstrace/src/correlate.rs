@@ -27,6 +27,10 @@ use crate::{
 const MAX_LOSSES: usize = 256;
 /// Device names kept for sharing.
 const MAX_IFNAMES: usize = 4096;
+/// Journeys closed by one `tick` at most: closing 100,000 at once (the end
+/// of a capture, a burst of timeouts) would hold them all, as full
+/// journeys, at the same time.
+pub const CLOSE_BATCH: usize = 4096;
 
 /// The engine's maps are keyed by what packets carry, once per packet:
 /// foldhash is several times faster than SipHash there, and its per-process
@@ -546,26 +550,31 @@ impl Engine {
             .any(|(since, until)| start <= *until && now >= *since)
     }
 
-    /// Closes what is finished at `now_ns` and returns top-level journeys.
+    /// Closes what is finished at `now_ns`, earliest first, and returns
+    /// top-level journeys: `CLOSE_BATCH` at most, so call it again while it
+    /// returns that many.
     pub fn tick(&mut self, now_ns: u64) -> Vec<Journey> {
-        let ready: Vec<u64> = self
+        let mut ready: Vec<(u64, u64)> = self
             .open
             .iter()
             .filter(|(_, o)| {
                 self.finished(o, now_ns) && o.parent.is_none_or(|p| !self.open.contains_key(&p))
             })
-            .map(|(&id, _)| id)
+            .map(|(&id, o)| (o.first_ns(), id))
             .collect();
-        let mut out: Vec<Journey> = ready
+        // Stable, so that ties keep one order however the batches fall.
+        ready.sort_by_key(|&(first, _)| first);
+        ready
             .into_iter()
-            .filter_map(|id| self.close(id, now_ns))
-            .collect();
-        out.sort_by_key(|j| j.started_ns);
-        out
+            .take(CLOSE_BATCH)
+            .filter_map(|(_, id)| self.close(id, now_ns))
+            .collect()
     }
 
-    /// Closes everything still open (end of capture or of a recording).
-    /// What had no known fate by `now_ns` was cut off, not timed out.
+    /// Closes everything still open (end of capture or of a recording),
+    /// in batches as `tick` does: call it until it returns fewer than
+    /// `CLOSE_BATCH`. What had no known fate by `now_ns` was cut off, not
+    /// timed out.
     pub fn finish(&mut self, now_ns: u64) -> Vec<Journey> {
         let timeout_ns = self.limits.timeout_ns;
         for o in self.open.values_mut() {
@@ -760,6 +769,15 @@ fn intern(names: &mut Set<Arc<str>>, name: &str) -> Arc<str> {
 }
 
 impl Open {
+    /// When it starts once closed: its earliest leg.
+    fn first_ns(&self) -> u64 {
+        self.legs
+            .iter()
+            .map(|l| l.ts_ns)
+            .min()
+            .unwrap_or(self.j.started_ns)
+    }
+
     /// Its question as first asked.
     fn question(&self) -> Question<'_> {
         Question {

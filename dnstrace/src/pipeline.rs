@@ -13,7 +13,7 @@ use tokio::{
 
 use crate::{
     conntrack::CtEvent,
-    correlate::{Engine, Journey, Limits},
+    correlate::{Engine, Journey, Limits, CLOSE_BATCH},
     decode::{Body, Decoder, Packet, Record},
     diagnose::{Anomaly, Context, Diagnoser},
     output::{Labels, LineSink},
@@ -161,6 +161,18 @@ impl<O: JourneyOut> JourneySink<O> {
         self.out.flush()
     }
 
+    /// Prints what `close` closes, batch by batch, until a batch is short.
+    fn close_all(&mut self, close: impl Fn(&mut Engine) -> Vec<Journey>) -> io::Result<()> {
+        loop {
+            let done = close(&mut self.engine);
+            let more = done.len() >= CLOSE_BATCH;
+            self.print(done)?;
+            if !more {
+                return Ok(());
+            }
+        }
+    }
+
     fn raise(&mut self, new: Vec<Anomaly>) -> io::Result<()> {
         for a in &new {
             self.out.anomaly(a)?;
@@ -207,8 +219,7 @@ impl<O: JourneyOut> Sink for JourneySink<O> {
         self.recording = Some(status);
     }
     fn tick(&mut self, now_ns: u64) -> io::Result<()> {
-        let done = self.engine.tick(now_ns);
-        self.print(done)?;
+        self.close_all(|engine| engine.tick(now_ns))?;
         let engine = &self.engine;
         let late = self.diagnoser.tick(now_ns, |client, name, qtype, since| {
             engine.asked_over_tcp(client, name, qtype, since)
@@ -224,8 +235,7 @@ impl<O: JourneyOut> Sink for JourneySink<O> {
         self.diagnoser.lost(now_ns);
     }
     fn finish(&mut self, now_ns: u64) -> io::Result<()> {
-        let rest = self.engine.finish(now_ns);
-        self.print(rest)?;
+        self.close_all(|engine| engine.finish(now_ns))?;
         self.out.summary(&self.diagnoser.summary())?;
         self.out.flush()
     }

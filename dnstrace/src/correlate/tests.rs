@@ -656,3 +656,22 @@ fn dns_over_tcp_counts_as_a_retry_even_when_unreadable() {
         "before the answer"
     );
 }
+
+#[test]
+fn many_journeys_close_in_batches_earliest_first() {
+    let mut e = Engine::new(Limits::default());
+    let n = CLOSE_BATCH + 5;
+    // Pushed latest first, so that start order is not push order.
+    for i in 0..n {
+        let t0 = (n - i) as u64 * MS;
+        e.push(&healthy(t0, "10.244.0.10:4000", CLIENT_NS, i as u16)[0]);
+    }
+    let starts = |js: Vec<Journey>| js.iter().map(|j| j.started_ns).collect::<Vec<_>>();
+    let end = (n + 1) as u64 * MS;
+    let first = starts(e.finish(end));
+    let rest = starts(e.finish(end));
+    assert_eq!((first.len(), rest.len()), (CLOSE_BATCH, 5));
+    let all: Vec<u64> = first.into_iter().chain(rest).collect();
+    assert!(all.is_sorted(), "closed out of start order");
+    assert!(e.finish(end).is_empty() && e.open_count() == 0);
+}
