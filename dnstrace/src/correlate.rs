@@ -10,6 +10,7 @@ use std::{
     borrow::Cow,
     collections::{hash_map::Entry, HashMap, HashSet, VecDeque},
     hash::{BuildHasher, Hash},
+    num::NonZeroU64,
     net::{IpAddr, SocketAddr, SocketAddrV4, SocketAddrV6},
     sync::Arc,
 };
@@ -153,7 +154,7 @@ impl Journey {
     }
 }
 
-/// A new journey's question; the name lowercase.
+/// A journey's question as first asked; the name lowercase.
 struct Key {
     client: SocketAddr,
     dns_id: u16,
@@ -161,32 +162,44 @@ struct Key {
     qtype: &'static str,
 }
 
-/// A journey being followed. Its legs are kept compact until it closes
-/// (`OpenLeg`), and its question is `j`'s: under load, open journeys are
-/// most of the memory.
+/// A journey being followed: only what following it needs, compact (its
+/// legs as `OpenLeg`s, its outcome as a `Fate`), as under load open
+/// journeys are most of the memory. It becomes a `Journey` when it closes.
 struct Open {
-    j: Journey,
+    key: Key,
+    lookup: u64,
+    tcp: bool,
+    started_ns: u64,
+    fate: Fate,
+    incomplete: Option<Gap>,
     legs: Vec<OpenLeg>,
-    /// `j.name` hashed, for `Engine::waiting`.
+    /// `key.name` hashed, for `Engine::waiting`.
     name_hash: u64,
     parent: Option<u64>,
     children: Vec<u64>,
     /// Client sockets the query is also known by, past a SNAT.
     aliases: Vec<SocketAddr>,
     last_ns: u64,
-    /// Kernel time of the leg that decided `j.outcome`.
+    /// Kernel time of the leg that decided `fate`.
     outcome_ns: u64,
     /// The DNAT ctnetlink reported for this client socket; boxed, as most
     /// journeys have none.
     ct_dnat: Option<Box<(SocketAddr, SocketAddr)>>,
     /// The answer reached the netns the query started in.
     delivered: bool,
-    /// The message `j.outcome` was made from: the same answer seen at the
-    /// next hook is not made again.
-    answered_by: Option<Arc<DnsMessage>>,
     /// Where it is filed in `Engine::waiting`: (name hash, place) hashed,
     /// while no answer has been seen.
-    waiting_at: [Option<u64>; 2],
+    waiting_at: [Option<NonZeroU64>; 2],
+}
+
+/// What decides an open journey's outcome so far. An answer is kept as
+/// its message, shared with every leg that saw it; its text is made once,
+/// at close.
+enum Fate {
+    /// Neither answered nor dropped: a timeout, if it closes so.
+    Unknown,
+    Dropped { reason: u32, location: u64 },
+    Answered(Arc<DnsMessage>),
 }
 
 /// A leg while its journey is open: 96 bytes, not a `Leg`'s 136 (its
@@ -233,7 +246,7 @@ pub struct Engine {
     /// retry or a conntrack entry's journeys never scans them all. The
     /// first is keyed by a hash of (name hash, place): a parent found there
     /// is confirmed by its name and `Open::server_is`.
-    waiting: Index<u64>,
+    waiting: Index<NonZeroU64>,
     tcp_by_name: Index<Arc<str>>,
     by_client: Index<SocketAddr>,
     hasher: RandomState,
@@ -410,7 +423,7 @@ impl Engine {
         let open = self.tcp_by_name.get(name).any(|id| {
             self.open
                 .get(&id)
-                .is_some_and(|o| o.j.client.ip() == client && o.j.qtype == qtype)
+                .is_some_and(|o| o.key.client.ip() == client && o.key.qtype == qtype)
         });
         open || self.tcp_seen.get(&client).is_some_and(|&ts| ts >= since_ns)
     }
@@ -479,7 +492,7 @@ impl Engine {
         let hasher = &self.hasher;
         o.waiting_at = o
             .places()
-            .map(|pl| pl.map(|pl| hasher.hash_one((name, pl))));
+            .map(|pl| pl.map(|pl| place_key(hasher, name, pl)));
         if filed != o.waiting_at {
             for k in filed.iter().flatten() {
                 self.waiting.remove(k, id);
@@ -492,11 +505,11 @@ impl Engine {
         let alias = p.ct.as_ref().and_then(Conntrack::snat).map(|(_, seen)| seen);
         if let Some(alias) = alias.filter(|a| !o.aliases.contains(a)) {
             o.aliases.push(alias);
-            let name = o.j.name.clone();
+            let name = o.key.name.clone();
             let q = Question {
                 client: alias,
-                dns_id: o.j.dns_id,
-                qtype: o.j.qtype,
+                dns_id: o.key.dns_id,
+                qtype: o.key.qtype,
                 name: &name,
             };
             self.by_key.file(&self.open, &q, id);
@@ -526,7 +539,7 @@ impl Engine {
     /// journey may miss legs, and so may any journey overlapping that time.
     pub fn lost(&mut self, since_ns: u64, until_ns: u64) {
         for o in self.open.values_mut() {
-            o.j.incomplete = Some(Gap::Lost);
+            o.incomplete = Some(Gap::Lost);
         }
         if self.losses.len() == MAX_LOSSES {
             self.losses.pop_front();
@@ -579,7 +592,7 @@ impl Engine {
         let timeout_ns = self.limits.timeout_ns;
         for o in self.open.values_mut() {
             if !o.settled(now_ns, timeout_ns) {
-                o.j.incomplete.get_or_insert(Gap::Ended);
+                o.incomplete.get_or_insert(Gap::Ended);
             }
         }
         self.tick(now_ns.saturating_add(self.limits.timeout_ns + self.limits.settle_ns))
@@ -594,22 +607,7 @@ impl Engine {
         let lookup = self.lookup_for(&key, p.ts_ns, id);
         let name_hash = self.hasher.hash_one(&key.name);
         let parent = self.waiting_parent(&key, name_hash, p);
-        let j = Journey {
-            id,
-            lookup,
-            client: key.client,
-            dns_id: key.dns_id,
-            name: key.name.clone(),
-            qtype: key.qtype,
-            tcp: matches!(p.transport, crate::decode::Transport::Tcp { .. }),
-            started_ns: p.ts_ns,
-            ended_ns: p.ts_ns,
-            outcome: Outcome::Timeout,
-            dnat: None,
-            legs: Vec::new(),
-            upstream: Vec::new(),
-            incomplete: None,
-        };
+        let tcp = matches!(p.transport, crate::decode::Transport::Tcp { .. });
         if let Some(pid) = parent {
             if let Some(po) = self.open.get_mut(&pid) {
                 po.children.push(id);
@@ -622,7 +620,7 @@ impl Engine {
             name: &key.name,
         };
         self.by_key.file(&self.open, &asked, id);
-        if j.tcp {
+        if tcp {
             self.tcp_by_name.add(key.name.clone(), id);
         }
         self.by_client.add(key.client, id);
@@ -634,7 +632,12 @@ impl Engine {
         self.open.insert(
             id,
             Box::new(Open {
-                j,
+                key,
+                lookup,
+                tcp,
+                started_ns: p.ts_ns,
+                fate: Fate::Unknown,
+                incomplete: None,
                 legs: Vec::new(),
                 name_hash,
                 parent,
@@ -644,7 +647,6 @@ impl Engine {
                 ct_dnat: None,
                 outcome_ns: 0,
                 delivered: false,
-                answered_by: None,
                 waiting_at: [None; 2],
             }),
         );
@@ -682,15 +684,15 @@ impl Engine {
         places
             .into_iter()
             .flatten()
-            .flat_map(|pl| self.waiting.get(&self.hasher.hash_one((name, pl))))
+            .flat_map(|pl| self.waiting.get(&place_key(&self.hasher, name, pl)))
             .filter_map(|id| Some((id, self.open.get(&id)?)))
             .filter(|(_, o)| {
-                o.j.name == key.name
-                    && o.j.client != key.client
+                o.key.name == key.name
+                    && o.key.client != key.client
                     && !o.legs.iter().any(|l| l.response)
                     && o.server_is(p)
             })
-            .min_by_key(|(_, o)| o.j.started_ns)
+            .min_by_key(|(_, o)| o.started_ns)
             .map(|(id, _)| id)
     }
 
@@ -699,7 +701,7 @@ impl Engine {
     /// Every open journey is asked at every tick, most of them too recent:
     /// the cheap tests go first.
     fn finished(&self, o: &Open, now: u64) -> bool {
-        let age = now.saturating_sub(o.j.started_ns);
+        let age = now.saturating_sub(o.started_ns);
         if age >= self.limits.timeout_ns + self.limits.settle_ns {
             return true;
         }
@@ -716,15 +718,14 @@ impl Engine {
     fn close(&mut self, id: u64, now_ns: u64) -> Option<Journey> {
         let mut o = self.open.remove(&id)?;
         self.forget(id, &o);
-        for child in std::mem::take(&mut o.children) {
-            if let Some(c) = self.close(child, now_ns) {
-                o.j.upstream.push(c);
-            }
+        let upstream = std::mem::take(&mut o.children)
+            .into_iter()
+            .filter_map(|child| self.close(child, now_ns))
+            .collect();
+        if self.overlaps_loss(o.started_ns, now_ns) {
+            o.incomplete = Some(Gap::Lost);
         }
-        if self.overlaps_loss(o.j.started_ns, now_ns) {
-            o.j.incomplete = Some(Gap::Lost);
-        }
-        Some(o.finish())
+        Some(o.finish(id, upstream))
     }
 
     fn forget(&mut self, id: u64, o: &Open) {
@@ -733,10 +734,10 @@ impl Engine {
         for &client in &o.aliases {
             self.by_key.unfile(&Question { client, ..q }, id);
         }
-        if o.j.tcp {
-            self.tcp_by_name.remove(&o.j.name, id);
+        if o.tcp {
+            self.tcp_by_name.remove(&o.key.name, id);
         }
-        self.by_client.remove(&o.j.client, id);
+        self.by_client.remove(&o.key.client, id);
         for k in o.waiting_at.iter().flatten() {
             self.waiting.remove(k, id);
         }
@@ -751,6 +752,13 @@ impl Engine {
             }
         }
     }
+}
+
+/// Where a journey waits for `name` (hashed) at `place`, in
+/// `Engine::waiting`: never zero, so that `Open::waiting_at` is 8 bytes a
+/// place, not 16.
+fn place_key(hasher: &RandomState, name: u64, place: Place) -> NonZeroU64 {
+    NonZeroU64::MIN | hasher.hash_one((name, place))
 }
 
 /// The shared copy of `name`. Device names are few (a node's devices in
@@ -775,35 +783,35 @@ impl Open {
             .iter()
             .map(|l| l.ts_ns)
             .min()
-            .unwrap_or(self.j.started_ns)
+            .unwrap_or(self.started_ns)
     }
 
     /// Its question as first asked.
     fn question(&self) -> Question<'_> {
         Question {
-            client: self.j.client,
-            dns_id: self.j.dns_id,
-            qtype: self.j.qtype,
-            name: &self.j.name,
+            client: self.key.client,
+            dns_id: self.key.dns_id,
+            qtype: self.key.qtype,
+            name: &self.key.name,
         }
     }
 
     /// Whether `q` is this journey's question, as asked or past a SNAT.
     fn known_as(&self, q: &Question<'_>) -> bool {
-        let j = &self.j;
-        (j.client == q.client || self.aliases.contains(&q.client))
-            && j.dns_id == q.dns_id
-            && j.qtype == q.qtype
-            && j.name.eq_ignore_ascii_case(q.name)
+        let k = &self.key;
+        (k.client == q.client || self.aliases.contains(&q.client))
+            && k.dns_id == q.dns_id
+            && k.qtype == q.qtype
+            && k.name.eq_ignore_ascii_case(q.name)
     }
 
     fn delivered_or_dropped(&self) -> bool {
-        self.delivered || matches!(self.j.outcome, Outcome::Dropped { .. })
+        self.delivered || matches!(self.fate, Fate::Dropped { .. })
     }
 
     /// Its fate is known by `now`: answered, dropped or timed out.
     fn settled(&self, now: u64, timeout_ns: u64) -> bool {
-        self.delivered_or_dropped() || now.saturating_sub(self.j.started_ns) >= timeout_ns
+        self.delivered_or_dropped() || now.saturating_sub(self.started_ns) >= timeout_ns
     }
 
     /// Where a server's query on this journey's behalf would come from
@@ -861,40 +869,18 @@ impl Open {
         // kernel then dropped at the client never reached the application.
         let decides = (p.drop.is_some() || msg.response) && p.ts_ns >= self.outcome_ns;
         if let (Some(d), true) = (p.drop, decides) {
-            self.j.outcome = Outcome::Dropped {
+            self.fate = Fate::Dropped {
                 reason: d.reason,
                 location: d.location,
             };
             self.outcome_ns = p.ts_ns;
         } else if msg.response && p.drop.is_none() {
             if decides {
-                self.answered(msg);
+                self.fate = Fate::Answered(msg.clone());
                 self.outcome_ns = p.ts_ns;
             }
             self.delivered |= self.reached_client(p);
         }
-    }
-
-    /// `msg` decides the outcome; made only if another one decided it last.
-    fn answered(&mut self, msg: &Arc<DnsMessage>) {
-        let again = self
-            .answered_by
-            .as_ref()
-            .is_some_and(|m| Arc::ptr_eq(m, msg))
-            && matches!(self.j.outcome, Outcome::Answered { .. });
-        if again {
-            return;
-        }
-        self.answered_by = Some(msg.clone());
-        self.j.outcome = Outcome::Answered {
-            rcode: msg.rcode.clone(),
-            answers: msg
-                .answers
-                .iter()
-                .map(|a| [a.rtype, " ", &a.data].concat())
-                .collect(),
-            truncated: msg.flags.tc,
-        };
     }
 
     /// The reply passed back, the other way, through the first place the
@@ -915,35 +901,63 @@ impl Open {
         })
     }
 
-    fn finish(mut self) -> Journey {
-        let j = &mut self.j;
-        j.legs = self.legs.into_iter().map(OpenLeg::closed).collect();
-        j.legs.sort_by_key(|l| l.ts_ns);
-        let mut prev = j.legs.first().map_or(0, |l| l.ts_ns);
-        for leg in &mut j.legs {
+    fn finish(self, id: u64, mut upstream: Vec<Journey>) -> Journey {
+        let mut legs: Vec<Leg> = self.legs.into_iter().map(OpenLeg::closed).collect();
+        legs.sort_by_key(|l| l.ts_ns);
+        let mut prev = legs.first().map_or(0, |l| l.ts_ns);
+        for leg in &mut legs {
             leg.since_prev_ns = leg.ts_ns - prev;
             prev = leg.ts_ns;
         }
-        if let Some(first) = j.legs.first() {
-            j.started_ns = first.ts_ns;
-        }
-        j.ended_ns = j.legs.last().map_or(j.started_ns, |l| l.ts_ns);
+        let started_ns = legs.first().map_or(self.started_ns, |l| l.ts_ns);
         // Without conntrack: a query that went in for one address and arrived
         // at another was translated on the way.
-        j.dnat = j
-            .legs
+        let dnat = legs
             .iter()
             .find_map(|l| l.dnat.clone())
             .or(self.ct_dnat)
             .or_else(|| {
-                let mut queries = j.legs.iter().filter(|l| !l.response).map(|l| l.dst);
+                let mut queries = legs.iter().filter(|l| !l.response).map(|l| l.dst);
                 let asked = queries.next()?;
                 queries
                     .find(|d| *d != asked)
                     .map(|served| Box::new((asked, served)))
             });
-        j.upstream.sort_by_key(|u| u.started_ns);
-        self.j
+        upstream.sort_by_key(|u| u.started_ns);
+        Journey {
+            id,
+            lookup: self.lookup,
+            client: self.key.client,
+            dns_id: self.key.dns_id,
+            name: self.key.name,
+            qtype: self.key.qtype,
+            tcp: self.tcp,
+            started_ns,
+            ended_ns: legs.last().map_or(started_ns, |l| l.ts_ns),
+            outcome: self.fate.outcome(),
+            dnat,
+            legs,
+            upstream,
+            incomplete: self.incomplete,
+        }
+    }
+}
+
+impl Fate {
+    fn outcome(self) -> Outcome {
+        match self {
+            Fate::Unknown => Outcome::Timeout,
+            Fate::Dropped { reason, location } => Outcome::Dropped { reason, location },
+            Fate::Answered(msg) => Outcome::Answered {
+                rcode: msg.rcode.clone(),
+                answers: msg
+                    .answers
+                    .iter()
+                    .map(|a| [a.rtype, " ", &a.data].concat())
+                    .collect(),
+                truncated: msg.flags.tc,
+            },
+        }
     }
 }
 
