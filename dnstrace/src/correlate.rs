@@ -26,8 +26,8 @@ use crate::{
 
 /// Loss windows remembered; older ones are long past any open journey.
 const MAX_LOSSES: usize = 256;
-/// Device names kept for sharing.
-const MAX_IFNAMES: usize = 4096;
+/// Devices kept for sharing.
+const MAX_DEVICES: usize = 4096;
 /// Journeys closed by one `tick` at most: closing 100,000 at once (the end
 /// of a capture, a burst of timeouts) would hold them all, as full
 /// journeys, at the same time.
@@ -202,16 +202,14 @@ enum Fate {
     Answered(Arc<DnsMessage>),
 }
 
-/// A leg while its journey is open: 96 bytes, not a `Leg`'s 136 (its
-/// addresses compact, no time since the previous leg, which is known only
-/// once the legs are sorted).
+/// A leg while its journey is open: 80 bytes, not a `Leg`'s 136 (its
+/// device shared, its addresses compact, no time since the previous leg,
+/// which is known only once the legs are sorted).
 struct OpenLeg {
     ts_ns: u64,
     hook: Hook,
     response: bool,
-    iface: Option<Arc<str>>,
-    ifindex: u32,
-    netns: u32,
+    dev: Arc<Device>,
     src: Endpoint,
     dst: Endpoint,
     dnat: Option<Box<(SocketAddr, SocketAddr)>>,
@@ -219,7 +217,15 @@ struct OpenLeg {
     drop: Option<Box<(u32, u64)>>,
 }
 
-const _: () = assert!(std::mem::size_of::<OpenLeg>() <= 96);
+const _: () = assert!(std::mem::size_of::<OpenLeg>() <= 80);
+
+/// Where legs are seen: shared, as thousands of open journeys pass the
+/// same few devices.
+struct Device {
+    netns: u32,
+    ifindex: u32,
+    name: Option<Arc<str>>,
+}
 
 /// A socket address in 16 bytes, not 32: IPv4 inline, IPv6 boxed.
 enum Endpoint {
@@ -269,7 +275,7 @@ pub struct Engine {
     /// was read only after the loss was noticed.
     losses: VecDeque<(u64, u64)>,
     /// Device names, each kept once.
-    ifnames: Set<Arc<str>>,
+    devices: Map<(u32, u32), Arc<Device>>,
 }
 
 /// Open journeys by the hash of client socket, DNS id and type: one socket
@@ -408,7 +414,7 @@ impl Engine {
             next_id: 1,
             evicted: 0,
             losses: VecDeque::new(),
-            ifnames: Set::default(),
+            devices: Map::default(),
         }
     }
 
@@ -485,8 +491,7 @@ impl Engine {
         let Some(o) = self.open.get_mut(&id) else {
             return;
         };
-        let iface = p.ifname.as_deref().map(|n| intern(&mut self.ifnames, n));
-        o.add_leg(p, msg, iface);
+        o.add_leg(p, msg, &mut self.devices);
         let filed = o.waiting_at;
         let name = o.name_hash;
         let hasher = &self.hasher;
@@ -761,19 +766,25 @@ fn place_key(hasher: &RandomState, name: u64, place: Place) -> NonZeroU64 {
     NonZeroU64::MIN | hasher.hash_one((name, place))
 }
 
-/// The shared copy of `name`. Device names are few (a node's devices in
-/// every namespace) but pods come and go: past a bound the set starts over,
-/// and legs keep the copies they hold.
-fn intern(names: &mut Set<Arc<str>>, name: &str) -> Arc<str> {
-    if let Some(n) = names.get(name) {
-        return n.clone();
+/// The shared copy of the device `p` was seen at. Devices are few (a
+/// node's, in every namespace) but pods come and go: past a bound the map
+/// starts over, and legs keep the copies they hold.
+fn device(devices: &mut Map<(u32, u32), Arc<Device>>, p: &Packet) -> Arc<Device> {
+    let name = p.ifname.as_deref();
+    let at = (p.netns, p.ifindex);
+    if let Some(d) = devices.get(&at).filter(|d| d.name.as_deref() == name) {
+        return d.clone();
     }
-    if names.len() >= MAX_IFNAMES {
-        names.clear();
+    if devices.len() >= MAX_DEVICES {
+        devices.clear();
     }
-    let n: Arc<str> = name.into();
-    names.insert(n.clone());
-    n
+    let d = Arc::new(Device {
+        netns: p.netns,
+        ifindex: p.ifindex,
+        name: name.map(Arc::from),
+    });
+    devices.insert(at, d.clone());
+    d
 }
 
 impl Open {
@@ -823,10 +834,11 @@ impl Open {
         let Some(arrival) = self.legs.iter().rev().find(|l| !l.response) else {
             return [None, None];
         };
-        let netns = arrival.netns != 0 && arrival.netns != self.legs[0].netns;
+        let netns = arrival.dev.netns;
+        let other_netns = netns != 0 && netns != self.legs[0].dev.netns;
         [
             Some(Place::Addr(arrival.dst.ip())),
-            netns.then_some(Place::Netns(arrival.netns)),
+            other_netns.then_some(Place::Netns(netns)),
         ]
     }
 
@@ -836,16 +848,25 @@ impl Open {
         let Some(arrival) = self.legs.iter().rev().find(|l| !l.response) else {
             return false;
         };
-        if arrival.netns != 0 && p.netns != 0 {
-            arrival.netns == p.netns && arrival.netns != self.legs[0].netns
+        let netns = arrival.dev.netns;
+        if netns != 0 && p.netns != 0 {
+            netns == p.netns && netns != self.legs[0].dev.netns
         } else {
             arrival.dst.ip() == p.src.ip()
         }
     }
 
-    fn add_leg(&mut self, p: &Packet, msg: &Arc<DnsMessage>, iface: Option<Arc<str>>) {
+    fn add_leg(
+        &mut self,
+        p: &Packet,
+        msg: &Arc<DnsMessage>,
+        devices: &mut Map<(u32, u32), Arc<Device>>,
+    ) {
         let duplicate = self.legs.iter().any(|l| {
-            l.ts_ns == p.ts_ns && l.ifindex == p.ifindex && l.netns == p.netns && l.hook == p.hook
+            l.ts_ns == p.ts_ns
+                && l.dev.ifindex == p.ifindex
+                && l.dev.netns == p.netns
+                && l.hook == p.hook
         });
         if duplicate {
             return;
@@ -855,9 +876,7 @@ impl Open {
             ts_ns: p.ts_ns,
             hook: p.hook,
             response: msg.response,
-            iface,
-            ifindex: p.ifindex,
-            netns: p.netns,
+            dev: device(devices, p),
             src: p.src.into(),
             dst: p.dst.into(),
             dnat: ct.and_then(Conntrack::dnat).map(Box::new),
@@ -895,8 +914,8 @@ impl Open {
         let through_device = matches!(p.hook.direction(), "ingress" | "egress");
         origin.is_some_and(|o| {
             through_device
-                && o.netns == p.netns
-                && o.ifindex == p.ifindex
+                && o.dev.netns == p.netns
+                && o.dev.ifindex == p.ifindex
                 && o.hook.direction() != p.hook.direction()
         })
     }
@@ -967,9 +986,9 @@ impl OpenLeg {
             ts_ns: self.ts_ns,
             since_prev_ns: 0,
             hook: self.hook,
-            iface: self.iface,
-            ifindex: self.ifindex,
-            netns: self.netns,
+            iface: self.dev.name.clone(),
+            ifindex: self.dev.ifindex,
+            netns: self.dev.netns,
             src: self.src.addr(),
             dst: self.dst.addr(),
             response: self.response,
