@@ -274,7 +274,7 @@ pub struct Engine {
     /// a journey that overlaps one may miss legs, even if its first event
     /// was read only after the loss was noticed.
     losses: VecDeque<(u64, u64)>,
-    /// Device names, each kept once.
+    /// The devices legs were seen at, by (netns, ifindex), each kept once.
     devices: Map<(u32, u32), Arc<Device>>,
 }
 
