@@ -10,8 +10,8 @@ use std::{
     borrow::Cow,
     collections::{hash_map::Entry, HashMap, HashSet, VecDeque},
     hash::{BuildHasher, Hash},
-    num::NonZeroU64,
     net::{IpAddr, SocketAddr, SocketAddrV4, SocketAddrV6},
+    num::NonZeroU64,
     sync::Arc,
 };
 
@@ -198,7 +198,10 @@ struct Open {
 enum Fate {
     /// Neither answered nor dropped: a timeout, if it closes so.
     Unknown,
-    Dropped { reason: u32, location: u64 },
+    Dropped {
+        reason: u32,
+        location: u64,
+    },
     Answered(Arc<DnsMessage>),
 }
 
@@ -507,7 +510,10 @@ impl Engine {
             }
         }
         // Past a SNAT the same query goes on under another source address.
-        let alias = p.ct.as_ref().and_then(Conntrack::snat).map(|(_, seen)| seen);
+        let alias =
+            p.ct.as_ref()
+                .and_then(Conntrack::snat)
+                .map(|(_, seen)| seen);
         if let Some(alias) = alias.filter(|a| !o.aliases.contains(a)) {
             o.aliases.push(alias);
             let name = o.key.name.clone();
