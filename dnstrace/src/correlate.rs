@@ -262,6 +262,15 @@ pub struct Engine {
     /// Journey ids, oldest first, for eviction; closed ones are skipped
     /// lazily and compacted away now and then.
     order: VecDeque<u64>,
+    /// Journeys that were answered or dropped, some closed since (pruned
+    /// lazily, as `order` is). With the open ones old enough to have timed
+    /// out (at the front of `order`), they are all a tick can find finished.
+    settling: Vec<u64>,
+    /// How far a journey's first packet has come before an earlier
+    /// journey's (events from several CPUs arrive slightly out of order):
+    /// how far past the timeout a tick looks along `order`.
+    reorder_ns: u64,
+    latest_start_ns: u64,
     /// (lookup, last start) by the hash of (client socket, name): lookups
     /// outlive their journeys, so they keep no name. Two lookups whose hashes
     /// collide (odds 2^-64 a pair) would share an id; nothing else.
@@ -411,6 +420,9 @@ impl Engine {
             by_client: Index::new(),
             hasher: RandomState::default(),
             order: VecDeque::new(),
+            settling: Vec::new(),
+            reorder_ns: 0,
+            latest_start_ns: 0,
             lookups: Map::default(),
             lookups_limit: limits.max_open,
             tcp_seen: Map::default(),
@@ -494,7 +506,11 @@ impl Engine {
         let Some(o) = self.open.get_mut(&id) else {
             return;
         };
+        let was_settling = o.delivered_or_dropped();
         o.add_leg(p, msg, &mut self.devices);
+        if !was_settling && o.delivered_or_dropped() {
+            self.settling.push(id);
+        }
         let filed = o.waiting_at;
         let name = o.name_hash;
         let hasher = &self.hasher;
@@ -578,21 +594,65 @@ impl Engine {
     /// top-level journeys: `CLOSE_BATCH` at most, so call it again while it
     /// returns that many.
     pub fn tick(&mut self, now_ns: u64) -> Vec<Journey> {
-        let mut ready: Vec<(u64, u64)> = self
-            .open
-            .iter()
-            .filter(|(_, o)| {
-                self.finished(o, now_ns) && o.parent.is_none_or(|p| !self.open.contains_key(&p))
-            })
-            .map(|(&id, o)| (o.first_ns(), id))
-            .collect();
-        // Stable, so that ties keep one order however the batches fall.
-        ready.sort_by_key(|&(first, _)| first);
+        let mut ready = if self.few_settling() {
+            // Many lookups unanswered: only those settling, and those old
+            // enough to have timed out, can be finished. Journeys start in
+            // `order` within `reorder_ns` of one another, so past the first
+            // one this recent, none has timed out.
+            let timed_out_by = now_ns
+                .saturating_sub(self.limits.timeout_ns)
+                .saturating_add(self.reorder_ns);
+            let open = &self.open;
+            let old = self
+                .order
+                .iter()
+                .filter_map(|id| Some((*id, &**open.get(id)?)))
+                .take_while(|(_, o)| o.started_ns <= timed_out_by);
+            let settling = self
+                .settling
+                .iter()
+                .filter_map(|id| Some((*id, &**open.get(id)?)));
+            self.ready(old.chain(settling), now_ns)
+        } else {
+            self.ready(self.open.iter().map(|(&id, o)| (id, &**o)), now_ns)
+        };
+        // By first leg, then id: one order however the batches fall.
+        ready.sort_unstable();
+        ready.dedup();
         ready
             .into_iter()
             .take(CLOSE_BATCH)
             .filter_map(|(_, id)| self.close(id, now_ns))
             .collect()
+    }
+
+    /// Which of `these` are finished at `now` and not left to close with a
+    /// journey they serve: (first leg, id).
+    fn ready<'a>(&self, these: impl Iterator<Item = (u64, &'a Open)>, now: u64) -> Vec<(u64, u64)> {
+        these
+            .filter(|(_, o)| {
+                self.finished(o, now) && o.parent.is_none_or(|p| !self.open.contains_key(&p))
+            })
+            .map(|(id, o)| (o.first_ns(), id))
+            .collect()
+    }
+
+    /// Whether few journeys are settling, so that a tick need not ask every
+    /// open one; prunes `settling`, and then the front of `order`, of closed
+    /// journeys.
+    fn few_settling(&mut self) -> bool {
+        let open = &self.open;
+        if self.settling.len() > 2 * open.len() + 1024 {
+            self.settling.retain(|id| open.contains_key(id));
+        }
+        if self.settling.len() * 4 >= open.len() {
+            return false;
+        }
+        self.settling.retain(|id| open.contains_key(id));
+        while self.order.front().is_some_and(|id| !open.contains_key(id)) {
+            self.order.pop_front();
+        }
+        true
     }
 
     /// Closes everything still open (end of capture or of a recording),
@@ -615,6 +675,10 @@ impl Engine {
         }
         let id = self.next_id;
         self.next_id += 1;
+        self.reorder_ns = self
+            .reorder_ns
+            .max(self.latest_start_ns.saturating_sub(p.ts_ns));
+        self.latest_start_ns = self.latest_start_ns.max(p.ts_ns);
         let lookup = self.lookup_for(&key, p.ts_ns, id);
         let name_hash = self.hasher.hash_one(&key.name);
         let parent = self.waiting_parent(&key, name_hash, p);
@@ -709,8 +773,8 @@ impl Engine {
 
     /// Answered or dropped and quiet since (upstream journeys too), timed
     /// out and quiet, or past the timeout and settling time whatever comes.
-    /// Every open journey is asked at every tick, most of them too recent:
-    /// the cheap tests go first.
+    /// A tick may ask every open journey, most of them too recent: the
+    /// cheap tests go first.
     fn finished(&self, o: &Open, now: u64) -> bool {
         let age = now.saturating_sub(o.started_ns);
         if age >= self.limits.timeout_ns + self.limits.settle_ns {

@@ -675,3 +675,22 @@ fn many_journeys_close_in_batches_earliest_first() {
     assert!(all.is_sorted(), "closed out of start order");
     assert!(e.finish(end).is_empty() && e.open_count() == 0);
 }
+
+/// With most journeys unanswered a tick asks only the settling ones and
+/// the oldest; a journey whose first event came late is still found.
+#[test]
+fn timeouts_are_found_when_few_journeys_settle_even_out_of_order() {
+    let mut e = Engine::new(Limits::default());
+    let timeout = Limits::default().timeout_ns;
+    let late = 50;
+    for i in (0..100u16).filter(|&i| i != late).chain([late]) {
+        e.push(&healthy(u64::from(i) * MS, "10.244.0.10:4000", CLIENT_NS, i)[0]);
+    }
+    for r in healthy(10 * MS, "10.244.0.20:4000", CLIENT_NS, 500) {
+        e.push(&r);
+    }
+    let ids = |js: Vec<Journey>| js.iter().map(|j| j.dns_id).collect::<Vec<u16>>();
+    assert_eq!(ids(e.tick(400 * MS)), [500]);
+    assert_eq!(ids(e.tick(timeout + 60 * MS)), Vec::from_iter(0..=60));
+    assert_eq!(ids(e.tick(timeout + 99 * MS)), Vec::from_iter(61..100));
+}
