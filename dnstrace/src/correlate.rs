@@ -246,8 +246,8 @@ enum Place {
 
 pub struct Engine {
     limits: Limits,
-    /// Boxed: an open journey is half a KiB, and a map of them would move
-    /// (and over-allocate) all that as it grows.
+    /// Boxed: an open journey is a quarter KiB, and a map of them would
+    /// move (and over-allocate) all that as it grows.
     open: Map<u64, Box<Open>>,
     by_key: ByKey,
     /// Unanswered journeys by question and place, TCP journeys by question,
@@ -259,8 +259,8 @@ pub struct Engine {
     tcp_by_name: Index<Arc<str>>,
     by_client: Index<SocketAddr>,
     hasher: RandomState,
-    /// Journey ids, oldest first, for eviction; closed ones are skipped
-    /// lazily and compacted away now and then.
+    /// Journey ids, oldest first, for eviction and for the timed-out ones;
+    /// closed ones are skipped lazily and compacted away now and then.
     order: VecDeque<u64>,
     /// Journeys that were answered or dropped, some closed since (pruned
     /// lazily, as `order` is). With the open ones old enough to have timed
