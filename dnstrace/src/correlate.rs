@@ -162,6 +162,17 @@ struct Key {
     qtype: &'static str,
 }
 
+impl Key {
+    fn question(&self) -> Question<'_> {
+        Question {
+            client: self.client,
+            dns_id: self.dns_id,
+            qtype: self.qtype,
+            name: &self.name,
+        }
+    }
+}
+
 /// A journey being followed: only what following it needs, compact (its
 /// legs as `OpenLeg`s, its outcome as a `Fate`), as under load open
 /// journeys are most of the memory. It becomes a `Journey` when it closes.
@@ -688,13 +699,7 @@ impl Engine {
                 po.children.push(id);
             }
         }
-        let asked = Question {
-            client: key.client,
-            dns_id: key.dns_id,
-            qtype: key.qtype,
-            name: &key.name,
-        };
-        self.by_key.file(&self.open, &asked, id);
+        self.by_key.file(&self.open, &key.question(), id);
         if tcp {
             self.tcp_by_name.add(key.name.clone(), id);
         }
@@ -804,7 +809,7 @@ impl Engine {
     }
 
     fn forget(&mut self, id: u64, o: &Open) {
-        let q = o.question();
+        let q = o.key.question();
         self.by_key.unfile(&q, id);
         for &client in &o.aliases {
             self.by_key.unfile(&Question { client, ..q }, id);
@@ -865,16 +870,6 @@ impl Open {
             .map(|l| l.ts_ns)
             .min()
             .unwrap_or(self.started_ns)
-    }
-
-    /// Its question as first asked.
-    fn question(&self) -> Question<'_> {
-        Question {
-            client: self.key.client,
-            dns_id: self.key.dns_id,
-            qtype: self.key.qtype,
-            name: &self.key.name,
-        }
     }
 
     /// Whether `q` is this journey's question, as asked or past a SNAT.

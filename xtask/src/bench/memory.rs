@@ -127,8 +127,8 @@ mod tests {
     #[test]
     fn loss_note_names_the_first_warnings_and_counts_the_rest() {
         assert_eq!(loss_note(&[]), "");
-        let many: Vec<(f64, u64)> = (1..=10)
-            .map(|i| (300.0 + f64::from(i as u8), i * 1000))
+        let many: Vec<(f64, u64)> = (1..=10u32)
+            .map(|i| (300.0 + f64::from(i), u64::from(i) * 1000))
             .collect();
         let note = loss_note(&many);
         assert!(
