@@ -16,6 +16,8 @@ const TOOLCHAIN_PACKAGES: &[&str] = &[
     "libzstd-dev",
     "zlib1g-dev",
 ];
+/// What builds jemalloc, dnstrace's allocator, from its C sources.
+const BUILD_PACKAGES: &[&str] = &["gcc", "make"];
 /// Real programs the tests and the demo run.
 const TEST_PACKAGES: &[&str] = &[
     "dnsmasq-base",
@@ -36,7 +38,7 @@ pub fn is_root() -> bool {
 }
 
 pub fn run() -> Result<()> {
-    let mut wanted: Vec<&str> = TEST_PACKAGES.to_vec();
+    let mut wanted: Vec<&str> = [BUILD_PACKAGES, TEST_PACKAGES].concat();
     if !nightly_with_rust_src() {
         wanted.extend(TOOLCHAIN_PACKAGES);
     }
