@@ -186,21 +186,29 @@ struct Open {
     legs: Vec<OpenLeg>,
     /// `key.name` hashed, for `Engine::waiting`.
     name_hash: u64,
-    parent: Option<u64>,
+    parent: Option<NonZeroU64>,
     children: Vec<u64>,
-    /// Client sockets the query is also known by, past a SNAT.
-    aliases: Vec<SocketAddr>,
     last_ns: u64,
     /// Kernel time of the leg that decided `fate`.
     outcome_ns: u64,
-    /// The DNAT ctnetlink reported for this client socket; boxed, as most
-    /// journeys have none.
-    ct_dnat: Option<Box<(SocketAddr, SocketAddr)>>,
+    /// Boxed, as most journeys have none.
+    nat: Option<Box<NatSeen>>,
     /// The answer reached the netns the query started in.
     delivered: bool,
     /// Where it is filed in `Engine::waiting`: (name hash, place) hashed,
     /// while no answer has been seen.
     waiting_at: [Option<NonZeroU64>; 2],
+}
+
+const _: () = assert!(std::mem::size_of::<Open>() <= 224);
+
+/// What conntrack showed of a journey's client socket besides its legs.
+#[derive(Default)]
+struct NatSeen {
+    /// Client sockets the query is also known by, past a SNAT.
+    aliases: Vec<SocketAddr>,
+    /// The DNAT ctnetlink reported for the client socket.
+    dnat: Option<(SocketAddr, SocketAddr)>,
 }
 
 /// What decides an open journey's outcome so far. An answer is kept as
@@ -216,9 +224,9 @@ enum Fate {
     Answered(Arc<DnsMessage>),
 }
 
-/// A leg while its journey is open: 80 bytes, not a `Leg`'s 136 (its
-/// device shared, its addresses compact, no time since the previous leg,
-/// which is known only once the legs are sorted).
+/// A leg while its journey is open: 64 bytes, not a `Leg`'s 136 (its
+/// device and marks shared, its addresses compact, no time since the
+/// previous leg, which is known only once the legs are sorted).
 struct OpenLeg {
     ts_ns: u64,
     hook: Hook,
@@ -226,12 +234,20 @@ struct OpenLeg {
     dev: Arc<Device>,
     src: Endpoint,
     dst: Endpoint,
-    dnat: Option<Box<(SocketAddr, SocketAddr)>>,
-    snat: Option<Box<(SocketAddr, SocketAddr)>>,
-    drop: Option<Box<(u32, u64)>>,
+    marks: Option<Arc<Marks>>,
 }
 
-const _: () = assert!(std::mem::size_of::<OpenLeg>() <= 80);
+const _: () = assert!(std::mem::size_of::<OpenLeg>() <= 64);
+
+/// What some legs carry: the NAT conntrack showed, the kernel's drop
+/// (reason, location). One copy for a journey's legs that carry the same:
+/// past a DNAT, each leg shows it.
+#[derive(PartialEq)]
+struct Marks {
+    dnat: Option<(SocketAddr, SocketAddr)>,
+    snat: Option<(SocketAddr, SocketAddr)>,
+    drop: Option<(u32, u64)>,
+}
 
 /// Where legs are seen: shared, as thousands of open journeys pass the
 /// same few devices.
@@ -268,7 +284,9 @@ pub struct Engine {
     /// is confirmed by its name and `Open::server_is`.
     waiting: Index<NonZeroU64>,
     tcp_by_name: Index<Arc<str>>,
-    by_client: Index<SocketAddr>,
+    /// Keyed by the client socket hashed (8 bytes, not 32), each journey
+    /// found there confirmed by its own key.
+    by_client: Index<u64>,
     hasher: RandomState,
     /// Journey ids, oldest first, for eviction and for the timed-out ones;
     /// closed ones are skipped lazily and compacted away now and then.
@@ -357,52 +375,47 @@ struct Question<'a> {
 }
 
 /// Open journey ids grouped by something they share. Most groups hold one
-/// id (kept inline); some hold thousands (one resolver socket's queries),
-/// so removal is never a scan.
-struct Index<K>(Map<K, Ids>);
-
-enum Ids {
-    One(u64),
-    /// Boxed: an index entry stays 16 bytes, most being `One`.
-    Many(Box<Set<u64>>),
+/// id; some hold thousands (one resolver socket's queries), so removal is
+/// never a scan. The two kinds are kept apart, so that an entry of the
+/// common kind is its key and 8 bytes, not an enum of 16.
+struct Index<K> {
+    one: Map<K, u64>,
+    many: Map<K, Set<u64>>,
 }
 
 impl<K: Hash + Eq> Index<K> {
     fn new() -> Self {
-        Self(Map::default())
+        Self {
+            one: Map::default(),
+            many: Map::default(),
+        }
     }
 
     fn add(&mut self, k: K, id: u64) {
-        match self.0.entry(k) {
+        if let Some(ids) = self.many.get_mut(&k) {
+            ids.insert(id);
+            return;
+        }
+        match self.one.entry(k) {
             Entry::Vacant(v) => {
-                v.insert(Ids::One(id));
+                v.insert(id);
             }
-            Entry::Occupied(mut o) => match o.get_mut() {
-                Ids::One(first) if *first == id => {}
-                Ids::One(first) => {
-                    let first = *first;
-                    o.insert(Ids::Many(Box::new(Set::from_iter([first, id]))));
-                }
-                Ids::Many(ids) => {
-                    ids.insert(id);
-                }
-            },
+            Entry::Occupied(o) if *o.get() == id => {}
+            Entry::Occupied(o) => {
+                let (k, first) = o.remove_entry();
+                self.many.insert(k, Set::from_iter([first, id]));
+            }
         }
     }
 
     fn remove(&mut self, k: &K, id: u64) {
-        let Some(ids) = self.0.get_mut(k) else {
-            return;
-        };
-        let empty = match ids {
-            Ids::One(x) => *x == id,
-            Ids::Many(set) => {
-                set.remove(&id);
-                set.is_empty()
+        if self.one.get(k) == Some(&id) {
+            self.one.remove(k);
+        } else if let Some(ids) = self.many.get_mut(k) {
+            ids.remove(&id);
+            if ids.is_empty() {
+                self.many.remove(k);
             }
-        };
-        if empty {
-            self.0.remove(k);
         }
     }
 
@@ -410,13 +423,13 @@ impl<K: Hash + Eq> Index<K> {
     where
         K: std::borrow::Borrow<Q>,
     {
-        self.0.get(k).into_iter().flat_map(|ids| {
-            let (one, many) = match ids {
-                Ids::One(id) => (Some(*id), None),
-                Ids::Many(set) => (None, Some(set.iter().copied())),
-            };
-            one.into_iter().chain(many.into_iter().flatten())
-        })
+        let many = self.many.get(k).into_iter().flatten().copied();
+        self.one.get(k).copied().into_iter().chain(many)
+    }
+
+    #[cfg(test)]
+    fn is_empty(&self) -> bool {
+        self.one.is_empty() && self.many.is_empty()
     }
 }
 
@@ -541,8 +554,8 @@ impl Engine {
             p.ct.as_ref()
                 .and_then(Conntrack::snat)
                 .map(|(_, seen)| seen);
-        if let Some(alias) = alias.filter(|a| !o.aliases.contains(a)) {
-            o.aliases.push(alias);
+        if let Some(alias) = alias.filter(|a| !o.aliases().any(|k| k == a)) {
+            o.nat.get_or_insert_default().aliases.push(alias);
             let name = o.key.name.clone();
             let q = Question {
                 client: alias,
@@ -566,9 +579,10 @@ impl Engine {
         .dnat() else {
             return;
         };
-        for id in self.by_client.get(&ev.original.src) {
-            if let Some(o) = self.open.get_mut(&id) {
-                o.ct_dnat.get_or_insert_with(|| Box::new(dnat));
+        let client = ev.original.src;
+        for id in self.by_client.get(&self.hasher.hash_one(client)) {
+            if let Some(o) = self.open.get_mut(&id).filter(|o| o.key.client == client) {
+                o.nat.get_or_insert_default().dnat.get_or_insert(dnat);
             }
         }
     }
@@ -642,7 +656,7 @@ impl Engine {
     fn ready<'a>(&self, these: impl Iterator<Item = (u64, &'a Open)>, now: u64) -> Vec<(u64, u64)> {
         these
             .filter(|(_, o)| {
-                self.finished(o, now) && o.parent.is_none_or(|p| !self.open.contains_key(&p))
+                self.finished(o, now) && o.parent.is_none_or(|p| !self.open.contains_key(&p.get()))
             })
             .map(|(id, o)| (o.first_ns(), id))
             .collect()
@@ -703,7 +717,7 @@ impl Engine {
         if tcp {
             self.tcp_by_name.add(key.name.clone(), id);
         }
-        self.by_client.add(key.client, id);
+        self.by_client.add(self.hasher.hash_one(key.client), id);
         if self.order.len() > 2 * self.open.len() + 1024 {
             let open = &self.open;
             self.order.retain(|id| open.contains_key(id));
@@ -720,11 +734,10 @@ impl Engine {
                 incomplete: None,
                 legs: Vec::new(),
                 name_hash,
-                parent,
+                parent: parent.and_then(NonZeroU64::new),
                 children: Vec::new(),
-                aliases: Vec::new(),
                 last_ns: p.ts_ns,
-                ct_dnat: None,
+                nat: None,
                 outcome_ns: 0,
                 delivered: false,
                 waiting_at: [None; 2],
@@ -811,13 +824,14 @@ impl Engine {
     fn forget(&mut self, id: u64, o: &Open) {
         let q = o.key.question();
         self.by_key.unfile(&q, id);
-        for &client in &o.aliases {
+        for &client in o.aliases() {
             self.by_key.unfile(&Question { client, ..q }, id);
         }
         if o.tcp {
             self.tcp_by_name.remove(&o.key.name, id);
         }
-        self.by_client.remove(&o.key.client, id);
+        self.by_client
+            .remove(&self.hasher.hash_one(o.key.client), id);
         for k in o.waiting_at.iter().flatten() {
             self.waiting.remove(k, id);
         }
@@ -875,10 +889,15 @@ impl Open {
     /// Whether `q` is this journey's question, as asked or past a SNAT.
     fn known_as(&self, q: &Question<'_>) -> bool {
         let k = &self.key;
-        (k.client == q.client || self.aliases.contains(&q.client))
+        (k.client == q.client || self.aliases().any(|a| *a == q.client))
             && k.dns_id == q.dns_id
             && k.qtype == q.qtype
             && k.name.eq_ignore_ascii_case(q.name)
+    }
+
+    /// Client sockets the query is also known by, past a SNAT.
+    fn aliases(&self) -> impl Iterator<Item = &SocketAddr> {
+        self.nat.iter().flat_map(|n| &n.aliases)
     }
 
     fn delivered_or_dropped(&self) -> bool {
@@ -936,7 +955,7 @@ impl Open {
         if duplicate {
             return;
         }
-        let ct = p.ct.as_ref();
+        let marks = self.marks(p);
         self.legs.push(OpenLeg {
             ts_ns: p.ts_ns,
             hook: p.hook,
@@ -944,9 +963,7 @@ impl Open {
             dev: device(devices, p),
             src: p.src.into(),
             dst: p.dst.into(),
-            dnat: ct.and_then(Conntrack::dnat).map(Box::new),
-            snat: ct.and_then(Conntrack::snat).map(Box::new),
-            drop: p.drop.map(|d| Box::new((d.reason, d.location))),
+            marks,
         });
         self.last_ns = self.last_ns.max(p.ts_ns);
         // The latest answer or drop, in kernel time, decides: an answer the
@@ -964,6 +981,24 @@ impl Open {
                 self.outcome_ns = p.ts_ns;
             }
             self.delivered |= self.reached_client(p);
+        }
+    }
+
+    /// `p`'s marks, if it has any: the copy an earlier leg holds, if the same.
+    fn marks(&self, p: &Packet) -> Option<Arc<Marks>> {
+        let ct = p.ct.as_ref();
+        let marks = Marks {
+            dnat: ct.and_then(Conntrack::dnat),
+            snat: ct.and_then(Conntrack::snat),
+            drop: p.drop.map(|d| (d.reason, d.location)),
+        };
+        if marks.dnat.is_none() && marks.snat.is_none() && marks.drop.is_none() {
+            return None;
+        }
+        let held = self.legs.iter().rev().find_map(|l| l.marks.as_ref());
+        match held {
+            Some(m) if **m == marks => Some(m.clone()),
+            _ => Some(Arc::new(marks)),
         }
     }
 
@@ -999,7 +1034,7 @@ impl Open {
         let dnat = legs
             .iter()
             .find_map(|l| l.dnat.clone())
-            .or(self.ct_dnat)
+            .or_else(|| self.nat.and_then(|n| n.dnat).map(Box::new))
             .or_else(|| {
                 let mut queries = legs.iter().filter(|l| !l.response).map(|l| l.dst);
                 let asked = queries.next()?;
@@ -1057,9 +1092,9 @@ impl OpenLeg {
             src: self.src.addr(),
             dst: self.dst.addr(),
             response: self.response,
-            dnat: self.dnat,
-            snat: self.snat,
-            drop: self.drop,
+            dnat: self.marks.as_ref().and_then(|m| m.dnat).map(Box::new),
+            snat: self.marks.as_ref().and_then(|m| m.snat).map(Box::new),
+            drop: self.marks.as_ref().and_then(|m| m.drop).map(Box::new),
         }
     }
 }

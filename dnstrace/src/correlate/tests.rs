@@ -515,10 +515,10 @@ fn eviction_takes_the_oldest_open_journey_after_many_closed_and_indexes_empty() 
     let left: Vec<u16> = e.finish(t0).iter().map(|j| j.dns_id).collect();
     assert_eq!(left, vec![2, 3, 4]);
     assert!(
-        e.waiting.0.is_empty()
-            && e.tcp_by_name.0.is_empty()
-            && e.by_client.0.is_empty()
-            && e.by_key.ids.0.is_empty()
+        e.waiting.is_empty()
+            && e.tcp_by_name.is_empty()
+            && e.by_client.is_empty()
+            && e.by_key.ids.is_empty()
     );
     assert!(e.order.len() <= 1024 + 5);
 }
