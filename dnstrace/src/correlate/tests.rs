@@ -694,3 +694,36 @@ fn timeouts_are_found_when_few_journeys_settle_even_out_of_order() {
     assert_eq!(ids(e.tick(timeout + 60 * MS)), Vec::from_iter(0..=60));
     assert_eq!(ids(e.tick(timeout + 99 * MS)), Vec::from_iter(61..100));
 }
+
+#[test]
+fn legs_with_the_same_nat_share_one_copy_and_a_drop_keeps_its_own() {
+    let client = "10.244.0.10:4000";
+    let mut recs = healthy(0, client, CLIENT_NS, 7)[..4].to_vec();
+    recs[3].packet.ct = recs[2].packet.ct;
+    let mut dropped = recs[3].clone();
+    dropped.packet.ts_ns = 40_000;
+    dropped.packet.hook = Hook::Drop;
+    dropped.packet.drop = Some(Dropped {
+        reason: 6,
+        location: 0xffff,
+    });
+    recs.push(dropped);
+    let mut e = Engine::new(Limits::default());
+    recs.iter().for_each(|r| e.push(r));
+    let o = e.open.values().next().unwrap();
+    let marks: Vec<_> = o.legs.iter().map(|l| l.marks.clone()).collect();
+    assert!(marks[..2].iter().all(Option::is_none));
+    let (nat, also, drop) = (marks[2].as_ref(), marks[3].as_ref(), marks[4].as_ref());
+    assert!(Arc::ptr_eq(nat.unwrap(), also.unwrap()), "one copy");
+    assert!(!Arc::ptr_eq(nat.unwrap(), drop.unwrap()));
+    let js = e.finish(1_000 * MS);
+    let dnat = Some(&(addr("10.96.0.10:53"), addr("10.244.0.53:53")));
+    let legs = &js[0].legs;
+    assert_eq!(legs[2].dnat.as_deref(), dnat);
+    assert_eq!(legs[3].dnat.as_deref(), dnat);
+    assert_eq!(
+        (legs[3].drop.as_deref(), legs[4].drop.as_deref()),
+        (None, Some(&(6, 0xffff)))
+    );
+    assert_eq!(legs[4].dnat.as_deref(), dnat);
+}
