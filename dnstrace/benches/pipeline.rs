@@ -8,11 +8,6 @@ use std::{path::PathBuf, process::ExitCode, time::Instant};
 
 use dnstrace::bench::Stream;
 
-/// The allocator the binary ships with (`src/main.rs`), so that the rate is
-/// the binary's.
-#[global_allocator]
-static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
-
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args()
         .skip(1)

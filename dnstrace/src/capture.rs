@@ -72,10 +72,9 @@ pub async fn run(args: CaptureArgs, view: View) -> Result<()> {
         .ok();
     // Everything privileged is open now.
     probes.drop_privileges()?;
-    // Loading parsed the kernel's BTF and ELF (tens of MiB, freed): give
-    // those pages back so a long incident starts from a small footprint.
-    // SAFETY: malloc_trim only releases free heap memory.
-    unsafe { libc::malloc_trim(0) };
+    // Loading parsed the kernel's BTF and ELF (tens of MiB, freed): those
+    // pages go back within a second, so a long incident starts small.
+    crate::return_freed_memory_in_background();
     let watches = Watches { ct, stats, links };
     let mut src = LiveSource::new(ingest, &probes, watches, args.ports.clone());
     let mut pipe = Pipeline::recording(recorder);

@@ -7,14 +7,23 @@ use serde_json::Value;
 
 use dnstrace_tests::*;
 
-/// A capability set from /proc/PID/status, e.g. `CapEff`.
+/// A capability set from /proc/PID/status, e.g. `CapEff`, the same in each
+/// of the process's threads: capabilities are a thread's, and a thread
+/// started before they were dropped keeps them.
 fn caps(pid: u32, set: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(&format!("{set}:")))
-        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        .unwrap_or_else(|| panic!("no {set} in {status}"))
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap();
+    let each: BTreeSet<u64> = tasks
+        .map(|t| {
+            let status = std::fs::read_to_string(t.unwrap().path().join("status")).unwrap();
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("{set}:")))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+                .unwrap_or_else(|| panic!("no {set} in {status}"))
+        })
+        .collect();
+    assert_eq!(each.len(), 1, "{set} differs between threads: {each:x?}");
+    each.into_iter().next().unwrap()
 }
 
 fn dig_through(pair: &Pair) -> String {
