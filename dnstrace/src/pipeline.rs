@@ -305,8 +305,7 @@ pub struct Pipeline {
     pub counts: Counts,
     recorder: Option<Recorder>,
     /// Reused from batch to batch: a batch's records are hundreds of KiB,
-    /// which the allocator would otherwise consolidate its heap for, each
-    /// time.
+    /// not to be allocated and freed again for each.
     records: Vec<Record>,
 }
 

@@ -18,12 +18,15 @@ impl Bench {
         ready
             .recv_timeout(Duration::from_secs(10))
             .map_err(|_| anyhow!("the blackhole resolver did not start"))??;
+        let mib = |key: &str| status_kib(pid, key).map(|k| k as f64 / 1024.0);
+        // Idle before any lookup, once the memory start-up freed has gone
+        // back to the kernel (dnstrace's allocator returns it after a second).
+        pause(Duration::from_secs(3))?;
+        let idle = (mib("VmRSS:")?, mib("RssAnon:")?);
         let ramp = timeout + 5;
         let total = ramp + self.plan.soak_secs;
         let sender = sender(rate, Duration::from_secs(u64::from(total)), stop.clone());
         let start = Instant::now();
-        let mib = |key: &str| status_kib(pid, key).map(|k| k as f64 / 1024.0);
-        let idle = (mib("VmRSS:")?, mib("RssAnon:")?);
         let mut samples: Vec<(u32, f64, f64)> = Vec::new();
         let run = (|| -> Result<()> {
             let mut next = ramp;
