@@ -67,10 +67,11 @@ fn healthy_traffic_raises_nothing() {
     let lab = Lab::up(&[]);
     // A rate the debug build follows without losing events: otherwise
     // "nothing raised" would prove little.
-    let (kinds, _) = diagnose(&[], || {
+    let (kinds, anomalies) = diagnose(&[], || {
         lab.traffic(&["--rate", "15", "--duration", "10s"]);
     });
-    assert!(kinds.is_empty(), "{kinds:?}");
+    // The whole anomalies: a rare failure here must say which lookups.
+    assert!(kinds.is_empty(), "{kinds:?}: {anomalies:#?}");
 }
 
 /// The quality bar: 10,000 lookups of mixed names (A and AAAA, search
