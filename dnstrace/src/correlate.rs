@@ -187,28 +187,30 @@ struct Open {
     /// `key.name` hashed, for `Engine::waiting`.
     name_hash: u64,
     parent: Option<NonZeroU64>,
-    children: Vec<u64>,
+    /// A boxed slice, 8 bytes smaller than a `Vec`: most have none, few
+    /// more than one.
+    children: Box<[u64]>,
     last_ns: u64,
     /// Kernel time of the leg that decided `fate`.
     outcome_ns: u64,
     /// Boxed, as most journeys have none.
-    nat: Option<Box<NatSeen>>,
+    extra: Option<Box<Extra>>,
     /// The answer reached the netns the query started in.
     delivered: bool,
-    /// Where it is filed in `Engine::waiting`: (name hash, place) hashed,
-    /// while no answer has been seen.
-    waiting_at: [Option<NonZeroU64>; 2],
 }
 
-const _: () = assert!(std::mem::size_of::<Open>() <= 224);
+const _: () = assert!(std::mem::size_of::<Open>() <= 192);
 
-/// What conntrack showed of a journey's client socket besides its legs.
+/// What few journeys have: what conntrack showed of the client socket
+/// besides the legs, and IPv6 addresses.
 #[derive(Default)]
-struct NatSeen {
+struct Extra {
     /// Client sockets the query is also known by, past a SNAT.
     aliases: Vec<SocketAddr>,
     /// The DNAT ctnetlink reported for the client socket.
     dnat: Option<(SocketAddr, SocketAddr)>,
+    /// The IPv6 socket addresses its legs name, each once.
+    v6: Vec<SocketAddrV6>,
 }
 
 /// What decides an open journey's outcome so far. An answer is kept as
@@ -217,27 +219,30 @@ struct NatSeen {
 enum Fate {
     /// Neither answered nor dropped: a timeout, if it closes so.
     Unknown,
-    Dropped {
-        reason: u32,
-        location: u64,
-    },
+    /// The marks of the leg it was dropped at: their `drop` is set.
+    Dropped(Arc<Marks>),
     Answered(Arc<DnsMessage>),
 }
 
-/// A leg while its journey is open: 64 bytes, not a `Leg`'s 136 (its
-/// device and marks shared, its addresses compact, no time since the
-/// previous leg, which is known only once the legs are sorted).
+/// A leg while its journey is open: 40 bytes, not a `Leg`'s 136 (its
+/// device and marks shared, its addresses in 6 bytes each, no time since
+/// the previous leg, which is known only once the legs are sorted).
 struct OpenLeg {
     ts_ns: u64,
-    hook: Hook,
-    response: bool,
     dev: Arc<Device>,
-    src: Endpoint,
-    dst: Endpoint,
     marks: Option<Arc<Marks>>,
+    src: Addr,
+    dst: Addr,
+    hook: Hook,
+    /// `RESPONSE`, and which addresses are IPv6: `V6_SRC`, `V6_DST`.
+    bits: u8,
 }
 
-const _: () = assert!(std::mem::size_of::<OpenLeg>() <= 64);
+const _: () = assert!(std::mem::size_of::<OpenLeg>() <= 40);
+
+const RESPONSE: u8 = 1;
+const V6_SRC: u8 = 2;
+const V6_DST: u8 = 4;
 
 /// What some legs carry: the NAT conntrack showed, the kernel's drop
 /// (reason, location). One copy for a journey's legs that carry the same:
@@ -257,11 +262,10 @@ struct Device {
     name: Option<Arc<str>>,
 }
 
-/// A socket address in 16 bytes, not 32: IPv4 inline, IPv6 boxed.
-enum Endpoint {
-    V4(SocketAddrV4),
-    V6(Box<SocketAddrV6>),
-}
+/// A leg's socket address in 6 bytes, not 32: an IPv4 one inline, an
+/// IPv6 one (rare) as its place in the journey's `Extra::v6`.
+#[derive(Clone, Copy)]
+struct Addr([u8; 6]);
 
 /// Where a query was delivered, as a server's own queries show it: sent
 /// from that network namespace, or (without namespaces) that address.
@@ -282,7 +286,7 @@ pub struct Engine {
     /// retry or a conntrack entry's journeys never scans them all. The
     /// first is keyed by a hash of (name hash, place): a parent found there
     /// is confirmed by its name and `Open::server_is`.
-    waiting: Index<NonZeroU64>,
+    waiting: Index<u64>,
     tcp_by_name: Index<Arc<str>>,
     /// Keyed by the client socket hashed (8 bytes, not 32), each journey
     /// found there confirmed by its own key.
@@ -531,22 +535,19 @@ impl Engine {
             return;
         };
         let was_settling = o.delivered_or_dropped();
+        let filed = o.places();
         o.add_leg(p, msg, &mut self.devices);
         if !was_settling && o.delivered_or_dropped() {
             self.settling.push(id);
         }
-        let filed = o.waiting_at;
-        let name = o.name_hash;
-        let hasher = &self.hasher;
-        o.waiting_at = o
-            .places()
-            .map(|pl| pl.map(|pl| place_key(hasher, name, pl)));
-        if filed != o.waiting_at {
-            for k in filed.iter().flatten() {
-                self.waiting.remove(k, id);
+        let places = o.places();
+        if filed != places {
+            let name = o.name_hash;
+            for pl in filed.into_iter().flatten() {
+                self.waiting.remove(&place_key(&self.hasher, name, pl), id);
             }
-            for &k in o.waiting_at.iter().flatten() {
-                self.waiting.add(k, id);
+            for pl in places.into_iter().flatten() {
+                self.waiting.add(place_key(&self.hasher, name, pl), id);
             }
         }
         // Past a SNAT the same query goes on under another source address.
@@ -555,7 +556,7 @@ impl Engine {
                 .and_then(Conntrack::snat)
                 .map(|(_, seen)| seen);
         if let Some(alias) = alias.filter(|a| !o.aliases().any(|k| k == a)) {
-            o.nat.get_or_insert_default().aliases.push(alias);
+            o.extra.get_or_insert_default().aliases.push(alias);
             let name = o.key.name.clone();
             let q = Question {
                 client: alias,
@@ -582,7 +583,7 @@ impl Engine {
         let client = ev.original.src;
         for id in self.by_client.get(&self.hasher.hash_one(client)) {
             if let Some(o) = self.open.get_mut(&id).filter(|o| o.key.client == client) {
-                o.nat.get_or_insert_default().dnat.get_or_insert(dnat);
+                o.extra.get_or_insert_default().dnat.get_or_insert(dnat);
             }
         }
     }
@@ -710,7 +711,9 @@ impl Engine {
         let tcp = matches!(p.transport, crate::decode::Transport::Tcp { .. });
         if let Some(pid) = parent {
             if let Some(po) = self.open.get_mut(&pid) {
-                po.children.push(id);
+                let mut children = std::mem::take(&mut po.children).into_vec();
+                children.push(id);
+                po.children = children.into();
             }
         }
         self.by_key.file(&self.open, &key.question(), id);
@@ -735,12 +738,11 @@ impl Engine {
                 legs: Vec::new(),
                 name_hash,
                 parent: parent.and_then(NonZeroU64::new),
-                children: Vec::new(),
+                children: Box::default(),
                 last_ns: p.ts_ns,
-                nat: None,
+                extra: None,
                 outcome_ns: 0,
                 delivered: false,
-                waiting_at: [None; 2],
             }),
         );
         id
@@ -782,7 +784,7 @@ impl Engine {
             .filter(|(_, o)| {
                 o.key.name == key.name
                     && o.key.client != key.client
-                    && !o.legs.iter().any(|l| l.response)
+                    && !o.legs.iter().any(OpenLeg::response)
                     && o.server_is(p)
             })
             .min_by_key(|(_, o)| o.started_ns)
@@ -812,6 +814,7 @@ impl Engine {
         let mut o = self.open.remove(&id)?;
         self.forget(id, &o);
         let upstream = std::mem::take(&mut o.children)
+            .into_vec()
             .into_iter()
             .filter_map(|child| self.close(child, now_ns))
             .collect();
@@ -832,8 +835,9 @@ impl Engine {
         }
         self.by_client
             .remove(&self.hasher.hash_one(o.key.client), id);
-        for k in o.waiting_at.iter().flatten() {
-            self.waiting.remove(k, id);
+        for pl in o.places().into_iter().flatten() {
+            self.waiting
+                .remove(&place_key(&self.hasher, o.name_hash, pl), id);
         }
     }
 
@@ -849,10 +853,9 @@ impl Engine {
 }
 
 /// Where a journey waits for `name` (hashed) at `place`, in
-/// `Engine::waiting`: never zero, so that `Open::waiting_at` is 8 bytes a
-/// place, not 16.
-fn place_key(hasher: &RandomState, name: u64, place: Place) -> NonZeroU64 {
-    NonZeroU64::MIN | hasher.hash_one((name, place))
+/// `Engine::waiting`.
+fn place_key(hasher: &RandomState, name: u64, place: Place) -> u64 {
+    hasher.hash_one((name, place))
 }
 
 /// The shared copy of the device `p` was seen at. Devices are few (a
@@ -897,11 +900,34 @@ impl Open {
 
     /// Client sockets the query is also known by, past a SNAT.
     fn aliases(&self) -> impl Iterator<Item = &SocketAddr> {
-        self.nat.iter().flat_map(|n| &n.aliases)
+        self.extra.iter().flat_map(|n| &n.aliases)
+    }
+
+    /// `a` as a leg holds it: IPv4 inline, IPv6 filed in `Extra::v6` once.
+    fn pack(&mut self, a: SocketAddr) -> (Addr, bool) {
+        match a {
+            SocketAddr::V4(a) => (Addr::v4(a), false),
+            SocketAddr::V6(a) => {
+                let v6 = &mut self.extra.get_or_insert_default().v6;
+                let at = v6.iter().position(|b| *b == a).unwrap_or_else(|| {
+                    v6.push(a);
+                    v6.len() - 1
+                });
+                (Addr::v6_at(at), true)
+            }
+        }
+    }
+
+    fn v6(&self) -> &[SocketAddrV6] {
+        self.extra.as_deref().map_or(&[], |e| &e.v6)
+    }
+
+    fn dst_ip(&self, l: &OpenLeg) -> IpAddr {
+        l.dst.unpack(l.bits & V6_DST != 0, self.v6()).ip()
     }
 
     fn delivered_or_dropped(&self) -> bool {
-        self.delivered || matches!(self.fate, Fate::Dropped { .. })
+        self.delivered || matches!(self.fate, Fate::Dropped(_))
     }
 
     /// Its fate is known by `now`: answered, dropped or timed out.
@@ -912,16 +938,16 @@ impl Open {
     /// Where a server's query on this journey's behalf would come from
     /// (what `server_is` accepts); none once an answer was seen.
     fn places(&self) -> [Option<Place>; 2] {
-        if self.legs.iter().any(|l| l.response) {
+        if self.legs.iter().any(OpenLeg::response) {
             return [None, None];
         }
-        let Some(arrival) = self.legs.iter().rev().find(|l| !l.response) else {
+        let Some(arrival) = self.legs.iter().rev().find(|l| !l.response()) else {
             return [None, None];
         };
         let netns = arrival.dev.netns;
         let other_netns = netns != 0 && netns != self.legs[0].dev.netns;
         [
-            Some(Place::Addr(arrival.dst.ip())),
+            Some(Place::Addr(self.dst_ip(arrival))),
             other_netns.then_some(Place::Netns(netns)),
         ]
     }
@@ -929,14 +955,14 @@ impl Open {
     /// Was `p` sent from where this journey's query was delivered: the
     /// server's namespace, or (without namespaces) the server's address?
     fn server_is(&self, p: &Packet) -> bool {
-        let Some(arrival) = self.legs.iter().rev().find(|l| !l.response) else {
+        let Some(arrival) = self.legs.iter().rev().find(|l| !l.response()) else {
             return false;
         };
         let netns = arrival.dev.netns;
         if netns != 0 && p.netns != 0 {
             netns == p.netns && netns != self.legs[0].dev.netns
         } else {
-            arrival.dst.ip() == p.src.ip()
+            self.dst_ip(arrival) == p.src.ip()
         }
     }
 
@@ -956,26 +982,28 @@ impl Open {
             return;
         }
         let marks = self.marks(p);
-        self.legs.push(OpenLeg {
-            ts_ns: p.ts_ns,
-            hook: p.hook,
-            response: msg.response,
-            dev: device(devices, p),
-            src: p.src.into(),
-            dst: p.dst.into(),
-            marks,
-        });
-        self.last_ns = self.last_ns.max(p.ts_ns);
         // The latest answer or drop, in kernel time, decides: an answer the
         // kernel then dropped at the client never reached the application.
         let decides = (p.drop.is_some() || msg.response) && p.ts_ns >= self.outcome_ns;
-        if let (Some(d), true) = (p.drop, decides) {
-            self.fate = Fate::Dropped {
-                reason: d.reason,
-                location: d.location,
-            };
+        if let (Some(m), true) = (marks.as_ref().filter(|m| m.drop.is_some()), decides) {
+            self.fate = Fate::Dropped(m.clone());
             self.outcome_ns = p.ts_ns;
-        } else if msg.response && p.drop.is_none() {
+        }
+        let (src, src_v6) = self.pack(p.src);
+        let (dst, dst_v6) = self.pack(p.dst);
+        let bit = |on: bool, b: u8| if on { b } else { 0 };
+        let bits = bit(msg.response, RESPONSE) | bit(src_v6, V6_SRC) | bit(dst_v6, V6_DST);
+        self.legs.push(OpenLeg {
+            ts_ns: p.ts_ns,
+            dev: device(devices, p),
+            marks,
+            src,
+            dst,
+            hook: p.hook,
+            bits,
+        });
+        self.last_ns = self.last_ns.max(p.ts_ns);
+        if msg.response && p.drop.is_none() {
             if decides {
                 self.fate = Fate::Answered(msg.clone());
                 self.outcome_ns = p.ts_ns;
@@ -1008,7 +1036,7 @@ impl Open {
         let origin = self
             .legs
             .iter()
-            .filter(|l| !l.response)
+            .filter(|l| !l.response())
             .min_by_key(|l| l.ts_ns);
         // Only device hooks have a way through; NAT and conntrack probes do not.
         let through_device = matches!(p.hook.direction(), "ingress" | "egress");
@@ -1021,7 +1049,8 @@ impl Open {
     }
 
     fn finish(self, id: u64, mut upstream: Vec<Journey>) -> Journey {
-        let mut legs: Vec<Leg> = self.legs.into_iter().map(OpenLeg::closed).collect();
+        let v6 = self.v6();
+        let mut legs: Vec<Leg> = self.legs.iter().map(|l| l.closed(v6)).collect();
         legs.sort_by_key(|l| l.ts_ns);
         let mut prev = legs.first().map_or(0, |l| l.ts_ns);
         for leg in &mut legs {
@@ -1034,7 +1063,7 @@ impl Open {
         let dnat = legs
             .iter()
             .find_map(|l| l.dnat.clone())
-            .or_else(|| self.nat.and_then(|n| n.dnat).map(Box::new))
+            .or_else(|| self.extra.as_ref().and_then(|e| e.dnat).map(Box::new))
             .or_else(|| {
                 let mut queries = legs.iter().filter(|l| !l.response).map(|l| l.dst);
                 let asked = queries.next()?;
@@ -1066,7 +1095,10 @@ impl Fate {
     fn outcome(self) -> Outcome {
         match self {
             Fate::Unknown => Outcome::Timeout,
-            Fate::Dropped { reason, location } => Outcome::Dropped { reason, location },
+            Fate::Dropped(m) => match m.drop {
+                Some((reason, location)) => Outcome::Dropped { reason, location },
+                None => Outcome::Timeout,
+            },
             Fate::Answered(msg) => Outcome::Answered {
                 rcode: msg.rcode.clone(),
                 answers: msg
@@ -1081,7 +1113,12 @@ impl Fate {
 }
 
 impl OpenLeg {
-    fn closed(self) -> Leg {
+    fn response(&self) -> bool {
+        self.bits & RESPONSE != 0
+    }
+
+    /// The leg as a journey shows it; `v6` is its journey's `Extra::v6`.
+    fn closed(&self, v6: &[SocketAddrV6]) -> Leg {
         Leg {
             ts_ns: self.ts_ns,
             since_prev_ns: 0,
@@ -1089,9 +1126,9 @@ impl OpenLeg {
             iface: self.dev.name.clone(),
             ifindex: self.dev.ifindex,
             netns: self.dev.netns,
-            src: self.src.addr(),
-            dst: self.dst.addr(),
-            response: self.response,
+            src: self.src.unpack(self.bits & V6_SRC != 0, v6),
+            dst: self.dst.unpack(self.bits & V6_DST != 0, v6),
+            response: self.response(),
             dnat: self.marks.as_ref().and_then(|m| m.dnat).map(Box::new),
             snat: self.marks.as_ref().and_then(|m| m.snat).map(Box::new),
             drop: self.marks.as_ref().and_then(|m| m.drop).map(Box::new),
@@ -1099,27 +1136,26 @@ impl OpenLeg {
     }
 }
 
-impl From<SocketAddr> for Endpoint {
-    fn from(a: SocketAddr) -> Self {
-        match a {
-            SocketAddr::V4(a) => Endpoint::V4(a),
-            SocketAddr::V6(a) => Endpoint::V6(Box::new(a)),
-        }
-    }
-}
-
-impl Endpoint {
-    fn ip(&self) -> IpAddr {
-        match self {
-            Endpoint::V4(a) => IpAddr::V4(*a.ip()),
-            Endpoint::V6(a) => IpAddr::V6(*a.ip()),
-        }
+impl Addr {
+    fn v4(s: SocketAddrV4) -> Self {
+        let [a, b, c, d] = s.ip().octets();
+        let [e, f] = s.port().to_be_bytes();
+        Self([a, b, c, d, e, f])
     }
 
-    fn addr(&self) -> SocketAddr {
-        match self {
-            Endpoint::V4(a) => SocketAddr::V4(*a),
-            Endpoint::V6(a) => SocketAddr::V6(**a),
+    fn v6_at(at: usize) -> Self {
+        let [a, b, c, d] = u32::try_from(at).unwrap_or(u32::MAX).to_be_bytes();
+        Self([a, b, c, d, 0, 0])
+    }
+
+    /// The address; `v6` says which kind it is, `table` is the journey's
+    /// `Extra::v6`.
+    fn unpack(self, v6: bool, table: &[SocketAddrV6]) -> SocketAddr {
+        let [a, b, c, d, e, f] = self.0;
+        if v6 {
+            SocketAddr::V6(table[u32::from_be_bytes([a, b, c, d]) as usize])
+        } else {
+            SocketAddr::from(([a, b, c, d], u16::from_be_bytes([e, f])))
         }
     }
 }

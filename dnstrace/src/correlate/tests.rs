@@ -727,3 +727,36 @@ fn legs_with_the_same_nat_share_one_copy_and_a_drop_keeps_its_own() {
     );
     assert_eq!(legs[4].dnat.as_deref(), dnat);
 }
+
+#[test]
+fn ipv6_legs_keep_their_addresses_each_stored_once() {
+    let (client, service, pod) = ("[fd00::10]:4000", "[fd00:96::a]:53", "[fd00::53]:53");
+    let ev = |ts, hook, netns, ifindex, src, dst| Ev {
+        ts,
+        hook,
+        netns,
+        ifindex,
+        src,
+        dst,
+    };
+    let name = "kubernetes.default.svc.cluster.local.";
+    let recs = [
+        (ev(0, Hook::DevXmit, CLIENT_NS, 2, client, service), false),
+        (
+            ev(10_000, Hook::DevReceive, NODE_NS, 5, client, service),
+            false,
+        ),
+        (ev(30_000, Hook::DevXmit, NODE_NS, 7, client, pod), false),
+        (ev(200_000, Hook::DevReceive, NODE_NS, 7, pod, client), true),
+    ]
+    .map(|(e, response)| rec(&e, msg(7, name, "AAAA", response), None, None));
+    let mut e = Engine::new(Limits::default());
+    recs.iter().for_each(|r| e.push(r));
+    let o = e.open.values().next().unwrap();
+    assert_eq!(o.v6().len(), 3, "client, service and pod, once each");
+    let js = e.finish(1_000 * MS);
+    let seen: Vec<_> = js[0].legs.iter().map(|l| (l.src, l.dst)).collect();
+    let sent: Vec<_> = recs.iter().map(|r| (r.packet.src, r.packet.dst)).collect();
+    assert_eq!(seen, sent);
+    assert_eq!(js[0].client, addr(client));
+}
