@@ -44,8 +44,11 @@ pub async fn run(args: CaptureArgs, view: View) -> Result<()> {
     }
     let ingest = Ingest::new(probes.take_events()?).context("watching the ring buffer")?;
     // Root reads real addresses from kallsyms; drop locations need them.
-    let kallsyms = std::fs::read_to_string("/proc/kallsyms").unwrap_or_default();
-    let kernel = KernelNames::new(std::mem::take(&mut probes.drop_reasons), &kallsyms);
+    // The file (megabytes) is dropped as soon as its symbols are kept.
+    let kernel = KernelNames::new(
+        std::mem::take(&mut probes.drop_reasons),
+        &std::fs::read_to_string("/proc/kallsyms").unwrap_or_default(),
+    );
     let labels = Labels::new(probes.iface_names(), Clock::now(), kernel)
         .with_names(Names::new(&services, &pods));
     let context = context_of(node, &services, target.clone());

@@ -5,28 +5,17 @@ use std::{collections::HashMap, sync::Arc};
 #[derive(Clone, Default)]
 pub struct KernelNames {
     drop_reasons: HashMap<u32, String>,
-    /// Sorted by address; shared, as kallsyms is large.
-    symbols: Arc<[(u64, String)]>,
+    /// Shared, as kallsyms is large.
+    symbols: Arc<Symbols>,
     /// Locations named as a recording kept them.
     recorded: HashMap<u64, String>,
 }
 
 impl KernelNames {
     pub fn new(drop_reasons: HashMap<u32, String>, kallsyms: &str) -> Self {
-        let mut symbols: Vec<(u64, String)> = kallsyms
-            .lines()
-            .filter_map(|l| {
-                let mut f = l.split_whitespace();
-                let addr = u64::from_str_radix(f.next()?, 16).ok()?;
-                let kind = f.next()?;
-                let name = f.next()?;
-                (addr != 0 && matches!(kind, "t" | "T")).then(|| (addr, name.to_owned()))
-            })
-            .collect();
-        symbols.sort_unstable();
         Self {
             drop_reasons,
-            symbols: symbols.into(),
+            symbols: Arc::new(Symbols::new(kallsyms)),
             recorded: HashMap::new(),
         }
     }
@@ -36,7 +25,7 @@ impl KernelNames {
     pub fn recorded(drop_reasons: HashMap<u32, String>, locations: HashMap<u64, String>) -> Self {
         Self {
             drop_reasons,
-            symbols: Arc::new([]),
+            symbols: Arc::default(),
             recorded: locations,
         }
     }
@@ -58,13 +47,62 @@ impl KernelNames {
         if let Some(name) = self.recorded.get(&addr) {
             return name.clone();
         }
-        let i = self.symbols.partition_point(|(a, _)| *a <= addr);
-        match i.checked_sub(1).map(|i| &self.symbols[i]) {
+        match self.symbols.before(addr) {
             Some((start, name)) if addr - start < 0x10_0000 => {
                 format!("{name}+{:#x}", addr - start)
             }
             _ => format!("{addr:#x}"),
         }
+    }
+}
+
+/// The kernel's text symbols, sorted by address, their names in one
+/// string: kallsyms has over 100,000, and a `String` each (with the file
+/// they came from) held 15 MB, most of dnstrace's memory when idle.
+#[derive(Default)]
+struct Symbols {
+    addrs: Box<[u64]>,
+    /// Where each name ends in `names`; it starts where the one before ends.
+    ends: Box<[u32]>,
+    names: Box<str>,
+}
+
+impl Symbols {
+    fn new(kallsyms: &str) -> Self {
+        let mut found: Vec<(u64, &str)> = kallsyms
+            .lines()
+            .filter_map(|l| {
+                let mut f = l.split_whitespace();
+                let addr = u64::from_str_radix(f.next()?, 16).ok()?;
+                let kind = f.next()?;
+                let name = f.next()?;
+                (addr != 0 && matches!(kind, "t" | "T")).then_some((addr, name))
+            })
+            .collect();
+        found.sort_unstable();
+        let mut names = String::with_capacity(found.iter().map(|(_, n)| n.len()).sum());
+        let mut ends = Vec::with_capacity(found.len());
+        let mut addrs = Vec::with_capacity(found.len());
+        for (addr, name) in found {
+            names.push_str(name);
+            let Ok(end) = u32::try_from(names.len()) else {
+                break;
+            };
+            ends.push(end);
+            addrs.push(addr);
+        }
+        Self {
+            addrs: addrs.into(),
+            ends: ends.into(),
+            names: names.into(),
+        }
+    }
+
+    /// The symbol at or before `addr`: its address and name.
+    fn before(&self, addr: u64) -> Option<(u64, &str)> {
+        let i = self.addrs.partition_point(|a| *a <= addr).checked_sub(1)?;
+        let start = i.checked_sub(1).map_or(0, |j| self.ends[j] as usize);
+        Some((self.addrs[i], &self.names[start..self.ends[i] as usize]))
     }
 }
 
@@ -81,6 +119,8 @@ mod tests {
         assert_eq!(names.drop_reason(6), "NETFILTER_DROP");
         assert_eq!(names.drop_reason(99), "reason 99");
         assert_eq!(names.location(0xffffffff81a0009c), "nf_hook_slow+0x9c");
+        assert_eq!(names.location(0xffffffff81000010), "_stext+0x10");
+        assert_eq!(names.location(0xffffffff81a00204), "udp_rcv+0x4");
         assert_eq!(names.location(0x10), "0x10");
     }
 }
