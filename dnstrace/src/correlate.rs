@@ -158,7 +158,8 @@ impl Journey {
 struct Key {
     client: SocketAddr,
     dns_id: u16,
-    name: Arc<str>,
+    /// Not shared while open: a `Box` is 16 bytes smaller than an `Arc`.
+    name: Box<str>,
     qtype: &'static str,
 }
 
@@ -174,17 +175,23 @@ impl Key {
 }
 
 /// A journey being followed: only what following it needs, compact (its
-/// legs as `OpenLeg`s, its outcome as a `Fate`), as under load open
-/// journeys are most of the memory. It becomes a `Journey` when it closes.
+/// legs as `OpenLeg`s, its outcome as a `Fate`, its `Key` flattened), as
+/// under load open journeys are most of the memory. It becomes a `Journey`
+/// when it closes.
 struct Open {
-    key: Key,
+    /// The key's client, packed as legs pack addresses.
+    client: Addr,
+    client_v6: bool,
+    dns_id: u16,
+    name: Box<str>,
+    qtype: &'static str,
     lookup: u64,
     tcp: bool,
     started_ns: u64,
     fate: Fate,
     incomplete: Option<Gap>,
     legs: Vec<OpenLeg>,
-    /// `key.name` hashed, for `Engine::waiting`.
+    /// `name` hashed, for `Engine::waiting`.
     name_hash: u64,
     parent: Option<NonZeroU64>,
     /// A boxed slice, 8 bytes smaller than a `Vec`: most have none, few
@@ -199,7 +206,7 @@ struct Open {
     delivered: bool,
 }
 
-const _: () = assert!(std::mem::size_of::<Open>() <= 192);
+const _: () = assert!(std::mem::size_of::<Open>() <= 160);
 
 /// What few journeys have: what conntrack showed of the client socket
 /// besides the legs, and IPv6 addresses.
@@ -287,7 +294,7 @@ pub struct Engine {
     /// first is keyed by a hash of (name hash, place): a parent found there
     /// is confirmed by its name and `Open::server_is`.
     waiting: Index<u64>,
-    tcp_by_name: Index<Arc<str>>,
+    tcp_by_name: Index<Box<str>>,
     /// Keyed by the client socket hashed (8 bytes, not 32), each journey
     /// found there confirmed by its own key.
     by_client: Index<u64>,
@@ -472,7 +479,7 @@ impl Engine {
         let open = self.tcp_by_name.get(name).any(|id| {
             self.open
                 .get(&id)
-                .is_some_and(|o| o.key.client.ip() == client && o.key.qtype == qtype)
+                .is_some_and(|o| o.client().ip() == client && o.qtype == qtype)
         });
         open || self.tcp_seen.get(&client).is_some_and(|&ts| ts >= since_ns)
     }
@@ -557,11 +564,11 @@ impl Engine {
                 .map(|(_, seen)| seen);
         if let Some(alias) = alias.filter(|a| !o.aliases().any(|k| k == a)) {
             o.extra.get_or_insert_default().aliases.push(alias);
-            let name = o.key.name.clone();
+            let name = o.name.clone();
             let q = Question {
                 client: alias,
-                dns_id: o.key.dns_id,
-                qtype: o.key.qtype,
+                dns_id: o.dns_id,
+                qtype: o.qtype,
                 name: &name,
             };
             self.by_key.file(&self.open, &q, id);
@@ -582,7 +589,7 @@ impl Engine {
         };
         let client = ev.original.src;
         for id in self.by_client.get(&self.hasher.hash_one(client)) {
-            if let Some(o) = self.open.get_mut(&id).filter(|o| o.key.client == client) {
+            if let Some(o) = self.open.get_mut(&id).filter(|o| o.client() == client) {
                 o.extra.get_or_insert_default().dnat.get_or_insert(dnat);
             }
         }
@@ -726,25 +733,28 @@ impl Engine {
             self.order.retain(|id| open.contains_key(id));
         }
         self.order.push_back(id);
-        self.open.insert(
-            id,
-            Box::new(Open {
-                key,
-                lookup,
-                tcp,
-                started_ns: p.ts_ns,
-                fate: Fate::Unknown,
-                incomplete: None,
-                legs: Vec::new(),
-                name_hash,
-                parent: parent.and_then(NonZeroU64::new),
-                children: Box::default(),
-                last_ns: p.ts_ns,
-                extra: None,
-                outcome_ns: 0,
-                delivered: false,
-            }),
-        );
+        let mut o = Box::new(Open {
+            client: Addr([0; 6]),
+            client_v6: false,
+            dns_id: key.dns_id,
+            name: key.name,
+            qtype: key.qtype,
+            lookup,
+            tcp,
+            started_ns: p.ts_ns,
+            fate: Fate::Unknown,
+            incomplete: None,
+            legs: Vec::new(),
+            name_hash,
+            parent: parent.and_then(NonZeroU64::new),
+            children: Box::default(),
+            last_ns: p.ts_ns,
+            extra: None,
+            outcome_ns: 0,
+            delivered: false,
+        });
+        (o.client, o.client_v6) = o.pack(key.client);
+        self.open.insert(id, o);
         id
     }
 
@@ -782,8 +792,8 @@ impl Engine {
             .flat_map(|pl| self.waiting.get(&place_key(&self.hasher, name, pl)))
             .filter_map(|id| Some((id, self.open.get(&id)?)))
             .filter(|(_, o)| {
-                o.key.name == key.name
-                    && o.key.client != key.client
+                o.name == key.name
+                    && o.client() != key.client
                     && !o.legs.iter().any(OpenLeg::response)
                     && o.server_is(p)
             })
@@ -825,16 +835,15 @@ impl Engine {
     }
 
     fn forget(&mut self, id: u64, o: &Open) {
-        let q = o.key.question();
+        let q = o.question();
         self.by_key.unfile(&q, id);
         for &client in o.aliases() {
             self.by_key.unfile(&Question { client, ..q }, id);
         }
         if o.tcp {
-            self.tcp_by_name.remove(&o.key.name, id);
+            self.tcp_by_name.remove(&o.name, id);
         }
-        self.by_client
-            .remove(&self.hasher.hash_one(o.key.client), id);
+        self.by_client.remove(&self.hasher.hash_one(o.client()), id);
         for pl in o.places().into_iter().flatten() {
             self.waiting
                 .remove(&place_key(&self.hasher, o.name_hash, pl), id);
@@ -891,11 +900,24 @@ impl Open {
 
     /// Whether `q` is this journey's question, as asked or past a SNAT.
     fn known_as(&self, q: &Question<'_>) -> bool {
-        let k = &self.key;
-        (k.client == q.client || self.aliases().any(|a| *a == q.client))
-            && k.dns_id == q.dns_id
-            && k.qtype == q.qtype
-            && k.name.eq_ignore_ascii_case(q.name)
+        self.dns_id == q.dns_id
+            && self.qtype == q.qtype
+            && (self.client() == q.client || self.aliases().any(|a| *a == q.client))
+            && self.name.eq_ignore_ascii_case(q.name)
+    }
+
+    fn client(&self) -> SocketAddr {
+        self.client.unpack(self.client_v6, self.v6())
+    }
+
+    /// Its question as first asked.
+    fn question(&self) -> Question<'_> {
+        Question {
+            client: self.client(),
+            dns_id: self.dns_id,
+            qtype: self.qtype,
+            name: &self.name,
+        }
     }
 
     /// Client sockets the query is also known by, past a SNAT.
@@ -1075,10 +1097,10 @@ impl Open {
         Journey {
             id,
             lookup: self.lookup,
-            client: self.key.client,
-            dns_id: self.key.dns_id,
-            name: self.key.name,
-            qtype: self.key.qtype,
+            client: self.client(),
+            dns_id: self.dns_id,
+            name: self.name.into(),
+            qtype: self.qtype,
             tcp: self.tcp,
             started_ns,
             ended_ns: legs.last().map_or(started_ns, |l| l.ts_ns),
