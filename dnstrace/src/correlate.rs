@@ -26,8 +26,8 @@ use crate::{
 
 /// Loss windows remembered; older ones are long past any open journey.
 const MAX_LOSSES: usize = 256;
-/// Devices kept for sharing.
-const MAX_DEVICES: usize = 4096;
+/// Devices kept before the table is first compacted.
+const DEVICES_LIMIT: usize = 4096;
 /// Journeys closed by one `tick` at most: closing 100,000 at once (the end
 /// of a capture, a burst of timeouts) would hold them all, as full
 /// journeys, at the same time.
@@ -231,21 +231,22 @@ enum Fate {
     Answered(Arc<DnsMessage>),
 }
 
-/// A leg while its journey is open: 40 bytes, not a `Leg`'s 136 (its
-/// device and marks shared, its addresses in 6 bytes each, no time since
-/// the previous leg, which is known only once the legs are sorted).
+/// A leg while its journey is open: 32 bytes, not a `Leg`'s 136 (its
+/// device an id in `Devices`, its marks shared, its addresses in 6 bytes
+/// each, no time since the previous leg, which is known only once the legs
+/// are sorted).
 struct OpenLeg {
     ts_ns: u64,
-    dev: Arc<Device>,
     marks: Option<Arc<Marks>>,
     src: Addr,
     dst: Addr,
+    dev: u16,
     hook: Hook,
     /// `RESPONSE`, and which addresses are IPv6: `V6_SRC`, `V6_DST`.
     bits: u8,
 }
 
-const _: () = assert!(std::mem::size_of::<OpenLeg>() <= 40);
+const _: () = assert!(std::mem::size_of::<OpenLeg>() <= 32);
 
 const RESPONSE: u8 = 1;
 const V6_SRC: u8 = 2;
@@ -267,6 +268,18 @@ struct Device {
     netns: u32,
     ifindex: u32,
     name: Option<Arc<str>>,
+}
+
+/// The devices legs were seen at, each kept once and known to legs by a
+/// 2-byte id. Devices are few (a node's, in every namespace) but pods come
+/// and go: when the table fills, it keeps only what open legs use.
+struct Devices {
+    list: Vec<Device>,
+    /// The latest id of each (netns, ifindex).
+    ids: Map<(u32, u32), u16>,
+    /// Compacted when `list` reaches this; doubled, up to 65,536, when
+    /// compacting frees less than half.
+    limit: usize,
 }
 
 /// A leg's socket address in 6 bytes, not 32: an IPv4 one inline, an
@@ -326,8 +339,7 @@ pub struct Engine {
     /// a journey that overlaps one may miss legs, even if its first event
     /// was read only after the loss was noticed.
     losses: VecDeque<(u64, u64)>,
-    /// The devices legs were seen at, by (netns, ifindex), each kept once.
-    devices: Map<(u32, u32), Arc<Device>>,
+    devices: Devices,
 }
 
 /// Open journeys by the hash of client socket, DNS id and type: one socket
@@ -464,7 +476,11 @@ impl Engine {
             next_id: 1,
             evicted: 0,
             losses: VecDeque::new(),
-            devices: Map::default(),
+            devices: Devices {
+                list: Vec::new(),
+                ids: Map::default(),
+                limit: DEVICES_LIMIT,
+            },
         }
     }
 
@@ -538,16 +554,17 @@ impl Engine {
                 self.start(key, p)
             }
         };
+        let dev = self.device(p);
         let Some(o) = self.open.get_mut(&id) else {
             return;
         };
         let was_settling = o.delivered_or_dropped();
-        let filed = o.places();
-        o.add_leg(p, msg, &mut self.devices);
+        let filed = o.places(&self.devices);
+        o.add_leg(p, msg, dev, &self.devices);
         if !was_settling && o.delivered_or_dropped() {
             self.settling.push(id);
         }
-        let places = o.places();
+        let places = o.places(&self.devices);
         if filed != places {
             let name = o.name_hash;
             for pl in filed.into_iter().flatten() {
@@ -795,7 +812,7 @@ impl Engine {
                 o.name == key.name
                     && o.client() != key.client
                     && !o.legs.iter().any(OpenLeg::response)
-                    && o.server_is(p)
+                    && o.server_is(p, &self.devices)
             })
             .min_by_key(|(_, o)| o.started_ns)
             .map(|(id, _)| id)
@@ -831,7 +848,7 @@ impl Engine {
         if self.overlaps_loss(o.started_ns, now_ns) {
             o.incomplete = Some(Gap::Lost);
         }
-        Some(o.finish(id, upstream))
+        Some(o.finish(id, upstream, &self.devices))
     }
 
     fn forget(&mut self, id: u64, o: &Open) {
@@ -844,9 +861,39 @@ impl Engine {
             self.tcp_by_name.remove(&o.name, id);
         }
         self.by_client.remove(&self.hasher.hash_one(o.client()), id);
-        for pl in o.places().into_iter().flatten() {
+        for pl in o.places(&self.devices).into_iter().flatten() {
             self.waiting
                 .remove(&place_key(&self.hasher, o.name_hash, pl), id);
+        }
+    }
+
+    /// The id of the device `p` was seen at, filed if new. A full table
+    /// keeps only what open legs use; should they use all 65,536 ids, every
+    /// open journey is evicted (counted) rather than a leg misnamed.
+    fn device(&mut self, p: &Packet) -> u16 {
+        if let Some(id) = self.devices.find(p) {
+            return id;
+        }
+        if self.devices.full() {
+            self.compact_devices();
+        }
+        if self.devices.list.len() > usize::from(u16::MAX) {
+            while !self.open.is_empty() {
+                self.evict_oldest();
+            }
+            self.compact_devices();
+        }
+        self.devices.add(p)
+    }
+
+    fn compact_devices(&mut self) {
+        let mut used = vec![false; self.devices.list.len()];
+        for l in self.open.values().flat_map(|o| &o.legs) {
+            used[usize::from(l.dev)] = true;
+        }
+        let new_id = self.devices.compact(&used);
+        for l in self.open.values_mut().flat_map(|o| &mut o.legs) {
+            l.dev = new_id[usize::from(l.dev)];
         }
     }
 
@@ -867,25 +914,53 @@ fn place_key(hasher: &RandomState, name: u64, place: Place) -> u64 {
     hasher.hash_one((name, place))
 }
 
-/// The shared copy of the device `p` was seen at. Devices are few (a
-/// node's, in every namespace) but pods come and go: past a bound the map
-/// starts over, and legs keep the copies they hold.
-fn device(devices: &mut Map<(u32, u32), Arc<Device>>, p: &Packet) -> Arc<Device> {
-    let name = p.ifname.as_deref();
-    let at = (p.netns, p.ifindex);
-    if let Some(d) = devices.get(&at).filter(|d| d.name.as_deref() == name) {
-        return d.clone();
+impl Devices {
+    fn get(&self, id: u16) -> &Device {
+        &self.list[usize::from(id)]
     }
-    if devices.len() >= MAX_DEVICES {
-        devices.clear();
+
+    /// The id of the device `p` was seen at, if it is known.
+    fn find(&self, p: &Packet) -> Option<u16> {
+        let id = *self.ids.get(&(p.netns, p.ifindex))?;
+        (self.get(id).name.as_deref() == p.ifname.as_deref()).then_some(id)
     }
-    let d = Arc::new(Device {
-        netns: p.netns,
-        ifindex: p.ifindex,
-        name: name.map(Arc::from),
-    });
-    devices.insert(at, d.clone());
-    d
+
+    fn full(&self) -> bool {
+        self.list.len() >= self.limit
+    }
+
+    /// Files the device `p` was seen at; there must be room.
+    fn add(&mut self, p: &Packet) -> u16 {
+        let id = u16::try_from(self.list.len()).expect("compacted before 65,536");
+        self.list.push(Device {
+            netns: p.netns,
+            ifindex: p.ifindex,
+            name: p.ifname.as_deref().map(Arc::from),
+        });
+        self.ids.insert((p.netns, p.ifindex), id);
+        id
+    }
+
+    /// Keeps the devices `used` marks, in order; returns each old id's new
+    /// one.
+    fn compact(&mut self, used: &[bool]) -> Vec<u16> {
+        let mut new_id = vec![0; self.list.len()];
+        let mut kept = 0;
+        let list = std::mem::take(&mut self.list);
+        self.ids.clear();
+        for (old, d) in list.into_iter().enumerate() {
+            if used[old] {
+                new_id[old] = kept;
+                self.ids.insert((d.netns, d.ifindex), kept);
+                self.list.push(d);
+                kept += 1;
+            }
+        }
+        if self.list.len() * 2 > self.limit {
+            self.limit = (self.limit * 2).min(1 << 16);
+        }
+        new_id
+    }
 }
 
 impl Open {
@@ -959,15 +1034,15 @@ impl Open {
 
     /// Where a server's query on this journey's behalf would come from
     /// (what `server_is` accepts); none once an answer was seen.
-    fn places(&self) -> [Option<Place>; 2] {
+    fn places(&self, devs: &Devices) -> [Option<Place>; 2] {
         if self.legs.iter().any(OpenLeg::response) {
             return [None, None];
         }
         let Some(arrival) = self.legs.iter().rev().find(|l| !l.response()) else {
             return [None, None];
         };
-        let netns = arrival.dev.netns;
-        let other_netns = netns != 0 && netns != self.legs[0].dev.netns;
+        let netns = devs.get(arrival.dev).netns;
+        let other_netns = netns != 0 && netns != devs.get(self.legs[0].dev).netns;
         [
             Some(Place::Addr(self.dst_ip(arrival))),
             other_netns.then_some(Place::Netns(netns)),
@@ -976,29 +1051,23 @@ impl Open {
 
     /// Was `p` sent from where this journey's query was delivered: the
     /// server's namespace, or (without namespaces) the server's address?
-    fn server_is(&self, p: &Packet) -> bool {
+    fn server_is(&self, p: &Packet, devs: &Devices) -> bool {
         let Some(arrival) = self.legs.iter().rev().find(|l| !l.response()) else {
             return false;
         };
-        let netns = arrival.dev.netns;
+        let netns = devs.get(arrival.dev).netns;
         if netns != 0 && p.netns != 0 {
-            netns == p.netns && netns != self.legs[0].dev.netns
+            netns == p.netns && netns != devs.get(self.legs[0].dev).netns
         } else {
             self.dst_ip(arrival) == p.src.ip()
         }
     }
 
-    fn add_leg(
-        &mut self,
-        p: &Packet,
-        msg: &Arc<DnsMessage>,
-        devices: &mut Map<(u32, u32), Arc<Device>>,
-    ) {
+    /// Adds `p`, seen at device `dev`.
+    fn add_leg(&mut self, p: &Packet, msg: &Arc<DnsMessage>, dev: u16, devs: &Devices) {
         let duplicate = self.legs.iter().any(|l| {
-            l.ts_ns == p.ts_ns
-                && l.dev.ifindex == p.ifindex
-                && l.dev.netns == p.netns
-                && l.hook == p.hook
+            let d = devs.get(l.dev);
+            l.ts_ns == p.ts_ns && d.ifindex == p.ifindex && d.netns == p.netns && l.hook == p.hook
         });
         if duplicate {
             return;
@@ -1017,7 +1086,7 @@ impl Open {
         let bits = bit(msg.response, RESPONSE) | bit(src_v6, V6_SRC) | bit(dst_v6, V6_DST);
         self.legs.push(OpenLeg {
             ts_ns: p.ts_ns,
-            dev: device(devices, p),
+            dev,
             marks,
             src,
             dst,
@@ -1030,7 +1099,7 @@ impl Open {
                 self.fate = Fate::Answered(msg.clone());
                 self.outcome_ns = p.ts_ns;
             }
-            self.delivered |= self.reached_client(p);
+            self.delivered |= self.reached_client(p, devs);
         }
     }
 
@@ -1054,7 +1123,7 @@ impl Open {
 
     /// The reply passed back, the other way, through the first place the
     /// query was seen: it is with the client.
-    fn reached_client(&self, p: &Packet) -> bool {
+    fn reached_client(&self, p: &Packet, devs: &Devices) -> bool {
         let origin = self
             .legs
             .iter()
@@ -1064,15 +1133,15 @@ impl Open {
         let through_device = matches!(p.hook.direction(), "ingress" | "egress");
         origin.is_some_and(|o| {
             through_device
-                && o.dev.netns == p.netns
-                && o.dev.ifindex == p.ifindex
+                && devs.get(o.dev).netns == p.netns
+                && devs.get(o.dev).ifindex == p.ifindex
                 && o.hook.direction() != p.hook.direction()
         })
     }
 
-    fn finish(self, id: u64, mut upstream: Vec<Journey>) -> Journey {
+    fn finish(self, id: u64, mut upstream: Vec<Journey>, devs: &Devices) -> Journey {
         let v6 = self.v6();
-        let mut legs: Vec<Leg> = self.legs.iter().map(|l| l.closed(v6)).collect();
+        let mut legs: Vec<Leg> = self.legs.iter().map(|l| l.closed(v6, devs)).collect();
         legs.sort_by_key(|l| l.ts_ns);
         let mut prev = legs.first().map_or(0, |l| l.ts_ns);
         for leg in &mut legs {
@@ -1140,14 +1209,15 @@ impl OpenLeg {
     }
 
     /// The leg as a journey shows it; `v6` is its journey's `Extra::v6`.
-    fn closed(&self, v6: &[SocketAddrV6]) -> Leg {
+    fn closed(&self, v6: &[SocketAddrV6], devs: &Devices) -> Leg {
+        let dev = devs.get(self.dev);
         Leg {
             ts_ns: self.ts_ns,
             since_prev_ns: 0,
             hook: self.hook,
-            iface: self.dev.name.clone(),
-            ifindex: self.dev.ifindex,
-            netns: self.dev.netns,
+            iface: dev.name.clone(),
+            ifindex: dev.ifindex,
+            netns: dev.netns,
             src: self.src.unpack(self.bits & V6_SRC != 0, v6),
             dst: self.dst.unpack(self.bits & V6_DST != 0, v6),
             response: self.response(),

@@ -760,3 +760,49 @@ fn ipv6_legs_keep_their_addresses_each_stored_once() {
     assert_eq!(seen, sent);
     assert_eq!(js[0].client, addr(client));
 }
+
+#[test]
+fn devices_of_pods_long_gone_are_forgotten_and_open_legs_keep_theirs() {
+    let mut e = Engine::new(Limits {
+        timeout_ns: 36_000_000 * MS,
+        ..Limits::default()
+    });
+    let named = |mut r: Record, name: &str| {
+        r.packet.ifname = Some(name.into());
+        r
+    };
+    let waiting = healthy(30_000 * MS, "10.244.0.10:4000", CLIENT_NS, 7);
+    // A pod a lookup, answered: its devices are new, and soon unused.
+    let pods = 3 * DEVICES_LIMIT as u32;
+    for i in 0..pods {
+        let t0 = u64::from(i) * 300 * MS;
+        if i == 100 {
+            e.push(&named(waiting[0].clone(), "eth0"));
+        }
+        for r in healthy(t0 + MS, "10.244.1.10:5000", 1_000 + i, i as u16) {
+            e.push(&named(r, &format!("veth{i}")));
+        }
+        e.tick(t0 + 250 * MS);
+    }
+    assert_eq!(e.open_count(), 1, "the waiting journey");
+    assert!(
+        e.devices.list.len() <= DEVICES_LIMIT,
+        "{}",
+        e.devices.list.len()
+    );
+    e.push(&named(waiting[1].clone(), "veth-node"));
+    let js = e.finish(u64::from(pods) * 300 * MS);
+    let j = js.iter().find(|j| j.dns_id == 7).unwrap();
+    let at: Vec<_> = j
+        .legs
+        .iter()
+        .map(|l| (l.iface.as_deref(), l.netns, l.ifindex))
+        .collect();
+    assert_eq!(
+        at,
+        [
+            (Some("eth0"), CLIENT_NS, 2),
+            (Some("veth-node"), NODE_NS, 5)
+        ]
+    );
+}
