@@ -204,6 +204,8 @@ struct Open {
     extra: Option<Box<Extra>>,
     /// The answer reached the netns the query started in.
     delivered: bool,
+    /// A leg is a response.
+    answer_seen: bool,
 }
 
 const _: () = assert!(std::mem::size_of::<Open>() <= 160);
@@ -769,6 +771,7 @@ impl Engine {
             extra: None,
             outcome_ns: 0,
             delivered: false,
+            answer_seen: false,
         });
         (o.client, o.client_v6) = o.pack(key.client);
         self.open.insert(id, o);
@@ -811,7 +814,7 @@ impl Engine {
             .filter(|(_, o)| {
                 o.name == key.name
                     && o.client() != key.client
-                    && !o.legs.iter().any(OpenLeg::response)
+                    && !o.answer_seen
                     && o.server_is(p, &self.devices)
             })
             .min_by_key(|(_, o)| o.started_ns)
@@ -1001,18 +1004,22 @@ impl Open {
     }
 
     /// `a` as a leg holds it: IPv4 inline, IPv6 filed in `Extra::v6` once.
+    #[inline]
     fn pack(&mut self, a: SocketAddr) -> (Addr, bool) {
         match a {
             SocketAddr::V4(a) => (Addr::v4(a), false),
-            SocketAddr::V6(a) => {
-                let v6 = &mut self.extra.get_or_insert_default().v6;
-                let at = v6.iter().position(|b| *b == a).unwrap_or_else(|| {
-                    v6.push(a);
-                    v6.len() - 1
-                });
-                (Addr::v6_at(at), true)
-            }
+            SocketAddr::V6(a) => (self.pack_v6(a), true),
         }
+    }
+
+    #[cold]
+    fn pack_v6(&mut self, a: SocketAddrV6) -> Addr {
+        let v6 = &mut self.extra.get_or_insert_default().v6;
+        let at = v6.iter().position(|b| *b == a).unwrap_or_else(|| {
+            v6.push(a);
+            v6.len() - 1
+        });
+        Addr::v6_at(at)
     }
 
     fn v6(&self) -> &[SocketAddrV6] {
@@ -1035,10 +1042,8 @@ impl Open {
     /// Where a server's query on this journey's behalf would come from
     /// (what `server_is` accepts); none once an answer was seen.
     fn places(&self, devs: &Devices) -> [Option<Place>; 2] {
-        if self.legs.iter().any(OpenLeg::response) {
-            return [None, None];
-        }
-        let Some(arrival) = self.legs.iter().rev().find(|l| !l.response()) else {
+        // Without an answer, every leg is the query's: the last arrived.
+        let Some(arrival) = self.legs.last().filter(|_| !self.answer_seen) else {
             return [None, None];
         };
         let netns = devs.get(arrival.dev).netns;
@@ -1094,6 +1099,7 @@ impl Open {
             bits,
         });
         self.last_ns = self.last_ns.max(p.ts_ns);
+        self.answer_seen |= msg.response;
         if msg.response && p.drop.is_none() {
             if decides {
                 self.fate = Fate::Answered(msg.clone());
