@@ -881,7 +881,7 @@ impl Engine {
             self.compact_devices();
         }
         if self.devices.list.len() > usize::from(u16::MAX) {
-            while !self.open.is_empty() {
+            while !self.order.is_empty() {
                 self.evict_oldest();
             }
             self.compact_devices();
