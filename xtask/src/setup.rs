@@ -21,6 +21,7 @@ const BUILD_PACKAGES: &[&str] = &["gcc", "make"];
 /// Real programs the tests and the demo run.
 const TEST_PACKAGES: &[&str] = &[
     "dnsmasq-base",
+    "unbound",
     "bind9-dnsutils",
     "iproute2",
     "iptables",

@@ -45,8 +45,8 @@ use process::*;
 use tracer::*;
 
 const LOCK: &str = "/run/dnstrace-lab.lock";
-/// What the bench runs beyond setup's list (unbound is the lab's upstream).
-const PACKAGES: &[&str] = &["iperf3", "dnsperf", "unbound"];
+/// What the bench runs beyond setup's list.
+const PACKAGES: &[&str] = &["iperf3", "dnsperf"];
 
 /// The lab's names and addresses (dnstrace/src/lab/plan.rs).
 const NODE: &str = "dtlab-node";
