@@ -63,7 +63,6 @@ struct Asked {
     nxdomain: bool,
     started_ns: u64,
     ended_ns: u64,
-    total_ns: u64,
     /// It may miss legs (see `Gap`): its times may be wrong.
     incomplete: bool,
 }
@@ -362,7 +361,6 @@ impl Diagnoser {
             nxdomain,
             started_ns: j.started_ns,
             ended_ns: j.ended_ns,
-            total_ns: j.total_ns(),
             incomplete: j.incomplete.is_some(),
         });
     }
@@ -576,26 +574,63 @@ fn ndots_amplification(j: &Journey, recent: &[&Asked]) -> Option<Finding> {
     if rcode != "NOERROR" || answers.is_empty() || j.incomplete.is_some() {
         return None;
     }
-    let stem = j.name.trim_end_matches('.');
-    let misses: Vec<&&Asked> = recent
-        .iter()
-        .filter(|a| {
-            a.nxdomain && !a.incomplete && a.name.len() > j.name.len() && under(&a.name, stem)
-        })
-        .collect();
-    let cost: u64 = misses.iter().map(|a| a.total_ns).sum();
+    let misses = search_misses(j, recent);
+    let cost = time_covered(&misses);
     if misses.len() < 3 || cost < AMPLIFICATION_NS {
         return None;
+    }
+    let mut tried: Vec<&str> = Vec::new();
+    for m in &misses {
+        if !tried.contains(&&*m.name) {
+            tried.push(&m.name);
+        }
     }
     Some(Finding {
         kind: "ndots_amplification",
         severity: Severity::Warning,
         key: String::new(),
         summary: format!("lookups pay for search-list misses: {} NXDOMAINs ({:.0} ms) before {} was answered", misses.len(), cost as f64 / 1e6, j.name),
-        evidence: vec![format!("{} asked {} first", j.client.ip(), misses.iter().map(|a| &*a.name).collect::<Vec<_>>().join(", "))],
+        evidence: vec![format!("{} asked {} first", j.client.ip(), tried.join(", "))],
         cause: "with ndots:5 every name with fewer than five dots is tried with each search suffix first, and those NXDOMAINs are slow here".into(),
         fix: "use fully qualified names with a trailing dot, lower ndots in the pod's dnsConfig, or add NodeLocalDNS to answer the misses quickly",
     })
+}
+
+/// The search-list candidates of `j`'s name that came back NXDOMAIN before
+/// it was asked: the latest of each name and type (the client may have
+/// looked the name up before), in the order they were asked.
+fn search_misses<'a>(j: &Journey, recent: &[&'a Asked]) -> Vec<&'a Asked> {
+    let stem = j.name.trim_end_matches('.');
+    let mut misses: Vec<&Asked> = Vec::new();
+    for a in recent.iter().rev() {
+        let candidate = a.nxdomain
+            && !a.incomplete
+            && a.started_ns < j.started_ns
+            && a.name.len() > j.name.len()
+            && under(&a.name, stem);
+        if candidate
+            && !misses
+                .iter()
+                .any(|m| m.name == a.name && m.qtype == a.qtype)
+        {
+            misses.push(a);
+        }
+    }
+    misses.sort_by_key(|a| a.started_ns);
+    misses
+}
+
+/// The time during which at least one of `asked` (sorted by start) was
+/// waiting: parallel A and AAAA queries cost the client their longer one,
+/// not their sum.
+fn time_covered(asked: &[&Asked]) -> u64 {
+    let (mut total, mut until) = (0, 0);
+    for a in asked {
+        let start = a.started_ns.max(until);
+        total += a.ended_ns.saturating_sub(start);
+        until = until.max(a.ended_ns);
+    }
+    total
 }
 
 fn place(l: &Leg) -> String {

@@ -478,6 +478,53 @@ fn costly_search_list_misses_before_an_answer_are_amplification() {
     }
 }
 
+/// glibc asks A and AAAA of each candidate together: a pair costs the
+/// client its longer query, and an earlier lookup's misses are not this
+/// one's.
+#[test]
+fn parallel_misses_cost_their_wall_time_not_their_sum() {
+    let names = KernelNames::default();
+    let misses = [
+        "www.example.com.default.svc.cluster.local.",
+        "www.example.com.svc.cluster.local.",
+        "www.example.com.cluster.local.",
+    ];
+    // Pairs of 20 ms (120 ms summed, 60 ms waited), then of 40 ms.
+    for (ms, expect) in [(20, None), (40, Some("6 NXDOMAINs (120 ms)"))] {
+        let mut d = Diagnoser::new(ctx());
+        let mut id = 0;
+        for round in [0, 1000] {
+            for (i, n) in misses.iter().enumerate() {
+                for qtype in ["A", "AAAA"] {
+                    id += 1;
+                    let end = round + ms * (i as u64 + 1);
+                    d.journey(
+                        &Journey {
+                            qtype,
+                            ..asked(id, n, "NXDOMAIN", end, ms)
+                        },
+                        &names,
+                    );
+                }
+            }
+        }
+        let end = 1000 + 3 * ms + 1;
+        let found = d.journey(&asked(99, "www.example.com.", "NOERROR", end, 1), &names);
+        let summary = found
+            .iter()
+            .find(|a| a.kind == "ndots_amplification")
+            .map(|a| a.summary.clone());
+        assert_eq!(
+            summary.is_some(),
+            expect.is_some(),
+            "{ms} ms per pair: {summary:?}"
+        );
+        if let (Some(s), Some(e)) = (summary, expect) {
+            assert!(s.contains(e), "{s}");
+        }
+    }
+}
+
 #[test]
 fn br_netfilter_missing_matters_only_on_a_kubernetes_node() {
     let mut d = Diagnoser::new(Context {
