@@ -320,11 +320,12 @@ impl ExitReport {
     fn print(&self) {
         let c = &self.counts;
         eprintln!(
-            "dnstrace: {} DNS packets, {} messages, {} malformed{}; {} events lost; detached from {}",
-            c.packets,
-            c.messages,
-            c.malformed,
-            self.summary.as_ref().map(|s| format!(", {s}")).unwrap_or_default(),
+            "dnstrace: {}{}; {} events lost; detached from {}",
+            c.brief(),
+            self.summary
+                .as_ref()
+                .map(|s| format!(", {s}"))
+                .unwrap_or_default(),
             self.lost,
             self.targets.join(", ")
         );

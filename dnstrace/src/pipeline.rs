@@ -295,7 +295,27 @@ pub trait Source {
 pub struct Counts {
     pub packets: u64,
     pub messages: u64,
+    /// Not DNS, though the whole payload was there.
     pub malformed: u64,
+    /// Not decoded because the capture cut the payload short (a TCP
+    /// segment's payload outside the skb's linear data, at a tracepoint):
+    /// no fault of the sender's.
+    pub cut: u64,
+}
+
+impl Counts {
+    /// "N DNS packets, N messages, N malformed[, N cut short by the capture]".
+    pub fn brief(&self) -> String {
+        let cut = if self.cut > 0 {
+            format!(", {} cut short by the capture", self.cut)
+        } else {
+            String::new()
+        };
+        format!(
+            "{} DNS packets, {} messages, {} malformed{cut}",
+            self.packets, self.messages, self.malformed
+        )
+    }
 }
 
 /// Decoding and recording, between a source and a sink.
@@ -402,6 +422,7 @@ impl Pipeline {
         let fed = records.iter().try_for_each(|rec| {
             match rec.body {
                 Body::Dns(_) => self.counts.messages += 1,
+                Body::Malformed { .. } if rec.packet.truncated => self.counts.cut += 1,
                 Body::Malformed { .. } => self.counts.malformed += 1,
             }
             sink.record(rec)
@@ -452,5 +473,48 @@ fn ignore_closed_stdout(e: io::Error) -> Result<()> {
         Ok(())
     } else {
         Err(anyhow::Error::new(e).context("writing to stdout"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+    use crate::{
+        cli::OutputFormat,
+        decode::{kernel::KernelNames, Transport},
+        output::Clock,
+        record::tests::packet,
+    };
+
+    /// A TCP payload the capture did not hold is no malformed message: an
+    /// exit line that called it one would send an SRE after a broken client.
+    #[test]
+    fn payloads_cut_by_the_capture_are_not_counted_malformed() {
+        let garbage = packet("10.0.0.1:5000", "10.0.0.2:53", Transport::Udp, &[1, 2, 3]);
+        let mut cut = packet(
+            "10.0.0.1:5001",
+            "10.0.0.2:53",
+            Transport::Tcp {
+                seq: 1,
+                flags: 0x18,
+            },
+            &[],
+        );
+        (cut.truncated, cut.payload_len) = (true, 36);
+        let labels = Labels::new(
+            HashMap::new(),
+            Clock::with_offset(0),
+            KernelNames::default(),
+        );
+        let mut sink = LineSink::new(OutputFormat::Json, labels, Vec::new());
+        let mut pipe = Pipeline::default();
+        pipe.feed(vec![garbage, cut], &mut sink).unwrap();
+        assert_eq!((pipe.counts.malformed, pipe.counts.cut), (1, 1));
+        assert_eq!(
+            pipe.counts.brief(),
+            "2 DNS packets, 0 messages, 1 malformed, 1 cut short by the capture"
+        );
     }
 }

@@ -512,11 +512,15 @@ pub async fn run(args: ReplayArgs) -> Result<()> {
     let result = show.run(&mut pipe, &mut replay, &mut Stop::new()?).await;
     let c = &pipe.counts;
     eprintln!(
-        "dnstrace: replayed {} DNS packets, {} messages, {} malformed{}; {} frames skipped (not DNS, or not decodable)",
-        c.packets,
-        c.messages,
-        c.malformed,
-        result.as_ref().ok().cloned().flatten().map(|s| format!(", {s}")).unwrap_or_default(),
+        "dnstrace: replayed {}{}; {} frames skipped (not DNS, or not decodable)",
+        c.brief(),
+        result
+            .as_ref()
+            .ok()
+            .cloned()
+            .flatten()
+            .map(|s| format!(", {s}"))
+            .unwrap_or_default(),
         replay.skipped
     );
     match (result, replay.error.take()) {
