@@ -39,6 +39,60 @@ pub const CLOSE_BATCH: usize = 4096;
 type Map<K, V> = HashMap<K, V, RandomState>;
 type Set<T> = HashSet<T, RandomState>;
 
+/// A map of what comes and goes all the time (open journeys and their
+/// entries), grown once half full, ahead of std's own growth. Under a
+/// steady load, deleted slots use up a table's free room; std then clears
+/// them in place if the table is at most half full and otherwise doubles
+/// it, minutes into a load that no longer grows. Grown at half full, it
+/// doubles only while the load grows. `insert` and `entry` are the ways in.
+struct Table<K, V> {
+    map: Map<K, V>,
+    /// The map's room when last grown here; it grows again past half.
+    room: usize,
+}
+
+impl<K: Hash + Eq, V> Table<K, V> {
+    fn new() -> Self {
+        Self {
+            map: Map::default(),
+            room: 0,
+        }
+    }
+
+    fn make_room(&mut self) {
+        let wanted = self.map.len() + 1;
+        if 2 * wanted > self.room {
+            // A no-op while the free room (deleted slots not counted) holds
+            // as many again; otherwise a rehash in place or a doubling.
+            self.map.reserve(wanted);
+            self.room = self.map.capacity();
+        }
+    }
+
+    fn insert(&mut self, k: K, v: V) -> Option<V> {
+        self.make_room();
+        self.map.insert(k, v)
+    }
+
+    fn entry(&mut self, k: K) -> Entry<'_, K, V> {
+        self.make_room();
+        self.map.entry(k)
+    }
+}
+
+impl<K, V> std::ops::Deref for Table<K, V> {
+    type Target = Map<K, V>;
+    fn deref(&self) -> &Map<K, V> {
+        &self.map
+    }
+}
+
+impl<K, V> std::ops::DerefMut for Table<K, V> {
+    fn deref_mut(&mut self) -> &mut Map<K, V> {
+        &mut self.map
+    }
+}
+
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
     /// A journey without an answer ends after this long.
@@ -301,7 +355,7 @@ pub struct Engine {
     limits: Limits,
     /// Boxed: an open journey is a quarter KiB, and a map of them would
     /// move (and over-allocate) all that as it grows.
-    open: Map<u64, Box<Open>>,
+    open: Table<u64, Box<Open>>,
     by_key: ByKey,
     /// Unanswered journeys by question and place, TCP journeys by question,
     /// and journeys by client socket, so that finding a parent, a TCP
@@ -329,7 +383,7 @@ pub struct Engine {
     /// (lookup, last start) by the hash of (client socket, name): lookups
     /// outlive their journeys, so they keep no name. Two lookups whose hashes
     /// collide (odds 2^-64 a pair) would share an id; nothing else.
-    lookups: Map<u64, (u64, u64)>,
+    lookups: Table<u64, (u64, u64)>,
     /// `lookups` is pruned when it grows past this (amortised).
     lookups_limit: usize,
     /// When each address last sent or got DNS over TCP, even where the
@@ -404,14 +458,14 @@ struct Question<'a> {
 /// never a scan. The two kinds are kept apart, so that an entry of the
 /// common kind is its key and 8 bytes, not an enum of 16.
 struct Index<K> {
-    one: Map<K, u64>,
+    one: Table<K, u64>,
     many: Map<K, Set<u64>>,
 }
 
 impl<K: Hash + Eq> Index<K> {
     fn new() -> Self {
         Self {
-            one: Map::default(),
+            one: Table::new(),
             many: Map::default(),
         }
     }
@@ -462,7 +516,7 @@ impl Engine {
     pub fn new(limits: Limits) -> Self {
         Self {
             limits,
-            open: Map::default(),
+            open: Table::new(),
             by_key: ByKey::new(),
             waiting: Index::new(),
             tcp_by_name: Index::new(),
@@ -472,7 +526,7 @@ impl Engine {
             settling: Vec::new(),
             reorder_ns: 0,
             latest_start_ns: 0,
-            lookups: Map::default(),
+            lookups: Table::new(),
             lookups_limit: limits.max_open,
             tcp_seen: Map::default(),
             next_id: 1,
