@@ -55,6 +55,17 @@ struct Ev {
     dst: &'static str,
 }
 
+fn ev(ts: u64, hook: Hook, netns: u32, ifindex: u32, src: &'static str, dst: &'static str) -> Ev {
+    Ev {
+        ts,
+        hook,
+        netns,
+        ifindex,
+        src,
+        dst,
+    }
+}
+
 fn rec(e: &Ev, m: DnsMessage, ct: Option<Conntrack>, drop: Option<Dropped>) -> Record {
     Record {
         packet: Packet {
@@ -354,14 +365,7 @@ fn upstream_queries_of_the_server_are_linked_to_the_client_query() {
     // The server asks upstream with its own id and socket while the client waits.
     let up = |ts, hook, netns, ifindex, src, dst, response, ct| {
         rec(
-            &Ev {
-                ts,
-                hook,
-                netns,
-                ifindex,
-                src,
-                dst,
-            },
+            &ev(ts, hook, netns, ifindex, src, dst),
             msg(999, "kubernetes.default.svc.cluster.local.", "A", response),
             ct,
             None,
@@ -731,14 +735,6 @@ fn legs_with_the_same_nat_share_one_copy_and_a_drop_keeps_its_own() {
 #[test]
 fn ipv6_legs_keep_their_addresses_each_stored_once() {
     let (client, service, pod) = ("[fd00::10]:4000", "[fd00:96::a]:53", "[fd00::53]:53");
-    let ev = |ts, hook, netns, ifindex, src, dst| Ev {
-        ts,
-        hook,
-        netns,
-        ifindex,
-        src,
-        dst,
-    };
     let name = "kubernetes.default.svc.cluster.local.";
     let recs = [
         (ev(0, Hook::DevXmit, CLIENT_NS, 2, client, service), false),

@@ -450,18 +450,20 @@ fn the_absolute_name_after_the_search_list_is_no_leak() {
         .is_empty());
 }
 
+/// www.example.com's search-list candidates with ndots:5, in order.
+const WWW_MISSES: [&str; 3] = [
+    "www.example.com.default.svc.cluster.local.",
+    "www.example.com.svc.cluster.local.",
+    "www.example.com.cluster.local.",
+];
+
 #[test]
 fn costly_search_list_misses_before_an_answer_are_amplification() {
     let names = KernelNames::default();
-    let misses = [
-        "www.example.com.default.svc.cluster.local.",
-        "www.example.com.svc.cluster.local.",
-        "www.example.com.cluster.local.",
-    ];
     // Misses that lost events have times that are no evidence.
     for (ms, incomplete, expect) in [(1, false, 0), (60, false, 1), (60, true, 0)] {
         let mut d = Diagnoser::new(ctx());
-        for (i, n) in misses.iter().enumerate() {
+        for (i, n) in WWW_MISSES.iter().enumerate() {
             let mut miss = asked(i as u64, n, "NXDOMAIN", 100 * (i as u64 + 1), ms);
             miss.incomplete = incomplete.then_some(Gap::Lost);
             d.journey(&miss, &names);
@@ -484,17 +486,12 @@ fn costly_search_list_misses_before_an_answer_are_amplification() {
 #[test]
 fn parallel_misses_cost_their_wall_time_not_their_sum() {
     let names = KernelNames::default();
-    let misses = [
-        "www.example.com.default.svc.cluster.local.",
-        "www.example.com.svc.cluster.local.",
-        "www.example.com.cluster.local.",
-    ];
     // Pairs of 20 ms (120 ms summed, 60 ms waited), then of 40 ms.
     for (ms, expect) in [(20, None), (40, Some("6 NXDOMAINs (120 ms)"))] {
         let mut d = Diagnoser::new(ctx());
         let mut id = 0;
         for round in [0, 1000] {
-            for (i, n) in misses.iter().enumerate() {
+            for (i, n) in WWW_MISSES.iter().enumerate() {
                 for qtype in ["A", "AAAA"] {
                     id += 1;
                     let end = round + ms * (i as u64 + 1);
