@@ -88,12 +88,8 @@ fn unfelt<'a>(anomalies: &'a [Value], lookups: &[Value]) -> Vec<&'a Value> {
 /// What the lookups that took longest saw, for a failure's message.
 fn slowest(lookups: &[Value]) -> Vec<&Value> {
     let mut by_time: Vec<&Value> = lookups.iter().collect();
-    by_time.sort_by(|a, b| {
-        b["elapsed_ms"]
-            .as_f64()
-            .partial_cmp(&a["elapsed_ms"].as_f64())
-            .unwrap()
-    });
+    let ms = |l: &Value| l["elapsed_ms"].as_f64().unwrap_or(0.0);
+    by_time.sort_by(|a, b| ms(b).total_cmp(&ms(a)));
     by_time.truncate(5);
     by_time
 }
@@ -108,7 +104,7 @@ fn healthy_traffic_raises_nothing() {
     let (_, anomalies) = diagnose(&[], || {
         lookups = lab.traffic(&["--rate", "15", "--duration", "10s"]);
     });
-    // The whole anomalies: a rare failure here must say which lookups.
+    // A rare failure here must say which anomalies and what lookups saw.
     let unfelt = unfelt(&anomalies, &lookups);
     assert!(
         unfelt.is_empty(),
