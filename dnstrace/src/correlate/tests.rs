@@ -802,3 +802,55 @@ fn devices_of_pods_long_gone_are_forgotten_and_open_legs_keep_theirs() {
         ]
     );
 }
+
+/// The largest room a map has had while `n` entries come and go, oldest
+/// out, new in, after it first held `n`: (room then, largest room since).
+fn room_under_turnover(
+    n: u64,
+    mut insert: impl FnMut(u64),
+    mut remove: impl FnMut(u64),
+    room: impl Fn() -> usize,
+) -> (usize, usize) {
+    (0..n).for_each(&mut insert);
+    let ramped = room();
+    let mut most = ramped;
+    for k in n..20 * n {
+        remove(k - n);
+        insert(k);
+        most = most.max(room());
+    }
+    (ramped, most)
+}
+
+/// std's map, past half full, doubles once deleted slots use up its room
+/// (the soak's step, minutes into a steady load); a `Table` does not.
+#[test]
+fn a_table_under_steady_turnover_never_grows() {
+    let map = std::cell::RefCell::new(Map::<u64, u64>::default());
+    let (ramped, most) = room_under_turnover(
+        10_000,
+        |k| {
+            map.borrow_mut().insert(k, k);
+        },
+        |k| {
+            map.borrow_mut().remove(&k);
+        },
+        || map.borrow().capacity(),
+    );
+    assert!(
+        most > ramped,
+        "std's map did not grow: the test shows nothing"
+    );
+    let table = std::cell::RefCell::new(Table::<u64, u64>::new());
+    let (ramped, most) = room_under_turnover(
+        10_000,
+        |k| {
+            table.borrow_mut().insert(k, k);
+        },
+        |k| {
+            table.borrow_mut().remove(&k);
+        },
+        || table.borrow().capacity(),
+    );
+    assert_eq!(most, ramped);
+}
