@@ -1,6 +1,6 @@
 //! Maps and globals shared by all programs, and sending an event.
 use aya_ebpf::{
-    bindings::BPF_F_NO_PREALLOC,
+    bindings::{BPF_F_NO_PREALLOC, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     helpers::{bpf_ktime_get_ns, generated::bpf_ringbuf_output},
     macros::map,
     maps::{Array, HashMap, PerCpuArray, RingBuf},
@@ -23,6 +23,14 @@ pub struct IfaceConfig {
 
 #[map]
 static EVENTS: RingBuf = RingBuf::with_byte_size(4 << 20, 0);
+
+/// Set by user space before loading: the backlog, in bytes, past which an
+/// event wakes the reader. Below it the reader drains on its own clock: a
+/// wakeup per event (an irq_work, a self-IPI, a VM exit on a guest) cost
+/// more than the event itself. 1, the kernel's own rule: wake a reader
+/// that had read everything.
+#[unsafe(no_mangle)]
+static WAKE_BYTES: u64 = 1;
 
 /// Ring buffer reservations that failed, per CPU: lost events are counted.
 #[map]
@@ -136,6 +144,20 @@ pub fn scratch() -> Option<&'static mut Scratch> {
     Some(s)
 }
 
+/// Wakes the reader only when this event takes the backlog past
+/// `WAKE_BYTES`, so a burst is read before the ring fills.
+#[inline(always)]
+fn wakeup(size: u64) -> u64 {
+    // SAFETY: a global user space patches before load (see `offsets`).
+    let at = unsafe { core::ptr::read_volatile(&WAKE_BYTES) };
+    let queued = EVENTS.query(BPF_RB_AVAIL_DATA.into());
+    if queued < at && queued + size >= at {
+        BPF_RB_FORCE_WAKEUP.into()
+    } else {
+        BPF_RB_NO_WAKEUP.into()
+    }
+}
+
 #[inline(always)]
 pub fn is_dns_port(port: u16) -> bool {
     let (word, bit) = port_slot(port);
@@ -159,7 +181,7 @@ pub fn send(s: &mut Scratch, cap: usize) {
             (&raw const EVENTS).cast_mut().cast(),
             (s as *mut Scratch).cast(),
             size as u64,
-            0,
+            wakeup(size as u64),
         )
     };
     if ret != 0 {

@@ -362,6 +362,8 @@ struct LiveSource<'a> {
     lost_seen: u64,
     /// When the loss counter was last read.
     looked_ns: u64,
+    /// A tick that waits for the ring to be read up to it.
+    tick_due: Option<u64>,
     queued: VecDeque<Input>,
 }
 
@@ -376,6 +378,7 @@ impl<'a> LiveSource<'a> {
             stats_tick: interval(Duration::from_secs(1)),
             lost_seen: 0,
             looked_ns: monotonic_now(),
+            tick_due: None,
             queued: VecDeque::new(),
         }
     }
@@ -408,6 +411,21 @@ impl Source for LiveSource<'_> {
                 return Ok(Some(i));
             }
             let mut batch = Vec::new();
+            if let Some(now_ns) = self.tick_due {
+                // The kernel wakes us only past a backlog (probes::wake_bytes):
+                // what came before the tick is read before it, so that no
+                // journey is judged without packets already in the ring.
+                if !self.ingest.read_now(&mut batch) {
+                    self.tick_due = None;
+                    let lost = self.lost();
+                    self.queued.extend(lost);
+                    self.queued.push_back(Input::Tick(now_ns));
+                }
+                if !batch.is_empty() {
+                    return Ok(Some(Input::Packets(batch)));
+                }
+                continue;
+            }
             tokio::select! {
                 r = self.ingest.next_batch(&mut batch) => r.context("reading the ring buffer")?,
                 events = ct_events(&mut self.watches.ct, &self.ports) => match events {
@@ -433,11 +451,7 @@ impl Source for LiveSource<'_> {
                         return Ok(Some(Input::Counters { now_ns: monotonic_now(), moved }));
                     }
                 }
-                _ = self.tick.tick() => {
-                    let lost = self.lost();
-                    self.queued.extend(lost);
-                    self.queued.push_back(Input::Tick(monotonic_now()));
-                }
+                _ = self.tick.tick() => self.tick_due = Some(monotonic_now()),
             }
             if !batch.is_empty() {
                 return Ok(Some(Input::Packets(batch)));
@@ -446,13 +460,17 @@ impl Source for LiveSource<'_> {
     }
 
     fn rest(&mut self) -> Vec<Input> {
-        let mut batch = Vec::new();
-        self.ingest.drain_now(&mut batch);
         let mut rest: Vec<Input> = self.queued.drain(..).collect();
         // Journeys closed now must know about losses since the last tick.
         rest.extend(self.lost());
-        rest.push(Input::Packets(batch));
-        rest
+        loop {
+            let mut batch = Vec::new();
+            let more = self.ingest.read_now(&mut batch);
+            rest.push(Input::Packets(batch));
+            if !more {
+                return rest;
+            }
+        }
     }
 }
 

@@ -1,10 +1,15 @@
-//! Reading kernel events from the ring buffer, as they arrive.
+//! Reading kernel events from the ring buffer, a bounded batch at a time.
 use std::io;
 
 use aya::maps::{MapData, RingBuf};
 use tokio::io::{unix::AsyncFd, Interest};
 
 use crate::decode::Packet;
+
+/// Events read in one batch: enough to spread a batch's fixed costs, few
+/// enough that its packets and records stay in cache and the reader's
+/// memory stays flat however far behind it is.
+pub const BATCH: usize = 1024;
 
 pub struct Ingest {
     ring: AsyncFd<RingBuf<MapData>>,
@@ -24,27 +29,37 @@ impl Ingest {
         })
     }
 
-    /// Waits for events, then moves every queued one into `out`.
+    /// Waits for the kernel's wakeup, then reads a batch into `out`. The
+    /// wakeup is kept while the ring may hold more, so the next call reads
+    /// on without waiting.
     pub async fn next_batch(&mut self, out: &mut Vec<Packet>) -> io::Result<()> {
         let mut guard = self.ring.readable_mut().await?;
-        self.bad_events += drain(guard.get_inner_mut(), out);
-        guard.clear_ready();
+        if !read(guard.get_inner_mut(), out, &mut self.bad_events) {
+            guard.clear_ready();
+        }
         Ok(())
     }
 
-    /// Moves what is queued now into `out`, without waiting.
-    pub fn drain_now(&mut self, out: &mut Vec<Packet>) {
-        self.bad_events += drain(self.ring.get_mut(), out);
+    /// Reads a batch into `out` without waiting; true if the ring may hold
+    /// more.
+    pub fn read_now(&mut self, out: &mut Vec<Packet>) -> bool {
+        read(self.ring.get_mut(), out, &mut self.bad_events)
     }
 }
 
-fn drain(ring: &mut RingBuf<MapData>, out: &mut Vec<Packet>) -> u64 {
-    let mut bad = 0;
-    while let Some(item) = ring.next() {
+/// Reads at most `BATCH` events; true if it stopped at the limit.
+fn read(ring: &mut RingBuf<MapData>, out: &mut Vec<Packet>, bad: &mut u64) -> bool {
+    for _ in 0..BATCH {
+        let Some(item) = ring.next() else {
+            return false;
+        };
+        if out.capacity() == 0 {
+            out.reserve_exact(BATCH);
+        }
         match Packet::from_event(&item) {
             Ok(p) => out.push(p),
-            Err(_) => bad += 1,
+            Err(_) => *bad += 1,
         }
     }
-    bad
+    true
 }

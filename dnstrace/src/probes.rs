@@ -83,6 +83,13 @@ fn tc_l2_len(ifaces: &[Iface]) -> u32 {
     }
 }
 
+/// The backlog past which the kernel wakes the reader: a quarter of the
+/// ring, so a burst is read well before it fills. Below it the capture
+/// reads on its tick (`capture::LiveSource`).
+fn wake_bytes(ring_bytes: u32) -> u64 {
+    u64::from(ring_bytes / 4)
+}
+
 /// One program attached somewhere.
 #[derive(Debug)]
 pub struct Attachment {
@@ -175,8 +182,10 @@ impl Probes {
             Err(e) if !ifaces.is_empty() => (KernelOffsets::UNSET, Some(format!("node-wide tracepoints: {e:#}"))),
             Err(e) => return Err(e.context("the kernel's BTF lacks a field the node-wide tracepoints read; name interfaces with --iface to use tc only")),
         };
+        let ring_bytes = args.ring_buffer_mib << 20;
         let ebpf = EbpfLoader::new()
-            .map_max_entries("EVENTS", args.ring_buffer_mib << 20)
+            .map_max_entries("EVENTS", ring_bytes)
+            .override_global("WAKE_BYTES", &wake_bytes(ring_bytes), true)
             .override_global("OFFSETS", &offsets, true)
             .override_global("TC_L2_LEN", &tc_l2_len(&ifaces), true)
             .override_global(
