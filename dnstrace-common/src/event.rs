@@ -138,7 +138,13 @@ pub struct KernelOffsets {
     pub tuple_dst_u3: u32,
     pub tuple_dst_port: u32,
     pub tuple_protonum: u32,
+    /// Bytes from the original tuple to the end of the status: one read
+    /// (at most [`CT_SPAN_MAX`]).
+    pub ct_span: u32,
 }
+
+/// Most bytes of an `nf_conn` read at once: both tuples and the status.
+pub const CT_SPAN_MAX: usize = 128;
 
 impl KernelOffsets {
     pub const UNSET: Self = Self {
@@ -163,6 +169,7 @@ impl KernelOffsets {
         tuple_dst_u3: 0,
         tuple_dst_port: 0,
         tuple_protonum: 0,
+        ct_span: 0,
     };
 }
 

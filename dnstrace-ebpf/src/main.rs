@@ -15,6 +15,7 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, ProbeContext, RetProbeContext, TcContext},
 };
 use dnstrace_common::Hook;
+use skb::{Typed, Untyped};
 
 /// Let every packet continue.
 const TC_ACT_UNSPEC: i32 = -1;
@@ -34,14 +35,14 @@ pub fn dns_tc_egress(ctx: TcContext) -> i32 {
 /// `net_dev_start_xmit(skb, dev)`: every device, every network namespace.
 #[btf_tracepoint(function = "net_dev_start_xmit")]
 pub fn dns_dev_xmit(ctx: BtfTracePointContext) -> i32 {
-    let _ = skb::try_capture(ctx.arg(0), ctx.arg(1), Hook::DevXmit, skb::Drop::NONE);
+    let _ = skb::try_capture::<Typed>(ctx.arg(0), ctx.arg(1), Hook::DevXmit, skb::Drop::NONE);
     0
 }
 
 /// `netif_receive_skb(skb)`.
 #[btf_tracepoint(function = "netif_receive_skb")]
 pub fn dns_dev_receive(ctx: BtfTracePointContext) -> i32 {
-    let _ = skb::try_capture(
+    let _ = skb::try_capture::<Typed>(
         ctx.arg(0),
         core::ptr::null(),
         Hook::DevReceive,
@@ -57,7 +58,7 @@ pub fn dns_kfree_skb(ctx: BtfTracePointContext) -> i32 {
         location: ctx.arg(1),
         reason: ctx.arg(2),
     };
-    let _ = skb::try_capture(ctx.arg(0), core::ptr::null(), Hook::Drop, drop);
+    let _ = skb::try_capture::<Typed>(ctx.arg(0), core::ptr::null(), Hook::Drop, drop);
     0
 }
 
@@ -67,7 +68,8 @@ pub fn dns_kfree_skb(ctx: BtfTracePointContext) -> i32 {
 #[kprobe]
 pub fn nat_enter_nf_nat_manip_pkt(ctx: ProbeContext) -> u32 {
     if let Some(skb) = ctx.arg::<*const u8>(0) {
-        let _ = skb::try_capture(skb, core::ptr::null(), Hook::NatRewrite, skb::Drop::NONE);
+        let _ =
+            skb::try_capture::<Untyped>(skb, core::ptr::null(), Hook::NatRewrite, skb::Drop::NONE);
     }
     0
 }
@@ -93,7 +95,7 @@ pub fn ct_exit_nf_conntrack_confirm(ctx: RetProbeContext) -> u32 {
     let _ = CONFIRMING.remove(key);
     if let Some(skb) = skb {
         if ctx.ret::<u32>() == 0 {
-            let _ = skb::try_capture(
+            let _ = skb::try_capture::<Untyped>(
                 skb as *const u8,
                 core::ptr::null(),
                 Hook::CtInsertFailed,
@@ -108,7 +110,7 @@ pub fn ct_exit_nf_conntrack_confirm(ctx: RetProbeContext) -> u32 {
 #[kprobe]
 pub fn ct_enter_nf_ct_resolve_clash(ctx: ProbeContext) -> u32 {
     if let Some(skb) = ctx.arg::<*const u8>(0) {
-        let _ = skb::try_capture(skb, core::ptr::null(), Hook::CtClash, skb::Drop::NONE);
+        let _ = skb::try_capture::<Untyped>(skb, core::ptr::null(), Hook::CtClash, skb::Drop::NONE);
     }
     0
 }

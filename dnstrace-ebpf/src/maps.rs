@@ -6,9 +6,9 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
 use dnstrace_common::{
-    port_slot, EventHeader, EventKind, KernelOffsets, PacketMeta, TargetFilter, FLAG_CONNTRACK,
-    L2_LEN_MIXED, MAX_WATCHED, PACKET_META_SIZE, PAYLOAD_MAX, PORT_WORDS, ROLE_RESOLVER,
-    ROLE_TARGET, SCHEMA_VERSION,
+    port_slot, EventHeader, EventKind, KernelOffsets, PacketMeta, TargetFilter, CT_SPAN_MAX,
+    FLAG_CONNTRACK, L2_LEN_MIXED, MAX_WATCHED, PACKET_META_SIZE, PAYLOAD_MAX, PORT_WORDS,
+    ROLE_RESOLVER, ROLE_TARGET, SCHEMA_VERSION,
 };
 
 /// Per-interface facts only user space knows (tc hooks).
@@ -124,6 +124,8 @@ pub fn offset(field: impl Fn(&KernelOffsets) -> &u32) -> u32 {
 pub struct Scratch {
     pub meta: PacketMeta,
     pub payload: [u8; PAYLOAD_MAX],
+    /// A conntrack entry's tuples and status, as the kernel lays them out.
+    pub ct_span: [u8; CT_SPAN_MAX],
 }
 
 #[map]

@@ -4,7 +4,7 @@
 use aya_ebpf::helpers::{
     bpf_probe_read_kernel, generated::bpf_probe_read_kernel as probe_read_raw,
 };
-use dnstrace_common::{CtTuple, Hook, KernelOffsets, FLAG_CONNTRACK};
+use dnstrace_common::{CtTuple, Hook, KernelOffsets, CT_SPAN_MAX, FLAG_CONNTRACK};
 
 use crate::{
     maps::{offset, offsets, scratch, send, wanted, Scratch},
@@ -53,44 +53,75 @@ impl Reader for Linear {
     }
 }
 
-#[inline(always)]
-fn read<T: Copy>(base: *const u8, off: u32) -> Result<T, i64> {
-    // SAFETY: a checked read of kernel memory.
-    unsafe { bpf_probe_read_kernel(base.add(off as usize).cast::<T>()) }.map_err(i64::from)
+/// How a program reads the kernel's structs.
+pub trait Kernel {
+    fn read<T: Copy>(base: *const u8, off: u32) -> Result<T, i64>;
+}
+
+/// BTF tracepoints: their skb, and the device and namespace reached from
+/// it, are typed pointers. The verifier lets a program load their fields
+/// directly, one instruction each (the JIT makes it fault-tolerant), where
+/// a probe read is a helper call: it checks each load against BTF, at
+/// offsets it knows because `OFFSETS` is frozen before the programs load.
+pub enum Typed {}
+
+/// kprobes: their arguments are bare addresses, read with a helper.
+pub enum Untyped {}
+
+impl Kernel for Typed {
+    #[inline(always)]
+    fn read<T: Copy>(base: *const u8, off: u32) -> Result<T, i64> {
+        // SAFETY: `base` is a typed kernel pointer and `off` a field of its
+        // type from BTF: the verifier checks both, a bad address reads 0.
+        Ok(unsafe { core::ptr::read_volatile(base.add(off as usize).cast::<T>()) })
+    }
+}
+
+impl Kernel for Untyped {
+    #[inline(always)]
+    fn read<T: Copy>(base: *const u8, off: u32) -> Result<T, i64> {
+        // SAFETY: a checked read of kernel memory; a bad address fails cleanly.
+        unsafe { bpf_probe_read_kernel(base.add(off as usize).cast::<T>()) }.map_err(i64::from)
+    }
 }
 
 #[inline(always)]
-pub fn try_capture(skb: *const u8, dev: *const u8, hook: Hook, drop: Drop) -> Result<(), i64> {
+pub fn try_capture<K: Kernel>(
+    skb: *const u8,
+    dev: *const u8,
+    hook: Hook,
+    drop: Drop,
+) -> Result<(), i64> {
     // Everything up to the ports is on the path of every packet: as few
     // reads as can rule a packet out, and nothing stored before it is DNS.
     if offset(|o| &o.skb_head) == 0 || skb.is_null() {
         return Err(0);
     }
-    let ethertype = u16::from_be(read::<u16>(skb, offset(|o| &o.skb_protocol))?);
+    let ethertype = u16::from_be(K::read::<u16>(skb, offset(|o| &o.skb_protocol))?);
     if ethertype != ETH_P_IP && ethertype != ETH_P_IPV6 {
         return Err(0);
     }
     let mut r = Linear {
-        l3: network_header(skb, hook)?,
+        l3: network_header::<K>(skb, hook)?,
         len: 0,
     };
     let dns = dns_headers(&r, ethertype, 0)?;
     let o = offsets();
     let wire_len;
-    (r.len, wire_len) = linear_len(skb, r.l3, &o)?;
+    (r.len, wire_len) = linear_len::<K>(skb, r.l3, &o)?;
     let s = scratch().ok_or(0)?;
     let l4 = transport(&r, dns, &mut s.meta)?;
     let dev = if dev.is_null() {
-        read::<*const u8>(skb, o.skb_dev)?
+        K::read::<*const u8>(skb, o.skb_dev)?
     } else {
         dev
     };
-    device(dev, &o, s)?;
+    device::<K>(dev, &o, s)?;
     s.meta.wire_len = wire_len;
     s.meta.hook = hook as u8;
     s.meta.drop_reason = drop.reason;
     s.meta.drop_location = drop.location;
-    conntrack(skb, &o, s);
+    conntrack::<K>(skb, &o, s);
     if !wanted(&s.meta) {
         return Err(0);
     }
@@ -101,23 +132,27 @@ pub fn try_capture(skb: *const u8, dev: *const u8, hook: Hook, drop: Drop) -> Re
 
 /// The IP header: at `data` on receive, else where the stack put it.
 #[inline(always)]
-fn network_header(skb: *const u8, hook: Hook) -> Result<*const u8, i64> {
+fn network_header<K: Kernel>(skb: *const u8, hook: Hook) -> Result<*const u8, i64> {
     if hook != Hook::DevReceive {
-        let network: u16 = read(skb, offset(|o| &o.skb_network_header))?;
+        let network: u16 = K::read(skb, offset(|o| &o.skb_network_header))?;
         if network != NO_HEADER {
-            let head: *const u8 = read(skb, offset(|o| &o.skb_head))?;
+            let head: *const u8 = K::read(skb, offset(|o| &o.skb_head))?;
             return Ok(head.wrapping_add(usize::from(network)));
         }
     }
-    read(skb, offset(|o| &o.skb_data))
+    K::read(skb, offset(|o| &o.skb_data))
 }
 
 /// Bytes of linear data from `l3` on, and `skb->len`.
 #[inline(always)]
-fn linear_len(skb: *const u8, l3: *const u8, o: &KernelOffsets) -> Result<(u32, u32), i64> {
-    let data: *const u8 = read(skb, o.skb_data)?;
-    let len: u32 = read(skb, o.skb_len)?;
-    let data_len: u32 = read(skb, o.skb_data_len)?;
+fn linear_len<K: Kernel>(
+    skb: *const u8,
+    l3: *const u8,
+    o: &KernelOffsets,
+) -> Result<(u32, u32), i64> {
+    let data: *const u8 = K::read(skb, o.skb_data)?;
+    let len: u32 = K::read(skb, o.skb_len)?;
+    let data_len: u32 = K::read(skb, o.skb_data_len)?;
     let end = data as u64 + u64::from(len.saturating_sub(data_len));
     let avail = end.saturating_sub(l3 as u64);
     if avail > 0xffff {
@@ -127,40 +162,58 @@ fn linear_len(skb: *const u8, l3: *const u8, o: &KernelOffsets) -> Result<(u32, 
 }
 
 #[inline(always)]
-fn device(dev: *const u8, o: &KernelOffsets, s: &mut Scratch) -> Result<(), i64> {
+fn device<K: Kernel>(dev: *const u8, o: &KernelOffsets, s: &mut Scratch) -> Result<(), i64> {
     if dev.is_null() {
         s.meta.ifindex = 0;
         s.meta.netns = 0;
         return Ok(());
     }
-    s.meta.ifindex = read(dev, o.dev_ifindex)?;
-    s.meta.ifname = read(dev, o.dev_name)?;
-    let net: *const u8 = read(dev, o.dev_nd_net)?;
+    s.meta.ifindex = K::read(dev, o.dev_ifindex)?;
+    // Two words: a load is at most 8 bytes.
+    let name: [u64; 2] = [K::read(dev, o.dev_name)?, K::read(dev, o.dev_name + 8)?];
+    // SAFETY: 16 plain bytes either way.
+    s.meta.ifname = unsafe { core::mem::transmute::<[u64; 2], [u8; 16]>(name) };
+    let net: *const u8 = K::read(dev, o.dev_nd_net)?;
     s.meta.netns = if net.is_null() {
         0
     } else {
-        read(net, o.net_ns_inum)?
+        K::read(net, o.net_ns_inum)?
     };
     Ok(())
 }
 
-/// The skb's conntrack entry (`_nfct & ~7`), if it has one.
+/// The skb's conntrack entry (`_nfct & ~7`), if it has one: its tuples
+/// and status in one probe read (it is no typed pointer), then picked out
+/// of the copy.
 #[inline(always)]
-fn conntrack(skb: *const u8, o: &KernelOffsets, s: &mut Scratch) {
+fn conntrack<K: Kernel>(skb: *const u8, o: &KernelOffsets, s: &mut Scratch) {
     if o.skb_nfct == 0 {
         return;
     }
-    let Ok(nfct) = read::<u64>(skb, o.skb_nfct) else {
+    let Ok(nfct) = K::read::<u64>(skb, o.skb_nfct) else {
         return;
     };
     let ct = (nfct & !7) as *const u8;
-    if ct.is_null() {
+    if ct.is_null() || o.ct_span as usize > CT_SPAN_MAX {
         return;
     }
-    let (Ok(status), Ok(original), Ok(reply)) = (
-        read::<u32>(ct, o.ct_status),
-        tuple(ct, o.ct_tuple_original, o),
-        tuple(ct, o.ct_tuple_reply, o),
+    let span = s.ct_span.as_mut_ptr();
+    // SAFETY: `span` has room for CT_SPAN_MAX bytes; a bad address fails cleanly.
+    let read = unsafe {
+        probe_read_raw(
+            span.cast(),
+            o.ct_span,
+            ct.add(o.ct_tuple_original as usize).cast(),
+        )
+    };
+    if read != 0 {
+        return;
+    }
+    let reply = o.ct_tuple_reply - o.ct_tuple_original;
+    let (Some(status), Some(original), Some(reply)) = (
+        at::<u32>(&s.ct_span, o.ct_status - o.ct_tuple_original),
+        tuple(&s.ct_span, 0, o),
+        tuple(&s.ct_span, reply, o),
     ) else {
         return;
     };
@@ -172,14 +225,25 @@ fn conntrack(skb: *const u8, o: &KernelOffsets, s: &mut Scratch) {
 }
 
 #[inline(always)]
-fn tuple(ct: *const u8, at: u32, o: &KernelOffsets) -> Result<CtTuple, i64> {
-    Ok(CtTuple {
-        src: read(ct, at + o.tuple_src_u3)?,
-        dst: read(ct, at + o.tuple_dst_u3)?,
-        sport: u16::from_be(read(ct, at + o.tuple_src_port)?),
-        dport: u16::from_be(read(ct, at + o.tuple_dst_port)?),
-        l3num: read(ct, at + o.tuple_l3num)?,
-        proto: read(ct, at + o.tuple_protonum)?,
+fn tuple(span: &[u8; CT_SPAN_MAX], at_: u32, o: &KernelOffsets) -> Option<CtTuple> {
+    Some(CtTuple {
+        src: at(span, at_ + o.tuple_src_u3)?,
+        dst: at(span, at_ + o.tuple_dst_u3)?,
+        sport: u16::from_be(at(span, at_ + o.tuple_src_port)?),
+        dport: u16::from_be(at(span, at_ + o.tuple_dst_port)?),
+        l3num: at(span, at_ + o.tuple_l3num)?,
+        proto: at(span, at_ + o.tuple_protonum)?,
         _pad: 0,
     })
+}
+
+/// A `T` at `off` in the copied span, if it lies inside it.
+#[inline(always)]
+fn at<T: Copy>(span: &[u8; CT_SPAN_MAX], off: u32) -> Option<T> {
+    let off = off as usize;
+    if off + core::mem::size_of::<T>() > CT_SPAN_MAX {
+        return None;
+    }
+    // SAFETY: in bounds (checked above); T is plain integers or bytes.
+    Some(unsafe { core::ptr::read_unaligned(span.as_ptr().add(off).cast::<T>()) })
 }

@@ -1,6 +1,6 @@
 //! The kernel struct offsets the tracepoint programs need, from BTF.
 use anyhow::{Context as _, Result};
-use dnstrace_common::KernelOffsets;
+use dnstrace_common::{KernelOffsets, CT_SPAN_MAX};
 
 use super::btf::Btf;
 
@@ -43,6 +43,7 @@ pub fn kernel_offsets(btf: &Btf) -> Result<(KernelOffsets, Option<String>)> {
         o.tuple_dst_u3 = tuple(&["dst", "u3"])?;
         o.tuple_dst_port = tuple(&["dst", "u", "all"])?;
         o.tuple_protonum = tuple(&["dst", "protonum"])?;
+        o.ct_span = ct_span(&o)?;
         Ok(())
     })();
     let note = conntrack.err().map(|e| {
@@ -50,6 +51,23 @@ pub fn kernel_offsets(btf: &Btf) -> Result<(KernelOffsets, Option<String>)> {
         format!("conntrack entries are not read: {e:#}")
     });
     Ok((o, note))
+}
+
+/// The programs read both tuples and the status at once: they must follow
+/// each other closely, as they do in every kernel since conntrack has had
+/// two tuples.
+fn ct_span(o: &KernelOffsets) -> Result<u32> {
+    let end = o.ct_status + 4;
+    match end.checked_sub(o.ct_tuple_original) {
+        Some(span) if o.ct_tuple_reply > o.ct_tuple_original && span as usize <= CT_SPAN_MAX => {
+            Ok(span)
+        }
+        _ => anyhow::bail!(
+            "nf_conn's status (at {}) does not follow its tuples (at {}) within {CT_SPAN_MAX} bytes",
+            o.ct_status,
+            o.ct_tuple_original
+        ),
+    }
 }
 
 #[cfg(test)]
@@ -62,5 +80,6 @@ mod tests {
         assert_eq!(note, None);
         assert!(o.skb_head > 0 && o.skb_nfct > 0 && o.ct_tuple_reply > o.ct_tuple_original);
         assert_eq!(o.tuple_dst_u3, 20);
+        assert_eq!(o.ct_span, o.ct_status + 4 - o.ct_tuple_original);
     }
 }
