@@ -60,12 +60,33 @@ impl<K: Hash + Eq, V> Table<K, V> {
     }
 
     fn make_room(&mut self) {
-        let wanted = self.map.len() + 1;
-        if 2 * wanted > self.room {
-            // A no-op while the free room (deleted slots not counted) holds
-            // as many again; otherwise a rehash in place or a doubling.
-            self.map.reserve(wanted);
-            self.room = self.map.capacity();
+        if self.full() {
+            self.grow();
+        }
+    }
+
+    /// One more would take it past half its room.
+    fn full(&self) -> bool {
+        2 * (self.map.len() + 1) > self.room
+    }
+
+    fn grow(&mut self) {
+        // A no-op while the free room (deleted slots not counted) holds as
+        // many again; otherwise a rehash in place or a doubling.
+        self.map.reserve(self.map.len() + 1);
+        self.room = self.map.capacity();
+    }
+
+    /// Makes room for one more by `prune` first, where what it holds can
+    /// expire: it grows only if pruning would leave too little room (a
+    /// sixteenth) before the next prune, each a scan of the whole table.
+    fn make_room_pruning(&mut self, prune: impl FnOnce(&mut Map<K, V>)) {
+        if !self.full() {
+            return;
+        }
+        prune(&mut self.map);
+        if 2 * (self.map.len() + 1 + self.room / 16) > self.room {
+            self.grow();
         }
     }
 
@@ -382,10 +403,9 @@ pub struct Engine {
     latest_start_ns: u64,
     /// (lookup, last start) by the hash of (client socket, name): lookups
     /// outlive their journeys, so they keep no name. Two lookups whose hashes
-    /// collide (odds 2^-64 a pair) would share an id; nothing else.
+    /// collide (odds 2^-64 a pair) would share an id; nothing else. Pruned
+    /// of expired lookups before it grows.
     lookups: Table<u64, (u64, u64)>,
-    /// `lookups` is pruned when it grows past this (amortised).
-    lookups_limit: usize,
     /// When each address last sent or got DNS over TCP, even where the
     /// message could not be read (a payload outside the captured bytes).
     tcp_seen: Map<IpAddr, u64>,
@@ -398,10 +418,11 @@ pub struct Engine {
     devices: Devices,
 }
 
-/// Open journeys by the hash of client socket, DNS id and type: one socket
-/// seldom has two names open under one id, so a slot holds one journey or
-/// a few, each confirmed against its own keys, names compared ignoring
-/// case (no lowercase copy per packet). An entry is 16 bytes, not a key.
+/// Open journeys by the hash of client socket, DNS id, type and name (in
+/// any case, hashed lowercase without a copy): a busy socket reuses its
+/// ids within a timeout, for other names, and each would otherwise share a
+/// slot. Each found is confirmed against its own keys. An entry is 16
+/// bytes, not a key.
 struct ByKey {
     ids: Index<u64>,
     hasher: RandomState,
@@ -415,20 +436,21 @@ impl ByKey {
         }
     }
 
-    fn slot(&self, client: SocketAddr, dns_id: u16, qtype: &'static str) -> u64 {
-        self.hasher.hash_one((client, dns_id, qtype))
+    fn slot(&self, q: &Question<'_>) -> u64 {
+        self.hasher
+            .hash_one((q.client, q.dns_id, q.qtype, AnyCase(q.name)))
     }
 
     /// The open journey known by this question from `client`, if any.
     fn find(&self, open: &Map<u64, Box<Open>>, q: &Question<'_>) -> Option<u64> {
         self.ids
-            .get(&self.slot(q.client, q.dns_id, q.qtype))
+            .get(&self.slot(q))
             .find(|id| open.get(id).is_some_and(|o| o.known_as(q)))
     }
 
     /// Files `id` under `q`, in place of any other journey known by it.
     fn file(&mut self, open: &Map<u64, Box<Open>>, q: &Question<'_>, id: u64) {
-        let slot = self.slot(q.client, q.dns_id, q.qtype);
+        let slot = self.slot(q);
         let stale = self
             .ids
             .get(&slot)
@@ -440,7 +462,22 @@ impl ByKey {
     }
 
     fn unfile(&mut self, q: &Question<'_>, id: u64) {
-        self.ids.remove(&self.slot(q.client, q.dns_id, q.qtype), id);
+        self.ids.remove(&self.slot(q), id);
+    }
+}
+
+/// A name hashed as its lowercase, as names compare ignoring case.
+struct AnyCase<'a>(&'a str);
+
+impl Hash for AnyCase<'_> {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        let mut buf = [0u8; 64];
+        for chunk in self.0.as_bytes().chunks(buf.len()) {
+            let lower = &mut buf[..chunk.len()];
+            lower.copy_from_slice(chunk);
+            lower.make_ascii_lowercase();
+            h.write(lower);
+        }
     }
 }
 
@@ -527,7 +564,6 @@ impl Engine {
             reorder_ns: 0,
             latest_start_ns: 0,
             lookups: Table::new(),
-            lookups_limit: limits.max_open,
             tcp_seen: Map::default(),
             next_id: 1,
             evicted: 0,
@@ -839,11 +875,9 @@ impl Engine {
     /// second, what is remembered is about what is open.
     fn lookup_for(&mut self, key: &Key, ts: u64, id: u64) -> u64 {
         let window = self.limits.timeout_ns;
-        if self.lookups.len() > self.lookups_limit {
-            self.lookups
-                .retain(|_, (_, last)| ts.saturating_sub(*last) <= window);
-            self.lookups_limit = self.limits.max_open.max(2 * self.lookups.len());
-        }
+        self.lookups.make_room_pruning(|map| {
+            map.retain(|_, (_, last)| ts.saturating_sub(*last) <= window);
+        });
         let hash = self.hasher.hash_one((key.client, &*key.name));
         let slot = self.lookups.entry(hash).or_insert((id, ts));
         if ts.saturating_sub(slot.1) > window {

@@ -854,3 +854,34 @@ fn a_table_under_steady_turnover_never_grows() {
     );
     assert_eq!(most, ramped);
 }
+
+/// Lookups expire a timeout after their latest query: a table of them is
+/// pruned before it grows, so it keeps to a few times what is live (it
+/// doubled past its pruning point and held 4.5 times the in-flight load).
+#[test]
+fn a_table_of_expiring_entries_prunes_before_it_grows() {
+    let live = 1_000;
+    let mut table = Table::<u64, u64>::new();
+    let mut most = 0;
+    for k in 0..100 * live {
+        table.make_room_pruning(|m| m.retain(|_, made| k - *made < live));
+        table.insert(k, k);
+        most = most.max(table.capacity());
+    }
+    assert!(table.len() <= 2 * live as usize, "{}", table.len());
+    assert!(most <= 4 * live as usize, "grew to {most}");
+}
+
+/// `ByKey` slots hash the name as its lowercase: a name asked in one case
+/// and answered in another lands in one slot, however long.
+#[test]
+fn names_in_any_case_hash_alike() {
+    let h = RandomState::default();
+    let long = "a-rather-long-label-of-sixty-three-characters-to-pass-one-chunk.Example.COM.";
+    assert!(long.len() > 64);
+    for name in ["WWW.Example.COM.", long] {
+        let lower = name.to_ascii_lowercase();
+        assert_eq!(h.hash_one(AnyCase(name)), h.hash_one(AnyCase(&lower)));
+        assert_ne!(h.hash_one(AnyCase(name)), h.hash_one(AnyCase("other.")));
+    }
+}
