@@ -40,14 +40,15 @@ type Map<K, V> = HashMap<K, V, RandomState>;
 type Set<T> = HashSet<T, RandomState>;
 
 /// A map of what comes and goes all the time (open journeys and their
-/// entries), grown once half full, ahead of std's own growth. Under a
-/// steady load, deleted slots use up a table's free room; std then clears
-/// them in place if the table is at most half full and otherwise doubles
-/// it, minutes into a load that no longer grows. Grown at half full, it
-/// doubles only while the load grows. `insert` and `entry` are the ways in.
+/// entries), never grown by std on its own. Under a steady load, deleted
+/// slots use up a map's free room; std then clears them in place if the
+/// map is at most half full and otherwise doubles it, minutes into a load
+/// that no longer grows. Here a full map is rebuilt at its size instead,
+/// and doubles only if that would leave less than a sixteenth of it free.
+/// `insert` and `entry` are the ways in.
 struct Table<K, V> {
     map: Map<K, V>,
-    /// The map's room when last grown here; it grows again past half.
+    /// The map's room (deleted slots counted as free) when last sized here.
     room: usize,
 }
 
@@ -59,34 +60,38 @@ impl<K: Hash + Eq, V> Table<K, V> {
         }
     }
 
-    fn make_room(&mut self) {
-        if self.full() {
-            self.grow();
-        }
-    }
-
-    /// One more would take it past half its room.
+    /// No free room left: deleted slots used it up, or it is full.
     fn full(&self) -> bool {
-        2 * (self.map.len() + 1) > self.room
+        self.map.len() >= self.map.capacity()
     }
 
-    fn grow(&mut self) {
-        // A no-op while the free room (deleted slots not counted) holds as
-        // many again; otherwise a rehash in place or a doubling.
-        self.map.reserve(self.map.len() + 1);
+    fn make_room(&mut self) {
+        if !self.full() {
+            return;
+        }
+        let wanted = self.map.len() + 1;
+        if 2 * wanted > self.room && wanted + self.room / 16 <= self.room {
+            // std would double it: rebuilt at its size, the deleted slots
+            // are gone. The old map is freed once moved.
+            let hasher = self.map.hasher().clone();
+            let old = std::mem::replace(
+                &mut self.map,
+                Map::with_capacity_and_hasher(self.room, hasher),
+            );
+            self.map.extend(old);
+        } else {
+            // Cleared in place (at most half full), or doubled.
+            self.map.reserve(1);
+        }
         self.room = self.map.capacity();
     }
 
     /// Makes room for one more by `prune` first, where what it holds can
-    /// expire: it grows only if pruning would leave too little room (a
-    /// sixteenth) before the next prune, each a scan of the whole table.
+    /// expire.
     fn make_room_pruning(&mut self, prune: impl FnOnce(&mut Map<K, V>)) {
-        if !self.full() {
-            return;
-        }
-        prune(&mut self.map);
-        if 2 * (self.map.len() + 1 + self.room / 16) > self.room {
-            self.grow();
+        if self.full() {
+            prune(&mut self.map);
+            self.make_room();
         }
     }
 
