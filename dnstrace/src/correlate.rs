@@ -11,7 +11,6 @@ use std::{
     collections::{hash_map::Entry, HashMap, HashSet, VecDeque},
     hash::{BuildHasher, Hash},
     net::{IpAddr, SocketAddr, SocketAddrV4, SocketAddrV6},
-    num::NonZeroU64,
     sync::Arc,
 };
 
@@ -21,7 +20,7 @@ use serde::Serialize;
 
 use crate::{
     conntrack::CtEvent,
-    decode::{Body, Conntrack, DnsMessage, Packet, Record},
+    decode::{dns::qtype_name, Body, Conntrack, DnsMessage, Packet, Record},
 };
 
 /// Loss windows remembered; older ones are long past any open journey.
@@ -95,6 +94,7 @@ impl<K: Hash + Eq, V> Table<K, V> {
         }
     }
 
+    #[cfg(test)]
     fn insert(&mut self, k: K, v: V) -> Option<V> {
         self.make_room();
         self.map.insert(k, v)
@@ -240,55 +240,76 @@ struct Key {
     dns_id: u16,
     /// Not shared while open: a `Box` is 16 bytes smaller than an `Arc`.
     name: Box<str>,
-    qtype: &'static str,
+    /// The type's number (`qtype_name` names it).
+    qtype: u16,
 }
 
-impl Key {
-    fn question(&self) -> Question<'_> {
-        Question {
-            client: self.client,
-            dns_id: self.dns_id,
-            qtype: self.qtype,
-            name: &self.name,
-        }
-    }
+/// Where an open journey is kept: its place in `Slab`. Indexes hold slots
+/// (4 bytes, where ids are 8) and drop them when the journey closes.
+type Slot = u32;
+
+/// A journey named where it may have closed since (the order of starts,
+/// the settling list, upstream links): its slot and the low half of its
+/// id, checked against the journey in the slot. A slot reused 2^32 starts
+/// later would pass; nothing holds a `Ref` that long (its holder closes
+/// within a timeout, or the list is compacted).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Ref {
+    slot: Slot,
+    id: u32,
 }
 
 /// A journey being followed: only what following it needs, compact (its
-/// legs as `OpenLeg`s, its outcome as a `Fate`, its `Key` flattened), as
-/// under load open journeys are most of the memory. It becomes a `Journey`
-/// when it closes.
+/// legs as `OpenLeg`s, its outcome as the leg that decided it, its `Key`
+/// flattened), as under load open journeys are most of the memory. It
+/// becomes a `Journey` when it closes.
 struct Open {
-    /// The key's client, packed as legs pack addresses.
-    client: Addr,
-    client_v6: bool,
-    dns_id: u16,
-    name: Box<str>,
-    qtype: &'static str,
+    id: u64,
     lookup: u64,
-    tcp: bool,
     started_ns: u64,
-    fate: Fate,
-    incomplete: Option<Gap>,
+    name: Box<str>,
     legs: Vec<OpenLeg>,
-    /// `name` hashed, for `Engine::waiting`.
-    name_hash: u64,
-    parent: Option<NonZeroU64>,
+    /// The latest answer seen, the outcome if an answer `decided` it.
+    answer: Option<Arc<DnsMessage>>,
     /// A boxed slice, 8 bytes smaller than a `Vec`: most have none, few
     /// more than one.
-    children: Box<[u64]>,
-    last_ns: u64,
-    /// Kernel time of the leg that decided `fate`.
-    outcome_ns: u64,
+    children: Box<[Ref]>,
     /// Boxed, as most journeys have none.
     extra: Option<Box<Extra>>,
+    parent: Option<Ref>,
+    /// 1 + the index of the leg that decided the outcome (the latest
+    /// answer or drop, in kernel time); 0 while there is none.
+    decided: u32,
+    /// The key's client, packed as legs pack addresses.
+    client: Addr,
+    dns_id: u16,
+    qtype: u16,
+    client_v6: bool,
+    tcp: bool,
+    incomplete: Option<Gap>,
     /// The answer reached the netns the query started in.
     delivered: bool,
     /// A leg is a response.
     answer_seen: bool,
 }
 
-const _: () = assert!(std::mem::size_of::<Open>() <= 160);
+const _: () = assert!(std::mem::size_of::<Option<Open>>() <= 128);
+
+/// Open journeys in chunks of slots, so that growing never moves them all
+/// (a reallocation would hold them twice for a moment); a closed journey's
+/// slot goes to the next. It keeps the chunks it grew to, bounded by
+/// `Limits::max_open`, so that a steady load never allocates here.
+#[derive(Default)]
+struct Slab {
+    chunks: Vec<Box<[Option<Open>]>>,
+    free: Vec<Slot>,
+    /// Slots handed out at least once; the rest of the last chunk is new.
+    used: usize,
+    len: usize,
+}
+
+/// Slots a chunk: 128 KiB.
+const CHUNK: usize = 1024;
 
 /// What few journeys have: what conntrack showed of the client socket
 /// besides the legs, and IPv6 addresses.
@@ -300,17 +321,6 @@ struct Extra {
     dnat: Option<(SocketAddr, SocketAddr)>,
     /// The IPv6 socket addresses its legs name, each once.
     v6: Vec<SocketAddrV6>,
-}
-
-/// What decides an open journey's outcome so far. An answer is kept as
-/// its message, shared with every leg that saw it; its text is made once,
-/// at close.
-enum Fate {
-    /// Neither answered nor dropped: a timeout, if it closes so.
-    Unknown,
-    /// The marks of the leg it was dropped at: their `drop` is set.
-    Dropped(Arc<Marks>),
-    Answered(Arc<DnsMessage>),
 }
 
 /// A leg while its journey is open: 32 bytes, not a `Leg`'s 136 (its
@@ -379,28 +389,26 @@ enum Place {
 
 pub struct Engine {
     limits: Limits,
-    /// Boxed: an open journey is a quarter KiB, and a map of them would
-    /// move (and over-allocate) all that as it grows.
-    open: Table<u64, Box<Open>>,
+    open: Slab,
     by_key: ByKey,
     /// Unanswered journeys by question and place, TCP journeys by question,
     /// and journeys by client socket, so that finding a parent, a TCP
     /// retry or a conntrack entry's journeys never scans them all. The
     /// first is keyed by a hash of (name hash, place): a parent found there
     /// is confirmed by its name and `Open::server_is`.
-    waiting: Index<u64>,
+    waiting: Index<u32>,
     tcp_by_name: Index<Box<str>>,
-    /// Keyed by the client socket hashed (8 bytes, not 32), each journey
+    /// Keyed by the client socket hashed (4 bytes, not 32), each journey
     /// found there confirmed by its own key.
-    by_client: Index<u64>,
+    by_client: Index<u32>,
     hasher: RandomState,
-    /// Journey ids, oldest first, for eviction and for the timed-out ones;
+    /// Journeys, oldest first, for eviction and for the timed-out ones;
     /// closed ones are skipped lazily and compacted away now and then.
-    order: VecDeque<u64>,
+    order: VecDeque<Ref>,
     /// Journeys that were answered or dropped, some closed since (pruned
     /// lazily, as `order` is). With the open ones old enough to have timed
     /// out (at the front of `order`), they are all a tick can find finished.
-    settling: Vec<u64>,
+    settling: Vec<Ref>,
     /// How far a journey's first packet has come before an earlier
     /// journey's (events from several CPUs arrive slightly out of order):
     /// how far past the timeout a tick looks along `order`.
@@ -426,49 +434,58 @@ pub struct Engine {
 /// Open journeys by the hash of client socket, DNS id, type and name (in
 /// any case, hashed lowercase without a copy): a busy socket reuses its
 /// ids within a timeout, for other names, and each would otherwise share a
-/// slot. Each found is confirmed against its own keys. An entry is 16
+/// slot. Each found is confirmed against its own keys. An entry is 8
 /// bytes, not a key.
 struct ByKey {
-    ids: Index<u64>,
+    slots: Index<u32>,
     hasher: RandomState,
 }
 
 impl ByKey {
     fn new() -> Self {
         Self {
-            ids: Index::new(),
+            slots: Index::new(),
             hasher: RandomState::default(),
         }
     }
 
-    fn slot(&self, q: &Question<'_>) -> u64 {
-        self.hasher
-            .hash_one((q.client, q.dns_id, q.qtype, AnyCase(q.name)))
+    fn key(&self, q: &Question<'_>) -> u32 {
+        short(
+            self.hasher
+                .hash_one((q.client, q.dns_id, q.qtype, AnyCase(q.name))),
+        )
     }
 
     /// The open journey known by this question from `client`, if any.
-    fn find(&self, open: &Map<u64, Box<Open>>, q: &Question<'_>) -> Option<u64> {
-        self.ids
-            .get(&self.slot(q))
-            .find(|id| open.get(id).is_some_and(|o| o.known_as(q)))
+    fn find(&self, open: &Slab, q: &Question<'_>) -> Option<Slot> {
+        self.slots
+            .get(&self.key(q))
+            .find(|&slot| open.get(slot).is_some_and(|o| o.known_as(q)))
     }
 
-    /// Files `id` under `q`, in place of any other journey known by it.
-    fn file(&mut self, open: &Map<u64, Box<Open>>, q: &Question<'_>, id: u64) {
-        let slot = self.slot(q);
+    /// Files `slot` under `q`, in place of any other journey known by it.
+    fn file(&mut self, open: &Slab, q: &Question<'_>, slot: Slot) {
+        let key = self.key(q);
         let stale = self
-            .ids
-            .get(&slot)
-            .find(|&other| other != id && open.get(&other).is_some_and(|o| o.known_as(q)));
+            .slots
+            .get(&key)
+            .find(|&other| other != slot && open.get(other).is_some_and(|o| o.known_as(q)));
         if let Some(other) = stale {
-            self.ids.remove(&slot, other);
+            self.slots.remove(&key, other);
         }
-        self.ids.add(slot, id);
+        self.slots.add(key, slot);
     }
 
-    fn unfile(&mut self, q: &Question<'_>, id: u64) {
-        self.ids.remove(&self.slot(q), id);
+    fn unfile(&mut self, q: &Question<'_>, slot: Slot) {
+        self.slots.remove(&self.key(q), slot);
     }
+}
+
+/// An index key: half a hash. Keys that share it share an index entry,
+/// and each journey found is confirmed against its own, as with a whole
+/// hash; half a hash keeps an entry at 8 bytes.
+fn short(hash: u64) -> u32 {
+    (hash >> 32) as u32
 }
 
 /// A name hashed as its lowercase, as names compare ignoring case.
@@ -491,17 +508,17 @@ impl Hash for AnyCase<'_> {
 struct Question<'a> {
     client: SocketAddr,
     dns_id: u16,
-    qtype: &'static str,
+    qtype: u16,
     name: &'a str,
 }
 
-/// Open journey ids grouped by something they share. Most groups hold one
-/// id; some hold thousands (one resolver socket's queries), so removal is
+/// Open journeys' slots grouped by something they share. Most groups hold
+/// one; some hold thousands (one resolver socket's queries), so removal is
 /// never a scan. The two kinds are kept apart, so that an entry of the
-/// common kind is its key and 8 bytes, not an enum of 16.
+/// common kind is its key and a slot, not an enum.
 struct Index<K> {
-    one: Table<K, u64>,
-    many: Map<K, Set<u64>>,
+    one: Table<K, Slot>,
+    many: Map<K, Set<Slot>>,
 }
 
 impl<K: Hash + Eq> Index<K> {
@@ -512,35 +529,35 @@ impl<K: Hash + Eq> Index<K> {
         }
     }
 
-    fn add(&mut self, k: K, id: u64) {
-        if let Some(ids) = self.many.get_mut(&k) {
-            ids.insert(id);
+    fn add(&mut self, k: K, slot: Slot) {
+        if let Some(slots) = self.many.get_mut(&k) {
+            slots.insert(slot);
             return;
         }
         match self.one.entry(k) {
             Entry::Vacant(v) => {
-                v.insert(id);
+                v.insert(slot);
             }
-            Entry::Occupied(o) if *o.get() == id => {}
+            Entry::Occupied(o) if *o.get() == slot => {}
             Entry::Occupied(o) => {
                 let (k, first) = o.remove_entry();
-                self.many.insert(k, Set::from_iter([first, id]));
+                self.many.insert(k, Set::from_iter([first, slot]));
             }
         }
     }
 
-    fn remove(&mut self, k: &K, id: u64) {
-        if self.one.get(k) == Some(&id) {
+    fn remove(&mut self, k: &K, slot: Slot) {
+        if self.one.get(k) == Some(&slot) {
             self.one.remove(k);
-        } else if let Some(ids) = self.many.get_mut(k) {
-            ids.remove(&id);
-            if ids.is_empty() {
+        } else if let Some(slots) = self.many.get_mut(k) {
+            slots.remove(&slot);
+            if slots.is_empty() {
                 self.many.remove(k);
             }
         }
     }
 
-    fn get<Q: Hash + Eq + ?Sized>(&self, k: &Q) -> impl Iterator<Item = u64> + '_
+    fn get<Q: Hash + Eq + ?Sized>(&self, k: &Q) -> impl Iterator<Item = Slot> + '_
     where
         K: std::borrow::Borrow<Q>,
     {
@@ -554,11 +571,69 @@ impl<K: Hash + Eq> Index<K> {
     }
 }
 
+impl Slab {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn get(&self, slot: Slot) -> Option<&Open> {
+        let s = slot as usize;
+        self.chunks.get(s / CHUNK)?[s % CHUNK].as_ref()
+    }
+
+    fn get_mut(&mut self, slot: Slot) -> Option<&mut Open> {
+        let s = slot as usize;
+        self.chunks.get_mut(s / CHUNK)?[s % CHUNK].as_mut()
+    }
+
+    /// The journey `r` names, if it is still open.
+    fn at(&self, r: Ref) -> Option<&Open> {
+        self.get(r.slot).filter(|o| o.id as u32 == r.id)
+    }
+
+    fn insert(&mut self, o: Open) -> Slot {
+        let slot = self.free.pop().unwrap_or_else(|| {
+            if self.used == self.chunks.len() * CHUNK {
+                self.chunks.push((0..CHUNK).map(|_| None).collect());
+            }
+            self.used += 1;
+            Slot::try_from(self.used - 1).expect("at most Limits::max_open open")
+        });
+        let s = slot as usize;
+        self.chunks[s / CHUNK][s % CHUNK] = Some(o);
+        self.len += 1;
+        slot
+    }
+
+    fn remove(&mut self, slot: Slot) -> Option<Open> {
+        let s = slot as usize;
+        let o = self.chunks.get_mut(s / CHUNK)?[s % CHUNK].take()?;
+        self.free.push(slot);
+        self.len -= 1;
+        Some(o)
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (Slot, &Open)> {
+        self.chunks
+            .iter()
+            .flat_map(|c| c.iter())
+            .enumerate()
+            .filter_map(|(s, o)| Some((s as Slot, o.as_ref()?)))
+    }
+
+    fn values_mut(&mut self) -> impl Iterator<Item = &mut Open> {
+        self.chunks
+            .iter_mut()
+            .flat_map(|c| c.iter_mut())
+            .filter_map(Option::as_mut)
+    }
+}
+
 impl Engine {
     pub fn new(limits: Limits) -> Self {
         Self {
             limits,
-            open: Table::new(),
+            open: Slab::default(),
             by_key: ByKey::new(),
             waiting: Index::new(),
             tcp_by_name: Index::new(),
@@ -589,10 +664,10 @@ impl Engine {
     /// Did `client` turn to TCP since `since_ns`: a TCP journey for the
     /// question still open, or DNS over TCP seen from it at all?
     pub fn asked_over_tcp(&self, client: IpAddr, name: &str, qtype: &str, since_ns: u64) -> bool {
-        let open = self.tcp_by_name.get(name).any(|id| {
+        let open = self.tcp_by_name.get(name).any(|slot| {
             self.open
-                .get(&id)
-                .is_some_and(|o| o.client().ip() == client && o.qtype == qtype)
+                .get(slot)
+                .is_some_and(|o| o.client().ip() == client && qtype_name(o.qtype) == qtype)
         });
         open || self.tcp_seen.get(&client).is_some_and(|&ts| ts >= since_ns)
     }
@@ -634,11 +709,11 @@ impl Engine {
         let asked = Question {
             client,
             dns_id: msg.id,
-            qtype: q.qtype,
+            qtype: q.qtype_code,
             name: &q.name,
         };
-        let id = match self.by_key.find(&self.open, &asked) {
-            Some(id) => id,
+        let slot = match self.by_key.find(&self.open, &asked) {
+            Some(slot) => slot,
             // A reply whose query was never seen starts nothing.
             None if msg.response => return,
             None => {
@@ -646,29 +721,30 @@ impl Engine {
                     client,
                     dns_id: msg.id,
                     name: q.name.to_ascii_lowercase().into(),
-                    qtype: q.qtype,
+                    qtype: q.qtype_code,
                 };
                 self.start(key, p)
             }
         };
         let dev = self.device(p);
-        let Some(o) = self.open.get_mut(&id) else {
+        let Some(o) = self.open.get_mut(slot) else {
             return;
         };
         let was_settling = o.delivered_or_dropped();
         let filed = o.places(&self.devices);
         o.add_leg(p, msg, dev, &self.devices);
         if !was_settling && o.delivered_or_dropped() {
-            self.settling.push(id);
+            self.settling.push(o.at(slot));
         }
         let places = o.places(&self.devices);
         if filed != places {
-            let name = o.name_hash;
+            let name = self.hasher.hash_one(&o.name);
             for pl in filed.into_iter().flatten() {
-                self.waiting.remove(&place_key(&self.hasher, name, pl), id);
+                self.waiting
+                    .remove(&place_key(&self.hasher, name, pl), slot);
             }
             for pl in places.into_iter().flatten() {
-                self.waiting.add(place_key(&self.hasher, name, pl), id);
+                self.waiting.add(place_key(&self.hasher, name, pl), slot);
             }
         }
         // Past a SNAT the same query goes on under another source address.
@@ -685,7 +761,7 @@ impl Engine {
                 qtype: o.qtype,
                 name: &name,
             };
-            self.by_key.file(&self.open, &q, id);
+            self.by_key.file(&self.open, &q, slot);
         }
     }
 
@@ -702,8 +778,8 @@ impl Engine {
             return;
         };
         let client = ev.original.src;
-        for id in self.by_client.get(&self.hasher.hash_one(client)) {
-            if let Some(o) = self.open.get_mut(&id).filter(|o| o.client() == client) {
+        for slot in self.by_client.get(&short(self.hasher.hash_one(client))) {
+            if let Some(o) = self.open.get_mut(slot).filter(|o| o.client() == client) {
                 o.extra.get_or_insert_default().dnat.get_or_insert(dnat);
             }
         }
@@ -753,15 +829,15 @@ impl Engine {
             let old = self
                 .order
                 .iter()
-                .filter_map(|id| Some((*id, &**open.get(id)?)))
+                .filter_map(|&r| Some((r.slot, open.at(r)?)))
                 .take_while(|(_, o)| o.started_ns <= timed_out_by);
             let settling = self
                 .settling
                 .iter()
-                .filter_map(|id| Some((*id, &**open.get(id)?)));
+                .filter_map(|&r| Some((r.slot, open.at(r)?)));
             self.ready(old.chain(settling), now_ns)
         } else {
-            self.ready(self.open.iter().map(|(&id, o)| (id, &**o)), now_ns)
+            self.ready(self.open.iter(), now_ns)
         };
         // By first leg, then id: one order however the batches fall.
         ready.sort_unstable();
@@ -769,18 +845,22 @@ impl Engine {
         ready
             .into_iter()
             .take(CLOSE_BATCH)
-            .filter_map(|(_, id)| self.close(id, now_ns))
+            .filter_map(|(_, _, slot)| self.close(slot, now_ns))
             .collect()
     }
 
     /// Which of `these` are finished at `now` and not left to close with a
-    /// journey they serve: (first leg, id).
-    fn ready<'a>(&self, these: impl Iterator<Item = (u64, &'a Open)>, now: u64) -> Vec<(u64, u64)> {
+    /// journey they serve: (first leg, id, slot).
+    fn ready<'a>(
+        &self,
+        these: impl Iterator<Item = (Slot, &'a Open)>,
+        now: u64,
+    ) -> Vec<(u64, u64, Slot)> {
         these
             .filter(|(_, o)| {
-                self.finished(o, now) && o.parent.is_none_or(|p| !self.open.contains_key(&p.get()))
+                self.finished(o, now) && o.parent.is_none_or(|p| self.open.at(p).is_none())
             })
-            .map(|(id, o)| (o.first_ns(), id))
+            .map(|(slot, o)| (o.first_ns(), o.id, slot))
             .collect()
     }
 
@@ -790,13 +870,13 @@ impl Engine {
     fn few_settling(&mut self) -> bool {
         let open = &self.open;
         if self.settling.len() > 2 * open.len() + 1024 {
-            self.settling.retain(|id| open.contains_key(id));
+            self.settling.retain(|&r| open.at(r).is_some());
         }
         if self.settling.len() * 4 >= open.len() {
             return false;
         }
-        self.settling.retain(|id| open.contains_key(id));
-        while self.order.front().is_some_and(|id| !open.contains_key(id)) {
+        self.settling.retain(|&r| open.at(r).is_some());
+        while self.order.front().is_some_and(|&r| open.at(r).is_none()) {
             self.order.pop_front();
         }
         true
@@ -816,7 +896,7 @@ impl Engine {
         self.tick(now_ns.saturating_add(self.limits.timeout_ns + self.limits.settle_ns))
     }
 
-    fn start(&mut self, key: Key, p: &Packet) -> u64 {
+    fn start(&mut self, key: Key, p: &Packet) -> Slot {
         if self.open.len() >= self.limits.max_open {
             self.evict_oldest();
         }
@@ -830,47 +910,50 @@ impl Engine {
         let name_hash = self.hasher.hash_one(&key.name);
         let parent = self.waiting_parent(&key, name_hash, p);
         let tcp = matches!(p.transport, crate::decode::Transport::Tcp { .. });
-        if let Some(pid) = parent {
-            if let Some(po) = self.open.get_mut(&pid) {
-                let mut children = std::mem::take(&mut po.children).into_vec();
-                children.push(id);
-                po.children = children.into();
-            }
-        }
-        self.by_key.file(&self.open, &key.question(), id);
-        if tcp {
-            self.tcp_by_name.add(key.name.clone(), id);
-        }
-        self.by_client.add(self.hasher.hash_one(key.client), id);
-        if self.order.len() > 2 * self.open.len() + 1024 {
-            let open = &self.open;
-            self.order.retain(|id| open.contains_key(id));
-        }
-        self.order.push_back(id);
-        let mut o = Box::new(Open {
-            client: Addr([0; 6]),
-            client_v6: false,
-            dns_id: key.dns_id,
-            name: key.name,
-            qtype: key.qtype,
+        let mut o = Open {
+            id,
             lookup,
-            tcp,
             started_ns: p.ts_ns,
-            fate: Fate::Unknown,
-            incomplete: None,
+            name: key.name,
             legs: Vec::new(),
-            name_hash,
-            parent: parent.and_then(NonZeroU64::new),
+            answer: None,
             children: Box::default(),
-            last_ns: p.ts_ns,
             extra: None,
-            outcome_ns: 0,
+            parent,
+            decided: 0,
+            client: Addr([0; 6]),
+            dns_id: key.dns_id,
+            qtype: key.qtype,
+            client_v6: false,
+            tcp,
+            incomplete: None,
             delivered: false,
             answer_seen: false,
-        });
+        };
         (o.client, o.client_v6) = o.pack(key.client);
-        self.open.insert(id, o);
-        id
+        let slot = self.open.insert(o);
+        let me = Ref {
+            slot,
+            id: id as u32,
+        };
+        if let Some(po) = parent.and_then(|p| self.open.get_mut(p.slot)) {
+            let mut children = std::mem::take(&mut po.children).into_vec();
+            children.push(me);
+            po.children = children.into();
+        }
+        let o = self.open.get(slot).expect("just filed");
+        self.by_key.file(&self.open, &o.question(), slot);
+        if tcp {
+            self.tcp_by_name.add(o.name.clone(), slot);
+        }
+        self.by_client
+            .add(short(self.hasher.hash_one(key.client)), slot);
+        if self.order.len() > 2 * self.open.len() + 1024 {
+            let open = &self.open;
+            self.order.retain(|&r| open.at(r).is_some());
+        }
+        self.order.push_back(me);
+        slot
     }
 
     /// A/AAAA from one socket for one name, and its retries, are one lookup.
@@ -894,7 +977,7 @@ impl Engine {
 
     /// The open journey this query serves, if it was sent by a server that
     /// a journey for the same question is waiting at.
-    fn waiting_parent(&self, key: &Key, name: u64, p: &Packet) -> Option<u64> {
+    fn waiting_parent(&self, key: &Key, name: u64, p: &Packet) -> Option<Ref> {
         let places = [
             Some(Place::Addr(p.src.ip())),
             (p.netns != 0).then_some(Place::Netns(p.netns)),
@@ -903,7 +986,7 @@ impl Engine {
             .into_iter()
             .flatten()
             .flat_map(|pl| self.waiting.get(&place_key(&self.hasher, name, pl)))
-            .filter_map(|id| Some((id, self.open.get(&id)?)))
+            .filter_map(|slot| Some((slot, self.open.get(slot)?)))
             .filter(|(_, o)| {
                 o.name == key.name
                     && o.client() != key.client
@@ -911,7 +994,7 @@ impl Engine {
                     && o.server_is(p, &self.devices)
             })
             .min_by_key(|(_, o)| o.started_ns)
-            .map(|(id, _)| id)
+            .map(|(slot, o)| o.at(slot))
     }
 
     /// Answered or dropped and quiet since (upstream journeys too), timed
@@ -923,43 +1006,46 @@ impl Engine {
         if age >= self.limits.timeout_ns + self.limits.settle_ns {
             return true;
         }
-        if now.saturating_sub(o.last_ns) < self.limits.settle_ns {
+        if now.saturating_sub(o.last_ns()) < self.limits.settle_ns {
             return false;
         }
         age >= self.limits.timeout_ns
             || (o.delivered_or_dropped()
                 && o.children
                     .iter()
-                    .all(|c| self.open.get(c).is_none_or(|c| self.finished(c, now))))
+                    .all(|&c| self.open.at(c).is_none_or(|c| self.finished(c, now))))
     }
 
-    fn close(&mut self, id: u64, now_ns: u64) -> Option<Journey> {
-        let mut o = self.open.remove(&id)?;
-        self.forget(id, &o);
-        let upstream = std::mem::take(&mut o.children)
-            .into_vec()
-            .into_iter()
-            .filter_map(|child| self.close(child, now_ns))
-            .collect();
+    fn close(&mut self, slot: Slot, now_ns: u64) -> Option<Journey> {
+        let mut o = self.open.remove(slot)?;
+        self.forget(slot, &o);
+        let mut upstream = Vec::new();
+        for c in std::mem::take(&mut o.children) {
+            if self.open.at(c).is_some() {
+                upstream.extend(self.close(c.slot, now_ns));
+            }
+        }
         if self.overlaps_loss(o.started_ns, now_ns) {
             o.incomplete = Some(Gap::Lost);
         }
-        Some(o.finish(id, upstream, &self.devices))
+        Some(o.finish(upstream, &self.devices))
     }
 
-    fn forget(&mut self, id: u64, o: &Open) {
+    fn forget(&mut self, slot: Slot, o: &Open) {
         let q = o.question();
-        self.by_key.unfile(&q, id);
+        self.by_key.unfile(&q, slot);
         for &client in o.aliases() {
-            self.by_key.unfile(&Question { client, ..q }, id);
+            self.by_key.unfile(&Question { client, ..q }, slot);
         }
         if o.tcp {
-            self.tcp_by_name.remove(&o.name, id);
+            self.tcp_by_name.remove(&o.name, slot);
         }
-        self.by_client.remove(&self.hasher.hash_one(o.client()), id);
+        self.by_client
+            .remove(&short(self.hasher.hash_one(o.client())), slot);
+        let name = self.hasher.hash_one(&o.name);
         for pl in o.places(&self.devices).into_iter().flatten() {
             self.waiting
-                .remove(&place_key(&self.hasher, o.name_hash, pl), id);
+                .remove(&place_key(&self.hasher, name, pl), slot);
         }
     }
 
@@ -984,8 +1070,10 @@ impl Engine {
 
     fn compact_devices(&mut self) {
         let mut used = vec![false; self.devices.list.len()];
-        for l in self.open.values().flat_map(|o| &o.legs) {
-            used[usize::from(l.dev)] = true;
+        for (_, o) in self.open.iter() {
+            for l in &o.legs {
+                used[usize::from(l.dev)] = true;
+            }
         }
         let new_id = self.devices.compact(&used);
         for l in self.open.values_mut().flat_map(|o| &mut o.legs) {
@@ -994,10 +1082,12 @@ impl Engine {
     }
 
     fn evict_oldest(&mut self) {
-        while let Some(id) = self.order.pop_front() {
-            if let Some(o) = self.open.remove(&id) {
-                self.forget(id, &o);
-                self.evicted += 1;
+        while let Some(r) = self.order.pop_front() {
+            if self.open.at(r).is_some() {
+                if let Some(o) = self.open.remove(r.slot) {
+                    self.forget(r.slot, &o);
+                    self.evicted += 1;
+                }
                 return;
             }
         }
@@ -1006,8 +1096,8 @@ impl Engine {
 
 /// Where a journey waits for `name` (hashed) at `place`, in
 /// `Engine::waiting`.
-fn place_key(hasher: &RandomState, name: u64, place: Place) -> u64 {
-    hasher.hash_one((name, place))
+fn place_key(hasher: &RandomState, name: u64, place: Place) -> u32 {
+    short(hasher.hash_one((name, place)))
 }
 
 impl Devices {
@@ -1060,6 +1150,36 @@ impl Devices {
 }
 
 impl Open {
+    /// A `Ref` to it, kept in `slot`.
+    fn at(&self, slot: Slot) -> Ref {
+        Ref {
+            slot,
+            id: self.id as u32,
+        }
+    }
+
+    /// Its latest leg's time.
+    fn last_ns(&self) -> u64 {
+        self.legs
+            .iter()
+            .map(|l| l.ts_ns)
+            .fold(self.started_ns, u64::max)
+    }
+
+    fn decided_by(&self) -> Option<&OpenLeg> {
+        self.legs.get(self.decided.checked_sub(1)? as usize)
+    }
+
+    /// Kernel time of the leg that decided the outcome, or 0.
+    fn outcome_ns(&self) -> u64 {
+        self.decided_by().map_or(0, |l| l.ts_ns)
+    }
+
+    /// The drop that decided the outcome, if a drop did.
+    fn drop(&self) -> Option<(u32, u64)> {
+        self.decided_by()?.marks.as_ref()?.drop
+    }
+
     /// When it starts once closed: its earliest leg.
     fn first_ns(&self) -> u64 {
         self.legs
@@ -1124,7 +1244,7 @@ impl Open {
     }
 
     fn delivered_or_dropped(&self) -> bool {
-        self.delivered || matches!(self.fate, Fate::Dropped(_))
+        self.delivered || self.drop().is_some()
     }
 
     /// Its fate is known by `now`: answered, dropped or timed out.
@@ -1173,11 +1293,7 @@ impl Open {
         let marks = self.marks(p);
         // The latest answer or drop, in kernel time, decides: an answer the
         // kernel then dropped at the client never reached the application.
-        let decides = (p.drop.is_some() || msg.response) && p.ts_ns >= self.outcome_ns;
-        if let (Some(m), true) = (marks.as_ref().filter(|m| m.drop.is_some()), decides) {
-            self.fate = Fate::Dropped(m.clone());
-            self.outcome_ns = p.ts_ns;
-        }
+        let decides = (p.drop.is_some() || msg.response) && p.ts_ns >= self.outcome_ns();
         let (src, src_v6) = self.pack(p.src);
         let (dst, dst_v6) = self.pack(p.dst);
         let bit = |on: bool, b: u8| if on { b } else { 0 };
@@ -1191,13 +1307,14 @@ impl Open {
             hook: p.hook,
             bits,
         });
-        self.last_ns = self.last_ns.max(p.ts_ns);
+        if decides {
+            self.decided = u32::try_from(self.legs.len()).unwrap_or(u32::MAX);
+            if p.drop.is_none() {
+                self.answer = Some(msg.clone());
+            }
+        }
         self.answer_seen |= msg.response;
         if msg.response && p.drop.is_none() {
-            if decides {
-                self.fate = Fate::Answered(msg.clone());
-                self.outcome_ns = p.ts_ns;
-            }
             self.delivered |= self.reached_client(p, devs);
         }
     }
@@ -1238,7 +1355,7 @@ impl Open {
         })
     }
 
-    fn finish(self, id: u64, mut upstream: Vec<Journey>, devs: &Devices) -> Journey {
+    fn finish(self, mut upstream: Vec<Journey>, devs: &Devices) -> Journey {
         let v6 = self.v6();
         let mut legs: Vec<Leg> = self.legs.iter().map(|l| l.closed(v6, devs)).collect();
         legs.sort_by_key(|l| l.ts_ns);
@@ -1262,17 +1379,18 @@ impl Open {
                     .map(|served| Box::new((asked, served)))
             });
         upstream.sort_by_key(|u| u.started_ns);
+        let outcome = self.outcome();
         Journey {
-            id,
+            id: self.id,
             lookup: self.lookup,
             client: self.client(),
             dns_id: self.dns_id,
             name: self.name.into(),
-            qtype: self.qtype,
+            qtype: qtype_name(self.qtype),
             tcp: self.tcp,
             started_ns,
             ended_ns: legs.last().map_or(started_ns, |l| l.ts_ns),
-            outcome: self.fate.outcome(),
+            outcome,
             dnat,
             legs,
             upstream,
@@ -1281,15 +1399,15 @@ impl Open {
     }
 }
 
-impl Fate {
-    fn outcome(self) -> Outcome {
-        match self {
-            Fate::Unknown => Outcome::Timeout,
-            Fate::Dropped(m) => match m.drop {
-                Some((reason, location)) => Outcome::Dropped { reason, location },
-                None => Outcome::Timeout,
-            },
-            Fate::Answered(msg) => Outcome::Answered {
+impl Open {
+    /// Dropped, answered or timed out, by the leg that decided it. An
+    /// answer's text is made here, once.
+    fn outcome(&self) -> Outcome {
+        if let Some((reason, location)) = self.drop() {
+            return Outcome::Dropped { reason, location };
+        }
+        match self.answer.as_ref().filter(|_| self.decided > 0) {
+            Some(msg) => Outcome::Answered {
                 rcode: msg.rcode.clone(),
                 answers: msg
                     .answers
@@ -1298,6 +1416,7 @@ impl Fate {
                     .collect(),
                 truncated: msg.flags.tc,
             },
+            None => Outcome::Timeout,
         }
     }
 }

@@ -679,6 +679,7 @@ mod tests {
             questions: vec![dns::Question {
                 name: "a.test.".into(),
                 qtype: "A",
+                qtype_code: 1,
                 class: "IN",
             }],
             answers: vec![dns::Answer {

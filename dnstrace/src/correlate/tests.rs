@@ -2,6 +2,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use bytes::Bytes;
 use dnstrace_common::Hook;
+use hickory_proto::rr::RecordType;
 
 use super::*;
 use crate::decode::{
@@ -29,6 +30,7 @@ fn msg(id: u16, name: &str, qtype: &'static str, response: bool) -> DnsMessage {
         questions: vec![dns::Question {
             name: name.into(),
             qtype,
+            qtype_code: qtype.parse::<RecordType>().unwrap().into(),
             class: "IN",
         }],
         answers: if response {
@@ -472,7 +474,8 @@ fn a_and_aaaa_from_one_socket_are_siblings_of_one_lookup() {
     let mut aaaa = healthy(1_000, "10.244.0.10:4000", CLIENT_NS, 8);
     for r in &mut aaaa {
         if let Body::Dns(m) = &mut r.body {
-            std::sync::Arc::make_mut(m).questions[0].qtype = "AAAA";
+            let q = &mut std::sync::Arc::make_mut(m).questions[0];
+            (q.qtype, q.qtype_code) = ("AAAA", 28);
         }
     }
     recs.extend(aaaa);
@@ -522,7 +525,7 @@ fn eviction_takes_the_oldest_open_journey_after_many_closed_and_indexes_empty() 
         e.waiting.is_empty()
             && e.tcp_by_name.is_empty()
             && e.by_client.is_empty()
-            && e.by_key.ids.is_empty()
+            && e.by_key.slots.is_empty()
     );
     assert!(e.order.len() <= 1024 + 5);
 }
@@ -714,7 +717,7 @@ fn legs_with_the_same_nat_share_one_copy_and_a_drop_keeps_its_own() {
     recs.push(dropped);
     let mut e = Engine::new(Limits::default());
     recs.iter().for_each(|r| e.push(r));
-    let o = e.open.values().next().unwrap();
+    let (_, o) = e.open.iter().next().unwrap();
     let marks: Vec<_> = o.legs.iter().map(|l| l.marks.clone()).collect();
     assert!(marks[..2].iter().all(Option::is_none));
     let (nat, also, drop) = (marks[2].as_ref(), marks[3].as_ref(), marks[4].as_ref());
@@ -748,7 +751,7 @@ fn ipv6_legs_keep_their_addresses_each_stored_once() {
     .map(|(e, response)| rec(&e, msg(7, name, "AAAA", response), None, None));
     let mut e = Engine::new(Limits::default());
     recs.iter().for_each(|r| e.push(r));
-    let o = e.open.values().next().unwrap();
+    let (_, o) = e.open.iter().next().unwrap();
     assert_eq!(o.v6().len(), 3, "client, service and pod, once each");
     let js = e.finish(1_000 * MS);
     let seen: Vec<_> = js[0].legs.iter().map(|l| (l.src, l.dst)).collect();
@@ -884,4 +887,42 @@ fn names_in_any_case_hash_alike() {
         assert_eq!(h.hash_one(AnyCase(name)), h.hash_one(AnyCase(&lower)));
         assert_ne!(h.hash_one(AnyCase(name)), h.hash_one(AnyCase("other.")));
     }
+}
+
+/// A journey's slot goes to the next one: a child whose parent was evicted
+/// must not take the stranger in that slot for it, and wait on it.
+#[test]
+fn a_slot_reused_is_not_the_journey_that_held_it() {
+    let name = "kubernetes.default.svc.cluster.local.";
+    let up = |ts, src, dst, response| {
+        let e = ev(ts, Hook::DevXmit, DNS_NS, 2, src, dst);
+        rec(&e, msg(999, name, "A", response), None, None)
+    };
+    let mut e = Engine::new(Limits {
+        max_open: 2,
+        ..Limits::default()
+    });
+    // The client's query reaches CoreDNS, which asks upstream.
+    for r in &healthy(0, "10.244.0.10:4000", CLIENT_NS, 7)[..4] {
+        e.push(r);
+    }
+    e.push(&up(50_000, "10.244.0.53:5555", "198.51.100.53:53", false));
+    // A third journey evicts the client's and takes its slot.
+    let other = ev(
+        60_000,
+        Hook::DevXmit,
+        CLIENT_NS,
+        2,
+        "10.244.0.11:4000",
+        "10.96.0.10:53",
+    );
+    e.push(&rec(&other, msg(8, "other.test.", "A", false), None, None));
+    assert_eq!(e.evicted(), 1);
+    // The upstream answer comes back; the child is finished on its own.
+    let mut back = up(140_000, "198.51.100.53:53", "10.244.0.53:5555", true);
+    back.packet.hook = Hook::DevReceive;
+    e.push(&back);
+    let js = e.tick(400 * MS);
+    let ids: Vec<u16> = js.iter().map(|j| j.dns_id).collect();
+    assert_eq!(ids, [999]);
 }

@@ -45,6 +45,9 @@ pub struct Question {
     pub name: String,
     #[serde(rename = "type")]
     pub qtype: &'static str,
+    /// `qtype`'s number: `qtype_name` gives `qtype` back.
+    #[serde(skip)]
+    pub qtype_code: u16,
     pub class: &'static str,
 }
 
@@ -99,6 +102,7 @@ fn summarize(msg: &Message) -> DnsMessage {
             .map(|q| Question {
                 name: name_text(q.name()),
                 qtype: type_name(q.query_type()),
+                qtype_code: q.query_type().into(),
                 class: class_name(q.query_class()),
             })
             .collect(),
@@ -119,6 +123,11 @@ pub(super) fn rcode_name(code: u16) -> Cow<'static, str> {
         None if code == 16 => Cow::Borrowed("BADVERS"),
         None => Cow::Owned(format!("RCODE{code}")),
     }
+}
+
+/// The name of the record type numbered `code`, as a `Question` has it.
+pub fn qtype_name(code: u16) -> &'static str {
+    type_name(RecordType::from(code))
 }
 
 /// A record type's mnemonic, or `TYPE` and its number when hickory has

@@ -143,6 +143,7 @@ impl Reader<'_> {
         (self.u16()? == CLASS_IN).then(|| Question {
             name,
             qtype: type_name(RecordType::from(qtype)),
+            qtype_code: qtype,
             class: "IN",
         })
     }
