@@ -44,11 +44,12 @@ pub async fn run(args: CaptureArgs, view: View) -> Result<()> {
     }
     let ingest = Ingest::new(probes.take_events()?).context("watching the ring buffer")?;
     // Root reads real addresses from kallsyms; drop locations need them.
-    // The file (megabytes) is dropped as soon as its symbols are kept.
-    let kernel = KernelNames::new(
-        std::mem::take(&mut probes.drop_reasons),
-        &std::fs::read_to_string("/proc/kallsyms").unwrap_or_default(),
-    );
+    // Opened now, while privileged; read only if a location is named.
+    let kallsyms: Box<dyn std::io::Read + Send> = match std::fs::File::open("/proc/kallsyms") {
+        Ok(f) => Box::new(f),
+        Err(_) => Box::new(std::io::empty()),
+    };
+    let kernel = KernelNames::new(std::mem::take(&mut probes.drop_reasons), kallsyms);
     let labels = Labels::new(probes.iface_names(), Clock::now(), kernel)
         .with_names(Names::new(&services, &pods));
     let context = context_of(node, &services, target.clone());

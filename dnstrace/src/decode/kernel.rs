@@ -1,21 +1,32 @@
 //! Kernel numbers as names: drop reasons (from BTF, since their values differ
 //! between kernels) and code addresses (from /proc/kallsyms).
-use std::{collections::HashMap, sync::Arc};
+use std::{
+    collections::HashMap,
+    io::Read,
+    sync::{Arc, Mutex, OnceLock, PoisonError},
+};
 
 #[derive(Clone, Default)]
 pub struct KernelNames {
     drop_reasons: HashMap<u32, String>,
     /// Shared, as kallsyms is large.
-    symbols: Arc<Symbols>,
+    symbols: Arc<Kallsyms>,
     /// Locations named as a recording kept them.
     recorded: HashMap<u64, String>,
 }
 
 impl KernelNames {
-    pub fn new(drop_reasons: HashMap<u32, String>, kallsyms: &str) -> Self {
+    /// Drop reasons, and code addresses named from `kallsyms`, read the
+    /// first time a location is named. /proc/kallsyms opened by root keeps
+    /// showing addresses after capabilities are dropped: the kernel decides
+    /// when it is opened.
+    pub fn new(drop_reasons: HashMap<u32, String>, kallsyms: impl Read + Send + 'static) -> Self {
         Self {
             drop_reasons,
-            symbols: Arc::new(Symbols::new(kallsyms)),
+            symbols: Arc::new(Kallsyms {
+                source: Mutex::new(Some(Box::new(kallsyms))),
+                symbols: OnceLock::new(),
+            }),
             recorded: HashMap::new(),
         }
     }
@@ -47,12 +58,39 @@ impl KernelNames {
         if let Some(name) = self.recorded.get(&addr) {
             return name.clone();
         }
-        match self.symbols.before(addr) {
+        match self.symbols.get().before(addr) {
             Some((start, name)) if addr - start < 0x10_0000 => {
                 format!("{name}+{:#x}", addr - start)
             }
             _ => format!("{addr:#x}"),
         }
+    }
+}
+
+/// The kernel's text symbols, read from their source the first time a
+/// location is named: 4 MiB that a capture without drops never needs.
+#[derive(Default)]
+struct Kallsyms {
+    source: Mutex<Option<Box<dyn Read + Send>>>,
+    symbols: OnceLock<Symbols>,
+}
+
+impl Kallsyms {
+    fn get(&self) -> &Symbols {
+        self.symbols.get_or_init(|| {
+            let mut text = String::new();
+            let source = self
+                .source
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+            // Unreadable, it names no location: addresses stay numbers, as
+            // when kallsyms hides them.
+            if let Some(mut source) = source {
+                let _ = source.read_to_string(&mut text);
+            }
+            Symbols::new(&text)
+        })
     }
 }
 
@@ -114,7 +152,7 @@ mod tests {
     fn names_reasons_and_locations() {
         let names = KernelNames::new(
             HashMap::from([(6, "SKB_DROP_REASON_NETFILTER_DROP".to_owned())]),
-            "ffffffff81000000 T _stext\nffffffff81a00000 t nf_hook_slow\nffffffff81a00200 T udp_rcv\n0000000000000000 T hidden\n",
+            "ffffffff81000000 T _stext\nffffffff81a00000 t nf_hook_slow\nffffffff81a00200 T udp_rcv\n0000000000000000 T hidden\n".as_bytes(),
         );
         assert_eq!(names.drop_reason(6), "NETFILTER_DROP");
         assert_eq!(names.drop_reason(99), "reason 99");

@@ -265,7 +265,7 @@ fn drops_name_reason_and_place() {
         &j,
         &KernelNames::new(
             [(3, "SKB_DROP_REASON_NETFILTER_DROP".to_owned())].into(),
-            "0000000000000000 T x\n0000000000000008 t nf_hook_slow\n",
+            "0000000000000000 T x\n0000000000000008 t nf_hook_slow\n".as_bytes(),
         ),
     );
     assert_eq!(found.len(), 1);

@@ -348,7 +348,7 @@ pub fn record_inputs(path: &Path, clock: crate::output::Clock) -> Vec<crate::pip
     use crate::{correlate::Limits, decode::KernelNames, diagnose::Context, output::Labels};
     let kernel = KernelNames::new(
         [(3, "SKB_DROP_REASON_NO_SOCKET".to_owned())].into(),
-        "ffffffff81000000 T __udp4_lib_rcv\n",
+        "ffffffff81000000 T __udp4_lib_rcv\n".as_bytes(),
     );
     let labels = Labels::new([(2, "eth0".to_owned())].into(), clock, kernel);
     let meta = super::meta(&labels, &Context::default(), Limits::default());
