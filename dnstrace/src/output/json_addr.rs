@@ -10,7 +10,7 @@ pub fn write(out: &mut Vec<u8>, a: &SocketAddr) {
         SocketAddr::V4(v4) => {
             ipv4(out, v4.ip());
             out.push(b':');
-            decimal(out, u32::from(v4.port()));
+            port_digits(out, v4.port());
         }
         // `[`, `:`, `%` and hex digits: nothing JSON escapes.
         SocketAddr::V6(_) => out.extend_from_slice(a.to_string().as_bytes()),
@@ -33,8 +33,20 @@ fn ipv4(out: &mut Vec<u8>, ip: &Ipv4Addr) {
         if i > 0 {
             out.push(b'.');
         }
-        decimal(out, u32::from(octet));
+        octet_digits(out, octet);
     }
+}
+
+/// A byte in decimal, pushed digit by digit: a copy of one to three
+/// bytes is a libc call, and addresses are most of a journey's line.
+fn octet_digits(out: &mut Vec<u8>, v: u8) {
+    if v >= 100 {
+        out.push(b'0' + v / 100);
+    }
+    if v >= 10 {
+        out.push(b'0' + v / 10 % 10);
+    }
+    out.push(b'0' + v % 10);
 }
 
 /// An optional (before, after) pair of a NAT: `null` or two strings.
@@ -51,19 +63,16 @@ pub fn pair(out: &mut Vec<u8>, p: Option<&(SocketAddr, SocketAddr)>) {
     }
 }
 
-/// Writes `v` in decimal.
-fn decimal(out: &mut Vec<u8>, mut v: u32) {
-    let mut digits = [0u8; 10];
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (v % 10) as u8;
-        v /= 10;
-        if v == 0 {
-            break;
-        }
+/// A port in decimal, pushed digit by digit (see `octet_digits`).
+fn port_digits(out: &mut Vec<u8>, v: u16) {
+    let mut div = 10_000;
+    while div > v && div > 1 {
+        div /= 10;
     }
-    out.extend_from_slice(&digits[at..]);
+    while div > 0 {
+        out.push(b'0' + (v / div % 10) as u8);
+        div /= 10;
+    }
 }
 
 #[cfg(test)]
