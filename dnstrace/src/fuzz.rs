@@ -10,7 +10,9 @@ use dnstrace_common::Hook;
 
 use crate::{
     cli::OutputFormat,
-    decode::{dns, tcp, wire, Body, Decoder, KernelNames, Packet, Record, Transport},
+    decode::{
+        dns, packet::IfNames, tcp, wire, Body, Decoder, KernelNames, Packet, Record, Transport,
+    },
     output::{Clock, Labels, LineSink},
     pipeline::Input,
     record::{
@@ -85,7 +87,7 @@ fn tcp_records(data: &[u8]) -> Vec<Record> {
 /// capture does, printed, and turned into the raw IP frame a recording
 /// keeps (and back).
 pub fn event(data: &[u8]) {
-    let Ok(packet) = Packet::from_event(data) else {
+    let Ok(packet) = Packet::from_event(data, &mut IfNames::default()) else {
         return;
     };
     let f = frame::encode(&packet);
@@ -492,7 +494,7 @@ mod tests {
             assert!(matches!(dns::parse(&seed), crate::decode::Body::Dns(_)));
         }
         for (_, seed) in event_seeds() {
-            Packet::from_event(&seed).unwrap();
+            Packet::from_event(&seed, &mut IfNames::default()).unwrap();
         }
         let dns_records = |seed: &[u8]| {
             tcp_records(seed)
@@ -505,7 +507,10 @@ mod tests {
         assert_eq!(dns_records(&tcp[1].1), 1);
         assert_eq!(dns_records(&tcp[2].1), 3);
         let mut out = Vec::new();
-        Decoder::default().decode(Packet::from_event(&event_seeds()[2].1).unwrap(), &mut out);
+        Decoder::default().decode(
+            Packet::from_event(&event_seeds()[2].1, &mut IfNames::default()).unwrap(),
+            &mut out,
+        );
         assert_eq!(out.len(), 1);
         for (_, seed) in recording_seeds() {
             let about = About::scan(Reader::new(&seed[..]).unwrap(), Path::new("seed")).unwrap();

@@ -4,7 +4,7 @@ use std::io;
 use aya::maps::{MapData, RingBuf};
 use tokio::io::{unix::AsyncFd, Interest};
 
-use crate::decode::Packet;
+use crate::decode::{packet::IfNames, Packet};
 
 /// Events read in one batch: enough to spread a batch's fixed costs, few
 /// enough that its packets and records stay in cache and the reader's
@@ -15,6 +15,7 @@ pub struct Ingest {
     ring: AsyncFd<RingBuf<MapData>>,
     /// Events that did not decode (a kernel/user version mismatch).
     pub bad_events: u64,
+    names: IfNames,
 }
 
 impl Ingest {
@@ -26,6 +27,7 @@ impl Ingest {
         Ok(Self {
             ring,
             bad_events: 0,
+            names: IfNames::default(),
         })
     }
 
@@ -34,7 +36,12 @@ impl Ingest {
     /// on without waiting.
     pub async fn next_batch(&mut self, out: &mut Vec<Packet>) -> io::Result<()> {
         let mut guard = self.ring.readable_mut().await?;
-        if !read(guard.get_inner_mut(), out, &mut self.bad_events) {
+        if !read(
+            guard.get_inner_mut(),
+            out,
+            &mut self.bad_events,
+            &mut self.names,
+        ) {
             guard.clear_ready();
         }
         Ok(())
@@ -43,12 +50,22 @@ impl Ingest {
     /// Reads a batch into `out` without waiting; true if the ring may hold
     /// more.
     pub fn read_now(&mut self, out: &mut Vec<Packet>) -> bool {
-        read(self.ring.get_mut(), out, &mut self.bad_events)
+        read(
+            self.ring.get_mut(),
+            out,
+            &mut self.bad_events,
+            &mut self.names,
+        )
     }
 }
 
 /// Reads at most `BATCH` events; true if it stopped at the limit.
-fn read(ring: &mut RingBuf<MapData>, out: &mut Vec<Packet>, bad: &mut u64) -> bool {
+fn read(
+    ring: &mut RingBuf<MapData>,
+    out: &mut Vec<Packet>,
+    bad: &mut u64,
+    names: &mut IfNames,
+) -> bool {
     for _ in 0..BATCH {
         let Some(item) = ring.next() else {
             return false;
@@ -56,7 +73,7 @@ fn read(ring: &mut RingBuf<MapData>, out: &mut Vec<Packet>, bad: &mut u64) -> bo
         if out.capacity() == 0 {
             out.reserve_exact(BATCH);
         }
-        match Packet::from_event(&item) {
+        match Packet::from_event(&item, names) {
             Ok(p) => out.push(p),
             Err(_) => *bad += 1,
         }

@@ -473,7 +473,8 @@ impl<W: Write> LineSink<W> {
     /// The device's name: reported by the hook, or known from --iface.
     fn iface(&self, p: &Packet) -> String {
         p.ifname
-            .clone()
+            .as_deref()
+            .map(str::to_owned)
             .or_else(|| self.labels.iface_names.get(&p.ifindex).cloned())
             .unwrap_or_else(|| format!("if{}", p.ifindex))
     }

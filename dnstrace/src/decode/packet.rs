@@ -1,5 +1,9 @@
 //! Kernel packet events, decoded with checks into `Packet`.
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::{
+    collections::HashMap,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+    sync::Arc,
+};
 
 use bytes::Bytes;
 use dnstrace_common::{
@@ -33,8 +37,9 @@ pub struct Packet {
     pub truncated: bool,
     pub fragment: bool,
     pub payload: Bytes,
-    /// The device name, for hooks that see every device.
-    pub ifname: Option<String>,
+    /// The device name, for hooks that see every device; shared (see
+    /// `IfNames`).
+    pub ifname: Option<Arc<str>>,
     pub ct: Option<Conntrack>,
     pub drop: Option<Dropped>,
 }
@@ -97,7 +102,7 @@ impl std::fmt::Display for EventError {
 }
 
 impl Packet {
-    pub fn from_event(buf: &[u8]) -> Result<Self, EventError> {
+    pub fn from_event(buf: &[u8], names: &mut IfNames) -> Result<Self, EventError> {
         let (meta, payload) = decode_packet(buf).map_err(EventError::Decode)?;
         let hook = Hook::from_u8(meta.hook).ok_or(EventError::Field("hook", meta.hook.into()))?;
         let (src, dst) = addrs(&meta)?;
@@ -122,7 +127,7 @@ impl Packet {
             truncated: meta.flags & FLAG_TRUNCATED != 0,
             fragment: meta.flags & FLAG_FRAGMENT != 0,
             payload: Bytes::copy_from_slice(payload),
-            ifname: ifname(&meta.ifname),
+            ifname: names.get(&meta.ifname),
             ct: (meta.flags & FLAG_CONNTRACK != 0)
                 .then(|| conntrack(&meta))
                 .flatten(),
@@ -134,9 +139,36 @@ impl Packet {
     }
 }
 
-fn ifname(raw: &[u8; 16]) -> Option<String> {
-    let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
-    (end > 0).then(|| String::from_utf8_lossy(&raw[..end]).into_owned())
+/// Device names as events carry them, each turned into text once: every
+/// event names one of a few devices, and a `String` each was an allocation
+/// per packet.
+#[derive(Default)]
+pub struct IfNames(HashMap<[u8; 16], Arc<str>, foldhash::fast::RandomState>);
+
+impl IfNames {
+    /// Names kept at most: pods come and go, and past this the table
+    /// starts again.
+    const MAX: usize = 4096;
+
+    /// The NUL-padded name `raw`, or none if empty.
+    pub fn get(&mut self, raw: &[u8; 16]) -> Option<Arc<str>> {
+        let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
+        if end == 0 {
+            return None;
+        }
+        // What follows the NUL may be left from an older, longer name.
+        let mut key = [0; 16];
+        key[..end].copy_from_slice(&raw[..end]);
+        if let Some(name) = self.0.get(&key) {
+            return Some(name.clone());
+        }
+        if self.0.len() >= Self::MAX {
+            self.0.clear();
+        }
+        let name: Arc<str> = String::from_utf8_lossy(&raw[..end]).into();
+        self.0.insert(key, name.clone());
+        Some(name)
+    }
 }
 
 fn conntrack(meta: &PacketMeta) -> Option<Conntrack> {
@@ -185,6 +217,27 @@ mod tests {
             src: src.parse().unwrap(),
             dst: dst.parse().unwrap(),
         }
+    }
+
+    /// One shared name per device, whatever an older name left after the
+    /// NUL; the table stays bounded however many devices come and go.
+    #[test]
+    fn device_names_are_made_once_and_kept_bounded() {
+        let mut names = IfNames::default();
+        let raw = |text: &[u8]| {
+            let mut r = [0u8; 16];
+            r[..text.len()].copy_from_slice(text);
+            r
+        };
+        let eth0 = names.get(&raw(b"eth0")).unwrap();
+        let renamed = names.get(&raw(b"eth0\0ab1234")).unwrap();
+        assert_eq!(&*eth0, "eth0");
+        assert!(Arc::ptr_eq(&eth0, &renamed));
+        assert_eq!(names.get(&[0; 16]), None);
+        for i in 0..3 * IfNames::MAX {
+            names.get(&raw(format!("veth{i}").as_bytes()));
+        }
+        assert!(names.0.len() <= IfNames::MAX);
     }
 
     #[test]

@@ -40,7 +40,8 @@ impl Meta {
     /// The device a packet was seen on, by name where known.
     fn place(&self, p: &Packet) -> String {
         p.ifname
-            .clone()
+            .as_deref()
+            .map(str::to_owned)
             .or_else(|| self.iface_names.get(&p.ifindex).cloned())
             .unwrap_or_else(|| format!("if{}", p.ifindex))
     }

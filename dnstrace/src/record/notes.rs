@@ -234,7 +234,7 @@ impl PacketNote {
             payload_len: p.payload_len,
             truncated: p.truncated,
             fragment: p.fragment,
-            ifname: p.ifname.clone(),
+            ifname: p.ifname.as_deref().map(str::to_owned),
             ct: p.ct.map(|c| CtNote {
                 original: [c.original.src, c.original.dst],
                 reply: [c.reply.src, c.reply.dst],

@@ -384,9 +384,9 @@ impl<R: Read> Replay<R> {
             fragment: d.fragment,
             payload: Bytes::copy_from_slice(d.payload),
             ifname: Some(if name.is_empty() {
-                format!("if{iface}")
+                format!("if{iface}").into()
             } else {
-                name
+                name.into()
             }),
             ct: None,
             drop: None,
@@ -428,7 +428,7 @@ fn recorded(note: &PacketNote, data: &[u8]) -> Option<Packet> {
         truncated: note.truncated,
         fragment: note.fragment,
         payload: Bytes::copy_from_slice(d.payload),
-        ifname: note.ifname.clone(),
+        ifname: note.ifname.as_deref().map(std::sync::Arc::from),
         ct: note.conntrack(),
         drop: note.dropped(),
     })
