@@ -70,14 +70,11 @@ impl<K: Hash + Eq, V> Table<K, V> {
         }
         let wanted = self.map.len() + 1;
         if 2 * wanted > self.room && wanted + self.room / 16 <= self.room {
-            // std would double it: rebuilt at its size, the deleted slots
-            // are gone. The old map is freed once moved.
-            let hasher = self.map.hasher().clone();
-            let old = std::mem::replace(
-                &mut self.map,
-                Map::with_capacity_and_hasher(self.room, hasher),
-            );
-            self.map.extend(old);
+            // std would double it: its entries go back in, each into a free
+            // slot, as draining leaves none deleted. Through a list, not a
+            // second map: that would hold the table twice at the peak.
+            let entries: Vec<(K, V)> = self.map.drain().collect();
+            self.map.extend(entries);
         } else {
             // Cleared in place (at most half full), or doubled.
             self.map.reserve(1);
