@@ -416,7 +416,10 @@ impl Source for LiveSource<'_> {
                 // The kernel wakes us only past a backlog (probes::wake_bytes):
                 // what came before the tick is read before it, so that no
                 // journey is judged without packets already in the ring.
-                if !self.ingest.read_now(&mut batch) {
+                // Only that: under overload the ring is never empty, and a
+                // tick that waited for it would never come.
+                let more = self.ingest.read_now(&mut batch);
+                if !more || batch.last().is_some_and(|p| p.ts_ns > now_ns) {
                     self.tick_due = None;
                     let lost = self.lost();
                     self.queued.extend(lost);
