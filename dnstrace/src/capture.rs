@@ -109,7 +109,7 @@ pub async fn run(args: CaptureArgs, view: View) -> Result<()> {
         summary: result.as_ref().ok().cloned().flatten(),
         lost: probes.lost_events().unwrap_or(0),
         targets: probes.targets(),
-        bad_events: src.ingest.bad_events,
+        bad_events: src.ingest.bad_events(),
         ct_overruns: src.watches.ct.as_ref().map_or(0, CtWatcher::overruns),
     };
     drop(src);

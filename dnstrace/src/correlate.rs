@@ -256,6 +256,15 @@ struct Ref {
     id: u32,
 }
 
+impl Ref {
+    fn new(slot: Slot, id: u64) -> Self {
+        Self {
+            slot,
+            id: id as u32,
+        }
+    }
+}
+
 /// A journey being followed: only what following it needs, compact (its
 /// legs as `OpenLeg`s, its outcome as the leg that decided it, its `Key`
 /// flattened), as under load open journeys are most of the memory. It
@@ -585,7 +594,7 @@ impl Slab {
 
     /// The journey `r` names, if it is still open.
     fn at(&self, r: Ref) -> Option<&Open> {
-        self.get(r.slot).filter(|o| o.id as u32 == r.id)
+        self.get(r.slot).filter(|o| Ref::new(r.slot, o.id) == r)
     }
 
     fn insert(&mut self, o: Open) -> Slot {
@@ -602,10 +611,12 @@ impl Slab {
         slot
     }
 
-    fn remove(&mut self, slot: Slot) -> Option<Open> {
-        let s = slot as usize;
-        let o = self.chunks.get_mut(s / CHUNK)?[s % CHUNK].take()?;
-        self.free.push(slot);
+    /// Takes the journey `r` names out, if it is still open.
+    fn remove(&mut self, r: Ref) -> Option<Open> {
+        self.at(r)?;
+        let s = r.slot as usize;
+        let o = self.chunks[s / CHUNK][s % CHUNK].take()?;
+        self.free.push(r.slot);
         self.len -= 1;
         Some(o)
     }
@@ -731,7 +742,7 @@ impl Engine {
         let filed = o.places(&self.devices);
         o.add_leg(p, msg, dev, &self.devices);
         if !was_settling && o.delivered_or_dropped() {
-            self.settling.push(o.at(slot));
+            self.settling.push(Ref::new(slot, o.id));
         }
         let places = o.places(&self.devices);
         if filed != places {
@@ -842,7 +853,7 @@ impl Engine {
         ready
             .into_iter()
             .take(CLOSE_BATCH)
-            .filter_map(|(_, _, slot)| self.close(slot, now_ns))
+            .filter_map(|(_, id, slot)| self.close(Ref::new(slot, id), now_ns))
             .collect()
     }
 
@@ -929,10 +940,7 @@ impl Engine {
         };
         (o.client, o.client_v6) = o.pack(key.client);
         let slot = self.open.insert(o);
-        let me = Ref {
-            slot,
-            id: id as u32,
-        };
+        let me = Ref::new(slot, id);
         if let Some(po) = parent.and_then(|p| self.open.get_mut(p.slot)) {
             let mut children = std::mem::take(&mut po.children).into_vec();
             children.push(me);
@@ -991,7 +999,7 @@ impl Engine {
                     && o.server_is(p, &self.devices)
             })
             .min_by_key(|(_, o)| o.started_ns)
-            .map(|(slot, o)| o.at(slot))
+            .map(|(slot, o)| Ref::new(slot, o.id))
     }
 
     /// Answered or dropped and quiet since (upstream journeys too), timed
@@ -1013,15 +1021,14 @@ impl Engine {
                     .all(|&c| self.open.at(c).is_none_or(|c| self.finished(c, now))))
     }
 
-    fn close(&mut self, slot: Slot, now_ns: u64) -> Option<Journey> {
-        let mut o = self.open.remove(slot)?;
-        self.forget(slot, &o);
-        let mut upstream = Vec::new();
-        for c in std::mem::take(&mut o.children) {
-            if self.open.at(c).is_some() {
-                upstream.extend(self.close(c.slot, now_ns));
-            }
-        }
+    fn close(&mut self, r: Ref, now_ns: u64) -> Option<Journey> {
+        let mut o = self.open.remove(r)?;
+        self.forget(r.slot, &o);
+        let upstream = std::mem::take(&mut o.children)
+            .into_vec()
+            .into_iter()
+            .filter_map(|c| self.close(c, now_ns))
+            .collect();
         if self.overlaps_loss(o.started_ns, now_ns) {
             o.incomplete = Some(Gap::Lost);
         }
@@ -1080,11 +1087,9 @@ impl Engine {
 
     fn evict_oldest(&mut self) {
         while let Some(r) = self.order.pop_front() {
-            if self.open.at(r).is_some() {
-                if let Some(o) = self.open.remove(r.slot) {
-                    self.forget(r.slot, &o);
-                    self.evicted += 1;
-                }
+            if let Some(o) = self.open.remove(r) {
+                self.forget(r.slot, &o);
+                self.evicted += 1;
                 return;
             }
         }
@@ -1147,14 +1152,6 @@ impl Devices {
 }
 
 impl Open {
-    /// A `Ref` to it, kept in `slot`.
-    fn at(&self, slot: Slot) -> Ref {
-        Ref {
-            slot,
-            id: self.id as u32,
-        }
-    }
-
     /// Its latest leg's time.
     fn last_ns(&self) -> u64 {
         self.legs
@@ -1173,7 +1170,7 @@ impl Open {
     }
 
     /// The drop that decided the outcome, if a drop did.
-    fn drop(&self) -> Option<(u32, u64)> {
+    fn deciding_drop(&self) -> Option<(u32, u64)> {
         self.decided_by()?.marks.as_ref()?.drop
     }
 
@@ -1241,7 +1238,7 @@ impl Open {
     }
 
     fn delivered_or_dropped(&self) -> bool {
-        self.delivered || self.drop().is_some()
+        self.delivered || self.deciding_drop().is_some()
     }
 
     /// Its fate is known by `now`: answered, dropped or timed out.
@@ -1400,7 +1397,7 @@ impl Open {
     /// Dropped, answered or timed out, by the leg that decided it. An
     /// answer's text is made here, once.
     fn outcome(&self) -> Outcome {
-        if let Some((reason, location)) = self.drop() {
+        if let Some((reason, location)) = self.deciding_drop() {
             return Outcome::Dropped { reason, location };
         }
         match self.answer.as_ref().filter(|_| self.decided > 0) {

@@ -13,8 +13,14 @@ pub const BATCH: usize = 1024;
 
 pub struct Ingest {
     ring: AsyncFd<RingBuf<MapData>>,
+    events: Events,
+}
+
+/// What reading keeps between batches.
+#[derive(Default)]
+struct Events {
     /// Events that did not decode (a kernel/user version mismatch).
-    pub bad_events: u64,
+    bad: u64,
     names: IfNames,
 }
 
@@ -26,9 +32,13 @@ impl Ingest {
             .map_err(|e| e.into_parts().1)?;
         Ok(Self {
             ring,
-            bad_events: 0,
-            names: IfNames::default(),
+            events: Events::default(),
         })
+    }
+
+    /// Events that did not decode (a kernel/user version mismatch).
+    pub fn bad_events(&self) -> u64 {
+        self.events.bad
     }
 
     /// Waits for the kernel's wakeup, then reads a batch into `out`. The
@@ -36,12 +46,7 @@ impl Ingest {
     /// on without waiting.
     pub async fn next_batch(&mut self, out: &mut Vec<Packet>) -> io::Result<()> {
         let mut guard = self.ring.readable_mut().await?;
-        if !read(
-            guard.get_inner_mut(),
-            out,
-            &mut self.bad_events,
-            &mut self.names,
-        ) {
+        if !self.events.read(guard.get_inner_mut(), out) {
             guard.clear_ready();
         }
         Ok(())
@@ -50,33 +55,25 @@ impl Ingest {
     /// Reads a batch into `out` without waiting; true if the ring may hold
     /// more.
     pub fn read_now(&mut self, out: &mut Vec<Packet>) -> bool {
-        read(
-            self.ring.get_mut(),
-            out,
-            &mut self.bad_events,
-            &mut self.names,
-        )
+        self.events.read(self.ring.get_mut(), out)
     }
 }
 
-/// Reads at most `BATCH` events; true if it stopped at the limit.
-fn read(
-    ring: &mut RingBuf<MapData>,
-    out: &mut Vec<Packet>,
-    bad: &mut u64,
-    names: &mut IfNames,
-) -> bool {
-    for _ in 0..BATCH {
-        let Some(item) = ring.next() else {
-            return false;
-        };
-        if out.capacity() == 0 {
-            out.reserve_exact(BATCH);
+impl Events {
+    /// Reads at most `BATCH` events; true if it stopped at the limit.
+    fn read(&mut self, ring: &mut RingBuf<MapData>, out: &mut Vec<Packet>) -> bool {
+        for _ in 0..BATCH {
+            let Some(item) = ring.next() else {
+                return false;
+            };
+            if out.capacity() == 0 {
+                out.reserve_exact(BATCH);
+            }
+            match Packet::from_event(&item, &mut self.names) {
+                Ok(p) => out.push(p),
+                Err(_) => self.bad += 1,
+            }
         }
-        match Packet::from_event(&item, names) {
-            Ok(p) => out.push(p),
-            Err(_) => *bad += 1,
-        }
+        true
     }
-    true
 }
