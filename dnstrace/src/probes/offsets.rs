@@ -53,9 +53,9 @@ pub fn kernel_offsets(btf: &Btf) -> Result<(KernelOffsets, Option<String>)> {
     Ok((o, note))
 }
 
-/// The programs read both tuples and the status at once: they must follow
-/// each other closely, as they do in every kernel since conntrack has had
-/// two tuples.
+/// The programs read both tuples and the status at once, so the status
+/// must follow the tuples closely (as in `nf_conn` here); where it does
+/// not, entries are not read and start-up says why.
 fn ct_span(o: &KernelOffsets) -> Result<u32> {
     let end = o.ct_status + 4;
     match end.checked_sub(o.ct_tuple_original) {
