@@ -416,10 +416,8 @@ impl Source for LiveSource<'_> {
                 // The kernel wakes us only past a backlog (probes::wake_bytes):
                 // what came before the tick is read before it, so that no
                 // journey is judged without packets already in the ring.
-                // Only that: under overload the ring is never empty, and a
-                // tick that waited for it would never come.
                 let more = self.ingest.read_now(&mut batch);
-                if !more || batch.last().is_some_and(|p| p.ts_ns > now_ns) {
+                if read_up_to(now_ns, more, &batch) {
                     self.tick_due = None;
                     let lost = self.lost();
                     self.queued.extend(lost);
@@ -476,6 +474,14 @@ impl Source for LiveSource<'_> {
             }
         }
     }
+}
+
+/// Whether a tick at `now_ns` may come after this read: the ring held no
+/// more, or the read reached what came after the tick. Only that: under
+/// overload the ring is never empty, and a tick that waited for it would
+/// never come.
+fn read_up_to(now_ns: u64, more: bool, batch: &[crate::decode::Packet]) -> bool {
+    !more || batch.last().is_some_and(|p| p.ts_ns > now_ns)
 }
 
 /// The conntrack counters that move when inserts race or fail, reported
@@ -539,5 +545,31 @@ async fn ct_events(ct: &mut Option<CtWatcher>, ports: &[u16]) -> io::Result<Vec<
     match ct {
         Some(w) => w.next(|p| ports.contains(&p)).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{decode::Transport, record::tests::packet};
+
+    /// A tick waits for what came before it, and no longer: under overload
+    /// the ring is never empty.
+    #[test]
+    fn a_tick_reads_the_ring_up_to_its_time_not_until_empty() {
+        let at = |ts_ns| crate::decode::Packet {
+            ts_ns,
+            ..packet("10.0.0.1:4000", "10.0.0.2:53", Transport::Udp, &[])
+        };
+        assert!(read_up_to(100, false, &[]), "the ring is empty");
+        assert!(read_up_to(100, false, &[at(90)]));
+        assert!(
+            !read_up_to(100, true, &[at(90), at(99)]),
+            "more from before the tick"
+        );
+        assert!(
+            read_up_to(100, true, &[at(90), at(101)]),
+            "past the tick, though the ring is not empty"
+        );
     }
 }

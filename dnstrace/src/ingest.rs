@@ -9,7 +9,7 @@ use crate::decode::{packet::IfNames, Packet};
 /// Events read in one batch: enough to spread a batch's fixed costs, few
 /// enough that its packets and records stay in cache and the reader's
 /// memory stays flat however far behind it is.
-pub const BATCH: usize = 1024;
+const BATCH: usize = 1024;
 
 pub struct Ingest {
     ring: AsyncFd<RingBuf<MapData>>,
