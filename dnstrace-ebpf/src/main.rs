@@ -15,7 +15,7 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, ProbeContext, RetProbeContext, TcContext},
 };
 use dnstrace_common::Hook;
-use skb::{Typed, Untyped};
+use skb::{Kernel, Typed, Untyped};
 
 /// Let every packet continue.
 const TC_ACT_UNSPEC: i32 = -1;
@@ -35,14 +35,49 @@ pub fn dns_tc_egress(ctx: TcContext) -> i32 {
 /// `net_dev_start_xmit(skb, dev)`: every device, every network namespace.
 #[btf_tracepoint(function = "net_dev_start_xmit")]
 pub fn dns_dev_xmit(ctx: BtfTracePointContext) -> i32 {
-    let _ = skb::try_capture::<Typed>(ctx.arg(0), ctx.arg(1), Hook::DevXmit, skb::Drop::NONE);
-    0
+    dev_xmit::<Typed>(&ctx)
 }
 
 /// `netif_receive_skb(skb)`.
 #[btf_tracepoint(function = "netif_receive_skb")]
 pub fn dns_dev_receive(ctx: BtfTracePointContext) -> i32 {
-    let _ = skb::try_capture::<Typed>(
+    dev_receive::<Typed>(&ctx)
+}
+
+/// `kfree_skb(skb, location, reason, ...)`: a dropped packet.
+#[btf_tracepoint(function = "kfree_skb")]
+pub fn dns_kfree_skb(ctx: BtfTracePointContext) -> i32 {
+    kfree_skb::<Typed>(&ctx)
+}
+
+// The same three with probe reads, for a kernel whose verifier refuses the
+// direct loads (or `--probe-reads`). Named `dns_<what>_read`: the kernel
+// keeps 15 characters of a name.
+
+#[btf_tracepoint(function = "net_dev_start_xmit")]
+pub fn dns_xmit_read(ctx: BtfTracePointContext) -> i32 {
+    dev_xmit::<Untyped>(&ctx)
+}
+
+#[btf_tracepoint(function = "netif_receive_skb")]
+pub fn dns_recv_read(ctx: BtfTracePointContext) -> i32 {
+    dev_receive::<Untyped>(&ctx)
+}
+
+#[btf_tracepoint(function = "kfree_skb")]
+pub fn dns_kfree_read(ctx: BtfTracePointContext) -> i32 {
+    kfree_skb::<Untyped>(&ctx)
+}
+
+#[inline(always)]
+fn dev_xmit<K: Kernel>(ctx: &BtfTracePointContext) -> i32 {
+    let _ = skb::try_capture::<K>(ctx.arg(0), ctx.arg(1), Hook::DevXmit, skb::Drop::NONE);
+    0
+}
+
+#[inline(always)]
+fn dev_receive<K: Kernel>(ctx: &BtfTracePointContext) -> i32 {
+    let _ = skb::try_capture::<K>(
         ctx.arg(0),
         core::ptr::null(),
         Hook::DevReceive,
@@ -51,14 +86,13 @@ pub fn dns_dev_receive(ctx: BtfTracePointContext) -> i32 {
     0
 }
 
-/// `kfree_skb(skb, location, reason, ...)`: a dropped packet.
-#[btf_tracepoint(function = "kfree_skb")]
-pub fn dns_kfree_skb(ctx: BtfTracePointContext) -> i32 {
+#[inline(always)]
+fn kfree_skb<K: Kernel>(ctx: &BtfTracePointContext) -> i32 {
     let drop = skb::Drop {
         location: ctx.arg(1),
         reason: ctx.arg(2),
     };
-    let _ = skb::try_capture::<Typed>(ctx.arg(0), core::ptr::null(), Hook::Drop, drop);
+    let _ = skb::try_capture::<K>(ctx.arg(0), core::ptr::null(), Hook::Drop, drop);
     0
 }
 

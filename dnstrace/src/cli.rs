@@ -25,8 +25,9 @@ pub enum Command {
     /// Follow each DNS query end to end, through DNAT to the server, its
     /// upstream queries and back, and print it as one journey.
     Trace {
+        /// Boxed: the other commands are small beside it.
         #[command(flatten)]
-        capture: CaptureArgs,
+        capture: Box<CaptureArgs>,
         /// A query without an answer is given up after this long.
         #[arg(long, value_parser = humantime::parse_duration, default_value = "5500ms")]
         timeout: std::time::Duration,
@@ -188,6 +189,11 @@ pub struct CaptureArgs {
     /// has them (6.6+), else a clsact qdisc over netlink.
     #[arg(long, value_enum, default_value_t = AttachMode::Auto, hide = true)]
     pub tc_attach: AttachMode,
+
+    /// The node-wide tracepoints read the kernel's structs with probe reads,
+    /// as where the verifier refuses direct loads (slower; for tests).
+    #[arg(long, hide = true)]
+    pub probe_reads: bool,
 }
 
 /// Where the container runtimes keep their state; a missing one is skipped.

@@ -123,7 +123,7 @@ pub fn main() -> ExitCode {
                 } else {
                     pipeline::View::Journeys(limits)
                 };
-                capture::run(capture, view).await
+                capture::run(*capture, view).await
             }
             None if cli.capture.live() => {
                 let view = pipeline::View::Live(correlate::Limits::default());

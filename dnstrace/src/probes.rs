@@ -117,11 +117,32 @@ const KPROBES: [(&str, &str, bool); 4] = [
     ("ct_enter_nf_ct_resolve_clash", "nf_ct_resolve_clash", false),
 ];
 
-/// The BTF tracepoints that see every device of every network namespace.
-const TRACEPOINTS: [(&str, &str); 3] = [
-    ("dns_dev_xmit", "net_dev_start_xmit"),
-    ("dns_dev_receive", "netif_receive_skb"),
-    ("dns_kfree_skb", "kfree_skb"),
+/// A BTF tracepoint that sees every device of every network namespace.
+struct Tracepoint {
+    /// Loads the kernel's structs directly: a few instructions a field.
+    program: &'static str,
+    /// Reads them with a helper call each, for a kernel whose verifier
+    /// refuses the direct loads.
+    read: &'static str,
+    tracepoint: &'static str,
+}
+
+const TRACEPOINTS: [Tracepoint; 3] = [
+    Tracepoint {
+        program: "dns_dev_xmit",
+        read: "dns_xmit_read",
+        tracepoint: "net_dev_start_xmit",
+    },
+    Tracepoint {
+        program: "dns_dev_receive",
+        read: "dns_recv_read",
+        tracepoint: "netif_receive_skb",
+    },
+    Tracepoint {
+        program: "dns_kfree_skb",
+        read: "dns_kfree_read",
+        tracepoint: "kfree_skb",
+    },
 ];
 
 pub struct Probes {
@@ -215,8 +236,8 @@ impl Probes {
             probes.watch(&t.watched)?;
         }
         if ifaces.is_empty() {
-            let mut loaded = probes.load_node_wide(load)?;
-            probes.attach_tracepoints(&mut loaded)?;
+            let mut loaded = probes.load_node_wide(load, args.probe_reads)?;
+            probes.attach_tracepoints(&mut loaded, args.probe_reads)?;
             probes.attach_kprobes(&mut loaded);
         } else {
             for (name, _) in PROGRAMS {
@@ -233,10 +254,20 @@ impl Probes {
     }
 
     /// Loads the node-wide programs, each on a thread of its own: the
-    /// verifier takes most of start-up, and it can use every core.
-    fn load_node_wide(&mut self, load: Load) -> Result<Loaded> {
+    /// verifier takes most of start-up, and it can use every core. The
+    /// tracepoints' probe-read twins only for `check` or `probe_reads`.
+    fn load_node_wide(&mut self, load: Load, probe_reads: bool) -> Result<Loaded> {
         let btf = aya::Btf::from_sys_fs().context("reading the kernel's BTF")?;
-        let tracepoint = |name: &str| TRACEPOINTS.iter().find(|(n, _)| *n == name).map(|t| t.1);
+        let tracepoint = |name: &str| {
+            TRACEPOINTS.iter().find_map(|t| {
+                let wanted = match load {
+                    Load::All => name == t.program || name == t.read,
+                    Load::Attachable if probe_reads => name == t.read,
+                    Load::Attachable => name == t.program,
+                };
+                wanted.then_some(t.tracepoint)
+            })
+        };
         let with_kprobes = load == Load::All || kprobes_available();
         let kprobe = |name: &str| with_kprobes && KPROBES.iter().any(|(n, ..)| *n == name);
         Ok(std::thread::scope(|scope| {
@@ -268,27 +299,91 @@ impl Probes {
         }))
     }
 
-    fn attach_tracepoints(&mut self, loaded: &mut Loaded) -> Result<()> {
-        for (name, tracepoint) in TRACEPOINTS {
-            loaded
-                .remove(name)
-                .unwrap_or_else(|| Err(anyhow!("program {name} missing from the eBPF object")))?;
-            let prog: &mut BtfTracePoint = self
-                .ebpf
-                .program_mut(name)
-                .ok_or_else(|| anyhow!("program {name} missing from the eBPF object"))?
-                .try_into()?;
-            prog.attach()
-                .map_err(|e| anyhow!("attaching {name} to tracepoint {tracepoint}: {e}"))?;
-            let prog_id = prog.info()?.id();
+    /// Attaches each tracepoint's direct-load program, or its probe-read
+    /// twin where the verifier refused that one or `probe_reads` asks.
+    fn attach_tracepoints(&mut self, loaded: &mut Loaded, probe_reads: bool) -> Result<()> {
+        const READS: &str = "every device, every netns, probe reads";
+        for t in &TRACEPOINTS {
+            let direct = loaded
+                .remove(t.program)
+                .unwrap_or_else(|| Err(missing(t.program)));
+            let (program, how) = match direct {
+                _ if probe_reads => (t.read, READS),
+                Ok(()) => (t.program, "every device, every netns"),
+                Err(refused) => {
+                    self.load_read(t, loaded)
+                        .map_err(|e| e.context(format!("{refused:#}")))?;
+                    self.off.push(format!(
+                        "direct loads in {}: {refused:#}; {} reads with probe reads instead",
+                        t.program, t.read
+                    ));
+                    (t.read, READS)
+                }
+            };
+            if program == t.read {
+                loaded
+                    .remove(t.read)
+                    .unwrap_or_else(|| Err(missing(t.read)))?;
+            } else if let Some(verified) = loaded.remove(t.read) {
+                let standby = self.standby(t, verified);
+                self.off.push(standby);
+            }
+            let prog_id = self.attach_tracepoint(program, t.tracepoint)?;
             self.attachments.push(Attachment {
-                program: name,
+                program,
                 prog_id,
-                target: format!("tp_btf/{tracepoint}"),
-                how: "every device, every netns",
+                target: format!("tp_btf/{}", t.tracepoint),
+                how,
             });
         }
         Ok(())
+    }
+
+    /// Loads `t`'s probe-read twin, after its direct-load program failed.
+    fn load_read(&mut self, t: &Tracepoint, loaded: &mut Loaded) -> Result<()> {
+        if !loaded.contains_key(t.read) {
+            let btf = aya::Btf::from_sys_fs().context("reading the kernel's BTF")?;
+            let prog: &mut BtfTracePoint = self
+                .ebpf
+                .program_mut(t.read)
+                .ok_or_else(|| missing(t.read))?
+                .try_into()?;
+            let result = prog
+                .load(t.tracepoint, &btf)
+                .map_err(|e| load_error(t.read, e));
+            loaded.insert(t.read.to_owned(), result);
+        }
+        match loaded.get(t.read) {
+            Some(Err(e)) => Err(anyhow!("{e:#}")),
+            _ => Ok(()),
+        }
+    }
+
+    /// What `check` says of a probe-read twin it verified but left unattached.
+    fn standby(&self, t: &Tracepoint, verified: Result<()>) -> String {
+        match verified.and_then(|()| self.prog_id(t.read)) {
+            Ok(id) => format!(
+                "{} on {}: loaded and verified (prog id {id}); attached only where {} is refused",
+                t.read, t.tracepoint, t.program
+            ),
+            Err(e) => format!("{} on {}: {e:#}", t.read, t.tracepoint),
+        }
+    }
+
+    fn prog_id(&self, name: &str) -> Result<u32> {
+        let prog = self.ebpf.program(name).ok_or_else(|| missing(name))?;
+        Ok(prog.info()?.id())
+    }
+
+    fn attach_tracepoint(&mut self, name: &str, tracepoint: &str) -> Result<u32> {
+        let prog: &mut BtfTracePoint = self
+            .ebpf
+            .program_mut(name)
+            .ok_or_else(|| missing(name))?
+            .try_into()?;
+        prog.attach()
+            .map_err(|e| anyhow!("attaching {name} to tracepoint {tracepoint}: {e}"))?;
+        Ok(prog.info()?.id())
     }
 
     fn program(&mut self, name: &str) -> Result<&mut SchedClassifier> {
@@ -622,6 +717,10 @@ fn check_kernel() -> Result<()> {
         bail!("this kernel has no BPF ring buffer (Linux 5.8 or later is needed)");
     }
     Ok(())
+}
+
+fn missing(name: &str) -> anyhow::Error {
+    anyhow!("program {name} missing from the eBPF object")
 }
 
 /// A load failure, with the verifier's last lines when it rejected the program.

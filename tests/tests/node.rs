@@ -23,13 +23,23 @@ fn position(legs: &[&Value], what: &str, f: impl Fn(&Value) -> bool) -> usize {
 
 #[test]
 fn every_leg_of_a_lookup_is_seen_with_namespace_and_nat() {
+    every_leg_seen(&[], "every netns)");
+}
+
+/// The programs a kernel runs where its verifier refuses direct loads.
+#[test]
+fn every_leg_is_seen_with_probe_reads_too() {
+    every_leg_seen(&["--probe-reads"], "every netns, probe reads)");
+}
+
+fn every_leg_seen(args: &[&str], how: &str) {
     require_root();
     let lab = Lab::up(&[]);
-    let trace = Dnstrace::start_here(&["-o", "json"]).unwrap();
+    let trace = Dnstrace::start_here(&[&["-o", "json"], args].concat()).unwrap();
     let tracepoints = trace
         .stderr_lines
         .iter()
-        .filter(|l| l.contains("attached to tp_btf/"))
+        .filter(|l| l.contains("attached to tp_btf/") && l.ends_with(how))
         .count();
     assert_eq!(tracepoints, 3, "{:?}", trace.stderr_lines);
     let out = lab.dig(WEB, &format!("@{SERVICE} {NAME}"));
@@ -140,6 +150,25 @@ fn tracepoints_are_detached_on_exit() {
     assert!(status.success(), "{status}: {stderr:?}");
     // Links go at once; the programs' memory follows after an RCU grace period.
     assert_eq!(links_of(&ids), Vec::<u64>::new());
+}
+
+#[test]
+fn probe_read_twins_pass_the_verifier_on_standby() {
+    require_root();
+    let out = dnstrace(&["check"]);
+    let checked = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{checked}");
+    for twin in ["dns_xmit_read", "dns_recv_read", "dns_kfree_read"] {
+        let line = checked
+            .lines()
+            .find(|l| l.contains(twin))
+            .unwrap_or_else(|| panic!("nothing said about {twin}: {checked}"));
+        assert!(
+            line.contains("loaded and verified (prog id")
+                && line.contains("attached only where dns_"),
+            "{line}"
+        );
+    }
 }
 
 #[test]
