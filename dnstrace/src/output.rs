@@ -267,20 +267,25 @@ impl<W: Write> LineSink<W> {
     /// The names of a journey's addresses, for JSON readers: each named
     /// address once, in address order, looked up once.
     fn names_of(&self, j: &Journey) -> Vec<(IpAddr, &str)> {
-        let mut ips: Vec<IpAddr> = j
-            .legs
-            .iter()
-            .flat_map(|l| {
-                [l.src, l.dst]
-                    .into_iter()
-                    .chain(l.dnat.as_deref().into_iter().flat_map(|&(a, b)| [a, b]))
-                    .chain(l.snat.as_deref().into_iter().flat_map(|&(a, b)| [a, b]))
-            })
-            .chain([j.client])
-            .map(|a| a.ip())
-            .collect();
+        // A handful of addresses, each seen on many legs: a scan of the
+        // few kept is cheaper than sorting them all.
+        let mut ips: Vec<IpAddr> = Vec::with_capacity(8);
+        let mut add = |a: &SocketAddr| {
+            let ip = a.ip();
+            if !ips.contains(&ip) {
+                ips.push(ip);
+            }
+        };
+        add(&j.client);
+        for l in &j.legs {
+            add(&l.src);
+            add(&l.dst);
+            for (a, b) in l.dnat.iter().chain(&l.snat).map(|p| &**p) {
+                add(a);
+                add(b);
+            }
+        }
         ips.sort_unstable();
-        ips.dedup();
         ips.into_iter()
             .filter_map(|ip| Some((ip, self.labels.name(&ip)?)))
             .collect()
@@ -472,11 +477,7 @@ impl<W: Write> LineSink<W> {
 
     /// The device's name: reported by the hook, or known from --iface.
     fn iface(&self, p: &Packet) -> String {
-        p.ifname
-            .as_deref()
-            .map(str::to_owned)
-            .or_else(|| self.labels.iface_names.get(&p.ifindex).cloned())
-            .unwrap_or_else(|| format!("if{}", p.ifindex))
+        p.device_name(&self.labels.iface_names)
     }
 
     fn text(&self, rec: &Record) -> String {

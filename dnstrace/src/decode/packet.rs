@@ -102,6 +102,16 @@ impl std::fmt::Display for EventError {
 }
 
 impl Packet {
+    /// The device's name: reported by the hook, or among the `known` (the
+    /// --iface ones), or else its index.
+    pub fn device_name(&self, known: &HashMap<u32, String>) -> String {
+        self.ifname
+            .as_deref()
+            .map(str::to_owned)
+            .or_else(|| known.get(&self.ifindex).cloned())
+            .unwrap_or_else(|| format!("if{}", self.ifindex))
+    }
+
     pub fn from_event(buf: &[u8], names: &mut IfNames) -> Result<Self, EventError> {
         let (meta, payload) = decode_packet(buf).map_err(EventError::Decode)?;
         let hook = Hook::from_u8(meta.hook).ok_or(EventError::Field("hook", meta.hook.into()))?;

@@ -39,11 +39,7 @@ pub struct Meta {
 impl Meta {
     /// The device a packet was seen on, by name where known.
     fn place(&self, p: &Packet) -> String {
-        p.ifname
-            .as_deref()
-            .map(str::to_owned)
-            .or_else(|| self.iface_names.get(&p.ifindex).cloned())
-            .unwrap_or_else(|| format!("if{}", p.ifindex))
+        p.device_name(&self.iface_names)
     }
 }
 
