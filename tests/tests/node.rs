@@ -152,12 +152,20 @@ fn tracepoints_are_detached_on_exit() {
     assert_eq!(links_of(&ids), Vec::<u64>::new());
 }
 
+/// What `dnstrace check` said; it loads every program, kprobes and the
+/// tracepoints' probe-read twins too, where they are not attached.
+fn check() -> String {
+    let out = dnstrace(&["check"]);
+    let checked = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{checked}");
+    assert!(checked.contains("dnstrace: check: "), "{checked}");
+    checked
+}
+
 #[test]
 fn probe_read_twins_pass_the_verifier_on_standby() {
     require_root();
-    let out = dnstrace(&["check"]);
-    let checked = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{checked}");
+    let checked = check();
     for twin in ["dns_xmit_read", "dns_recv_read", "dns_kfree_read"] {
         let line = checked
             .lines()
@@ -174,11 +182,7 @@ fn probe_read_twins_pass_the_verifier_on_standby() {
 #[test]
 fn kprobes_pass_the_verifier_and_say_why_they_are_off() {
     require_root();
-    // `check` loads every program, kprobes too where they cannot attach.
-    let out = dnstrace(&["check"]);
-    let checked = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{checked}");
-    assert!(checked.contains("dnstrace: check: "), "{checked}");
+    let checked = check();
     let trace = Dnstrace::start_here(&[]).unwrap();
     let traced = trace.stderr_lines.clone();
     let (status, _, _) = trace.stop(libc::SIGTERM).unwrap();
