@@ -236,8 +236,9 @@ impl Probes {
             probes.watch(&t.watched)?;
         }
         if ifaces.is_empty() {
-            let mut loaded = probes.load_node_wide(load, args.probe_reads)?;
-            probes.attach_tracepoints(&mut loaded, args.probe_reads)?;
+            let btf = aya::Btf::from_sys_fs().context("reading the kernel's BTF")?;
+            let mut loaded = probes.load_node_wide(&btf, load, args.probe_reads)?;
+            probes.attach_tracepoints(&btf, &mut loaded, args.probe_reads)?;
             probes.attach_kprobes(&mut loaded);
         } else {
             for (name, _) in PROGRAMS {
@@ -256,8 +257,7 @@ impl Probes {
     /// Loads the node-wide programs, each on a thread of its own: the
     /// verifier takes most of start-up, and it can use every core. The
     /// tracepoints' probe-read twins only for `check` or `probe_reads`.
-    fn load_node_wide(&mut self, load: Load, probe_reads: bool) -> Result<Loaded> {
-        let btf = aya::Btf::from_sys_fs().context("reading the kernel's BTF")?;
+    fn load_node_wide(&mut self, btf: &aya::Btf, load: Load, probe_reads: bool) -> Result<Loaded> {
         let tracepoint = |name: &str| {
             TRACEPOINTS.iter().find_map(|t| {
                 let wanted = match load {
@@ -277,7 +277,6 @@ impl Probes {
                 .filter_map(|(name, prog)| {
                     let result = match (prog, tracepoint(name)) {
                         (Program::BtfTracePoint(p), Some(tp)) => {
-                            let btf = &btf;
                             scope.spawn(move || p.load(tp, btf))
                         }
                         (Program::KProbe(p), None) if kprobe(name) => scope.spawn(move || p.load()),
@@ -301,7 +300,12 @@ impl Probes {
 
     /// Attaches each tracepoint's direct-load program, or its probe-read
     /// twin where the verifier refused that one or `probe_reads` asks.
-    fn attach_tracepoints(&mut self, loaded: &mut Loaded, probe_reads: bool) -> Result<()> {
+    fn attach_tracepoints(
+        &mut self,
+        btf: &aya::Btf,
+        loaded: &mut Loaded,
+        probe_reads: bool,
+    ) -> Result<()> {
         const READS: &str = "every device, every netns, probe reads";
         for t in &TRACEPOINTS {
             let direct = loaded
@@ -311,7 +315,7 @@ impl Probes {
                 _ if probe_reads => (t.read, READS),
                 Ok(()) => (t.program, "every device, every netns"),
                 Err(refused) => {
-                    self.load_read(t, loaded)
+                    self.load_read(t, btf, loaded)
                         .map_err(|e| e.context(format!("{refused:#}")))?;
                     self.off.push(format!(
                         "direct loads in {}: {refused:#}; {} reads with probe reads instead",
@@ -340,16 +344,15 @@ impl Probes {
     }
 
     /// Loads `t`'s probe-read twin, after its direct-load program failed.
-    fn load_read(&mut self, t: &Tracepoint, loaded: &mut Loaded) -> Result<()> {
+    fn load_read(&mut self, t: &Tracepoint, btf: &aya::Btf, loaded: &mut Loaded) -> Result<()> {
         if !loaded.contains_key(t.read) {
-            let btf = aya::Btf::from_sys_fs().context("reading the kernel's BTF")?;
             let prog: &mut BtfTracePoint = self
                 .ebpf
                 .program_mut(t.read)
                 .ok_or_else(|| missing(t.read))?
                 .try_into()?;
             let result = prog
-                .load(t.tracepoint, &btf)
+                .load(t.tracepoint, btf)
                 .map_err(|e| load_error(t.read, e));
             loaded.insert(t.read.to_owned(), result);
         }
