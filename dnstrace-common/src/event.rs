@@ -329,6 +329,14 @@ mod user {
 const _: () = assert!(core::mem::size_of::<CtTuple>() == 40);
 const _: () = assert!(core::mem::size_of::<CtInfo>() == 88);
 const _: () = assert!(core::mem::size_of::<PacketMeta>() == 80 + 32 + 88);
+// The programs clear the name as two words and read addresses as four.
+const _: () = assert!(core::mem::offset_of!(PacketMeta, ifname) % 8 == 0);
+const _: () = assert!(core::mem::offset_of!(PacketMeta, saddr) % 4 == 0);
+const _: () = assert!(core::mem::offset_of!(PacketMeta, daddr) % 4 == 0);
+const _: () = assert!(
+    (core::mem::offset_of!(PacketMeta, ct) + core::mem::offset_of!(CtInfo, original)) % 4 == 0
+);
+const _: () = assert!(core::mem::offset_of!(CtTuple, src) % 4 == 0);
 
 #[cfg(test)]
 mod tests {

@@ -60,9 +60,10 @@ pub fn iface(ifindex: u32) -> Option<IfaceConfig> {
     unsafe { IFACES.get(ifindex) }.copied()
 }
 
-/// Addresses of the traced target and its resolvers: `ROLE_*` bits.
+/// Addresses of the traced target and its resolvers: `ROLE_*` bits. Keyed
+/// by the address's bytes, as words so that a key is copied a word at a time.
 #[map]
-static WATCHED: HashMap<[u8; 16], u8> = HashMap::with_max_entries(MAX_WATCHED, 0);
+static WATCHED: HashMap<[u32; 4], u8> = HashMap::with_max_entries(MAX_WATCHED, 0);
 
 /// Set by user space before loading when tracing one target.
 #[unsafe(no_mangle)]
@@ -70,7 +71,9 @@ static FILTER: TargetFilter = TargetFilter::OFF;
 
 #[inline(always)]
 fn role(addr: &[u8; 16]) -> u8 {
-    let key = *addr;
+    // SAFETY: every address in the meta is 4-byte aligned (asserted in
+    // dnstrace-common); 16 plain bytes either way.
+    let key = unsafe { (&raw const *addr).cast::<[u32; 4]>().read() };
     // SAFETY: map lookup; the value is copied out.
     unsafe { WATCHED.get(key) }.copied().unwrap_or(0)
 }
@@ -124,8 +127,9 @@ pub fn offset(field: impl Fn(&KernelOffsets) -> &u32) -> u32 {
 pub struct Scratch {
     pub meta: PacketMeta,
     pub payload: [u8; PAYLOAD_MAX],
-    /// A conntrack entry's tuples and status, as the kernel lays them out.
-    pub ct_span: [u8; CT_SPAN_MAX],
+    /// A conntrack entry's tuples and status, as the kernel lays them out;
+    /// in words, so that its fields are read a word at a time (`skb::at`).
+    pub ct_span: [u64; CT_SPAN_MAX / 8],
 }
 
 #[map]
@@ -138,7 +142,14 @@ pub fn scratch() -> Option<&'static mut Scratch> {
     // SAFETY: per-CPU map value, used by one program run at a time on this CPU.
     let s = unsafe { &mut *s };
     s.meta.flags = 0;
-    s.meta.ifname = [0; 16];
+    // Two word stores, volatile: LLVM merges plain ones with the next into
+    // a call to a memset that stores a byte at a time.
+    let name = (&raw mut s.meta.ifname).cast::<u64>();
+    // SAFETY: `ifname` is 16 bytes, 8-byte aligned (asserted in dnstrace-common).
+    unsafe {
+        name.write_volatile(0);
+        name.add(1).write_volatile(0);
+    }
     s.meta.drop_reason = 0;
     s.meta.drop_location = 0;
     s.meta.ct.status = 0;

@@ -36,8 +36,10 @@ pub struct L4 {
     flags: u8,
 }
 
-/// The IPv4 header without options, and the ports if no options follow.
-#[repr(C)]
+/// The IPv4 header without options, and the first 8 bytes after it (all of
+/// a UDP header) if no options come between. Word-aligned, so that its
+/// addresses are a load each rather than a load and a shift a byte.
+#[repr(C, align(4))]
 #[derive(Clone, Copy)]
 struct Ipv4Head {
     vihl: u8,
@@ -50,11 +52,12 @@ struct Ipv4Head {
     _csum: [u8; 2],
     saddr: [u8; 4],
     daddr: [u8; 4],
-    ports: [u8; 4],
+    l4: [u8; 8],
 }
 
-/// The fixed IPv6 header, and the ports if no extension header follows.
-#[repr(C)]
+/// The fixed IPv6 header, and the first 8 bytes after it if no extension
+/// header comes between; word-aligned as `Ipv4Head`.
+#[repr(C, align(4))]
 #[derive(Clone, Copy)]
 struct Ipv6Head {
     _vtcfl: [u8; 4],
@@ -63,15 +66,18 @@ struct Ipv6Head {
     _hops: u8,
     saddr: [u8; 16],
     daddr: [u8; 16],
-    ports: [u8; 4],
+    l4: [u8; 8],
 }
 
 /// The headers of a DNS packet, kept in locals until it is known to be one.
 pub struct Dns {
-    saddr: [u8; 16],
-    daddr: [u8; 16],
+    /// Addresses in words (IPv4 in the first), stored a word at a time.
+    saddr: [u32; 4],
+    daddr: [u32; 4],
     sport: u16,
     dport: u16,
+    /// The first 8 bytes of the UDP or TCP header.
+    l4_head: [u8; 8],
     ip_version: u8,
     l4_proto: u8,
     l4: L4,
@@ -79,7 +85,8 @@ pub struct Dns {
 
 /// Parses IPv4/IPv6 up to the ports at `l3`; fails (skipping the packet)
 /// unless it is UDP or TCP to or from a DNS port. Each IP header is one
-/// read, with the ports in it when no options or extensions come between.
+/// read, with the UDP header in it when no options or extensions come
+/// between.
 #[inline(always)]
 pub fn dns_headers<R: Reader>(r: &R, ethertype: u16, l3: u32) -> Result<Dns, i64> {
     match ethertype {
@@ -100,22 +107,15 @@ fn ipv4<R: Reader>(r: &R, off: u32) -> Result<Dns, i64> {
     if frag & 0x1fff != 0 || (h.proto != IPPROTO_UDP && h.proto != IPPROTO_TCP) {
         return Err(0); // a later fragment carries no ports
     }
-    let ports = if ihl == 20 {
-        h.ports
-    } else {
-        r.load(off + ihl)?
-    };
-    let (sport, dport) = dns_ports(ports)?;
-    let mut saddr = [0; 16];
-    let mut daddr = [0; 16];
-    saddr[..4].copy_from_slice(&h.saddr);
-    daddr[..4].copy_from_slice(&h.daddr);
+    let l4_head = if ihl == 20 { h.l4 } else { r.load(off + ihl)? };
+    let (sport, dport) = dns_ports(l4_head)?;
     let total = u32::from(u16::from_be_bytes(h.total));
     Ok(Dns {
-        saddr,
-        daddr,
+        saddr: [u32::from_ne_bytes(h.saddr), 0, 0, 0],
+        daddr: [u32::from_ne_bytes(h.daddr), 0, 0, 0],
         sport,
         dport,
+        l4_head,
         ip_version: 4,
         l4_proto: h.proto,
         l4: L4 {
@@ -134,18 +134,19 @@ fn ipv6<R: Reader>(r: &R, off: u32) -> Result<Dns, i64> {
         payload_len: u32::from(u16::from_be_bytes(h.plen)),
         flags: 0,
     };
-    let (proto, ports) = if h.next == IPPROTO_UDP || h.next == IPPROTO_TCP {
-        (h.next, h.ports)
+    let (proto, l4_head) = if h.next == IPPROTO_UDP || h.next == IPPROTO_TCP {
+        (h.next, h.l4)
     } else {
         let proto = extension_headers(r, h.next, &mut l4)?;
         (proto, r.load(l4.offset)?)
     };
-    let (sport, dport) = dns_ports(ports)?;
+    let (sport, dport) = dns_ports(l4_head)?;
     Ok(Dns {
-        saddr: h.saddr,
-        daddr: h.daddr,
+        saddr: words(h.saddr),
+        daddr: words(h.daddr),
         sport,
         dport,
+        l4_head,
         ip_version: 6,
         l4_proto: proto,
         l4,
@@ -185,9 +186,15 @@ fn extension_headers<R: Reader>(r: &R, mut next: u8, l4: &mut L4) -> Result<u8, 
     Err(0)
 }
 
+#[inline(always)]
+fn words(addr: [u8; 16]) -> [u32; 4] {
+    // SAFETY: 16 plain bytes either way.
+    unsafe { core::mem::transmute::<[u8; 16], [u32; 4]>(addr) }
+}
+
 /// Source and destination ports, if either is a DNS port.
 #[inline(always)]
-fn dns_ports(p: [u8; 4]) -> Result<(u16, u16), i64> {
+fn dns_ports(p: [u8; 8]) -> Result<(u16, u16), i64> {
     let sport = u16::from_be_bytes([p[0], p[1]]);
     let dport = u16::from_be_bytes([p[2], p[3]]);
     if is_dns_port(sport) || is_dns_port(dport) {
@@ -198,18 +205,23 @@ fn dns_ports(p: [u8; 4]) -> Result<(u16, u16), i64> {
 }
 
 /// Fills `meta` with the packet's addresses and ports and reads the rest of
-/// its UDP or TCP header; returns where the payload is.
+/// a TCP header; returns where the payload is.
 #[inline(always)]
 pub fn transport<R: Reader>(r: &R, dns: Dns, meta: &mut PacketMeta) -> Result<L4, i64> {
     let mut l4 = dns.l4;
-    meta.saddr = dns.saddr;
-    meta.daddr = dns.daddr;
+    // SAFETY: 16 plain bytes either way.
+    (meta.saddr, meta.daddr) = unsafe {
+        (
+            core::mem::transmute::<[u32; 4], [u8; 16]>(dns.saddr),
+            core::mem::transmute::<[u32; 4], [u8; 16]>(dns.daddr),
+        )
+    };
     meta.sport = dns.sport;
     meta.dport = dns.dport;
     meta.ip_version = dns.ip_version;
     meta.l4_proto = dns.l4_proto;
     if dns.l4_proto == IPPROTO_UDP {
-        let udp: [u8; 8] = r.load(l4.offset)?;
+        let udp = dns.l4_head;
         meta.tcp_seq = 0;
         meta.tcp_flags = 0;
         l4.payload_len = u32::from(u16::from_be_bytes([udp[4], udp[5]])).saturating_sub(8);

@@ -197,7 +197,7 @@ fn conntrack<K: Kernel>(skb: *const u8, o: &KernelOffsets, s: &mut Scratch) {
     if ct.is_null() || o.ct_span as usize > CT_SPAN_MAX {
         return;
     }
-    let span = s.ct_span.as_mut_ptr();
+    let span = s.ct_span.as_mut_ptr().cast::<u8>();
     // SAFETY: `span` has room for CT_SPAN_MAX bytes; a bad address fails cleanly.
     let read = unsafe {
         probe_read_raw(
@@ -210,40 +210,59 @@ fn conntrack<K: Kernel>(skb: *const u8, o: &KernelOffsets, s: &mut Scratch) {
         return;
     }
     let reply = o.ct_tuple_reply - o.ct_tuple_original;
-    let (Some(status), Some(original), Some(reply)) = (
-        at::<u32>(&s.ct_span, o.ct_status - o.ct_tuple_original),
-        tuple(&s.ct_span, 0, o),
-        tuple(&s.ct_span, reply, o),
-    ) else {
+    let Scratch { meta, ct_span, .. } = s;
+    let Some(status) = at::<u32>(ct_span, o.ct_status - o.ct_tuple_original) else {
         return;
     };
-    s.meta.ct.status = status;
-    s.meta.ct.ctinfo = (nfct & 7) as u8;
-    s.meta.ct.original = original;
-    s.meta.ct.reply = reply;
-    s.meta.flags |= FLAG_CONNTRACK;
+    if tuple(ct_span, 0, o, &mut meta.ct.original) && tuple(ct_span, reply, o, &mut meta.ct.reply) {
+        meta.ct.status = status;
+        meta.ct.ctinfo = (nfct & 7) as u8;
+        meta.flags |= FLAG_CONNTRACK;
+    }
 }
 
+type Span = [u64; CT_SPAN_MAX / 8];
+
+/// Fills `t`, one of the meta's tuples, from the tuple at `at_` in the
+/// span, field by field: a whole `CtTuple` built and then stored is copied
+/// twice, two bytes at a time. False if a field lies outside the span.
 #[inline(always)]
-fn tuple(span: &[u8; CT_SPAN_MAX], at_: u32, o: &KernelOffsets) -> Option<CtTuple> {
-    Some(CtTuple {
-        src: at(span, at_ + o.tuple_src_u3)?,
-        dst: at(span, at_ + o.tuple_dst_u3)?,
-        sport: u16::from_be(at(span, at_ + o.tuple_src_port)?),
-        dport: u16::from_be(at(span, at_ + o.tuple_dst_port)?),
-        l3num: at(span, at_ + o.tuple_l3num)?,
-        proto: at(span, at_ + o.tuple_protonum)?,
-        _pad: 0,
-    })
+fn tuple(span: &Span, at_: u32, o: &KernelOffsets, t: &mut CtTuple) -> bool {
+    let (Some(src), Some(dst), Some(sport), Some(dport), Some(l3num), Some(proto)) = (
+        at::<[u32; 4]>(span, at_ + o.tuple_src_u3),
+        at::<[u32; 4]>(span, at_ + o.tuple_dst_u3),
+        at::<u16>(span, at_ + o.tuple_src_port),
+        at::<u16>(span, at_ + o.tuple_dst_port),
+        at::<u16>(span, at_ + o.tuple_l3num),
+        at::<u8>(span, at_ + o.tuple_protonum),
+    ) else {
+        return false;
+    };
+    // SAFETY: `t` is a tuple of the meta, where both addresses are 4-byte
+    // aligned (asserted in dnstrace-common).
+    unsafe {
+        (&raw mut t.src).cast::<[u32; 4]>().write(src);
+        (&raw mut t.dst).cast::<[u32; 4]>().write(dst);
+    }
+    t.sport = u16::from_be(sport);
+    t.dport = u16::from_be(dport);
+    t.l3num = l3num;
+    t.proto = proto;
+    true
 }
 
-/// A `T` at `off` in the copied span, if it lies inside it.
+/// A `T` at `off` in the copied span, if it lies inside it, aligned as the
+/// kernel aligns it (user space checks the offsets): one load a field, where
+/// an unaligned read is a load and a shift a byte.
 #[inline(always)]
-fn at<T: Copy>(span: &[u8; CT_SPAN_MAX], off: u32) -> Option<T> {
+fn at<T: Copy>(span: &Span, off: u32) -> Option<T> {
     let off = off as usize;
-    if off + core::mem::size_of::<T>() > CT_SPAN_MAX {
+    if off + core::mem::size_of::<T>() > CT_SPAN_MAX
+        || !off.is_multiple_of(core::mem::align_of::<T>())
+    {
         return None;
     }
-    // SAFETY: in bounds (checked above); T is plain integers or bytes.
-    Some(unsafe { core::ptr::read_unaligned(span.as_ptr().add(off).cast::<T>()) })
+    // SAFETY: in bounds and aligned (checked above; the span is 8-aligned);
+    // T is plain integers.
+    Some(unsafe { span.as_ptr().cast::<u8>().add(off).cast::<T>().read() })
 }

@@ -59,7 +59,12 @@ pub fn kernel_offsets(btf: &Btf) -> Result<(KernelOffsets, Option<String>)> {
 fn ct_span(o: &KernelOffsets) -> Result<u32> {
     let end = o.ct_status + 4;
     match end.checked_sub(o.ct_tuple_original) {
-        Some(span) if o.ct_tuple_reply > o.ct_tuple_original && span as usize <= CT_SPAN_MAX => {
+        Some(span)
+            if o.ct_tuple_reply > o.ct_tuple_original
+                && o.ct_status >= o.ct_tuple_original
+                && span as usize <= CT_SPAN_MAX =>
+        {
+            aligned(o)?;
             Ok(span)
         }
         _ => anyhow::bail!(
@@ -67,6 +72,30 @@ fn ct_span(o: &KernelOffsets) -> Result<u32> {
             o.ct_status,
             o.ct_tuple_original
         ),
+    }
+}
+
+/// The programs read each field of the copied span with one aligned load,
+/// as the kernel's own layout allows.
+fn aligned(o: &KernelOffsets) -> Result<()> {
+    let (base, reply) = (o.ct_tuple_original, o.ct_tuple_reply - o.ct_tuple_original);
+    let fields = [
+        ("nf_conn.status", o.ct_status - base, 4),
+        ("the reply tuple", reply, 4),
+        ("nf_conntrack_tuple.src.u3", o.tuple_src_u3, 4),
+        ("nf_conntrack_tuple.dst.u3", o.tuple_dst_u3, 4),
+        ("nf_conntrack_tuple.src.u", o.tuple_src_port, 2),
+        ("nf_conntrack_tuple.dst.u", o.tuple_dst_port, 2),
+        ("nf_conntrack_tuple.src.l3num", o.tuple_l3num, 2),
+    ];
+    match fields
+        .iter()
+        .find(|(_, at, align)| !at.is_multiple_of(*align))
+    {
+        Some((name, at, align)) => anyhow::bail!(
+            "{name} is at {at} bytes from the first tuple, not on a {align}-byte boundary"
+        ),
+        None => Ok(()),
     }
 }
 
@@ -81,5 +110,31 @@ mod tests {
         assert!(o.skb_head > 0 && o.skb_nfct > 0 && o.ct_tuple_reply > o.ct_tuple_original);
         assert_eq!(o.tuple_dst_u3, 20);
         assert_eq!(o.ct_span, o.ct_status + 4 - o.ct_tuple_original);
+    }
+
+    #[test]
+    fn a_conntrack_field_off_its_alignment_is_refused_by_name() {
+        let o = KernelOffsets {
+            ct_status: 128,
+            ct_tuple_original: 16,
+            ct_tuple_reply: 72,
+            tuple_src_u3: 0,
+            tuple_src_port: 16,
+            tuple_l3num: 18,
+            tuple_dst_u3: 20,
+            tuple_dst_port: 36,
+            tuple_protonum: 38,
+            ..KernelOffsets::UNSET
+        };
+        assert_eq!(ct_span(&o).unwrap(), 116);
+        let odd = KernelOffsets {
+            tuple_dst_u3: 22,
+            ..o
+        };
+        let e = ct_span(&odd).unwrap_err().to_string();
+        assert!(
+            e.contains("nf_conntrack_tuple.dst.u3 is at 22 bytes"),
+            "{e}"
+        );
     }
 }
