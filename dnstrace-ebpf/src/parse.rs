@@ -242,8 +242,15 @@ pub fn transport<R: Reader>(r: &R, dns: Dns, meta: &mut PacketMeta) -> Result<L4
 #[inline(always)]
 pub fn copy_payload<R: Reader>(r: &R, l4: &L4, s: &mut Scratch) -> Result<usize, i64> {
     let in_packet = r.available().saturating_sub(l4.offset);
-    let want = if l4.payload_len < in_packet {
-        l4.payload_len
+    s.meta.payload_len = l4.payload_len;
+    // Read back from the map value: the verifier's search for where the
+    // copy's length came from ends at a load from a map, where through the
+    // registers it went back over every branch of the header parse (a
+    // third more time to verify, at start-up).
+    // SAFETY: a field of this CPU's scratch event, just written.
+    let announced = unsafe { core::ptr::read_volatile(&s.meta.payload_len) };
+    let want = if announced < in_packet {
+        announced
     } else {
         in_packet
     };
@@ -258,7 +265,6 @@ pub fn copy_payload<R: Reader>(r: &R, l4: &L4, s: &mut Scratch) -> Result<usize,
     if (cap as u32) < l4.payload_len {
         s.meta.flags |= FLAG_TRUNCATED;
     }
-    s.meta.payload_len = l4.payload_len;
     s.meta.cap_len = cap as u16;
     Ok(cap)
 }
