@@ -256,14 +256,14 @@ impl Probes {
 
     /// Loads the node-wide programs, each on a thread of its own: the
     /// verifier takes most of start-up, and it can use every core. The
-    /// tracepoints' probe-read twins only for `check` or `probe_reads`.
+    /// tracepoints' probe-read twins only for `check`; with `probe_reads`,
+    /// no tracepoint program (`attach_tracepoints` loads the twins).
     fn load_node_wide(&mut self, btf: &aya::Btf, load: Load, probe_reads: bool) -> Result<Loaded> {
         let tracepoint = |name: &str| {
             TRACEPOINTS.iter().find_map(|t| {
                 let wanted = match load {
                     Load::All => name == t.program || name == t.read,
-                    Load::Attachable if probe_reads => name == t.read,
-                    Load::Attachable => name == t.program,
+                    Load::Attachable => !probe_reads && name == t.program,
                 };
                 wanted.then_some(t.tracepoint)
             })
@@ -299,7 +299,8 @@ impl Probes {
     }
 
     /// Attaches each tracepoint's direct-load program, or its probe-read
-    /// twin where the verifier refused that one or `probe_reads` asks.
+    /// twin where the verifier refused that one. `probe_reads` takes the
+    /// same way as a refusal, so that its tests cover it.
     fn attach_tracepoints(
         &mut self,
         btf: &aya::Btf,
@@ -308,11 +309,14 @@ impl Probes {
     ) -> Result<()> {
         const READS: &str = "every device, every netns, probe reads";
         for t in &TRACEPOINTS {
-            let direct = loaded
-                .remove(t.program)
-                .unwrap_or_else(|| Err(missing(t.program)));
+            let direct = if probe_reads {
+                Err(anyhow!("not loaded (--probe-reads)"))
+            } else {
+                loaded
+                    .remove(t.program)
+                    .unwrap_or_else(|| Err(missing(t.program)))
+            };
             let (program, how) = match direct {
-                _ if probe_reads => (t.read, READS),
                 Ok(()) => (t.program, "every device, every netns"),
                 Err(refused) => {
                     self.load_read(t, btf, loaded)

@@ -23,16 +23,29 @@ fn position(legs: &[&Value], what: &str, f: impl Fn(&Value) -> bool) -> usize {
 
 #[test]
 fn every_leg_of_a_lookup_is_seen_with_namespace_and_nat() {
-    every_leg_seen(&[], "every netns)");
+    let said = every_leg_seen(&[], "every netns)");
+    assert!(
+        !said.iter().any(|l| l.contains("direct loads in")),
+        "{said:?}"
+    );
 }
 
-/// The programs a kernel runs where its verifier refuses direct loads.
+/// The programs a kernel runs where its verifier refuses direct loads:
+/// `--probe-reads` takes the way such a refusal does, and says so.
 #[test]
 fn every_leg_is_seen_with_probe_reads_too() {
-    every_leg_seen(&["--probe-reads"], "every netns, probe reads)");
+    let said = every_leg_seen(&["--probe-reads"], "every netns, probe reads)");
+    let fallbacks = said
+        .iter()
+        .filter(|l| {
+            l.contains("off: direct loads in dns_") && l.ends_with("reads with probe reads instead")
+        })
+        .count();
+    assert_eq!(fallbacks, 3, "{said:?}");
 }
 
-fn every_leg_seen(args: &[&str], how: &str) {
+/// Traces one lookup through the lab; returns what dnstrace said at start.
+fn every_leg_seen(args: &[&str], how: &str) -> Vec<String> {
     require_root();
     let lab = Lab::up(&[]);
     let trace = Dnstrace::start_here(&[&["-o", "json"], args].concat()).unwrap();
@@ -42,6 +55,7 @@ fn every_leg_seen(args: &[&str], how: &str) {
         .filter(|l| l.contains("attached to tp_btf/") && l.ends_with(how))
         .count();
     assert_eq!(tracepoints, 3, "{:?}", trace.stderr_lines);
+    let trace_start = trace.stderr_lines.clone();
     let out = lab.dig(WEB, &format!("@{SERVICE} {NAME}"));
     let id = dig_id(&out).unwrap();
     let (status, stdout, stderr) = trace.stop(libc::SIGINT).unwrap();
@@ -96,6 +110,7 @@ fn every_leg_seen(args: &[&str], how: &str) {
             && netns(client_out) == netns(client_in)
     );
     assert_eq!(legs[client_in]["answers"][0]["data"], "10.96.0.1");
+    trace_start
 }
 
 #[test]
