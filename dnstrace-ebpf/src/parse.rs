@@ -186,10 +186,17 @@ fn extension_headers<R: Reader>(r: &R, mut next: u8, l4: &mut L4) -> Result<u8, 
     Err(0)
 }
 
+/// An address as words, to be moved a word at a time, and back.
 #[inline(always)]
 fn words(addr: [u8; 16]) -> [u32; 4] {
     // SAFETY: 16 plain bytes either way.
     unsafe { core::mem::transmute::<[u8; 16], [u32; 4]>(addr) }
+}
+
+#[inline(always)]
+fn bytes(addr: [u32; 4]) -> [u8; 16] {
+    // SAFETY: 16 plain bytes either way.
+    unsafe { core::mem::transmute::<[u32; 4], [u8; 16]>(addr) }
 }
 
 /// Source and destination ports, if either is a DNS port.
@@ -209,13 +216,8 @@ fn dns_ports(p: [u8; 8]) -> Result<(u16, u16), i64> {
 #[inline(always)]
 pub fn transport<R: Reader>(r: &R, dns: Dns, meta: &mut PacketMeta) -> Result<L4, i64> {
     let mut l4 = dns.l4;
-    // SAFETY: 16 plain bytes either way.
-    (meta.saddr, meta.daddr) = unsafe {
-        (
-            core::mem::transmute::<[u32; 4], [u8; 16]>(dns.saddr),
-            core::mem::transmute::<[u32; 4], [u8; 16]>(dns.daddr),
-        )
-    };
+    meta.saddr = bytes(dns.saddr);
+    meta.daddr = bytes(dns.daddr);
     meta.sport = dns.sport;
     meta.dport = dns.dport;
     meta.ip_version = dns.ip_version;
