@@ -472,6 +472,16 @@ fn half_pair_lost(j: &Journey, recent: &[&Asked], names: &KernelNames) -> Option
     if matches!(j.outcome, Outcome::Answered { .. }) || !matches!(j.qtype, "A" | "AAAA") {
         return None;
     }
+    // The race's loser is dropped by conntrack's confirm, a netfilter
+    // verdict; a drop the kernel gives another reason for is that reason's.
+    if let Outcome::Dropped { reason, .. } = j.outcome {
+        if !matches!(
+            names.drop_reason(reason).as_str(),
+            "NETFILTER_DROP" | "NOT_SPECIFIED"
+        ) {
+            return None;
+        }
+    }
     let sibling = recent.iter().find(|a| {
         a.answered
             && a.name == j.name
@@ -809,15 +819,20 @@ fn dropped(j: &Journey, names: &KernelNames, raised: &Raised) -> Option<Finding>
     };
     let leg = j.legs.iter().rfind(|l| l.drop.is_some())?;
     let (why, at) = (names.drop_reason(reason), names.location(location));
-    let key = format!("{why}@{at}");
+    // Per receiver: which server (or client) it happens to is the finding.
+    let key = format!("{why}@{at} to {}", leg.dst.ip());
     if raised("dropped", &key) {
         return Some(Finding::again("dropped", key));
     }
+    let (cause, fix) = drop_cause(&why, leg);
     Some(Finding {
         kind: "dropped",
         severity: Severity::Critical,
         key,
-        summary: format!("DNS packets dropped in the kernel: {why} at {at}"),
+        summary: format!(
+            "DNS packets to {} dropped in the kernel: {why} at {at}",
+            leg.dst.ip()
+        ),
         evidence: vec![format!(
             "the {} {} → {} ({} {}) was dropped on {}: {why} at {at}",
             if leg.response { "answer" } else { "query" },
@@ -827,9 +842,42 @@ fn dropped(j: &Journey, names: &KernelNames, raised: &Raised) -> Option<Finding>
             j.qtype,
             place(leg)
         )],
-        cause: format!("the kernel's drop reason is {why}: a netfilter rule (iptables/nftables DROP), a missing route or socket, or a full queue, depending on it"),
-        fix: "for NETFILTER_DROP, find the rule: `iptables-save | grep -i drop` in that namespace; otherwise see the reason's name in include/net/dropreason-core.h",
+        cause,
+        fix,
     })
+}
+
+/// What the kernel's reason says happened, and what to do, for the
+/// reasons DNS meets; a query's socket is the server's, an answer's the
+/// client's.
+fn drop_cause(why: &str, leg: &Leg) -> (String, &'static str) {
+    let (dst, client) = (leg.dst, leg.dst.ip());
+    match (why, leg.response) {
+        ("SOCKET_RCVBUFF", false) => (
+            format!("the server's socket at {dst} was not read as fast as queries arrived, and its receive buffer was full: the server is overloaded or starved of CPU"),
+            "give the server CPU or replicas (CoreDNS: its autoscaler, or NodeLocalDNS to take load off it); `nstat -az UdpRcvbufErrors` in its namespace counts these drops; a larger net.core.rmem_default only absorbs bursts",
+        ),
+        ("SOCKET_RCVBUFF", true) => (
+            format!("the client at {client} did not read its socket as fast as answers arrived, and its receive buffer was full"),
+            "the client is starved of CPU or stuck: see its process; `nstat -az UdpRcvbufErrors` in its namespace counts these drops",
+        ),
+        ("NO_SOCKET", false) => (
+            format!("nothing listens on {dst} there: the server is down or restarting"),
+            "check the server listens: `ss -lun` in its namespace; a Service should not send to a pod that is not ready",
+        ),
+        ("NO_SOCKET", true) => (
+            format!("no socket at {client} takes this answer: the client gave up and closed it, or asked another address than the answer comes from"),
+            "an answer slower than the client's timeout: see where the time went (slow_answers); one from an unexpected address: see reply_from_unexpected_source",
+        ),
+        ("NETFILTER_DROP", _) => (
+            "a netfilter rule (iptables/nftables DROP) or conntrack (an insert that lost a race) dropped it".into(),
+            "find the rule: `iptables-save | grep -i drop` (or `nft list ruleset`) in that namespace; `conntrack -S` shows insert_failed",
+        ),
+        _ => (
+            format!("the kernel's drop reason is {why}, at the function named"),
+            "see the reason in include/net/dropreason-core.h",
+        ),
+    }
 }
 
 /// An upstream query that got no answer.

@@ -271,7 +271,7 @@ fn drops_name_reason_and_place() {
     assert_eq!(found.len(), 1);
     assert_eq!(
         found[0].summary,
-        "DNS packets dropped in the kernel: NETFILTER_DROP at nf_hook_slow+0x8"
+        "DNS packets to 10.244.0.54 dropped in the kernel: NETFILTER_DROP at nf_hook_slow+0x8"
     );
 }
 
@@ -581,6 +581,93 @@ fn a_lost_half_of_a_parallel_pair_is_the_conntrack_race() {
         "{:?}",
         found[0].evidence
     );
+}
+
+/// A query from `client` dropped at `server`'s socket for `reason` (a
+/// kernel number named by `drop_names`).
+fn dropped_at(client: &str, server: &str, reason: u32) -> Journey {
+    let mut j = healthy();
+    j.client = a(client);
+    j.legs.truncate(1);
+    j.legs
+        .push(leg(40_000, "kfree_skb", DNS_NS, 2, client, server, false));
+    j.outcome = Outcome::Dropped {
+        reason,
+        location: 0x10,
+    };
+    j
+}
+
+fn drop_names() -> KernelNames {
+    KernelNames::new(
+        [
+            (3, "SKB_DROP_REASON_NETFILTER_DROP".to_owned()),
+            (7, "SKB_DROP_REASON_SOCKET_RCVBUFF".to_owned()),
+        ]
+        .into(),
+        "0000000000000008 t udp_queue_rcv_one_skb\n".as_bytes(),
+    )
+}
+
+#[test]
+fn a_lost_half_dropped_for_a_full_socket_is_not_the_conntrack_race() {
+    let names = drop_names();
+    let mut d = Diagnoser::new(ctx());
+    let aaaa = Journey {
+        id: 1,
+        qtype: "AAAA",
+        started_ns: 100_000,
+        ended_ns: 400_000,
+        ..healthy()
+    };
+    assert!(d.journey(&aaaa, &names).is_empty());
+    let full = dropped_at("10.244.0.10:4000", "10.244.0.54:53", 7);
+    let found = d.journey(&full, &names);
+    assert_eq!(
+        found.iter().map(|a| a.kind).collect::<Vec<_>>(),
+        vec!["dropped"]
+    );
+    assert!(
+        found[0]
+            .cause
+            .contains("10.244.0.54:53 was not read as fast as queries arrived")
+            && found[0].fix.contains("UdpRcvbufErrors"),
+        "{found:?}"
+    );
+    // Dropped by a netfilter verdict, as the race's loser is, it is the race.
+    let raced = Journey {
+        id: 3,
+        ..dropped_at("10.244.0.10:4000", "10.244.0.54:53", 3)
+    };
+    let found = d.journey(&raced, &names);
+    assert_eq!(
+        found.iter().map(|a| a.kind).collect::<Vec<_>>(),
+        vec!["parallel_query_lost"]
+    );
+    assert!(found[0].evidence[1].contains("NETFILTER_DROP"), "{found:?}");
+}
+
+#[test]
+fn a_full_socket_at_each_server_is_its_own_anomaly() {
+    let names = drop_names();
+    let mut d = Diagnoser::new(ctx());
+    for (i, server) in ["10.244.0.54:53", "10.244.0.55:53", "10.244.0.54:53"]
+        .into_iter()
+        .enumerate()
+    {
+        let j = Journey {
+            id: i as u64,
+            qtype: "TXT",
+            ..dropped_at("10.244.0.10:4000", server, 7)
+        };
+        d.journey(&j, &names);
+    }
+    let summary = d.summary();
+    let counts: Vec<(u64, bool)> = summary
+        .iter()
+        .map(|a| (a.count, a.cause.contains("10.244.0.55:53")))
+        .collect();
+    assert_eq!(counts, [(2, false), (1, true)], "{summary:?}");
 }
 
 #[test]
