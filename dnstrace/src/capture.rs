@@ -42,7 +42,8 @@ pub async fn run(args: CaptureArgs, view: View) -> Result<()> {
     if let Some(t) = &target {
         eprintln!("dnstrace: {}", t.describe());
     }
-    let ingest = Ingest::new(probes.take_events()?).context("watching the ring buffer")?;
+    let ingest = Ingest::new(probes.take_events()?, args.discard_events)
+        .context("watching the ring buffer")?;
     // Root reads real addresses from kallsyms; drop locations need them.
     // Opened now, while privileged; read only if a location is named.
     let kallsyms: Box<dyn std::io::Read + Send> = match std::fs::File::open("/proc/kallsyms") {
@@ -110,6 +111,7 @@ pub async fn run(args: CaptureArgs, view: View) -> Result<()> {
         lost: probes.lost_events().unwrap_or(0),
         targets: probes.targets(),
         bad_events: src.ingest.bad_events(),
+        discarded: src.ingest.discarded(),
         ct_overruns: src.watches.ct.as_ref().map_or(0, CtWatcher::overruns),
     };
     drop(src);
@@ -314,6 +316,7 @@ struct ExitReport {
     lost: u64,
     targets: Vec<String>,
     bad_events: u64,
+    discarded: u64,
     ct_overruns: u64,
 }
 
@@ -340,6 +343,12 @@ impl ExitReport {
             eprintln!(
                 "dnstrace: conntrack events were lost {} times (netlink queue full)",
                 self.ct_overruns
+            );
+        }
+        if self.discarded > 0 {
+            eprintln!(
+                "dnstrace: {} kernel events read and discarded undecoded (--discard-events)",
+                self.discarded
             );
         }
         if self.bad_events > 0 {

@@ -194,6 +194,11 @@ pub struct CaptureArgs {
     /// as where the verifier refuses direct loads (slower; for tests).
     #[arg(long, hide = true)]
     pub probe_reads: bool,
+
+    /// Events are read off the ring buffer and dropped undecoded: what the
+    /// kernel side costs on its own (for `cargo xtask bench`).
+    #[arg(long, hide = true)]
+    pub discard_events: bool,
 }
 
 /// Where the container runtimes keep their state; a missing one is skipped.

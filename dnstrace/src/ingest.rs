@@ -22,23 +22,35 @@ struct Events {
     /// Events that did not decode (a kernel/user version mismatch).
     bad: u64,
     names: IfNames,
+    /// Drop every event undecoded (`--discard-events`), counting them.
+    discard: bool,
+    discarded: u64,
 }
 
 impl Ingest {
-    pub fn new(ring: RingBuf<MapData>) -> io::Result<Self> {
+    /// With `discard`, events are read and dropped undecoded.
+    pub fn new(ring: RingBuf<MapData>, discard: bool) -> io::Result<Self> {
         // SAFETY: the ring buffer owns its map fd, which stays open and the
         // same for as long as the AsyncFd holds it.
         let ring = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
             .map_err(|e| e.into_parts().1)?;
         Ok(Self {
             ring,
-            events: Events::default(),
+            events: Events {
+                discard,
+                ..Events::default()
+            },
         })
     }
 
     /// Events that did not decode (a kernel/user version mismatch).
     pub fn bad_events(&self) -> u64 {
         self.events.bad
+    }
+
+    /// Events dropped undecoded (`--discard-events`).
+    pub fn discarded(&self) -> u64 {
+        self.events.discarded
     }
 
     /// Waits for the kernel's wakeup, then reads a batch into `out`. The
@@ -66,6 +78,10 @@ impl Events {
             let Some(item) = ring.next() else {
                 return false;
             };
+            if self.discard {
+                self.discarded += 1;
+                continue;
+            }
             if out.capacity() == 0 {
                 out.reserve_exact(BATCH);
             }

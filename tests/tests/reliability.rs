@@ -193,3 +193,43 @@ fn too_many_open_journeys_are_evicted_and_counted() {
         "{stderr:?}"
     );
 }
+
+/// `--discard-events`, the bench's measure of the kernel side alone: the
+/// events are read off the ring and counted, and none is decoded.
+#[test]
+fn discarded_events_are_read_and_counted_not_decoded() {
+    require_root();
+    let pair = Pair::new().unwrap();
+    let _dns = dnsmasq(
+        &pair.server,
+        &["--local=/test/", "--host-record=www.test,10.77.0.80"],
+    )
+    .unwrap();
+    let trace = Dnstrace::start(
+        &pair.server,
+        &["--iface", Pair::SERVER_IF, "--discard-events", "-o", "json"],
+    )
+    .unwrap();
+    assert!(dig_through(&pair).contains("10.77.0.80"));
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let (status, out, stderr) = trace.stop(libc::SIGINT).unwrap();
+    assert!(status.success(), "{stderr:?}");
+    assert_eq!(out.trim(), "", "nothing decoded, nothing printed");
+    assert!(
+        stderr
+            .iter()
+            .any(|l| l.starts_with("dnstrace: 0 DNS packets")),
+        "{stderr:?}"
+    );
+    let discarded = stderr
+        .iter()
+        .find_map(|l| {
+            l.strip_prefix("dnstrace: ")?
+                .strip_suffix(" kernel events read and discarded undecoded (--discard-events)")?
+                .parse::<u64>()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no count of discarded events: {stderr:?}"));
+    // The query in and the answer out, at ingress and egress of vs.
+    assert!(discarded >= 2, "{stderr:?}");
+}
