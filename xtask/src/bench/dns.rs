@@ -29,29 +29,51 @@ impl Bench {
     }
 
     /// The lab's highest rate without dnstrace, with its tracepoints (the
-    /// goal's "tracing everything") and with tc on the node's devices (every
+    /// goal's "tracing everything"), with tc on the node's devices (every
     /// DNS packet through the node, seen twice where the tracepoints see it
-    /// about four times), in an order that turns each round.
+    /// about four times), and with the tracepoints' events dropped unread
+    /// (the kernel side alone: the most any work in user space could keep),
+    /// in an order that turns each round.
     pub(super) fn capacity(&mut self) -> Result<()> {
         let secs = self.plan.perf_secs;
-        let modes = [Hooks::Tracepoints, Hooks::Tc(node_veths()?)];
+        let modes = [
+            Capacity {
+                hooks: Hooks::Tracepoints,
+                extra: &[],
+                what: "`dnstrace trace -o json`",
+                goal: true,
+            },
+            Capacity {
+                hooks: Hooks::Tc(node_veths()?),
+                extra: &[],
+                what: "tc on the node's devices, `dnstrace trace --iface … -o json`",
+                goal: false,
+            },
+            Capacity {
+                hooks: Hooks::Tracepoints,
+                extra: &["--discard-events"],
+                what: "the kernel side alone: the tracepoints, their events read off the ring and dropped undecoded (`--discard-events`)",
+                goal: false,
+            },
+        ];
         let mut base = Vec::new();
         let mut with: Vec<Traced> = modes.iter().map(|_| Traced::default()).collect();
         for round in 0..self.plan.perf_rounds {
             for k in 0..=modes.len() {
                 let which = (k + round) % (modes.len() + 1);
-                if which == modes.len() {
+                let Some(mode) = modes.get(which) else {
                     let b = dnsperf(&self.queries(), secs, None)?;
                     eprintln!("bench: round {}: baseline {b}", round + 1);
                     base.push(b.qps);
-                } else {
-                    let tracer = self.tracer(&modes[which], DNS_LOAD)?;
-                    let t = dnsperf(&self.queries(), secs, None)?;
-                    let exit = tracer.stop()?;
-                    let mode = modes[which].short();
-                    eprintln!("bench: round {}: traced ({mode}) {t}; {exit}", round + 1);
-                    with[which].add(t.qps, &exit);
-                }
+                    settle()?;
+                    continue;
+                };
+                let tracer = self.tracer(&mode.hooks, &[DNS_LOAD, mode.extra].concat())?;
+                let t = dnsperf(&self.queries(), secs, None)?;
+                let exit = tracer.stop()?;
+                let label = mode.label();
+                eprintln!("bench: round {}: traced ({label}) {t}; {exit}", round + 1);
+                with[which].add(t.qps, &exit);
                 settle()?;
             }
         }
@@ -63,19 +85,14 @@ impl Bench {
             thousands(min(&base)),
             thousands(max(&base))
         );
-        for (hooks, traced) in modes.iter().zip(&with) {
+        for (mode, traced) in modes.iter().zip(&with) {
             let w = median(&traced.qps);
-            let (what, met) = match hooks {
-                Hooks::Tracepoints => ("`dnstrace trace -o json`", Some(w / b >= 0.95)),
-                Hooks::Tc(_) => (
-                    "tc on the node's devices, `dnstrace trace --iface … -o json`",
-                    None,
-                ),
-            };
+            let met = mode.goal.then_some(w / b >= 0.95);
             self.rows.push(Row {
                 figure: format!(
-                    "DNS capacity: dnsperf at the lab's highest rate via kube-dns {SERVICE} ({secs} s × {}, medians; {what})",
-                    base.len()
+                    "DNS capacity: dnsperf at the lab's highest rate via kube-dns {SERVICE} ({secs} s × {}, medians; {})",
+                    base.len(),
+                    mode.what
                 ),
                 baseline: baseline.clone(),
                 with: format!(
@@ -100,20 +117,16 @@ impl Bench {
             .ok_or_else(|| anyhow!("needs the lab's capacity, which was not measured"))?;
         let secs = self.plan.zero_secs;
         // 20,000 first, whatever the lab's capacity (what dnstrace loses
-        // there is worth knowing), then down through rates the lab sustains
-        // without it. A run stops at dnstrace's first lost event.
-        let mut ladder = vec![ZERO_LOSS_QPS];
-        ladder.extend(
-            [
-                15_000, 12_000, 10_000, 8_000, 6_000, 5_000, 4_000, 3_000, 2_500, 2_000, 1_500,
-                1_000, 500,
-            ]
-            .into_iter()
-            .filter(|&r| f64::from(r) <= cap * 0.9),
-        );
+        // there is worth knowing). Clean, then up in steps of 5,000 to the
+        // lab's own rate until a run is not; else down through rates the
+        // lab sustains without dnstrace until one is. A run stops at
+        // dnstrace's first lost event; one the lab cannot keep up is not
+        // clean either.
         let mut tried = Vec::new();
         let mut found = None;
-        for &rate in &ladder {
+        let mut climbing = None;
+        let mut rates = vec![ZERO_LOSS_QPS];
+        while let Some(rate) = rates.pop() {
             let run = self.offer(rate, secs, true)?;
             eprintln!("bench: {rate} qps: {run}");
             tried.push(format!(
@@ -121,11 +134,23 @@ impl Bench {
                 thousands(f64::from(rate)),
                 run.brief()
             ));
-            if run.clean() {
+            let clean = run.clean();
+            if clean {
                 found = Some(run);
-                break;
             }
             settle()?;
+            match climbing {
+                None => {
+                    climbing = Some(clean);
+                    rates = if clean {
+                        steps_up(cap)
+                    } else {
+                        steps_down(cap)
+                    };
+                }
+                Some(up) if clean != up => break,
+                Some(_) => {}
+            }
         }
         let lab_note = if cap * 0.9 < f64::from(ZERO_LOSS_QPS) {
             format!(
@@ -279,6 +304,47 @@ impl Bench {
             "Side by side: tcpdump sees only the node's devices (the veths, cni0, eth0), dnstrace also each pod's own eth0, and decodes every message and follows each lookup end to end. CPU is the process's user+system time while dnsperf ran (from /proc/PID/stat); the kernel-side cost of each (tcpdump's packet socket, dnstrace's BPF programs) is not in it.".into(),
         );
         Ok(())
+    }
+}
+
+/// Rates above ZERO_LOSS_QPS up to the lab's `cap`, the next last.
+fn steps_up(cap: f64) -> Vec<u32> {
+    let mut up: Vec<u32> = (1..)
+        .map(|k| ZERO_LOSS_QPS + 5_000 * k)
+        .take_while(|&r| f64::from(r) <= cap)
+        .collect();
+    up.reverse();
+    up
+}
+
+/// Rates below ZERO_LOSS_QPS the lab sustains, the next last.
+fn steps_down(cap: f64) -> Vec<u32> {
+    let mut down: Vec<u32> = [
+        15_000, 12_000, 10_000, 8_000, 6_000, 5_000, 4_000, 3_000, 2_500, 2_000, 1_500, 1_000, 500,
+    ]
+    .into_iter()
+    .filter(|&r| f64::from(r) <= cap * 0.9)
+    .collect();
+    down.reverse();
+    down
+}
+
+/// One way of running dnstrace in the capacity rounds.
+struct Capacity {
+    hooks: Hooks,
+    extra: &'static [&'static str],
+    /// How the table names it.
+    what: &'static str,
+    /// Whether the 95% goal is this mode's.
+    goal: bool,
+}
+
+impl Capacity {
+    fn label(&self) -> String {
+        match self.extra {
+            [] => self.hooks.short().into(),
+            extra => format!("{} {}", self.hooks.short(), extra.join(" ")),
+        }
     }
 }
 
