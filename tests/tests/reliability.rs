@@ -26,6 +26,15 @@ fn caps(pid: u32, set: &str) -> u64 {
     each.into_iter().next().unwrap()
 }
 
+/// dnsmasq on the pair's server, answering www.test with 10.77.0.80.
+fn www_test(pair: &Pair) -> Proc {
+    dnsmasq(
+        &pair.server,
+        &["--local=/test/", "--host-record=www.test,10.77.0.80"],
+    )
+    .unwrap()
+}
+
 fn dig_through(pair: &Pair) -> String {
     run(pair.client.cmd("dig").args([
         "+tries=1",
@@ -42,11 +51,7 @@ fn after_attaching_only_what_detaching_needs_is_kept() {
     const CAP_NET_ADMIN: u64 = 1 << 12;
     for (mode, kept) in [("tcx", 0), ("netlink", CAP_NET_ADMIN)] {
         let pair = Pair::new().unwrap();
-        let _dns = dnsmasq(
-            &pair.server,
-            &["--local=/test/", "--host-record=www.test,10.77.0.80"],
-        )
-        .unwrap();
+        let _dns = www_test(&pair);
         let trace = Dnstrace::start(
             &pair.server,
             &[
@@ -200,11 +205,7 @@ fn too_many_open_journeys_are_evicted_and_counted() {
 fn discarded_events_are_read_and_counted_not_decoded() {
     require_root();
     let pair = Pair::new().unwrap();
-    let _dns = dnsmasq(
-        &pair.server,
-        &["--local=/test/", "--host-record=www.test,10.77.0.80"],
-    )
-    .unwrap();
+    let _dns = www_test(&pair);
     let trace = Dnstrace::start(
         &pair.server,
         &["--iface", Pair::SERVER_IF, "--discard-events", "-o", "json"],

@@ -31,7 +31,7 @@ impl Bench {
     /// The lab's highest rate without dnstrace, with its tracepoints (the
     /// goal's "tracing everything"), with tc on the node's devices (every
     /// DNS packet through the node, seen twice where the tracepoints see it
-    /// about four times), and with the tracepoints' events dropped unread
+    /// about four times), and with the tracepoints' events read but left undecoded
     /// (the kernel side alone: the most any work in user space could keep),
     /// in an order that turns each round.
     pub(super) fn capacity(&mut self) -> Result<()> {
