@@ -537,18 +537,22 @@ fn br_netfilter_missing_matters_only_on_a_kubernetes_node() {
     assert!(plain_host.static_checks(0).is_empty());
 }
 
-#[test]
-fn a_lost_half_of_a_parallel_pair_is_the_conntrack_race() {
-    let names = KernelNames::default();
-    let mut d = Diagnoser::new(ctx());
-    let aaaa = Journey {
+/// The answered AAAA of a parallel A/AAAA pair from the healthy client.
+fn answered_aaaa() -> Journey {
+    Journey {
         id: 1,
         qtype: "AAAA",
         started_ns: 100_000,
         ended_ns: 400_000,
         ..healthy()
-    };
-    assert!(d.journey(&aaaa, &names).is_empty());
+    }
+}
+
+#[test]
+fn a_lost_half_of_a_parallel_pair_is_the_conntrack_race() {
+    let names = KernelNames::default();
+    let mut d = Diagnoser::new(ctx());
+    assert!(d.journey(&answered_aaaa(), &names).is_empty());
     let retry = Journey {
         id: 3,
         started_ns: 5_000_000_000,
@@ -613,14 +617,7 @@ fn drop_names() -> KernelNames {
 fn a_lost_half_dropped_for_a_full_socket_is_not_the_conntrack_race() {
     let names = drop_names();
     let mut d = Diagnoser::new(ctx());
-    let aaaa = Journey {
-        id: 1,
-        qtype: "AAAA",
-        started_ns: 100_000,
-        ended_ns: 400_000,
-        ..healthy()
-    };
-    assert!(d.journey(&aaaa, &names).is_empty());
+    assert!(d.journey(&answered_aaaa(), &names).is_empty());
     let full = dropped_at("10.244.0.10:4000", "10.244.0.54:53", 7);
     let found = d.journey(&full, &names);
     assert_eq!(
