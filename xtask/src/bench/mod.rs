@@ -71,9 +71,67 @@ const DNSPERF_OUTSTANDING: &str = "500";
 /// every journey (the issue's "tracing everything").
 const DNS_LOAD: &[&str] = &["--ring-buffer-mib", "64", "--max-open", "262144"];
 
-const USAGE: &str = "usage: cargo xtask bench [--quick] [--markdown PATH]
+const USAGE: &str = "usage: cargo xtask bench [--quick] [--only FIGURE]... [--markdown PATH]
   --quick          short runs (seconds instead of minutes) for trying things
+  --only FIGURE    measure only this figure (repeatable): startup, iperf,
+                   capacity, zero-loss, tcpdump, pipeline, memory
   --markdown PATH  also write the table as Markdown (for the README)";
+
+type Stage = fn(&mut Bench) -> Result<()>;
+
+/// The figures in the order they run: `--only`'s name, the heading, the
+/// stage.
+const FIGURES: &[(&str, &str, Stage)] = &[
+    (
+        "startup",
+        "start-up: launch to all hooks attached",
+        Bench::startup,
+    ),
+    (
+        "iperf",
+        "TCP throughput through the node (iperf3)",
+        Bench::iperf,
+    ),
+    (
+        "capacity",
+        "DNS capacity (dnsperf against kube-dns)",
+        Bench::capacity,
+    ),
+    (
+        "zero-loss",
+        "zero loss at a sustained rate",
+        Bench::zero_loss,
+    ),
+    (
+        "tcpdump",
+        "tcpdump -i any -w at the same rate",
+        Bench::tcpdump,
+    ),
+    (
+        "pipeline",
+        "user-space pipeline (replay on one core)",
+        Bench::pipeline,
+    ),
+    ("memory", "memory with lookups in flight", Bench::memory),
+];
+
+/// The figures `--only` names, in run order, with what they need: the
+/// zero-loss ladder starts from the lab's measured capacity.
+fn selected(only: &[String]) -> Result<Vec<&'static str>> {
+    let names: Vec<&str> = FIGURES.iter().map(|f| f.0).collect();
+    if let Some(bad) = only.iter().find(|o| !names.contains(&o.as_str())) {
+        bail!(
+            "no figure {bad:?}: --only takes one of {}",
+            names.join(", ")
+        );
+    }
+    let wanted = |n: &str| {
+        only.is_empty()
+            || only.iter().any(|o| o == n)
+            || (n == "capacity" && only.iter().any(|o| o == "zero-loss"))
+    };
+    Ok(names.into_iter().filter(|n| wanted(n)).collect())
+}
 
 /// How long each figure is measured.
 struct Plan {
@@ -135,10 +193,16 @@ impl Plan {
 pub fn run(args: &[String]) -> Result<()> {
     let mut quick = false;
     let mut markdown = None;
+    let mut only = Vec::new();
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
             "--quick" => quick = true,
+            "--only" => only.push(
+                it.next()
+                    .ok_or_else(|| anyhow!("--only needs a figure\n{USAGE}"))?
+                    .clone(),
+            ),
             "--markdown" => {
                 markdown =
                     Some(PathBuf::from(it.next().ok_or_else(|| {
@@ -148,6 +212,7 @@ pub fn run(args: &[String]) -> Result<()> {
             _ => bail!("unknown argument {a:?}\n{USAGE}"),
         }
     }
+    let figures = selected(&only)?;
     if !setup::is_root() {
         bail!("the bench loads eBPF programs and builds the lab: run `sudo cargo xtask bench`");
     }
@@ -167,6 +232,7 @@ pub fn run(args: &[String]) -> Result<()> {
         dir,
         plan: Plan::new(quick),
         quick,
+        only,
         rows: Vec::new(),
         notes: Vec::new(),
         capacity: None,
@@ -174,7 +240,7 @@ pub fn run(args: &[String]) -> Result<()> {
     };
     step("building the lab (dnstrace lab up)");
     let lab = Lab::up(&bench.bin)?;
-    let result = bench.all();
+    let result = bench.all(&figures);
     drop(lab);
     result?;
     let elapsed = started.elapsed();
@@ -243,6 +309,8 @@ struct Bench {
     dir: PathBuf,
     plan: Plan,
     quick: bool,
+    /// The figures `--only` named, as given.
+    only: Vec<String>,
     rows: Vec<Row>,
     notes: Vec<String>,
     /// The lab's highest qps without dnstrace (median of the baseline runs).
@@ -252,20 +320,16 @@ struct Bench {
 }
 
 impl Bench {
-    fn all(&mut self) -> Result<()> {
+    fn all(&mut self, figures: &[&str]) -> Result<()> {
         self.query_file()?;
-        self.phase("start-up: launch to all hooks attached", Self::startup)?;
-        self.phase("TCP throughput through the node (iperf3)", Self::iperf)?;
-        self.phase("DNS capacity (dnsperf against kube-dns)", Self::capacity)?;
-        self.phase("zero loss at a sustained rate", Self::zero_loss)?;
-        self.phase("tcpdump -i any -w at the same rate", Self::tcpdump)?;
-        self.phase("user-space pipeline (replay on one core)", Self::pipeline)?;
-        self.phase("memory with lookups in flight", Self::memory)?;
+        for (_, name, stage) in FIGURES.iter().filter(|f| figures.contains(&f.0)) {
+            self.phase(name, *stage)?;
+        }
         Ok(())
     }
 
     /// A failed figure is a row saying why; the others are still measured.
-    fn phase(&mut self, name: &str, f: fn(&mut Self) -> Result<()>) -> Result<()> {
+    fn phase(&mut self, name: &str, f: Stage) -> Result<()> {
         step(name);
         if let Err(e) = f(self) {
             if stopping() {
@@ -497,6 +561,20 @@ mod tests {
         assert_eq!(thousands(999.0), "999");
         assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+    }
+
+    #[test]
+    fn only_picks_figures_in_run_order_with_what_they_need() {
+        let only =
+            |names: &[&str]| selected(&names.iter().map(|n| n.to_string()).collect::<Vec<_>>());
+        assert_eq!(only(&[]).unwrap().len(), FIGURES.len());
+        assert_eq!(only(&["memory", "startup"]).unwrap(), ["startup", "memory"]);
+        assert_eq!(only(&["zero-loss"]).unwrap(), ["capacity", "zero-loss"]);
+        let err = only(&["memroy"]).unwrap_err().to_string();
+        assert!(
+            err.contains("\"memroy\"") && err.contains("memory"),
+            "{err}"
+        );
     }
 
     #[test]

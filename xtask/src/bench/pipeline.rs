@@ -10,7 +10,8 @@ impl Bench {
             .as_ref()
             .map(|r| r.rate)
             .or_else(|| self.capacity.map(|c| ((c * 0.5) as u32).max(1000)))
-            .ok_or_else(|| anyhow!("needs a rate the lab sustains"))?;
+            // Alone (`--only pipeline`): the rate the goals name.
+            .unwrap_or(ZERO_LOSS_QPS);
         let file = self.dir.join("stream.pcapng");
         let secs = self.plan.record_secs;
         let file_arg = file.to_string_lossy().into_owned();
