@@ -2,7 +2,8 @@
 //! namespace, and the message and attribute framing they share.
 use std::{
     io,
-    os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    mem::size_of,
+    os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd},
     path::Path,
 };
 
@@ -97,6 +98,24 @@ impl Subscription {
             messages(&self.buf[..n as usize]).for_each(&mut each);
         }
     }
+}
+
+/// Sends one request: `req` is a plain `#[repr(C)]` netlink message,
+/// header first.
+pub fn send<T: Copy>(sock: BorrowedFd, req: &T) -> io::Result<()> {
+    // SAFETY: sending the bytes of a plain value of the given size.
+    let sent = unsafe {
+        libc::send(
+            sock.as_raw_fd(),
+            (req as *const T).cast(),
+            size_of::<T>(),
+            0,
+        )
+    };
+    if sent < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Netlink attributes of `buf`, as (type, payload).

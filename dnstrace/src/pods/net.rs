@@ -5,7 +5,7 @@ use std::{
     io,
     mem::size_of,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
-    os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd},
     path::Path,
 };
 
@@ -136,6 +136,7 @@ impl Link {
     }
 }
 
+#[derive(Clone, Copy)]
 #[repr(C)]
 struct IfInfoMsg {
     family: u8,
@@ -146,6 +147,7 @@ struct IfInfoMsg {
     change: u32,
 }
 
+#[derive(Clone, Copy)]
 #[repr(C)]
 struct LinkRequest {
     header: libc::nlmsghdr,
@@ -173,18 +175,7 @@ fn get_link(index: u32) -> Result<Option<Link>> {
             change: 0,
         },
     };
-    // SAFETY: sending the bytes of a plain `#[repr(C)]` value.
-    let sent = unsafe {
-        libc::send(
-            sock.as_raw_fd(),
-            (&req as *const LinkRequest).cast(),
-            size_of::<LinkRequest>(),
-            0,
-        )
-    };
-    if sent < 0 {
-        return Err(io::Error::last_os_error()).context("sending RTM_GETLINK");
-    }
+    crate::netlink::send(sock.as_fd(), &req).context("sending RTM_GETLINK")?;
     let mut buf = vec![0u8; REPLY_BYTES];
     // SAFETY: receiving into a buffer of the given length; MSG_TRUNC makes
     // the result the full length, so a cut reply shows.

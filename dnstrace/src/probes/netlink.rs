@@ -2,12 +2,13 @@
 use std::{
     io,
     mem::size_of,
-    os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd},
 };
 
 const TC_H_CLSACT: u32 = 0xffff_fff1;
 const CLSACT_HANDLE: u32 = 0xffff_0000;
 
+#[derive(Clone, Copy)]
 #[repr(C)]
 struct TcMsg {
     family: u8,
@@ -19,6 +20,7 @@ struct TcMsg {
     info: u32,
 }
 
+#[derive(Clone, Copy)]
 #[repr(C)]
 struct Request {
     header: libc::nlmsghdr,
@@ -58,18 +60,7 @@ pub fn delete_clsact(ifindex: u32) -> io::Result<()> {
             info: 0,
         },
     };
-    // SAFETY: sending the bytes of a plain `#[repr(C)]` value.
-    let sent = unsafe {
-        libc::send(
-            sock.as_raw_fd(),
-            (&req as *const Request).cast(),
-            size_of::<Request>(),
-            0,
-        )
-    };
-    if sent < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    crate::netlink::send(sock.as_fd(), &req)?;
     let mut buf = [0u8; 1024];
     // SAFETY: receiving into a local buffer of the given length.
     let n = unsafe { libc::recv(sock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
