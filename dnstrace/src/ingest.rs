@@ -1,10 +1,13 @@
 //! Reading kernel events from the ring buffer, a bounded batch at a time.
 use std::io;
 
-use aya::maps::{MapData, RingBuf};
 use tokio::io::{unix::AsyncFd, Interest};
 
 use crate::decode::{packet::IfNames, Packet};
+
+mod ring;
+
+pub use ring::Ring;
 
 /// Events read in one batch: enough to spread a batch's fixed costs, few
 /// enough that its packets and records stay in cache and the reader's
@@ -12,7 +15,7 @@ use crate::decode::{packet::IfNames, Packet};
 const BATCH: usize = 1024;
 
 pub struct Ingest {
-    ring: AsyncFd<RingBuf<MapData>>,
+    ring: AsyncFd<Ring>,
     events: Events,
 }
 
@@ -29,7 +32,7 @@ struct Events {
 
 impl Ingest {
     /// With `discard`, events are read and dropped undecoded.
-    pub fn new(ring: RingBuf<MapData>, discard: bool) -> io::Result<Self> {
+    pub fn new(ring: Ring, discard: bool) -> io::Result<Self> {
         // SAFETY: the ring buffer owns its map fd, which stays open and the
         // same for as long as the AsyncFd holds it.
         let ring = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
@@ -73,23 +76,26 @@ impl Ingest {
 
 impl Events {
     /// Reads at most `BATCH` events; true if it stopped at the limit.
-    fn read(&mut self, ring: &mut RingBuf<MapData>, out: &mut Vec<Packet>) -> bool {
+    fn read(&mut self, ring: &mut Ring, out: &mut Vec<Packet>) -> bool {
         for _ in 0..BATCH {
-            let Some(item) = ring.next() else {
+            if ring.next(|item| self.take(item, out)).is_none() {
                 return false;
-            };
-            if self.discard {
-                self.discarded += 1;
-                continue;
-            }
-            if out.capacity() == 0 {
-                out.reserve_exact(BATCH);
-            }
-            match Packet::from_event(&item, &mut self.names) {
-                Ok(p) => out.push(p),
-                Err(_) => self.bad += 1,
             }
         }
         true
+    }
+
+    fn take(&mut self, item: &[u8], out: &mut Vec<Packet>) {
+        if self.discard {
+            self.discarded += 1;
+            return;
+        }
+        if out.capacity() == 0 {
+            out.reserve_exact(BATCH);
+        }
+        match Packet::from_event(item, &mut self.names) {
+            Ok(p) => out.push(p),
+            Err(_) => self.bad += 1,
+        }
     }
 }

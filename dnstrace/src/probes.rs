@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 
 use anyhow::{anyhow, bail, Context as _, Result};
 use aya::{
-    maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, PerCpuArray},
     programs::{
         tc::{NlOptions, SchedClassifierLink, TcAttachOptions},
         BtfTracePoint, KProbe, LinkOrder, Program, ProgramError, ProgramType, SchedClassifier,
@@ -21,6 +21,7 @@ use dnstrace_common::{port_slot, KernelOffsets, TargetFilter, L2_LEN_MIXED, PORT
 
 use crate::{
     cli::{AttachMode, CaptureArgs},
+    ingest::Ring,
     target::KernelFilter,
 };
 
@@ -565,9 +566,12 @@ impl Probes {
     }
 
     /// The ring buffer the programs write events to.
-    pub fn take_events(&mut self) -> Result<RingBuf<MapData>> {
+    pub fn take_events(&mut self) -> Result<Ring> {
         let map = self.ebpf.take_map("EVENTS").context("EVENTS map")?;
-        Ok(RingBuf::try_from(map)?)
+        let aya::maps::Map::RingBuf(data) = map else {
+            bail!("the EVENTS map is not a ring buffer");
+        };
+        Ring::new(data).context("mapping the ring buffer")
     }
 
     /// Events the kernel could not queue because the ring buffer was full.
