@@ -25,7 +25,8 @@ pub struct Ring {
     producer: Mapping,
     page: usize,
     mask: usize,
-    /// Where the next record starts (kept here, published on each read).
+    /// Where the next record starts (kept here, published on each read);
+    /// like the kernel's positions it only grows, wrapping at 2^64.
     pos: usize,
     /// The producer position as last read.
     seen: usize,
@@ -106,7 +107,7 @@ impl Ring {
     /// Moves past a record of `len` bytes and publishes that its room may
     /// be written again.
     fn consume(&mut self, len: usize) {
-        self.pos += (HEADER + len).next_multiple_of(8);
+        self.pos = self.pos.wrapping_add((HEADER + len).next_multiple_of(8));
         self.consumer.word(0).store(self.pos, Ordering::Release);
         self.consumed = true;
     }
