@@ -234,3 +234,58 @@ fn discarded_events_are_read_and_counted_not_decoded() {
     // The query in and the answer out, at ingress and egress of vs.
     assert!(discarded >= 2, "{stderr:?}");
 }
+
+/// Bytes of the process's mappings of BPF maps (the ring buffer's).
+fn bpf_map_bytes(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .unwrap()
+        .lines()
+        .filter(|l| l.ends_with("anon_inode:bpf-map"))
+        .map(|l| {
+            let (start, end) = l
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .split_once('-')
+                .unwrap();
+            u64::from_str_radix(end, 16).unwrap() - u64::from_str_radix(start, 16).unwrap()
+        })
+        .sum()
+}
+
+#[test]
+fn the_ring_buffer_is_mapped_once_and_read() {
+    require_root();
+    let pair = Pair::new().unwrap();
+    let _dns = www_test(&pair);
+    let trace = Dnstrace::start(
+        &pair.server,
+        &[
+            "--iface",
+            Pair::SERVER_IF,
+            "--ring-buffer-mib",
+            "1",
+            "-o",
+            "json",
+        ],
+    )
+    .unwrap();
+    // The data once and two pages of positions, not the data twice (RSS
+    // would count each page twice).
+    let mapped = bpf_map_bytes(trace.pid());
+    assert!(
+        (1 << 20..2 << 20).contains(&mapped),
+        "{mapped} bytes mapped"
+    );
+    assert!(dig_through(&pair).contains("10.77.0.80"));
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let (status, out, stderr) = trace.stop(libc::SIGINT).unwrap();
+    assert!(status.success(), "{stderr:?}");
+    let names: Vec<Value> = json_lines(&out);
+    assert!(
+        names
+            .iter()
+            .any(|p| p["questions"][0]["name"] == "www.test."),
+        "{out}"
+    );
+}
