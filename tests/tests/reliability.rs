@@ -45,6 +45,27 @@ fn dig_through(pair: &Pair) -> String {
     .unwrap()
 }
 
+/// Digs through `trace`, then stops it: it must exit cleanly. Its output
+/// and stderr; `what` names the case in failures.
+fn dig_and_stop(pair: &Pair, trace: Dnstrace, what: &str) -> (String, Vec<String>) {
+    assert!(dig_through(pair).contains("10.77.0.80"), "{what}");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let (status, out, stderr) = trace.stop(libc::SIGINT).unwrap();
+    assert!(status.success(), "{what}: {stderr:?}");
+    (out, stderr)
+}
+
+/// The JSON output `out` has the query for www.test.
+fn shows_www_test(out: &str, what: &str) {
+    let names: Vec<Value> = json_lines(out);
+    assert!(
+        names
+            .iter()
+            .any(|p| p["questions"][0]["name"] == "www.test."),
+        "{what}: {out}"
+    );
+}
+
 #[test]
 fn after_attaching_only_what_detaching_needs_is_kept() {
     require_root();
@@ -77,17 +98,8 @@ fn after_attaching_only_what_detaching_needs_is_kept() {
             .unwrap()
             .contains("NoNewPrivs:\t1"));
         // Capture goes on without them, and the exit still detaches.
-        assert!(dig_through(&pair).contains("10.77.0.80"));
-        std::thread::sleep(std::time::Duration::from_millis(300));
-        let (status, out, stderr) = trace.stop(libc::SIGINT).unwrap();
-        assert!(status.success(), "{mode}: {stderr:?}");
-        let names: Vec<Value> = json_lines(&out);
-        assert!(
-            names
-                .iter()
-                .any(|p| p["questions"][0]["name"] == "www.test."),
-            "{mode}: {out}"
-        );
+        let (out, stderr) = dig_and_stop(&pair, trace, mode);
+        shows_www_test(&out, mode);
         assert!(
             stderr.iter().any(|l| l.contains("detached from vs")),
             "{stderr:?}"
@@ -211,10 +223,7 @@ fn discarded_events_are_read_and_counted_not_decoded() {
         &["--iface", Pair::SERVER_IF, "--discard-events", "-o", "json"],
     )
     .unwrap();
-    assert!(dig_through(&pair).contains("10.77.0.80"));
-    std::thread::sleep(std::time::Duration::from_millis(300));
-    let (status, out, stderr) = trace.stop(libc::SIGINT).unwrap();
-    assert!(status.success(), "{stderr:?}");
+    let (out, stderr) = dig_and_stop(&pair, trace, "--discard-events");
     assert_eq!(out.trim(), "", "nothing decoded, nothing printed");
     assert!(
         stderr
@@ -277,15 +286,6 @@ fn the_ring_buffer_is_mapped_once_and_read() {
         (1 << 20..2 << 20).contains(&mapped),
         "{mapped} bytes mapped"
     );
-    assert!(dig_through(&pair).contains("10.77.0.80"));
-    std::thread::sleep(std::time::Duration::from_millis(300));
-    let (status, out, stderr) = trace.stop(libc::SIGINT).unwrap();
-    assert!(status.success(), "{stderr:?}");
-    let names: Vec<Value> = json_lines(&out);
-    assert!(
-        names
-            .iter()
-            .any(|p| p["questions"][0]["name"] == "www.test."),
-        "{out}"
-    );
+    let (out, _) = dig_and_stop(&pair, trace, "a 1 MiB ring");
+    shows_www_test(&out, "a 1 MiB ring");
 }
