@@ -8,8 +8,10 @@ pub mod event;
 pub mod filter;
 pub mod iface;
 pub mod ports;
+pub mod wakeup;
 
 pub use event::*;
 pub use filter::*;
 pub use iface::*;
 pub use ports::*;
+pub use wakeup::*;

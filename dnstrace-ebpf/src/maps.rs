@@ -6,9 +6,9 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
 use dnstrace_common::{
-    port_slot, EventHeader, EventKind, KernelOffsets, PacketMeta, TargetFilter, CT_SPAN_MAX,
-    FLAG_CONNTRACK, L2_LEN_MIXED, MAX_WATCHED, PACKET_META_SIZE, PAYLOAD_MAX, PORT_WORDS,
-    ROLE_RESOLVER, ROLE_TARGET, SCHEMA_VERSION,
+    port_slot, wakes_reader, EventHeader, EventKind, KernelOffsets, PacketMeta, TargetFilter,
+    CT_SPAN_MAX, FLAG_CONNTRACK, L2_LEN_MIXED, MAX_WATCHED, PACKET_META_SIZE, PAYLOAD_MAX,
+    PORT_WORDS, ROLE_RESOLVER, ROLE_TARGET, SCHEMA_VERSION,
 };
 
 /// Per-interface facts only user space knows (tc hooks).
@@ -24,11 +24,10 @@ pub struct IfaceConfig {
 #[map]
 static EVENTS: RingBuf = RingBuf::with_byte_size(4 << 20, 0);
 
-/// Set by user space before loading: the backlog, in bytes, past which an
-/// event wakes the reader. Below it the reader drains on its own clock: a
-/// wakeup per event (an irq_work, a self-IPI, a VM exit on a guest) cost
-/// more than the event itself. 1, the kernel's own rule: wake a reader
-/// that had read everything.
+/// Set by user space before loading: the step of backlog, in bytes (a
+/// power of two), past each multiple of which an event wakes the reader
+/// (`wakes_reader`). Below it the reader drains on its own clock. 1 wakes
+/// it for every event.
 #[unsafe(no_mangle)]
 static WAKE_BYTES: u64 = 1;
 
@@ -157,14 +156,14 @@ pub fn scratch() -> Option<&'static mut Scratch> {
     Some(s)
 }
 
-/// Wakes the reader only when this event takes the backlog past
-/// `WAKE_BYTES`, so a burst is read before the ring fills.
+/// Wakes the reader only when this event takes the backlog past a
+/// multiple of `WAKE_BYTES`, so a burst is read before the ring fills.
 #[inline(always)]
 fn wakeup(size: u64) -> u64 {
     // SAFETY: a global user space patches before load (see `offsets`).
     let at = unsafe { core::ptr::read_volatile(&WAKE_BYTES) };
     let queued = EVENTS.query(BPF_RB_AVAIL_DATA.into());
-    if queued < at && queued + size >= at {
+    if wakes_reader(queued, size, at) {
         BPF_RB_FORCE_WAKEUP.into()
     } else {
         BPF_RB_NO_WAKEUP.into()
