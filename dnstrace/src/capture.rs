@@ -4,6 +4,7 @@
 use std::{collections::VecDeque, io, path::Path, sync::Arc};
 
 use anyhow::{Context as _, Result};
+use dnstrace_common::Hook;
 use tokio::{
     sync::Notify,
     time::{interval, Duration, Interval},
@@ -13,7 +14,7 @@ use crate::{
     cli::{CaptureArgs, OutputFormat},
     conntrack::{CtEvent, CtStats, CtWatcher, RACE_COUNTERS},
     correlate::Limits,
-    decode::KernelNames,
+    decode::{kernel::Preload, KernelNames, Packet},
     diagnose::{ConntrackAtStart, Context},
     ingest::Ingest,
     links::LinkWatch,
@@ -81,7 +82,8 @@ pub async fn run(args: CaptureArgs, view: View) -> Result<()> {
     // pages go back within a second, so a long incident starts small.
     crate::return_freed_memory_in_background();
     let watches = Watches { ct, stats, links };
-    let mut src = LiveSource::new(ingest, &probes, watches, args.ports.clone());
+    let preload = labels.kernel().preload();
+    let mut src = LiveSource::new(ingest, &probes, watches, args.ports.clone(), preload);
     let mut pipe = Pipeline::recording(recorder);
     let ports: Vec<String> = args.ports.iter().map(u16::to_string).collect();
     eprintln!(
@@ -375,15 +377,23 @@ struct LiveSource<'a> {
     /// A tick that waits for the ring to be read up to it.
     tick_due: Option<u64>,
     queued: VecDeque<Input>,
+    preload: Preload,
 }
 
 impl<'a> LiveSource<'a> {
-    fn new(ingest: Ingest, probes: &'a Probes, watches: Watches, ports: Vec<u16>) -> Self {
+    fn new(
+        ingest: Ingest,
+        probes: &'a Probes,
+        watches: Watches,
+        ports: Vec<u16>,
+        preload: Preload,
+    ) -> Self {
         Self {
             ingest,
             probes,
             watches,
             ports,
+            preload,
             tick: interval(Duration::from_millis(100)),
             stats_tick: interval(Duration::from_secs(1)),
             lost_seen: 0,
@@ -391,6 +401,14 @@ impl<'a> LiveSource<'a> {
             tick_due: None,
             queued: VecDeque::new(),
         }
+    }
+
+    /// A batch read off the ring; its first drop starts reading kallsyms.
+    fn packets(&mut self, batch: Vec<Packet>) -> Input {
+        if !self.preload.started() && batch.iter().any(|p| p.hook == Hook::Drop) {
+            self.preload.start();
+        }
+        Input::Packets(batch)
     }
 
     /// New kernel losses since the last look, said once on stderr.
@@ -433,7 +451,7 @@ impl Source for LiveSource<'_> {
                     self.queued.push_back(Input::Tick(now_ns));
                 }
                 if !batch.is_empty() {
-                    return Ok(Some(Input::Packets(batch)));
+                    return Ok(Some(self.packets(batch)));
                 }
                 continue;
             }
@@ -465,7 +483,7 @@ impl Source for LiveSource<'_> {
                 _ = self.tick.tick() => self.tick_due = Some(monotonic_now()),
             }
             if !batch.is_empty() {
-                return Ok(Some(Input::Packets(batch)));
+                return Ok(Some(self.packets(batch)));
             }
         }
     }

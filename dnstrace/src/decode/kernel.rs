@@ -41,6 +41,11 @@ impl KernelNames {
         }
     }
 
+    /// What starts reading kallsyms ahead of the first location named.
+    pub fn preload(&self) -> Preload {
+        Preload(Some(self.symbols.clone()))
+    }
+
     pub fn drop_reasons(&self) -> &HashMap<u32, String> {
         &self.drop_reasons
     }
@@ -64,6 +69,30 @@ impl KernelNames {
             }
             _ => format!("{addr:#x}"),
         }
+    }
+}
+
+/// Reads kallsyms on a thread of its own, once: told of the first drop,
+/// so that its location is named without a stop of the pipeline when its
+/// journey closes. Reading it takes tens of milliseconds, in which the
+/// ring buffer fills at tens of thousands of lookups a second.
+pub struct Preload(Option<Arc<Kallsyms>>);
+
+impl Preload {
+    pub fn started(&self) -> bool {
+        self.0.is_none()
+    }
+
+    pub fn start(&mut self) {
+        let Some(symbols) = self.0.take() else {
+            return;
+        };
+        // Not started, the first location named reads them itself.
+        let _ = std::thread::Builder::new()
+            .name("kallsyms".into())
+            .spawn(move || {
+                symbols.get();
+            });
     }
 }
 
@@ -160,5 +189,23 @@ mod tests {
         assert_eq!(names.location(0xffffffff81000010), "_stext+0x10");
         assert_eq!(names.location(0xffffffff81a00204), "udp_rcv+0x4");
         assert_eq!(names.location(0x10), "0x10");
+    }
+
+    #[test]
+    fn preload_reads_kallsyms_on_its_own_thread() {
+        let names = KernelNames::new(
+            HashMap::new(),
+            "ffffffff81a00000 t nf_hook_slow\n".as_bytes(),
+        );
+        let mut preload = names.preload();
+        assert!(!preload.started());
+        preload.start();
+        assert!(preload.started());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while names.symbols.symbols.get().is_none() {
+            assert!(std::time::Instant::now() < deadline, "kallsyms not read");
+            std::thread::yield_now();
+        }
+        assert_eq!(names.location(0xffffffff81a00001), "nf_hook_slow+0x1");
     }
 }
