@@ -116,8 +116,9 @@ impl Bench {
             .capacity
             .ok_or_else(|| anyhow!("needs the lab's capacity, which was not measured"))?;
         let secs = self.plan.zero_secs;
-        // 20,000 first, whatever the lab's capacity (what dnstrace loses
-        // there is worth knowing). Clean, then up in steps of 5,000 to the
+        // dnstrace as a user starts it, with its default ring buffer and
+        // limits. 20,000 first, whatever the lab's capacity (what dnstrace
+        // loses there is worth knowing). Clean, then up in steps of 5,000 to the
         // lab's own rate until a run is not; else down through rates the
         // lab sustains without dnstrace until one is. A run stops at
         // dnstrace's first lost event; one the lab cannot keep up is not
@@ -127,7 +128,7 @@ impl Bench {
         let mut climbing = None;
         let mut rates = vec![ZERO_LOSS_QPS];
         while let Some(rate) = rates.pop() {
-            let run = self.offer(rate, secs, true)?;
+            let run = self.offer(rate, secs, &[], true)?;
             eprintln!("bench: {rate} qps: {run}");
             tried.push(format!(
                 "{} qps: {}",
@@ -162,7 +163,7 @@ impl Bench {
             format!("The lab sustains {} qps", thousands(cap))
         };
         self.notes.push(format!(
-            "Zero-loss runs ({secs} s each, stopped at dnstrace's first lost event; `dnstrace trace -o json --ring-buffer-mib 64 --max-open 262144`): {}. {lab_note}.",
+            "Zero-loss runs ({secs} s each, stopped at dnstrace's first lost event; `dnstrace trace -o json` with its defaults: a 4 MiB ring buffer): {}. {lab_note}.",
             tried.join("; ")
         ));
         let with = match &found {
@@ -178,7 +179,7 @@ impl Bench {
             .is_some_and(|run| run.rate >= ZERO_LOSS_QPS && secs >= 60);
         self.rows.push(Row {
             figure: format!(
-                "Zero lost events and evicted journeys, sustained: the highest rate without loss ({secs} s)"
+                "Zero lost events and evicted journeys, sustained, with dnstrace's defaults: the highest rate without loss ({secs} s)"
             ),
             baseline: format!("lab's highest: {} qps", thousands(cap)),
             with,
@@ -190,10 +191,16 @@ impl Bench {
         Ok(())
     }
 
-    /// dnstrace tracing while dnsperf offers `rate` for `secs`; with
-    /// `stop_at_loss`, the run ends at the first event dnstrace loses.
-    pub(super) fn offer(&self, rate: u32, secs: u32, stop_at_loss: bool) -> Result<Offered> {
-        let tracer = self.tracer(&Hooks::Tracepoints, DNS_LOAD)?;
+    /// dnstrace tracing with `flags` while dnsperf offers `rate` for `secs`;
+    /// with `stop_at_loss`, the run ends at the first event dnstrace loses.
+    pub(super) fn offer(
+        &self,
+        rate: u32,
+        secs: u32,
+        flags: &[&str],
+        stop_at_loss: bool,
+    ) -> Result<Offered> {
+        let tracer = self.tracer(&Hooks::Tracepoints, flags)?;
         let cpu0 = proc_cpu(tracer.pid())?;
         let start = Instant::now();
         let perf = Proc::spawn(
@@ -273,7 +280,7 @@ impl Bench {
             );
             eprintln!("bench: tcpdump at {rate} qps: {captured} captured, {dropped} dropped, {cpu:.2} s CPU; {perf}");
             settle()?;
-            let run = self.offer(rate, secs, false)?;
+            let run = self.offer(rate, secs, DNS_LOAD, false)?;
             eprintln!("bench: dnstrace at {rate} qps: {run}");
             settle()?;
             let share = |cpu: f64| format!("{:.0}% of a core", 100.0 * cpu / f64::from(secs));
