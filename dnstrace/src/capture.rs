@@ -52,12 +52,19 @@ pub async fn run(args: CaptureArgs, view: View) -> Result<()> {
     let ingest = Ingest::new(probes.take_events()?, args.discard_events)
         .context("watching the ring buffer")?;
     // Root reads real addresses from kallsyms; drop locations need them.
-    // Opened now, while privileged; read only if a location is named.
+    // Opened now, while privileged; read once a drop is seen, or now when
+    // recording.
     let kallsyms: Box<dyn std::io::Read + Send> = match std::fs::File::open("/proc/kallsyms") {
         Ok(f) => Box::new(f),
         Err(_) => Box::new(std::io::empty()),
     };
     let kernel = KernelNames::new(std::mem::take(&mut probes.drop_reasons), kallsyms);
+    let mut preload = kernel.preload();
+    // A recording names a drop's location as it writes the packet, in the
+    // pipeline: kallsyms is read now rather than waited for then.
+    if args.record.is_some() {
+        preload.start();
+    }
     let labels = Labels::new(probes.iface_names(), Clock::now(), kernel)
         .with_names(Names::new(&services, &pods));
     let context = context_of(node, &services, target.clone());
@@ -88,7 +95,6 @@ pub async fn run(args: CaptureArgs, view: View) -> Result<()> {
     // pages go back within a second, so a long incident starts small.
     crate::return_freed_memory_in_background();
     let watches = Watches { ct, stats, links };
-    let preload = labels.kernel().preload();
     let mut src = LiveSource::new(ingest, &probes, watches, args.ports.clone(), preload);
     let mut pipe = Pipeline::recording(recorder);
     let ports: Vec<String> = args.ports.iter().map(u16::to_string).collect();
