@@ -8,6 +8,8 @@ use std::{fmt, io, io::Read as _};
 /// Largest block (or classic pcap record) read or written: anything larger is
 /// corruption, and no read allocates more.
 pub const MAX_BLOCK: u32 = 16 << 20;
+/// The largest block buffer a writer keeps for the next block.
+const BUF_KEPT: usize = 64 << 10;
 /// Interfaces one section may describe: each costs memory for the whole read.
 const MAX_INTERFACES: usize = 1 << 16;
 
@@ -101,12 +103,15 @@ pub struct Writer<W: io::Write> {
     w: W,
     interfaces: u32,
     written: u64,
+    /// The block being built, kept from block to block: a packet's block
+    /// grew from empty through several reallocations, each a copy.
+    buf: Vec<u8>,
 }
 
 impl<W: io::Write> Writer<W> {
     /// Starts the file with its Section Header Block.
     pub fn new(w: W, info: &SectionInfo) -> io::Result<Self> {
-        let mut b = BlockBuf::new(SHB);
+        let mut b = BlockBuf::new(SHB, Vec::new());
         b.u32(BYTE_ORDER_MAGIC);
         b.u16(1);
         b.u16(0);
@@ -121,6 +126,7 @@ impl<W: io::Write> Writer<W> {
             w,
             interfaces: 0,
             written: 0,
+            buf: Vec::new(),
         };
         writer.emit(b)?;
         Ok(writer)
@@ -128,7 +134,7 @@ impl<W: io::Write> Writer<W> {
 
     /// Describes an interface (timestamps in nanoseconds); returns its id.
     pub fn interface(&mut self, iface: &Interface) -> io::Result<u32> {
-        let mut b = BlockBuf::new(IDB);
+        let mut b = self.block(IDB);
         b.u16(iface.linktype);
         b.u16(0);
         b.u32(iface.snaplen);
@@ -152,7 +158,7 @@ impl<W: io::Write> Writer<W> {
         if iface >= self.interfaces {
             return Err(invalid(format!("interface {iface} was never described")));
         }
-        let mut b = BlockBuf::new(EPB);
+        let mut b = self.block(EPB);
         b.u32(iface);
         b.u32((ts_ns >> 32) as u32);
         b.u32(ts_ns as u32);
@@ -164,7 +170,7 @@ impl<W: io::Write> Writer<W> {
                 PacketOpt::Comment(c) => b.opt(OPT_COMMENT, c.as_bytes())?,
                 PacketOpt::Flags(f) => b.opt(EPB_FLAGS, &f.to_le_bytes())?,
                 PacketOpt::Custom { pen, data } => {
-                    b.opt(OPT_CUSTOM_COPY, &[&pen.to_le_bytes()[..], data].concat())?
+                    b.opt_parts(OPT_CUSTOM_COPY, &pen.to_le_bytes(), data)?
                 }
             }
         }
@@ -173,7 +179,7 @@ impl<W: io::Write> Writer<W> {
 
     /// A Custom Block (copyable) for records of our own; Wireshark skips it.
     pub fn custom_block(&mut self, pen: u32, data: &[u8]) -> io::Result<()> {
-        let mut b = BlockBuf::new(CB_COPY);
+        let mut b = self.block(CB_COPY);
         b.u32(pen);
         b.padded(data);
         self.emit(b)
@@ -188,11 +194,21 @@ impl<W: io::Write> Writer<W> {
         self.written
     }
 
+    fn block(&mut self, kind: u32) -> BlockBuf {
+        BlockBuf::new(kind, std::mem::take(&mut self.buf))
+    }
+
     fn emit(&mut self, b: BlockBuf) -> io::Result<()> {
         let bytes = b.finish()?;
-        self.w.write_all(&bytes)?;
-        self.written += bytes.len() as u64;
-        Ok(())
+        let written = self.w.write_all(&bytes);
+        if written.is_ok() {
+            self.written += bytes.len() as u64;
+        }
+        // A rare large block (an anomaly's note) is not held on to.
+        if bytes.capacity() <= BUF_KEPT {
+            self.buf = bytes;
+        }
+        written
     }
 }
 
@@ -215,8 +231,9 @@ struct BlockBuf {
 }
 
 impl BlockBuf {
-    fn new(kind: u32) -> Self {
-        let mut bytes = Vec::with_capacity(128);
+    /// In `bytes`, emptied: a buffer used before.
+    fn new(kind: u32, mut bytes: Vec<u8>) -> Self {
+        bytes.clear();
         bytes.extend_from_slice(&kind.to_le_bytes());
         bytes.extend_from_slice(&[0; 4]);
         Self {
@@ -243,11 +260,18 @@ impl BlockBuf {
     }
 
     fn opt(&mut self, code: u16, value: &[u8]) -> io::Result<()> {
-        let len = u16::try_from(value.len())
-            .map_err(|_| invalid(format!("option {code} of {} bytes", value.len())))?;
+        self.opt_parts(code, &[], value)
+    }
+
+    /// An option whose value is `head` then `rest`, written in place.
+    fn opt_parts(&mut self, code: u16, head: &[u8], rest: &[u8]) -> io::Result<()> {
+        let total = head.len() + rest.len();
+        let len =
+            u16::try_from(total).map_err(|_| invalid(format!("option {code} of {total} bytes")))?;
         self.u16(code);
         self.u16(len);
-        self.padded(value);
+        self.bytes(head);
+        self.padded(rest);
         self.has_opts = true;
         Ok(())
     }

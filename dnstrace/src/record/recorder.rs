@@ -5,6 +5,7 @@
 //! never the tracing.
 use std::{
     collections::HashMap,
+    fmt::Write as _,
     fs::{File, OpenOptions},
     io::{self, BufWriter},
     os::unix::fs::{OpenOptionsExt, PermissionsExt},
@@ -121,9 +122,13 @@ impl Recorder {
         let clock = self.meta.clock;
         let note = PacketNote::of(p, |at| self.meta.kernel.location(at));
         let comment = comment(p, &place, note.drop.as_ref().map(|d| d.at.as_str()));
-        let Ok(note) = serde_json::to_vec(&note) else {
+        // Sized for a note with a conntrack entry: grown from empty, it
+        // was copied over several times.
+        let mut json = Vec::with_capacity(512);
+        if serde_json::to_writer(&mut json, &note).is_err() {
             return;
-        };
+        }
+        let note = json;
         let wall_ns = clock
             .wall(p.ts_ns)
             .duration_since(std::time::UNIX_EPOCH)
@@ -257,18 +262,20 @@ impl Out {
 
 /// What Wireshark shows as the packet's comment.
 fn comment(p: &Packet, place: &str, drop_at: Option<&str>) -> String {
-    let mut c = format!("dnstrace: {} on {place}", p.hook.name());
+    // Written in place: a `format!` a part made and copied a string each.
+    let mut c = String::with_capacity(160);
+    let _ = write!(c, "dnstrace: {} on {place}", p.hook.name());
     if p.netns != 0 {
-        c += &format!(" in netns {}", p.netns);
+        let _ = write!(c, " in netns {}", p.netns);
     }
     if let Some((a, b)) = p.ct.as_ref().and_then(|ct| ct.dnat()) {
-        c += &format!("; DNAT {a} → {b}");
+        let _ = write!(c, "; DNAT {a} → {b}");
     }
     if let Some((a, b)) = p.ct.as_ref().and_then(|ct| ct.snat()) {
-        c += &format!("; SNAT {a} → {b}");
+        let _ = write!(c, "; SNAT {a} → {b}");
     }
     if let Some(at) = drop_at {
-        c += &format!("; dropped at {at}");
+        let _ = write!(c, "; dropped at {at}");
     }
     c
 }
