@@ -128,7 +128,6 @@ impl Recorder {
         if serde_json::to_writer(&mut json, &note).is_err() {
             return;
         }
-        let note = json;
         let wall_ns = clock
             .wall(p.ts_ns)
             .duration_since(std::time::UNIX_EPOCH)
@@ -144,7 +143,7 @@ impl Recorder {
             PacketOpt::Comment(comment),
             PacketOpt::Custom {
                 pen: PEN,
-                data: note,
+                data: json,
             },
         ];
         self.write(|out| {
