@@ -191,16 +191,31 @@ mod tests {
         assert_eq!(names.location(0x10), "0x10");
     }
 
+    /// kallsyms that can be read only once `go` says so.
+    struct Gated {
+        go: std::sync::mpsc::Receiver<()>,
+        text: &'static [u8],
+    }
+
+    impl Read for Gated {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let _ = self.go.recv_timeout(std::time::Duration::from_secs(10));
+            self.text.read(buf)
+        }
+    }
+
     #[test]
     fn preload_reads_kallsyms_on_its_own_thread() {
-        let names = KernelNames::new(
-            HashMap::new(),
-            "ffffffff81a00000 t nf_hook_slow\n".as_bytes(),
-        );
+        let (go, gate) = std::sync::mpsc::channel();
+        let text = b"ffffffff81a00000 t nf_hook_slow\n";
+        let names = KernelNames::new(HashMap::new(), Gated { go: gate, text });
         let mut preload = names.preload();
         assert!(!preload.started());
+        // Read on this thread, `start` would wait out the gate's timeout.
         preload.start();
         assert!(preload.started());
+        assert!(names.symbols.symbols.get().is_none());
+        drop(go);
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         while names.symbols.symbols.get().is_none() {
             assert!(std::time::Instant::now() < deadline, "kallsyms not read");
