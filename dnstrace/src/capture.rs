@@ -16,7 +16,7 @@ use crate::{
     correlate::Limits,
     decode::{kernel::Preload, KernelNames, Packet},
     diagnose::{ConntrackAtStart, Context},
-    ingest::Ingest,
+    ingest::{Ingest, Read},
     links::LinkWatch,
     naming::{Names, Services},
     output::{monotonic_now, Clock, Labels, LineSink},
@@ -27,10 +27,8 @@ use crate::{
     view::{self, state::About, LiveOut},
 };
 
-/// How often finished journeys are closed. The ring is not read while a
-/// tick closes them, so a tick must take far less time than the default
-/// ring takes to fill: at 100 ms, ticks under 25,000 lookups/s took up to
-/// 60 ms, about what 4 MiB holds at that rate.
+/// How often the pipeline is told the time, after the ring has been read
+/// up to it, to close the journeys that have finished.
 const TICK: Duration = Duration::from_millis(50);
 
 pub async fn run(args: CaptureArgs, view: View) -> Result<()> {
@@ -49,8 +47,7 @@ pub async fn run(args: CaptureArgs, view: View) -> Result<()> {
     if let Some(t) = &target {
         eprintln!("dnstrace: {}", t.describe());
     }
-    let ingest = Ingest::new(probes.take_events()?, args.discard_events)
-        .context("watching the ring buffer")?;
+    let ring = probes.take_events()?;
     // Root reads real addresses from kallsyms; drop locations need them.
     // Opened now, while privileged; read once a drop is seen, or now when
     // recording.
@@ -91,6 +88,8 @@ pub async fn run(args: CaptureArgs, view: View) -> Result<()> {
         .ok();
     // Everything privileged is open now.
     probes.drop_privileges()?;
+    // Capabilities are per thread: the reader starts without them.
+    let ingest = Ingest::new(ring, TICK, args.discard_events).context("reading the ring buffer")?;
     // Loading parsed the kernel's BTF and ELF (tens of MiB, freed): those
     // pages go back within a second, so a long incident starts small.
     crate::return_freed_memory_in_background();
@@ -374,20 +373,17 @@ impl ExitReport {
     }
 }
 
-/// The kernel's side: ring buffer batches, ctnetlink events, conntrack
-/// counters each second, a tick every 100 ms (with any new losses).
+/// The kernel's side: ring buffer batches and ticks (with any new losses),
+/// ctnetlink events, conntrack counters each second.
 struct LiveSource<'a> {
     ingest: Ingest,
     probes: &'a Probes,
     watches: Watches,
     ports: Vec<u16>,
-    tick: Interval,
     stats_tick: Interval,
     lost_seen: u64,
     /// When the loss counter was last read.
     looked_ns: u64,
-    /// A tick that waits for the ring to be read up to it.
-    tick_due: Option<u64>,
     queued: VecDeque<Input>,
     preload: Preload,
 }
@@ -406,11 +402,9 @@ impl<'a> LiveSource<'a> {
             watches,
             ports,
             preload,
-            tick: interval(TICK),
             stats_tick: interval(Duration::from_secs(1)),
             lost_seen: 0,
             looked_ns: monotonic_now(),
-            tick_due: None,
             queued: VecDeque::new(),
         }
     }
@@ -450,25 +444,15 @@ impl Source for LiveSource<'_> {
             if let Some(i) = self.queued.pop_front() {
                 return Ok(Some(i));
             }
-            let mut batch = Vec::new();
-            if let Some(now_ns) = self.tick_due {
-                // The kernel wakes us only past a backlog (probes::wake_bytes):
-                // what came before the tick is read before it, so that no
-                // journey is judged without packets already in the ring.
-                let more = self.ingest.read_now(&mut batch);
-                if read_up_to(now_ns, more, &batch) {
-                    self.tick_due = None;
-                    let lost = self.lost();
-                    self.queued.extend(lost);
-                    self.queued.push_back(Input::Tick(now_ns));
-                }
-                if !batch.is_empty() {
-                    return Ok(Some(self.packets(batch)));
-                }
-                continue;
-            }
             tokio::select! {
-                r = self.ingest.next_batch(&mut batch) => r.context("reading the ring buffer")?,
+                read = self.ingest.next() => match read.context("reading the ring buffer")? {
+                    Read::Packets(batch) => return Ok(Some(self.packets(batch))),
+                    Read::Tick(now_ns) => {
+                        let lost = self.lost();
+                        self.queued.extend(lost);
+                        self.queued.push_back(Input::Tick(now_ns));
+                    }
+                },
                 events = ct_events(&mut self.watches.ct, &self.ports) => match events {
                     Ok(events) => {
                         let now_ns = monotonic_now();
@@ -492,10 +476,6 @@ impl Source for LiveSource<'_> {
                         return Ok(Some(Input::Counters { now_ns: monotonic_now(), moved }));
                     }
                 }
-                _ = self.tick.tick() => self.tick_due = Some(monotonic_now()),
-            }
-            if !batch.is_empty() {
-                return Ok(Some(self.packets(batch)));
             }
         }
     }
@@ -504,23 +484,16 @@ impl Source for LiveSource<'_> {
         let mut rest: Vec<Input> = self.queued.drain(..).collect();
         // Journeys closed now must know about losses since the last tick.
         rest.extend(self.lost());
-        loop {
-            let mut batch = Vec::new();
-            let more = self.ingest.read_now(&mut batch);
-            rest.push(Input::Packets(batch));
-            if !more {
-                return rest;
-            }
-        }
+        let read = self.ingest.rest().unwrap_or_else(|e| {
+            eprintln!("dnstrace: reading the ring buffer: {e}");
+            Vec::new()
+        });
+        rest.extend(read.into_iter().map(|r| match r {
+            Read::Packets(batch) => Input::Packets(batch),
+            Read::Tick(now_ns) => Input::Tick(now_ns),
+        }));
+        rest
     }
-}
-
-/// Whether a tick at `now_ns` may come after this read: the ring held no
-/// more, or the read reached what came after the tick. Only that: under
-/// overload the ring is never empty, and a tick that waited for it would
-/// never come.
-fn read_up_to(now_ns: u64, more: bool, batch: &[crate::decode::Packet]) -> bool {
-    !more || batch.last().is_some_and(|p| p.ts_ns > now_ns)
 }
 
 /// The conntrack counters that move when inserts race or fail, reported
@@ -584,31 +557,5 @@ async fn ct_events(ct: &mut Option<CtWatcher>, ports: &[u16]) -> io::Result<Vec<
     match ct {
         Some(w) => w.next(|p| ports.contains(&p)).await,
         None => std::future::pending().await,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::{decode::Transport, record::tests::packet};
-
-    /// A tick waits for what came before it, and no longer: under overload
-    /// the ring is never empty.
-    #[test]
-    fn a_tick_reads_the_ring_up_to_its_time_not_until_empty() {
-        let at = |ts_ns| crate::decode::Packet {
-            ts_ns,
-            ..packet("10.0.0.1:4000", "10.0.0.2:53", Transport::Udp, &[])
-        };
-        assert!(read_up_to(100, false, &[]), "the ring is empty");
-        assert!(read_up_to(100, false, &[at(90)]));
-        assert!(
-            !read_up_to(100, true, &[at(90), at(99)]),
-            "more from before the tick"
-        );
-        assert!(
-            read_up_to(100, true, &[at(90), at(101)]),
-            "past the tick, though the ring is not empty"
-        );
     }
 }

@@ -1,48 +1,52 @@
-//! Reading kernel events from the ring buffer, a bounded batch at a time.
-use std::io;
+//! Reading kernel events from the ring buffer: a thread of its own copies
+//! them out (`reader`), the pipeline decodes them a batch at a time.
+use std::{io, sync::mpsc as std_mpsc, time::Duration};
 
-use tokio::io::{unix::AsyncFd, Interest};
+use tokio::sync::mpsc;
 
 use crate::decode::{packet::IfNames, Packet};
 
+mod reader;
 mod ring;
 
+use reader::{Batch, Chunk};
 pub use ring::Ring;
 
-/// Events read in one batch: enough to spread a batch's fixed costs, few
-/// enough that its packets and records stay in cache and the reader's
-/// memory stays flat however far behind it is.
-const BATCH: usize = 1024;
-
 pub struct Ingest {
-    ring: AsyncFd<Ring>,
+    batches: mpsc::Receiver<Batch>,
+    /// Decoded chunks' buffers, back to the reader.
+    spare: std_mpsc::Sender<Vec<u8>>,
+    reader: Option<reader::Thread>,
     events: Events,
 }
 
-/// What reading keeps between batches.
+/// What reading gives the pipeline, in order.
+pub enum Read {
+    Packets(Vec<Packet>),
+    /// Monotonic time: what the ring held before it was read before it.
+    Tick(u64),
+}
+
+/// What decoding keeps between batches.
 #[derive(Default)]
 struct Events {
     /// Events that did not decode (a kernel/user version mismatch).
     bad: u64,
     names: IfNames,
-    /// Drop every event undecoded (`--discard-events`), counting them.
-    discard: bool,
+    /// Events dropped undecoded (`--discard-events`).
     discarded: u64,
 }
 
 impl Ingest {
-    /// With `discard`, events are read and dropped undecoded.
-    pub fn new(ring: Ring, discard: bool) -> io::Result<Self> {
-        // SAFETY: the ring buffer owns its map fd, which stays open and the
-        // same for as long as the AsyncFd holds it.
-        let ring = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
-            .map_err(|e| e.into_parts().1)?;
+    /// Starts the reader, with a tick every `tick`. With `discard`, events
+    /// are read and dropped undecoded.
+    pub fn new(ring: Ring, tick: Duration, discard: bool) -> io::Result<Self> {
+        let (reader, batches, spare) = reader::start(ring, tick, !discard)?;
         Ok(Self {
-            ring,
-            events: Events {
-                discard,
-                ..Events::default()
-            },
+            batches,
+            spare,
+            reader: Some(reader),
+            events: Events::default(),
         })
     }
 
@@ -56,46 +60,82 @@ impl Ingest {
         self.events.discarded
     }
 
-    /// Waits for the kernel's wakeup, then reads a batch into `out`. The
-    /// wakeup is kept while the ring may hold more, so the next call reads
-    /// on without waiting.
-    pub async fn next_batch(&mut self, out: &mut Vec<Packet>) -> io::Result<()> {
-        let mut guard = self.ring.readable_mut().await?;
-        if !self.events.read(guard.get_inner_mut(), out) {
-            guard.clear_ready();
+    /// The next batch or tick, waiting for it. Cancel-safe.
+    pub async fn next(&mut self) -> io::Result<Read> {
+        match self.batches.recv().await {
+            Some(batch) => Ok(self.read(batch)),
+            None => Err(self.reader_ended()),
         }
-        Ok(())
     }
 
-    /// Reads a batch into `out` without waiting; true if the ring may hold
-    /// more.
-    pub fn read_now(&mut self, out: &mut Vec<Packet>) -> bool {
-        self.events.read(self.ring.get_mut(), out)
+    /// Stops the reader and returns what it read up to now.
+    pub fn rest(&mut self) -> io::Result<Vec<Read>> {
+        let Some(reader) = self.reader.take() else {
+            return Ok(Vec::new());
+        };
+        reader.stop();
+        let mut rest = Vec::new();
+        loop {
+            // Whatever it queued before it finished is then there to take.
+            let finished = reader.is_finished();
+            while let Ok(batch) = self.batches.try_recv() {
+                rest.push(self.read(batch));
+            }
+            if finished {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        reader.join()?;
+        Ok(rest)
+    }
+
+    fn read(&mut self, batch: Batch) -> Read {
+        match batch {
+            Batch::Tick(now_ns) => Read::Tick(now_ns),
+            Batch::Records(chunk) => {
+                let packets = self.events.decode(&chunk);
+                // The reader is gone when this fails; the buffer goes too.
+                let _ = self.spare.send(chunk.into_buffer());
+                Read::Packets(packets)
+            }
+        }
+    }
+
+    /// Why the reader's queue closed.
+    fn reader_ended(&mut self) -> io::Error {
+        match self.reader.take().map(reader::Thread::join) {
+            Some(Err(e)) => e,
+            _ => io::Error::other("the ring reader stopped"),
+        }
+    }
+}
+
+impl Drop for Ingest {
+    fn drop(&mut self) {
+        if let Some(reader) = self.reader.take() {
+            reader.stop();
+            // A reader waiting for room gives up once the queue is gone.
+            self.batches.close();
+            while self.batches.try_recv().is_ok() {}
+            let _ = reader.join();
+        }
     }
 }
 
 impl Events {
-    /// Reads at most `BATCH` events; true if it stopped at the limit.
-    fn read(&mut self, ring: &mut Ring, out: &mut Vec<Packet>) -> bool {
-        for _ in 0..BATCH {
-            if ring.next(|item| self.take(item, out)).is_none() {
-                return false;
+    fn decode(&mut self, chunk: &Chunk) -> Vec<Packet> {
+        if !chunk.kept() {
+            self.discarded += chunk.len() as u64;
+            return Vec::new();
+        }
+        let mut out = Vec::with_capacity(chunk.len());
+        for item in chunk.records() {
+            match Packet::from_event(item, &mut self.names) {
+                Ok(p) => out.push(p),
+                Err(_) => self.bad += 1,
             }
         }
-        true
-    }
-
-    fn take(&mut self, item: &[u8], out: &mut Vec<Packet>) {
-        if self.discard {
-            self.discarded += 1;
-            return;
-        }
-        if out.capacity() == 0 {
-            out.reserve_exact(BATCH);
-        }
-        match Packet::from_event(item, &mut self.names) {
-            Ok(p) => out.push(p),
-            Err(_) => self.bad += 1,
-        }
+        out
     }
 }

@@ -64,6 +64,11 @@ impl Ring {
         Ok(ring)
     }
 
+    /// Bytes of data the ring holds.
+    pub fn size(&self) -> usize {
+        self.mask + 1
+    }
+
     /// Hands the next committed record to `f` and consumes it; None when
     /// there is none yet.
     pub fn next<R>(&mut self, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
@@ -122,6 +127,24 @@ impl Ring {
         self.producer.word(0).load(Ordering::Acquire)
     }
 }
+
+impl super::reader::Records for Ring {
+    fn next<R>(&mut self, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
+        Ring::next(self, f)
+    }
+
+    fn produced(&self) -> usize {
+        self.producer_pos()
+    }
+
+    fn position(&self) -> usize {
+        self.pos
+    }
+}
+
+// SAFETY: the mappings are owned, used by one thread at a time (`&mut`
+// to read), and unmapped once, on drop.
+unsafe impl Send for Ring {}
 
 impl AsRawFd for Ring {
     fn as_raw_fd(&self) -> RawFd {
