@@ -185,8 +185,11 @@ fn spawn<R: Records + AsRawFd + Send + 'static>(
     let reader = Reader {
         ring,
         queue,
-        spare,
-        keep,
+        buffers: Buffers {
+            spare,
+            unused: None,
+            keep,
+        },
     };
     let stop = Arc::new(Notify::new());
     let stopped = stop.clone();
@@ -199,9 +202,7 @@ fn spawn<R: Records + AsRawFd + Send + 'static>(
 struct Reader<R: Records + AsRawFd> {
     ring: AsyncFd<R>,
     queue: mpsc::Sender<Batch>,
-    /// Buffers of chunks the pipeline has decoded.
-    spare: std_mpsc::Receiver<Vec<u8>>,
-    keep: bool,
+    buffers: Buffers,
 }
 
 impl<R: Records + AsRawFd> Reader<R> {
@@ -221,13 +222,13 @@ impl<R: Records + AsRawFd> Reader<R> {
                 }
                 ready = self.ring.readable_mut() => {
                     let mut ready = ready?;
-                    let mut chunk = Chunk::new(spare(&self.spare), self.keep);
+                    let mut chunk = self.buffers.chunk();
                     if !fill(ready.get_inner_mut(), &mut chunk, None) {
                         // The ring is empty: wait for the next wakeup.
                         ready.clear_ready();
                     }
                     drop(ready);
-                    self.send(Batch::Records(chunk)).await
+                    self.hand_on(chunk).await
                 }
             };
             if !going {
@@ -241,15 +242,24 @@ impl<R: Records + AsRawFd> Reader<R> {
     async fn send_up_to_now(&mut self) -> bool {
         let upto = self.ring.get_ref().produced();
         loop {
-            let mut chunk = Chunk::new(spare(&self.spare), self.keep);
+            let mut chunk = self.buffers.chunk();
             let more = fill(self.ring.get_mut(), &mut chunk, Some(upto));
-            if chunk.len() > 0 && !self.send(Batch::Records(chunk)).await {
+            if !self.hand_on(chunk).await {
                 return false;
             }
             if !more {
                 return true;
             }
         }
+    }
+
+    /// Queues `chunk` unless it is empty; false if the pipeline is gone.
+    async fn hand_on(&mut self, chunk: Chunk) -> bool {
+        if chunk.len() == 0 {
+            self.buffers.unused = Some(chunk.into_buffer());
+            return true;
+        }
+        self.send(Batch::Records(chunk)).await
     }
 
     /// Queues `batch`, waiting while the queue is full; false if the
@@ -259,11 +269,25 @@ impl<R: Records + AsRawFd> Reader<R> {
     }
 }
 
-/// A decoded chunk's buffer, or a new one.
-fn spare(spare: &std_mpsc::Receiver<Vec<u8>>) -> Vec<u8> {
-    spare
-        .try_recv()
-        .unwrap_or_else(|_| Vec::with_capacity(CHUNK_CAPACITY))
+/// Chunks' buffers, used again: at most the queue's depth and two more
+/// exist at once.
+struct Buffers {
+    /// Buffers of chunks the pipeline has decoded.
+    spare: std_mpsc::Receiver<Vec<u8>>,
+    /// A buffer the reader found nothing to fill with.
+    unused: Option<Vec<u8>>,
+    keep: bool,
+}
+
+impl Buffers {
+    fn chunk(&mut self) -> Chunk {
+        let bytes = self
+            .unused
+            .take()
+            .or_else(|| self.spare.try_recv().ok())
+            .unwrap_or_else(|| Vec::with_capacity(CHUNK_CAPACITY));
+        Chunk::new(bytes, self.keep)
+    }
 }
 
 #[cfg(test)]
