@@ -1,5 +1,5 @@
 //! Line output: one text line or one JSON object per DNS message.
-mod journey_json;
+pub(crate) mod journey_json;
 pub mod json_addr;
 
 use std::{

@@ -139,11 +139,11 @@ fn plain(out: &mut Vec<u8>, s: &str) {
     out.push(b'"');
 }
 
-fn number(out: &mut Vec<u8>, n: impl itoa::Integer) {
+pub(crate) fn number(out: &mut Vec<u8>, n: impl itoa::Integer) {
     out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
 }
 
-fn boolean(out: &mut Vec<u8>, b: bool) {
+pub(crate) fn boolean(out: &mut Vec<u8>, b: bool) {
     out.extend_from_slice(if b { b"true" } else { b"false" });
 }
 

@@ -125,9 +125,7 @@ impl Recorder {
         // Sized for a note with a conntrack entry: grown from empty, it
         // was copied over several times.
         let mut json = Vec::with_capacity(512);
-        if serde_json::to_writer(&mut json, &note).is_err() {
-            return;
-        }
+        note.write_json(&mut json);
         let wall_ns = clock
             .wall(p.ts_ns)
             .duration_since(std::time::UNIX_EPOCH)
