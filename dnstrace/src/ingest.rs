@@ -15,7 +15,7 @@ pub use ring::Ring;
 pub struct Ingest {
     batches: mpsc::Receiver<Batch>,
     /// Decoded chunks' buffers, back to the reader.
-    spare: std_mpsc::Sender<Vec<u8>>,
+    spare: std_mpsc::SyncSender<Vec<u8>>,
     reader: Option<reader::Thread>,
     events: Events,
 }
@@ -95,8 +95,8 @@ impl Ingest {
             Batch::Tick(now_ns) => Read::Tick(now_ns),
             Batch::Records(chunk) => {
                 let packets = self.events.decode(&chunk);
-                // The reader is gone when this fails; the buffer goes too.
-                let _ = self.spare.send(chunk.into_buffer());
+                // Freed when the reader has enough spares, or is gone.
+                let _ = self.spare.try_send(chunk.into_buffer());
                 Read::Packets(packets)
             }
         }

@@ -30,6 +30,10 @@ const CHUNK_RECORDS: usize = 1024;
 const CHUNK_BYTES: usize = 256 << 10;
 /// A chunk's buffer: full, and the largest record after.
 const CHUNK_CAPACITY: usize = CHUNK_BYTES + 4 + PACKET_META_SIZE + PAYLOAD_MAX;
+/// Decoded chunks' buffers kept for the reader: one to fill while the
+/// pipeline decodes another. Those a backlog needed on top are freed, so
+/// memory goes back down after it.
+const SPARE: usize = 2;
 
 /// A ring of records the kernel commits, read in order.
 pub trait Records {
@@ -153,12 +157,12 @@ impl Thread {
 
 /// Starts reading `ring` on a thread of its own, with a tick every `tick`;
 /// its batches come out of the receiver, and their buffers go back through
-/// the sender to be used again.
+/// the sender to be used again (while it has room).
 pub fn start(
     ring: Ring,
     tick: Duration,
     keep: bool,
-) -> io::Result<(Thread, mpsc::Receiver<Batch>, std_mpsc::Sender<Vec<u8>>)> {
+) -> io::Result<(Thread, mpsc::Receiver<Batch>, std_mpsc::SyncSender<Vec<u8>>)> {
     let depth = (ring.size() / CHUNK_BYTES).max(2);
     spawn(ring, depth, tick, keep)
 }
@@ -169,7 +173,7 @@ fn spawn<R: Records + AsRawFd + Send + 'static>(
     depth: usize,
     tick: Duration,
     keep: bool,
-) -> io::Result<(Thread, mpsc::Receiver<Batch>, std_mpsc::Sender<Vec<u8>>)> {
+) -> io::Result<(Thread, mpsc::Receiver<Batch>, std_mpsc::SyncSender<Vec<u8>>)> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -181,7 +185,7 @@ fn spawn<R: Records + AsRawFd + Send + 'static>(
             .map_err(|e| e.into_parts().1)?
     };
     let (queue, batches) = mpsc::channel(depth);
-    let (spare_tx, spare) = std_mpsc::channel();
+    let (spare_tx, spare) = std_mpsc::sync_channel(SPARE);
     let reader = Reader {
         ring,
         queue,
@@ -270,7 +274,7 @@ impl<R: Records + AsRawFd> Reader<R> {
 }
 
 /// Chunks' buffers, used again: at most the queue's depth and two more
-/// exist at once.
+/// exist at once, and `SPARE` and one more once the pipeline has caught up.
 struct Buffers {
     /// Buffers of chunks the pipeline has decoded.
     spare: std_mpsc::Receiver<Vec<u8>>,
