@@ -23,7 +23,7 @@ pub struct Ingest {
 /// What reading gives the pipeline, in order.
 pub enum Read {
     Packets(Vec<Packet>),
-    /// Monotonic time: what the ring held before it was read before it.
+    /// Monotonic time; everything the ring held then came before it.
     Tick(u64),
 }
 

@@ -119,7 +119,7 @@ fn before(a: usize, b: usize) -> bool {
 
 /// Fills `chunk` from `ring` until the chunk is full, the ring is empty or
 /// its position reaches `upto`; true if it stopped with more to read.
-pub fn fill(ring: &mut impl Records, chunk: &mut Chunk, upto: Option<usize>) -> bool {
+fn fill(ring: &mut impl Records, chunk: &mut Chunk, upto: Option<usize>) -> bool {
     while !chunk.full() {
         if upto.is_some_and(|p| !before(ring.position(), p)) {
             return false;

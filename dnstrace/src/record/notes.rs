@@ -271,22 +271,26 @@ impl PacketNote {
     /// The note as serde writes it, written by hand: through serde it was
     /// a sixth of a recording's CPU, most of it addresses through `Display`.
     pub fn write_json(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(b"{\"mono_ns\":");
-        number(out, self.mono_ns);
-        out.extend_from_slice(b",\"netns\":");
-        number(out, self.netns);
-        out.extend_from_slice(b",\"ifindex\":");
-        number(out, self.ifindex);
-        out.extend_from_slice(b",\"hook\":");
-        number(out, self.hook);
-        out.extend_from_slice(b",\"wire_len\":");
-        number(out, self.wire_len);
-        out.extend_from_slice(b",\"payload_len\":");
-        number(out, self.payload_len);
-        out.extend_from_slice(b",\"truncated\":");
-        boolean(out, self.truncated);
-        out.extend_from_slice(b",\"fragment\":");
-        boolean(out, self.fragment);
+        let numbers: [(&[u8], u64); 6] = [
+            (b"{\"mono_ns\":", self.mono_ns),
+            (b",\"netns\":", self.netns.into()),
+            (b",\"ifindex\":", self.ifindex.into()),
+            (b",\"hook\":", self.hook.into()),
+            (b",\"wire_len\":", self.wire_len.into()),
+            (b",\"payload_len\":", self.payload_len.into()),
+        ];
+        for (key, n) in numbers {
+            out.extend_from_slice(key);
+            number(out, n);
+        }
+        let flags: [(&[u8], bool); 2] = [
+            (b",\"truncated\":", self.truncated),
+            (b",\"fragment\":", self.fragment),
+        ];
+        for (key, b) in flags {
+            out.extend_from_slice(key);
+            boolean(out, b);
+        }
         if let Some(name) = &self.ifname {
             out.extend_from_slice(b",\"ifname\":");
             string(out, name);
