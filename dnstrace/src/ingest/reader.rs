@@ -15,7 +15,7 @@ use dnstrace_common::{PACKET_META_SIZE, PAYLOAD_MAX};
 use tokio::{
     io::{unix::AsyncFd, Interest},
     sync::{mpsc, Notify},
-    time::interval,
+    time::{interval, MissedTickBehavior},
 };
 
 use super::Ring;
@@ -214,6 +214,9 @@ impl<R: Records + AsRawFd> Reader<R> {
     /// until stopped or the pipeline is gone.
     async fn run(mut self, tick: Duration, stop: &Notify) -> io::Result<()> {
         let mut tick = interval(tick);
+        // Ticks missed while the queue was full are not made up in a burst:
+        // each would have the pipeline close journeys, behind as it is.
+        tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
         loop {
             let going = tokio::select! {
                 () = stop.notified() => {
