@@ -69,9 +69,27 @@ impl Ring {
         self.mask + 1
     }
 
-    /// Hands the next committed record to `f` and consumes it; None when
-    /// there is none yet.
-    pub fn next<R>(&mut self, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
+    /// Moves past a record of `len` bytes and publishes that its room may
+    /// be written again.
+    fn consume(&mut self, len: usize) {
+        self.pos = self.pos.wrapping_add((HEADER + len).next_multiple_of(8));
+        self.consumer.word(0).store(self.pos, Ordering::Release);
+        self.consumed = true;
+    }
+
+    fn data(&self) -> *const u8 {
+        // SAFETY: the mapping is a page and the data pages long.
+        unsafe { self.producer.ptr.as_ptr().add(self.page) }
+    }
+
+    fn producer_pos(&self) -> usize {
+        // Pairs with the kernel's release store after a reservation.
+        self.producer.word(0).load(Ordering::Acquire)
+    }
+}
+
+impl super::reader::Records for Ring {
+    fn next<R>(&mut self, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
         loop {
             if self.pos == self.seen {
                 if self.consumed {
@@ -107,30 +125,6 @@ impl Ring {
             self.consume(len);
             return Some(out);
         }
-    }
-
-    /// Moves past a record of `len` bytes and publishes that its room may
-    /// be written again.
-    fn consume(&mut self, len: usize) {
-        self.pos = self.pos.wrapping_add((HEADER + len).next_multiple_of(8));
-        self.consumer.word(0).store(self.pos, Ordering::Release);
-        self.consumed = true;
-    }
-
-    fn data(&self) -> *const u8 {
-        // SAFETY: the mapping is a page and the data pages long.
-        unsafe { self.producer.ptr.as_ptr().add(self.page) }
-    }
-
-    fn producer_pos(&self) -> usize {
-        // Pairs with the kernel's release store after a reservation.
-        self.producer.word(0).load(Ordering::Acquire)
-    }
-}
-
-impl super::reader::Records for Ring {
-    fn next<R>(&mut self, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
-        Ring::next(self, f)
     }
 
     fn produced(&self) -> usize {
