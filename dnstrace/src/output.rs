@@ -1,6 +1,7 @@
 //! Line output: one text line or one JSON object per DNS message.
+pub mod addr;
 pub(crate) mod journey_json;
-pub mod json_addr;
+mod timeline;
 
 use std::{
     collections::HashMap,
@@ -19,12 +20,7 @@ use crate::{
     diagnose::Anomaly,
     naming::Names,
 };
-use journey_json::{JourneyJson, OutcomeJson};
-
-/// Nanoseconds as milliseconds, e.g. `0.054 ms`.
-fn ms(ns: u64) -> String {
-    format!("{:.3} ms", ns as f64 / 1e6)
-}
+use journey_json::{number, JourneyJson, OutcomeJson};
 
 /// Converts kernel CLOCK_MONOTONIC timestamps to wall-clock time.
 #[derive(Clone, Copy, Debug)]
@@ -139,13 +135,26 @@ impl Labels {
     /// Where a leg was seen: `device@netns` for hooks that see every
     /// namespace, else the --iface device.
     pub fn place(&self, leg: &Leg) -> String {
+        let mut out = Vec::new();
+        self.write_place(&mut out, leg);
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    /// `place`, written at the end of `out`.
+    pub fn write_place(&self, out: &mut Vec<u8>, leg: &Leg) {
         match &leg.iface {
-            Some(name) => format!("{name}@{}", leg.netns),
-            None => self
-                .iface_names
-                .get(&leg.ifindex)
-                .cloned()
-                .unwrap_or_else(|| format!("if{}", leg.ifindex)),
+            Some(name) => {
+                out.extend_from_slice(name.as_bytes());
+                out.push(b'@');
+                number(out, leg.netns);
+            }
+            None => match self.iface_names.get(&leg.ifindex) {
+                Some(name) => out.extend_from_slice(name.as_bytes()),
+                None => {
+                    out.extend_from_slice(b"if");
+                    number(out, leg.ifindex);
+                }
+            },
         }
     }
 
@@ -191,8 +200,9 @@ pub struct LineSink<W: Write> {
     format: OutputFormat,
     labels: Labels,
     out: W,
-    /// A JSON line is built here, in room kept from line to line: growing
-    /// a fresh string for each was a tenth of live tracing's CPU.
+    /// A journey's text or a JSON line is built here, in room kept from
+    /// line to line: growing a fresh string for each was a tenth of live
+    /// tracing's CPU.
     line: Vec<u8>,
 }
 
@@ -246,22 +256,28 @@ impl<W: Write> LineSink<W> {
         }
     }
 
+    /// What `write` writes into the line buffer, then out.
+    fn buffered(
+        &mut self,
+        write: impl FnOnce(&Self, &mut Vec<u8>) -> io::Result<()>,
+    ) -> io::Result<()> {
+        let mut line = std::mem::take(&mut self.line);
+        line.clear();
+        let done = write(self, &mut line).and_then(|()| self.out.write_all(&line));
+        self.line = line;
+        done
+    }
+
     /// One JSON line, as `write` writes it into the line buffer.
     fn json_line(
         &mut self,
         write: impl FnOnce(&Self, &mut Vec<u8>) -> serde_json::Result<()>,
     ) -> io::Result<()> {
-        let mut line = std::mem::take(&mut self.line);
-        line.clear();
-        let built = write(self, &mut line).map_err(io::Error::other);
-        line.push(b'\n');
-        let done = built.and_then(|()| self.out.write_all(&line));
-        self.line = line;
-        done
-    }
-
-    fn named(&self, addr: SocketAddr) -> String {
-        self.labels.named(addr)
+        self.buffered(|s, line| {
+            write(s, line).map_err(io::Error::other)?;
+            line.push(b'\n');
+            Ok(())
+        })
     }
 
     /// The names of a journey's addresses, for JSON readers: each named
@@ -387,69 +403,12 @@ impl<W: Write> LineSink<W> {
 
     pub fn write_journey(&mut self, j: &Journey) -> io::Result<()> {
         match self.format {
-            OutputFormat::Text => {
-                let text = self.timeline(j, "");
-                write!(self.out, "{text}")
-            }
+            OutputFormat::Text => self.buffered(|s, text| {
+                timeline::write(text, &s.labels, j, "");
+                Ok(())
+            }),
             OutputFormat::Json => self.json_line(|s, line| s.journey_json(j).write(line)),
         }
-    }
-
-    /// A journey as a header line and one indented line per leg, upstream
-    /// journeys nested under it.
-    fn timeline(&self, j: &Journey, indent: &str) -> String {
-        let time = self.labels.time_of_day(j.started_ns);
-        let first_dst = j
-            .legs
-            .first()
-            .map_or_else(String::new, |l| self.named(l.dst));
-        let mut out = format!(
-            "{indent}{time} {} → {first_dst} {} id={} {} {}: {} in {}{}{}\n",
-            self.named(j.client),
-            if j.tcp { "tcp" } else { "udp" },
-            j.dns_id,
-            j.name,
-            j.qtype,
-            self.outcome(&j.outcome),
-            ms(j.total_ns()),
-            j.dnat
-                .as_deref()
-                .map(|&(a, b)| format!(" [DNAT {} → {}]", self.named(a), self.named(b)))
-                .unwrap_or_default(),
-            j.incomplete
-                .map(|g| format!(" [incomplete: {}]", g.why()))
-                .unwrap_or_default(),
-        );
-        for leg in &j.legs {
-            let place = self.labels.place(leg);
-            let dir = direction_word(leg.direction());
-            let mut line = format!(
-                "{indent}  +{:>9} {place:<28} {dir} {:<8} {} → {}",
-                ms(leg.since_prev_ns),
-                if leg.response { "answer" } else { "query" },
-                leg.src,
-                leg.dst
-            );
-            if let Some(&(a, b)) = leg.dnat.as_deref() {
-                line += &format!("  DNAT {a} → {b}");
-            }
-            if let Some(&(a, b)) = leg.snat.as_deref() {
-                line += &format!("  SNAT {a} → {b}");
-            }
-            if let Some(&(reason, at)) = leg.drop.as_deref() {
-                line += &format!("  dropped: {}", self.labels.drop_text(reason, at));
-            }
-            out += &line;
-            out.push('\n');
-        }
-        for up in &j.upstream {
-            out += &self.timeline(up, &format!("{indent}    upstream "));
-        }
-        out
-    }
-
-    fn outcome(&self, o: &Outcome) -> String {
-        self.labels.outcome(o)
     }
 
     /// Written straight from the journey (no intermediate JSON tree): the

@@ -6,7 +6,7 @@ use std::{io::Write, net::IpAddr};
 
 use serde::Serialize;
 
-use super::json_addr;
+use super::addr;
 use crate::correlate::{Journey, Leg, Outcome};
 
 /// `,"k":` in one copy of a known length; keys are ours, nothing to escape.
@@ -48,7 +48,7 @@ impl JourneyJson<'_> {
         key!(out, "lookup");
         number(out, j.lookup);
         key!(out, "client");
-        json_addr::write(out, &j.client);
+        addr::json(out, &j.client);
         key!(out, "dns_id");
         number(out, j.dns_id);
         key!(out, "name");
@@ -64,7 +64,7 @@ impl JourneyJson<'_> {
         key!(out, "outcome");
         value(out, &self.outcome)?;
         key!(out, "dnat");
-        json_addr::pair(out, j.dnat.as_deref());
+        addr::pair(out, j.dnat.as_deref());
         key!(out, "legs");
         list(out, &j.legs, leg)?;
         key!(out, "incomplete");
@@ -81,7 +81,7 @@ impl JourneyJson<'_> {
             if i > 0 {
                 out.push(b',');
             }
-            json_addr::write_ip(out, ip);
+            addr::json_ip(out, ip);
             out.push(b':');
             value(out, name)?;
         }
@@ -108,15 +108,15 @@ fn leg(out: &mut Vec<u8>, l: &Leg) -> serde_json::Result<()> {
     key!(out, "netns");
     number(out, l.netns);
     key!(out, "src");
-    json_addr::write(out, &l.src);
+    addr::json(out, &l.src);
     key!(out, "dst");
-    json_addr::write(out, &l.dst);
+    addr::json(out, &l.dst);
     key!(out, "response");
     boolean(out, l.response);
     key!(out, "dnat");
-    json_addr::pair(out, l.dnat.as_deref());
+    addr::pair(out, l.dnat.as_deref());
     key!(out, "snat");
-    json_addr::pair(out, l.snat.as_deref());
+    addr::pair(out, l.snat.as_deref());
     key!(out, "drop");
     match l.drop.as_deref() {
         Some(&(reason, location)) => {

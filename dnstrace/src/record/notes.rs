@@ -14,8 +14,8 @@ use crate::{
     decode::{Conntrack, CtTuple, Dropped, Packet},
     diagnose::{ConntrackAtStart, Context},
     output::{
+        addr,
         journey_json::{boolean, number},
-        json_addr,
     },
     target::Target,
 };
@@ -194,9 +194,9 @@ fn tuple([src, dst]: [SocketAddr; 2]) -> CtTuple {
 
 fn addr_pair(out: &mut Vec<u8>, [a, b]: &[SocketAddr; 2]) {
     out.push(b'[');
-    json_addr::write(out, a);
+    addr::json(out, a);
     out.push(b',');
-    json_addr::write(out, b);
+    addr::json(out, b);
     out.push(b']');
 }
 

@@ -1,25 +1,29 @@
-//! Socket addresses as JSON strings, written without `fmt`'s machinery:
-//! a journey's JSON is mostly addresses, and formatting them through
-//! `Display` was a seventh of a replay's time.
+//! Socket addresses as text and as JSON strings, written without `fmt`'s
+//! machinery: a journey, as text or as JSON, is mostly addresses, and
+//! formatting them through `Display` was a seventh of a replay's time.
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
-/// `a` as a JSON string: the same text as its `Display`.
-pub fn write(out: &mut Vec<u8>, a: &SocketAddr) {
-    out.push(b'"');
+/// `a` as its `Display` writes it.
+pub fn text(out: &mut Vec<u8>, a: &SocketAddr) {
     match a {
         SocketAddr::V4(v4) => {
             ipv4(out, v4.ip());
             out.push(b':');
             port_digits(out, v4.port());
         }
-        // `[`, `:`, `%` and hex digits: nothing JSON escapes.
         SocketAddr::V6(_) => out.extend_from_slice(a.to_string().as_bytes()),
     }
+}
+
+/// `a` as a JSON string: `[`, `:`, `%` and hex digits need no escape.
+pub fn json(out: &mut Vec<u8>, a: &SocketAddr) {
+    out.push(b'"');
+    text(out, a);
     out.push(b'"');
 }
 
 /// `ip` as a JSON string: the same text as its `Display`.
-pub fn write_ip(out: &mut Vec<u8>, ip: &IpAddr) {
+pub fn json_ip(out: &mut Vec<u8>, ip: &IpAddr) {
     out.push(b'"');
     match ip {
         IpAddr::V4(v4) => ipv4(out, v4),
@@ -55,9 +59,9 @@ pub fn pair(out: &mut Vec<u8>, p: Option<&(SocketAddr, SocketAddr)>) {
         None => out.extend_from_slice(b"null"),
         Some((a, b)) => {
             out.push(b'[');
-            write(out, a);
+            json(out, a);
             out.push(b',');
-            write(out, b);
+            json(out, b);
             out.push(b']');
         }
     }
@@ -81,7 +85,7 @@ mod tests {
 
     #[test]
     fn writes_what_display_writes() {
-        for text in [
+        for written in [
             "0.0.0.0:0",
             "10.96.0.10:53",
             "255.255.255.255:65535",
@@ -90,21 +94,23 @@ mod tests {
             "[::ffff:10.0.0.1]:5353",
             "[fe80::1%2]:53",
         ] {
-            let a: SocketAddr = text.parse().unwrap();
+            let a: SocketAddr = written.parse().unwrap();
             let b: SocketAddr = "10.244.0.53:53".parse().unwrap();
             let mut out = Vec::new();
-            write(&mut out, &a);
+            text(&mut out, &a);
+            out.push(b' ');
+            json(&mut out, &a);
             out.push(b' ');
             pair(&mut out, Some(&(a, b)));
             out.push(b' ');
-            write_ip(&mut out, &a.ip());
+            json_ip(&mut out, &a.ip());
             let expect = format!(
-                "{} {} {}",
+                "{a} {} {} {}",
                 serde_json::json!(a.to_string()),
                 serde_json::json!([a.to_string(), b.to_string()]),
                 serde_json::json!(a.ip().to_string())
             );
-            assert_eq!(String::from_utf8(out).unwrap(), expect, "{text}");
+            assert_eq!(String::from_utf8(out).unwrap(), expect, "{written}");
         }
         let mut none = Vec::new();
         pair(&mut none, None);

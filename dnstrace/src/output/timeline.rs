@@ -1,0 +1,366 @@
+//! A journey as text: a header line, a line per leg, and upstream journeys
+//! nested under it. Written by hand into one buffer: through `format!`, a
+//! string for each leg and for each piece of it, the text output was half
+//! of live tracing's CPU.
+use std::{io::Write, net::SocketAddr};
+
+use super::{addr, direction_word, journey_json::number, Labels};
+use crate::correlate::{Journey, Leg};
+
+/// Columns of a leg's time since the previous leg (right-aligned) and of
+/// its place (left-aligned).
+const SINCE_WIDTH: usize = 9;
+const PLACE_WIDTH: usize = 28;
+
+pub(super) fn write(out: &mut Vec<u8>, labels: &Labels, j: &Journey, indent: &str) {
+    header(out, labels, j, indent);
+    for l in &j.legs {
+        leg(out, labels, l, indent);
+    }
+    if !j.upstream.is_empty() {
+        let nested = format!("{indent}    upstream ");
+        for up in &j.upstream {
+            write(out, labels, up, &nested);
+        }
+    }
+}
+
+/// `time client → server udp id=N name type: outcome in T [DNAT …]`.
+fn header(out: &mut Vec<u8>, labels: &Labels, j: &Journey, indent: &str) {
+    out.extend_from_slice(indent.as_bytes());
+    out.extend_from_slice(labels.time_of_day(j.started_ns).as_bytes());
+    out.push(b' ');
+    named(out, labels, &j.client);
+    out.extend_from_slice(" → ".as_bytes());
+    if let Some(first) = j.legs.first() {
+        named(out, labels, &first.dst);
+    }
+    out.extend_from_slice(if j.tcp { b" tcp id=" } else { b" udp id=" });
+    number(out, j.dns_id);
+    for part in [" ", &j.name, " ", j.qtype, ": "] {
+        out.extend_from_slice(part.as_bytes());
+    }
+    out.extend_from_slice(labels.outcome(&j.outcome).as_bytes());
+    out.extend_from_slice(b" in ");
+    ms(out, j.total_ns());
+    if let Some((a, b)) = j.dnat.as_deref() {
+        out.extend_from_slice(b" [DNAT ");
+        named(out, labels, a);
+        out.extend_from_slice(" → ".as_bytes());
+        named(out, labels, b);
+        out.push(b']');
+    }
+    if let Some(gap) = j.incomplete {
+        for part in [" [incomplete: ", gap.why(), "]"] {
+            out.extend_from_slice(part.as_bytes());
+        }
+    }
+    out.push(b'\n');
+}
+
+/// `  +   0.008 ms veth0@4026532177    in  query    src → dst  DNAT …`.
+fn leg(out: &mut Vec<u8>, labels: &Labels, leg: &Leg, indent: &str) {
+    out.extend_from_slice(indent.as_bytes());
+    out.extend_from_slice(b"  +");
+    let since = out.len();
+    ms(out, leg.since_prev_ns);
+    pad(out, since, SINCE_WIDTH, since);
+    out.push(b' ');
+    let place = out.len();
+    labels.write_place(out, leg);
+    pad(out, place, PLACE_WIDTH, out.len());
+    out.push(b' ');
+    out.extend_from_slice(direction_word(leg.direction()).as_bytes());
+    out.extend_from_slice(if leg.response {
+        b" answer   "
+    } else {
+        b" query    "
+    });
+    addr::text(out, &leg.src);
+    out.extend_from_slice(" → ".as_bytes());
+    addr::text(out, &leg.dst);
+    nat(out, "  DNAT ", leg.dnat.as_deref());
+    nat(out, "  SNAT ", leg.snat.as_deref());
+    if let Some(&(reason, at)) = leg.drop.as_deref() {
+        out.extend_from_slice(b"  dropped: ");
+        out.extend_from_slice(labels.drop_text(reason, at).as_bytes());
+    }
+    out.push(b'\n');
+}
+
+fn nat(out: &mut Vec<u8>, what: &str, pair: Option<&(SocketAddr, SocketAddr)>) {
+    if let Some((a, b)) = pair {
+        out.extend_from_slice(what.as_bytes());
+        addr::text(out, a);
+        out.extend_from_slice(" → ".as_bytes());
+        addr::text(out, b);
+    }
+}
+
+/// `namespace/name (address)`, or the address where it has no name.
+fn named(out: &mut Vec<u8>, labels: &Labels, a: &SocketAddr) {
+    match labels.name(&a.ip()) {
+        Some(name) => {
+            out.extend_from_slice(name.as_bytes());
+            out.extend_from_slice(b" (");
+            addr::text(out, a);
+            out.push(b')');
+        }
+        None => addr::text(out, a),
+    }
+}
+
+/// Pads the text written since `start` with spaces, inserted at `at`, to
+/// `width` characters, as `format!`'s `{:>width}` or `{:<width}` would.
+fn pad(out: &mut Vec<u8>, start: usize, width: usize, at: usize) {
+    // Characters, not bytes: UTF-8 continuation bytes are 0b10xxxxxx.
+    let chars = out[start..].iter().filter(|&&b| b & 0xc0 != 0x80).count();
+    let missing = width.saturating_sub(chars);
+    out.splice(at..at, std::iter::repeat_n(b' ', missing));
+}
+
+/// Nanoseconds as milliseconds, `0.054 ms`: what `{:.3}` writes of
+/// `ns as f64 / 1e6`, from integers. A time exactly on a half microsecond
+/// is a tie the nearest f64 breaks one way or the other: it goes through
+/// `fmt`, so that the text stays what every other view writes.
+pub(super) fn ms(out: &mut Vec<u8>, ns: u64) {
+    let (us, rest) = (ns / 1000, ns % 1000);
+    if rest == 500 {
+        let _ = write!(out, "{:.3} ms", ns as f64 / 1e6);
+        return;
+    }
+    let us = us + u64::from(rest > 500);
+    number(out, us / 1000);
+    let frac = us % 1000;
+    out.extend_from_slice(&[
+        b'.',
+        b'0' + (frac / 100) as u8,
+        b'0' + (frac / 10 % 10) as u8,
+        b'0' + (frac % 10) as u8,
+    ]);
+    out.extend_from_slice(b" ms");
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, HashMap};
+
+    use dnstrace_common::Hook;
+
+    use super::*;
+    use crate::{
+        correlate::{Gap, Outcome},
+        decode::KernelNames,
+        naming::Names,
+        output::Clock,
+    };
+
+    /// The text as `format!` wrote it before, piece by piece.
+    fn by_format(labels: &Labels, j: &Journey, indent: &str) -> String {
+        let ms = |ns: u64| format!("{:.3} ms", ns as f64 / 1e6);
+        let first_dst = j
+            .legs
+            .first()
+            .map_or_else(String::new, |l| labels.named(l.dst));
+        let mut out = format!(
+            "{indent}{} {} → {first_dst} {} id={} {} {}: {} in {}{}{}\n",
+            labels.time_of_day(j.started_ns),
+            labels.named(j.client),
+            if j.tcp { "tcp" } else { "udp" },
+            j.dns_id,
+            j.name,
+            j.qtype,
+            labels.outcome(&j.outcome),
+            ms(j.total_ns()),
+            j.dnat
+                .as_deref()
+                .map(|&(a, b)| format!(" [DNAT {} → {}]", labels.named(a), labels.named(b)))
+                .unwrap_or_default(),
+            j.incomplete
+                .map(|g| format!(" [incomplete: {}]", g.why()))
+                .unwrap_or_default(),
+        );
+        for leg in &j.legs {
+            let place = match &leg.iface {
+                Some(name) => format!("{name}@{}", leg.netns),
+                None => labels
+                    .iface_names()
+                    .get(&leg.ifindex)
+                    .cloned()
+                    .unwrap_or_else(|| format!("if{}", leg.ifindex)),
+            };
+            out += &format!(
+                "{indent}  +{:>9} {place:<28} {} {:<8} {} → {}",
+                ms(leg.since_prev_ns),
+                direction_word(leg.direction()),
+                if leg.response { "answer" } else { "query" },
+                leg.src,
+                leg.dst
+            );
+            if let Some(&(a, b)) = leg.dnat.as_deref() {
+                out += &format!("  DNAT {a} → {b}");
+            }
+            if let Some(&(a, b)) = leg.snat.as_deref() {
+                out += &format!("  SNAT {a} → {b}");
+            }
+            if let Some(&(reason, at)) = leg.drop.as_deref() {
+                out += &format!("  dropped: {}", labels.drop_text(reason, at));
+            }
+            out.push('\n');
+        }
+        for up in &j.upstream {
+            out += &by_format(labels, up, &format!("{indent}    upstream "));
+        }
+        out
+    }
+
+    fn leg(hook: Hook, iface: Option<&str>, src: &str, dst: &str, since_prev_ns: u64) -> Leg {
+        Leg {
+            ts_ns: 0,
+            since_prev_ns,
+            hook,
+            iface: iface.map(Into::into),
+            ifindex: 7,
+            netns: 4026532246,
+            src: src.parse().unwrap(),
+            dst: dst.parse().unwrap(),
+            response: since_prev_ns % 2 == 1,
+            dnat: None,
+            snat: None,
+            drop: None,
+        }
+    }
+
+    fn journey(client: &str, legs: Vec<Leg>, ended_ns: u64) -> Journey {
+        Journey {
+            id: 1,
+            lookup: 1,
+            client: client.parse().unwrap(),
+            dns_id: 4711,
+            name: "api.example.com.".into(),
+            qtype: "AAAA",
+            tcp: false,
+            started_ns: 1_000,
+            ended_ns,
+            outcome: Outcome::Timeout,
+            dnat: None,
+            legs,
+            upstream: Vec::new(),
+            incomplete: None,
+        }
+    }
+
+    fn labels() -> Labels {
+        let names = BTreeMap::from([
+            (
+                "10.96.0.10".parse().unwrap(),
+                "kube-system/kube-dns".to_string(),
+            ),
+            ("fd00::a".parse().unwrap(), "default/web-ü".to_string()),
+        ]);
+        Labels::new(
+            HashMap::from([(7, "veth-s".to_string())]),
+            Clock::with_offset(1_764_000_000_123_456_789),
+            KernelNames::default(),
+        )
+        .with_names(Names::from_entries(names))
+    }
+
+    /// Every piece of the text: named and unnamed, IPv4 and IPv6 addresses,
+    /// NAT, drops, places short, long, non-ASCII and from `--iface`, times
+    /// on and off a half microsecond, gaps, nesting, and no legs at all.
+    #[test]
+    fn writes_what_format_wrote() {
+        let mut nat = leg(
+            Hook::DevXmit,
+            Some("veth0cf73899"),
+            "10.0.0.2:40000",
+            "10.244.0.53:53",
+            61_499,
+        );
+        nat.dnat = Some(Box::new(("10.96.0.10:53".parse().unwrap(), nat.dst)));
+        nat.snat = Some(Box::new((nat.src, "198.51.100.1:40000".parse().unwrap())));
+        let mut dropped = leg(Hook::Drop, None, "[fd00::2]:40000", "[fd00::a]:53", 4_500);
+        dropped.drop = Some(Box::new((6, 0xffff_ffff_8100_0000)));
+        let mut unknown = leg(
+            Hook::DevReceive,
+            None,
+            "[fe80::1%2]:53",
+            "10.0.0.2:40000",
+            999_999_500,
+        );
+        unknown.ifindex = 9;
+        let mut up = journey("10.244.0.53:1053", vec![dropped, unknown], 2_500_000);
+        up.tcp = true;
+        up.outcome = Outcome::Dropped {
+            reason: 6,
+            location: 0xffff_ffff_8100_0000,
+        };
+        up.incomplete = Some(Gap::Ended);
+        let mut j = journey(
+            "10.0.0.2:40000",
+            vec![
+                leg(
+                    Hook::DevXmit,
+                    Some("eth0"),
+                    "10.0.0.2:40000",
+                    "10.96.0.10:53",
+                    0,
+                ),
+                nat,
+                leg(
+                    Hook::DevReceive,
+                    Some("vethüßçñ"),
+                    "10.0.0.2:40000",
+                    "10.244.0.53:53",
+                    1_500,
+                ),
+                leg(
+                    Hook::TcIngress,
+                    Some("a-device-name-far-too-long-for"),
+                    "[fd00::a]:53",
+                    "[fd00::2]:1",
+                    12_345_678_901,
+                ),
+            ],
+            1_500,
+        );
+        j.outcome = Outcome::Answered {
+            rcode: "NOERROR".into(),
+            answers: vec!["A 10.1.2.3".into(); 5],
+            truncated: true,
+        };
+        j.dnat = Some(Box::new((
+            "10.96.0.10:53".parse().unwrap(),
+            "[fd00::a]:53".parse().unwrap(),
+        )));
+        j.incomplete = Some(Gap::Lost);
+        j.upstream = vec![up, journey("[fd00::a]:53", Vec::new(), 0)];
+        let labels = labels();
+        let mut out = Vec::new();
+        write(&mut out, &labels, &j, "");
+        assert_eq!(String::from_utf8(out).unwrap(), by_format(&labels, &j, ""));
+    }
+
+    #[test]
+    fn milliseconds_are_what_format_writes() {
+        let samples = (0..3_000_000)
+            .step_by(7)
+            .chain((0..40).map(|i| 1u64 << i))
+            .chain([
+                499,
+                500,
+                501,
+                999_999_500,
+                999_999_501,
+                86_400_000_000_499,
+                86_400_000_000_500,
+            ]);
+        let mut out = Vec::new();
+        for ns in samples {
+            out.clear();
+            ms(&mut out, ns);
+            assert_eq!(out, format!("{:.3} ms", ns as f64 / 1e6).as_bytes(), "{ns}");
+        }
+    }
+}
