@@ -82,7 +82,7 @@ impl JourneyOut for Count {
     fn labels(&self) -> &Labels {
         &self.labels
     }
-    fn journey(&mut self, _: &Journey, _: &[(&'static str, String)]) -> io::Result<()> {
+    fn journey(&mut self, _: Journey, _: &[(&'static str, String)]) -> io::Result<()> {
         self.journeys += 1;
         Ok(())
     }

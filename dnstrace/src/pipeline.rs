@@ -75,7 +75,7 @@ impl<W: io::Write> Sink for LineSink<W> {
 pub trait JourneyOut {
     fn labels(&self) -> &Labels;
     /// A finished journey and the anomalies (kind, summary) it fed.
-    fn journey(&mut self, j: &Journey, badges: &[(&'static str, String)]) -> io::Result<()>;
+    fn journey(&mut self, j: Journey, badges: &[(&'static str, String)]) -> io::Result<()>;
     /// An anomaly raised for the first time.
     fn anomaly(&mut self, a: &Anomaly) -> io::Result<()>;
     /// Every tick: every anomaly so far and the capture's health.
@@ -91,8 +91,8 @@ impl<W: io::Write> JourneyOut for LineSink<W> {
     fn labels(&self) -> &Labels {
         LineSink::labels(self)
     }
-    fn journey(&mut self, j: &Journey, _: &[(&'static str, String)]) -> io::Result<()> {
-        self.write_journey(j)
+    fn journey(&mut self, j: Journey, _: &[(&'static str, String)]) -> io::Result<()> {
+        self.write_journey(&j)
     }
     fn anomaly(&mut self, a: &Anomaly) -> io::Result<()> {
         self.write_anomaly(a)
@@ -152,8 +152,8 @@ impl<O: JourneyOut> JourneySink<O> {
 
     fn print(&mut self, journeys: Vec<Journey>) -> io::Result<()> {
         let journeys: Vec<_> = journeys.into_iter().filter(|j| self.wanted(j)).collect();
-        for j in &journeys {
-            let new = self.diagnoser.journey(j, self.out.labels().kernel());
+        for j in journeys {
+            let new = self.diagnoser.journey(&j, self.out.labels().kernel());
             self.out.journey(j, self.diagnoser.hits())?;
             self.printed += 1;
             self.raise(new)?;

@@ -105,9 +105,10 @@ impl JourneyOut for Gathered {
         &self.labels
     }
 
-    fn journey(&mut self, j: &Journey, badges: &[(&'static str, String)]) -> std::io::Result<()> {
+    fn journey(&mut self, j: Journey, badges: &[(&'static str, String)]) -> std::io::Result<()> {
+        let ended_ns = j.ended_ns;
         let l = model::lookup(j, badges, &self.labels);
-        self.count(&l, j.ended_ns);
+        self.count(&l, ended_ns);
         self.keep(l);
         Ok(())
     }

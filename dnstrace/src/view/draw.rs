@@ -9,7 +9,7 @@ use ratatui::{
 
 use super::{
     keys::hints,
-    model::{latency, AnomalyRow, Detail, Lookup, Status},
+    model::{detail, latency, AnomalyRow, Detail, Lookup, Status},
     state::{App, Focus, Screen},
 };
 use crate::diagnose::Severity;
@@ -333,7 +333,7 @@ fn journey_screen(app: &App, f: &mut Frame, area: Rect, id: u64) {
         );
         return;
     };
-    let d = &l.detail;
+    let d = &detail(&l.journey, &app.labels);
     let answers = d.answers.len().clamp(1, 6) as u16;
     let [top, legs, bottom] = Layout::vertical([
         Constraint::Length(3),

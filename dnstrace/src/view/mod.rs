@@ -68,9 +68,11 @@ pub fn start(
     let (tx, rx) = sync_channel(QUEUE);
     let dropped = Arc::new(AtomicU64::new(0));
     let seen = dropped.clone();
+    let labels = Arc::new(labels);
+    let app = App::new(about, labels.clone());
     let thread = std::thread::Builder::new()
         .name("live-view".into())
-        .spawn(move || run(terminal, rx, App::new(about), &seen, &quit))
+        .spawn(move || run(terminal, rx, app, &seen, &quit))
         .context("starting the view thread")?;
     let view = LiveView {
         thread: Some(thread),
@@ -168,7 +170,7 @@ fn run(
 /// without waiting.
 pub struct LiveOut {
     tx: SyncSender<Update>,
-    labels: Labels,
+    labels: Arc<Labels>,
     dropped: Arc<AtomicU64>,
     /// (anomalies, their total count) when last sent.
     sent: (usize, u64),
@@ -177,7 +179,7 @@ pub struct LiveOut {
 }
 
 impl LiveOut {
-    fn new(tx: SyncSender<Update>, labels: Labels, dropped: Arc<AtomicU64>) -> Self {
+    fn new(tx: SyncSender<Update>, labels: Arc<Labels>, dropped: Arc<AtomicU64>) -> Self {
         Self {
             tx,
             labels,
@@ -208,7 +210,7 @@ impl JourneyOut for LiveOut {
         &self.labels
     }
 
-    fn journey(&mut self, j: &Journey, badges: &[(&'static str, String)]) -> io::Result<()> {
+    fn journey(&mut self, j: Journey, badges: &[(&'static str, String)]) -> io::Result<()> {
         let row = model::lookup(j, badges, &self.labels);
         self.send(Update::Lookup(Box::new(row)))
     }

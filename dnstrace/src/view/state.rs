@@ -1,8 +1,9 @@
 //! The live view's state and the actions that change it; drawing reads it
 //! and never changes it.
-use std::collections::VecDeque;
+use std::{collections::VecDeque, sync::Arc};
 
 use super::model::{AnomalyKey, AnomalyRow, Health, Lookup};
+use crate::output::Labels;
 
 /// Lookups kept for the list; older ones leave the window (the counts and
 /// percentiles still include them).
@@ -179,6 +180,8 @@ pub struct Held {
 
 pub struct App {
     pub about: About,
+    /// What names things on a journey's own screen.
+    pub labels: Arc<Labels>,
     /// Newest first.
     pub rows: VecDeque<Lookup>,
     pub anomalies: Vec<AnomalyRow>,
@@ -203,9 +206,10 @@ pub struct App {
 }
 
 impl App {
-    pub fn new(about: About) -> Self {
+    pub fn new(about: About, labels: Arc<Labels>) -> Self {
         Self {
             about,
+            labels,
             rows: VecDeque::new(),
             anomalies: Vec::new(),
             health: Health::default(),

@@ -3,6 +3,7 @@
 use std::{
     collections::{BTreeMap, HashMap},
     net::SocketAddr,
+    sync::Arc,
 };
 
 use ratatui::{
@@ -16,7 +17,7 @@ use dnstrace_common::Hook;
 use super::{
     draw::draw,
     keys::action,
-    model::{lookup, AnomalyRow, Health},
+    model::{detail, lookup, AnomalyRow, Health},
     state::{About, Action, App, Focus, Screen, Update, MAX_ROWS},
 };
 use crate::{
@@ -212,11 +213,14 @@ const TIMEOUT_BADGE: (&str, &str) = (
 
 /// Five lookups, one timed out behind an anomaly, at 10 s past the epoch.
 fn busy() -> App {
-    let mut app = App::new(About {
-        target: "pod default/web-7d9f8c6b5-x2x4k (10.244.0.10)".into(),
-        hooks: 3,
-        log: Some("/tmp/dnstrace-1.log".into()),
-    });
+    let mut app = App::new(
+        About {
+            target: "pod default/web-7d9f8c6b5-x2x4k (10.244.0.10)".into(),
+            hooks: 3,
+            log: Some("/tmp/dnstrace-1.log".into()),
+        },
+        Arc::new(labels()),
+    );
     let l = labels();
     let badge = [(TIMEOUT_BADGE.0, TIMEOUT_BADGE.1.to_owned())];
     let rows = [
@@ -259,7 +263,7 @@ fn busy() -> App {
             &[],
         ),
     ];
-    for (j, badges) in &rows {
+    for (j, badges) in rows {
         app.update(Update::Lookup(Box::new(lookup(j, badges, &l))));
     }
     app.update(Update::Anomalies(vec![anomaly()]));
@@ -310,7 +314,7 @@ fn newest_first_and_selection_follows_the_newest_until_moved() {
         noerror("A 1.2.3.4"),
         false,
     );
-    app.update(Update::Lookup(Box::new(lookup(&j, &[], &labels()))));
+    app.update(Update::Lookup(Box::new(lookup(j, &[], &labels()))));
     assert_eq!(app.selected_index(), 3);
     press(&mut app, &[KeyCode::Char('G')]);
     assert_eq!(app.selected, Some(1));
@@ -347,7 +351,7 @@ fn an_anomaly_filters_the_list_to_its_lookups() {
 
 #[test]
 fn tab_stays_on_lookups_without_anomalies() {
-    let mut app = App::new(About::default());
+    let mut app = App::new(About::default(), Arc::new(labels()));
     press(&mut app, &[KeyCode::Tab, KeyCode::Down, KeyCode::Enter]);
     assert_eq!(app.focus, Focus::Lookups);
     assert_eq!(app.screen, Screen::List);
@@ -390,7 +394,7 @@ fn pause_freezes_the_list_and_resume_catches_up() {
         noerror("A 1.2.3.4"),
         false,
     );
-    app.update(Update::Lookup(Box::new(lookup(&j, &[], &labels()))));
+    app.update(Update::Lookup(Box::new(lookup(j, &[], &labels()))));
     app.update(Update::Anomalies(vec![]));
     assert_eq!(ids(&app), [5, 4, 3, 2, 1], "frozen");
     assert_eq!(app.anomalies.len(), 1, "frozen");
@@ -422,11 +426,11 @@ fn help_closes_on_any_key_and_q_or_ctrl_c_quit() {
 
 #[test]
 fn the_list_is_bounded_and_the_counts_are_not() {
-    let mut app = App::new(About::default());
+    let mut app = App::new(About::default(), Arc::new(labels()));
     let l = labels();
     let j = journey(1, "a.example.", S, noerror("A 1.1.1.1"), false);
     for id in 0..MAX_ROWS as u64 + 10 {
-        let mut row = lookup(&j, &[], &l);
+        let mut row = lookup(j.clone(), &[], &l);
         row.id = id;
         app.update(Update::Lookup(Box::new(row)));
     }
@@ -460,7 +464,7 @@ fn journey_legs_nest_the_upstream_query_where_it_happened() {
         noerror("A 198.51.100.80"),
         true,
     );
-    let d = lookup(&j, &[], &labels()).detail;
+    let d = detail(&j, &labels());
     let shape: Vec<(u8, bool)> = d
         .legs
         .iter()
@@ -496,11 +500,14 @@ fn snapshot_list_80x24() {
 
 #[test]
 fn snapshot_empty_80x24() {
-    let app = App::new(About {
-        target: "the whole node".into(),
-        hooks: 3,
-        log: None,
-    });
+    let app = App::new(
+        About {
+            target: "the whole node".into(),
+            hooks: 3,
+            log: None,
+        },
+        Arc::new(labels()),
+    );
     insta::assert_snapshot!(render(&app, 80, 24));
 }
 
