@@ -269,7 +269,17 @@ fn draw_lookups(app: &App, f: &mut Frame, area: Rect) {
         return;
     }
     let wide = area.width >= 110;
-    let rows = visible.iter().map(|l| lookup_row(l, wide));
+    // Only the rows that fit, the selected one among them, as the table
+    // would scroll to it: the list keeps thousands, and drawing every one
+    // each frame was most of the view thread's time.
+    let fit = usize::from(block.inner(area).height.saturating_sub(1)).max(1);
+    let selected = (app.focus == Focus::Lookups).then(|| app.selected_index());
+    let first = selected.map_or(0, |s| (s + 1).saturating_sub(fit));
+    let rows = visible
+        .iter()
+        .skip(first)
+        .take(fit)
+        .map(|l| lookup_row(l, wide));
     let mut widths = vec![
         Constraint::Length(12),
         Constraint::Length(if wide { 26 } else { 14 }),
@@ -287,8 +297,7 @@ fn draw_lookups(app: &App, f: &mut Frame, area: Rect) {
         header.push("server");
     }
     header.push("!");
-    let mut state = TableState::default()
-        .with_selected((app.focus == Focus::Lookups).then(|| app.selected_index()));
+    let mut state = TableState::default().with_selected(selected.map(|s| s - first));
     f.render_stateful_widget(
         Table::new(rows, widths)
             .header(Row::new(header).style(DIM))

@@ -498,6 +498,22 @@ fn snapshot_list_80x24() {
     insta::assert_snapshot!(render(&busy(), 80, 24));
 }
 
+/// Only the rows that fit are drawn: the window follows the selection
+/// down a long list as the table's own scrolling did.
+#[test]
+fn snapshot_long_list_scrolled_80x24() {
+    let mut app = App::new(About::default(), Arc::new(labels()));
+    let l = labels();
+    for id in 1..=300 {
+        let name = format!("n{id}.example.com.");
+        let j = journey(id, &name, S + id, noerror("A 1.1.1.1"), false);
+        app.update(Update::Lookup(Box::new(lookup(j, &[], &l))));
+    }
+    press(&mut app, &[KeyCode::Down; 40]);
+    assert_eq!(app.selected, Some(260));
+    insta::assert_snapshot!(render(&app, 80, 24));
+}
+
 #[test]
 fn snapshot_empty_80x24() {
     let app = App::new(
