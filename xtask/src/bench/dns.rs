@@ -128,7 +128,7 @@ impl Bench {
         let mut climbing = None;
         let mut rates = vec![ZERO_LOSS_QPS];
         while let Some(rate) = rates.pop() {
-            let run = self.offer(rate, secs, &[], true)?;
+            let run = self.offer(rate, secs, (Output::Json, &[]), true)?;
             eprintln!("bench: {rate} qps: {run}");
             tried.push(format!(
                 "{} qps: {}",
@@ -197,10 +197,10 @@ impl Bench {
         &self,
         rate: u32,
         secs: u32,
-        flags: &[&str],
+        (output, flags): (Output, &[&str]),
         stop_at_loss: bool,
     ) -> Result<Offered> {
-        let tracer = self.tracer(&Hooks::Tracepoints, flags)?;
+        let tracer = self.tracer_showing(&Hooks::Tracepoints, output, flags)?;
         let cpu0 = proc_cpu(tracer.pid())?;
         let start = Instant::now();
         let perf = Proc::spawn(
@@ -280,7 +280,7 @@ impl Bench {
             );
             eprintln!("bench: tcpdump at {rate} qps: {captured} captured, {dropped} dropped, {cpu:.2} s CPU; {perf}");
             settle()?;
-            let run = self.offer(rate, secs, DNS_LOAD, false)?;
+            let run = self.offer(rate, secs, (Output::Json, DNS_LOAD), false)?;
             eprintln!("bench: dnstrace at {rate} qps: {run}");
             settle()?;
             let share = |cpu: f64| format!("{:.0}% of a core", 100.0 * cpu / f64::from(secs));
@@ -312,6 +312,62 @@ impl Bench {
         );
         Ok(())
     }
+}
+
+impl Bench {
+    /// dnstrace's CPU at the zero-loss rate by how it shows what it traces,
+    /// with its defaults: the other figures trace with JSON lines, where an
+    /// SRE on a node more often reads text or the live view.
+    pub(super) fn outputs(&mut self) -> Result<()> {
+        let outputs = [Output::Json, Output::Text, Output::View];
+        let secs = self.plan.side_secs;
+        let mut runs: Vec<Vec<Offered>> = outputs.iter().map(|_| Vec::new()).collect();
+        // Alternated, in an order that turns each round, as iperf3's are.
+        for round in 0..self.plan.output_rounds {
+            for k in 0..outputs.len() {
+                let which = (k + round) % outputs.len();
+                let output = outputs[which];
+                let run = self.offer(ZERO_LOSS_QPS, secs, (output, &[]), false)?;
+                eprintln!("bench: {} at {ZERO_LOSS_QPS} qps: {run}", output.describe());
+                runs[which].push(run);
+                settle()?;
+            }
+        }
+        let (json_cpu, json_lost) = cpu_and_lost(&runs[0]);
+        for (output, runs) in outputs.iter().zip(&runs).skip(1) {
+            let (cpu, lost) = cpu_and_lost(runs);
+            self.rows.push(Row {
+                figure: format!(
+                    "dnstrace's CPU by output, {} qps offered for {secs} s (× {}, medians; its defaults): JSON lines vs {}",
+                    thousands(f64::from(ZERO_LOSS_QPS)),
+                    runs.len(),
+                    output.describe()
+                ),
+                baseline: format!("JSON lines: {json_cpu:.1} s CPU, {json_lost} events lost"),
+                with: format!("{cpu:.1} s CPU, {lost} events lost"),
+                ratio: format!("{:.2}× CPU", cpu / json_cpu.max(1e-9)),
+                goal: "—".into(),
+                met: None,
+            });
+        }
+        self.notes.push(
+            "By output: the same dnsperf load traced three ways in turn: JSON lines and text lines to /dev/null, and the live view on a terminal the bench opens (200 × 50; what it draws is read and thrown away). CPU is the process's user+system time while dnsperf ran.".into(),
+        );
+        Ok(())
+    }
+}
+
+/// The median CPU seconds of `runs`, and the events they lost in all.
+fn cpu_and_lost(runs: &[Offered]) -> (f64, u64) {
+    let cpu: Vec<f64> = runs.iter().map(|r| r.cpu).collect();
+    let lost = runs
+        .iter()
+        .map(|r| match &r.exit {
+            Ok(e) => e.lost,
+            Err(lost) => *lost,
+        })
+        .sum();
+    (median(&cpu), lost)
 }
 
 /// Rates above ZERO_LOSS_QPS up to the lab's `cap`, the next last.

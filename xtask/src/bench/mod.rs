@@ -12,7 +12,7 @@ use std::{
     fs::File,
     io::{BufRead as _, BufReader, Read as _},
     net::UdpSocket,
-    os::fd::AsRawFd as _,
+    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::{
@@ -74,7 +74,7 @@ const DNS_LOAD: &[&str] = &["--ring-buffer-mib", "64", "--max-open", "262144"];
 const USAGE: &str = "usage: cargo xtask bench [--quick] [--only FIGURE]... [--markdown PATH]
   --quick          short runs (seconds instead of minutes) for trying things
   --only FIGURE    measure only this figure (repeatable): startup, iperf,
-                   capacity, zero-loss, tcpdump, pipeline, memory
+                   capacity, zero-loss, tcpdump, outputs, pipeline, memory
   --markdown PATH  also write the table as Markdown (for the README)";
 
 type Stage = fn(&mut Bench) -> Result<()>;
@@ -106,6 +106,11 @@ const FIGURES: &[(&str, &str, Stage)] = &[
         "tcpdump",
         "tcpdump -i any -w at the same rate",
         Bench::tcpdump,
+    ),
+    (
+        "outputs",
+        "dnstrace's CPU by output: JSON, text, the live view",
+        Bench::outputs,
     ),
     (
         "pipeline",
@@ -142,8 +147,10 @@ struct Plan {
     /// shared machine: enough rounds for a median that holds.
     perf_rounds: usize,
     zero_secs: u32,
-    /// Each side of the tcpdump comparison, at each rate.
+    /// Each side of the tcpdump comparison, at each rate; each run of
+    /// the outputs figure.
     side_secs: u32,
+    output_rounds: usize,
     record_secs: u32,
     replays: usize,
     /// dnstrace's --timeout while lookups pile up; the sender's rate is
@@ -164,6 +171,7 @@ impl Plan {
                 perf_rounds: 2,
                 zero_secs: 10,
                 side_secs: 10,
+                output_rounds: 1,
                 record_secs: 5,
                 replays: 2,
                 inflight_timeout_secs: 30,
@@ -179,6 +187,7 @@ impl Plan {
                 perf_rounds: 7,
                 zero_secs: 60,
                 side_secs: 30,
+                output_rounds: 2,
                 record_secs: 15,
                 replays: 3,
                 inflight_timeout_secs: 30,
@@ -350,6 +359,10 @@ impl Bench {
     }
 
     fn tracer(&self, hooks: &Hooks, extra: &[&str]) -> Result<Tracer> {
+        self.tracer_showing(hooks, Output::Json, extra)
+    }
+
+    fn tracer_showing(&self, hooks: &Hooks, output: Output, extra: &[&str]) -> Result<Tracer> {
         let mut cmd = match hooks {
             Hooks::Tracepoints => {
                 let mut c = Command::new(&self.bin);
@@ -366,10 +379,15 @@ impl Bench {
                 c
             }
         };
-        cmd.args(["-o", "json", "--containerd-root", CONTAINERD])
+        cmd.args(output.flags())
+            .args(["--containerd-root", CONTAINERD])
             .args(extra);
+        let capture = match output {
+            Output::View => Capture::Terminal(terminal(200, 50)?),
+            Output::Json | Output::Text => Capture::Lines,
+        };
         let start = Instant::now();
-        let proc = Proc::spawn("dnstrace trace", &mut cmd, Capture::Lines)?;
+        let proc = Proc::spawn("dnstrace trace", &mut cmd, capture)?;
         let at = proc.wait_line("capturing DNS on port", Duration::from_secs(30))?;
         Ok(Tracer {
             proc,

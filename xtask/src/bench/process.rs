@@ -8,6 +8,8 @@ pub(super) enum Capture {
     Lines,
     /// stdout's lines instead (stderr discarded).
     Stdout,
+    /// stderr's lines, with stdin and stdout on this terminal (`terminal`).
+    Terminal(OwnedFd),
 }
 
 /// A child process, killed and reaped if still there when dropped.
@@ -30,15 +32,26 @@ pub(super) struct Ended {
 
 impl Proc {
     pub(super) fn spawn(name: &'static str, cmd: &mut Command, capture: Capture) -> Result<Self> {
-        cmd.stdin(Stdio::null());
         let piped = |on: bool| if on { Stdio::piped() } else { Stdio::null() };
-        cmd.stdout(piped(matches!(capture, Capture::Stdout)));
-        cmd.stderr(piped(matches!(capture, Capture::Lines)));
+        match &capture {
+            Capture::Terminal(tty) => {
+                cmd.stdin(Stdio::from(tty.try_clone()?));
+                cmd.stdout(Stdio::from(tty.try_clone()?));
+            }
+            _ => {
+                cmd.stdin(Stdio::null());
+                cmd.stdout(piped(matches!(capture, Capture::Stdout)));
+            }
+        }
+        cmd.stderr(piped(matches!(
+            capture,
+            Capture::Lines | Capture::Terminal(_)
+        )));
         let mut child = cmd.spawn().with_context(|| format!("starting {name}"))?;
         let lines = Arc::new(Mutex::new(Vec::new()));
         let stream: Option<Box<dyn std::io::Read + Send>> = match capture {
             Capture::Discard => None,
-            Capture::Lines => child.stderr.take().map(|e| Box::new(e) as _),
+            Capture::Lines | Capture::Terminal(_) => child.stderr.take().map(|e| Box::new(e) as _),
             Capture::Stdout => child.stdout.take().map(|o| Box::new(o) as _),
         };
         let reader = stream.map(|stream| {
@@ -160,6 +173,40 @@ impl Drop for Proc {
             }
         }
     }
+}
+
+/// A new terminal of `cols` × `rows`: its far end, for a child's stdin
+/// and stdout. What the child draws is read and thrown away until the
+/// last far end closes, so that drawing never blocks.
+pub(super) fn terminal(cols: u16, rows: u16) -> Result<OwnedFd> {
+    let size = libc::winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    let (mut master, mut slave) = (-1, -1);
+    // SAFETY: valid out-pointers; no name buffer or termios asked for.
+    let r = unsafe {
+        libc::openpty(
+            &mut master,
+            &mut slave,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            &size,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error()).context("opening a terminal (openpty)");
+    }
+    // SAFETY: two fresh descriptors, owned by nothing else.
+    let (master, slave) = unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+    let mut screen = File::from(master);
+    thread::spawn(move || {
+        let mut buf = [0; 16384];
+        while screen.read(&mut buf).is_ok_and(|n| n > 0) {}
+    });
+    Ok(slave)
 }
 
 pub(super) fn alive(pid: i32) -> bool {

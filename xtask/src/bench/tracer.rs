@@ -16,6 +16,33 @@ impl Hooks {
     }
 }
 
+/// How dnstrace under test shows what it traces.
+#[derive(Clone, Copy)]
+pub(super) enum Output {
+    Json,
+    Text,
+    /// The live view, on a terminal of the bench's own.
+    View,
+}
+
+impl Output {
+    pub(super) fn flags(self) -> &'static [&'static str] {
+        match self {
+            Output::Json => &["-o", "json"],
+            Output::Text => &["-o", "text"],
+            Output::View => &[],
+        }
+    }
+
+    pub(super) fn describe(self) -> &'static str {
+        match self {
+            Output::Json => "JSON lines (`-o json`)",
+            Output::Text => "text lines (`-o text`)",
+            Output::View => "the live view (on a terminal)",
+        }
+    }
+}
+
 pub(super) struct Tracer {
     pub(super) proc: Proc,
     pub(super) startup: Duration,
