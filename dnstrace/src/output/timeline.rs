@@ -123,7 +123,7 @@ fn pad(out: &mut Vec<u8>, start: usize, width: usize, at: usize) {
 /// `ns as f64 / 1e6`, from integers. A time exactly on a half microsecond
 /// is a tie the nearest f64 breaks one way or the other: it goes through
 /// `fmt`, so that the text stays what every other view writes.
-pub(super) fn ms(out: &mut Vec<u8>, ns: u64) {
+fn ms(out: &mut Vec<u8>, ns: u64) {
     let (us, rest) = (ns / 1000, ns % 1000);
     if rest == 500 {
         let _ = write!(out, "{:.3} ms", ns as f64 / 1e6);

@@ -1,7 +1,7 @@
 //! What the live view shows, as plain owned data: built on the capture
 //! side from journeys and anomalies (names already applied). A journey's
 //! own screen is built from the journey when it is shown, with the same
-//! labels: built for every journey, it was half of the live view's CPU.
+//! labels: built for every journey, it was a third of the live view's CPU.
 use std::{borrow::Cow, net::SocketAddr, sync::Arc};
 
 use crate::{

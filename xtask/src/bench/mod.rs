@@ -150,6 +150,7 @@ struct Plan {
     /// Each side of the tcpdump comparison, at each rate; each run of
     /// the outputs figure.
     side_secs: u32,
+    /// Rounds of the outputs figure, each output once a round.
     output_rounds: usize,
     record_secs: u32,
     replays: usize,
