@@ -70,7 +70,10 @@ impl Gathered {
 
     fn count(&mut self, l: &Lookup, ended_ns: u64) {
         self.lookups += 1;
-        self.first_ns = Some(self.first_ns.map_or(l.started_ns, |f| f.min(l.started_ns)));
+        self.first_ns = Some(
+            self.first_ns
+                .map_or(l.journey.started_ns, |f| f.min(l.journey.started_ns)),
+        );
         self.last_ns = self.last_ns.max(ended_ns);
         match &l.status {
             s if s.failed() => self.failed += 1,
@@ -79,7 +82,7 @@ impl Gathered {
             _ => self.answered += 1,
         }
         self.latencies.extend(l.latency_ns);
-        let second = l.started_ns / 1_000_000_000;
+        let second = l.journey.started_ns / 1_000_000_000;
         match self.per_second.iter_mut().find(|(s, _)| *s == second) {
             Some((_, n)) => *n += 1,
             None => self.per_second.push((second, 1)),
@@ -297,11 +300,11 @@ fn md_table(rows: &[Lookup]) -> String {
         let _ = writeln!(
             s,
             "| {} | {} | {} | {} | {} | {} | {} | {} |",
-            l.id,
+            l.journey.id,
             l.time,
             md(&l.pod),
-            md(&l.name),
-            l.qtype,
+            md(&l.journey.name),
+            l.journey.qtype,
             l.status.word(),
             l.latency_ns.map(latency).unwrap_or("-".into()),
             md(l.server.as_deref().unwrap_or("-"))
@@ -376,11 +379,11 @@ fn html_table(rows: &[Lookup]) -> String {
         let _ = write!(
             s,
             "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-            l.id,
+            l.journey.id,
             esc(&l.time),
             esc(&l.pod),
-            esc(&l.name),
-            esc(l.qtype),
+            esc(&l.journey.name),
+            esc(l.journey.qtype),
             esc(l.status.word()),
             l.latency_ns.map(latency).unwrap_or("-".into()),
             esc(l.server.as_deref().unwrap_or("-"))

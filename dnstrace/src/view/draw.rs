@@ -317,8 +317,8 @@ fn lookup_row(l: &Lookup, wide: bool) -> Row<'_> {
     let mut cells = vec![
         Cell::from(l.time.as_str()),
         Cell::from(pod),
-        Cell::from(l.name.as_str()),
-        Cell::from(l.qtype),
+        Cell::from(&*l.journey.name),
+        Cell::from(l.journey.qtype),
         Cell::from(Span::styled(l.status.word(), status_style(&l.status))),
         Cell::from(l.latency_ns.map(latency).unwrap_or_else(|| "-".into())),
     ];

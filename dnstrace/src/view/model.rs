@@ -59,17 +59,14 @@ impl Status {
     }
 }
 
-/// One row of the lookup list, and the journey that opening it shows.
+/// One row of the lookup list: what it shows beyond the journey's own
+/// fields, and the journey, which opening the row shows.
 #[derive(Clone, Debug)]
 pub struct Lookup {
-    pub id: u64,
-    pub started_ns: u64,
     /// Time of day, UTC, milliseconds.
     pub time: String,
     /// The client's pod, or its address.
     pub pod: String,
-    pub name: String,
-    pub qtype: &'static str,
     pub status: Status,
     /// None when no answer came.
     pub latency_ns: Option<u64>,
@@ -185,12 +182,8 @@ pub fn lookup(j: Journey, badges: &[AnomalyKey], labels: &Labels) -> Lookup {
         .map(|&(_, to)| to)
         .or_else(|| j.legs.first().map(|l| l.dst));
     Lookup {
-        id: j.id,
-        started_ns: j.started_ns,
         time: time.get(..12).unwrap_or(&time).to_owned(),
         pod,
-        name: j.name.to_string(),
-        qtype: j.qtype,
         latency_ns: matches!(status, Status::Answered { .. }).then(|| j.total_ns()),
         status,
         server: server

@@ -106,7 +106,7 @@ impl Stats {
             super::model::Status::Answered { rcode, .. } if rcode == "NXDOMAIN" => t.nxdomain += 1,
             _ => t.answered += 1,
         }
-        let second = l.started_ns / 1_000_000_000;
+        let second = l.journey.started_ns / 1_000_000_000;
         if self.seconds.back().is_none_or(|s| s.at < second) {
             if self.seconds.len() == CHART_SECONDS {
                 self.seconds.pop_front();
@@ -262,24 +262,26 @@ impl App {
             let listed = self
                 .anomalies
                 .iter()
-                .any(|a| &a.key == key && a.journeys.contains(&l.id));
+                .any(|a| &a.key == key && a.journeys.contains(&l.journey.id));
             if !listed && !l.badges.contains(key) {
                 return false;
             }
         }
         let f = self.filter.to_lowercase();
-        f.is_empty() || l.name.to_lowercase().contains(&f) || l.pod.to_lowercase().contains(&f)
+        f.is_empty()
+            || l.journey.name.to_lowercase().contains(&f)
+            || l.pod.to_lowercase().contains(&f)
     }
 
     /// Index of the selected lookup in `visible()`.
     pub fn selected_index(&self) -> usize {
         self.selected
-            .and_then(|id| self.visible().position(|l| l.id == id))
+            .and_then(|id| self.visible().position(|l| l.journey.id == id))
             .unwrap_or(0)
     }
 
     pub fn lookup(&self, id: u64) -> Option<&Lookup> {
-        self.rows.iter().find(|l| l.id == id)
+        self.rows.iter().find(|l| l.journey.id == id)
     }
 
     pub fn apply(&mut self, a: Action) {
@@ -346,7 +348,10 @@ impl App {
                 self.selected = None;
             }
             (Screen::List, Focus::Lookups) => {
-                let id = self.visible().nth(self.selected_index()).map(|l| l.id);
+                let id = self
+                    .visible()
+                    .nth(self.selected_index())
+                    .map(|l| l.journey.id);
                 if let Some(id) = id {
                     self.selected = Some(id);
                     self.screen = Screen::Journey(id);
@@ -378,7 +383,7 @@ impl App {
             self.selected_anomaly = self.selected_anomaly.saturating_add_signed(by).min(last);
             return;
         }
-        let ids: Vec<u64> = self.visible().map(|l| l.id).collect();
+        let ids: Vec<u64> = self.visible().map(|l| l.journey.id).collect();
         let Some(last) = ids.len().checked_sub(1) else {
             return;
         };

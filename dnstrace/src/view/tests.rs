@@ -296,7 +296,7 @@ fn press(app: &mut App, keys: &[KeyCode]) {
 }
 
 fn ids(app: &App) -> Vec<u64> {
-    app.visible().map(|l| l.id).collect()
+    app.visible().map(|l| l.journey.id).collect()
 }
 
 #[test]
@@ -428,14 +428,15 @@ fn help_closes_on_any_key_and_q_or_ctrl_c_quit() {
 fn the_list_is_bounded_and_the_counts_are_not() {
     let mut app = App::new(About::default(), Arc::new(labels()));
     let l = labels();
-    let j = journey(1, "a.example.", S, noerror("A 1.1.1.1"), false);
     for id in 0..MAX_ROWS as u64 + 10 {
-        let mut row = lookup(j.clone(), &[], &l);
-        row.id = id;
-        app.update(Update::Lookup(Box::new(row)));
+        let j = journey(id, "a.example.", S, noerror("A 1.1.1.1"), false);
+        app.update(Update::Lookup(Box::new(lookup(j, &[], &l))));
     }
     assert_eq!(app.rows.len(), MAX_ROWS);
-    assert_eq!(app.rows.front().map(|r| r.id), Some(MAX_ROWS as u64 + 9));
+    assert_eq!(
+        app.rows.front().map(|r| r.journey.id),
+        Some(MAX_ROWS as u64 + 9)
+    );
     assert_eq!(app.stats.totals.lookups, MAX_ROWS as u64 + 10);
 }
 
