@@ -58,24 +58,21 @@ impl Bench {
         ];
         let mut base = Vec::new();
         let mut with: Vec<Traced> = modes.iter().map(|_| Traced::default()).collect();
-        for round in 0..self.plan.perf_rounds {
-            for k in 0..=modes.len() {
-                let which = (k + round) % (modes.len() + 1);
-                let Some(mode) = modes.get(which) else {
-                    let b = dnsperf(&self.queries(), secs, None)?;
-                    eprintln!("bench: round {}: baseline {b}", round + 1);
-                    base.push(b.qps);
-                    settle()?;
-                    continue;
-                };
-                let tracer = self.tracer(&mode.hooks, &[DNS_LOAD, mode.extra].concat())?;
-                let t = dnsperf(&self.queries(), secs, None)?;
-                let exit = tracer.stop()?;
-                let label = mode.label();
-                eprintln!("bench: round {}: traced ({label}) {t}; {exit}", round + 1);
-                with[which].add(t.qps, &exit);
+        for (round, which) in turns(self.plan.perf_rounds, modes.len() + 1) {
+            let Some(mode) = modes.get(which) else {
+                let b = dnsperf(&self.queries(), secs, None)?;
+                eprintln!("bench: round {}: baseline {b}", round + 1);
+                base.push(b.qps);
                 settle()?;
-            }
+                continue;
+            };
+            let tracer = self.tracer(&mode.hooks, &[DNS_LOAD, mode.extra].concat())?;
+            let t = dnsperf(&self.queries(), secs, None)?;
+            let exit = tracer.stop()?;
+            let label = mode.label();
+            eprintln!("bench: round {}: traced ({label}) {t}; {exit}", round + 1);
+            with[which].add(t.qps, &exit);
+            settle()?;
         }
         let b = median(&base);
         self.capacity = Some(b);
@@ -312,9 +309,7 @@ impl Bench {
         );
         Ok(())
     }
-}
 
-impl Bench {
     /// dnstrace's CPU at the zero-loss rate by how it shows what it traces,
     /// with its defaults: the other figures trace with JSON lines, where an
     /// SRE on a node more often reads text or the live view.
@@ -322,16 +317,12 @@ impl Bench {
         let outputs = [Output::Json, Output::Text, Output::View];
         let secs = self.plan.side_secs;
         let mut runs: Vec<Vec<Offered>> = outputs.iter().map(|_| Vec::new()).collect();
-        // Alternated, in an order that turns each round, as iperf3's are.
-        for round in 0..self.plan.output_rounds {
-            for k in 0..outputs.len() {
-                let which = (k + round) % outputs.len();
-                let output = outputs[which];
-                let run = self.offer(ZERO_LOSS_QPS, secs, (output, &[]), false)?;
-                eprintln!("bench: {} at {ZERO_LOSS_QPS} qps: {run}", output.describe());
-                runs[which].push(run);
-                settle()?;
-            }
+        for (_, which) in turns(self.plan.output_rounds, outputs.len()) {
+            let output = outputs[which];
+            let run = self.offer(ZERO_LOSS_QPS, secs, (output, &[]), false)?;
+            eprintln!("bench: {} at {ZERO_LOSS_QPS} qps: {run}", output.describe());
+            runs[which].push(run);
+            settle()?;
         }
         let (json_cpu, json_lost) = cpu_and_lost(&runs[0]);
         for (output, runs) in outputs.iter().zip(&runs).skip(1) {

@@ -59,29 +59,24 @@ impl Bench {
         let secs = self.plan.iperf_secs;
         let mut base = Vec::new();
         let mut with: Vec<Vec<f64>> = vec![Vec::new(); modes.len()];
-        // Alternated, in an order that turns each round, so a drift of the
-        // machine hits every side alike.
-        for round in 0..self.plan.iperf_rounds {
-            for k in 0..=modes.len() {
-                let which = (k + round) % (modes.len() + 1);
-                if which == modes.len() {
-                    let b = iperf3(secs)?;
-                    eprintln!("bench: round {}: baseline {}", round + 1, gbits(b));
-                    base.push(b);
-                    continue;
-                }
-                let hooks = &modes[which].1;
-                let tracer = self.tracer(hooks, &[])?;
-                let t = iperf3(secs)?;
-                tracer.stop()?;
-                eprintln!(
-                    "bench: round {}: traced ({}) {}",
-                    round + 1,
-                    hooks.short(),
-                    gbits(t)
-                );
-                with[which].push(t);
+        for (round, which) in turns(self.plan.iperf_rounds, modes.len() + 1) {
+            if which == modes.len() {
+                let b = iperf3(secs)?;
+                eprintln!("bench: round {}: baseline {}", round + 1, gbits(b));
+                base.push(b);
+                continue;
             }
+            let hooks = &modes[which].1;
+            let tracer = self.tracer(hooks, &[])?;
+            let t = iperf3(secs)?;
+            tracer.stop()?;
+            eprintln!(
+                "bench: round {}: traced ({}) {}",
+                round + 1,
+                hooks.short(),
+                gbits(t)
+            );
+            with[which].push(t);
         }
         let b = median(&base);
         let spread = |v: &[f64]| format!("{:.2}–{:.2}", min(v) / 1e9, max(v) / 1e9);

@@ -468,6 +468,13 @@ fn pause(d: Duration) -> Result<()> {
 }
 
 /// Lets dnsperf's stragglers and the resolvers' queues drain between runs.
+/// (round, side) for `rounds` rounds over `sides` sides, alternated in an
+/// order that turns each round, so that a drift of the machine hits every
+/// side alike.
+fn turns(rounds: usize, sides: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..rounds).flat_map(move |round| (0..sides).map(move |k| (round, (k + round) % sides)))
+}
+
 fn settle() -> Result<()> {
     pause(Duration::from_secs(2))
 }
@@ -580,6 +587,8 @@ mod tests {
         assert_eq!(thousands(999.0), "999");
         assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+        let order: Vec<usize> = turns(3, 3).map(|(_, side)| side).collect();
+        assert_eq!(order, [0, 1, 2, 1, 2, 0, 2, 0, 1]);
     }
 
     #[test]
