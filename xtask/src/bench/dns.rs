@@ -84,7 +84,8 @@ impl Bench {
         );
         for (mode, traced) in modes.iter().zip(&with) {
             let w = median(&traced.qps);
-            let met = mode.goal.then_some(w / b >= 0.95);
+            let (ratio, met) = goal_ratio(&base, &traced.qps, 0.95);
+            let met = mode.goal.then_some(met);
             self.rows.push(Row {
                 figure: format!(
                     "DNS capacity: dnsperf at the lab's highest rate via kube-dns {SERVICE} ({secs} s × {}, medians; {})",
@@ -100,11 +101,12 @@ impl Bench {
                     traced.lost,
                     traced.evicted
                 ),
-                ratio: pct(w / b),
+                ratio,
                 goal: if met.is_some() { "≥ 95%" } else { "—" }.into(),
                 met,
             });
         }
+        self.explain_intervals();
         Ok(())
     }
 
@@ -182,7 +184,7 @@ impl Bench {
             with,
             ratio: "—".into(),
             goal: "20,000 qps for 60 s, 0 lost, 0 evicted".into(),
-            met: Some(met),
+            met: Some(met.into()),
         });
         self.rate = found;
         Ok(())

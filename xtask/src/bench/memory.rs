@@ -76,7 +76,7 @@ impl Bench {
             ),
             ratio: format!("{:.1}×", peak / idle.0),
             goal: "< 64 MiB".into(),
-            met: Some(peak < RSS_GOAL_MIB && exit.evicted == 0),
+            met: Some((peak < RSS_GOAL_MIB && exit.evicted == 0).into()),
         });
         let soak_min = f64::from(self.plan.soak_secs) / 60.0;
         // Flat: no growth from the first sample to the last beyond noise.
@@ -91,7 +91,7 @@ impl Bench {
             with: format!("{last:.1} MiB at the end ({lo:.1}–{hi:.1})"),
             ratio: pct(last / first),
             goal: "flat".into(),
-            met: Some(flat),
+            met: Some(flat.into()),
         });
         self.notes.push(format!(
             "Lookups in flight: the lab's `upstream-timeout` fault drops the upstream's DNS with iptables, a drop dnstrace sees (it closes that leg at once), and the lab's CoreDNS (dnsmasq, `--dns-forward-max=1000`) answers REFUSED past 1,000 forwarded queries, so through kube-dns no more than about 2,000 lookups can be left waiting. The memory figure therefore sends {rate} queries/s of distinct names from default/web to a blackhole resolver in shop/checkout ({CHECKOUT_IP}:53, a socket that reads and never answers): {sent} sent, {received} received, each an open journey for {timeout} s. RSS samples, total/anonymous MiB: {}.{}",

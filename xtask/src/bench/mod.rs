@@ -183,7 +183,7 @@ impl Plan {
         } else {
             Self {
                 iperf_secs: 10,
-                iperf_rounds: 5,
+                iperf_rounds: 7,
                 perf_secs: 15,
                 perf_rounds: 7,
                 zero_secs: 60,
@@ -309,7 +309,27 @@ struct Row {
     ratio: String,
     goal: String,
     /// None: nothing to meet (a figure shown side by side).
-    met: Option<bool>,
+    met: Option<Met>,
+}
+
+/// Whether a figure met its goal.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Met {
+    Yes,
+    No,
+    /// A ratio whose 95% interval holds the goal: its rounds spread too
+    /// wide for this run to tell either way.
+    WithinNoise,
+}
+
+impl From<bool> for Met {
+    fn from(met: bool) -> Self {
+        if met {
+            Self::Yes
+        } else {
+            Self::No
+        }
+    }
 }
 
 struct Bench {
@@ -353,10 +373,18 @@ impl Bench {
                 with: format!("not measured: {e:#}"),
                 ratio: "—".into(),
                 goal: "—".into(),
-                met: Some(false),
+                met: Some(Met::No),
             });
         }
         Ok(())
+    }
+
+    /// Says once how the ratios' intervals are made (`goal_ratio`).
+    fn explain_intervals(&mut self) {
+        let note = "A ratio of rounds has a 95% interval: the percentile bootstrap of the ratio of medians, each side's rounds drawn again with replacement 10,000 times. A goal is met (yes) or not (**no**) only when the whole interval lies on one side of it; else the rounds spread too wide for the run to tell (**within noise**).";
+        if !self.notes.iter().any(|n| n == note) {
+            self.notes.push(note.into());
+        }
     }
 
     fn tracer(&self, hooks: &Hooks, extra: &[&str]) -> Result<Tracer> {
@@ -406,8 +434,9 @@ impl Row {
             self.ratio.clone(),
             self.goal.clone(),
             match self.met {
-                Some(true) => "yes".into(),
-                Some(false) => "**no**".into(),
+                Some(Met::Yes) => "yes".into(),
+                Some(Met::No) => "**no**".into(),
+                Some(Met::WithinNoise) => "**within noise**".into(),
                 None => "—".into(),
             },
         ]
@@ -467,7 +496,6 @@ fn pause(d: Duration) -> Result<()> {
     Ok(())
 }
 
-/// Lets dnsperf's stragglers and the resolvers' queues drain between runs.
 /// (round, side) for `rounds` rounds over `sides` sides, alternated in an
 /// order that turns each round, so that a drift of the machine hits every
 /// side alike.
@@ -475,6 +503,7 @@ fn turns(rounds: usize, sides: usize) -> impl Iterator<Item = (usize, usize)> {
     (0..rounds).flat_map(move |round| (0..sides).map(move |k| (round, (k + round) % sides)))
 }
 
+/// Lets dnsperf's stragglers and the resolvers' queues drain between runs.
 fn settle() -> Result<()> {
     pause(Duration::from_secs(2))
 }
@@ -527,6 +556,57 @@ fn median(v: &[f64]) -> f64 {
         n if n % 2 == 1 => s[n / 2],
         n => (s[n / 2 - 1] + s[n / 2]) / 2.0,
     }
+}
+
+/// The ratio cell of `median(with) / median(base)` against a goal, and
+/// whether it is met: yes or no only when the ratio's 95% interval lies
+/// wholly on one side of the goal.
+fn goal_ratio(base: &[f64], with: &[f64], goal: f64) -> (String, Met) {
+    let ratio = median(with) / median(base);
+    let Some((lo, hi)) = ratio_interval(base, with) else {
+        return (pct(ratio), (ratio >= goal).into());
+    };
+    let met = if lo >= goal {
+        Met::Yes
+    } else if hi < goal {
+        Met::No
+    } else {
+        Met::WithinNoise
+    };
+    (
+        format!("{} (95% interval {}–{})", pct(ratio), pct(lo), pct(hi)),
+        met,
+    )
+}
+
+/// A 95% interval of `median(with) / median(base)`, by the percentile
+/// bootstrap: both sides' rounds drawn again with replacement, 10,000
+/// times. The seed is fixed, so the same rounds give the same interval.
+fn ratio_interval(base: &[f64], with: &[f64]) -> Option<(f64, f64)> {
+    const DRAWS: usize = 10_000;
+    if base.is_empty() || with.is_empty() {
+        return None;
+    }
+    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut draw = |v: &[f64]| -> f64 {
+        let again: Vec<f64> = (0..v.len())
+            .map(|_| v[(splitmix64(&mut seed) % v.len() as u64) as usize])
+            .collect();
+        median(&again)
+    };
+    let mut ratios: Vec<f64> = (0..DRAWS).map(|_| draw(with) / draw(base)).collect();
+    ratios.sort_by(f64::total_cmp);
+    Some((ratios[DRAWS / 40], ratios[DRAWS - 1 - DRAWS / 40]))
+}
+
+/// The next number of SplitMix64, a small generator that is plenty for
+/// resampling.
+fn splitmix64(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 fn min(v: &[f64]) -> f64 {
@@ -589,6 +669,29 @@ mod tests {
         assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
         let order: Vec<usize> = turns(3, 3).map(|(_, side)| side).collect();
         assert_eq!(order, [0, 1, 2, 1, 2, 0, 2, 0, 1]);
+    }
+
+    #[test]
+    fn a_goal_is_met_or_missed_only_beyond_the_noise() {
+        let base = [18.4, 16.7, 18.7, 17.9, 18.2, 17.1, 18.5];
+        // Rounds as spread as the lab's, 3% apart: this run cannot tell.
+        let close: Vec<f64> = base.iter().map(|b| b * 0.97).collect();
+        let (cell, met) = goal_ratio(&base, &close, 0.98);
+        assert_eq!(met, Met::WithinNoise, "{cell}");
+        assert!(cell.starts_with("97.0% (95% interval "), "{cell}");
+        // Tight rounds on either side of the goal.
+        let tight = [100.0, 100.4, 99.6, 100.2, 99.8];
+        let below: Vec<f64> = tight.iter().map(|b| b * 0.90).collect();
+        assert_eq!(goal_ratio(&tight, &below, 0.95).1, Met::No);
+        let level: Vec<f64> = tight.iter().rev().copied().collect();
+        assert_eq!(goal_ratio(&tight, &level, 0.98).1, Met::Yes);
+        // The interval holds the ratio and is the same every time.
+        let (lo, hi) = ratio_interval(&base, &close).unwrap();
+        assert!(lo < 0.97 && 0.97 < hi, "{lo} {hi}");
+        assert_eq!(ratio_interval(&base, &close), Some((lo, hi)));
+        // No rounds: no interval, the ratio alone decides.
+        assert_eq!(ratio_interval(&[], &close), None);
+        assert_eq!(goal_ratio(&[1.0], &[], 0.98).1, Met::No);
     }
 
     #[test]

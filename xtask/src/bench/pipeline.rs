@@ -66,9 +66,9 @@ impl Bench {
         let (with, met) = match stages {
             Ok(rate) => (
                 format!("{} packet events/s", thousands(rate)),
-                Some(rate >= PIPELINE_GOAL),
+                Met::from(rate >= PIPELINE_GOAL),
             ),
-            Err(e) => (format!("not measured: {e:#}"), Some(false)),
+            Err(e) => (format!("not measured: {e:#}"), Met::No),
         };
         self.rows.push(Row {
             figure: format!("User-space pipeline: decode + correlate + rules over the recording in memory, one core (`benches/pipeline.rs`, median of {STAGE_PASSES} passes, per CPU-second)"),
@@ -76,7 +76,7 @@ impl Bench {
             with,
             ratio: "—".into(),
             goal: "≥ 1,000,000/s".into(),
-            met,
+            met: Some(met),
         });
         self.rows.push(Row {
             figure: "The same file replayed end to end, one core: reading pcapng, JSON out (`taskset -c 0 dnstrace replay -o json`, median)".into(),
