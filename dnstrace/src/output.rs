@@ -120,9 +120,21 @@ impl Labels {
 
     /// `namespace/name (address)`, or the address where it has no name.
     pub fn named(&self, addr: SocketAddr) -> String {
-        match self.names.get(&addr.ip()) {
-            Some(name) => format!("{name} ({addr})"),
-            None => addr.to_string(),
+        let mut out = Vec::new();
+        self.write_named(&mut out, &addr);
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    /// `named`, written at the end of `out`.
+    pub fn write_named(&self, out: &mut Vec<u8>, a: &SocketAddr) {
+        match self.names.get(&a.ip()) {
+            Some(name) => {
+                out.extend_from_slice(name.as_bytes());
+                out.extend_from_slice(b" (");
+                addr::text(out, a);
+                out.push(b')');
+            }
+            None => addr::text(out, a),
         }
     }
 

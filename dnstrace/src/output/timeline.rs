@@ -30,10 +30,10 @@ fn header(out: &mut Vec<u8>, labels: &Labels, j: &Journey, indent: &str) {
     out.extend_from_slice(indent.as_bytes());
     out.extend_from_slice(labels.time_of_day(j.started_ns).as_bytes());
     out.push(b' ');
-    named(out, labels, &j.client);
+    labels.write_named(out, &j.client);
     out.extend_from_slice(" → ".as_bytes());
     if let Some(first) = j.legs.first() {
-        named(out, labels, &first.dst);
+        labels.write_named(out, &first.dst);
     }
     out.extend_from_slice(if j.tcp { b" tcp id=" } else { b" udp id=" });
     number(out, j.dns_id);
@@ -45,9 +45,9 @@ fn header(out: &mut Vec<u8>, labels: &Labels, j: &Journey, indent: &str) {
     ms(out, j.total_ns());
     if let Some((a, b)) = j.dnat.as_deref() {
         out.extend_from_slice(b" [DNAT ");
-        named(out, labels, a);
+        labels.write_named(out, a);
         out.extend_from_slice(" → ".as_bytes());
-        named(out, labels, b);
+        labels.write_named(out, b);
         out.push(b']');
     }
     if let Some(gap) = j.incomplete {
@@ -94,19 +94,6 @@ fn nat(out: &mut Vec<u8>, what: &str, pair: Option<&(SocketAddr, SocketAddr)>) {
         addr::text(out, a);
         out.extend_from_slice(" → ".as_bytes());
         addr::text(out, b);
-    }
-}
-
-/// `namespace/name (address)`, or the address where it has no name.
-fn named(out: &mut Vec<u8>, labels: &Labels, a: &SocketAddr) {
-    match labels.name(&a.ip()) {
-        Some(name) => {
-            out.extend_from_slice(name.as_bytes());
-            out.extend_from_slice(b" (");
-            addr::text(out, a);
-            out.push(b')');
-        }
-        None => addr::text(out, a),
     }
 }
 
@@ -158,14 +145,15 @@ mod tests {
     /// The text as `format!` wrote it before, piece by piece.
     fn by_format(labels: &Labels, j: &Journey, indent: &str) -> String {
         let ms = |ns: u64| format!("{:.3} ms", ns as f64 / 1e6);
-        let first_dst = j
-            .legs
-            .first()
-            .map_or_else(String::new, |l| labels.named(l.dst));
+        let named = |a: SocketAddr| match labels.name(&a.ip()) {
+            Some(name) => format!("{name} ({a})"),
+            None => a.to_string(),
+        };
+        let first_dst = j.legs.first().map_or_else(String::new, |l| named(l.dst));
         let mut out = format!(
             "{indent}{} {} → {first_dst} {} id={} {} {}: {} in {}{}{}\n",
             labels.time_of_day(j.started_ns),
-            labels.named(j.client),
+            named(j.client),
             if j.tcp { "tcp" } else { "udp" },
             j.dns_id,
             j.name,
@@ -174,7 +162,7 @@ mod tests {
             ms(j.total_ns()),
             j.dnat
                 .as_deref()
-                .map(|&(a, b)| format!(" [DNAT {} → {}]", labels.named(a), labels.named(b)))
+                .map(|&(a, b)| format!(" [DNAT {} → {}]", named(a), named(b)))
                 .unwrap_or_default(),
             j.incomplete
                 .map(|g| format!(" [incomplete: {}]", g.why()))
