@@ -189,18 +189,12 @@ impl LiveOut {
         }
     }
 
-    /// A view that is gone ends the capture; a full queue only counts.
-    fn send(&self, u: Update) -> io::Result<()> {
-        match self.tx.try_send(u) {
-            Ok(()) => Ok(()),
-            Err(TrySendError::Full(_)) => {
-                self.dropped.fetch_add(1, Ordering::Relaxed);
-                Ok(())
-            }
-            Err(TrySendError::Disconnected(_)) => Err(io::Error::new(
-                io::ErrorKind::BrokenPipe,
-                "the live view has ended",
-            )),
+    /// A full queue only counts. A view that is gone is no error: its
+    /// thread's end already stops the capture, and the capture's last
+    /// journeys must still reach the summary printed after it.
+    fn send(&self, u: Update) {
+        if let Err(TrySendError::Full(_)) = self.tx.try_send(u) {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
@@ -212,7 +206,8 @@ impl JourneyOut for LiveOut {
 
     fn journey(&mut self, j: Journey, badges: &[(&'static str, String)]) -> io::Result<()> {
         let row = model::lookup(j, badges, &self.labels);
-        self.send(Update::Lookup(Box::new(row)))
+        self.send(Update::Lookup(Box::new(row)));
+        Ok(())
     }
 
     fn anomaly(&mut self, _: &Anomaly) -> io::Result<()> {
@@ -225,10 +220,11 @@ impl JourneyOut for LiveOut {
         if now != self.sent {
             self.send(Update::Anomalies(
                 all.iter().map(|a| AnomalyRow::of(a)).collect(),
-            ))?;
+            ));
             self.sent = now;
         }
-        self.send(Update::Health(health.clone()))
+        self.send(Update::Health(health.clone()));
+        Ok(())
     }
 
     fn summary(&mut self, all: &[&Anomaly]) -> io::Result<()> {

@@ -3,7 +3,7 @@
 use std::{
     collections::{BTreeMap, HashMap},
     net::SocketAddr,
-    sync::Arc,
+    sync::{mpsc::sync_channel, Arc},
 };
 
 use ratatui::{
@@ -19,13 +19,15 @@ use super::{
     keys::action,
     model::{detail, lookup, AnomalyRow, Health},
     state::{About, Action, App, Focus, Screen, Update, MAX_ROWS},
+    LiveOut,
 };
 use crate::{
-    correlate::{Journey, Leg, Outcome},
+    correlate::{Journey, Leg, Limits, Outcome},
     decode::KernelNames,
-    diagnose::Severity,
+    diagnose::{Context, Severity},
     naming::{Names, Services},
     output::{Clock, Labels},
+    pipeline::{JourneySink, Sink},
 };
 
 const S: u64 = 1_000_000_000;
@@ -297,6 +299,28 @@ fn press(app: &mut App, keys: &[KeyCode]) {
 
 fn ids(app: &App) -> Vec<u64> {
     app.visible().map(|l| l.journey.id).collect()
+}
+
+/// The user quits first, then the capture closes what is open: the
+/// anomalies printed on the terminal afterwards must still be there.
+#[test]
+fn the_summary_outlives_the_view() {
+    let (tx, rx) = sync_channel(1);
+    drop(rx);
+    let out = LiveOut::new(tx, Arc::new(labels()), Arc::default());
+    let context = Context {
+        bridge_nf_call_iptables: Some("0".into()),
+        ..Context::default()
+    };
+    let mut sink = JourneySink::new(Limits::default(), context, out);
+    sink.start(0).unwrap();
+    sink.tick(S).unwrap();
+    sink.finish(2 * S).unwrap();
+    let summary = sink.out.summary.expect("a summary");
+    assert!(
+        summary.starts_with("1 anomalies:\n  Critical bridge_nf_call_iptables_off"),
+        "{summary}"
+    );
 }
 
 #[test]
