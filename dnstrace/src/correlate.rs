@@ -23,7 +23,7 @@ use crate::{
     decode::{dns::qtype_name, Body, Conntrack, DnsMessage, Packet, Record},
 };
 
-/// Loss windows remembered; older ones are long past any open journey.
+/// Loss windows remembered; past this, the two oldest become one.
 const MAX_LOSSES: usize = 256;
 /// Devices kept before the table is first compacted.
 const DEVICES_LIMIT: usize = 4096;
@@ -430,9 +430,9 @@ pub struct Engine {
     tcp_seen: Map<IpAddr, u64>,
     next_id: u64,
     evicted: u64,
-    /// Windows (since, until) in which the kernel lost events, recent ones:
-    /// a journey that overlaps one may miss legs, even if its first event
-    /// was read only after the loss was noticed.
+    /// Windows (since, until) in which the kernel lost events, kept while
+    /// a journey that may still close could overlap one: it may miss legs,
+    /// even if its first event was read only after the loss was noticed.
     losses: VecDeque<(u64, u64)>,
     devices: Devices,
 }
@@ -799,32 +799,60 @@ impl Engine {
         for o in self.open.values_mut() {
             o.incomplete = Some(Gap::Lost);
         }
+        // Merged, never dropped: a wider window only marks more journeys.
         if self.losses.len() == MAX_LOSSES {
-            self.losses.pop_front();
+            if let Some((since, _)) = self.losses.pop_front() {
+                if let Some(next) = self.losses.front_mut() {
+                    next.0 = next.0.min(since);
+                }
+            }
         }
         self.losses.push_back((since_ns, until_ns));
     }
 
     /// Whether a journey started at `start` and closed at `now` overlaps a
-    /// loss; windows no open journey can reach any more are dropped.
-    fn overlaps_loss(&mut self, start: u64, now: u64) -> bool {
-        let reach = self.limits.timeout_ns + self.limits.settle_ns;
-        while self
-            .losses
-            .front()
-            .is_some_and(|(_, until)| until.saturating_add(2 * reach) < now)
-        {
-            self.losses.pop_front();
-        }
+    /// loss.
+    fn overlaps_loss(&self, start: u64, now: u64) -> bool {
         self.losses
             .iter()
             .any(|(since, until)| start <= *until && now >= *since)
+    }
+
+    /// The earliest a journey that may still close can have started: the
+    /// oldest open one's start, or the next one's, less how far starts
+    /// arrive out of order. Not the close time less a timeout: a pipeline
+    /// seconds behind closes journeys at times far past their starts.
+    fn earliest_start(&mut self) -> u64 {
+        while self
+            .order
+            .front()
+            .is_some_and(|&r| self.open.at(r).is_none())
+        {
+            self.order.pop_front();
+        }
+        let oldest = self.order.front().and_then(|&r| self.open.at(r));
+        oldest
+            .map_or(self.latest_start_ns, |o| o.started_ns)
+            .saturating_sub(self.reorder_ns)
+    }
+
+    /// Forgets the loss windows no journey that may still close reaches.
+    fn forget_past(&mut self) {
+        let earliest = self.earliest_start();
+        while self
+            .losses
+            .front()
+            .is_some_and(|(_, until)| *until < earliest)
+        {
+            self.losses.pop_front();
+        }
     }
 
     /// Closes what is finished at `now_ns`, earliest first, and returns
     /// top-level journeys: `CLOSE_BATCH` at most, so call it again while it
     /// returns that many.
     pub fn tick(&mut self, now_ns: u64) -> Vec<Journey> {
+        self.forget_past();
         let mut ready = if self.few_settling() {
             // Many lookups unanswered: only those settling, and those old
             // enough to have timed out, can be finished. Journeys start in

@@ -926,3 +926,37 @@ fn a_slot_reused_is_not_the_journey_that_held_it() {
     let ids: Vec<u16> = js.iter().map(|j| j.dns_id).collect();
     assert_eq!(ids, [999]);
 }
+
+/// Events were lost while a query crossed the node, and its first legs
+/// were read only after the loss was noticed. The journey closes a minute
+/// later, as when the pipeline has fallen far behind or drains a backlog at
+/// the end: it still overlaps the loss, and is marked, not shown as a
+/// query that got no answer.
+#[test]
+fn a_journey_closed_long_after_a_loss_it_overlaps_is_marked() {
+    let legs = healthy(MS, "10.244.0.10:40000", CLIENT_NS, 7);
+    let mut e = Engine::new(Limits::default());
+    e.lost(0, 5 * MS);
+    legs[..2].iter().for_each(|r| e.push(r));
+    let out = e.tick(60_000 * MS);
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].incomplete, Some(Gap::Lost));
+}
+
+/// Windows no journey can reach any more are forgotten, and past the limit
+/// the oldest are merged rather than dropped.
+#[test]
+fn loss_windows_are_forgotten_only_when_out_of_reach() {
+    let mut e = Engine::new(Limits::default());
+    e.lost(0, MS);
+    healthy(100 * MS, "10.244.0.10:40000", CLIENT_NS, 7)
+        .iter()
+        .for_each(|r| e.push(r));
+    assert_eq!(e.tick(1000 * MS).len(), 1);
+    assert!(e.losses.is_empty(), "ended before any journey to come");
+    for n in 0..(MAX_LOSSES as u64 + 10) {
+        e.lost(2000 * MS + n * MS, 2000 * MS + n * MS + 1);
+    }
+    assert_eq!(e.losses.len(), MAX_LOSSES);
+    assert_eq!(e.losses.front().map(|w| w.0), Some(2000 * MS));
+}
