@@ -8,10 +8,12 @@ pub mod event;
 pub mod filter;
 pub mod iface;
 pub mod ports;
+pub mod sample;
 pub mod wakeup;
 
 pub use event::*;
 pub use filter::*;
 pub use iface::*;
 pub use ports::*;
+pub use sample::{SampleLevel, COUNTERS, COUNT_LOST, COUNT_SHED};
 pub use wakeup::*;

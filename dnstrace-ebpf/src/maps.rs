@@ -6,9 +6,10 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
 use dnstrace_common::{
-    port_slot, wakes_reader, EventHeader, EventKind, KernelOffsets, PacketMeta, TargetFilter,
-    CT_SPAN_MAX, FLAG_CONNTRACK, L2_LEN_MIXED, MAX_WATCHED, PACKET_META_SIZE, PAYLOAD_MAX,
-    PORT_WORDS, ROLE_RESOLVER, ROLE_TARGET, SCHEMA_VERSION,
+    port_slot, sample, wakes_reader, EventHeader, EventKind, KernelOffsets, PacketMeta,
+    SampleLevel, TargetFilter, COUNTERS, COUNT_LOST, COUNT_SHED, CT_SPAN_MAX, FLAG_CONNTRACK,
+    L2_LEN_MIXED, MAX_WATCHED, PACKET_META_SIZE, PAYLOAD_MAX, PORT_WORDS, ROLE_RESOLVER,
+    ROLE_TARGET, SCHEMA_VERSION,
 };
 
 /// Per-interface facts only user space knows (tc hooks).
@@ -31,9 +32,14 @@ static EVENTS: RingBuf = RingBuf::with_byte_size(4 << 20, 0);
 #[unsafe(no_mangle)]
 static WAKE_BYTES: u64 = 1;
 
-/// Ring buffer reservations that failed, per CPU: lost events are counted.
+/// Per CPU: ring buffer reservations that failed (`COUNT_LOST`), and
+/// packets the sampling level left out (`COUNT_SHED`).
 #[map]
-static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+static COUNTS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTERS, 0);
+
+/// The sampling level, set by user space while tracing (all kept at 0).
+#[map]
+static SAMPLE: Array<SampleLevel> = Array::with_max_entries(1, 0);
 
 #[map]
 static PORTS: Array<u32> = Array::with_max_entries(PORT_WORDS, 0);
@@ -176,9 +182,43 @@ pub fn is_dns_port(port: u16) -> bool {
     PORTS.get(word).is_some_and(|w| w & bit != 0)
 }
 
-/// Stamps the header and time and queues the event with `cap` payload bytes.
+const IPPROTO_UDP: u8 = 17;
+
+/// Whether the sampling level keeps this packet's lookup (see
+/// `dnstrace_common::sample`); always, at level 0 and over TCP.
+#[inline(always)]
+fn sampled_in(s: &Scratch, cap: usize) -> bool {
+    let Some(level) = SAMPLE.get(0).copied() else {
+        return true;
+    };
+    if level.shift == 0 || s.meta.l4_proto != IPPROTO_UDP {
+        return true;
+    }
+    level.keeps(sample::label_hash(|i| {
+        if i < cap {
+            s.payload.get(i).copied()
+        } else {
+            None
+        }
+    }))
+}
+
+#[inline(always)]
+fn count(counter: u32) {
+    if let Some(n) = COUNTS.get_ptr_mut(counter) {
+        // SAFETY: per-CPU slot, no concurrent writer.
+        unsafe { *n += 1 };
+    }
+}
+
+/// Stamps the header and time and queues the event with `cap` payload
+/// bytes, unless the sampling level leaves its lookup out.
 #[inline(always)]
 pub fn send(s: &mut Scratch, cap: usize) {
+    if !sampled_in(s, cap) {
+        count(COUNT_SHED);
+        return;
+    }
     let size = PACKET_META_SIZE + if cap > PAYLOAD_MAX { PAYLOAD_MAX } else { cap };
     s.meta.header = EventHeader {
         kind: EventKind::Packet as u16,
@@ -197,9 +237,6 @@ pub fn send(s: &mut Scratch, cap: usize) {
         )
     };
     if ret != 0 {
-        if let Some(n) = LOST.get_ptr_mut(0) {
-            // SAFETY: per-CPU slot, no concurrent writer.
-            unsafe { *n += 1 };
-        }
+        count(COUNT_LOST);
     }
 }

@@ -4,7 +4,7 @@
 use std::{collections::VecDeque, io, path::Path, sync::Arc};
 
 use anyhow::{Context as _, Result};
-use dnstrace_common::Hook;
+use dnstrace_common::{Hook, SampleLevel};
 use tokio::{
     sync::Notify,
     time::{interval, Duration, Interval},
@@ -13,10 +13,10 @@ use tokio::{
 use crate::{
     cli::{CaptureArgs, OutputFormat},
     conntrack::{CtEvent, CtStats, CtWatcher, RACE_COUNTERS},
-    correlate::Limits,
+    correlate::{Limits, SampleChange},
     decode::{kernel::Preload, KernelNames, Packet},
     diagnose::{ConntrackAtStart, Context},
-    ingest::{Ingest, Read},
+    ingest::{Ingest, Read, SampleMode, Sampler},
     links::LinkWatch,
     naming::{Names, Services},
     output::{monotonic_now, Clock, Labels, LineSink},
@@ -48,6 +48,7 @@ pub async fn run(args: CaptureArgs, view: View) -> Result<()> {
         eprintln!("dnstrace: {}", t.describe());
     }
     let ring = probes.take_events()?;
+    let sampler = Sampler::new(probes.take_sample_level()?, args.sample);
     // Root reads real addresses from kallsyms; drop locations need them.
     // Opened now, while privileged; read once a drop is seen, or now when
     // recording.
@@ -89,12 +90,14 @@ pub async fn run(args: CaptureArgs, view: View) -> Result<()> {
     // Everything privileged is open now.
     probes.drop_privileges()?;
     // Capabilities are per thread: the reader starts without them.
-    let ingest = Ingest::new(ring, TICK, args.discard_events).context("reading the ring buffer")?;
+    let ingest = Ingest::new(ring, TICK, args.discard_events, Some(sampler))
+        .context("reading the ring buffer")?;
     // Loading parsed the kernel's BTF and ELF (tens of MiB, freed): those
     // pages go back within a second, so a long incident starts small.
     crate::return_freed_memory_in_background();
     let watches = Watches { ct, stats, links };
-    let mut src = LiveSource::new(ingest, &probes, watches, args.ports.clone(), preload);
+    let ports = args.ports.clone();
+    let mut src = LiveSource::new(ingest, &probes, watches, ports, preload, args.sample);
     let mut pipe = Pipeline::recording(recorder);
     let ports: Vec<String> = args.ports.iter().map(u16::to_string).collect();
     eprintln!(
@@ -122,6 +125,8 @@ pub async fn run(args: CaptureArgs, view: View) -> Result<()> {
         evicted_streams: pipe.decoder.evicted_streams(),
         summary: result.as_ref().ok().cloned().flatten(),
         lost: probes.lost_events().unwrap_or(0),
+        shed: probes.shed_events().unwrap_or(0),
+        sampled: src.level,
         targets: probes.targets(),
         bad_events: src.ingest.bad_events(),
         discarded: src.ingest.discarded(),
@@ -327,6 +332,9 @@ struct ExitReport {
     evicted_streams: u64,
     summary: Option<String>,
     lost: u64,
+    /// Packets the sampling level left out, and the level at the end.
+    shed: u64,
+    sampled: SampleLevel,
     targets: Vec<String>,
     bad_events: u64,
     discarded: u64,
@@ -346,6 +354,13 @@ impl ExitReport {
             self.lost,
             self.targets.join(", ")
         );
+        if self.shed > 0 {
+            eprintln!(
+                "dnstrace: sampling left out {} packets (1 lookup in {} kept at the end)",
+                self.shed,
+                self.sampled.one_in()
+            );
+        }
         if self.evicted_streams > 0 {
             eprintln!(
                 "dnstrace: {} TCP streams dropped from reassembly (too many open at once)",
@@ -386,6 +401,9 @@ struct LiveSource<'a> {
     looked_ns: u64,
     queued: VecDeque<Input>,
     preload: Preload,
+    /// The sampling level now, and how it is chosen.
+    level: SampleLevel,
+    mode: SampleMode,
 }
 
 impl<'a> LiveSource<'a> {
@@ -395,6 +413,7 @@ impl<'a> LiveSource<'a> {
         watches: Watches,
         ports: Vec<u16>,
         preload: Preload,
+        mode: SampleMode,
     ) -> Self {
         Self {
             ingest,
@@ -406,7 +425,30 @@ impl<'a> LiveSource<'a> {
             lost_seen: 0,
             looked_ns: monotonic_now(),
             queued: VecDeque::new(),
+            level: SampleLevel::default(),
+            mode,
         }
+    }
+
+    /// A change of the sampling level, said on stderr (a new seed alone
+    /// is not).
+    fn sampling(&mut self, change: SampleChange) -> Input {
+        let was = std::mem::replace(&mut self.level, change.level);
+        if change.level.shift == was.shift {
+            return Input::Sample(change);
+        }
+        let keeping = match change.level.one_in() {
+            1 => "every lookup".to_owned(),
+            n => format!("1 lookup in {n}, each whole"),
+        };
+        if self.mode != SampleMode::Auto {
+            eprintln!("dnstrace: sampling: keeping {keeping} (--sample)");
+        } else if change.level.shift > was.shift {
+            eprintln!("dnstrace: warning: falling behind the kernel: keeping {keeping} from now on (--sample 1 keeps every one, losing events instead)");
+        } else {
+            eprintln!("dnstrace: keeping up again: keeping {keeping}");
+        }
+        Input::Sample(change)
     }
 
     /// A batch read off the ring; its first drop starts reading kallsyms.
@@ -447,6 +489,7 @@ impl Source for LiveSource<'_> {
             tokio::select! {
                 read = self.ingest.next() => match read.context("reading the ring buffer")? {
                     Read::Packets(batch) => return Ok(Some(self.packets(batch))),
+                    Read::Sample(change) => return Ok(Some(self.sampling(change))),
                     Read::Tick(now_ns) => {
                         let lost = self.lost();
                         self.queued.extend(lost);
@@ -490,6 +533,7 @@ impl Source for LiveSource<'_> {
         });
         rest.extend(read.into_iter().map(|r| match r {
             Read::Packets(batch) => Input::Packets(batch),
+            Read::Sample(change) => self.sampling(change),
             Read::Tick(now_ns) => Input::Tick(now_ns),
         }));
         rest

@@ -3,7 +3,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, ValueEnum};
 
-use crate::pods;
+use crate::{ingest::SampleMode, pods};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -185,6 +185,13 @@ pub struct CaptureArgs {
     #[arg(long, value_name = "MIB", default_value_t = 4, value_parser = parse_ring_mib)]
     pub ring_buffer_mib: u32,
 
+    /// Keep 1 lookup in N (a power of two up to 1024), each whole, chosen
+    /// by its name's first label. `auto`: all of them, and fewer while
+    /// dnstrace cannot keep up, rather than events lost from all; 1: all,
+    /// always, losing events when it cannot keep up.
+    #[arg(long, value_name = "auto|N", default_value = "auto", value_parser = parse_sample)]
+    pub sample: SampleMode,
+
     /// How programs are attached to interfaces: TCX links where the kernel
     /// has them (6.6+), else a clsact qdisc over netlink.
     #[arg(long, value_enum, default_value_t = AttachMode::Auto, hide = true)]
@@ -282,9 +289,38 @@ fn parse_ring_mib(s: &str) -> Result<u32, String> {
     Ok(n)
 }
 
+fn parse_sample(s: &str) -> Result<SampleMode, String> {
+    if s == "auto" {
+        return Ok(SampleMode::Auto);
+    }
+    match s.parse::<u32>() {
+        Ok(n) if n.is_power_of_two() && n <= 1 << dnstrace_common::sample::MAX_SHIFT => {
+            Ok(SampleMode::Fixed(n.trailing_zeros()))
+        }
+        _ => Err(format!(
+            "`{s}`: use auto, or a power of two from 1 (every lookup) to 1024"
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sample_is_auto_or_a_power_of_two() {
+        assert_eq!(parse_sample("auto"), Ok(SampleMode::Auto));
+        assert_eq!(parse_sample("1"), Ok(SampleMode::Fixed(0)));
+        assert_eq!(parse_sample("8"), Ok(SampleMode::Fixed(3)));
+        assert_eq!(parse_sample("1024"), Ok(SampleMode::Fixed(10)));
+        for bad in ["0", "3", "2048", "half", "-2"] {
+            assert!(parse_sample(bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            CaptureArgs::defaults_on(Vec::new()).sample,
+            SampleMode::Auto
+        );
+    }
 
     #[test]
     fn ring_buffer_size_must_be_a_power_of_two() {

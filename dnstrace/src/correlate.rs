@@ -14,14 +14,19 @@ use std::{
     sync::Arc,
 };
 
-use dnstrace_common::Hook;
+use dnstrace_common::{sample, Hook, SampleLevel};
 use foldhash::fast::RandomState;
 use serde::Serialize;
 
 use crate::{
     conntrack::CtEvent,
-    decode::{dns::qtype_name, Body, Conntrack, DnsMessage, Packet, Record},
+    decode::{dns::qtype_name, Body, Conntrack, DnsMessage, Packet, Record, Transport},
 };
+
+mod sampling;
+
+pub use sampling::SampleChange;
+use sampling::Sampling;
 
 /// Loss windows remembered; past this, the two oldest become one.
 const MAX_LOSSES: usize = 256;
@@ -198,6 +203,8 @@ pub struct Journey {
     pub upstream: Vec<Journey>,
     /// Why legs may be missing, if they may.
     pub incomplete: Option<Gap>,
+    /// The strictest sampling level it was kept under (shift 0: none).
+    pub sampled: SampleLevel,
 }
 
 /// Why a journey may not show everything that happened to it: absence of a
@@ -290,14 +297,22 @@ struct Open {
     client: Addr,
     dns_id: u16,
     qtype: u16,
-    client_v6: bool,
-    tcp: bool,
     incomplete: Option<Gap>,
-    /// The answer reached the netns the query started in.
-    delivered: bool,
-    /// A leg is a response.
-    answer_seen: bool,
+    /// `CLIENT_V6`, `TCP`, `DELIVERED`, `ANSWER_SEEN`: bits, not bools,
+    /// so that `label` fits in the slot.
+    bits: u8,
+    /// The hash of its question's first label, by which the kernel's
+    /// sampling level keeps or leaves out its lookup.
+    label: u32,
 }
+
+/// `Open::bits`: the client's address is IPv6.
+const CLIENT_V6: u8 = 1;
+const TCP: u8 = 2;
+/// The answer reached the netns the query started in.
+const DELIVERED: u8 = 4;
+/// A leg is a response.
+const ANSWER_SEEN: u8 = 8;
 
 const _: () = assert!(std::mem::size_of::<Option<Open>>() <= 128);
 
@@ -434,6 +449,10 @@ pub struct Engine {
     /// a journey that may still close could overlap one: it may miss legs,
     /// even if its first event was read only after the loss was noticed.
     losses: VecDeque<(u64, u64)>,
+    sampling: Sampling,
+    /// Journeys left out because a sampling level in effect while they
+    /// were open would have left their later legs out.
+    shed: u64,
     devices: Devices,
 }
 
@@ -656,6 +675,8 @@ impl Engine {
             next_id: 1,
             evicted: 0,
             losses: VecDeque::new(),
+            sampling: Sampling::default(),
+            shed: 0,
             devices: Devices {
                 list: Vec::new(),
                 ids: Map::default(),
@@ -667,6 +688,22 @@ impl Engine {
     /// Journeys dropped because too many were open at once.
     pub fn evicted(&self) -> u64 {
         self.evicted
+    }
+
+    /// The kernel's sampling level changed.
+    pub fn sampling(&mut self, c: SampleChange) {
+        self.sampling.change(c);
+    }
+
+    /// The sampling level in effect now.
+    pub fn sampling_level(&self) -> SampleLevel {
+        self.sampling.now()
+    }
+
+    /// Journeys left out whole at sampling changes, rather than shown with
+    /// legs the new level left out.
+    pub fn shed(&self) -> u64 {
+        self.shed
     }
 
     /// Did `client` turn to TCP since `since_ns`: a TCP journey for the
@@ -836,7 +873,8 @@ impl Engine {
             .saturating_sub(self.reorder_ns)
     }
 
-    /// Forgets the loss windows no journey that may still close reaches.
+    /// Forgets the loss windows and sampling changes no journey that may
+    /// still close reaches.
     fn forget_past(&mut self) {
         let earliest = self.earliest_start();
         while self
@@ -846,6 +884,7 @@ impl Engine {
         {
             self.losses.pop_front();
         }
+        self.sampling.forget_before(earliest);
     }
 
     /// Closes what is finished at `now_ns`, earliest first, and returns
@@ -945,7 +984,7 @@ impl Engine {
         let lookup = self.lookup_for(&key, p.ts_ns, id);
         let name_hash = self.hasher.hash_one(&key.name);
         let parent = self.waiting_parent(&key, name_hash, p);
-        let tcp = matches!(p.transport, crate::decode::Transport::Tcp { .. });
+        let tcp = matches!(p.transport, Transport::Tcp { .. });
         let mut o = Open {
             id,
             lookup,
@@ -960,13 +999,13 @@ impl Engine {
             client: Addr([0; 6]),
             dns_id: key.dns_id,
             qtype: key.qtype,
-            client_v6: false,
-            tcp,
             incomplete: None,
-            delivered: false,
-            answer_seen: false,
+            bits: if tcp { TCP } else { 0 },
+            label: sample::label_hash(|i| p.payload.get(i).copied()),
         };
-        (o.client, o.client_v6) = o.pack(key.client);
+        let (client, v6) = o.pack(key.client);
+        o.client = client;
+        o.set(CLIENT_V6, v6);
         let slot = self.open.insert(o);
         let me = Ref::new(slot, id);
         if let Some(po) = parent.and_then(|p| self.open.get_mut(p.slot)) {
@@ -1023,7 +1062,7 @@ impl Engine {
             .filter(|(_, o)| {
                 o.name == key.name
                     && o.client() != key.client
-                    && !o.answer_seen
+                    && !o.has(ANSWER_SEEN)
                     && o.server_is(p, &self.devices)
             })
             .min_by_key(|(_, o)| o.started_ns)
@@ -1060,7 +1099,14 @@ impl Engine {
         if self.overlaps_loss(o.started_ns, now_ns) {
             o.incomplete = Some(Gap::Lost);
         }
-        Some(o.finish(upstream, &self.devices))
+        let label = (!o.has(TCP)).then_some(o.label);
+        let Some(sampled) = self.sampling.kept(label, o.first_ns(), now_ns) else {
+            self.shed += 1;
+            return None;
+        };
+        let mut j = o.finish(upstream, &self.devices);
+        j.sampled = sampled;
+        Some(j)
     }
 
     fn forget(&mut self, slot: Slot, o: &Open) {
@@ -1069,7 +1115,7 @@ impl Engine {
         for &client in o.aliases() {
             self.by_key.unfile(&Question { client, ..q }, slot);
         }
-        if o.tcp {
+        if o.has(TCP) {
             self.tcp_by_name.remove(&o.name, slot);
         }
         self.by_client
@@ -1219,8 +1265,19 @@ impl Open {
             && self.name.eq_ignore_ascii_case(q.name)
     }
 
+    fn has(&self, bit: u8) -> bool {
+        self.bits & bit != 0
+    }
+
+    /// Sets `bit` if `on`; bits are never cleared.
+    fn set(&mut self, bit: u8, on: bool) {
+        if on {
+            self.bits |= bit;
+        }
+    }
+
     fn client(&self) -> SocketAddr {
-        self.client.unpack(self.client_v6, self.v6())
+        self.client.unpack(self.has(CLIENT_V6), self.v6())
     }
 
     /// Its question as first asked.
@@ -1266,7 +1323,7 @@ impl Open {
     }
 
     fn delivered_or_dropped(&self) -> bool {
-        self.delivered || self.deciding_drop().is_some()
+        self.has(DELIVERED) || self.deciding_drop().is_some()
     }
 
     /// Its fate is known by `now`: answered, dropped or timed out.
@@ -1278,7 +1335,7 @@ impl Open {
     /// (what `server_is` accepts); none once an answer was seen.
     fn places(&self, devs: &Devices) -> [Option<Place>; 2] {
         // Without an answer, every leg is the query's: the last arrived.
-        let Some(arrival) = self.legs.last().filter(|_| !self.answer_seen) else {
+        let Some(arrival) = self.legs.last().filter(|_| !self.has(ANSWER_SEEN)) else {
             return [None, None];
         };
         let netns = devs.get(arrival.dev).netns;
@@ -1335,9 +1392,9 @@ impl Open {
                 self.answer = Some(msg.clone());
             }
         }
-        self.answer_seen |= msg.response;
+        self.set(ANSWER_SEEN, msg.response);
         if msg.response && p.drop.is_none() {
-            self.delivered |= self.reached_client(p, devs);
+            self.set(DELIVERED, self.reached_client(p, devs));
         }
     }
 
@@ -1402,6 +1459,7 @@ impl Open {
             });
         upstream.sort_by_key(|u| u.started_ns);
         let outcome = self.outcome();
+        let tcp = self.has(TCP);
         Journey {
             id: self.id,
             lookup: self.lookup,
@@ -1409,7 +1467,7 @@ impl Open {
             dns_id: self.dns_id,
             name: self.name.into(),
             qtype: qtype_name(self.qtype),
-            tcp: self.tcp,
+            tcp,
             started_ns,
             ended_ns: legs.last().map_or(started_ns, |l| l.ts_ns),
             outcome,
@@ -1417,6 +1475,7 @@ impl Open {
             legs,
             upstream,
             incomplete: self.incomplete,
+            sampled: SampleLevel::default(),
         }
     }
 }

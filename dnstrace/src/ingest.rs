@@ -1,16 +1,22 @@
 //! Reading kernel events from the ring buffer: a thread of its own copies
-//! them out (`reader`), the pipeline decodes them a batch at a time.
+//! them out (`reader`) and sets the sampling level when it cannot keep up
+//! (`sampler`); the pipeline decodes them a batch at a time.
 use std::{io, sync::mpsc as std_mpsc, time::Duration};
 
 use tokio::sync::mpsc;
 
-use crate::decode::{packet::IfNames, Packet};
+use crate::{
+    correlate::SampleChange,
+    decode::{packet::IfNames, Packet},
+};
 
 mod reader;
 mod ring;
+mod sampler;
 
 use reader::{Batch, Chunk};
 pub use ring::Ring;
+pub use sampler::{SampleMode, Sampler};
 
 pub struct Ingest {
     batches: mpsc::Receiver<Batch>,
@@ -25,6 +31,8 @@ pub enum Read {
     Packets(Vec<Packet>),
     /// Monotonic time; everything the ring held then came before it.
     Tick(u64),
+    /// The kernel's sampling level changed.
+    Sample(SampleChange),
 }
 
 /// What decoding keeps between batches.
@@ -38,10 +46,16 @@ struct Events {
 }
 
 impl Ingest {
-    /// Starts the reader, with a tick every `tick`. With `discard`, events
-    /// are read and dropped undecoded.
-    pub fn new(ring: Ring, tick: Duration, discard: bool) -> io::Result<Self> {
-        let (reader, batches, spare) = reader::start(ring, tick, !discard)?;
+    /// Starts the reader, with a tick every `tick`, and `sampler` setting
+    /// the sampling level. With `discard`, events are read and dropped
+    /// undecoded.
+    pub fn new(
+        ring: Ring,
+        tick: Duration,
+        discard: bool,
+        sampler: Option<Sampler>,
+    ) -> io::Result<Self> {
+        let (reader, batches, spare) = reader::start(ring, tick, !discard, sampler)?;
         Ok(Self {
             batches,
             spare,
@@ -93,6 +107,7 @@ impl Ingest {
     fn read(&mut self, batch: Batch) -> Read {
         match batch {
             Batch::Tick(now_ns) => Read::Tick(now_ns),
+            Batch::Sample(change) => Read::Sample(change),
             Batch::Records(chunk) => {
                 let packets = self.events.decode(&chunk);
                 // Freed when the reader has enough spares, or is gone.

@@ -764,6 +764,7 @@ mod tests {
             legs: vec![dropped],
             upstream: Vec::new(),
             incomplete: None,
+            sampled: Default::default(),
         };
         let j = Journey {
             id: 1,
@@ -787,6 +788,7 @@ mod tests {
             legs: vec![leg(Hook::DevXmit, "10.0.0.2:40000", "10.96.0.10:53"), nat],
             upstream: vec![up],
             incomplete: Some(Gap::Lost),
+            sampled: dnstrace_common::SampleLevel { shift: 2, seed: 77 },
         };
         let mut s = sink(OutputFormat::Json);
         s.write_journey(&j).unwrap();
@@ -828,7 +830,7 @@ mod tests {
             "started_ns": 1000, "ended_ns": 1500, "outcome": outcome,
             "dnat": ["10.96.0.10:53", "10.0.0.9:53"], "legs": [leg0, leg1],
             "incomplete": true, "incomplete_why": Gap::Lost.why(),
-            "upstream": [up], "names": {},
+            "sampled": {"one_in": 4, "seed": 77}, "upstream": [up], "names": {},
         });
         assert_eq!(v, expect);
     }

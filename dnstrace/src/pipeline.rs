@@ -13,7 +13,7 @@ use tokio::{
 
 use crate::{
     conntrack::CtEvent,
-    correlate::{Engine, Journey, Limits, CLOSE_BATCH},
+    correlate::{Engine, Journey, Limits, SampleChange, CLOSE_BATCH},
     decode::{Body, Decoder, Packet, Record},
     diagnose::{Anomaly, Context, Diagnoser},
     output::{Labels, LineSink},
@@ -46,6 +46,8 @@ pub trait Sink {
     /// The kernel has lost `total` events so far, some between `since_ns`
     /// (the last look) and `now_ns`.
     fn lost(&mut self, total: u64, since_ns: u64, now_ns: u64);
+    /// The kernel's sampling level changed.
+    fn sampling(&mut self, _change: SampleChange) {}
     /// The capture ends: write what is left.
     fn finish(&mut self, now_ns: u64) -> io::Result<()>;
     /// A few words for the exit line.
@@ -187,6 +189,7 @@ impl<O: JourneyOut> JourneySink<O> {
             lost: self.lost,
             evicted: self.engine.evicted(),
             open: self.engine.open_count(),
+            one_in: self.engine.sampling_level().one_in(),
             recording: self.recording.clone(),
         }
     }
@@ -234,14 +237,21 @@ impl<O: JourneyOut> Sink for JourneySink<O> {
         self.engine.lost(since_ns, now_ns);
         self.diagnoser.lost(now_ns);
     }
+    fn sampling(&mut self, change: SampleChange) {
+        self.engine.sampling(change);
+    }
     fn finish(&mut self, now_ns: u64) -> io::Result<()> {
         self.close_all(|engine| engine.finish(now_ns))?;
         self.out.summary(&self.diagnoser.summary())?;
         self.out.flush()
     }
     fn summary(&self) -> Option<String> {
+        let shed = match self.engine.shed() {
+            0 => String::new(),
+            n => format!(", {n} left out whole (open when the sampling level changed)"),
+        };
         Some(format!(
-            "{} journeys, {} evicted (too many open at once), {} anomalies",
+            "{} journeys, {} evicted (too many open at once){shed}, {} anomalies",
             self.printed,
             self.engine.evicted(),
             self.diagnoser.summary().len()
@@ -276,6 +286,8 @@ pub enum Input {
         now_ns: u64,
         total: u64,
     },
+    /// The kernel's sampling level changed.
+    Sample(SampleChange),
     /// Kernel monotonic time has reached `now_ns`.
     Tick(u64),
 }
@@ -393,6 +405,7 @@ impl Pipeline {
                 since_ns,
                 now_ns,
             } => sink.lost(total, since_ns, now_ns),
+            Input::Sample(change) => sink.sampling(change),
             Input::Tick(now_ns) => sink.tick(now_ns)?,
         }
         self.after(sink);

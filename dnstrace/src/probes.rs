@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 
 use anyhow::{anyhow, bail, Context as _, Result};
 use aya::{
-    maps::{Array, HashMap, PerCpuArray},
+    maps::{Array, HashMap, MapData, PerCpuArray},
     programs::{
         tc::{NlOptions, SchedClassifierLink, TcAttachOptions},
         BtfTracePoint, KProbe, LinkOrder, Program, ProgramError, ProgramType, SchedClassifier,
@@ -17,13 +17,19 @@ use aya::{
     },
     Ebpf, EbpfLoader,
 };
-use dnstrace_common::{port_slot, KernelOffsets, TargetFilter, L2_LEN_MIXED, PORT_WORDS};
+use dnstrace_common::{
+    port_slot, KernelOffsets, SampleLevel, TargetFilter, COUNT_LOST, COUNT_SHED, L2_LEN_MIXED,
+    PORT_WORDS,
+};
 
 use crate::{
     cli::{AttachMode, CaptureArgs},
     ingest::Ring,
     target::KernelFilter,
 };
+
+/// Where user space sets the programs' sampling level.
+pub type SampleMap = Array<MapData, SampleLevel>;
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/dnstrace-ebpf.o"));
 
@@ -588,8 +594,23 @@ impl Probes {
     }
 
     pub fn lost_events(&self) -> Result<u64> {
-        let map: PerCpuArray<_, u64> = self.ebpf.map("LOST").context("LOST map")?.try_into()?;
-        Ok(map.get(&0, 0)?.iter().sum())
+        self.count(COUNT_LOST)
+    }
+
+    /// Packets the sampling level left out.
+    pub fn shed_events(&self) -> Result<u64> {
+        self.count(COUNT_SHED)
+    }
+
+    fn count(&self, counter: u32) -> Result<u64> {
+        let map: PerCpuArray<_, u64> = self.ebpf.map("COUNTS").context("COUNTS map")?.try_into()?;
+        Ok(map.get(&counter, 0)?.iter().sum())
+    }
+
+    /// The sampling level the programs read, for the ring's reader to set.
+    pub fn take_sample_level(&mut self) -> Result<SampleMap> {
+        let map = self.ebpf.take_map("SAMPLE").context("SAMPLE map")?;
+        Ok(map.try_into()?)
     }
 }
 

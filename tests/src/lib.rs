@@ -537,3 +537,56 @@ pub fn fresh(label: &str) -> String {
         N.fetch_add(1, Ordering::Relaxed)
     )
 }
+
+/// A process held to a share of one CPU, as a busy node's tracer may be:
+/// a cgroup of its own (cgroup v2's `cpu.max`, or v1's cpu controller),
+/// removed on drop.
+pub struct CpuLimit {
+    dir: PathBuf,
+}
+
+impl CpuLimit {
+    /// Holds `pid` (all its threads) to `percent` of a CPU.
+    pub fn new(pid: u32, percent: u32) -> Self {
+        let (parent, v2) = if std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers")
+            .is_ok_and(|c| c.split_whitespace().any(|c| c == "cpu"))
+        {
+            (PathBuf::from("/sys/fs/cgroup"), true)
+        } else if Path::new("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").exists() {
+            (PathBuf::from("/sys/fs/cgroup/cpu"), false)
+        } else {
+            panic!("no cgroup cpu controller (v2 cpu.max or v1 cpu) to limit dnstrace with");
+        };
+        let dir = parent.join(format!("dnstrace-test-{}-{pid}", std::process::id()));
+        let write = |file: &str, value: &str| {
+            std::fs::write(dir.join(file), value)
+                .unwrap_or_else(|e| panic!("writing {value} to {}/{file}: {e}", dir.display()))
+        };
+        if v2 {
+            // Best effort: the controller may be on already.
+            let _ = std::fs::write(parent.join("cgroup.subtree_control"), "+cpu");
+        }
+        std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+        let period = 100_000;
+        let quota = (period * percent / 100).to_string();
+        if v2 {
+            write("cpu.max", &format!("{quota} {period}"));
+        } else {
+            write("cpu.cfs_period_us", &period.to_string());
+            write("cpu.cfs_quota_us", &quota);
+        }
+        write("cgroup.procs", &pid.to_string());
+        Self { dir }
+    }
+}
+
+impl Drop for CpuLimit {
+    fn drop(&mut self) {
+        let parent = self.dir.parent().expect("a cgroup's parent").to_owned();
+        let procs = std::fs::read_to_string(self.dir.join("cgroup.procs")).unwrap_or_default();
+        for pid in procs.lines() {
+            let _ = std::fs::write(parent.join("cgroup.procs"), pid);
+        }
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}

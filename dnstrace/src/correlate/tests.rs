@@ -960,3 +960,103 @@ fn loss_windows_are_forgotten_only_when_out_of_reach() {
     assert_eq!(e.losses.len(), MAX_LOSSES);
     assert_eq!(e.losses.front().map(|w| w.0), Some(2000 * MS));
 }
+
+/// `healthy`'s legs asking for `name`, with the bytes the kernel's sampling
+/// level hashes (a header, then the name).
+fn healthy_named(t0: u64, client: &'static str, id: u16, name: &str) -> Vec<Record> {
+    let mut wire = vec![0u8; 12];
+    for label in name.trim_end_matches('.').split('.') {
+        wire.push(label.len() as u8);
+        wire.extend_from_slice(label.as_bytes());
+    }
+    wire.push(0);
+    healthy(t0, client, CLIENT_NS, id)
+        .into_iter()
+        .map(|mut r| {
+            let Body::Dns(m) = &r.body else {
+                unreachable!("healthy legs are DNS")
+            };
+            let mut m = (**m).clone();
+            m.questions[0].name = name.into();
+            r.body = Body::Dns(m.into());
+            r.packet.payload = Bytes::from(wire.clone());
+            r
+        })
+        .collect()
+}
+
+/// A name whose lookup `level` keeps, or leaves out.
+fn name_kept_by(level: SampleLevel, kept: bool) -> String {
+    (0..)
+        .map(|n| format!("host{n}.test."))
+        .find(|name| {
+            let first = name.split('.').next().unwrap();
+            let mut wire = vec![0u8; 12];
+            wire.push(first.len() as u8);
+            wire.extend_from_slice(first.as_bytes());
+            level.keeps(sample::label_hash(|i| wire.get(i).copied())) == kept
+        })
+        .unwrap()
+}
+
+/// The level rose to 1 in 2 while two lookups waited for their answers.
+/// The kernel then left out the answers of the one the new level does not
+/// keep: that journey is left out whole (and counted), never shown
+/// unanswered; the other is shown whole, marked with the level.
+#[test]
+fn a_rise_leaves_out_whole_the_journeys_it_may_have_cut() {
+    let level = SampleLevel { shift: 1, seed: 5 };
+    let (kept, cut) = (name_kept_by(level, true), name_kept_by(level, false));
+    let kept_legs = healthy_named(0, "10.244.0.10:40001", 1, &kept);
+    let cut_legs = healthy_named(0, "10.244.0.10:40002", 2, &cut);
+    let mut e = Engine::new(Limits::default());
+    for r in kept_legs[..4].iter().chain(&cut_legs[..4]) {
+        e.push(r);
+    }
+    e.sampling(SampleChange {
+        since_ns: 100_000,
+        now_ns: 110_000,
+        level,
+    });
+    for r in &kept_legs[4..] {
+        e.push(r);
+    }
+    // Past the other's timeout too.
+    let mut out = e.tick(2000 * MS);
+    out.extend(e.tick(7000 * MS));
+    assert_eq!(out.len(), 1, "{out:?}");
+    assert_eq!(&*out[0].name, kept);
+    assert_eq!(out[0].legs.len(), 8);
+    assert!(matches!(out[0].outcome, Outcome::Answered { .. }));
+    assert_eq!(out[0].sampled, level);
+    assert_eq!((e.shed(), e.sampling_level()), (1, level));
+}
+
+/// Lookups wholly before any change, or wholly under one level, are shown
+/// as they are: nothing is left out for a level that did not touch them.
+#[test]
+fn journeys_under_one_level_are_all_shown() {
+    let level = SampleLevel { shift: 1, seed: 5 };
+    let before = healthy_named(0, "10.244.0.10:40001", 1, &name_kept_by(level, false));
+    let mut e = Engine::new(Limits::default());
+    before.iter().for_each(|r| e.push(r));
+    let out = e.tick(1000 * MS);
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].sampled.shift, 0);
+    e.sampling(SampleChange {
+        since_ns: 2000 * MS,
+        now_ns: 2000 * MS,
+        level,
+    });
+    let after = healthy_named(
+        3000 * MS,
+        "10.244.0.10:40003",
+        3,
+        &name_kept_by(level, true),
+    );
+    after.iter().for_each(|r| e.push(r));
+    let out = e.tick(4000 * MS);
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].sampled, level);
+    assert_eq!(e.shed(), 0);
+}

@@ -108,6 +108,7 @@ fn healthy() -> Journey {
         ],
         upstream: vec![],
         incomplete: None,
+        sampled: Default::default(),
     }
 }
 

@@ -15,11 +15,14 @@ use dnstrace_common::{PACKET_META_SIZE, PAYLOAD_MAX};
 use tokio::{
     io::{unix::AsyncFd, Interest},
     sync::{mpsc, Notify},
-    time::{interval, MissedTickBehavior},
+    time::{interval, Interval, MissedTickBehavior},
 };
 
-use super::Ring;
-use crate::output::monotonic_now;
+use super::{
+    sampler::{Fill, Sampler},
+    Ring,
+};
+use crate::{correlate::SampleChange, output::monotonic_now};
 
 /// Records in a chunk, at most: the pipeline decodes a chunk as one batch,
 /// whose packets and records should stay in cache.
@@ -52,6 +55,8 @@ pub enum Batch {
     Records(Chunk),
     /// Monotonic time: every record committed before it came before it.
     Tick(u64),
+    /// The kernel's sampling level changed.
+    Sample(SampleChange),
 }
 
 /// Records copied out of the ring: each its length (u32, native order)
@@ -155,16 +160,20 @@ impl Thread {
     }
 }
 
-/// Starts reading `ring` on a thread of its own, with a tick every `tick`;
-/// its batches come out of the receiver, and their buffers go back through
-/// the sender to be used again (while it has room).
+/// Starts reading `ring` on a thread of its own, with a tick every `tick`
+/// (at which `sampler`, if any, sets the sampling level); its batches come
+/// out of the receiver, and their buffers go back through the sender to be
+/// used again (while it has room).
 pub fn start(
     ring: Ring,
     tick: Duration,
     keep: bool,
+    sampler: Option<Sampler>,
 ) -> io::Result<(Thread, mpsc::Receiver<Batch>, std_mpsc::SyncSender<Vec<u8>>)> {
-    let depth = (ring.size() / CHUNK_BYTES).max(2);
-    spawn(ring, depth, tick, keep)
+    let size = ring.size();
+    let depth = (size / CHUNK_BYTES).max(2);
+    let governed = sampler.map(|sampler| Governed { sampler, size });
+    spawn(ring, depth, tick, keep, governed)
 }
 
 /// The queue holds `depth` chunks.
@@ -173,16 +182,22 @@ fn spawn<R: Records + AsRawFd + Send + 'static>(
     depth: usize,
     tick: Duration,
     keep: bool,
+    governed: Option<Governed>,
 ) -> io::Result<(Thread, mpsc::Receiver<Batch>, std_mpsc::SyncSender<Vec<u8>>)> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let ring = {
+    let (ring, tick) = {
         let _in = runtime.enter();
         // SAFETY: the ring owns its fd, which stays open and the same for
         // as long as the AsyncFd holds it.
-        unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
-            .map_err(|e| e.into_parts().1)?
+        let ring = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
+            .map_err(|e| e.into_parts().1)?;
+        let mut tick = interval(tick);
+        // Ticks missed while the queue was full are not made up in a burst:
+        // each would have the pipeline close journeys, behind as it is.
+        tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
+        (ring, tick)
     };
     let (queue, batches) = mpsc::channel(depth);
     let (spare_tx, spare) = std_mpsc::sync_channel(SPARE);
@@ -194,12 +209,17 @@ fn spawn<R: Records + AsRawFd + Send + 'static>(
             unused: None,
             keep,
         },
+        governed,
+        tick,
+        changes: Vec::new(),
+        sent: 0,
+        stale: None,
     };
     let stop = Arc::new(Notify::new());
     let stopped = stop.clone();
     let handle = std::thread::Builder::new()
         .name("ring reader".into())
-        .spawn(move || runtime.block_on(reader.run(tick, &stopped)))?;
+        .spawn(move || runtime.block_on(reader.run(&stopped)))?;
     Ok((Thread { stop, handle }, batches, spare_tx))
 }
 
@@ -207,24 +227,62 @@ struct Reader<R: Records + AsRawFd> {
     ring: AsyncFd<R>,
     queue: mpsc::Sender<Batch>,
     buffers: Buffers,
+    governed: Option<Governed>,
+    tick: Interval,
+    /// Changes of the sampling level made since the last batch was queued,
+    /// to be queued after it.
+    changes: Vec<SampleChange>,
+    /// Batches queued so far.
+    sent: u64,
+    /// Since the level last changed, until the pipeline works on what the
+    /// new level kept.
+    stale: Option<Stale>,
+}
+
+/// What is left, since the level changed, before what fills the queue was
+/// kept under the new level.
+#[derive(Clone, Copy)]
+enum Stale {
+    /// The reader reading past where the kernel had written at the change.
+    Unread(usize),
+    /// The pipeline taking this many batches in all.
+    Untaken(u64),
+}
+
+/// What ended a wait for room in the queue.
+enum Woke<P> {
+    Room(P),
+    Tick,
+}
+
+/// The sampler, and the ring's size its fill is measured against.
+struct Governed {
+    sampler: Sampler,
+    size: usize,
 }
 
 impl<R: Records + AsRawFd> Reader<R> {
     /// Reads on each wakeup of the kernel's, and up to now on each tick,
     /// until stopped or the pipeline is gone.
-    async fn run(mut self, tick: Duration, stop: &Notify) -> io::Result<()> {
-        let mut tick = interval(tick);
-        // Ticks missed while the queue was full are not made up in a burst:
-        // each would have the pipeline close journeys, behind as it is.
-        tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
+    async fn run(mut self, stop: &Notify) -> io::Result<()> {
+        // A level asked for (`--sample`) holds from the start.
+        let asked = self
+            .governed
+            .as_mut()
+            .filter(|g| g.sampler.governor.level().shift > 0);
+        self.changes.extend(asked.and_then(|g| g.sampler.apply()));
+        if !self.send_changes().await {
+            return Ok(());
+        }
         loop {
             let going = tokio::select! {
                 () = stop.notified() => {
-                    self.send_up_to_now().await;
+                    let _ = self.send_up_to_now().await && self.send_changes().await;
                     return Ok(());
                 }
-                _ = tick.tick() => {
+                _ = self.tick.tick() => {
                     let now_ns = monotonic_now();
+                    self.govern(now_ns);
                     self.send_up_to_now().await && self.send(Batch::Tick(now_ns)).await
                 }
                 ready = self.ring.readable_mut() => {
@@ -260,6 +318,55 @@ impl<R: Records + AsRawFd> Reader<R> {
         }
     }
 
+    /// Tells the sampler how full the queue and the ring are now; a change
+    /// of level it makes is queued after the next batch.
+    fn govern(&mut self, now_ns: u64) {
+        let Some(g) = self.governed.as_mut() else {
+            return;
+        };
+        let ring = self.ring.get_ref();
+        let queued = self.queue.max_capacity() - self.queue.capacity();
+        let taken = self.sent - queued as u64;
+        if matches!(self.stale, Some(Stale::Untaken(n)) if taken >= n) {
+            self.stale = None;
+        }
+        let fill = Fill {
+            queue: queued as f64 / self.queue.max_capacity() as f64,
+            ring: ring.produced().wrapping_sub(ring.position()) as f64 / g.size as f64,
+            current: self.stale.is_none(),
+        };
+        if g.sampler.governor.tick(now_ns, fill).is_some() {
+            let change = g.sampler.apply();
+            if change.is_some() {
+                self.stale = Some(Stale::Unread(ring.produced()));
+            }
+            self.changes.extend(change);
+        }
+    }
+
+    /// A batch was queued: counted, and once the reader has read past where
+    /// the kernel was at the last change, the pipeline has that many to take.
+    fn queued_one(&mut self) {
+        self.sent += 1;
+        if let Some(Stale::Unread(at)) = self.stale {
+            if !before(self.ring.get_ref().position(), at) {
+                self.stale = Some(Stale::Untaken(self.sent));
+            }
+        }
+    }
+
+    /// Queues the changes of level made since the last batch; false if the
+    /// pipeline is gone.
+    async fn send_changes(&mut self) -> bool {
+        for c in std::mem::take(&mut self.changes) {
+            if self.queue.send(Batch::Sample(c)).await.is_err() {
+                return false;
+            }
+            self.queued_one();
+        }
+        true
+    }
+
     /// Queues `chunk` unless it is empty; false if the pipeline is gone.
     async fn hand_on(&mut self, chunk: Chunk) -> bool {
         if chunk.len() == 0 {
@@ -269,10 +376,26 @@ impl<R: Records + AsRawFd> Reader<R> {
         self.send(Batch::Records(chunk)).await
     }
 
-    /// Queues `batch`, waiting while the queue is full; false if the
-    /// pipeline is gone.
-    async fn send(&self, batch: Batch) -> bool {
-        self.queue.send(batch).await.is_ok()
+    /// Queues `batch`, then the changes of level made meanwhile; false if
+    /// the pipeline is gone. While the queue is full the pipeline is
+    /// behind: the sampler sees it on each tick, the strongest sign it has.
+    async fn send(&mut self, batch: Batch) -> bool {
+        loop {
+            let governed = self.governed.is_some();
+            let woke = tokio::select! {
+                permit = self.queue.clone().reserve_owned() => Woke::Room(permit),
+                _ = self.tick.tick(), if governed => Woke::Tick,
+            };
+            match woke {
+                Woke::Room(Ok(permit)) => {
+                    permit.send(batch);
+                    self.queued_one();
+                    return self.send_changes().await;
+                }
+                Woke::Room(Err(_)) => return false,
+                Woke::Tick => self.govern(monotonic_now()),
+            }
+        }
     }
 }
 
@@ -410,7 +533,7 @@ mod tests {
                 read: Arc::clone(&read),
             };
             let hour = Duration::from_secs(3600);
-            let (thread, batches, _) = spawn(shared, depth, hour, true).unwrap();
+            let (thread, batches, _) = spawn(shared, depth, hour, true, None).unwrap();
             Self {
                 ring,
                 wake,
@@ -449,7 +572,7 @@ mod tests {
         fn records(&mut self) -> usize {
             match self.next() {
                 Some(Batch::Records(c)) => c.len(),
-                Some(Batch::Tick(_)) => panic!("a tick, not records"),
+                Some(Batch::Tick(_) | Batch::Sample(_)) => panic!("not records"),
                 None => panic!("the queue closed"),
             }
         }

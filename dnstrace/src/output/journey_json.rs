@@ -73,6 +73,13 @@ impl JourneyJson<'_> {
             key!(out, "incomplete_why");
             plain(out, gap.why());
         }
+        if j.sampled.shift > 0 {
+            out.extend_from_slice(b",\"sampled\":{\"one_in\":");
+            number(out, j.sampled.one_in());
+            key!(out, "seed");
+            number(out, j.sampled.seed);
+            out.push(b'}');
+        }
         key!(out, "upstream");
         list(out, &self.upstream, |out, u| u.write(out))?;
         key!(out, "names");

@@ -235,6 +235,7 @@ mod tests {
             legs,
             upstream: Vec::new(),
             incomplete: None,
+            sampled: Default::default(),
         }
     }
 

@@ -57,6 +57,13 @@ pub enum Note {
         now_ns: u64,
         total: u64,
     },
+    /// The kernel's sampling level changed (1 lookup in 2^shift kept).
+    Sample {
+        since_ns: u64,
+        now_ns: u64,
+        shift: u32,
+        seed: u32,
+    },
     /// An anomaly as it was raised (the JSON line output's object).
     Anomaly {
         anomaly: serde_json::Value,

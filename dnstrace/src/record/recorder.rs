@@ -81,6 +81,12 @@ impl Recorder {
                 now_ns: *now_ns,
                 total: *total,
             }),
+            Input::Sample(c) => self.note(&Note::Sample {
+                since_ns: c.since_ns,
+                now_ns: c.now_ns,
+                shift: c.level.shift,
+                seed: c.level.seed,
+            }),
             Input::Tick(now_ns) => {
                 self.note(&Note::Tick { now_ns: *now_ns });
                 // What a kill -9 can lose: one tick's worth.

@@ -12,7 +12,7 @@ use std::{
 
 use anyhow::{anyhow, bail, Context as _, Result};
 use bytes::Bytes;
-use dnstrace_common::Hook;
+use dnstrace_common::{sample::MAX_SHIFT, Hook, SampleLevel};
 use tokio::time::Instant;
 
 use super::{
@@ -22,7 +22,7 @@ use super::{
 };
 use crate::{
     capture::Show,
-    correlate::Limits,
+    correlate::{Limits, SampleChange},
     decode::{KernelNames, Packet},
     diagnose::Context,
     naming::Names,
@@ -319,6 +319,19 @@ impl<R: Read> Replay<R> {
                 now_ns,
                 total,
             },
+            Note::Sample {
+                since_ns,
+                now_ns,
+                shift,
+                seed,
+            } => Input::Sample(SampleChange {
+                since_ns,
+                now_ns,
+                level: SampleLevel {
+                    shift: shift.min(MAX_SHIFT),
+                    seed,
+                },
+            }),
             Note::End { now_ns } => {
                 self.now_ns = self.now_ns.max(now_ns);
                 return None;
@@ -441,6 +454,7 @@ fn time_of(input: &Input) -> Option<u64> {
         Input::Conntrack { now_ns, .. }
         | Input::Counters { now_ns, .. }
         | Input::Lost { now_ns, .. }
+        | Input::Sample(SampleChange { now_ns, .. })
         | Input::Tick(now_ns) => Some(*now_ns),
     }
 }

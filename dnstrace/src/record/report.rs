@@ -47,6 +47,9 @@ struct Gathered {
     slowest: Vec<Lookup>,
     failures: Vec<Lookup>,
     anomalies: Vec<Anomaly>,
+    /// Lookups kept under a sampling level: the strictest (1 in N), and
+    /// the first and last of them.
+    sampled: Option<(u32, u64, u64)>,
 }
 
 impl Gathered {
@@ -65,6 +68,7 @@ impl Gathered {
             slowest: Vec::new(),
             failures: Vec::new(),
             anomalies: Vec::new(),
+            sampled: None,
         }
     }
 
@@ -75,6 +79,13 @@ impl Gathered {
                 .map_or(l.journey.started_ns, |f| f.min(l.journey.started_ns)),
         );
         self.last_ns = self.last_ns.max(ended_ns);
+        let j = &l.journey;
+        if j.sampled.shift > 0 {
+            let (one_in, first, last) = self.sampled.get_or_insert((1, j.started_ns, j.started_ns));
+            *one_in = (*one_in).max(j.sampled.one_in());
+            *first = (*first).min(j.started_ns);
+            *last = (*last).max(j.started_ns);
+        }
         match &l.status {
             s if s.failed() => self.failed += 1,
             Status::Timeout => self.unanswered += 1,
@@ -237,6 +248,16 @@ fn facts(file: &Path, about: &About, g: &Gathered) -> Vec<(String, String)> {
             percent(g.unanswered, g.lookups)
         ),
     ));
+    if let Some((one_in, first, last)) = g.sampled {
+        facts.push((
+            "sampled".into(),
+            format!(
+                "from {} to {}, as few as 1 lookup in {one_in} kept, each whole (dnstrace was falling behind, or was asked to with --sample): the counts are of the lookups kept",
+                time(first),
+                time(last)
+            ),
+        ));
+    }
     let mut sorted = g.latencies.clone();
     sorted.sort_unstable();
     let p: Vec<String> = percentiles(&sorted)

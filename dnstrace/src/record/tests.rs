@@ -337,6 +337,14 @@ pub fn inputs() -> Vec<crate::pipeline::Input> {
             now_ns: 5_000_600_000,
             total: 12,
         },
+        Input::Sample(crate::correlate::SampleChange {
+            since_ns: 5_000_700_000,
+            now_ns: 5_000_700_100,
+            level: dnstrace_common::SampleLevel {
+                shift: 3,
+                seed: 0xdead_beef,
+            },
+        }),
         Input::Tick(5_100_000_000),
     ]
 }

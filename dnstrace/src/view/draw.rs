@@ -73,14 +73,20 @@ fn header_lines(app: &App) -> Vec<Line<'_>> {
         let style = if n > 0 { BAD } else { Style::new() };
         Span::styled(format!("  {label} {n}"), style)
     };
-    let counts = vec![
+    let mut counts = vec![Span::raw(format!(" {:.0} lookups/s", s.rate))];
+    // What follows counts the lookups kept: say how few they are.
+    if app.health.one_in > 1 {
+        let kept = format!(" (1 in {} kept)", app.health.one_in);
+        counts.push(Span::styled(kept, BAD));
+    }
+    counts.extend([
         Span::raw(format!(
-            " {:.0} lookups/s │ answered {}  nxdomain {}",
-            s.rate, t.answered, t.nxdomain
+            " │ answered {}  nxdomain {}",
+            t.answered, t.nxdomain
         )),
         counter("failed", t.failed),
         counter("unanswered", t.unanswered),
-    ];
+    ]);
     let mut health = vec![
         Span::raw(format!(" {pct} │ open {}", app.health.open)),
         counter("lost", app.health.lost),

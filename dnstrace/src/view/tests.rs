@@ -152,6 +152,7 @@ fn journey(id: u64, name: &str, start: u64, outcome: Outcome, upstream: bool) ->
         ],
         upstream: vec![],
         incomplete: None,
+        sampled: Default::default(),
     });
     Journey {
         id,
@@ -172,6 +173,7 @@ fn journey(id: u64, name: &str, start: u64, outcome: Outcome, upstream: bool) ->
         legs,
         upstream: ups.into_iter().collect(),
         incomplete: None,
+        sampled: Default::default(),
     }
 }
 
@@ -274,6 +276,7 @@ fn busy() -> App {
         lost: 0,
         evicted: 0,
         open: 2,
+        one_in: 1,
         recording: None,
     }));
     app
@@ -582,6 +585,7 @@ fn snapshot_help_paused_and_losing() {
         lost: 1234,
         evicted: 7,
         open: 0,
+        one_in: 8,
         recording: Some(
             "recording stopped: No space left on device (os error 28); tracing goes on".into(),
         ),

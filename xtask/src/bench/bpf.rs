@@ -1,5 +1,5 @@
 //! The kernel side's own figures: BPF run-time statistics, and the events
-//! dnstrace's LOST map counted.
+//! dnstrace's COUNTS map counted (its first slot: events lost).
 use super::*;
 
 /// Run-time statistics of BPF programs, on while this lives (BPF_ENABLE_STATS:
@@ -75,17 +75,18 @@ pub(super) fn bpf_ids(pid: i32, key: &str) -> Vec<u64> {
         .collect()
 }
 
-/// The sum over CPUs of the LOST map of the dnstrace with this pid.
+/// The sum over CPUs of the lost events in the COUNTS map of the dnstrace
+/// with this pid.
 pub(super) fn lost_in_map(pid: i32) -> Result<u64> {
     let ours = bpf_ids(pid, "map_id:");
     let out = output(Command::new("bpftool").args(["-j", "map", "show"]))?;
     let maps: Vec<serde_json::Value> = serde_json::from_str(&out).context("bpftool's JSON")?;
     let id = maps
         .iter()
-        .filter(|m| m["name"].as_str() == Some("LOST"))
+        .filter(|m| m["name"].as_str() == Some("COUNTS"))
         .filter_map(|m| m["id"].as_u64())
         .find(|id| ours.contains(id))
-        .ok_or_else(|| anyhow!("no LOST map of pid {pid}"))?;
+        .ok_or_else(|| anyhow!("no COUNTS map of pid {pid}"))?;
     let out = output(Command::new("bpftool").args([
         "-j",
         "map",
@@ -102,7 +103,7 @@ pub(super) fn lost_in_map(pid: i32) -> Result<u64> {
     let values = v["formatted"]["values"]
         .as_array()
         .or_else(|| v["values"].as_array())
-        .ok_or_else(|| anyhow!("no per-CPU values for the LOST map"))?;
+        .ok_or_else(|| anyhow!("no per-CPU values for the COUNTS map"))?;
     Ok(values
         .iter()
         .map(|c| match &c["value"] {

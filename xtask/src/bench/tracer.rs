@@ -122,7 +122,7 @@ impl std::fmt::Display for Offered {
 }
 
 impl Tracer {
-    /// Events lost so far: the kernel's count in dnstrace's LOST map (read
+    /// Events lost so far: the kernel's count in dnstrace's COUNTS map (read
     /// with bpftool), or its latest "N events lost so far" warning, which
     /// comes late when it is busy.
     pub(super) fn lost_so_far(&self) -> u64 {

@@ -1,0 +1,194 @@
+//! Which journeys the kernel's sampling level kept whole. Within one level,
+//! a lookup's packets are all kept or all left out. A journey open across a
+//! change may have lost legs to the stricter level: it is whole only if
+//! its label passed every level in effect while it was open, and is left
+//! out otherwise, never shown with legs missing.
+use std::collections::VecDeque;
+
+use dnstrace_common::SampleLevel;
+
+/// The kernel's level became `level` at some moment from `since_ns` to
+/// `now_ns` (before and after user space set it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SampleChange {
+    pub since_ns: u64,
+    pub now_ns: u64,
+    pub level: SampleLevel,
+}
+
+/// How far from a change a packet may have been decided by the level on
+/// its other side: a program reads the level before it takes the time,
+/// and a query first seen just after a change may have been left out on
+/// its hops just before.
+const SLACK_NS: u64 = 100_000_000;
+/// Changes remembered at most; older ones are folded into `first`. A
+/// live capture makes a dozen at most while a journey may be open (a rise
+/// per 250 ms up to 1 in 1024, a fall after 10 s of calm, a seed per 30 s):
+/// this only bounds what a damaged or crafted recording can make it hold.
+const MAX_CHANGES: usize = 256;
+
+#[derive(Default)]
+pub(super) struct Sampling {
+    /// The level before the first change remembered.
+    first: SampleLevel,
+    changes: VecDeque<SampleChange>,
+}
+
+impl Sampling {
+    pub(super) fn change(&mut self, c: SampleChange) {
+        if self.changes.len() == MAX_CHANGES {
+            self.fold_oldest();
+        }
+        self.changes.push_back(c);
+    }
+
+    /// Forgets the changes no journey started from `earliest` on spans.
+    pub(super) fn forget_before(&mut self, earliest: u64) {
+        while self
+            .changes
+            .front()
+            .is_some_and(|c| c.now_ns.saturating_add(SLACK_NS) < earliest)
+        {
+            self.fold_oldest();
+        }
+    }
+
+    fn fold_oldest(&mut self) {
+        if let Some(c) = self.changes.pop_front() {
+            self.first = c.level;
+        }
+    }
+
+    /// The level in effect now.
+    pub(super) fn now(&self) -> SampleLevel {
+        self.changes.back().map_or(self.first, |c| c.level)
+    }
+
+    /// The strictest level a journey whose first label hashes to `label`
+    /// (None over TCP, which is never left out) was kept under while open
+    /// from `start` to `end`; None if one of them would have left it out.
+    pub(super) fn kept(&self, label: Option<u32>, start: u64, end: u64) -> Option<SampleLevel> {
+        let Some(label) = label else {
+            return Some(SampleLevel::default());
+        };
+        let mut strictest = SampleLevel::default();
+        for level in self.in_effect(start, end) {
+            if !level.keeps(label) {
+                return None;
+            }
+            if level.shift > strictest.shift {
+                strictest = level;
+            }
+        }
+        Some(strictest)
+    }
+
+    /// The levels in effect at some moment from `start` to `end`: each
+    /// level from the change that set it to the one that ended it, with
+    /// each change's window and slack counted on both sides of it.
+    fn in_effect(&self, start: u64, end: u64) -> impl Iterator<Item = SampleLevel> + '_ {
+        let changes = self.changes.iter();
+        let levels = std::iter::once(self.first).chain(changes.clone().map(|c| c.level));
+        let from =
+            std::iter::once(0).chain(changes.clone().map(|c| c.since_ns.saturating_sub(SLACK_NS)));
+        let to = changes
+            .map(|c| c.now_ns.saturating_add(SLACK_NS))
+            .chain(std::iter::once(u64::MAX));
+        levels
+            .zip(from.zip(to))
+            .filter(move |(_, (from, to))| start <= *to && end >= *from)
+            .map(|(level, _)| level)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    fn level(shift: u32) -> SampleLevel {
+        SampleLevel { shift, seed: 42 }
+    }
+
+    /// A label hash that `level(shift)` keeps, and `level(shift + 1)` not.
+    fn label_kept_up_to(shift: u32) -> u32 {
+        (0..)
+            .find(|&h| level(shift).keeps(h) && !level(shift + 1).keeps(h))
+            .unwrap()
+    }
+
+    /// Shifts only: a level that keeps everything has no seed worth comparing.
+    fn shift(kept: Option<SampleLevel>) -> Option<u32> {
+        kept.map(|l| l.shift)
+    }
+
+    fn at(sampling: &mut Sampling, ms: u64, shift: u32) {
+        let c = SampleChange {
+            since_ns: ms * MS,
+            now_ns: ms * MS + MS,
+            level: level(shift),
+        };
+        sampling.change(c);
+    }
+
+    #[test]
+    fn nothing_is_left_out_before_any_change() {
+        let s = Sampling::default();
+        assert_eq!(shift(s.kept(Some(7), 0, 10 * MS)), Some(0));
+        assert_eq!(s.now(), SampleLevel::default());
+    }
+
+    /// Raised to 1 in 4 at 1 s: a journey open then must pass 1 in 4 too,
+    /// one that ends well before only what kept everything.
+    #[test]
+    fn a_journey_open_across_a_change_passes_both_levels_or_goes() {
+        let mut s = Sampling::default();
+        at(&mut s, 1000, 2);
+        let half = label_kept_up_to(1);
+        let quarter = label_kept_up_to(2);
+        assert_eq!(shift(s.kept(Some(half), 100 * MS, 200 * MS)), Some(0));
+        assert_eq!(shift(s.kept(Some(half), 900 * MS, 1200 * MS)), None);
+        assert_eq!(shift(s.kept(Some(quarter), 900 * MS, 1200 * MS)), Some(2));
+        assert_eq!(shift(s.kept(Some(half), 1500 * MS, 1600 * MS)), None);
+        // Within the slack of the change: either level may have decided.
+        assert_eq!(shift(s.kept(Some(half), 1050 * MS, 1060 * MS)), None);
+        assert_eq!(shift(s.kept(Some(half), 850 * MS, 920 * MS)), None);
+        assert_eq!(s.now(), level(2));
+    }
+
+    /// Lowered from 1 in 4 to 1 in 2 at 2 s: a query first seen just after
+    /// may have had its first hops left out just before.
+    #[test]
+    fn a_journey_first_seen_just_after_a_lowering_must_pass_the_level_before() {
+        let mut s = Sampling::default();
+        at(&mut s, 1000, 2);
+        at(&mut s, 2000, 1);
+        let half = label_kept_up_to(1);
+        assert_eq!(shift(s.kept(Some(half), 2050 * MS, 2060 * MS)), None);
+        assert_eq!(shift(s.kept(Some(half), 2200 * MS, 2300 * MS)), Some(1));
+        assert_eq!(shift(s.kept(None, 1500 * MS, 2500 * MS)), Some(0), "TCP");
+    }
+
+    #[test]
+    fn changes_no_journey_spans_are_folded_into_the_first_level() {
+        let mut s = Sampling::default();
+        at(&mut s, 1000, 3);
+        at(&mut s, 60_000, 2);
+        s.forget_before(1000 * MS);
+        assert_eq!(s.changes.len(), 2, "a journey from 1 s spans both");
+        s.forget_before(2000 * MS);
+        assert_eq!(s.changes.len(), 1);
+        assert_eq!(s.first, level(3));
+        let quarter = label_kept_up_to(2);
+        assert_eq!(shift(s.kept(Some(quarter), 59_000 * MS, 59_010 * MS)), None);
+        assert_eq!(
+            shift(s.kept(Some(quarter), 61_000 * MS, 61_010 * MS)),
+            Some(2)
+        );
+        for n in 0..300 {
+            at(&mut s, 61_000 + n, 1);
+        }
+        assert_eq!(s.changes.len(), MAX_CHANGES);
+    }
+}

@@ -1,0 +1,319 @@
+//! The sampling level: when the pipeline falls behind the kernel for a
+//! while, the kernel keeps fewer lookups, each whole (see
+//! `dnstrace_common::sample`), rather than losing events at random from
+//! all of them; when it has kept up for a while, it keeps more again.
+use dnstrace_common::{sample::MAX_SHIFT, SampleLevel};
+
+use crate::{correlate::SampleChange, output::monotonic_now, probes::SampleMap};
+
+/// How the level is chosen (`--sample`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SampleMode {
+    /// Everything, fewer while the pipeline falls behind.
+    Auto,
+    /// 1 lookup in 2^shift, whatever the load.
+    Fixed(u32),
+}
+
+/// Ticks in a row with the queue or the ring past `Fill::high` before the
+/// level rises: a stall of a tick (a tick closing thousands of journeys,
+/// a wait for a core) is no overload.
+const HIGH_TICKS: u32 = 2;
+/// Between two rises, for the first to show in the queue.
+const RAISE_GAP_NS: u64 = 250_000_000;
+/// How long the queue and the ring must stay nearly empty before the
+/// level falls; doubled, up to `MAX_CALM_NS`, each time a fall overloads
+/// the pipeline again within twice that.
+const CALM_NS: u64 = 10_000_000_000;
+const MAX_CALM_NS: u64 = 160_000_000_000;
+/// While sampling, a new seed this often: a level keeps some names and
+/// not others, and with few names in the traffic a few seconds may keep
+/// none; over time every name has its turn. Not much more often: a
+/// journey open across the change is left out unless both seeds keep it,
+/// and an unanswered one is open 5.5 s.
+const RESEED_NS: u64 = 30_000_000_000;
+
+/// How full the reader's queue and the kernel's ring were at a tick, as
+/// fractions of what they hold.
+#[derive(Clone, Copy, Debug)]
+pub struct Fill {
+    pub queue: f64,
+    pub ring: f64,
+    /// What fills them was kept under the present level: the pipeline has
+    /// taken everything queued before the level last changed. Until then
+    /// a full queue says nothing of the new level.
+    pub current: bool,
+}
+
+impl Fill {
+    /// The pipeline is behind, or the reader is: the kernel wakes it past
+    /// each quarter of the ring, so three quarters is a reader that could
+    /// not get to it.
+    fn high(self) -> bool {
+        self.queue >= 0.5 || self.ring >= 0.75
+    }
+
+    fn calm(self) -> bool {
+        self.queue <= 0.125 && self.ring < 0.5
+    }
+}
+
+/// Chooses the level from how full things get; pure, time given.
+#[derive(Debug)]
+pub struct Governor {
+    mode: SampleMode,
+    level: SampleLevel,
+    high_ticks: u32,
+    changed_ns: u64,
+    /// When the seed was drawn (or the level last changed).
+    seeded_ns: u64,
+    calm_since_ns: u64,
+    calm_ns: u64,
+    /// When the level last fell, while a rise soon after means it fell
+    /// too early.
+    lowered_ns: Option<u64>,
+}
+
+impl Governor {
+    pub fn new(mode: SampleMode, seed: u32, now_ns: u64) -> Self {
+        let shift = match mode {
+            SampleMode::Auto => 0,
+            SampleMode::Fixed(shift) => shift.min(MAX_SHIFT),
+        };
+        Self {
+            mode,
+            level: SampleLevel { shift, seed },
+            high_ticks: 0,
+            changed_ns: now_ns,
+            seeded_ns: now_ns,
+            calm_since_ns: now_ns,
+            calm_ns: CALM_NS,
+            lowered_ns: None,
+        }
+    }
+
+    pub fn level(&self) -> SampleLevel {
+        self.level
+    }
+
+    /// At a tick: the new level, if it changes (or only its seed).
+    pub fn tick(&mut self, now_ns: u64, fill: Fill) -> Option<SampleLevel> {
+        let auto = self.mode == SampleMode::Auto;
+        let reseed = self.level.shift > 0 && now_ns.saturating_sub(self.seeded_ns) >= RESEED_NS;
+        match auto.then(|| self.govern(now_ns, fill)).flatten() {
+            Some(level) => Some(level),
+            None if reseed => {
+                // xorshift32: any seed but 0 gives a long cycle.
+                let mut x = self.level.seed | 1;
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                self.level.seed = x;
+                self.seeded_ns = now_ns;
+                Some(self.level)
+            }
+            None => None,
+        }
+    }
+
+    /// A new level, if `fill` calls for one.
+    fn govern(&mut self, now_ns: u64, fill: Fill) -> Option<SampleLevel> {
+        self.high_ticks = if fill.high() { self.high_ticks + 1 } else { 0 };
+        if !fill.calm() {
+            self.calm_since_ns = now_ns;
+        }
+        let since_change = now_ns.saturating_sub(self.changed_ns);
+        if self.high_ticks >= HIGH_TICKS
+            && fill.current
+            && self.level.shift < MAX_SHIFT
+            && since_change >= RAISE_GAP_NS
+        {
+            if let Some(at) = self.lowered_ns.take() {
+                if now_ns.saturating_sub(at) < 2 * self.calm_ns {
+                    self.calm_ns = (2 * self.calm_ns).min(MAX_CALM_NS);
+                }
+            }
+            return Some(self.set(self.level.shift + 1, now_ns));
+        }
+        let calm_for = now_ns.saturating_sub(self.calm_since_ns);
+        if self.level.shift > 0 && calm_for >= self.calm_ns && since_change >= self.calm_ns {
+            self.lowered_ns = Some(now_ns);
+            if self.level.shift == 1 {
+                self.calm_ns = CALM_NS;
+            }
+            return Some(self.set(self.level.shift - 1, now_ns));
+        }
+        None
+    }
+
+    fn set(&mut self, shift: u32, now_ns: u64) -> SampleLevel {
+        self.level.shift = shift;
+        self.changed_ns = now_ns;
+        self.seeded_ns = now_ns;
+        self.high_ticks = 0;
+        self.calm_since_ns = now_ns;
+        self.level
+    }
+}
+
+/// The governor and the kernel's level it sets.
+pub struct Sampler {
+    pub governor: Governor,
+    map: SampleMap,
+}
+
+impl Sampler {
+    pub fn new(map: SampleMap, mode: SampleMode) -> Self {
+        let seed = std::hash::BuildHasher::hash_one(&std::hash::RandomState::new(), 0) as u32;
+        Self {
+            governor: Governor::new(mode, seed, monotonic_now()),
+            map,
+        }
+    }
+
+    /// Sets the kernel's level to the governor's: the change, or None if
+    /// the map refused it (the level then stays as it was).
+    pub fn apply(&mut self) -> Option<SampleChange> {
+        let level = self.governor.level();
+        let since_ns = monotonic_now();
+        if let Err(e) = self.map.set(0, level, 0) {
+            eprintln!("dnstrace: could not set the sampling level: {e}");
+            return None;
+        }
+        Some(SampleChange {
+            since_ns,
+            now_ns: monotonic_now(),
+            level,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+    const S: u64 = 1000 * MS;
+    const FULL: Fill = Fill {
+        queue: 1.0,
+        ring: 0.3,
+        current: true,
+    };
+    const EMPTY: Fill = Fill {
+        queue: 0.0,
+        ring: 0.1,
+        current: true,
+    };
+
+    /// Ticks every 50 ms from `from` for `ms`, at `fill`: the shifts set.
+    fn run(g: &mut Governor, from: u64, ms: u64, fill: Fill) -> Vec<u32> {
+        (0..ms / 50)
+            .filter_map(|i| g.tick(from + i * 50 * MS, fill))
+            .map(|l| l.shift)
+            .collect()
+    }
+
+    #[test]
+    fn a_stall_of_a_tick_raises_nothing() {
+        let mut g = Governor::new(SampleMode::Auto, 1, 0);
+        for t in 0..40 {
+            let fill = if t % 3 == 1 { FULL } else { EMPTY };
+            assert_eq!(g.tick(S + t * 50 * MS, fill), None);
+        }
+        let reader_behind = Fill {
+            queue: 0.0,
+            ring: 0.9,
+            current: true,
+        };
+        assert_eq!(g.tick(10 * S, reader_behind), None);
+        assert_eq!(g.tick(10 * S + 50 * MS, EMPTY), None);
+    }
+
+    #[test]
+    fn overload_raises_a_step_at_a_time_to_the_limit() {
+        let mut g = Governor::new(SampleMode::Auto, 1, 0);
+        assert_eq!(run(&mut g, S, 1000, FULL), vec![1, 2, 3, 4]);
+        run(&mut g, 2 * S, 5000, FULL);
+        assert_eq!(g.level().shift, MAX_SHIFT);
+        assert_eq!(g.level().seed, 1);
+    }
+
+    /// A queue still full of what the previous level kept says nothing of
+    /// the new one: no rise until the pipeline has taken it.
+    #[test]
+    fn a_queue_of_what_the_last_level_kept_raises_nothing() {
+        let mut g = Governor::new(SampleMode::Auto, 1, 0);
+        assert_eq!(run(&mut g, S, 100, FULL), vec![1]);
+        let stale = Fill {
+            current: false,
+            ..FULL
+        };
+        assert!(run(&mut g, 2 * S, 5000, stale).is_empty());
+        assert_eq!(g.tick(7 * S, FULL).map(|l| l.shift), Some(2));
+    }
+
+    #[test]
+    fn calm_lowers_after_a_while_and_sooner_never() {
+        let mut g = Governor::new(SampleMode::Auto, 1, 0);
+        run(&mut g, S, 400, FULL);
+        assert_eq!(g.level().shift, 2);
+        // Busy until 1.35 s: 10 s calm from then.
+        assert_eq!(run(&mut g, 2 * S, 9_000, EMPTY), Vec::<u32>::new());
+        assert_eq!(run(&mut g, 11 * S, 20_000, EMPTY), vec![1, 0]);
+    }
+
+    /// A level lowered too early overloads again: the next try waits twice
+    /// as long.
+    #[test]
+    fn a_relapse_doubles_the_wait() {
+        let mut g = Governor::new(SampleMode::Auto, 1, 0);
+        run(&mut g, S, 400, FULL);
+        run(&mut g, 2 * S, 10_100, EMPTY);
+        assert_eq!(g.level().shift, 1);
+        run(&mut g, 13 * S, 300, FULL);
+        assert_eq!(g.level().shift, 2);
+        // Busy until 13.25 s: 20 s calm from then.
+        assert_eq!(run(&mut g, 14 * S, 19_000, EMPTY), Vec::<u32>::new());
+        assert_eq!(run(&mut g, 33 * S, 400, EMPTY), vec![1]);
+    }
+
+    /// A level asked for holds whatever the load; only its seed changes,
+    /// every 30 s, so that each name has its turn.
+    #[test]
+    fn a_fixed_level_never_moves_but_draws_new_seeds() {
+        let mut g = Governor::new(SampleMode::Fixed(3), 1, 0);
+        assert_eq!(g.level().shift, 3);
+        assert!(run(&mut g, S, 2000, FULL).is_empty());
+        let mut seeds = vec![g.level().seed];
+        for t in (40..=100).step_by(30) {
+            let change = g.tick(t * S, EMPTY).expect("a new seed");
+            assert_eq!(change.shift, 3);
+            seeds.push(change.seed);
+            assert_eq!(g.tick(t * S + 50 * MS, EMPTY), None);
+        }
+        seeds.dedup();
+        assert_eq!(seeds.len(), 4, "{seeds:?}");
+        let mut all = Governor::new(SampleMode::Fixed(0), 1, 0);
+        assert_eq!(all.level().shift, 0);
+        assert_eq!(all.tick(100 * S, EMPTY), None, "nothing to reseed");
+    }
+
+    #[test]
+    fn a_level_held_a_while_draws_a_new_seed() {
+        let mut g = Governor::new(SampleMode::Auto, 1, 0);
+        run(&mut g, S, 100, FULL);
+        let level = g.level();
+        assert_eq!(level.shift, 1);
+        let busy = Fill {
+            queue: 0.25,
+            ring: 0.1,
+            current: true,
+        };
+        let changes: Vec<SampleLevel> = (0..800)
+            .filter_map(|i| g.tick(2 * S + i * 50 * MS, busy))
+            .collect();
+        assert_eq!(changes.len(), 1, "{changes:?}");
+        assert_eq!(changes[0].shift, 1);
+        assert_ne!(changes[0].seed, level.seed);
+    }
+}

@@ -1,0 +1,137 @@
+//! Sampling whole lookups: the kernel keeps the lookups whose name's first
+//! label passes the level (and drops the rest before the ring), user space
+//! knows which by the same hash, and what it shows is whole. Under
+//! overload dnstrace raises the level itself rather than losing events
+//! from every lookup.
+use std::collections::BTreeSet;
+
+use dnstrace_common::{sample::label_hash, SampleLevel};
+use serde_json::Value;
+
+use dnstrace_tests::*;
+
+/// The level a journey says it was kept under.
+fn level_of(j: &Value) -> Option<SampleLevel> {
+    let s = j.get("sampled")?;
+    let one_in = s["one_in"].as_u64().expect("one_in") as u32;
+    Some(SampleLevel {
+        shift: one_in.trailing_zeros(),
+        seed: s["seed"].as_u64().expect("seed") as u32,
+    })
+}
+
+/// Whether `level` keeps lookups of `name`, hashed as the kernel does.
+fn keeps(level: SampleLevel, name: &str) -> bool {
+    let first = name.split('.').next().unwrap_or_default();
+    let mut wire = vec![0u8; 12];
+    wire.push(first.len() as u8);
+    wire.extend_from_slice(first.as_bytes());
+    level.keeps(label_hash(|i| wire.get(i).copied()))
+}
+
+fn journeys(out: &str) -> Vec<Value> {
+    json_lines(out)
+        .into_iter()
+        .filter(|l| l["type"] == "journey")
+        .collect()
+}
+
+fn first_label(j: &Value) -> String {
+    let name = j["name"].as_str().expect("a name");
+    name.split('.').next().unwrap_or_default().to_owned()
+}
+
+/// The number before `what` on a stderr line.
+fn number_before(stderr: &[String], what: &str) -> Option<u64> {
+    stderr.iter().find_map(|l| {
+        l.split(what)
+            .next()?
+            .split_whitespace()
+            .last()?
+            .parse()
+            .ok()
+    })
+}
+
+/// `--sample 4`: the kernel keeps exactly the lookups whose names the
+/// hash picks, with all their search-list tries, A and AAAA and upstream
+/// queries, and leaves the others out before the ring buffer.
+#[test]
+fn a_sample_asked_for_keeps_exactly_the_names_its_hash_picks_each_whole() {
+    require_root();
+    let lab = Lab::up(&[]);
+    let trace = lab.trace(&["--sample", "4"]);
+    let names: Vec<String> = (0..64).map(|n| format!("s{n}")).collect();
+    let mut args = vec!["--pod", "default/web", "--rate", "40"];
+    for n in &names {
+        args.extend(["--name", n.as_str()]);
+    }
+    lab.traffic(&args);
+    let (status, out, stderr) = trace.stop(libc::SIGINT).unwrap();
+    assert!(status.success(), "{stderr:?}");
+    let journeys = journeys(&out);
+    let level = level_of(journeys.first().expect("some lookups kept")).unwrap();
+    assert_eq!(level.shift, 2, "1 in 4");
+    let kept: BTreeSet<String> = journeys.iter().map(first_label).collect();
+    let picked: BTreeSet<String> = names.iter().filter(|n| keeps(level, n)).cloned().collect();
+    assert_eq!(
+        kept, picked,
+        "the kernel keeps what user space's hash picks"
+    );
+    for j in &journeys {
+        assert_eq!(level_of(j), Some(level), "{j}");
+        assert_eq!(j["incomplete"], false, "{j}");
+        assert_eq!(j["outcome"]["status"], "answered", "whole: {j}");
+        let legs = j["legs"].as_array().unwrap();
+        assert!(legs.len() >= 8, "from the pod to CoreDNS and back: {j}");
+    }
+    assert!(
+        stderr
+            .iter()
+            .any(|l| l.contains("sampling: keeping 1 lookup in 4, each whole")),
+        "{stderr:?}"
+    );
+    let shed = number_before(&stderr, " packets (1 lookup in 4 kept at the end)");
+    assert!(shed.is_some_and(|n| n > 0), "{stderr:?}");
+}
+
+/// dnstrace held to 3% of a CPU while the lab's pods look names up as
+/// fast as they can: it falls behind, says so, and keeps fewer lookups,
+/// each whole, rather than losing events from all of them; every journey
+/// it shows passes the level it was kept under, and healthy traffic
+/// raises nothing.
+#[test]
+fn a_starved_tracer_samples_whole_lookups() {
+    require_root();
+    let lab = Lab::up(&[]);
+    let trace = lab.trace(&[]);
+    let limit = CpuLimit::new(trace.pid(), 3);
+    lab.traffic(&["--rate", "300", "--duration", "10s"]);
+    let (status, out, stderr) = trace.stop(libc::SIGINT).unwrap();
+    drop(limit);
+    assert!(status.success(), "{stderr:?}");
+    assert!(
+        stderr
+            .iter()
+            .any(|l| l.contains("falling behind the kernel: keeping 1 lookup in")),
+        "{stderr:?}"
+    );
+    let shed = number_before(&stderr, " packets (1 lookup in ");
+    assert!(shed.is_some_and(|n| n > 0), "{stderr:?}");
+    let lines = json_lines(&out);
+    let sampled: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l.get("sampled").is_some())
+        .collect();
+    assert!(!sampled.is_empty(), "journeys kept under a level");
+    for j in &sampled {
+        let level = level_of(j).unwrap();
+        let name = j["name"].as_str().unwrap();
+        assert!(
+            keeps(level, name),
+            "kept under {level:?} though it does not pass: {j}"
+        );
+    }
+    let anomalies: Vec<&Value> = lines.iter().filter(|l| l["type"] == "anomaly").collect();
+    assert!(anomalies.is_empty(), "healthy traffic: {anomalies:?}");
+}
