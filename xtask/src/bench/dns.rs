@@ -350,6 +350,85 @@ impl Bench {
     }
 }
 
+impl Bench {
+    /// At the lab's highest rate dnstrace falls behind: with `--sample 1`
+    /// it goes on trying to follow every lookup and the kernel loses
+    /// events from all of them; with its defaults it keeps fewer lookups,
+    /// each whole. Rounds alternate.
+    pub(super) fn overload(&mut self) -> Result<()> {
+        let cap = self
+            .capacity
+            .ok_or_else(|| anyhow!("needs the lab's capacity, which was not measured"))?;
+        let rate = (cap / 1000.0).round() as u32 * 1000;
+        let secs = self.plan.side_secs;
+        let sides: [&[&str]; 2] = [&["--sample", "1"], &["--sample", "auto"]];
+        let mut runs: [Vec<Offered>; 2] = Default::default();
+        for (_, which) in turns(self.plan.output_rounds, sides.len()) {
+            let run = self.offer(rate, secs, (Output::Json, sides[which]), false)?;
+            eprintln!("bench: overload, {}: {run}", sides[which].join(" "));
+            runs[which].push(run);
+            settle()?;
+        }
+        let [all, auto] = runs.map(|r| Overload::of(&r));
+        self.rows.push(Row {
+            figure: format!(
+                "Overload: dnsperf at the lab's highest rate, {} qps for {secs} s (× {}, medians): every lookup kept (`--sample 1`) vs dnstrace's defaults (`--sample auto`)",
+                thousands(f64::from(rate)),
+                self.plan.output_rounds
+            ),
+            baseline: all.describe(),
+            with: auto.describe(),
+            ratio: format!("{:.2}× events lost", auto.lost / all.lost.max(1.0)),
+            goal: "—".into(),
+            met: None,
+        });
+        self.notes.push(
+            "Overload: the same dnsperf load at the lab's highest rate, traced in turn with `--sample 1` (every lookup, the kernel losing events from all of them when dnstrace falls behind) and with dnstrace's defaults (fewer lookups kept, each whole, decided in the kernel before the ring). Journeys open while events were lost are marked incomplete; those open when the level changed and left out by it are left out whole.".into(),
+        );
+        Ok(())
+    }
+}
+
+/// Medians of a side of the overload runs.
+struct Overload {
+    lost: f64,
+    shed: f64,
+    one_in: f64,
+    journeys: f64,
+    cpu: f64,
+}
+
+impl Overload {
+    fn of(runs: &[Offered]) -> Self {
+        let exits: Vec<&TraceExit> = runs.iter().filter_map(|r| r.exit.as_ref().ok()).collect();
+        let med = |f: fn(&TraceExit) -> u64| {
+            median(&exits.iter().map(|e| f(e) as f64).collect::<Vec<_>>())
+        };
+        Self {
+            lost: med(|e| e.lost),
+            shed: med(|e| e.shed),
+            one_in: med(|e| e.one_in),
+            journeys: med(|e| e.journeys),
+            cpu: median(&runs.iter().map(|r| r.cpu).collect::<Vec<_>>()),
+        }
+    }
+
+    fn describe(&self) -> String {
+        let kept = if self.one_in > 1.0 {
+            format!(
+                ", 1 lookup in {:.0} kept at the end ({:.0} packets left out in the kernel)",
+                self.one_in, self.shed
+            )
+        } else {
+            String::new()
+        };
+        format!(
+            "{:.0} events lost, {:.0} journeys{kept}, {:.1} s CPU",
+            self.lost, self.journeys, self.cpu
+        )
+    }
+}
+
 /// The median CPU seconds of `runs`, and the events they lost in all.
 fn cpu_and_lost(runs: &[Offered]) -> (f64, u64) {
     let cpu: Vec<f64> = runs.iter().map(|r| r.cpu).collect();

@@ -74,7 +74,8 @@ const DNS_LOAD: &[&str] = &["--ring-buffer-mib", "64", "--max-open", "262144"];
 const USAGE: &str = "usage: cargo xtask bench [--quick] [--only FIGURE]... [--markdown PATH]
   --quick          short runs (seconds instead of minutes) for trying things
   --only FIGURE    measure only this figure (repeatable): startup, iperf,
-                   capacity, zero-loss, tcpdump, outputs, pipeline, memory
+                   capacity, zero-loss, tcpdump, outputs, overload, pipeline,
+                   memory
   --markdown PATH  also write the table as Markdown (for the README)";
 
 type Stage = fn(&mut Bench) -> Result<()>;
@@ -113,6 +114,11 @@ const FIGURES: &[(&str, &str, Stage)] = &[
         Bench::outputs,
     ),
     (
+        "overload",
+        "overload: sampling whole lookups against losing events",
+        Bench::overload,
+    ),
+    (
         "pipeline",
         "user-space pipeline (replay on one core)",
         Bench::pipeline,
@@ -121,7 +127,8 @@ const FIGURES: &[(&str, &str, Stage)] = &[
 ];
 
 /// The figures `--only` names, in run order, with what they need: the
-/// zero-loss ladder starts from the lab's measured capacity.
+/// zero-loss ladder and the overload runs start from the lab's measured
+/// capacity.
 fn selected(only: &[String]) -> Result<Vec<&'static str>> {
     let names: Vec<&str> = FIGURES.iter().map(|f| f.0).collect();
     if let Some(bad) = only.iter().find(|o| !names.contains(&o.as_str())) {
@@ -133,7 +140,7 @@ fn selected(only: &[String]) -> Result<Vec<&'static str>> {
     let wanted = |n: &str| {
         only.is_empty()
             || only.iter().any(|o| o == n)
-            || (n == "capacity" && only.iter().any(|o| o == "zero-loss"))
+            || (n == "capacity" && only.iter().any(|o| o == "zero-loss" || o == "overload"))
     };
     Ok(names.into_iter().filter(|n| wanted(n)).collect())
 }
@@ -706,6 +713,7 @@ mod tests {
         assert_eq!(only(&[]).unwrap().len(), FIGURES.len());
         assert_eq!(only(&["memory", "startup"]).unwrap(), ["startup", "memory"]);
         assert_eq!(only(&["zero-loss"]).unwrap(), ["capacity", "zero-loss"]);
+        assert_eq!(only(&["overload"]).unwrap(), ["capacity", "overload"]);
         let err = only(&["memroy"]).unwrap_err().to_string();
         assert!(
             err.contains("\"memroy\"") && err.contains("memory"),

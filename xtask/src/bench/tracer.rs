@@ -56,6 +56,10 @@ pub(super) struct TraceExit {
     pub(super) evicted: u64,
     pub(super) journeys: u64,
     pub(super) targets: String,
+    /// Packets the sampling level left out, and 1 lookup in how many it
+    /// kept at the end (1 when it never sampled).
+    pub(super) shed: u64,
+    pub(super) one_in: u64,
 }
 
 impl std::fmt::Display for TraceExit {
@@ -158,6 +162,10 @@ impl Tracer {
     /// Ctrl-C, as a user would, and its exit line.
     pub(super) fn stop(self) -> Result<TraceExit> {
         let ended = self.proc.stop(libc::SIGINT, Duration::from_secs(120))?;
+        let sampled = ended
+            .output
+            .lines()
+            .find(|l| l.starts_with("dnstrace: sampling left out "));
         let line = ended
             .output
             .lines()
@@ -186,6 +194,12 @@ impl Tracer {
                 .split_once("detached from ")
                 .map_or("", |(_, t)| t)
                 .to_owned(),
+            shed: sampled
+                .and_then(|l| number_before(l, " packets"))
+                .unwrap_or(0),
+            one_in: sampled
+                .and_then(|l| number_before(l, " kept at the end"))
+                .unwrap_or(1),
         })
     }
 }
