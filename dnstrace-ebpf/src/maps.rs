@@ -194,13 +194,13 @@ fn sampled_in(s: &Scratch, cap: usize) -> bool {
     if level.shift == 0 || s.meta.l4_proto != IPPROTO_UDP {
         return true;
     }
-    level.keeps(sample::label_hash(|i| {
-        if i < cap {
-            s.payload.get(i).copied()
-        } else {
-            None
-        }
-    }))
+    let Some(head) = s.payload[sample::QNAME_AT..].first_chunk::<{ sample::HEAD }>() else {
+        return true;
+    };
+    level.keeps(sample::label_hash(
+        head,
+        cap.saturating_sub(sample::QNAME_AT),
+    ))
 }
 
 #[inline(always)]

@@ -1001,7 +1001,7 @@ impl Engine {
             qtype: key.qtype,
             incomplete: None,
             bits: if tcp { TCP } else { 0 },
-            label: sample::label_hash(|i| p.payload.get(i).copied()),
+            label: sample::message_label_hash(&p.payload),
         };
         let (client, v6) = o.pack(key.client);
         o.client = client;

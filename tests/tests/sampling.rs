@@ -5,7 +5,7 @@
 //! from every lookup.
 use std::collections::BTreeSet;
 
-use dnstrace_common::{sample::label_hash, SampleLevel};
+use dnstrace_common::{sample::message_label_hash, SampleLevel};
 use serde_json::Value;
 
 use dnstrace_tests::*;
@@ -26,7 +26,7 @@ fn keeps(level: SampleLevel, name: &str) -> bool {
     let mut wire = vec![0u8; 12];
     wire.push(first.len() as u8);
     wire.extend_from_slice(first.as_bytes());
-    level.keeps(label_hash(|i| wire.get(i).copied()))
+    level.keeps(message_label_hash(&wire))
 }
 
 fn journeys(out: &str) -> Vec<Value> {

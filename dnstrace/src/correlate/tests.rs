@@ -994,7 +994,7 @@ fn name_kept_by(level: SampleLevel, kept: bool) -> String {
             let mut wire = vec![0u8; 12];
             wire.push(first.len() as u8);
             wire.extend_from_slice(first.as_bytes());
-            level.keeps(sample::label_hash(|i| wire.get(i).copied())) == kept
+            level.keeps(sample::message_label_hash(&wire)) == kept
         })
         .unwrap()
 }
