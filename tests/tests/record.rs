@@ -222,6 +222,45 @@ fn a_replay_gives_the_live_runs_journeys_and_anomalies_without_root() {
     assert_eq!(live, replayed, "the same lines, in the same order");
 }
 
+/// A capture that sampled replays to the same lines, so the level and its
+/// changes travel in the recording; every journey says its level, and the
+/// report says its counts are of a sample.
+#[test]
+fn a_sampled_recording_replays_the_same_and_its_report_says_so() {
+    require_root();
+    let lab = Lab::up(&[]);
+    let dir = Dir::new("sampled");
+    let file = dir.file("lab.pcapng");
+    let names: Vec<String> = (0..16).map(|n| format!("r{n}")).collect();
+    let (live, _) = traced(&recording(&["trace"], &file, &["--sample", "2"]), || {
+        let mut args = vec!["--pod", "default/web", "--rate", "40"];
+        for n in &names {
+            args.extend(["--name", n.as_str()]);
+        }
+        lab.traffic(&args);
+    });
+    let journeys = of_type(&live, "journey");
+    assert!(!journeys.is_empty(), "{live:#?}");
+    assert!(
+        journeys.iter().all(|j| j["sampled"]["one_in"] == 2),
+        "{live:#?}"
+    );
+    let (ok, replayed, stderr) = replay(&file, &[]);
+    assert!(ok, "{stderr}");
+    assert_eq!(live, replayed, "the same lines, in the same order");
+    let md = dnstrace(&["report", file.to_str().unwrap()]);
+    assert!(
+        md.status.success(),
+        "{}",
+        String::from_utf8_lossy(&md.stderr)
+    );
+    let md = String::from_utf8_lossy(&md.stdout);
+    assert!(
+        md.contains("as few as 1 lookup in 2 kept, each whole"),
+        "{md}"
+    );
+}
+
 #[test]
 fn a_tcpdump_capture_replays_into_a_journey_per_lookup() {
     require_root();
