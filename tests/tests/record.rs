@@ -73,6 +73,17 @@ fn replay(file: &Path, extra: &[&str]) -> (bool, Vec<Value>, String) {
     )
 }
 
+/// `dnstrace report FILE`: its Markdown, which it must have written.
+fn report(file: &Path) -> String {
+    let out = dnstrace(&["report", file.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 fn of_type<'a>(lines: &'a [Value], t: &str) -> Vec<&'a Value> {
     lines.iter().filter(|l| l["type"] == t).collect()
 }
@@ -248,13 +259,7 @@ fn a_sampled_recording_replays_the_same_and_its_report_says_so() {
     let (ok, replayed, stderr) = replay(&file, &[]);
     assert!(ok, "{stderr}");
     assert_eq!(live, replayed, "the same lines, in the same order");
-    let md = dnstrace(&["report", file.to_str().unwrap()]);
-    assert!(
-        md.status.success(),
-        "{}",
-        String::from_utf8_lossy(&md.stderr)
-    );
-    let md = String::from_utf8_lossy(&md.stdout);
+    let md = report(&file);
     assert!(
         md.contains("as few as 1 lookup in 2 kept, each whole"),
         "{md}"
@@ -431,13 +436,7 @@ fn a_report_names_the_anomaly_and_the_failed_lookups() {
             &format!("@{SERVICE} kubernetes.default.svc.cluster.local."),
         );
     });
-    let md = dnstrace(&["report", file.to_str().unwrap()]);
-    assert!(
-        md.status.success(),
-        "{}",
-        String::from_utf8_lossy(&md.stderr)
-    );
-    let md = String::from_utf8_lossy(&md.stdout);
+    let md = report(&file);
     for needle in [
         "# dnstrace report",
         "## Anomalies",
