@@ -3,6 +3,7 @@ mod bench;
 mod demo;
 mod fuzz;
 mod setup;
+mod suite;
 
 use std::process::{Command, ExitCode};
 
@@ -10,7 +11,8 @@ use anyhow::{bail, Context, Result};
 
 const USAGE: &str = "usage: cargo xtask <setup | test | demo | bench | fuzz>
   setup   install what building and testing need (idempotent)
-  test    setup, then formatting, lints and the whole test suite (as root)
+  test    setup, then formatting, lints and the whole test suite (as root),
+          every test binary even when one fails, and a tally of them all
   demo    setup, build, then trace DNS between two throw-away network namespaces
   bench   setup, build, then measure dnstrace's cost on the lab (--quick, --markdown PATH)
   fuzz    setup, then each fuzz target for 10 million runs (cargo-fuzz, nightly)
@@ -89,7 +91,7 @@ fn test() -> Result<()> {
         "warnings",
     ])?;
     clippy_ebpf()?;
-    cargo(&["test"])
+    suite::run()
 }
 
 /// The eBPF crate is linted for the host, where it needs abort-on-panic, in a
