@@ -227,6 +227,32 @@ fn build(profile: &str) -> PathBuf {
     target.join(profile).join("dnstrace")
 }
 
+/// Which lookups a test needs dnstrace to keep. Under its defaults it
+/// keeps fewer, each whole, when it is about to lose events, and which it
+/// keeps depends on a random seed: a test that looks for a particular
+/// lookup must not depend on whether the debug build kept up.
+#[derive(Clone, Copy, Debug)]
+pub enum Keep {
+    /// Every lookup (`--sample 1`): the test looks for particular ones.
+    Every,
+    /// What dnstrace chooses (its defaults, or the `--sample` the test
+    /// passes): the test asserts through the sampling mechanism.
+    Sampled,
+}
+
+/// The flags that keep every lookup.
+pub const EVERY_LOOKUP: [&str; 2] = ["--sample", "1"];
+
+impl Keep {
+    fn args<'a>(self, args: &[&'a str]) -> Vec<&'a str> {
+        let mut all = args.to_vec();
+        if let Keep::Every = self {
+            all.extend(EVERY_LOOKUP);
+        }
+        all
+    }
+}
+
 /// A running `dnstrace`, its stderr followed line by line and its stdout
 /// drained as it comes (a full pipe would stall it).
 pub struct Dnstrace {
@@ -237,22 +263,23 @@ pub struct Dnstrace {
 }
 
 impl Dnstrace {
-    /// Starts dnstrace in `ns` with `args` and waits until it is capturing.
-    pub fn start(ns: &Netns, args: &[&str]) -> Result<Self> {
+    /// Starts dnstrace in `ns` with `args`, keeping `keep`, and waits
+    /// until it is capturing.
+    pub fn start(ns: &Netns, keep: Keep, args: &[&str]) -> Result<Self> {
         let mut cmd = ns.cmd(dnstrace_bin().to_str().expect("utf-8 path"));
-        cmd.args(args);
+        cmd.args(keep.args(args));
         Self::spawn(cmd)
     }
 
     /// Starts dnstrace in the test's own network namespace.
-    pub fn start_here(args: &[&str]) -> Result<Self> {
-        Self::start_binary(dnstrace_bin(), args)
+    pub fn start_here(keep: Keep, args: &[&str]) -> Result<Self> {
+        Self::start_binary(dnstrace_bin(), keep, args)
     }
 
     /// Starts the given dnstrace binary in the test's own network namespace.
-    pub fn start_binary(bin: &Path, args: &[&str]) -> Result<Self> {
+    pub fn start_binary(bin: &Path, keep: Keep, args: &[&str]) -> Result<Self> {
         let mut cmd = Command::new(bin);
-        cmd.args(args);
+        cmd.args(keep.args(args));
         Self::spawn(cmd)
     }
 
@@ -442,11 +469,18 @@ pub const SERVICE: &str = "10.96.0.10";
 pub const NODE_NETNS: &str = "/run/netns/dtlab-node";
 
 impl Lab {
-    /// `dnstrace trace -o json` over the whole lab node, with `extra`.
-    pub fn trace(&self, extra: &[&str]) -> Dnstrace {
+    /// `dnstrace trace -o json` over the whole lab node, keeping every
+    /// lookup, with `extra`.
+    pub fn trace_every_lookup(&self, extra: &[&str]) -> Dnstrace {
+        self.trace(Keep::Every, extra)
+    }
+
+    /// `dnstrace trace -o json` over the whole lab node, keeping `keep`,
+    /// with `extra`.
+    pub fn trace(&self, keep: Keep, extra: &[&str]) -> Dnstrace {
         let mut args = vec!["trace", "-o", "json", "--node-netns", NODE_NETNS];
         args.extend_from_slice(extra);
-        Dnstrace::start_here(&args).unwrap()
+        Dnstrace::start_here(keep, &args).unwrap()
     }
 
     pub fn up(args: &[&str]) -> Self {

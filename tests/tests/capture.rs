@@ -99,6 +99,7 @@ fn serve(zone: &[&str]) -> (Pair, Proc, Dnstrace) {
     let dns = dnsmasq(&pair.server, zone).unwrap();
     let trace = Dnstrace::start(
         &pair.server,
+        Keep::Every,
         &["--iface", Pair::SERVER_IF, "--output", "json"],
     )
     .unwrap();
@@ -356,6 +357,7 @@ fn conntrack_events_and_statistics_of_the_node_namespace() {
     let netns = format!("/run/netns/{}", pair.server.name);
     let trace = Dnstrace::start(
         &pair.server,
+        Keep::Every,
         &[
             "--iface",
             Pair::SERVER_IF,

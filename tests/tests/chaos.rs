@@ -181,7 +181,7 @@ fn answered_from(journeys: &[Value], client: &str) -> bool {
 fn tracing_goes_on_through_chaos_and_follows_a_new_pod() {
     require_root();
     let lab = Lab::up(&[]);
-    let trace = lab.trace(&["--timeout", "3s"]);
+    let trace = lab.trace_every_lookup(&["--timeout", "3s"]);
     let pid = trace.pid();
     assert!(dig_from(WEB).contains("status: NOERROR"));
 

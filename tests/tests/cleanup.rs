@@ -39,6 +39,7 @@ fn stop_leaves_nothing(mode: &str, signal: i32) {
     let before = tc_state(&pair.server);
     let trace = Dnstrace::start(
         &pair.server,
+        Keep::Every,
         &["--iface", Pair::SERVER_IF, "--tc-attach", mode],
     )
     .unwrap();
@@ -110,6 +111,7 @@ fn an_existing_clsact_qdisc_is_left_in_place() {
     .unwrap();
     let trace = Dnstrace::start(
         &pair.server,
+        Keep::Every,
         &["--iface", Pair::SERVER_IF, "--tc-attach", "netlink"],
     )
     .unwrap();
@@ -143,7 +145,7 @@ fn next_start_removes_what_sigkill_left(existing_qdisc: bool) {
     }
     let before = tc_state(&pair.server);
     let args = ["--iface", Pair::SERVER_IF, "--tc-attach", "netlink"];
-    let killed = Dnstrace::start(&pair.server, &args).unwrap();
+    let killed = Dnstrace::start(&pair.server, Keep::Every, &args).unwrap();
     let pid = killed.pid();
     killed.stop(libc::SIGKILL).unwrap();
     let left = tc_state(&pair.server);
@@ -152,7 +154,7 @@ fn next_start_removes_what_sigkill_left(existing_qdisc: bool) {
         "SIGKILL leaves filters: {left}"
     );
 
-    let next = Dnstrace::start(&pair.server, &args).unwrap();
+    let next = Dnstrace::start(&pair.server, Keep::Every, &args).unwrap();
     let said = format!("removed the tc filters a dead dnstrace (pid {pid}) left on vs");
     assert!(
         next.stderr_lines.iter().any(|l| l.contains(&said)),

@@ -35,7 +35,7 @@ fn diagnose_with(
         "/run/netns/dtlab-node",
     ];
     args.extend_from_slice(extra);
-    let trace = Dnstrace::start_binary(bin, &args).unwrap();
+    let trace = Dnstrace::start_binary(bin, Keep::Every, &args).unwrap();
     work();
     std::thread::sleep(std::time::Duration::from_millis(1500));
     let (status, out, stderr) = trace.stop(libc::SIGINT).unwrap();
@@ -317,15 +317,18 @@ fn a_conntrack_race_this_kernel_resolves_is_reported_but_no_anomaly() {
     require_root();
     let lab = Lab::up(&["--fault", "conntrack-race"]);
     // An idle tracer (a port matching nothing) leaves the race its two CPUs.
-    let mut trace = Dnstrace::start_here(&[
-        "trace",
-        "--port",
-        "9",
-        "--node-netns",
-        "/run/netns/dtlab-node",
-        "-o",
-        "json",
-    ])
+    let mut trace = Dnstrace::start_here(
+        Keep::Every,
+        &[
+            "trace",
+            "--port",
+            "9",
+            "--node-netns",
+            "/run/netns/dtlab-node",
+            "-o",
+            "json",
+        ],
+    )
     .unwrap();
     let moved = (0..8).any(|_| {
         lab.traffic(&[

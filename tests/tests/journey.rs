@@ -7,7 +7,8 @@ const KUBERNETES: &str = "kubernetes.default.svc.cluster.local.";
 
 /// Runs `dnstrace trace -o json` while `work` makes traffic; returns the journeys.
 fn journeys(work: impl FnOnce()) -> Vec<Value> {
-    let trace = Dnstrace::start_here(&["trace", "-o", "json", "--timeout", "3s"]).unwrap();
+    let trace =
+        Dnstrace::start_here(Keep::Every, &["trace", "-o", "json", "--timeout", "3s"]).unwrap();
     work();
     // Journeys without an answer close after the timeout.
     std::thread::sleep(std::time::Duration::from_millis(500));

@@ -82,9 +82,10 @@ fn the_live_view_shows_the_anomaly_and_the_dropped_journey() {
     let _ = std::fs::remove_file(&log);
     let tmux = Tmux::start(&format!(
         "{} trace --timeout 2s --node-netns /run/netns/{NODE} \
-         --containerd-root /run/dnstrace-lab/containerd --pod web --log-file {}",
+         --containerd-root /run/dnstrace-lab/containerd --pod web --log-file {} {}",
         dnstrace_bin().display(),
-        log.display()
+        log.display(),
+        EVERY_LOOKUP.join(" ")
     ));
     // The static check is up before any traffic.
     tmux.wait_for(

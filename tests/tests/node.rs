@@ -48,7 +48,7 @@ fn every_leg_is_seen_with_probe_reads_too() {
 fn every_leg_seen(args: &[&str], how: &str) -> Vec<String> {
     require_root();
     let lab = Lab::up(&[]);
-    let trace = Dnstrace::start_here(&[&["-o", "json"], args].concat()).unwrap();
+    let trace = Dnstrace::start_here(Keep::Every, &[&["-o", "json"], args].concat()).unwrap();
     let tracepoints = trace
         .stderr_lines
         .iter()
@@ -117,7 +117,7 @@ fn every_leg_seen(args: &[&str], how: &str) -> Vec<String> {
 fn drops_carry_the_kernel_reason_and_place() {
     require_root();
     let lab = Lab::up(&["--fault", "drop"]);
-    let trace = Dnstrace::start_here(&["-o", "json"]).unwrap();
+    let trace = Dnstrace::start_here(Keep::Every, &["-o", "json"]).unwrap();
     // DNAT picks the endpoint at random: ask until a query hits the dropped one.
     let dropped =
         (0..30).any(|_| dig_status(&lab.dig(WEB, &format!("@{SERVICE} {NAME}"))) == "timeout");
@@ -154,7 +154,7 @@ fn links_of(progs: &[u32]) -> Vec<u64> {
 #[test]
 fn tracepoints_are_detached_on_exit() {
     require_root();
-    let trace = Dnstrace::start_here(&[]).unwrap();
+    let trace = Dnstrace::start_here(Keep::Every, &[]).unwrap();
     let ids = trace.prog_ids();
     assert_eq!(
         links_of(&ids).len(),
@@ -198,7 +198,7 @@ fn probe_read_twins_pass_the_verifier_on_standby() {
 fn kprobes_pass_the_verifier_and_say_why_they_are_off() {
     require_root();
     let checked = check();
-    let trace = Dnstrace::start_here(&[]).unwrap();
+    let trace = Dnstrace::start_here(Keep::Every, &[]).unwrap();
     let traced = trace.stderr_lines.clone();
     let (status, _, _) = trace.stop(libc::SIGTERM).unwrap();
     assert!(status.success());

@@ -105,7 +105,7 @@ fn pods_are_found_in_crio_state() {
 fn tracing_one_pod_keeps_only_its_journeys_complete_and_named() {
     require_root();
     let lab = Lab::up(&[]);
-    let trace = lab.trace(&[
+    let trace = lab.trace_every_lookup(&[
         "--timeout",
         "3s",
         "--containerd-root",
@@ -178,16 +178,19 @@ fn tracing_one_pod_keeps_only_its_journeys_complete_and_named() {
 fn the_kernel_passes_only_the_target_pods_packets() {
     require_root();
     let lab = Lab::up(&[]);
-    let trace = Dnstrace::start_here(&[
-        "-o",
-        "json",
-        "--node-netns",
-        NODE_NETNS,
-        "--containerd-root",
-        CONTAINERD,
-        "--pod",
-        "default/web",
-    ])
+    let trace = Dnstrace::start_here(
+        Keep::Every,
+        &[
+            "-o",
+            "json",
+            "--node-netns",
+            NODE_NETNS,
+            "--containerd-root",
+            CONTAINERD,
+            "--pod",
+            "default/web",
+        ],
+    )
     .unwrap();
     lab.traffic(&["--pod", "checkout", "--name", "kubernetes.default"]);
     lab.traffic(&["--pod", "web", "--name", "kubernetes.default"]);
@@ -251,7 +254,7 @@ fn netns_pid_and_ip_select_the_same_client() {
 /// Traces with one selector while checkout, then web, look a name up;
 /// returns the journeys, after checking the start line named the target.
 fn trace_while_both_ask(lab: &Lab, flag: &str, value: &str, label: &str) -> Vec<Value> {
-    let trace = lab.trace(&["--timeout", "3s", flag, value]);
+    let trace = lab.trace_every_lookup(&["--timeout", "3s", flag, value]);
     lab.traffic(&["--pod", "checkout", "--name", "kubernetes.default"]);
     lab.traffic(&["--pod", "web", "--name", "kubernetes.default"]);
     std::thread::sleep(std::time::Duration::from_millis(1500));

@@ -50,10 +50,10 @@ fn recording<'a>(view: &[&'a str], file: &'a Path, extra: &[&'a str]) -> Vec<&'a
     args
 }
 
-/// Runs dnstrace with `args` while `work` runs; returns stdout's JSON
-/// lines and stderr.
-fn traced(args: &[&str], work: impl FnOnce()) -> (Vec<Value>, Vec<String>) {
-    let trace = Dnstrace::start_here(args).unwrap();
+/// Runs dnstrace with `args`, keeping `keep`, while `work` runs; returns
+/// stdout's JSON lines and stderr.
+fn traced(keep: Keep, args: &[&str], work: impl FnOnce()) -> (Vec<Value>, Vec<String>) {
+    let trace = Dnstrace::start_here(keep, args).unwrap();
     work();
     std::thread::sleep(Duration::from_millis(1500));
     let (status, out, stderr) = trace.stop(libc::SIGINT).unwrap();
@@ -117,7 +117,7 @@ fn tshark_reads_a_recording_and_agrees_with_dnstrace_on_every_packet() {
     let lab = Lab::up(&["--fault", "bridge-nf-off"]);
     let dir = Dir::new("tshark");
     let file = dir.file("lab.pcapng");
-    let (packets, _) = traced(&recording(&[], &file, &[]), || {
+    let (packets, _) = traced(Keep::Every, &recording(&[], &file, &[]), || {
         lab.traffic(&["--pod", "checkout", "--name", "www.example.com"]);
         lab.dig(
             WEB,
@@ -199,7 +199,7 @@ fn a_replay_gives_the_live_runs_journeys_and_anomalies_without_root() {
         "--pod",
         "web",
     ];
-    let (live, _) = traced(&recording(&["trace"], &file, &pod), || {
+    let (live, _) = traced(Keep::Every, &recording(&["trace"], &file, &pod), || {
         lab.traffic(&["--pod", "checkout", "--name", "www.example.com"]);
         lab.traffic(&["--pod", "web", "--name", "www.example.com"]);
         lab.dig(
@@ -243,13 +243,17 @@ fn a_sampled_recording_replays_the_same_and_its_report_says_so() {
     let dir = Dir::new("sampled");
     let file = dir.file("lab.pcapng");
     let names: Vec<String> = (0..16).map(|n| format!("r{n}")).collect();
-    let (live, _) = traced(&recording(&["trace"], &file, &["--sample", "2"]), || {
-        let mut args = vec!["--pod", "default/web", "--rate", "40"];
-        for n in &names {
-            args.extend(["--name", n.as_str()]);
-        }
-        lab.traffic(&args);
-    });
+    let (live, _) = traced(
+        Keep::Sampled,
+        &recording(&["trace"], &file, &["--sample", "2"]),
+        || {
+            let mut args = vec!["--pod", "default/web", "--rate", "40"];
+            for n in &names {
+                args.extend(["--name", n.as_str()]);
+            }
+            lab.traffic(&args);
+        },
+    );
     let journeys = of_type(&live, "journey");
     assert!(!journeys.is_empty(), "{live:#?}");
     assert!(
@@ -321,7 +325,7 @@ fn recordings_rotate_and_cut_or_damaged_files_are_clear_errors() {
     // About 3 KiB a lookup: each file holds a dozen or more, and the last
     // three of about six files are kept.
     let rotate = ["--record-size", "64k", "--record-files", "3"];
-    traced(&recording(&["trace"], &file, &rotate), || {
+    traced(Keep::Every, &recording(&["trace"], &file, &rotate), || {
         lab.traffic(&["--rate", "40", "--duration", "3s"]);
     });
     // Each file stands alone: its own header, names and interfaces.
@@ -344,7 +348,7 @@ fn recordings_rotate_and_cut_or_damaged_files_are_clear_errors() {
 
     // Killed outright: the file reads up to its last whole block.
     let killed = dir.file("killed.pcapng");
-    let trace = Dnstrace::start_here(&recording(&["trace"], &killed, &[])).unwrap();
+    let trace = Dnstrace::start_here(Keep::Every, &recording(&["trace"], &killed, &[])).unwrap();
     lab.traffic(&["--pod", "web", "--name", "www.example.com"]);
     std::thread::sleep(Duration::from_millis(800));
     trace.stop(libc::SIGKILL).unwrap();
@@ -402,7 +406,7 @@ fn a_full_disk_stops_the_recording_and_tracing_goes_on() {
         .unwrap();
     assert!(mounted.success());
     let file = dir.file("r.pcapng");
-    let (lines, stderr) = traced(&recording(&["trace"], &file, &[]), || {
+    let (lines, stderr) = traced(Keep::Every, &recording(&["trace"], &file, &[]), || {
         lab.traffic(&["--rate", "40", "--duration", "3s"]);
         std::thread::sleep(Duration::from_millis(500));
         lab.traffic(&["--pod", "web", "--name", "after.example.com"]);
@@ -430,12 +434,16 @@ fn a_report_names_the_anomaly_and_the_failed_lookups() {
     let lab = Lab::up(&["--fault", "bridge-nf-off"]);
     let dir = Dir::new("report");
     let file = dir.file("lab.pcapng");
-    traced(&recording(&["trace"], &file, &["--timeout", "2s"]), || {
-        lab.dig(
-            WEB,
-            &format!("@{SERVICE} kubernetes.default.svc.cluster.local."),
-        );
-    });
+    traced(
+        Keep::Every,
+        &recording(&["trace"], &file, &["--timeout", "2s"]),
+        || {
+            lab.dig(
+                WEB,
+                &format!("@{SERVICE} kubernetes.default.svc.cluster.local."),
+            );
+        },
+    );
     let md = report(&file);
     for needle in [
         "# dnstrace report",

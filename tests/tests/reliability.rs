@@ -75,6 +75,7 @@ fn after_attaching_only_what_detaching_needs_is_kept() {
         let _dns = www_test(&pair);
         let trace = Dnstrace::start(
             &pair.server,
+            Keep::Every,
             &[
                 "--iface",
                 Pair::SERVER_IF,
@@ -162,7 +163,7 @@ fn counted(stderr: &[String], what: &str) -> u64 {
 fn a_stalled_reader_loses_events_counts_them_and_raises_nothing_false() {
     require_root();
     let lab = Lab::up(&[]);
-    let trace = lab.trace(&["--ring-buffer-mib", "1"]);
+    let trace = lab.trace_every_lookup(&["--ring-buffer-mib", "1"]);
     let pid = trace.pid() as i32;
     std::thread::scope(|s| {
         s.spawn(|| lab.traffic(&["--rate", "25", "--duration", "6s"]));
@@ -200,7 +201,7 @@ fn a_stalled_reader_loses_events_counts_them_and_raises_nothing_false() {
 fn too_many_open_journeys_are_evicted_and_counted() {
     require_root();
     let lab = Lab::up(&["--fault", "upstream-timeout"]);
-    let trace = lab.trace(&["--max-open", "8"]);
+    let trace = lab.trace_every_lookup(&["--max-open", "8"]);
     // External names hang upstream: their journeys stay open.
     lab.traffic(&["--rate", "20", "--duration", "2s"]);
     let (status, _, stderr) = trace.stop(libc::SIGINT).unwrap();
@@ -220,6 +221,7 @@ fn discarded_events_are_read_and_counted_not_decoded() {
     let _dns = www_test(&pair);
     let trace = Dnstrace::start(
         &pair.server,
+        Keep::Every,
         &["--iface", Pair::SERVER_IF, "--discard-events", "-o", "json"],
     )
     .unwrap();
@@ -269,6 +271,7 @@ fn the_ring_buffer_is_mapped_once_and_read() {
     let _dns = www_test(&pair);
     let trace = Dnstrace::start(
         &pair.server,
+        Keep::Every,
         &[
             "--iface",
             Pair::SERVER_IF,

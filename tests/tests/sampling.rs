@@ -59,7 +59,7 @@ fn said_and_left_out(stderr: &[String], what: &str) {
 fn a_sample_asked_for_keeps_exactly_the_names_its_hash_picks_each_whole() {
     require_root();
     let lab = Lab::up(&[]);
-    let trace = lab.trace(&["--sample", "4"]);
+    let trace = lab.trace(Keep::Sampled, &["--sample", "4"]);
     let names: Vec<String> = (0..64).map(|n| format!("s{n}")).collect();
     let mut args = vec!["--pod", "default/web", "--rate", "40"];
     for n in &names {
@@ -96,7 +96,7 @@ fn a_sample_asked_for_keeps_exactly_the_names_its_hash_picks_each_whole() {
 fn a_starved_tracer_samples_whole_lookups() {
     require_root();
     let lab = Lab::up(&[]);
-    let trace = lab.trace(&[]);
+    let trace = lab.trace(Keep::Sampled, &[]);
     let limit = CpuLimit::new(trace.pid(), 3);
     lab.traffic(&["--rate", "300", "--duration", "10s"]);
     let (status, out, stderr) = trace.stop(libc::SIGINT).unwrap();
