@@ -48,7 +48,7 @@ pub async fn run(args: CaptureArgs, view: View) -> Result<()> {
         eprintln!("dnstrace: {}", t.describe());
     }
     let ring = probes.take_events()?;
-    let sampler = Sampler::new(probes.take_sample_level()?, args.sample);
+    let sampler = Sampler::new(probes.take_sample_level()?, probes.counts()?, args.sample);
     // Root reads real addresses from kallsyms; drop locations need them.
     // Opened now, while privileged; read once a drop is seen, or now when
     // recording.

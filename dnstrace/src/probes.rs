@@ -31,6 +31,16 @@ use crate::{
 /// Where user space sets the programs' sampling level.
 pub type SampleMap = Array<MapData, SampleLevel>;
 
+/// The programs' counters (lost, shed), per CPU.
+pub struct Counts(PerCpuArray<MapData, u64>);
+
+impl Counts {
+    /// Events the ring could not take, so far.
+    pub fn lost(&self) -> Result<u64> {
+        Ok(self.0.get(&COUNT_LOST, 0)?.iter().sum())
+    }
+}
+
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/dnstrace-ebpf.o"));
 
 /// Mirrors `IfaceConfig` in dnstrace-ebpf.
@@ -605,6 +615,20 @@ impl Probes {
     fn count(&self, counter: u32) -> Result<u64> {
         let map: PerCpuArray<_, u64> = self.ebpf.map("COUNTS").context("COUNTS map")?.try_into()?;
         Ok(map.get(&counter, 0)?.iter().sum())
+    }
+
+    /// A handle of its own on the counters, for the ring's reader: losses
+    /// are what raise the sampling level.
+    pub fn counts(&self) -> Result<Counts> {
+        let map = self.ebpf.map("COUNTS").context("COUNTS map")?;
+        let fd = match map {
+            aya::maps::Map::PerCpuArray(data) => {
+                std::os::fd::AsFd::as_fd(data.fd()).try_clone_to_owned()?
+            }
+            _ => anyhow::bail!("COUNTS is not a per-CPU array"),
+        };
+        let map = aya::maps::Map::from_map_data(MapData::from_fd(fd)?)?;
+        Ok(Counts(map.try_into()?))
     }
 
     /// The sampling level the programs read, for the ring's reader to set.

@@ -333,6 +333,7 @@ impl<R: Records + AsRawFd> Reader<R> {
         let fill = Fill {
             queue: queued as f64 / self.queue.max_capacity() as f64,
             ring: ring.produced().wrapping_sub(ring.position()) as f64 / g.size as f64,
+            lost: g.sampler.lost_more(),
             current: self.stale.is_none(),
         };
         if g.sampler.governor.tick(now_ns, fill).is_some() {

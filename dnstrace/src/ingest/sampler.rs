@@ -4,7 +4,11 @@
 //! all of them; when it has kept up for a while, it keeps more again.
 use dnstrace_common::{sample::MAX_SHIFT, SampleLevel};
 
-use crate::{correlate::SampleChange, output::monotonic_now, probes::SampleMap};
+use crate::{
+    correlate::SampleChange,
+    output::monotonic_now,
+    probes::{Counts, SampleMap},
+};
 
 /// How the level is chosen (`--sample`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -15,9 +19,8 @@ pub enum SampleMode {
     Fixed(u32),
 }
 
-/// Ticks in a row with the queue or the ring past `Fill::high` before the
-/// level rises: a stall of a tick (a tick closing thousands of journeys,
-/// a wait for a core) is no overload.
+/// Ticks in a row with the ring past `Fill::RING_HIGH` before the level
+/// rises: the reader lagging once (a wait for a core) is no overload.
 const HIGH_TICKS: u32 = 2;
 /// Between two rises, for the first to show in the queue.
 const RAISE_GAP_NS: u64 = 250_000_000;
@@ -34,11 +37,13 @@ const MAX_CALM_NS: u64 = 160_000_000_000;
 const RESEED_NS: u64 = 30_000_000_000;
 
 /// How full the reader's queue and the kernel's ring were at a tick, as
-/// fractions of what they hold.
+/// fractions of what they hold, and whether the kernel lost events since
+/// the last.
 #[derive(Clone, Copy, Debug)]
 pub struct Fill {
     pub queue: f64,
     pub ring: f64,
+    pub lost: bool,
     /// What fills them was kept under the present level: the pipeline has
     /// taken everything queued before the level last changed. Until then
     /// a full queue says nothing of the new level.
@@ -46,15 +51,20 @@ pub struct Fill {
 }
 
 impl Fill {
-    /// The pipeline is behind, or the reader is: the kernel wakes it past
-    /// each quarter of the ring, so three quarters is a reader that could
-    /// not get to it.
-    fn high(self) -> bool {
-        self.queue >= 0.5 || self.ring >= 0.75
+    /// The kernel wakes the reader past each quarter of the ring: past
+    /// half, the reader could not drain it, because the queue is full (the
+    /// pipeline is behind by as much as the ring holds) or it had no core.
+    const RING_HIGH: f64 = 0.5;
+
+    /// The ring filling: events are about to be lost. A queue filling while
+    /// the ring stays drained is a stall of the pipeline that the queue
+    /// absorbs, and loses nothing.
+    fn filling(self) -> bool {
+        self.ring >= Self::RING_HIGH
     }
 
     fn calm(self) -> bool {
-        self.queue <= 0.125 && self.ring < 0.5
+        !self.lost && self.queue <= 0.125 && self.ring < Self::RING_HIGH
     }
 }
 
@@ -116,14 +126,19 @@ impl Governor {
         }
     }
 
-    /// A new level, if `fill` calls for one.
+    /// A new level, if `fill` calls for one: a rise only when events are
+    /// lost, or the ring has been filling for `HIGH_TICKS`.
     fn govern(&mut self, now_ns: u64, fill: Fill) -> Option<SampleLevel> {
-        self.high_ticks = if fill.high() { self.high_ticks + 1 } else { 0 };
+        self.high_ticks = if fill.filling() {
+            self.high_ticks + 1
+        } else {
+            0
+        };
         if !fill.calm() {
             self.calm_since_ns = now_ns;
         }
         let since_change = now_ns.saturating_sub(self.changed_ns);
-        if self.high_ticks >= HIGH_TICKS
+        if (fill.lost || self.high_ticks >= HIGH_TICKS)
             && fill.current
             && self.level.shift < MAX_SHIFT
             && since_change >= RAISE_GAP_NS
@@ -156,19 +171,32 @@ impl Governor {
     }
 }
 
-/// The governor and the kernel's level it sets.
+/// The governor, the kernel's level it sets and the kernel's count of
+/// lost events it watches.
 pub struct Sampler {
     pub governor: Governor,
     map: SampleMap,
+    counts: Counts,
+    lost: u64,
 }
 
 impl Sampler {
-    pub fn new(map: SampleMap, mode: SampleMode) -> Self {
+    pub fn new(map: SampleMap, counts: Counts, mode: SampleMode) -> Self {
         let seed = std::hash::BuildHasher::hash_one(&std::hash::RandomState::new(), 0) as u32;
         Self {
             governor: Governor::new(mode, seed, monotonic_now()),
             map,
+            lost: counts.lost().unwrap_or(0),
+            counts,
         }
+    }
+
+    /// Whether the kernel lost events since the last call.
+    pub fn lost_more(&mut self) -> bool {
+        let Ok(lost) = self.counts.lost() else {
+            return false;
+        };
+        std::mem::replace(&mut self.lost, lost) < lost
     }
 
     /// Sets the kernel's level to the governor's: the change, or None if
@@ -194,14 +222,17 @@ mod tests {
 
     const MS: u64 = 1_000_000;
     const S: u64 = 1000 * MS;
+    /// The pipeline behind and the ring filling.
     const FULL: Fill = Fill {
         queue: 1.0,
-        ring: 0.3,
+        ring: 0.6,
+        lost: false,
         current: true,
     };
     const EMPTY: Fill = Fill {
         queue: 0.0,
         ring: 0.1,
+        lost: false,
         current: true,
     };
 
@@ -223,10 +254,43 @@ mod tests {
         let reader_behind = Fill {
             queue: 0.0,
             ring: 0.9,
-            current: true,
+            ..EMPTY
         };
         assert_eq!(g.tick(10 * S, reader_behind), None);
         assert_eq!(g.tick(10 * S + 50 * MS, EMPTY), None);
+    }
+
+    /// A full queue over a drained ring is the pipeline behind by less
+    /// than the ring holds: nothing is lost, so everything is kept, however
+    /// long it lasts (the 20,000 qps on a noisy machine).
+    #[test]
+    fn a_full_queue_over_a_drained_ring_raises_nothing() {
+        let mut g = Governor::new(SampleMode::Auto, 1, 0);
+        let queued = Fill {
+            queue: 1.0,
+            ring: 0.45,
+            ..EMPTY
+        };
+        assert!(run(&mut g, S, 60_000, queued).is_empty());
+        assert_eq!(g.level().shift, 0);
+    }
+
+    /// Events lost are the one sure sign: a tick that saw them raises at
+    /// once, however the queue and the ring looked.
+    #[test]
+    fn a_loss_raises_at_once() {
+        let mut g = Governor::new(SampleMode::Auto, 1, 0);
+        let lost = Fill {
+            lost: true,
+            ..EMPTY
+        };
+        assert_eq!(g.tick(S, lost).map(|l| l.shift), Some(1));
+        let stale = Fill {
+            current: false,
+            ..lost
+        };
+        assert_eq!(g.tick(2 * S, stale), None, "lost under the old level");
+        assert_eq!(g.tick(3 * S, lost).map(|l| l.shift), Some(2));
     }
 
     #[test]
@@ -306,8 +370,7 @@ mod tests {
         assert_eq!(level.shift, 1);
         let busy = Fill {
             queue: 0.25,
-            ring: 0.1,
-            current: true,
+            ..EMPTY
         };
         let changes: Vec<SampleLevel> = (0..800)
             .filter_map(|i| g.tick(2 * S + i * 50 * MS, busy))
