@@ -115,8 +115,8 @@ impl Bench {
             .capacity
             .ok_or_else(|| anyhow!("needs the lab's capacity, which was not measured"))?;
         let secs = self.plan.zero_secs;
-        // dnstrace as a user starts it, with its default ring buffer and
-        // limits. 20,000 first, whatever the lab's capacity (what dnstrace
+        // dnstrace as a user starts it, with its default ring buffer,
+        // limits and sampling. 20,000 first, whatever the lab's capacity (what dnstrace
         // loses there is worth knowing). Clean, then up in steps of 5,000 to the
         // lab's own rate until a run is not; else down through rates the
         // lab sustains without dnstrace until one is. A run stops at
@@ -127,7 +127,7 @@ impl Bench {
         let mut climbing = None;
         let mut rates = vec![ZERO_LOSS_QPS];
         while let Some(rate) = rates.pop() {
-            let run = self.offer(rate, secs, (Output::Json, &[]), true)?;
+            let run = self.offer(rate, secs, (Output::Json, DEFAULTS), true)?;
             eprintln!("bench: {rate} qps: {run}");
             tried.push(format!(
                 "{} qps: {}",
@@ -162,7 +162,7 @@ impl Bench {
             format!("The lab sustains {} qps", thousands(cap))
         };
         self.notes.push(format!(
-            "Zero-loss runs ({secs} s each, stopped at dnstrace's first lost event; `dnstrace trace -o json` with its defaults: a 4 MiB ring buffer): {}. {lab_note}.",
+            "Zero-loss runs ({secs} s each, stopped at dnstrace's first lost event; `dnstrace trace -o json` with its defaults: a 4 MiB ring buffer, `--sample auto`; a run is clean when it lost, evicted and left out nothing): {}. {lab_note}.",
             tried.join("; ")
         ));
         let with = match &found {
@@ -496,5 +496,95 @@ impl Traced {
         self.qps.push(qps);
         self.lost += exit.lost;
         self.evicted += exit.evicted;
+    }
+}
+
+/// dnstrace's own sampling, which the bench otherwise turns off.
+const DEFAULTS: &[&str] = &["--sample", "auto"];
+
+/// Rates of the defaults figure: about 40% and 60% of the lab's highest.
+const DEFAULTS_QPS: [u32; 2] = [20_000, 30_000];
+
+impl Bench {
+    /// Below the lab's highest rate, dnstrace's defaults should keep every
+    /// lookup wherever nothing would be lost: rounds alternate them with
+    /// `--sample 1` at each rate, and count the runs that sampled, how far,
+    /// and the events lost.
+    pub(super) fn defaults(&mut self) -> Result<()> {
+        let secs = self.plan.defaults_secs;
+        let rounds = self.plan.defaults_rounds;
+        let sides: [&[&str]; 2] = [&["--sample", "1"], DEFAULTS];
+        for rate in DEFAULTS_QPS {
+            let mut runs: [Vec<Offered>; 2] = Default::default();
+            for (_, which) in turns(rounds, sides.len()) {
+                let run = self.offer(rate, secs, (Output::Json, sides[which]), false)?;
+                eprintln!("bench: {rate} qps, {}: {run}", sides[which].join(" "));
+                runs[which].push(run);
+                settle()?;
+            }
+            let [every, auto] = runs.map(|r| Defaults::of(&r));
+            let goal = rate == ZERO_LOSS_QPS;
+            self.rows.push(Row {
+                figure: format!(
+                    "Defaults below overload: {} qps for {secs} s (× {rounds} each, alternating): `--sample 1` vs dnstrace's defaults",
+                    thousands(f64::from(rate))
+                ),
+                baseline: format!("`--sample 1`: {}", every.describe()),
+                with: format!("defaults: {}", auto.describe()),
+                ratio: "—".into(),
+                goal: if goal {
+                    "every lookup kept in as many runs as `--sample 1` loses nothing".into()
+                } else {
+                    "—".into()
+                },
+                met: goal.then(|| (auto.whole >= every.whole).into()),
+            });
+        }
+        self.notes.push(
+            "Defaults below overload: the same dnsperf load traced in turn with `--sample 1` and with dnstrace's defaults (`--sample auto`). A run is whole when it lost no event and sampling left nothing out; 'sampled' counts the runs where the defaults kept fewer lookups at any time, with the fewest kept.".into(),
+        );
+        Ok(())
+    }
+}
+
+/// One side of the defaults figure, over its runs.
+struct Defaults {
+    runs: usize,
+    /// Runs that lost no event and left nothing out.
+    whole: usize,
+    /// Runs that kept fewer lookups at some time, and the fewest kept.
+    sampled: usize,
+    deepest: u64,
+    lost: u64,
+    shed: u64,
+    cpu: f64,
+}
+
+impl Defaults {
+    fn of(runs: &[Offered]) -> Self {
+        let exits: Vec<&TraceExit> = runs.iter().filter_map(|r| r.exit.as_ref().ok()).collect();
+        Self {
+            runs: runs.len(),
+            whole: exits.iter().filter(|e| e.lost == 0 && e.shed == 0).count(),
+            sampled: exits.iter().filter(|e| e.deepest > 1).count(),
+            deepest: exits.iter().map(|e| e.deepest).max().unwrap_or(1),
+            lost: cpu_and_lost(runs).1,
+            shed: exits.iter().map(|e| e.shed).sum(),
+            cpu: median(&runs.iter().map(|r| r.cpu).collect::<Vec<_>>()),
+        }
+    }
+
+    fn describe(&self) -> String {
+        let sampled = match self.sampled {
+            0 => "never sampled".to_owned(),
+            n => format!(
+                "sampled in {n} (down to 1 lookup in {}, {} packets left out)",
+                self.deepest, self.shed
+            ),
+        };
+        format!(
+            "{}/{} runs whole, {sampled}, {} events lost in all, {:.1} s CPU (median)",
+            self.whole, self.runs, self.lost, self.cpu
+        )
     }
 }

@@ -74,8 +74,8 @@ const DNS_LOAD: &[&str] = &["--ring-buffer-mib", "64", "--max-open", "262144"];
 const USAGE: &str = "usage: cargo xtask bench [--quick] [--only FIGURE]... [--markdown PATH]
   --quick          short runs (seconds instead of minutes) for trying things
   --only FIGURE    measure only this figure (repeatable): startup, iperf,
-                   capacity, zero-loss, tcpdump, outputs, overload, pipeline,
-                   memory
+                   capacity, zero-loss, tcpdump, outputs, overload, defaults,
+                   pipeline, memory
   --markdown PATH  also write the table as Markdown (for the README)";
 
 type Stage = fn(&mut Bench) -> Result<()>;
@@ -119,6 +119,11 @@ const FIGURES: &[(&str, &str, Stage)] = &[
         Bench::overload,
     ),
     (
+        "defaults",
+        "dnstrace's defaults below overload: sampling only when it would lose",
+        Bench::defaults,
+    ),
+    (
         "pipeline",
         "user-space pipeline (replay on one core)",
         Bench::pipeline,
@@ -159,6 +164,9 @@ struct Plan {
     side_secs: u32,
     /// Rounds of the outputs figure, each output once a round.
     output_rounds: usize,
+    /// Each run of the defaults figure, and its rounds at each rate.
+    defaults_secs: u32,
+    defaults_rounds: usize,
     record_secs: u32,
     replays: usize,
     /// dnstrace's --timeout while lookups pile up; the sender's rate is
@@ -180,6 +188,8 @@ impl Plan {
                 zero_secs: 10,
                 side_secs: 10,
                 output_rounds: 1,
+                defaults_secs: 10,
+                defaults_rounds: 2,
                 record_secs: 5,
                 replays: 2,
                 inflight_timeout_secs: 30,
@@ -196,6 +206,8 @@ impl Plan {
                 zero_secs: 60,
                 side_secs: 30,
                 output_rounds: 2,
+                defaults_secs: 15,
+                defaults_rounds: 10,
                 record_secs: 15,
                 replays: 3,
                 inflight_timeout_secs: 30,

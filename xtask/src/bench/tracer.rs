@@ -60,6 +60,9 @@ pub(super) struct TraceExit {
     /// kept at the end (1 when it never sampled).
     pub(super) shed: u64,
     pub(super) one_in: u64,
+    /// The fewest it kept at any time while it ran: 1 lookup in how many
+    /// (1 when it never sampled).
+    pub(super) deepest: u64,
 }
 
 impl std::fmt::Display for TraceExit {
@@ -84,13 +87,14 @@ pub(super) struct Offered {
 }
 
 impl Offered {
-    /// No event lost, no journey evicted, and the lab answered (nearly) all.
+    /// No event lost, no journey evicted, no lookup left out by sampling,
+    /// and the lab answered (nearly) all.
     pub(super) fn clean(&self) -> bool {
         let sustained = self
             .perf
             .as_ref()
             .is_some_and(|p| p.lost as f64 <= p.sent as f64 * 0.005);
-        matches!(&self.exit, Ok(e) if e.lost == 0 && e.evicted == 0) && sustained
+        matches!(&self.exit, Ok(e) if e.lost == 0 && e.evicted == 0 && e.shed == 0) && sustained
     }
 
     pub(super) fn brief(&self) -> String {
@@ -101,7 +105,10 @@ impl Offered {
             )
         });
         match (&self.exit, self.lost_after) {
-            (Ok(e), _) => format!("{answered}, {} events lost, {} evicted", e.lost, e.evicted),
+            (Ok(e), _) => format!(
+                "{answered}, {} events lost, {} evicted, {} packets left out by sampling",
+                e.lost, e.evicted, e.shed
+            ),
             // dnsperf, stopped, counts what was still outstanding as lost.
             (Err(lost), Some(t)) => format!(
                 "events lost from {:.0} s on ({lost} by then)",
@@ -199,6 +206,12 @@ impl Tracer {
                 .unwrap_or(0),
             one_in: sampled
                 .and_then(|l| number_before(l, " kept at the end"))
+                .unwrap_or(1),
+            deepest: ended
+                .output
+                .lines()
+                .filter_map(|l| number_before(l, ", each whole"))
+                .max()
                 .unwrap_or(1),
         })
     }
