@@ -378,8 +378,8 @@ impl<R: Records + AsRawFd> Reader<R> {
     }
 
     /// Queues `batch`, then the changes of level made meanwhile; false if
-    /// the pipeline is gone. While the queue is full the pipeline is
-    /// behind: the sampler sees it on each tick, the strongest sign it has.
+    /// the pipeline is gone. While the queue is full the ring fills behind
+    /// it: the sampler still looks at each tick, when it matters most.
     async fn send(&mut self, batch: Batch) -> bool {
         loop {
             let governed = self.governed.is_some();

@@ -1,7 +1,8 @@
-//! The sampling level: when the pipeline falls behind the kernel for a
-//! while, the kernel keeps fewer lookups, each whole (see
-//! `dnstrace_common::sample`), rather than losing events at random from
-//! all of them; when it has kept up for a while, it keeps more again.
+//! The sampling level: when events are lost or about to be (the ring
+//! filling behind a full queue or a reader without a core), the kernel
+//! keeps fewer lookups, each whole (see `dnstrace_common::sample`), rather
+//! than losing events at random from all of them; when it has kept up for
+//! a while, it keeps more again. Until then it keeps every lookup.
 use dnstrace_common::{sample::MAX_SHIFT, SampleLevel};
 
 use crate::{
@@ -19,8 +20,9 @@ pub enum SampleMode {
     Fixed(u32),
 }
 
-/// Ticks in a row with the ring past `Fill::RING_HIGH` before the level
-/// rises: the reader lagging once (a wait for a core) is no overload.
+/// Ticks in a row with the ring filling (past `Fill::RING_HIGH` and fuller
+/// than at the tick before) before the level rises: the reader lagging
+/// once (a wait for a core) is no overload.
 const HIGH_TICKS: u32 = 2;
 /// Between two rises, for the first to show in the queue.
 const RAISE_GAP_NS: u64 = 250_000_000;
@@ -56,11 +58,12 @@ impl Fill {
     /// pipeline is behind by as much as the ring holds) or it had no core.
     const RING_HIGH: f64 = 0.5;
 
-    /// The ring filling: events are about to be lost. A queue filling while
-    /// the ring stays drained is a stall of the pipeline that the queue
-    /// absorbs, and loses nothing.
-    fn filling(self) -> bool {
-        self.ring >= Self::RING_HIGH
+    /// The ring filling, past half and fuller than `before`: events are
+    /// about to be lost. A ring that holds its level drains as fast as it
+    /// fills; a queue filling while the ring stays drained is a stall of
+    /// the pipeline that the queue absorbs. Neither loses anything.
+    fn filling(self, before: f64) -> bool {
+        self.ring >= Self::RING_HIGH && self.ring > before
     }
 
     fn calm(self) -> bool {
@@ -74,6 +77,8 @@ pub struct Governor {
     mode: SampleMode,
     level: SampleLevel,
     high_ticks: u32,
+    /// The ring's fill at the tick before.
+    ring: f64,
     changed_ns: u64,
     /// When the seed was drawn (or the level last changed).
     seeded_ns: u64,
@@ -94,6 +99,7 @@ impl Governor {
             mode,
             level: SampleLevel { shift, seed },
             high_ticks: 0,
+            ring: 0.0,
             changed_ns: now_ns,
             seeded_ns: now_ns,
             calm_since_ns: now_ns,
@@ -129,11 +135,8 @@ impl Governor {
     /// A new level, if `fill` calls for one: a rise only when events are
     /// lost, or the ring has been filling for `HIGH_TICKS`.
     fn govern(&mut self, now_ns: u64, fill: Fill) -> Option<SampleLevel> {
-        self.high_ticks = if fill.filling() {
-            self.high_ticks + 1
-        } else {
-            0
-        };
+        let filling = fill.filling(std::mem::replace(&mut self.ring, fill.ring));
+        self.high_ticks = if filling { self.high_ticks + 1 } else { 0 };
         if !fill.calm() {
             self.calm_since_ns = now_ns;
         }
@@ -222,11 +225,11 @@ mod tests {
 
     const MS: u64 = 1_000_000;
     const S: u64 = 1000 * MS;
-    /// The pipeline behind and the ring filling.
+    /// Overload: the queue and the ring full, events lost.
     const FULL: Fill = Fill {
         queue: 1.0,
-        ring: 0.6,
-        lost: false,
+        ring: 0.95,
+        lost: true,
         current: true,
     };
     const EMPTY: Fill = Fill {
@@ -247,8 +250,13 @@ mod tests {
     #[test]
     fn a_stall_of_a_tick_raises_nothing() {
         let mut g = Governor::new(SampleMode::Auto, 1, 0);
+        let filling = Fill {
+            queue: 1.0,
+            ring: 0.6,
+            ..EMPTY
+        };
         for t in 0..40 {
-            let fill = if t % 3 == 1 { FULL } else { EMPTY };
+            let fill = if t % 3 == 1 { filling } else { EMPTY };
             assert_eq!(g.tick(S + t * 50 * MS, fill), None);
         }
         let reader_behind = Fill {
@@ -273,6 +281,37 @@ mod tests {
         };
         assert!(run(&mut g, S, 60_000, queued).is_empty());
         assert_eq!(g.level().shift, 0);
+    }
+
+    /// A ring growing past half, tick after tick, is about to lose: the
+    /// level rises before it does.
+    #[test]
+    fn a_ring_filling_raises_before_any_loss() {
+        let mut g = Governor::new(SampleMode::Auto, 1, 0);
+        let rises: Vec<Option<u32>> = [0.3, 0.55, 0.7, 0.85]
+            .into_iter()
+            .enumerate()
+            .map(|(i, ring)| {
+                let fill = Fill { ring, ..EMPTY };
+                g.tick(S + i as u64 * 50 * MS, fill).map(|l| l.shift)
+            })
+            .collect();
+        assert_eq!(rises, [None, None, Some(1), None]);
+    }
+
+    /// A ring that holds its level, however full, drains as fast as it
+    /// fills: nothing is lost, so nothing rises.
+    #[test]
+    fn a_ring_that_holds_its_level_raises_nothing() {
+        let mut g = Governor::new(SampleMode::Auto, 1, 0);
+        for ring in [0.6, 0.8, 0.97] {
+            let steady = Fill {
+                queue: 1.0,
+                ring,
+                ..EMPTY
+            };
+            assert!(run(&mut g, S, 30_000, steady).is_empty(), "{ring}");
+        }
     }
 
     /// Events lost are the one sure sign: a tick that saw them raises at
@@ -334,9 +373,9 @@ mod tests {
         run(&mut g, S, 400, FULL);
         run(&mut g, 2 * S, 10_100, EMPTY);
         assert_eq!(g.level().shift, 1);
-        run(&mut g, 13 * S, 300, FULL);
+        run(&mut g, 13 * S, 200, FULL);
         assert_eq!(g.level().shift, 2);
-        // Busy until 13.25 s: 20 s calm from then.
+        // Busy until 13.15 s: 20 s calm from then.
         assert_eq!(run(&mut g, 14 * S, 19_000, EMPTY), Vec::<u32>::new());
         assert_eq!(run(&mut g, 33 * S, 400, EMPTY), vec![1]);
     }
