@@ -259,6 +259,8 @@ pub struct Dnstrace {
     child: Child,
     stderr: mpsc::Receiver<String>,
     stdout: Option<std::thread::JoinHandle<String>>,
+    /// Dropped to let stdout be read, when it is held.
+    hold: Option<mpsc::Sender<()>>,
     pub stderr_lines: Vec<String>,
 }
 
@@ -283,7 +285,40 @@ impl Dnstrace {
         Self::spawn(cmd)
     }
 
-    fn spawn(mut cmd: Command) -> Result<Self> {
+    /// Starts dnstrace here with its stdout not read until `read_stdout`,
+    /// as a terminal that stops reading: once the pipe is full, its
+    /// pipeline waits on the write.
+    pub fn start_unread(keep: Keep, args: &[&str]) -> Result<Self> {
+        let mut cmd = Command::new(dnstrace_bin());
+        cmd.args(keep.args(args));
+        Self::spawn_holding(cmd, true)
+    }
+
+    /// Lets stdout be read from now on.
+    pub fn read_stdout(&mut self) {
+        self.hold = None;
+    }
+
+    /// Whether one of its threads waits to write to a full pipe: with
+    /// stdout unread, the pipeline is stalled.
+    pub fn waits_on_a_pipe(&self) -> bool {
+        let tasks = format!("/proc/{}/task", self.pid());
+        std::fs::read_dir(tasks).is_ok_and(|tasks| {
+            tasks.flatten().any(|t| {
+                std::fs::read_to_string(t.path().join("wchan"))
+                    .is_ok_and(|w| w.contains("pipe_write"))
+            })
+        })
+    }
+
+    fn spawn(cmd: Command) -> Result<Self> {
+        Self::spawn_holding(cmd, false)
+    }
+
+    /// Spawns `cmd`; with `held`, its stdout is read only once `hold` is
+    /// dropped.
+    fn spawn_holding(mut cmd: Command, held: bool) -> Result<Self> {
+        let (hold, gate) = mpsc::channel::<()>();
         let mut child = cmd
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -298,6 +333,8 @@ impl Dnstrace {
         });
         let mut out = child.stdout.take().expect("piped stdout");
         let stdout = Some(std::thread::spawn(move || {
+            // Returns once `hold` is dropped.
+            let _ = gate.recv();
             let mut text = String::new();
             let _ = out.read_to_string(&mut text);
             text
@@ -306,6 +343,7 @@ impl Dnstrace {
             child,
             stderr: rx,
             stdout,
+            hold: held.then_some(hold),
             stderr_lines: Vec::new(),
         };
         t.wait_stderr("capturing DNS")
@@ -351,6 +389,7 @@ impl Dnstrace {
 
     /// Sends `signal`, waits for exit; returns the status, stdout and stderr.
     pub fn stop(mut self, signal: i32) -> Result<(ExitStatus, String, Vec<String>)> {
+        self.read_stdout();
         // Let the last packets reach the ring buffer.
         std::thread::sleep(Duration::from_millis(300));
         // SAFETY: signalling our own child process.

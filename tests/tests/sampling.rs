@@ -87,6 +87,44 @@ fn a_sample_asked_for_keeps_exactly_the_names_its_hash_picks_each_whole() {
     said_and_left_out(&stderr, "sampling: keeping 1 lookup in 4, each whole");
 }
 
+/// A pipeline stalled for seconds (its stdout unread, as a terminal that
+/// stops reading) while lookups are few: the reader's queue fills with
+/// ticks and small batches and then waits, the ring takes the rest and
+/// stays far from full, nothing is lost, so the defaults keep every
+/// lookup. Before sampling looked at the ring, a queue half full of ticks
+/// left out half the lookups.
+#[test]
+fn a_stall_that_loses_nothing_keeps_every_lookup() {
+    require_root();
+    let lab = Lab::up(&[]);
+    let args = ["trace", "-o", "json", "--node-netns", NODE_NETNS];
+    let mut trace = Dnstrace::start_unread(Keep::Sampled, &args).unwrap();
+    let names: Vec<String> = (0..32).map(|n| format!("stall{n}")).collect();
+    let mut traffic = vec!["--pod", "default/web", "--rate", "20"];
+    for n in &names {
+        traffic.extend(["--name", n.as_str()]);
+    }
+    // Their journeys (a search list each) fill the pipe; the pipeline
+    // then waits 3 s on the write, 60 ticks.
+    lab.traffic(&traffic);
+    wait_for(|| trace.waits_on_a_pipe().then_some(())).expect("the pipeline waiting on stdout");
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    trace.read_stdout();
+    let (status, out, stderr) = trace.stop(libc::SIGINT).unwrap();
+    assert!(status.success(), "{stderr:?}");
+    assert!(
+        stderr.iter().any(|l| l.contains("; 0 events lost;")),
+        "nothing lost: {stderr:?}"
+    );
+    assert!(
+        !stderr.iter().any(|l| l.contains("keeping 1 lookup in")),
+        "nothing left out: {stderr:?}"
+    );
+    let kept: BTreeSet<String> = journeys(&out).iter().map(first_label).collect();
+    let all: BTreeSet<String> = names.into_iter().collect();
+    assert!(all.is_subset(&kept), "missing: {:?}", all.difference(&kept));
+}
+
 /// dnstrace held to 3% of a CPU while the lab's pods look names up 300
 /// times a second each: it falls behind, says so, and keeps fewer lookups,
 /// each whole, rather than losing events from all of them; every journey
