@@ -393,7 +393,8 @@ impl Bench {
 struct Overload {
     lost: f64,
     shed: f64,
-    one_in: f64,
+    /// Each run's level at its end: a median of levels is none of them.
+    one_in: Vec<u64>,
     journeys: f64,
     cpu: f64,
 }
@@ -407,17 +408,19 @@ impl Overload {
         Self {
             lost: med(|e| e.lost),
             shed: med(|e| e.shed),
-            one_in: med(|e| e.one_in),
+            one_in: exits.iter().map(|e| e.one_in).collect(),
             journeys: med(|e| e.journeys),
             cpu: median(&runs.iter().map(|r| r.cpu).collect::<Vec<_>>()),
         }
     }
 
     fn describe(&self) -> String {
-        let kept = if self.one_in > 1.0 {
+        let kept = if self.one_in.iter().any(|&n| n > 1) {
+            let levels: Vec<String> = self.one_in.iter().map(u64::to_string).collect();
             format!(
-                ", 1 lookup in {:.0} kept at the end ({:.0} packets left out in the kernel)",
-                self.one_in, self.shed
+                ", 1 lookup in {} kept at the end of each run ({:.0} packets left out in the kernel)",
+                levels.join(" and "),
+                self.shed
             )
         } else {
             String::new()
