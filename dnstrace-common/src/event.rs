@@ -1,11 +1,31 @@
 //! The wire layout of events sent from the kernel, and their checked decoding.
 
 /// Bumped whenever the layout of any event changes.
-pub const SCHEMA_VERSION: u16 = 2;
+pub const SCHEMA_VERSION: u16 = 3;
 
-/// Most payload bytes a packet event carries; DNS over UDP fits, large TCP
-/// segments are cut and flagged.
+/// Most payload bytes a packet event carries in the ring; DNS over UDP fits.
 pub const PAYLOAD_MAX: usize = 4096;
+
+/// Most payload bytes of a TCP segment the tracepoints send apart (see
+/// [`FLAG_PAYLOAD_APART`]): a DNS message over TCP is at most 65,535 bytes,
+/// and the larger part of one segment is kept.
+pub const APART_MAX: usize = 32 << 10;
+
+/// The head of a payload sent apart, before the skb's bytes: which ring
+/// event it belongs to, and where in the bytes that follow the payload starts.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ApartHead {
+    /// The event's `apart_seq` on the CPU in `cpu`.
+    pub seq: u32,
+    pub cpu: u32,
+    /// Offset of the payload in the skb's bytes (from `skb->data`).
+    pub start: u32,
+    /// Bytes of the skb copied, payload included.
+    pub len: u32,
+}
+
+pub const APART_HEAD_SIZE: usize = core::mem::size_of::<ApartHead>();
 
 /// Event kinds. Ids are never reused: a removed kind leaves a hole here.
 #[repr(u16)]
@@ -185,10 +205,18 @@ pub struct EventHeader {
 
 /// `PacketMeta::flags`: fewer payload bytes were captured than the packet holds.
 pub const FLAG_TRUNCATED: u8 = 1;
-/// `PacketMeta::flags`: the packet is the first fragment of a fragmented datagram.
+/// `PacketMeta::flags`: the packet is a fragment of an IP datagram (at
+/// `frag_offset`; the first one at 0). A later fragment carries no ports:
+/// its event has those of the first, and its payload is the fragment's data.
 pub const FLAG_FRAGMENT: u8 = 2;
 /// `PacketMeta::flags`: `ct` holds the packet's conntrack entry.
 pub const FLAG_CONNTRACK: u8 = 4;
+/// `PacketMeta::flags`: more fragments follow this one (IP's MF).
+pub const FLAG_MORE_FRAGMENTS: u8 = 8;
+/// `PacketMeta::flags`: the payload in the skb's pages was sent apart, on the
+/// `PAYLOADS` perf buffer of `cpu`, under `apart_seq` (BTF tracepoints have
+/// no helper that reads an skb's pages into the ring).
+pub const FLAG_PAYLOAD_APART: u8 = 16;
 
 /// A DNS packet as seen by a hook; `cap_len` payload bytes follow it.
 #[repr(C)]
@@ -226,8 +254,15 @@ pub struct PacketMeta {
     pub ifname: [u8; 16],
     /// For `Hook::Drop`: the kernel's `skb_drop_reason` and where it dropped.
     pub drop_reason: u32,
-    pub _pad2: u32,
+    /// The IP datagram's identification (IPv6: of its fragment header),
+    /// for fragments.
+    pub frag_id: u32,
     pub drop_location: u64,
+    /// Byte offset of a fragment's data in its datagram.
+    pub frag_offset: u16,
+    /// The CPU that sent a payload apart, and its sequence there.
+    pub cpu: u16,
+    pub apart_seq: u32,
     pub ct: CtInfo,
 }
 
@@ -322,13 +357,16 @@ mod user {
     // SAFETY: plain `#[repr(C)]` u32 fields.
     unsafe impl aya::Pod for super::KernelOffsets {}
     // SAFETY: plain `#[repr(C)]` u32 fields.
+    unsafe impl aya::Pod for super::ApartHead {}
+    // SAFETY: plain `#[repr(C)]` u32 fields.
     unsafe impl aya::Pod for crate::TargetFilter {}
 }
 
 // The layouts are shared with the kernel programs: no implicit padding allowed.
 const _: () = assert!(core::mem::size_of::<CtTuple>() == 40);
 const _: () = assert!(core::mem::size_of::<CtInfo>() == 88);
-const _: () = assert!(core::mem::size_of::<PacketMeta>() == 80 + 32 + 88);
+const _: () = assert!(core::mem::size_of::<PacketMeta>() == 80 + 40 + 88);
+const _: () = assert!(APART_HEAD_SIZE == 16);
 // The programs clear the name as two words and read addresses as four.
 const _: () = assert!(core::mem::offset_of!(PacketMeta, ifname) % 8 == 0);
 const _: () = assert!(core::mem::offset_of!(PacketMeta, saddr) % 4 == 0);
@@ -370,8 +408,11 @@ mod tests {
             cap_len,
             ifname: [0; 16],
             drop_reason: 0,
-            _pad2: 0,
+            frag_id: 0,
             drop_location: 0,
+            frag_offset: 0,
+            cpu: 0,
+            apart_seq: 0,
             ct: CtInfo::default(),
         };
         // SAFETY: reading the bytes of a plain-data struct.

@@ -56,7 +56,10 @@ const fn mix(mut h: u32) -> u32 {
 pub const COUNT_LOST: u32 = 0;
 /// Packets left out by the sampling level.
 pub const COUNT_SHED: u32 = 1;
-pub const COUNTERS: u32 = 2;
+/// TCP payloads in an skb's pages that could not be sent apart (the perf
+/// buffer was full): their events go with the bytes the linear data holds.
+pub const COUNT_APART_LOST: u32 = 2;
+pub const COUNTERS: u32 = 3;
 
 /// Bytes of the first label that are hashed, with its length: enough to
 /// tell names apart, and read as two words with no loop for the verifier

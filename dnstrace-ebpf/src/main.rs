@@ -71,13 +71,13 @@ pub fn dns_kfree_read(ctx: BtfTracePointContext) -> i32 {
 
 #[inline(always)]
 fn dev_xmit<K: Kernel>(ctx: &BtfTracePointContext) -> i32 {
-    let _ = skb::try_capture::<K>(ctx.arg(0), ctx.arg(1), Hook::DevXmit, skb::Drop::NONE);
+    let _ = skb::try_capture::<K, true>(ctx.arg(0), ctx.arg(1), Hook::DevXmit, skb::Drop::NONE);
     0
 }
 
 #[inline(always)]
 fn dev_receive<K: Kernel>(ctx: &BtfTracePointContext) -> i32 {
-    let _ = skb::try_capture::<K>(
+    let _ = skb::try_capture::<K, true>(
         ctx.arg(0),
         core::ptr::null(),
         Hook::DevReceive,
@@ -92,7 +92,7 @@ fn kfree_skb<K: Kernel>(ctx: &BtfTracePointContext) -> i32 {
         location: ctx.arg(1),
         reason: ctx.arg(2),
     };
-    let _ = skb::try_capture::<K>(ctx.arg(0), core::ptr::null(), Hook::Drop, drop);
+    let _ = skb::try_capture::<K, true>(ctx.arg(0), core::ptr::null(), Hook::Drop, drop);
     0
 }
 
@@ -102,8 +102,12 @@ fn kfree_skb<K: Kernel>(ctx: &BtfTracePointContext) -> i32 {
 #[kprobe]
 pub fn nat_enter_nf_nat_manip_pkt(ctx: ProbeContext) -> u32 {
     if let Some(skb) = ctx.arg::<*const u8>(0) {
-        let _ =
-            skb::try_capture::<Untyped>(skb, core::ptr::null(), Hook::NatRewrite, skb::Drop::NONE);
+        let _ = skb::try_capture::<Untyped, false>(
+            skb,
+            core::ptr::null(),
+            Hook::NatRewrite,
+            skb::Drop::NONE,
+        );
     }
     0
 }
@@ -129,7 +133,7 @@ pub fn ct_exit_nf_conntrack_confirm(ctx: RetProbeContext) -> u32 {
     let _ = CONFIRMING.remove(key);
     if let Some(skb) = skb {
         if ctx.ret::<u32>() == 0 {
-            let _ = skb::try_capture::<Untyped>(
+            let _ = skb::try_capture::<Untyped, false>(
                 skb as *const u8,
                 core::ptr::null(),
                 Hook::CtInsertFailed,
@@ -144,7 +148,12 @@ pub fn ct_exit_nf_conntrack_confirm(ctx: RetProbeContext) -> u32 {
 #[kprobe]
 pub fn ct_enter_nf_ct_resolve_clash(ctx: ProbeContext) -> u32 {
     if let Some(skb) = ctx.arg::<*const u8>(0) {
-        let _ = skb::try_capture::<Untyped>(skb, core::ptr::null(), Hook::CtClash, skb::Drop::NONE);
+        let _ = skb::try_capture::<Untyped, false>(
+            skb,
+            core::ptr::null(),
+            Hook::CtClash,
+            skb::Drop::NONE,
+        );
     }
     0
 }

@@ -1,15 +1,21 @@
 //! Maps and globals shared by all programs, and sending an event.
 use aya_ebpf::{
-    bindings::{BPF_F_NO_PREALLOC, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
-    helpers::{bpf_ktime_get_ns, generated::bpf_ringbuf_output},
+    bindings::{
+        BPF_F_CURRENT_CPU, BPF_F_NO_PREALLOC, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP,
+        BPF_RB_NO_WAKEUP,
+    },
+    helpers::{
+        bpf_get_smp_processor_id, bpf_ktime_get_ns,
+        generated::{bpf_ringbuf_output, bpf_skb_output},
+    },
     macros::map,
-    maps::{Array, HashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, PerfEventArray, RingBuf},
 };
 use dnstrace_common::{
-    port_slot, sample, wakes_reader, EventHeader, EventKind, KernelOffsets, PacketMeta,
-    SampleLevel, TargetFilter, COUNTERS, COUNT_LOST, COUNT_SHED, CT_SPAN_MAX, FLAG_CONNTRACK,
-    L2_LEN_MIXED, MAX_WATCHED, PACKET_META_SIZE, PAYLOAD_MAX, PORT_WORDS, ROLE_RESOLVER,
-    ROLE_TARGET, SCHEMA_VERSION,
+    port_slot, sample, wakes_reader, ApartHead, EventHeader, EventKind, KernelOffsets, PacketMeta,
+    SampleLevel, TargetFilter, APART_HEAD_SIZE, COUNTERS, COUNT_APART_LOST, COUNT_LOST, COUNT_SHED,
+    CT_SPAN_MAX, FLAG_CONNTRACK, FLAG_PAYLOAD_APART, L2_LEN_MIXED, MAX_WATCHED, PACKET_META_SIZE,
+    PAYLOAD_MAX, PORT_WORDS, ROLE_RESOLVER, ROLE_TARGET, SCHEMA_VERSION,
 };
 
 /// Per-interface facts only user space knows (tc hooks).
@@ -40,6 +46,49 @@ static COUNTS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTERS, 0);
 /// The sampling level, set by user space while tracing (all kept at 0).
 #[map]
 static SAMPLE: Array<SampleLevel> = Array::with_max_entries(1, 0);
+
+/// A DNS datagram's first fragment's ports, by (source, destination, id),
+/// for its later fragments, which carry none.
+#[map]
+static FRAGMENTS: LruHashMap<FragmentKey, [u16; 2]> = LruHashMap::with_max_entries(4096, 0);
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct FragmentKey {
+    saddr: [u32; 4],
+    daddr: [u32; 4],
+    id: u32,
+}
+
+#[inline(always)]
+pub fn remember_fragment(saddr: &[u32; 4], daddr: &[u32; 4], id: u32, ports: [u16; 2]) {
+    let key = FragmentKey {
+        saddr: *saddr,
+        daddr: *daddr,
+        id,
+    };
+    let _ = FRAGMENTS.insert(&key, &ports, 0);
+}
+
+#[inline(always)]
+pub fn fragment_ports(saddr: &[u32; 4], daddr: &[u32; 4], id: u32) -> Option<[u16; 2]> {
+    let key = FragmentKey {
+        saddr: *saddr,
+        daddr: *daddr,
+        id,
+    };
+    // SAFETY: map lookup; the value is copied out.
+    unsafe { FRAGMENTS.get(&key) }.copied()
+}
+
+/// TCP payloads held in an skb's pages, with an `ApartHead` each, for the
+/// ring event that names them (`FLAG_PAYLOAD_APART`).
+#[map]
+static PAYLOADS: PerfEventArray<ApartHead> = PerfEventArray::new(0);
+
+/// Per CPU: the sequence number of the last payload sent apart.
+#[map]
+static APART_SEQ: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
 
 #[map]
 static PORTS: Array<u32> = Array::with_max_entries(PORT_WORDS, 0);
@@ -201,6 +250,49 @@ fn sampled_in(s: &Scratch, cap: usize) -> bool {
         head,
         cap.saturating_sub(sample::QNAME_AT),
     ))
+}
+
+/// Sends the payload of `skb` apart, on this CPU's perf buffer: `start`
+/// bytes from `skb->data` on, `len` bytes of it (`bpf_skb_output` copies
+/// from the pages, which nothing else can here). Marks the event to say
+/// where it went; on failure, counts it and leaves the event as it is.
+#[inline(always)]
+pub fn send_apart(skb: *const u8, s: &mut Scratch, start: u32, len: u32) {
+    let Some(seq) = APART_SEQ.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: per-CPU slot, no concurrent writer.
+    let seq = unsafe {
+        *seq = (*seq).wrapping_add(1);
+        *seq
+    };
+    // SAFETY: plain helper call.
+    let cpu = unsafe { bpf_get_smp_processor_id() };
+    let mut head = ApartHead {
+        seq,
+        cpu,
+        start,
+        len: start + len,
+    };
+    let flags = u64::from(BPF_F_CURRENT_CPU) | (u64::from(head.len) << 32);
+    // SAFETY: `skb` is the tracepoint's typed skb, `head` a stack value of
+    // its size.
+    let ret = unsafe {
+        bpf_skb_output(
+            skb.cast_mut().cast(),
+            (&raw const PAYLOADS).cast_mut().cast(),
+            flags,
+            (&raw mut head).cast(),
+            APART_HEAD_SIZE as u64,
+        )
+    };
+    if ret != 0 {
+        count(COUNT_APART_LOST);
+        return;
+    }
+    s.meta.flags |= FLAG_PAYLOAD_APART;
+    s.meta.cpu = cpu as u16;
+    s.meta.apart_seq = seq;
 }
 
 #[inline(always)]

@@ -1,7 +1,9 @@
 //! From an IP header to the DNS payload, over any way of reading packet bytes.
-use dnstrace_common::{PacketMeta, FLAG_FRAGMENT, FLAG_TRUNCATED, PAYLOAD_MAX};
+use dnstrace_common::{
+    PacketMeta, FLAG_FRAGMENT, FLAG_MORE_FRAGMENTS, FLAG_TRUNCATED, PAYLOAD_MAX,
+};
 
-use crate::maps::{is_dns_port, Scratch};
+use crate::maps::{fragment_ports, is_dns_port, remember_fragment, Scratch};
 
 pub const ETH_P_IP: u16 = 0x0800;
 pub const ETH_P_IPV6: u16 = 0x86dd;
@@ -34,6 +36,28 @@ pub struct L4 {
     offset: u32,
     payload_len: u32,
     flags: u8,
+    /// For a fragment: the datagram's id and this fragment's byte offset.
+    frag_id: u32,
+    frag_offset: u16,
+}
+
+impl L4 {
+    /// Where the payload starts, from the IP header.
+    #[inline(always)]
+    pub fn offset(&self) -> u32 {
+        self.offset
+    }
+
+    #[inline(always)]
+    pub fn payload_len(&self) -> u32 {
+        self.payload_len
+    }
+
+    /// A fragment after the first: its payload is data, with no L4 header.
+    #[inline(always)]
+    fn later_fragment(&self) -> bool {
+        self.frag_offset != 0
+    }
 }
 
 /// The IPv4 header without options, and the first 8 bytes after it (all of
@@ -45,7 +69,7 @@ struct Ipv4Head {
     vihl: u8,
     _tos: u8,
     total: [u8; 2],
-    _id: [u8; 2],
+    id: [u8; 2],
     frag: [u8; 2],
     _ttl: u8,
     proto: u8,
@@ -100,30 +124,61 @@ pub fn dns_headers<R: Reader>(r: &R, ethertype: u16, l3: u32) -> Result<Dns, i64
 fn ipv4<R: Reader>(r: &R, off: u32) -> Result<Dns, i64> {
     let h: Ipv4Head = r.load(off)?;
     let ihl = u32::from(h.vihl & 0x0f) * 4;
-    if h.vihl >> 4 != 4 || ihl < 20 {
+    if h.vihl >> 4 != 4 || ihl < 20 || (h.proto != IPPROTO_UDP && h.proto != IPPROTO_TCP) {
         return Err(0);
     }
     let frag = u16::from_be_bytes(h.frag);
-    if frag & 0x1fff != 0 || (h.proto != IPPROTO_UDP && h.proto != IPPROTO_TCP) {
-        return Err(0); // a later fragment carries no ports
-    }
-    let l4_head = if ihl == 20 { h.l4 } else { r.load(off + ihl)? };
-    let (sport, dport) = dns_ports(l4_head)?;
     let total = u32::from(u16::from_be_bytes(h.total));
+    let mut l4 = L4 {
+        offset: off + ihl,
+        payload_len: total.saturating_sub(ihl),
+        flags: 0,
+        frag_id: u32::from(u16::from_be_bytes(h.id)),
+        frag_offset: (frag & 0x1fff) << 3,
+    };
+    if frag & 0x3fff != 0 {
+        l4.flags = FLAG_FRAGMENT
+            | if frag & 0x2000 != 0 {
+                FLAG_MORE_FRAGMENTS
+            } else {
+                0
+            };
+    }
+    let saddr = [u32::from_ne_bytes(h.saddr), 0, 0, 0];
+    let daddr = [u32::from_ne_bytes(h.daddr), 0, 0, 0];
+    let (sport, dport, l4_head) = if l4.later_fragment() {
+        later_fragment(h.proto, &saddr, &daddr, l4.frag_id)?
+    } else {
+        let l4_head = if ihl == 20 { h.l4 } else { r.load(off + ihl)? };
+        let (sport, dport) = dns_ports(l4_head)?;
+        (sport, dport, l4_head)
+    };
     Ok(Dns {
-        saddr: [u32::from_ne_bytes(h.saddr), 0, 0, 0],
-        daddr: [u32::from_ne_bytes(h.daddr), 0, 0, 0],
+        saddr,
+        daddr,
         sport,
         dport,
         l4_head,
         ip_version: 4,
         l4_proto: h.proto,
-        l4: L4 {
-            offset: off + ihl,
-            payload_len: total.saturating_sub(ihl),
-            flags: if frag & 0x2000 != 0 { FLAG_FRAGMENT } else { 0 },
-        },
+        l4,
     })
+}
+
+/// The ports of a later fragment of a UDP datagram whose first fragment
+/// was DNS (it carries none itself).
+#[inline(always)]
+fn later_fragment(
+    proto: u8,
+    saddr: &[u32; 4],
+    daddr: &[u32; 4],
+    id: u32,
+) -> Result<(u16, u16, [u8; 8]), i64> {
+    if proto != IPPROTO_UDP {
+        return Err(0);
+    }
+    let [sport, dport] = fragment_ports(saddr, daddr, id).ok_or(0)?;
+    Ok((sport, dport, [0; 8]))
 }
 
 #[inline(always)]
@@ -133,17 +188,33 @@ fn ipv6<R: Reader>(r: &R, off: u32) -> Result<Dns, i64> {
         offset: off + 40,
         payload_len: u32::from(u16::from_be_bytes(h.plen)),
         flags: 0,
+        frag_id: 0,
+        frag_offset: 0,
     };
+    let (saddr, daddr) = (words(h.saddr), words(h.daddr));
     let (proto, l4_head) = if h.next == IPPROTO_UDP || h.next == IPPROTO_TCP {
         (h.next, h.l4)
     } else {
         let proto = extension_headers(r, h.next, &mut l4)?;
+        if l4.later_fragment() {
+            let (sport, dport, head) = later_fragment(proto, &saddr, &daddr, l4.frag_id)?;
+            return Ok(Dns {
+                saddr,
+                daddr,
+                sport,
+                dport,
+                l4_head: head,
+                ip_version: 6,
+                l4_proto: proto,
+                l4,
+            });
+        }
         (proto, r.load(l4.offset)?)
     };
     let (sport, dport) = dns_ports(l4_head)?;
     Ok(Dns {
-        saddr: words(h.saddr),
-        daddr: words(h.daddr),
+        saddr,
+        daddr,
         sport,
         dport,
         l4_head,
@@ -168,11 +239,12 @@ fn extension_headers<R: Reader>(r: &R, mut next: u8, l4: &mut L4) -> Result<u8, 
             51 => (u32::from(h[1]) + 2) * 4,
             44 => {
                 let frag = u16::from_be_bytes([h[2], h[3]]);
-                if frag & 0xfff8 != 0 {
-                    return Err(0);
-                }
+                let id: [u8; 4] = r.load(l4.offset + 4)?;
+                l4.frag_id = u32::from_be_bytes(id);
+                l4.frag_offset = frag & 0xfff8;
+                l4.flags |= FLAG_FRAGMENT;
                 if frag & 1 != 0 {
-                    l4.flags |= FLAG_FRAGMENT;
+                    l4.flags |= FLAG_MORE_FRAGMENTS;
                 }
                 8
             }
@@ -212,7 +284,8 @@ fn dns_ports(p: [u8; 8]) -> Result<(u16, u16), i64> {
 }
 
 /// Fills `meta` with the packet's addresses and ports and reads the rest of
-/// a TCP header; returns where the payload is.
+/// a TCP header; returns where the payload is. A first fragment of DNS is
+/// remembered, for its later fragments.
 #[inline(always)]
 pub fn transport<R: Reader>(r: &R, dns: Dns, meta: &mut PacketMeta) -> Result<L4, i64> {
     let mut l4 = dns.l4;
@@ -222,12 +295,20 @@ pub fn transport<R: Reader>(r: &R, dns: Dns, meta: &mut PacketMeta) -> Result<L4
     meta.dport = dns.dport;
     meta.ip_version = dns.ip_version;
     meta.l4_proto = dns.l4_proto;
+    meta.frag_id = l4.frag_id;
+    meta.frag_offset = l4.frag_offset;
+    meta.tcp_seq = 0;
+    meta.tcp_flags = 0;
+    if l4.later_fragment() {
+        return Ok(l4);
+    }
     if dns.l4_proto == IPPROTO_UDP {
         let udp = dns.l4_head;
-        meta.tcp_seq = 0;
-        meta.tcp_flags = 0;
         l4.payload_len = u32::from(u16::from_be_bytes([udp[4], udp[5]])).saturating_sub(8);
         l4.offset += 8;
+        if l4.flags & FLAG_MORE_FRAGMENTS != 0 {
+            remember_fragment(&dns.saddr, &dns.daddr, l4.frag_id, [dns.sport, dns.dport]);
+        }
     } else {
         let tcp: [u8; 14] = r.load(l4.offset)?;
         meta.tcp_seq = u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]);

@@ -4,11 +4,13 @@
 use aya_ebpf::helpers::{
     bpf_probe_read_kernel, generated::bpf_probe_read_kernel as probe_read_raw,
 };
-use dnstrace_common::{CtTuple, Hook, KernelOffsets, CT_SPAN_MAX, FLAG_CONNTRACK};
+use dnstrace_common::{CtTuple, Hook, KernelOffsets, APART_MAX, CT_SPAN_MAX, FLAG_CONNTRACK};
 
 use crate::{
-    maps::{offset, offsets, scratch, send, wanted, Scratch},
-    parse::{copy_payload, dns_headers, helper_result, transport, Reader, ETH_P_IP, ETH_P_IPV6},
+    maps::{offset, offsets, scratch, send, send_apart, wanted, Scratch},
+    parse::{
+        copy_payload, dns_headers, helper_result, transport, Reader, ETH_P_IP, ETH_P_IPV6, L4,
+    },
 };
 
 /// `skb->network_header` when it was never set.
@@ -85,8 +87,12 @@ impl Kernel for Untyped {
     }
 }
 
+const IPPROTO_TCP: u8 = 6;
+
+/// `APART`: the program may send a TCP payload in the skb's pages apart
+/// (`bpf_skb_output`, for BTF tracepoints only; kprobes cannot call it).
 #[inline(always)]
-pub fn try_capture<K: Kernel>(
+pub fn try_capture<K: Kernel, const APART: bool>(
     skb: *const u8,
     dev: *const u8,
     hook: Hook,
@@ -107,8 +113,8 @@ pub fn try_capture<K: Kernel>(
     };
     let dns = dns_headers(&r, ethertype, 0)?;
     let o = offsets();
-    let wire_len;
-    (r.len, wire_len) = linear_len::<K>(skb, r.l3, &o)?;
+    let (wire_len, data);
+    (r.len, wire_len, data) = linear_len::<K>(skb, r.l3, &o)?;
     let s = scratch().ok_or(0)?;
     let l4 = transport(&r, dns, &mut s.meta)?;
     let dev = if dev.is_null() {
@@ -126,8 +132,28 @@ pub fn try_capture<K: Kernel>(
         return Err(0);
     }
     let cap = copy_payload(&r, &l4, s)?;
+    if APART && s.meta.l4_proto == IPPROTO_TCP && (cap as u32) < l4.payload_len() {
+        apart(skb, &r, &l4, data, wire_len, s);
+    }
     send(s, cap);
     Ok(())
+}
+
+/// A TCP payload beyond the linear data (in the skb's pages, where a
+/// socket's sends put it) goes apart, as much as `APART_MAX`, when it
+/// starts at or after `skb->data`, where `bpf_skb_output` copies from.
+#[inline(always)]
+fn apart(skb: *const u8, r: &Linear, l4: &L4, data: *const u8, wire_len: u32, s: &mut Scratch) {
+    let at = r.l3 as u64 + u64::from(l4.offset());
+    if at < data as u64 {
+        return;
+    }
+    let start = at - data as u64;
+    let len = l4.payload_len().min(APART_MAX as u32);
+    if start + u64::from(len) > u64::from(wire_len) {
+        return;
+    }
+    send_apart(skb, s, start as u32, len);
 }
 
 /// The IP header: at `data` on receive, else where the stack put it.
@@ -143,13 +169,13 @@ fn network_header<K: Kernel>(skb: *const u8, hook: Hook) -> Result<*const u8, i6
     K::read(skb, offset(|o| &o.skb_data))
 }
 
-/// Bytes of linear data from `l3` on, and `skb->len`.
+/// Bytes of linear data from `l3` on, `skb->len` and `skb->data`.
 #[inline(always)]
 fn linear_len<K: Kernel>(
     skb: *const u8,
     l3: *const u8,
     o: &KernelOffsets,
-) -> Result<(u32, u32), i64> {
+) -> Result<(u32, u32, *const u8), i64> {
     let data: *const u8 = K::read(skb, o.skb_data)?;
     let len: u32 = K::read(skb, o.skb_len)?;
     let data_len: u32 = K::read(skb, o.skb_data_len)?;
@@ -158,7 +184,7 @@ fn linear_len<K: Kernel>(
     if avail > 0xffff {
         return Err(0);
     }
-    Ok((avail as u32, len))
+    Ok((avail as u32, len, data))
 }
 
 #[inline(always)]

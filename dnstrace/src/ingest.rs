@@ -10,10 +10,12 @@ use crate::{
     decode::{packet::IfNames, Packet},
 };
 
+mod apart;
 mod reader;
 mod ring;
 mod sampler;
 
+pub use apart::Apart;
 use reader::{Batch, Chunk};
 pub use ring::Ring;
 pub use sampler::{SampleMode, Sampler};

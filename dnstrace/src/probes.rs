@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 
 use anyhow::{anyhow, bail, Context as _, Result};
 use aya::{
-    maps::{Array, HashMap, MapData, PerCpuArray},
+    maps::{perf::PerfEventArray, Array, HashMap, MapData, PerCpuArray},
     programs::{
         tc::{NlOptions, SchedClassifierLink, TcAttachOptions},
         BtfTracePoint, KProbe, LinkOrder, Program, ProgramError, ProgramType, SchedClassifier,
@@ -24,7 +24,7 @@ use dnstrace_common::{
 
 use crate::{
     cli::{AttachMode, CaptureArgs},
-    ingest::Ring,
+    ingest::{Apart, Ring},
     target::KernelFilter,
 };
 
@@ -582,13 +582,18 @@ impl Probes {
             .collect()
     }
 
-    /// The ring buffer the programs write events to.
+    /// The ring buffer the programs write events to, with the perf
+    /// buffers of the TCP payloads they send apart.
     pub fn take_events(&mut self) -> Result<Ring> {
         let map = self.ebpf.take_map("EVENTS").context("EVENTS map")?;
         let aya::maps::Map::RingBuf(data) = map else {
             bail!("the EVENTS map is not a ring buffer");
         };
-        Ring::new(data).context("mapping the ring buffer")
+        let ring = Ring::new(data).context("mapping the ring buffer")?;
+        let map = self.ebpf.take_map("PAYLOADS").context("PAYLOADS map")?;
+        let payloads = PerfEventArray::try_from(map)?;
+        let apart = Apart::open(payloads).context("opening the TCP payloads' perf buffers")?;
+        Ok(ring.with_apart(apart))
     }
 
     /// Events the kernel could not queue because the ring buffer was full.

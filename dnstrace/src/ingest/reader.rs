@@ -11,7 +11,7 @@ use std::{
     time::Duration,
 };
 
-use dnstrace_common::{PACKET_META_SIZE, PAYLOAD_MAX};
+use dnstrace_common::{APART_MAX, PACKET_META_SIZE};
 use tokio::{
     io::{unix::AsyncFd, Interest},
     sync::{mpsc, Notify},
@@ -32,7 +32,7 @@ const CHUNK_RECORDS: usize = 1024;
 /// as the ring.
 const CHUNK_BYTES: usize = 256 << 10;
 /// A chunk's buffer: full, and the largest record after.
-const CHUNK_CAPACITY: usize = CHUNK_BYTES + 4 + PACKET_META_SIZE + PAYLOAD_MAX;
+const CHUNK_CAPACITY: usize = CHUNK_BYTES + 4 + PACKET_META_SIZE + APART_MAX;
 /// Decoded chunks' buffers kept for the reader: one to fill while the
 /// pipeline decodes another. Those a backlog needed on top are freed, so
 /// memory goes back down after it.
@@ -664,7 +664,7 @@ mod tests {
 
     #[test]
     fn a_chunk_stops_past_its_byte_limit() {
-        let big = PAYLOAD_MAX + PACKET_META_SIZE;
+        let big = APART_MAX + PACKET_META_SIZE;
         let mut ring = Fake::new(0, &[big; 100]);
         let mut c = chunk(true);
         assert!(fill(&mut ring, &mut c, None));

@@ -12,6 +12,8 @@ use std::{
 
 use aya::maps::MapData;
 
+use super::apart::Apart;
+
 /// A record's header: its length, and the bits below, then 4 bytes.
 const HEADER: usize = 8;
 const BUSY: u32 = 1 << 31;
@@ -34,6 +36,9 @@ pub struct Ring {
     consumed: bool,
     /// The last record that wrapped, whole.
     wrapped: Vec<u8>,
+    /// Payloads sent apart, and the last record put back together with one.
+    apart: Option<Apart>,
+    spliced: Vec<u8>,
 }
 
 impl Ring {
@@ -58,10 +63,18 @@ impl Ring {
             seen: 0,
             consumed: false,
             wrapped: Vec::new(),
+            apart: None,
+            spliced: Vec::new(),
         };
         ring.pos = ring.consumer.word(0).load(Ordering::Acquire);
         ring.seen = ring.producer_pos();
         Ok(ring)
+    }
+
+    /// Events that sent their payload apart get it back from `apart`.
+    pub fn with_apart(mut self, apart: Apart) -> Self {
+        self.apart = Some(apart);
+        self
     }
 
     /// Bytes of data the ring holds.
@@ -121,7 +134,13 @@ impl super::reader::Records for Ring {
             }
             // SAFETY: the data pages, mapped for as long as `self` is.
             let data = unsafe { std::slice::from_raw_parts(self.data(), self.mask + 1) };
-            let out = f(record(data, at + HEADER, len, &mut self.wrapped));
+            let mut rec = record(data, at + HEADER, len, &mut self.wrapped);
+            if let Some(apart) = &mut self.apart {
+                if apart.splice(rec, &mut self.spliced) {
+                    rec = &self.spliced;
+                }
+            }
+            let out = f(rec);
             self.consume(len);
             return Some(out);
         }
