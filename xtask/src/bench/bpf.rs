@@ -143,4 +143,18 @@ pub(super) fn per_run(
     }
 }
 
+/// The run time of all the programs between two readings, in ns.
+pub(super) fn run_ns(
+    before: &BTreeMap<String, ProgStat>,
+    after: &BTreeMap<String, ProgStat>,
+) -> u64 {
+    after
+        .iter()
+        .map(|(name, a)| {
+            let b = before.get(name).map_or(0, |b| b.run_ns);
+            a.run_ns.saturating_sub(b)
+        })
+        .sum()
+}
+
 // ---------------------------------------------------------------- little things

@@ -25,8 +25,9 @@ use std::{
 
 use anyhow::{anyhow, bail, Context as _, Result};
 
-use crate::{cargo, cargo_cmd, setup, workspace_root};
+use crate::{cargo_cmd, setup, workspace_root};
 
+mod against;
 mod bpf;
 mod dns;
 mod kernel_cost;
@@ -38,6 +39,7 @@ mod process;
 mod table;
 mod tracer;
 
+use against::*;
 use bpf::*;
 use lab::*;
 use load::*;
@@ -71,11 +73,15 @@ const DNSPERF_OUTSTANDING: &str = "500";
 /// every journey (the issue's "tracing everything").
 const DNS_LOAD: &[&str] = &["--ring-buffer-mib", "64", "--max-open", "262144"];
 
-const USAGE: &str = "usage: cargo xtask bench [--quick] [--only FIGURE]... [--markdown PATH]
+const USAGE: &str =
+    "usage: cargo xtask bench [--quick] [--only FIGURE]... [--against REV] [--markdown PATH]
   --quick          short runs (seconds instead of minutes) for trying things
   --only FIGURE    measure only this figure (repeatable): startup, iperf,
-                   capacity, zero-loss, tcpdump, outputs, overload, defaults,
-                   pipeline, memory
+                   capacity, against, zero-loss, tcpdump, outputs, overload,
+                   defaults, pipeline, memory
+  --against REV    also measure the figure `against`: tracing's cost under UDP
+                   DNS load, the dnstrace of git revision REV and this tree's
+                   in alternating rounds (`--only against` for it alone)
   --markdown PATH  also write the table as Markdown (for the README)";
 
 type Stage = fn(&mut Bench) -> Result<()>;
@@ -97,6 +103,11 @@ const FIGURES: &[(&str, &str, Stage)] = &[
         "capacity",
         "DNS capacity (dnsperf against kube-dns)",
         Bench::capacity,
+    ),
+    (
+        "against",
+        "UDP cost against another revision (--against)",
+        Bench::against,
     ),
     (
         "zero-loss",
@@ -133,8 +144,9 @@ const FIGURES: &[(&str, &str, Stage)] = &[
 
 /// The figures `--only` names, in run order, with what they need: the
 /// zero-loss ladder and the overload runs start from the lab's measured
-/// capacity.
-fn selected(only: &[String]) -> Result<Vec<&'static str>> {
+/// capacity. `against` runs when, and only when, `--against` names a
+/// revision, whatever else `--only` picks.
+fn selected(only: &[String], against: bool) -> Result<Vec<&'static str>> {
     let names: Vec<&str> = FIGURES.iter().map(|f| f.0).collect();
     if let Some(bad) = only.iter().find(|o| !names.contains(&o.as_str())) {
         bail!(
@@ -142,7 +154,13 @@ fn selected(only: &[String]) -> Result<Vec<&'static str>> {
             names.join(", ")
         );
     }
+    if !against && only.iter().any(|o| o == "against") {
+        bail!("--only against needs --against REV\n{USAGE}");
+    }
     let wanted = |n: &str| {
+        if n == "against" {
+            return against;
+        }
         only.is_empty()
             || only.iter().any(|o| o == n)
             || (n == "capacity" && only.iter().any(|o| o == "zero-loss" || o == "overload"))
@@ -167,6 +185,10 @@ struct Plan {
     /// Each run of the defaults figure, and its rounds at each rate.
     defaults_secs: u32,
     defaults_rounds: usize,
+    /// Each run of the against figure, and its rounds (each side once a
+    /// round): a side's runs spread by 6–8%, hence so many.
+    against_secs: u32,
+    against_rounds: usize,
     record_secs: u32,
     replays: usize,
     /// dnstrace's --timeout while lookups pile up; the sender's rate is
@@ -190,6 +212,8 @@ impl Plan {
                 output_rounds: 1,
                 defaults_secs: 10,
                 defaults_rounds: 2,
+                against_secs: 8,
+                against_rounds: 8,
                 record_secs: 5,
                 replays: 2,
                 inflight_timeout_secs: 30,
@@ -208,6 +232,8 @@ impl Plan {
                 output_rounds: 2,
                 defaults_secs: 15,
                 defaults_rounds: 10,
+                against_secs: 15,
+                against_rounds: 15,
                 record_secs: 15,
                 replays: 3,
                 inflight_timeout_secs: 30,
@@ -219,35 +245,53 @@ impl Plan {
     }
 }
 
-pub fn run(args: &[String]) -> Result<()> {
-    let mut quick = false;
-    let mut markdown = None;
-    let mut only = Vec::new();
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--quick" => quick = true,
-            "--only" => only.push(
+/// The command line.
+#[derive(Debug, Default, PartialEq)]
+struct Options {
+    quick: bool,
+    markdown: Option<PathBuf>,
+    only: Vec<String>,
+    /// The git revision whose dnstrace the `against` figure measures.
+    against: Option<String>,
+}
+
+impl Options {
+    fn parse(args: &[String]) -> Result<Self> {
+        let mut o = Self::default();
+        let mut it = args.iter();
+        while let Some(a) = it.next() {
+            let mut value = |what: &str| {
                 it.next()
-                    .ok_or_else(|| anyhow!("--only needs a figure\n{USAGE}"))?
-                    .clone(),
-            ),
-            "--markdown" => {
-                markdown =
-                    Some(PathBuf::from(it.next().ok_or_else(|| {
-                        anyhow!("--markdown needs a path\n{USAGE}")
-                    })?))
+                    .cloned()
+                    .ok_or_else(|| anyhow!("{a} needs {what}\n{USAGE}"))
+            };
+            match a.as_str() {
+                "--quick" => o.quick = true,
+                "--only" => o.only.push(value("a figure")?),
+                "--against" => o.against = Some(value("a git revision")?),
+                "--markdown" => o.markdown = Some(value("a path")?.into()),
+                _ => bail!("unknown argument {a:?}\n{USAGE}"),
             }
-            _ => bail!("unknown argument {a:?}\n{USAGE}"),
         }
+        Ok(o)
     }
-    let figures = selected(&only)?;
+}
+
+pub fn run(args: &[String]) -> Result<()> {
+    let Options {
+        quick,
+        markdown,
+        only,
+        against,
+    } = Options::parse(args)?;
+    let figures = selected(&only, against.is_some())?;
     if !setup::is_root() {
         bail!("the bench loads eBPF programs and builds the lab: run `sudo cargo xtask bench`");
     }
     setup::ensure_packages(PACKAGES)?;
-    cargo(&["build", "--release", "--quiet", "--package", "dnstrace"])?;
-    let bin = workspace_root().join("target/release/dnstrace");
+    // REV first: a revision that does not exist fails at once.
+    let against = against.as_deref().map(Against::build).transpose()?;
+    let bin = build_dnstrace(&mut cargo_cmd())?;
     let stages = pipeline_bench()?;
     let _lock = LabLock::acquire()?;
     catch_signals();
@@ -262,6 +306,7 @@ pub fn run(args: &[String]) -> Result<()> {
         plan: Plan::new(quick),
         quick,
         only,
+        against,
         rows: Vec::new(),
         notes: Vec::new(),
         capacity: None,
@@ -293,31 +338,48 @@ pub fn run(args: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// Builds dnstrace's release binary with `cargo` (`cargo_cmd`, in the
+/// workspace to build) and returns where cargo put it, wherever
+/// CARGO_TARGET_DIR points.
+fn build_dnstrace(cargo: &mut Command) -> Result<PathBuf> {
+    cargo.args(["build", "--release", "--quiet", "--package", "dnstrace"]);
+    executable(cargo, "dnstrace")
+}
+
 /// Builds the pipeline bench and returns where its executable is.
 fn pipeline_bench() -> Result<PathBuf> {
-    let out = cargo_cmd()
-        .args([
-            "bench",
-            "--no-run",
-            "--quiet",
-            "--package",
-            "dnstrace",
-            "--features",
-            "bench",
-        ])
-        .args(["--bench", "pipeline", "--message-format", "json"])
-        .stderr(std::process::Stdio::inherit())
+    let mut cmd = cargo_cmd();
+    cmd.args([
+        "bench",
+        "--no-run",
+        "--quiet",
+        "--package",
+        "dnstrace",
+        "--features",
+        "bench",
+        "--bench",
+        "pipeline",
+    ]);
+    executable(&mut cmd, "pipeline").context("building the pipeline bench")
+}
+
+/// Runs the cargo build `cmd` and returns the executable it made of the
+/// target `name`.
+fn executable(cmd: &mut Command, name: &str) -> Result<PathBuf> {
+    let out = cmd
+        .args(["--message-format", "json-render-diagnostics"])
+        .stderr(Stdio::inherit())
         .output()
-        .context("building the pipeline bench")?;
+        .with_context(|| format!("running {cmd:?}"))?;
     if !out.status.success() {
-        bail!("building the pipeline bench failed ({})", out.status);
+        bail!("{cmd:?} failed ({})", out.status);
     }
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|m| m["target"]["name"] == "pipeline")
+        .filter(|m| m["target"]["name"] == name)
         .find_map(|m| m["executable"].as_str().map(PathBuf::from))
-        .ok_or_else(|| anyhow!("cargo named no executable for the pipeline bench"))
+        .ok_or_else(|| anyhow!("cargo named no executable for {name}"))
 }
 
 /// One line of the table.
@@ -360,6 +422,7 @@ struct Bench {
     quick: bool,
     /// The figures `--only` named, as given.
     only: Vec<String>,
+    against: Option<Against>,
     rows: Vec<Row>,
     notes: Vec<String>,
     /// The lab's highest qps without dnstrace (median of the baseline runs).
@@ -411,16 +474,28 @@ impl Bench {
     }
 
     fn tracer_showing(&self, hooks: &Hooks, output: Output, extra: &[&str]) -> Result<Tracer> {
+        self.tracer_of(&self.bin, hooks, output, extra)
+    }
+
+    /// The dnstrace binary `bin` tracing: this tree's, or (the against
+    /// figure) another revision's.
+    fn tracer_of(
+        &self,
+        bin: &Path,
+        hooks: &Hooks,
+        output: Output,
+        extra: &[&str],
+    ) -> Result<Tracer> {
         let mut cmd = match hooks {
             Hooks::Tracepoints => {
-                let mut c = Command::new(&self.bin);
+                let mut c = Command::new(bin);
                 c.args(["trace", "--node-netns", &format!("/run/netns/{NODE}")]);
                 c
             }
             // tc attaches by name in dnstrace's own network namespace.
             Hooks::Tc(ifaces) => {
                 let mut c = Command::new("ip");
-                c.args(["netns", "exec", NODE]).arg(&self.bin).arg("trace");
+                c.args(["netns", "exec", NODE]).arg(bin).arg("trace");
                 for i in ifaces {
                     c.args(["--iface", i]);
                 }
@@ -582,20 +657,34 @@ fn median(v: &[f64]) -> f64 {
     }
 }
 
-/// The ratio cell of `median(with) / median(base)` against a goal, and
-/// whether it is met: yes or no only when the ratio's 95% interval lies
-/// wholly on one side of the goal.
+/// The ratio cell of `median(with) / median(base)` against a goal it
+/// must reach, and whether it is met: yes or no only when the ratio's 95%
+/// interval lies wholly on one side of the goal.
 fn goal_ratio(base: &[f64], with: &[f64], goal: f64) -> (String, Met) {
-    let ratio = median(with) / median(base);
-    let Some((lo, hi)) = ratio_interval(base, with) else {
-        return (pct(ratio), (ratio >= goal).into());
+    judged_ratio(base, with, |r| r >= goal)
+}
+
+/// The ratio cell and whether `meets` holds of it (a goal on one side):
+/// yes or no only when it holds, or fails, at both ends of its interval.
+fn judged_ratio(base: &[f64], with: &[f64], meets: impl Fn(f64) -> bool) -> (String, Met) {
+    judged(
+        median(with) / median(base),
+        ratio_interval(base, with),
+        meets,
+    )
+}
+
+/// The cell of `ratio` with its 95% `interval`, and whether `meets` holds
+/// of it: yes or no only when it holds, or fails, at both ends of the
+/// interval; without one (no rounds), the ratio alone decides.
+fn judged(ratio: f64, interval: Option<(f64, f64)>, meets: impl Fn(f64) -> bool) -> (String, Met) {
+    let Some((lo, hi)) = interval else {
+        return (pct(ratio), meets(ratio).into());
     };
-    let met = if lo >= goal {
-        Met::Yes
-    } else if hi < goal {
-        Met::No
-    } else {
-        Met::WithinNoise
+    let met = match (meets(lo), meets(hi)) {
+        (true, true) => Met::Yes,
+        (false, false) => Met::No,
+        _ => Met::WithinNoise,
     };
     (
         format!("{} (95% interval {}–{})", pct(ratio), pct(lo), pct(hi)),
@@ -607,20 +696,51 @@ fn goal_ratio(base: &[f64], with: &[f64], goal: f64) -> (String, Met) {
 /// bootstrap: both sides' rounds drawn again with replacement, 10,000
 /// times. The seed is fixed, so the same rounds give the same interval.
 fn ratio_interval(base: &[f64], with: &[f64]) -> Option<(f64, f64)> {
-    const DRAWS: usize = 10_000;
     if base.is_empty() || with.is_empty() {
         return None;
     }
-    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
-    let mut draw = |v: &[f64]| -> f64 {
-        let again: Vec<f64> = (0..v.len())
-            .map(|_| v[(splitmix64(&mut seed) % v.len() as u64) as usize])
-            .collect();
-        median(&again)
-    };
-    let mut ratios: Vec<f64> = (0..DRAWS).map(|_| draw(with) / draw(base)).collect();
-    ratios.sort_by(f64::total_cmp);
-    Some((ratios[DRAWS / 40], ratios[DRAWS - 1 - DRAWS / 40]))
+    let mut seed = SEED;
+    let mut draw = |v: &[f64]| redrawn_median(v, &mut seed);
+    Some(middle_95(
+        (0..DRAWS).map(|_| draw(with) / draw(base)).collect(),
+    ))
+}
+
+/// A 95% interval of `median(v)`, by the percentile bootstrap as above:
+/// `v` drawn again with replacement, 10,000 times, from the same seed.
+/// Sorted first, so that the interval is the values' alone, whatever
+/// their order: with so few, the same seed draws ends one value apart
+/// from values in another order.
+fn median_interval(v: &[f64]) -> Option<(f64, f64)> {
+    if v.is_empty() {
+        return None;
+    }
+    let mut sorted = v.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let mut seed = SEED;
+    Some(middle_95(
+        (0..DRAWS)
+            .map(|_| redrawn_median(&sorted, &mut seed))
+            .collect(),
+    ))
+}
+
+/// How many times the bootstrap draws the rounds again, and from where.
+const DRAWS: usize = 10_000;
+const SEED: u64 = 0x9e37_79b9_7f4a_7c15;
+
+/// The median of as many values drawn from `v` with replacement.
+fn redrawn_median(v: &[f64], seed: &mut u64) -> f64 {
+    let again: Vec<f64> = (0..v.len())
+        .map(|_| v[(splitmix64(seed) % v.len() as u64) as usize])
+        .collect();
+    median(&again)
+}
+
+/// The 2.5th and 97.5th percentiles of DRAWS bootstrap draws.
+fn middle_95(mut draws: Vec<f64>) -> (f64, f64) {
+    draws.sort_by(f64::total_cmp);
+    (draws[DRAWS / 40], draws[DRAWS - 1 - DRAWS / 40])
 }
 
 /// The next number of SplitMix64, a small generator that is plenty for
@@ -718,17 +838,79 @@ mod tests {
         assert_eq!(goal_ratio(&[1.0], &[], 0.98).1, Met::No);
     }
 
+    fn strings(args: &[&str]) -> Vec<String> {
+        args.iter().map(|a| a.to_string()).collect()
+    }
+
     #[test]
     fn only_picks_figures_in_run_order_with_what_they_need() {
-        let only =
-            |names: &[&str]| selected(&names.iter().map(|n| n.to_string()).collect::<Vec<_>>());
-        assert_eq!(only(&[]).unwrap().len(), FIGURES.len());
+        let only = |names: &[&str]| selected(&strings(names), false);
+        assert_eq!(only(&[]).unwrap().len(), FIGURES.len() - 1);
+        assert!(!only(&[]).unwrap().contains(&"against"));
         assert_eq!(only(&["memory", "startup"]).unwrap(), ["startup", "memory"]);
         assert_eq!(only(&["zero-loss"]).unwrap(), ["capacity", "zero-loss"]);
         assert_eq!(only(&["overload"]).unwrap(), ["capacity", "overload"]);
         let err = only(&["memroy"]).unwrap_err().to_string();
         assert!(
             err.contains("\"memroy\"") && err.contains("memory"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn against_adds_its_figure_to_what_only_picks() {
+        let only = |names: &[&str]| selected(&strings(names), true);
+        assert_eq!(only(&[]).unwrap().len(), FIGURES.len());
+        assert_eq!(only(&["against"]).unwrap(), ["against"]);
+        assert_eq!(only(&["capacity"]).unwrap(), ["capacity", "against"]);
+        assert_eq!(
+            only(&["memory", "against", "overload"]).unwrap(),
+            ["capacity", "against", "overload", "memory"]
+        );
+        let err = selected(&strings(&["against"]), false).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("--only against needs --against REV"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn options_parse() {
+        let parse = |args: &[&str]| Options::parse(&strings(args));
+        assert_eq!(parse(&[]).unwrap(), Options::default());
+        assert_eq!(
+            parse(&["--quick", "--against", "d4a2369", "--only", "against"]).unwrap(),
+            Options {
+                quick: true,
+                markdown: None,
+                only: strings(&["against"]),
+                against: Some("d4a2369".into()),
+            }
+        );
+        assert_eq!(
+            parse(&[
+                "--markdown",
+                "out.md",
+                "--only",
+                "memory",
+                "--only",
+                "iperf"
+            ])
+            .unwrap(),
+            Options {
+                markdown: Some("out.md".into()),
+                only: strings(&["memory", "iperf"]),
+                ..Options::default()
+            }
+        );
+        let err = parse(&["--against"]).unwrap_err().to_string();
+        assert!(err.starts_with("--against needs a git revision\n"), "{err}");
+        let err = parse(&["--only"]).unwrap_err().to_string();
+        assert!(err.starts_with("--only needs a figure\n"), "{err}");
+        let err = parse(&["--against=d4a2369"]).unwrap_err().to_string();
+        assert!(
+            err.starts_with("unknown argument \"--against=d4a2369\""),
             "{err}"
         );
     }

@@ -24,12 +24,15 @@ impl Bench {
 
     pub(super) fn markdown(&self, machine: &str, elapsed: Duration) -> String {
         let mut out = format!(
-            "{machine}; `cargo xtask bench{}{}`, {:.0} minutes.\n\n",
+            "{machine}; `cargo xtask bench{}{}{}`, {:.0} minutes.\n\n",
             if self.quick { " --quick" } else { "" },
             self.only
                 .iter()
                 .map(|o| format!(" --only {o}"))
                 .collect::<String>(),
+            self.against
+                .as_ref()
+                .map_or(String::new(), |a| format!(" --against {}", a.rev)),
             elapsed.as_secs_f64() / 60.0
         );
         out += "| figure | baseline | with dnstrace | ratio | goal | met? |\n";
