@@ -504,6 +504,13 @@ pub const COREDNS_A: &str = "coredns-7db6d8ff4d-4xk9m";
 pub const COREDNS_B: &str = "coredns-7db6d8ff4d-vz8lp";
 pub const NODE: &str = "dtlab-node";
 pub const SERVICE: &str = "10.96.0.10";
+/// NodeLocalDNS's address in the lab (`lab up --nodelocaldns`).
+pub const NODELOCAL: &str = "169.254.20.10";
+/// Lab names whose TXT answer is over EDNS's default 1,232 bytes, and over
+/// the veths' 1,500-byte MTU (sent in fragments with a 4,096-byte buffer):
+/// dnstrace/src/lab/plan.rs.
+pub const BIG_NAME: &str = "big.example.com";
+pub const HUGE_NAME: &str = "huge.example.com";
 /// The lab node's network namespace, as `--node-netns` takes it.
 pub const NODE_NETNS: &str = "/run/netns/dtlab-node";
 

@@ -116,6 +116,56 @@ fn no_dnat_leaves_queries_untranslated() {
     );
 }
 
+/// The node's conntrack entries of `proto` flows to `dst`, one line each.
+fn node_flows(proto: &str, dst: &str) -> Vec<String> {
+    let table = run(Command::new("ip").args([
+        "netns",
+        "exec",
+        NODE,
+        "conntrack",
+        "-L",
+        "-p",
+        proto,
+        "--orig-dst",
+        dst,
+    ]))
+    .unwrap();
+    table.lines().map(str::to_owned).collect()
+}
+
+fn flush_node_conntrack() {
+    run(Command::new("ip").args(["netns", "exec", NODE, "conntrack", "-F"])).unwrap();
+}
+
+#[test]
+fn no_dns_tcp_fails_lookups_over_tcp_only() {
+    require_root();
+    let lab = Lab::up(&[]);
+    let tcp = format!("@{SERVICE} +tcp {KUBERNETES}");
+    assert_eq!(dig_status(&lab.dig(WEB, &tcp)), "NOERROR");
+    lab.fault("no-dns-tcp", true);
+    let nat = run(Command::new("ip").args(["netns", "exec", NODE, "iptables-save", "-t", "nat"]))
+        .unwrap();
+    assert!(
+        nat.contains("kube-system/kube-dns:dns cluster IP") && !nat.contains("dns-tcp"),
+        "{nat}"
+    );
+    let out = lab.dig(WEB, &tcp);
+    assert_eq!(dig_status(&out), "timeout", "{out}");
+    assert_eq!(
+        dig_status(&lab.dig(WEB, &format!("@{SERVICE} {KUBERNETES}"))),
+        "NOERROR"
+    );
+    // An answer too big for UDP is truncated, and its retry over TCP lost.
+    let out = lab.dig(WEB, &format!("@{SERVICE} {BIG_NAME} TXT"));
+    assert!(
+        out.contains("Truncated, retrying in TCP mode") && dig_status(&out) == "timeout",
+        "{out}"
+    );
+    lab.fault("no-dns-tcp", false);
+    assert_eq!(dig_status(&lab.dig(WEB, &tcp)), "NOERROR");
+}
+
 #[test]
 fn forward_loop_sends_the_query_back_to_coredns_itself() {
     require_root();
@@ -142,6 +192,37 @@ fn forward_loop_sends_the_query_back_to_coredns_itself() {
 }
 
 #[test]
+fn nodelocaldns_asks_kube_dns_over_tcp_and_the_rest_upstream() {
+    require_root();
+    let lab = Lab::up(&["--nodelocaldns"]);
+    flush_node_conntrack();
+    let out = lab.dig(WEB, &format!("@{NODELOCAL} {KUBERNETES}"));
+    assert!(
+        dig_status(&out) == "NOERROR" && out.contains("10.96.0.1"),
+        "{out}"
+    );
+    let tcp = node_flows("tcp", SERVICE);
+    assert!(
+        !tcp.is_empty() && tcp.iter().all(|f| f.contains("dport=53")),
+        "{tcp:?}"
+    );
+    assert_eq!(node_flows("udp", SERVICE), Vec::<String>::new());
+    let out = lab.dig(WEB, &format!("@{NODELOCAL} www.example.com"));
+    assert!(out.contains("198.51.100.80"), "{out}");
+    assert!(!node_flows("udp", "198.51.100.53").is_empty());
+    // As in the field: kube-dns without its TCP port fails cluster names
+    // through NodeLocalDNS, while kube-dns itself answers over UDP.
+    lab.fault("no-dns-tcp", true);
+    let name = "kube-dns.kube-system.svc.cluster.local";
+    let out = lab.dig(WEB, &format!("@{NODELOCAL} {name}"));
+    assert_ne!(dig_status(&out), "NOERROR", "{out}");
+    assert_eq!(
+        dig_status(&lab.dig(WEB, &format!("@{SERVICE} {name}"))),
+        "NOERROR"
+    );
+}
+
+#[test]
 fn nodelocaldns_loop_goes_round_between_nodelocaldns_and_coredns() {
     require_root();
     let lab = Lab::up(&["--nodelocaldns", "--fault", "nodelocaldns-loop"]);
@@ -150,9 +231,10 @@ fn nodelocaldns_loop_goes_round_between_nodelocaldns_and_coredns() {
         dig_status(&lab.dig(WEB, &format!("@169.254.20.10 {name}"))),
         "timeout"
     );
+    // unbound logs each query it gets as `<client> <name>. A IN`.
     let nodelocal = lab
         .log("nodelocaldns")
-        .matches(&format!("query[A] {name}"))
+        .matches(&format!(" {name}. A IN\n"))
         .count();
     let coredns = lab
         .log(COREDNS_A)
@@ -275,6 +357,83 @@ fn drop_rule_loses_queries_to_one_endpoint() {
     assert!(dropped > 0, "{counters}");
 }
 
+/// A counter of the `Ip:` lines of /proc/net/snmp in `ns`.
+fn ip_counter(ns: &str, name: &str) -> u64 {
+    let snmp =
+        run(Command::new("ip").args(["netns", "exec", ns, "cat", "/proc/net/snmp"])).unwrap();
+    let mut ip = snmp.lines().filter(|l| l.starts_with("Ip: "));
+    let (names, values) = (ip.next().unwrap(), ip.next().unwrap());
+    let at = names.split_whitespace().position(|n| n == name).unwrap();
+    values.split_whitespace().nth(at).unwrap().parse().unwrap()
+}
+
+/// Answers the CoreDNS pods sent in IP fragments.
+fn coredns_fragmented() -> u64 {
+    [COREDNS_A, COREDNS_B]
+        .iter()
+        .map(|pod| ip_counter(&format!("dtlab-{pod}"), "FragOKs"))
+        .sum()
+}
+
+#[test]
+fn huge_answers_come_in_fragments_and_fragments_dropped_loses_them() {
+    require_root();
+    let lab = Lab::up(&[]);
+    // Over dig's default 1,232-byte buffer: truncated, then over TCP.
+    let out = lab.dig(WEB, &format!("@{SERVICE} {BIG_NAME} TXT"));
+    assert!(
+        dig_status(&out) == "NOERROR" && out.contains("(TCP)"),
+        "{out}"
+    );
+    let huge = format!("@{SERVICE} +bufsize=4096 {HUGE_NAME} TXT");
+    let before = (coredns_fragmented(), ip_counter(WEB, "ReasmOKs"));
+    let out = lab.dig(WEB, &huge);
+    assert!(
+        dig_status(&out) == "NOERROR" && out.contains("(UDP)"),
+        "{out}"
+    );
+    assert!(
+        coredns_fragmented() > before.0 && ip_counter(WEB, "ReasmOKs") > before.1,
+        "the answer was not fragmented"
+    );
+    // Cached in both CoreDNS pods (30 s), so that what is lost is their
+    // answer to the client.
+    for pod in ["10.244.0.53", "10.244.0.54"] {
+        let out = lab.dig(WEB, &format!("@{pod} +bufsize=4096 {HUGE_NAME} TXT"));
+        assert_eq!(dig_status(&out), "NOERROR", "{out}");
+    }
+    lab.fault("fragments-dropped", true);
+    let before = (coredns_fragmented(), ip_counter(WEB, "ReasmOKs"));
+    assert_eq!(dig_status(&lab.dig(WEB, &huge)), "timeout");
+    assert!(coredns_fragmented() > before.0, "CoreDNS sent no answer");
+    assert_eq!(ip_counter(WEB, "ReasmOKs"), before.1);
+    let rules = run(Command::new("ip").args([
+        "netns",
+        "exec",
+        NODE,
+        "nft",
+        "list",
+        "table",
+        "inet",
+        "dnstrace_lab",
+    ]))
+    .unwrap();
+    let dropped: u64 = rules
+        .split("counter packets ")
+        .nth(1)
+        .and_then(|c| c.split(' ').next()?.parse().ok())
+        .unwrap();
+    assert!(dropped > 0, "{rules}");
+    // What fits one packet still comes.
+    let out = lab.dig(WEB, &format!("@{SERVICE} +bufsize=4096 {BIG_NAME} TXT"));
+    assert!(
+        dig_status(&out) == "NOERROR" && out.contains("(UDP)"),
+        "{out}"
+    );
+    lab.fault("fragments-dropped", false);
+    assert_eq!(dig_status(&lab.dig(WEB, &huge)), "NOERROR");
+}
+
 fn clash_counters() -> (u64, u64) {
     let stat =
         run(Command::new("ip").args(["netns", "exec", NODE, "cat", "/proc/net/stat/nf_conntrack"]))
@@ -324,7 +483,8 @@ fn up_and_down_twice_leave_the_machine_as_before() {
         let sysctls = run(Command::new("sysctl")
             .args(["net.ipv4.ip_forward", "net.bridge.bridge-nf-call-iptables"]))
         .unwrap();
-        let procs = run(Command::new("pgrep").args(["-c", "-f", "dnstrace-lab|dtlab-"]))
+        // Not "dnstrace-lab" alone: others waiting for the lab lock match it.
+        let procs = run(Command::new("pgrep").args(["-c", "-f", "dnstrace-lab/|dtlab-"]))
             .unwrap_or_default();
         (
             root_rules,
@@ -337,6 +497,7 @@ fn up_and_down_twice_leave_the_machine_as_before() {
         )
     };
     let guard = LAB_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let file_lock = lock_lab_machine_wide();
     let before = snapshot();
     for _ in 0..2 {
         let up = dnstrace(&["lab", "up", "--ipv6", "--nodelocaldns"]);
@@ -353,7 +514,22 @@ fn up_and_down_twice_leave_the_machine_as_before() {
         );
     }
     assert_eq!(snapshot(), before);
-    drop(guard);
+    drop((file_lock, guard));
+}
+
+/// The machine-wide lab lock `Lab::up` takes (other test runs, the bench),
+/// for a test that runs `lab up` itself.
+fn lock_lab_machine_wide() -> std::fs::File {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(LAB_FILE_LOCK)
+        .unwrap();
+    // SAFETY: flock on a descriptor this function owns.
+    let rc = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&file), libc::LOCK_EX) };
+    assert_eq!(rc, 0, "locking {LAB_FILE_LOCK}");
+    file
 }
 
 #[test]
@@ -449,4 +625,46 @@ fn traffic_with_dig_reports_what_dig_saw() {
     let by_name = |n: &str| out.iter().find(|o| o["name"] == n).unwrap().clone();
     assert_eq!(by_name("kubernetes.default")["addresses"][0], "10.96.0.1");
     assert_eq!(by_name("nosuch")["error"], "NXDOMAIN");
+}
+
+#[test]
+fn traffic_over_tcp_makes_every_query_over_tcp() {
+    require_root();
+    let lab = Lab::up(&[]);
+    flush_node_conntrack();
+    let out = lab.traffic(&[
+        "--tcp",
+        "--name",
+        "kubernetes.default",
+        "--name",
+        "www.example.com",
+        "--name",
+        "many.example.com",
+    ]);
+    assert_eq!(out.len(), 6);
+    for o in &out {
+        assert_eq!(o["ok"], true, "{o}");
+    }
+    let many = out
+        .iter()
+        .find(|o| o["name"] == "many.example.com")
+        .unwrap();
+    assert_eq!(many["addresses"].as_array().unwrap().len(), 40);
+    // One connection per query, and not one datagram.
+    let queries: u64 = out.iter().map(|o| o["queries"].as_u64().unwrap()).sum();
+    assert_eq!(node_flows("tcp", SERVICE).len() as u64, queries);
+    assert_eq!(node_flows("udp", SERVICE), Vec::<String>::new());
+    flush_node_conntrack();
+    let out = lab.traffic(&[
+        "--tcp",
+        "--client",
+        "dig",
+        "--pod",
+        "web",
+        "--name",
+        "kubernetes.default",
+    ]);
+    assert_eq!(out[0]["addresses"][0], "10.96.0.1");
+    assert!(!node_flows("tcp", SERVICE).is_empty());
+    assert_eq!(node_flows("udp", SERVICE), Vec::<String>::new());
 }

@@ -25,6 +25,7 @@ const TEST_PACKAGES: &[&str] = &[
     "bind9-dnsutils",
     "iproute2",
     "iptables",
+    "nftables",
     "conntrack",
     "tcpdump",
     "tshark",

@@ -30,6 +30,12 @@ pub enum Fault {
     Servfail,
     /// The upstream resolver answers after a delay.
     SlowUpstream,
+    /// The kube-dns Service lists only UDP 53: kube-proxy writes no rules for
+    /// TCP, so lookups over TCP (truncated answers, NodeLocalDNS) time out.
+    NoDnsTcp,
+    /// A firewall on the node drops IP fragments but the first: answers too
+    /// large for one packet never arrive.
+    FragmentsDropped,
 }
 
 impl Fault {

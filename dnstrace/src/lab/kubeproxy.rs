@@ -14,6 +14,9 @@ pub struct NatConfig<'a> {
     pub pod_cidr: &'a str,
     /// The `no-dnat` fault drops KUBE-SERVICES' jumps for kube-dns.
     pub service_jumps: bool,
+    /// The `no-dns-tcp` fault: the Service lists only UDP 53, so its
+    /// `dns-tcp` port has no chains at all.
+    pub tcp_port: bool,
 }
 
 /// kube-proxy's chain name hash: base32(sha256(parts))[..16].
@@ -64,7 +67,9 @@ fn endpoint(ip: IpAddr, port: u16) -> String {
 
 /// The whole nat table, for `iptables-restore` (which replaces the table).
 pub fn nat_table(cfg: &NatConfig) -> String {
-    let ports = [("dns", "udp"), ("dns-tcp", "tcp")];
+    let ports = [("dns", "udp"), ("dns-tcp", "tcp")]
+        .into_iter()
+        .filter(|&(_, proto)| cfg.tcp_port || proto == "udp");
     let mut chains = vec![
         "KUBE-SERVICES".to_owned(),
         "KUBE-POSTROUTING".into(),
@@ -157,6 +162,7 @@ mod tests {
             endpoints: &eps,
             pod_cidr: "10.244.0.0/16",
             service_jumps: true,
+            tcp_port: true,
         };
         let t = nat_table(&cfg);
         assert!(t.contains("-A KUBE-SERVICES -d 10.96.0.10/32 -p udp -m comment --comment \"kube-system/kube-dns:dns cluster IP\" -m udp --dport 53 -j KUBE-SVC-TCOU7JCQXEZGVUNU"));
@@ -171,5 +177,19 @@ mod tests {
             ..cfg
         });
         assert!(!broken.contains("-A KUBE-SERVICES -d"));
+    }
+
+    #[test]
+    fn a_udp_only_service_has_no_tcp_rules() {
+        let eps: Vec<IpAddr> = vec!["10.244.0.53".parse().unwrap()];
+        let t = nat_table(&NatConfig {
+            service: "10.96.0.10".parse().unwrap(),
+            endpoints: &eps,
+            pod_cidr: "10.244.0.0/16",
+            service_jumps: true,
+            tcp_port: false,
+        });
+        assert!(t.contains("-j KUBE-SVC-TCOU7JCQXEZGVUNU"));
+        assert!(!t.contains("dns-tcp") && !t.contains("-p tcp"));
     }
 }

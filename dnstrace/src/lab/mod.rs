@@ -32,7 +32,8 @@ pub enum LabCommand {
         /// Switch a fault on from the start (repeatable).
         #[arg(long = "fault", value_enum)]
         faults: Vec<Fault>,
-        /// Add NodeLocalDNS (a cache on 169.254.20.10 on the node) and point pods at it.
+        /// Add NodeLocalDNS (a cache on 169.254.20.10 on the node, asking
+        /// kube-dns over TCP) and point pods at it.
         #[arg(long)]
         nodelocaldns: bool,
         /// Dual-stack: IPv6 pod addresses, service IP and ip6tables rules too.
@@ -195,7 +196,7 @@ fn build(state: &mut LabState) -> Result<()> {
         start_nodelocal(state)?;
     }
     state.save()?;
-    wait_listening()
+    wait_listening(state)
 }
 
 fn add_netns(ns: &str, ipv6: bool) -> Result<()> {
@@ -387,9 +388,10 @@ fn write_resolv_confs(state: &LabState) -> Result<()> {
     )
 }
 
-/// All iptables state of the lab, derived from options and faults.
+/// All iptables and nftables state of the lab, derived from options and faults.
 fn apply_rules(state: &LabState) -> Result<()> {
     node_rules(state, false)?;
+    sys::nft(NODE_NS, &node_nft(state))?;
     if state.ipv6 {
         node_rules(state, true)?;
         sys::restore(UPSTREAM_NS, true, &upstream_filter(state))?;
@@ -426,6 +428,7 @@ fn kubeproxy_nat(
         endpoints,
         pod_cidr,
         service_jumps: !state.has(Fault::NoDnat),
+        tcp_port: !state.has(Fault::NoDnsTcp),
     })
 }
 
@@ -439,6 +442,31 @@ fn node_filter(state: &LabState, endpoint: &str) -> String {
         }
     }
     t + "COMMIT\n"
+}
+
+/// The node's own nftables table, holding the `fragments-dropped` firewall.
+const NFT_TABLE: &str = "dnstrace_lab";
+
+/// The table as the faults want it: declared and deleted first, so the
+/// script starts clean whether the table existed or not. The drop must run
+/// before conntrack reassembles fragments (priority -400), bridged packets
+/// included (br_netfilter).
+fn node_nft(state: &LabState) -> String {
+    let mut t = format!("table inet {NFT_TABLE}\ndelete table inet {NFT_TABLE}\n");
+    if state.has(Fault::FragmentsDropped) {
+        let drop = "counter drop comment \"dnstrace lab: fragments-dropped fault\"";
+        t += &[
+            format!("table inet {NFT_TABLE} {{"),
+            "  chain fragments {".into(),
+            "    type filter hook prerouting priority -450; policy accept;".into(),
+            // IPv4: an offset; IPv6: a fragment header with an offset.
+            format!("    ip frag-off & 0x1fff != 0 {drop}"),
+            format!("    frag frag-off != 0 {drop}"),
+            "  }\n}\n".into(),
+        ]
+        .join("\n");
+    }
+    t
 }
 
 fn upstream_filter(state: &LabState) -> String {
@@ -468,17 +496,20 @@ fn upstream_nat(state: &LabState) -> String {
 }
 
 fn start_upstream(state: &mut LabState) -> Result<()> {
-    stop(state, "unbound");
     std::fs::write(resolvers::zone_path(), resolvers::example_zone())?;
-    let conf = Path::new(LAB_DIR).join("unbound.conf");
-    std::fs::write(
-        &conf,
-        resolvers::unbound_conf(state.ipv6, state.has(Fault::Servfail)),
-    )?;
-    let _ = std::fs::remove_file(resolvers::pid_path("unbound"));
-    sys::in_ns(UPSTREAM_NS, "unbound", &["-c", &conf.to_string_lossy()])?;
-    let pid = read_pid("unbound")?;
-    state.pids.insert("unbound".into(), pid);
+    let conf = resolvers::unbound_conf(state.ipv6, state.has(Fault::Servfail));
+    start_unbound(state, UPSTREAM_NS, "unbound", &conf)
+}
+
+/// Starts (or restarts) an unbound named `name` with `conf`, in `ns`.
+fn start_unbound(state: &mut LabState, ns: &str, name: &str, conf: &str) -> Result<()> {
+    stop(state, name);
+    let path = Path::new(LAB_DIR).join(format!("{name}.conf"));
+    std::fs::write(&path, conf)?;
+    let _ = std::fs::remove_file(resolvers::pid_path(name));
+    sys::in_ns(ns, "unbound", &["-c", &path.to_string_lossy()])?;
+    let pid = read_pid(name)?;
+    state.pids.insert(name.to_owned(), pid);
     Ok(())
 }
 
@@ -488,8 +519,8 @@ fn start_coredns(state: &mut LabState, pod: &Pod) -> Result<()> {
 }
 
 fn start_nodelocal(state: &mut LabState) -> Result<()> {
-    let args = resolvers::nodelocal_args(state.has(Fault::NodelocaldnsLoop));
-    start_dnsmasq(state, NODE_NS, "nodelocaldns", &args)
+    let conf = resolvers::nodelocal_conf(state.has(Fault::NodelocaldnsLoop));
+    start_unbound(state, NODE_NS, "nodelocaldns", &conf)
 }
 
 fn start_dnsmasq(state: &mut LabState, ns: &str, name: &str, args: &[String]) -> Result<()> {
@@ -538,9 +569,12 @@ fn wait_gone(pid: u32) {
 }
 
 /// Waits until every resolver has its port 53 open.
-fn wait_listening() -> Result<()> {
+fn wait_listening(state: &LabState) -> Result<()> {
     let mut namespaces: Vec<String> = plan::coredns_pods().map(Pod::netns).collect();
     namespaces.push(UPSTREAM_NS.to_owned());
+    if state.nodelocaldns {
+        namespaces.push(NODE_NS.to_owned());
+    }
     for ns in namespaces {
         let deadline = Instant::now() + Duration::from_secs(5);
         while !sys::in_ns(&ns, "ss", &["-Hlun", "sport", "=", ":53"])
@@ -590,7 +624,16 @@ fn set_fault(state: &mut LabState, fault: Fault, on: bool) -> Result<()> {
             }
             Ok(())
         }
-        Fault::NoDnat | Fault::Drop | Fault::UpstreamTimeout => apply_rules(state),
+        Fault::NoDnat | Fault::Drop | Fault::UpstreamTimeout | Fault::FragmentsDropped => {
+            apply_rules(state)
+        }
+        Fault::NoDnsTcp => {
+            apply_rules(state)?;
+            if on {
+                forget_tcp_flows(state);
+            }
+            Ok(())
+        }
         Fault::SlowUpstream => {
             set_delay_line(state, on)?;
             apply_rules(state)
@@ -608,6 +651,24 @@ fn set_fault(state: &mut LabState, fault: Fault, on: bool) -> Result<()> {
         }
         // Read by `lab traffic`, which then sends A and AAAA from two CPUs at once.
         Fault::ConntrackRace => Ok(()),
+    }
+}
+
+/// Closes what a Service without its TCP port never had: connections to
+/// kube-dns open through the DNAT, which conntrack would keep translating
+/// (NodeLocalDNS keeps its connection open).
+fn forget_tcp_flows(state: &LabState) {
+    let mut services = vec![("ipv4", plan::SERVICE4.to_string())];
+    if state.ipv6 {
+        services.push(("ipv6", plan::SERVICE6.to_string()));
+    }
+    for (family, service) in services {
+        // It exits 1 when there was none to delete.
+        let _ = sys::in_ns(
+            NODE_NS,
+            "conntrack",
+            &["-D", "-f", family, "-p", "tcp", "--orig-dst", &service],
+        );
     }
 }
 
@@ -759,7 +820,10 @@ fn print_summary(state: &LabState) {
         plan::UPSTREAM4
     );
     if state.nodelocaldns {
-        eprintln!("lab:   NodeLocalDNS {} on the node", plan::NODELOCAL4);
+        eprintln!(
+            "lab:   NodeLocalDNS {} (unbound) on the node, cluster names to kube-dns over TCP",
+            plan::NODELOCAL4
+        );
     }
     let faults: Vec<String> = state.faults.iter().map(|f| f.name()).collect();
     if !faults.is_empty() {

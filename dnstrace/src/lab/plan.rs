@@ -32,6 +32,12 @@ pub const RESOLVED_STUB: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 53);
 pub const CLUSTER_DOMAIN: &str = "cluster.local";
 /// The foreign search domain the `search-leak` fault adds.
 pub const LEAK_DOMAIN: &str = "corp.example.com";
+/// An upstream name (TXT) whose answer outgrows the 1,232-byte EDNS buffer
+/// clients offer by default but fits one 1,500-byte packet.
+pub const BIG_NAME: &str = "big.example.com";
+/// One whose answer outgrows the path MTU: asked with a 4,096-byte EDNS
+/// buffer, it comes over UDP as IP fragments.
+pub const HUGE_NAME: &str = "huge.example.com";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {

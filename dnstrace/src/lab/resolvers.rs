@@ -1,8 +1,8 @@
-//! The lab's real resolvers: dnsmasq standing in for CoreDNS and NodeLocalDNS,
-//! unbound as the "internet" resolver behind the node.
+//! The lab's real resolvers: dnsmasq standing in for CoreDNS, unbound for
+//! NodeLocalDNS and as the "internet" resolver behind the node.
 use std::{net::IpAddr, path::PathBuf};
 
-use super::plan::{self, Pod, CLUSTER_DOMAIN, LAB_DIR};
+use super::plan::{self, Pod, BIG_NAME, CLUSTER_DOMAIN, HUGE_NAME, LAB_DIR};
 
 pub fn log_path(name: &str) -> PathBuf {
     PathBuf::from(LAB_DIR)
@@ -60,6 +60,11 @@ pub fn coredns_args(pod: &Pod, ipv6: bool) -> Vec<String> {
         "--local=/10.in-addr.arpa/".into(),
         "--max-cache-ttl=30".into(),
         "--dns-forward-max=1000".into(),
+        // Answers up to 4,096 bytes over UDP, as CoreDNS relays them.
+        "--edns-packet-max=4096".into(),
+        // CoreDNS caches every type, dnsmasq only addresses unless told:
+        // the big TXT answers then come from the CoreDNS pod itself.
+        "--cache-rr=TXT".into(),
     ];
     args.extend(
         cluster_records(ipv6)
@@ -69,35 +74,58 @@ pub fn coredns_args(pod: &Pod, ipv6: bool) -> Vec<String> {
     args
 }
 
-/// dnsmasq as NodeLocalDNS on the node: cluster names to the kube-dns
-/// service, the rest to the node's resolv.conf, or, with the loop fault,
-/// everything to kube-dns.
-pub fn nodelocal_args(looped: bool) -> Vec<String> {
-    let mut args = vec![
-        "--no-hosts".to_owned(),
-        "--no-poll".into(),
-        "--user=root".into(),
-        "--bind-interfaces".into(),
-        format!("--listen-address={}", plan::NODELOCAL4),
-        format!("--pid-file={}", pid_path("nodelocaldns").display()),
-        "--log-queries".into(),
-        format!("--log-facility={}", log_path("nodelocaldns").display()),
-        format!("--server=/{CLUSTER_DOMAIN}/{}", plan::SERVICE4),
-        format!("--server=/in-addr.arpa/{}", plan::SERVICE4),
-    ];
+/// unbound as NodeLocalDNS on the node, as its Corefile has it: cluster
+/// names and reverse zones to the kube-dns service over TCP (`force_tcp`),
+/// the rest to the node's nameserver or, with the loop fault, to kube-dns
+/// too; answers cached 30 s at most.
+pub fn nodelocal_conf(looped: bool) -> String {
+    let mut c = String::from("server:\n");
+    c += &format!("  interface: {}\n  do-ip6: no\n", plan::NODELOCAL4);
+    c += &unbound_daemon("nodelocaldns");
+    c += "  cache-max-ttl: 30\n  cache-max-negative-ttl: 5\n";
+    // Else unbound answers the private reverse zones (10.in-addr.arpa...) itself.
+    c += "  unblock-lan-zones: yes\n  insecure-lan-zones: yes\n";
     if looped {
-        args.push("--no-resolv".into());
-        args.push(format!("--server={}", plan::SERVICE4));
-    } else {
-        args.push("--resolv-file=/etc/resolv.conf".into());
+        // One round of the loop per lookup: unbound would send the query
+        // again after 376 ms, and each time it would go round once more.
+        c += "  unknown-server-time-limit: 20000\n";
     }
-    args
+    let cluster = format!("{CLUSTER_DOMAIN}.");
+    for zone in [cluster.as_str(), "in-addr.arpa.", "ip6.arpa."] {
+        c += &forward_zone(zone, plan::SERVICE4.into(), true);
+    }
+    let rest = if looped {
+        plan::SERVICE4
+    } else {
+        plan::UPSTREAM4
+    };
+    c + &forward_zone(".", rest.into(), false)
+}
+
+fn forward_zone(zone: &str, to: IpAddr, tcp: bool) -> String {
+    let tcp = if tcp { "yes" } else { "no" };
+    format!(
+        "forward-zone:\n  name: \"{zone}\"\n  forward-addr: {to}\n  forward-tcp-upstream: {tcp}\n"
+    )
+}
+
+/// What both unbounds share: a daemon running as root without chroot, its
+/// files under LAB_DIR, every query logged, no DNSSEC validation.
+fn unbound_daemon(name: &str) -> String {
+    let mut c =
+        String::from("  do-daemonize: yes\n  username: \"\"\n  chroot: \"\"\n  use-syslog: no\n");
+    c += &format!("  directory: \"{LAB_DIR}\"\n");
+    c += &format!("  pidfile: \"{}\"\n", pid_path(name).display());
+    c += &format!("  logfile: \"{}\"\n", log_path(name).display());
+    c += "  log-queries: yes\n  log-replies: yes\n  verbosity: 1\n";
+    c + "  access-control: 0.0.0.0/0 allow\n  access-control: ::/0 allow\n  module-config: \"iterator\"\n  num-threads: 1\n"
 }
 
 /// unbound as the upstream resolver: authoritative for example.com from a
-/// zone file, NXDOMAIN for every other name (it never recurses anywhere), UDP
-/// answers over 512 bytes truncated. With `servfail`, every query is forwarded
-/// to a server that does not exist, so unbound answers SERVFAIL.
+/// zone file, NXDOMAIN for every other name (it never recurses anywhere),
+/// UDP answers up to 4,096 bytes (larger than the path MTU: fragmented).
+/// With `servfail`, every query is forwarded to a server that does not
+/// exist, so unbound answers SERVFAIL.
 pub fn unbound_conf(ipv6: bool, servfail: bool) -> String {
     let mut c = String::from("server:\n");
     c += &format!("  interface: {}\n  interface: 127.0.0.1\n", plan::UPSTREAM4);
@@ -105,13 +133,8 @@ pub fn unbound_conf(ipv6: bool, servfail: bool) -> String {
         c += &format!("  interface: {}\n", plan::UPSTREAM6);
     }
     c += &format!("  do-ip6: {}\n", if ipv6 { "yes" } else { "no" });
-    c += "  do-daemonize: yes\n  username: \"\"\n  chroot: \"\"\n  use-syslog: no\n";
-    c += &format!("  directory: \"{LAB_DIR}\"\n");
-    c += &format!("  pidfile: \"{}\"\n", pid_path("unbound").display());
-    c += &format!("  logfile: \"{}\"\n", log_path("unbound").display());
-    c += "  log-queries: yes\n  log-replies: yes\n  verbosity: 1\n";
-    c += "  access-control: 0.0.0.0/0 allow\n  access-control: ::/0 allow\n";
-    c += "  max-udp-size: 512\n  module-config: \"iterator\"\n  num-threads: 1\n";
+    c += &unbound_daemon("unbound");
+    c += "  max-udp-size: 4096\n";
     if servfail {
         c += "forward-zone:\n  name: \".\"\n  forward-addr: 127.0.0.9\n";
         return c;
@@ -128,21 +151,30 @@ pub fn zone_path() -> PathBuf {
     PathBuf::from(LAB_DIR).join("example.com.zone")
 }
 
-/// The "internet" names: plain, dual-stack, a long CNAME chain, and one whose
-/// answer only fits over TCP.
+/// The "internet" names: plain, dual-stack, a long CNAME chain, forty
+/// addresses (over 512 bytes), and the big and huge TXT answers.
 pub fn example_zone() -> String {
-    let chunk = |c: char| format!("\"{}\"", c.to_string().repeat(200));
     let mut z = String::from("$ORIGIN example.com.\n$TTL 300\n");
     z += "@ IN SOA ns.example.com. hostmaster.example.com. 1 3600 600 86400 300\n@ IN NS ns.example.com.\n";
     z += &format!("ns IN A {}\n", plan::UPSTREAM4);
     z += "www IN A 198.51.100.80\nwww IN AAAA 2001:db8:5100::80\napi IN A 198.51.100.81\n";
     z += "chain IN CNAME hop1\nhop1 IN CNAME hop2\nhop2 IN CNAME hop3\nhop3 IN CNAME hop4\nhop4 IN CNAME hop5\nhop5 IN A 198.51.100.90\n";
-    z += &format!("big IN TXT {} {} {}\n", chunk('a'), chunk('b'), chunk('c'));
+    // About 1,300 and 3,000 bytes of answer.
+    z += &txt_record(BIG_NAME, 5);
+    z += &txt_record(HUGE_NAME, 12);
     // Forty addresses: too many for a 512-byte UDP answer.
     for i in 100..140 {
         z += &format!("many IN A 198.51.100.{i}\n");
     }
     z
+}
+
+/// A TXT record of `strings` strings of 250 letters each.
+fn txt_record(name: &str, strings: u8) -> String {
+    let data: Vec<String> = (b'a'..b'a' + strings)
+        .map(|c| format!("\"{}\"", char::from(c).to_string().repeat(250)))
+        .collect();
+    format!("{name}. IN TXT {}\n", data.join(" "))
 }
 
 /// A pod's resolv.conf, as the kubelet writes it (ClusterFirst).
@@ -176,6 +208,68 @@ mod tests {
         assert!(args.contains("--local=/cluster.local/"));
         assert!(args.contains("--resolv-file=/etc/resolv.conf"));
         assert_eq!(args.matches("db.default.svc.cluster.local").count(), 3);
+    }
+
+    #[test]
+    fn nodelocaldns_forces_tcp_to_kube_dns_for_cluster_zones_only() {
+        let zone = |name: &str, to: &str, tcp: &str| {
+            format!("forward-zone:\n  name: \"{name}\"\n  forward-addr: {to}\n  forward-tcp-upstream: {tcp}\n")
+        };
+        for looped in [false, true] {
+            let conf = nodelocal_conf(looped);
+            assert!(conf.contains("interface: 169.254.20.10\n"));
+            for name in ["cluster.local.", "in-addr.arpa.", "ip6.arpa."] {
+                assert!(conf.contains(&zone(name, "10.96.0.10", "yes")), "{conf}");
+            }
+            // The loop fault sends the rest to kube-dns too, once.
+            assert_eq!(conf.contains("unknown-server-time-limit: 20000"), looped);
+            let rest = if looped {
+                "10.96.0.10"
+            } else {
+                "198.51.100.53"
+            };
+            assert!(conf.ends_with(&zone(".", rest, "no")), "{conf}");
+            assert_eq!(conf.matches("forward-zone:").count(), 4);
+        }
+    }
+
+    /// The wire size of the answer to `name` TXT, from the zone, with EDNS.
+    fn answer_size(name: &str) -> usize {
+        use hickory_proto::{
+            op::{Edns, Message, Query},
+            rr::{rdata::TXT, Name, RData, Record, RecordType},
+        };
+        let zone = example_zone();
+        let line = zone
+            .lines()
+            .find(|l| l.starts_with(&format!("{name}. IN TXT")))
+            .unwrap();
+        let strings: Vec<String> = line
+            .split('"')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_owned)
+            .collect();
+        let owner = Name::from_ascii(name).unwrap();
+        let mut m = Message::new();
+        m.add_query(Query::query(owner.clone(), RecordType::TXT));
+        m.add_answer(Record::from_rdata(
+            owner,
+            300,
+            RData::TXT(TXT::new(strings)),
+        ));
+        m.set_edns(Edns::new());
+        m.to_vec().unwrap().len()
+    }
+
+    #[test]
+    fn big_and_huge_answers_straddle_the_edns_buffer_and_the_mtu() {
+        // An IPv4 packet of 1,500 bytes carries 1,472 bytes of UDP payload;
+        // the big answer leaves room for an authority section as well.
+        let big = answer_size(BIG_NAME);
+        assert!(big > 1232 && big < 1472 - 100, "{big}");
+        let huge = answer_size(HUGE_NAME);
+        assert!(huge > 1472 * 2 && huge < 4096, "{huge}");
     }
 
     #[test]

@@ -18,6 +18,8 @@ pub const PROGRAMS: &[(&str, &str)] = &[
     ("unbound", "unbound"),
     ("dig", "bind9-dnsutils"),
     ("ss", "iproute2"),
+    ("nft", "nftables"),
+    ("conntrack", "conntrack"),
 ];
 
 pub fn require_programs() -> Result<()> {
@@ -74,14 +76,25 @@ pub fn sysctl(ns: &str, key: &str, value: &str) -> Result<()> {
 
 /// Feeds `rules` to iptables-restore (v4) or ip6tables-restore in `ns`.
 pub fn restore(ns: &str, v6: bool, rules: &str) -> Result<()> {
-    use std::io::Write as _;
     let program = if v6 {
         "ip6tables-restore"
     } else {
         "iptables-restore"
     };
+    feed(ns, program, &[], rules)
+}
+
+/// Runs an nftables script in `ns`, as one transaction.
+pub fn nft(ns: &str, script: &str) -> Result<()> {
+    feed(ns, "nft", &["-f", "-"], script)
+}
+
+/// Runs `program args` in `ns` with `input` on its stdin.
+fn feed(ns: &str, program: &str, args: &[&str], input: &str) -> Result<()> {
+    use std::io::Write as _;
     let mut child = Command::new("ip")
         .args(["netns", "exec", ns, program])
+        .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -91,7 +104,7 @@ pub fn restore(ns: &str, v6: bool, rules: &str) -> Result<()> {
         .stdin
         .take()
         .context("stdin")?
-        .write_all(rules.as_bytes())?;
+        .write_all(input.as_bytes())?;
     let out = child.wait_with_output()?;
     if !out.status.success() {
         bail!(

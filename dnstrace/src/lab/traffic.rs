@@ -39,6 +39,9 @@ pub struct TrafficArgs {
     /// Who makes the lookups: a glibc-like stub resolver, or dig.
     #[arg(long, value_enum, default_value_t = Client::Stub)]
     client: Client,
+    /// Every query over TCP, as with resolv.conf's `options use-vc` (dig: +tcp).
+    #[arg(long)]
+    tcp: bool,
     #[arg(short, long, value_enum, default_value_t = OutputFormat::Text)]
     output: OutputFormat,
 }
@@ -47,6 +50,15 @@ pub struct TrafficArgs {
 enum Client {
     Stub,
     Dig,
+}
+
+/// How each lookup is made.
+#[derive(Clone, Copy, Debug)]
+struct How {
+    client: Client,
+    /// The `conntrack-race` fault: A and AAAA sent from two CPUs at once.
+    race: bool,
+    tcp: bool,
 }
 
 const DEFAULT_NAMES: &[&str] = &[
@@ -97,16 +109,20 @@ pub fn run(args: TrafficArgs) -> Result<()> {
     } else {
         args.names.clone()
     };
-    let race = state.faults.contains(&Fault::ConntrackRace);
+    let how = How {
+        client: args.client,
+        race: state.faults.contains(&Fault::ConntrackRace),
+        tcp: args.tcp,
+    };
     let (tx, rx) = mpsc::channel();
     let mut drivers = Vec::new();
     for pod in pods {
         let (tx, names) = (tx.clone(), names.clone());
-        let (rate, duration, client) = (args.rate, args.duration, args.client);
+        let (rate, duration) = (args.rate, args.duration);
         let ns = pod.netns();
         drivers.push(std::thread::spawn(move || -> Result<()> {
             enter_netns(&ns)?;
-            drive(pod, &names, rate, duration, client, race, tx);
+            drive(pod, &names, rate, duration, how, tx);
             Ok(())
         }));
     }
@@ -183,8 +199,7 @@ fn drive(
     names: &[String],
     rate: f64,
     duration: Option<Duration>,
-    client: Client,
-    race: bool,
+    how: How,
     tx: mpsc::Sender<Outcome>,
 ) {
     let start = Instant::now();
@@ -205,9 +220,9 @@ fn drive(
         let (tx, name, in_flight) = (tx.clone(), name.clone(), in_flight.clone());
         in_flight.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         workers.push(std::thread::spawn(move || {
-            let outcome = match client {
-                Client::Stub => stub_lookup(pod, &name, race),
-                Client::Dig => dig_lookup(pod, &name),
+            let outcome = match how.client {
+                Client::Stub => stub_lookup(pod, &name, how),
+                Client::Dig => dig_lookup(pod, &name, how.tcp),
             };
             let _ = tx.send(outcome);
             in_flight.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
@@ -287,7 +302,7 @@ enum Pair {
     Failed(String),
 }
 
-fn stub_lookup(pod: &Pod, name: &str, race: bool) -> Outcome {
+fn stub_lookup(pod: &Pod, name: &str, how: How) -> Outcome {
     let start = Instant::now();
     let rc_text = std::fs::read_to_string(format!("/etc/netns/{}/resolv.conf", pod.netns()))
         .unwrap_or_default();
@@ -305,7 +320,7 @@ fn stub_lookup(pod: &Pod, name: &str, race: bool) -> Outcome {
     let mut last_miss = "NXDOMAIN";
     for cand in candidates(name, &rc) {
         outcome.last_name = cand.clone();
-        match exchange(&rc, &cand, race, &mut outcome.queries) {
+        match exchange(&rc, &cand, how, &mut outcome.queries) {
             Pair::Addresses(a) => {
                 outcome.ok = true;
                 outcome.addresses = a;
@@ -326,11 +341,11 @@ fn stub_lookup(pod: &Pod, name: &str, race: bool) -> Outcome {
 }
 
 /// A and AAAA for `name`, through the nameservers and attempts of `rc`.
-fn exchange(rc: &ResolvConf, name: &str, race: bool, queries: &mut u32) -> Pair {
+fn exchange(rc: &ResolvConf, name: &str, how: How, queries: &mut u32) -> Pair {
     let mut last = String::from("no nameserver");
     for _ in 0..rc.attempts {
         for &ns in &rc.nameservers {
-            match ask_pair(SocketAddr::new(ns, 53), name, rc.timeout, race, queries) {
+            match ask_pair(SocketAddr::new(ns, 53), name, rc.timeout, how, queries) {
                 Ok(Some(pair)) => return pair,
                 Ok(None) => last = "SERVFAIL".into(),
                 Err(e) => last = e,
@@ -346,10 +361,38 @@ fn ask_pair(
     server: SocketAddr,
     name: &str,
     wait: Duration,
-    race: bool,
+    how: How,
     queries: &mut u32,
 ) -> Result<Option<Pair>, String> {
     let qname = Name::from_ascii(name).map_err(|e| format!("bad name {name}: {e}"))?;
+    let ids = [random_id(), random_id()];
+    let wire: Vec<Vec<u8>> = [RecordType::A, RecordType::AAAA]
+        .iter()
+        .zip(ids)
+        .map(|(&t, id)| query(id, &qname, t))
+        .collect();
+    let replies = if how.tcp {
+        // use-vc: both over TCP from the start (here one connection each).
+        [
+            tcp_ask(server, &wire[0], wait, queries)?,
+            tcp_ask(server, &wire[1], wait, queries)?,
+        ]
+    } else {
+        udp_pair(server, ids, &wire, wait, how.race, queries)?
+    };
+    Ok(classify(&replies))
+}
+
+/// Both queries over one connected UDP socket, each retried over TCP if its
+/// answer comes truncated.
+fn udp_pair(
+    server: SocketAddr,
+    ids: [u16; 2],
+    wire: &[Vec<u8>],
+    wait: Duration,
+    race: bool,
+    queries: &mut u32,
+) -> Result<[Message; 2], String> {
     let bind: SocketAddr = if server.is_ipv4() {
         "0.0.0.0:0".parse().unwrap()
     } else {
@@ -358,14 +401,8 @@ fn ask_pair(
     let sock = UdpSocket::bind(bind).map_err(|e| e.to_string())?;
     // Connected, like glibc: replies from another source never reach us.
     sock.connect(server).map_err(|e| e.to_string())?;
-    let ids = [random_id(), random_id()];
-    let wire: Vec<Vec<u8>> = [RecordType::A, RecordType::AAAA]
-        .iter()
-        .zip(ids)
-        .map(|(&t, id)| query(id, &qname, t))
-        .collect();
     *queries += 2;
-    send_both(&sock, &wire, race).map_err(io_reason)?;
+    send_both(&sock, wire, race).map_err(io_reason)?;
     let mut replies: [Option<Message>; 2] = [None, None];
     let deadline = Instant::now() + wait;
     let mut buf = [0u8; 4096];
@@ -390,7 +427,7 @@ fn ask_pair(
         };
         replies[slot] = Some(msg);
     }
-    Ok(classify(&replies.map(|r| r.expect("both replies present"))))
+    Ok(replies.map(|r| r.expect("both replies present")))
 }
 
 /// What the application sees, in resolver terms.
@@ -475,7 +512,8 @@ fn num_cpus() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
-/// The retry over TCP after a truncated answer.
+/// One query over its own TCP connection: the retry after a truncated
+/// answer, or every query with `--tcp`.
 fn tcp_ask(
     server: SocketAddr,
     query: &[u8],
@@ -512,20 +550,12 @@ fn random_id() -> u16 {
 }
 
 /// dig in the pod, with the pod's resolv.conf (search list included).
-fn dig_lookup(pod: &Pod, name: &str) -> Outcome {
+fn dig_lookup(pod: &Pod, name: &str, tcp: bool) -> Outcome {
     let start = Instant::now();
     let out = std::process::Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &pod.netns(),
-            "dig",
-            "+search",
-            "+tries=2",
-            "+time=5",
-            name,
-            "A",
-        ])
+        .args(["netns", "exec", &pod.netns(), "dig"])
+        .args(tcp.then_some("+tcp"))
+        .args(["+search", "+tries=2", "+time=5", name, "A"])
         .output();
     let text = out
         .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
