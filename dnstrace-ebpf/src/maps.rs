@@ -67,7 +67,7 @@ pub fn remember_fragment(saddr: &[u32; 4], daddr: &[u32; 4], id: u32, ports: [u1
         daddr: *daddr,
         id,
     };
-    let _ = FRAGMENTS.insert(&key, &ports, 0);
+    let _ = FRAGMENTS.insert(key, ports, 0);
 }
 
 #[inline(always)]
@@ -78,7 +78,7 @@ pub fn fragment_ports(saddr: &[u32; 4], daddr: &[u32; 4], id: u32) -> Option<[u1
         id,
     };
     // SAFETY: map lookup; the value is copied out.
-    unsafe { FRAGMENTS.get(&key) }.copied()
+    unsafe { FRAGMENTS.get(key) }.copied()
 }
 
 /// TCP payloads held in an skb's pages, with an `ApartHead` each, for the
@@ -274,7 +274,7 @@ pub fn send_apart(skb: *const u8, s: &mut Scratch, start: u32, len: u32) {
         start,
         len: start + len,
     };
-    let flags = u64::from(BPF_F_CURRENT_CPU) | (u64::from(head.len) << 32);
+    let flags = BPF_F_CURRENT_CPU | (u64::from(head.len) << 32);
     // SAFETY: `skb` is the tracepoint's typed skb, `head` a stack value of
     // its size.
     let ret = unsafe {

@@ -123,9 +123,12 @@ pub async fn run(args: CaptureArgs, view: View) -> Result<()> {
     let exit = ExitReport {
         counts: std::mem::take(&mut pipe.counts),
         evicted_streams: pipe.decoder.evicted_streams(),
+        incomplete_datagrams: pipe.decoder.incomplete_datagrams(),
+        evicted_datagrams: pipe.decoder.evicted_datagrams(),
         summary: result.as_ref().ok().cloned().flatten(),
         lost: probes.lost_events().unwrap_or(0),
         shed: probes.shed_events().unwrap_or(0),
+        apart_lost: probes.apart_lost().unwrap_or(0),
         sampled: src.level,
         targets: probes.targets(),
         bad_events: src.ingest.bad_events(),
@@ -330,10 +333,16 @@ struct Watches {
 struct ExitReport {
     counts: Counts,
     evicted_streams: u64,
+    /// Fragmented datagrams given up at a hook point: timed out or
+    /// inconsistent, and evicted.
+    incomplete_datagrams: u64,
+    evicted_datagrams: u64,
     summary: Option<String>,
     lost: u64,
     /// Packets the sampling level left out, and the level at the end.
     shed: u64,
+    /// TCP payloads left cut: no room on their perf buffer.
+    apart_lost: u64,
     sampled: SampleLevel,
     targets: Vec<String>,
     bad_events: u64,
@@ -361,10 +370,24 @@ impl ExitReport {
                 self.sampled.one_in()
             );
         }
+        if self.apart_lost > 0 {
+            eprintln!(
+                "dnstrace: {} TCP segments kept cut: no room for their payload on the perf buffers",
+                self.apart_lost
+            );
+        }
         if self.evicted_streams > 0 {
             eprintln!(
                 "dnstrace: {} TCP streams dropped from reassembly (too many open at once)",
                 self.evicted_streams
+            );
+        }
+        if self.incomplete_datagrams + self.evicted_datagrams > 0 {
+            eprintln!(
+                "dnstrace: {} fragmented datagrams never whole at a hook point ({} timed out or inconsistent, {} evicted: too many held at once)",
+                self.incomplete_datagrams + self.evicted_datagrams,
+                self.incomplete_datagrams,
+                self.evicted_datagrams
             );
         }
         if self.ct_overruns > 0 {

@@ -20,11 +20,14 @@ use serde::Serialize;
 
 use crate::{
     conntrack::CtEvent,
-    decode::{dns::qtype_name, Body, Conntrack, DnsMessage, Packet, Record, Transport},
+    decode::{dns::qtype_name, Body, Conntrack, DnsMessage, Packet, Record, Seen, Transport},
 };
 
+mod connections;
 mod sampling;
 
+use connections::Connections;
+pub use connections::{Connection, Reset};
 pub use sampling::SampleChange;
 use sampling::Sampling;
 
@@ -166,6 +169,56 @@ pub struct Leg {
     /// The kernel's drop reason and location, numbers as captured. Boxed,
     /// as few legs are drops.
     pub drop: Option<Box<(u32, u64)>>,
+    /// Where it saw part of a fragmented message only. Boxed: rare.
+    pub fragment: Option<Box<FragmentNote>>,
+}
+
+/// A leg that saw part of a fragmented message: the fragment at `offset`
+/// (the kernel dropped it there), or, `missing`, the datagram without the
+/// fragment at `offset`, which was seen last at `last_seen`, if anywhere.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FragmentNote {
+    pub offset: u16,
+    pub missing: bool,
+    pub last_seen: Option<Seen>,
+}
+
+impl FragmentNote {
+    /// `the fragment at offset 1480`, or `without its fragment at offset
+    /// 1480, last seen on veth1@4026532177 (dev_receive)`.
+    pub fn describe(&self) -> String {
+        if !self.missing {
+            return format!("the fragment at offset {}", self.offset);
+        }
+        let last = match &self.last_seen {
+            Some(s) => {
+                let dev = s
+                    .ifname
+                    .as_deref()
+                    .map_or_else(|| format!("if{}", s.ifindex), str::to_owned);
+                format!("last seen on {dev}@{} ({})", s.netns, s.hook.name())
+            }
+            None => "never seen".to_owned(),
+        };
+        format!("without its fragment at offset {}, {last}", self.offset)
+    }
+
+    /// What `rec` shows of a fragmented message, if it shows part of one.
+    fn of(rec: &Record) -> Option<Self> {
+        if let Some(m) = &rec.missing {
+            return Some(Self {
+                offset: m.offset,
+                missing: true,
+                last_seen: m.last_seen.clone(),
+            });
+        }
+        let f = rec.packet.frag.filter(|f| f.offset > 0)?;
+        Some(Self {
+            offset: f.offset,
+            missing: false,
+            last_seen: None,
+        })
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -205,6 +258,8 @@ pub struct Journey {
     pub incomplete: Option<Gap>,
     /// The strictest sampling level it was kept under (shift 0: none).
     pub sampled: SampleLevel,
+    /// Over TCP: how its connection was set up and ended. Boxed: few have one.
+    pub connection: Option<Box<Connection>>,
 }
 
 /// Why a journey may not show everything that happened to it: absence of a
@@ -373,6 +428,15 @@ struct Marks {
     dnat: Option<(SocketAddr, SocketAddr)>,
     snat: Option<(SocketAddr, SocketAddr)>,
     drop: Option<(u32, u64)>,
+    fragment: Option<FragmentNote>,
+}
+
+/// A record's message as a leg takes it.
+struct Sighting<'a> {
+    msg: &'a Arc<DnsMessage>,
+    /// Not all there: never the journey's answer.
+    cut: bool,
+    fragment: Option<FragmentNote>,
 }
 
 /// Where legs are seen: shared, as thousands of open journeys pass the
@@ -440,6 +504,12 @@ pub struct Engine {
     /// collide (odds 2^-64 a pair) would share an id; nothing else. Pruned
     /// of expired lookups before it grows.
     lookups: Table<u64, (u64, u64)>,
+    /// (lookup, answer time) of truncated UDP answers, by the hash of
+    /// (client address, name, type): the client's TCP retry, from a socket
+    /// of its own, is the same lookup. Pruned as `lookups` is.
+    truncated: Table<u64, (u64, u64)>,
+    /// The TCP connections DNS went over, or tried to.
+    connections: Connections,
     /// When each address last sent or got DNS over TCP, even where the
     /// message could not be read (a payload outside the captured bytes).
     tcp_seen: Map<IpAddr, u64>,
@@ -671,6 +741,8 @@ impl Engine {
             reorder_ns: 0,
             latest_start_ns: 0,
             lookups: Table::new(),
+            truncated: Table::new(),
+            connections: Connections::new(limits.max_open, limits.timeout_ns),
             tcp_seen: Map::default(),
             next_id: 1,
             evicted: 0,
@@ -715,6 +787,18 @@ impl Engine {
                 .is_some_and(|o| o.client().ip() == client && qtype_name(o.qtype) == qtype)
         });
         open || self.tcp_seen.get(&client).is_some_and(|&ts| ts >= since_ns)
+            || self.connections.tried_since(client, since_ns)
+    }
+
+    /// A TCP segment to or from a DNS port, with or without a message.
+    pub fn segment(&mut self, p: &Packet) {
+        self.connections.push(p);
+    }
+
+    /// TCP connections to DNS servers that were never set up, since the
+    /// last call.
+    pub fn failed_connections(&mut self) -> Vec<Connection> {
+        self.connections.take_failed()
     }
 
     fn note_tcp(&mut self, p: &Packet) {
@@ -737,10 +821,15 @@ impl Engine {
         self.open.len()
     }
 
-    /// Adds one decoded record; malformed payloads join nothing.
+    /// Adds one decoded record; malformed payloads join nothing. A cut
+    /// message joins its journey, but never as its answer.
     pub fn push(&mut self, rec: &Record) {
         self.note_tcp(&rec.packet);
-        let Body::Dns(msg) = &rec.body else { return };
+        let (msg, cut) = match &rec.body {
+            Body::Dns(msg) => (msg, false),
+            Body::Cut(msg) => (msg, true),
+            Body::Malformed { .. } => return,
+        };
         let Some(q) = msg.questions.first() else {
             return;
         };
@@ -777,7 +866,20 @@ impl Engine {
         };
         let was_settling = o.delivered_or_dropped();
         let filed = o.places(&self.devices);
-        o.add_leg(p, msg, dev, &self.devices);
+        let seen = Sighting {
+            msg,
+            cut,
+            fragment: FragmentNote::of(rec),
+        };
+        o.add_leg(p, &seen, dev, &self.devices);
+        if msg.response && msg.flags.tc && !o.has(TCP) {
+            let key = retry_key(&self.hasher, o.client().ip(), &o.name, o.qtype);
+            let lookup = o.lookup;
+            self.note_truncated(key, lookup, p.ts_ns);
+        }
+        let Some(o) = self.open.get_mut(slot) else {
+            return;
+        };
         if !was_settling && o.delivered_or_dropped() {
             self.settling.push(Ref::new(slot, o.id));
         }
@@ -892,6 +994,7 @@ impl Engine {
     /// returns that many.
     pub fn tick(&mut self, now_ns: u64) -> Vec<Journey> {
         self.forget_past();
+        self.connections.tick(now_ns);
         let mut ready = if self.few_settling() {
             // Many lookups unanswered: only those settling, and those old
             // enough to have timed out, can be finished. Journeys start in
@@ -981,10 +1084,11 @@ impl Engine {
             .reorder_ns
             .max(self.latest_start_ns.saturating_sub(p.ts_ns));
         self.latest_start_ns = self.latest_start_ns.max(p.ts_ns);
-        let lookup = self.lookup_for(&key, p.ts_ns, id);
+        let tcp = matches!(p.transport, Transport::Tcp { .. });
+        let retried = tcp.then(|| self.truncated_lookup(&key, p.ts_ns)).flatten();
+        let lookup = retried.unwrap_or_else(|| self.lookup_for(&key, p.ts_ns, id));
         let name_hash = self.hasher.hash_one(&key.name);
         let parent = self.waiting_parent(&key, name_hash, p);
-        let tcp = matches!(p.transport, Transport::Tcp { .. });
         let mut o = Open {
             id,
             lookup,
@@ -1047,6 +1151,22 @@ impl Engine {
         slot.0
     }
 
+    fn note_truncated(&mut self, key: u64, lookup: u64, ts: u64) {
+        let window = self.limits.timeout_ns;
+        self.truncated.make_room_pruning(|map| {
+            map.retain(|_, (_, last)| ts.saturating_sub(*last) <= window);
+        });
+        self.truncated.entry(key).insert_entry((lookup, ts));
+    }
+
+    /// The lookup a TCP query retries, if its client got a truncated answer
+    /// to the same question within a timeout.
+    fn truncated_lookup(&mut self, key: &Key, ts: u64) -> Option<u64> {
+        let hash = retry_key(&self.hasher, key.client.ip(), &key.name, key.qtype);
+        let &(lookup, at) = self.truncated.get(&hash)?;
+        (ts.saturating_sub(at) <= self.limits.timeout_ns).then_some(lookup)
+    }
+
     /// The open journey this query serves, if it was sent by a server that
     /// a journey for the same question is waiting at.
     fn waiting_parent(&self, key: &Key, name: u64, p: &Packet) -> Option<Ref> {
@@ -1106,6 +1226,9 @@ impl Engine {
         };
         let mut j = o.finish(upstream, &self.devices);
         j.sampled = sampled;
+        if j.tcp {
+            j.connection = self.connections.get(j.client).cloned().map(Box::new);
+        }
         Some(j)
     }
 
@@ -1172,6 +1295,11 @@ impl Engine {
 
 /// Where a journey waits for `name` (hashed) at `place`, in
 /// `Engine::waiting`.
+/// Where a truncated answer's lookup is filed for the client's TCP retry.
+fn retry_key(hasher: &RandomState, client: IpAddr, name: &str, qtype: u16) -> u64 {
+    hasher.hash_one((client, name, qtype))
+}
+
 fn place_key(hasher: &RandomState, name: u64, place: Place) -> u32 {
     short(hasher.hash_one((name, place)))
 }
@@ -1361,7 +1489,8 @@ impl Open {
     }
 
     /// Adds `p`, seen at device `dev`.
-    fn add_leg(&mut self, p: &Packet, msg: &Arc<DnsMessage>, dev: u16, devs: &Devices) {
+    fn add_leg(&mut self, p: &Packet, seen: &Sighting, dev: u16, devs: &Devices) {
+        let msg = seen.msg;
         let duplicate = self.legs.iter().any(|l| {
             let d = devs.get(l.dev);
             l.ts_ns == p.ts_ns && d.ifindex == p.ifindex && d.netns == p.netns && l.hook == p.hook
@@ -1369,10 +1498,12 @@ impl Open {
         if duplicate {
             return;
         }
-        let marks = self.marks(p);
+        let marks = self.marks(p, seen.fragment.clone());
         // The latest answer or drop, in kernel time, decides: an answer the
-        // kernel then dropped at the client never reached the application.
-        let decides = (p.drop.is_some() || msg.response) && p.ts_ns >= self.outcome_ns();
+        // kernel then dropped at the client never reached the application,
+        // nor did one that came without a fragment.
+        let decides =
+            (p.drop.is_some() || (msg.response && !seen.cut)) && p.ts_ns >= self.outcome_ns();
         let (src, src_v6) = self.pack(p.src);
         let (dst, dst_v6) = self.pack(p.dst);
         let bit = |on: bool, b: u8| if on { b } else { 0 };
@@ -1393,20 +1524,25 @@ impl Open {
             }
         }
         self.set(ANSWER_SEEN, msg.response);
-        if msg.response && p.drop.is_none() {
+        if msg.response && p.drop.is_none() && !seen.cut {
             self.set(DELIVERED, self.reached_client(p, devs));
         }
     }
 
     /// `p`'s marks, if it has any: the copy an earlier leg holds, if the same.
-    fn marks(&self, p: &Packet) -> Option<Arc<Marks>> {
+    fn marks(&self, p: &Packet, fragment: Option<FragmentNote>) -> Option<Arc<Marks>> {
         let ct = p.ct.as_ref();
         let marks = Marks {
             dnat: ct.and_then(Conntrack::dnat),
             snat: ct.and_then(Conntrack::snat),
             drop: p.drop.map(|d| (d.reason, d.location)),
+            fragment,
         };
-        if marks.dnat.is_none() && marks.snat.is_none() && marks.drop.is_none() {
+        if marks.dnat.is_none()
+            && marks.snat.is_none()
+            && marks.drop.is_none()
+            && marks.fragment.is_none()
+        {
             return None;
         }
         let held = self.legs.iter().rev().find_map(|l| l.marks.as_ref());
@@ -1476,6 +1612,7 @@ impl Open {
             upstream,
             incomplete: self.incomplete,
             sampled: SampleLevel::default(),
+            connection: None,
         }
     }
 }
@@ -1523,6 +1660,11 @@ impl OpenLeg {
             dnat: self.marks.as_ref().and_then(|m| m.dnat).map(Box::new),
             snat: self.marks.as_ref().and_then(|m| m.snat).map(Box::new),
             drop: self.marks.as_ref().and_then(|m| m.drop).map(Box::new),
+            fragment: self
+                .marks
+                .as_ref()
+                .and_then(|m| m.fragment.clone())
+                .map(Box::new),
         }
     }
 }

@@ -11,7 +11,7 @@ use std::{
 use serde::Serialize;
 
 use crate::{
-    correlate::{Journey, Leg, Outcome},
+    correlate::{Connection, Journey, Leg, Outcome, Reset},
     decode::KernelNames,
     target::Target,
 };
@@ -61,6 +61,9 @@ struct Asked {
     port: u16,
     answered: bool,
     nxdomain: bool,
+    /// Answered with TC set over UDP: the client should turn to TCP.
+    truncated: bool,
+    journey: u64,
     started_ns: u64,
     ended_ns: u64,
     /// It may miss legs (see `Gap`): its times may be wrong.
@@ -290,6 +293,34 @@ impl Diagnoser {
             .collect()
     }
 
+    /// TCP connections to a DNS server that were never set up (reset, or
+    /// no SYN-ACK within a timeout), with the truncated UDP answer that
+    /// sent the client there, if one did.
+    pub fn connections_failed(
+        &mut self,
+        failed: &[Connection],
+        names: &KernelNames,
+        now_ns: u64,
+    ) -> Vec<Anomaly> {
+        self.hits.clear();
+        let mut new = Vec::new();
+        for c in failed {
+            let led = self.truncated_before(c);
+            let found = tcp_unreachable(c, led, names);
+            new.extend(self.record(vec![found], now_ns, led.map(|a| a.journey)));
+        }
+        new
+    }
+
+    /// The client's latest truncated UDP answer before `c`'s SYN.
+    fn truncated_before(&self, c: &Connection) -> Option<&Asked> {
+        self.recent
+            .get(&c.client.ip())?
+            .iter()
+            .rev()
+            .find(|a| a.truncated && a.ended_ns <= c.syn_ns)
+    }
+
     /// Truncated UDP answers wait for a TCP retry; a TCP lookup settles them.
     fn await_tcp_retry(&mut self, j: &Journey) {
         if j.tcp {
@@ -353,12 +384,22 @@ impl Diagnoser {
             r.pop_front();
         }
         let nxdomain = matches!(&j.outcome, Outcome::Answered { rcode, .. } if rcode == "NXDOMAIN");
+        let truncated = !j.tcp
+            && matches!(
+                j.outcome,
+                Outcome::Answered {
+                    truncated: true,
+                    ..
+                }
+            );
         r.push_back(Asked {
             name: j.name.clone(),
             qtype: j.qtype,
             port: j.client.port(),
             answered: matches!(j.outcome, Outcome::Answered { .. }),
             nxdomain,
+            truncated,
+            journey: j.id,
             started_ns: j.started_ns,
             ended_ns: j.ended_ns,
             incomplete: j.incomplete.is_some(),
@@ -448,6 +489,7 @@ impl Diagnoser {
             seen_all.then(|| not_translated(j, &self.ctx)).flatten(),
             seen_all.then(|| forwarding_loop(j)).flatten(),
             seen_all.then(|| half_pair_lost(j, recent, names)).flatten(),
+            fragment_lost(j, names),
         ];
         let explained = specific.iter().any(Option::is_some);
         out.extend(specific.into_iter().flatten());
@@ -464,6 +506,51 @@ impl Diagnoser {
         out.extend(slow(j, &raised));
         out
     }
+}
+
+/// An answer came in IP fragments and one of them did not come through:
+/// dropped by the kernel on the way, or missing where the rest arrived.
+fn fragment_lost(j: &Journey, names: &KernelNames) -> Option<Finding> {
+    if matches!(j.outcome, Outcome::Answered { .. }) {
+        return None;
+    }
+    let with_note = |dropped: bool| {
+        j.legs.iter().rev().find_map(|l| {
+            let f = l.fragment.as_deref()?;
+            (l.drop.is_some() == dropped).then_some((l, f))
+        })
+    };
+    let (leg, f) = with_note(true).or_else(|| with_note(false))?;
+    let what = match leg.drop.as_deref() {
+        Some(&(reason, at)) => format!(
+            "{} was dropped on {}: {} at {}",
+            f.describe(),
+            place(leg),
+            names.drop_reason(reason),
+            names.location(at)
+        ),
+        None => format!("it reached {} {}", place(leg), f.describe()),
+    };
+    Some(Finding {
+        kind: "fragment_lost",
+        severity: Severity::Critical,
+        key: format!("{} → {}", leg.src.ip(), leg.dst.ip()),
+        summary: format!(
+            "answers from {} to {} in IP fragments do not arrive whole",
+            leg.src.ip(),
+            leg.dst.ip()
+        ),
+        evidence: vec![format!(
+            "the {} {} → {} ({} {}) came in IP fragments; {what}",
+            if leg.response { "answer" } else { "query" },
+            leg.src,
+            leg.dst,
+            j.name,
+            j.qtype
+        )],
+        cause: "the message was larger than the path's MTU and went as IP fragments, and something on the path does not let later fragments through: a firewall, security group or NetworkPolicy that drops fragments (they carry no ports), or an overlay (VXLAN, IPIP) whose smaller MTU they do not fit".into(),
+        fix: "keep DNS answers under the path MTU: a smaller EDNS buffer (CoreDNS `bufsize 1232`), and DNS over TCP for the rest; fix the overlay's MTU, or let fragments through the firewall",
+    })
 }
 
 /// One of a parallel A/AAAA pair got no answer while its sibling, sent
@@ -1059,6 +1146,50 @@ fn no_tcp_retry(t: &Truncated) -> Finding {
         )],
         cause: "the client's resolver does not fall back to TCP (musl libc before 1.2.4, as in older Alpine images, some custom stubs), or its TCP connection to port 53 never got through (a NetworkPolicy or firewall that allows only UDP)".into(),
         fix: "let TCP/53 through to the resolver, use an image whose resolver retries over TCP, or keep answers small (fewer records, no ANY)",
+    }
+}
+
+fn tcp_unreachable(c: &Connection, led: Option<&Asked>, names: &KernelNames) -> Finding {
+    let fate = match c.reset {
+        Some(Reset {
+            ts_ns,
+            to_client: true,
+        }) => format!(
+            "reset towards the client {:.1} ms after its SYN",
+            c.ms_after_syn(ts_ns)
+        ),
+        Some(Reset { .. }) => "reset by the client before any SYN-ACK".into(),
+        None => format!(
+            "{} SYN{} and no SYN-ACK",
+            c.syns,
+            if c.syns == 1 { "" } else { "s" }
+        ),
+    };
+    let mut evidence = vec![format!("{} → {}: {fate}", c.client, c.server)];
+    evidence.extend(c.dropped.map(|(reason, at)| {
+        format!(
+            "the kernel dropped its set-up: {} at {}",
+            names.drop_reason(reason),
+            names.location(at)
+        )
+    }));
+    evidence.extend(led.map(|a| {
+        format!(
+            "it followed a truncated UDP answer for {} {} (journey {}, {:.1} s before)",
+            a.name,
+            a.qtype,
+            a.journey,
+            c.syn_ns.saturating_sub(a.ended_ns) as f64 / 1e9
+        )
+    }));
+    Finding {
+        kind: "dns_tcp_unreachable",
+        severity: Severity::Critical,
+        key: c.server.to_string(),
+        summary: format!("DNS over TCP to {} does not get through", c.server),
+        evidence,
+        cause: "TCP port 53 is not open along the way: the service's TCP port is missing from kube-proxy's rules (a Service that lists only UDP 53), the DNS pod does not listen on TCP, or a NetworkPolicy or firewall lets only UDP through. Large answers (truncated over UDP) and clients that always use TCP then fail".into(),
+        fix: "list TCP 53 (dns-tcp) in the kube-dns Service and check kube-proxy's rules for it (iptables-save | grep 'dns-tcp', or nft list ruleset), make the DNS server listen on TCP, and let TCP 53 through NetworkPolicies and firewalls",
     }
 }
 

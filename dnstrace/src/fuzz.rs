@@ -3,7 +3,7 @@
 //! print what came out as the packet lines do (into nothing). A panic
 //! anywhere is a bug: hostile input must end as an error or a `Malformed`
 //! body.
-use std::{collections::HashMap, io, path::Path};
+use std::{collections::HashMap, io, net::Ipv6Addr, path::Path};
 
 use bytes::Bytes;
 use dnstrace_common::Hook;
@@ -11,7 +11,8 @@ use dnstrace_common::Hook;
 use crate::{
     cli::OutputFormat,
     decode::{
-        dns, packet::IfNames, tcp, wire, Body, Decoder, KernelNames, Packet, Record, Transport,
+        dns, frag, packet::IfNames, tcp, wire, Body, Decoder, Fragment, KernelNames, Packet,
+        Record, Transport,
     },
     output::{Clock, Labels, LineSink},
     pipeline::Input,
@@ -34,7 +35,14 @@ pub fn dns(data: &[u8]) {
         };
         assert_eq!(quick, *h, "the wire reader and hickory disagree");
     }
-    show(labels, &[Record { packet, body }]);
+    show(
+        labels,
+        &[Record {
+            packet,
+            body,
+            missing: None,
+        }],
+    );
 }
 
 /// DNS over TCP: segments of a few streams through the reassembler, with
@@ -57,11 +65,14 @@ fn tcp_records(data: &[u8]) -> Vec<Record> {
         return out;
     };
     let isn = u32::from_be_bytes(*isn);
-    let mut decoder = Decoder::new(tcp::Limits {
-        max_streams: 3,
-        max_pending: 4,
-        idle_ns: 1_000,
-    });
+    let mut decoder = Decoder::new(
+        tcp::Limits {
+            max_streams: 3,
+            max_pending: 4,
+            idle_ns: 1_000,
+        },
+        frag::Limits::default(),
+    );
     let mut ts_ns = 0;
     while let Some((&[ctl, seq_hi, seq_lo, len], tail)) = rest.split_first_chunk::<4>() {
         let (payload, tail) = tail.split_at(usize::from(len).min(tail.len()));
@@ -83,6 +94,102 @@ fn tcp_records(data: &[u8]) -> Vec<Record> {
     out
 }
 
+/// Fragmented UDP: fragments of two datagrams (one over IPv4, one over
+/// IPv6) at three hook points and a drop, and ticks, through the decoder
+/// with limits small enough to reach (datagrams evicted, timed out). What
+/// comes out must never pretend to be whole where it was not.
+///
+/// Input: a 2-byte length and the datagram's UDP payload (a DNS message,
+/// say), then fragments of a 4-byte head (control byte, 16-bit IP offset,
+/// data length) each. A fragment's data is the datagram's at its offset
+/// (the first's from the payload's start). Control byte: bits 0-1 the
+/// hook point (3: a drop), bit 2 MF, bit 3 which datagram, bit 4 its data
+/// altered, bit 5 a tick instead, bits 6-7 time passing.
+pub fn fragments(data: &[u8]) {
+    for r in fragment_records(data) {
+        let later = r.packet.frag.is_some_and(|f| !f.is_first());
+        match &r.body {
+            Body::Dns(_) => assert!(
+                r.missing.is_none() && !later,
+                "a datagram not all there read as whole"
+            ),
+            Body::Cut(m) => assert!(m.answers.is_empty(), "a cut message has answers"),
+            Body::Malformed { .. } => {}
+        }
+        // Only reassembly makes packets that are no fragment here.
+        if r.packet.frag.is_none() {
+            assert!(r.missing.is_none() && !r.packet.truncated);
+            assert_eq!(r.packet.payload.len(), r.packet.payload_len as usize);
+        }
+    }
+}
+
+fn fragment_records(data: &[u8]) -> Vec<Record> {
+    let mut out = Vec::new();
+    let Some((len, rest)) = data.split_first_chunk::<2>() else {
+        return out;
+    };
+    let (payload, mut rest) = rest.split_at(usize::from(u16::from_be_bytes(*len)).min(rest.len()));
+    let mut decoder = Decoder::new(
+        tcp::Limits::default(),
+        frag::Limits {
+            max_datagrams: 3,
+            max_bytes: 65_535,
+            timeout_ns: 1_000,
+        },
+    );
+    let mut ts_ns = 0;
+    while let Some((&[ctl, off_hi, off_lo, len], tail)) = rest.split_first_chunk::<4>() {
+        rest = tail;
+        ts_ns += u64::from(ctl >> 6) * 400;
+        if ctl & 0x20 != 0 {
+            decoder.tick(ts_ns, &mut out);
+            continue;
+        }
+        let offset = u16::from_be_bytes([off_hi, off_lo]);
+        let mut p = fragment(payload, ctl, offset, usize::from(len));
+        p.ts_ns = ts_ns;
+        decoder.decode(p, &mut out);
+    }
+    out
+}
+
+/// A fragment of `payload`'s datagram, as `fragments` describes.
+fn fragment(payload: &[u8], ctl: u8, offset: u16, len: usize) -> Packet {
+    let more = ctl & 0x04 != 0;
+    let v6 = ctl & 0x08 != 0;
+    // The datagram's IP data: the UDP header, then the payload.
+    let start = usize::from(offset).saturating_sub(if offset == 0 { 0 } else { 8 });
+    let mut bytes: Vec<u8> = payload.iter().skip(start).take(len).copied().collect();
+    bytes.resize(len, 0);
+    if ctl & 0x10 != 0 {
+        bytes.iter_mut().for_each(|b| *b ^= 0xa5);
+    }
+    let mut p = udp_packet(&bytes);
+    (p.src, p.dst) = if v6 {
+        let ip = |last| Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, last);
+        ((ip(0x53), 53).into(), (ip(0x10), 40_000).into())
+    } else {
+        (p.dst, p.src)
+    };
+    if offset == 0 {
+        p.payload_len = payload.len() as u32;
+        p.truncated = bytes.len() < payload.len();
+    }
+    (p.netns, p.ifindex, p.hook) = match ctl & 3 {
+        0 => (1, 2, Hook::DevXmit),
+        1 => (1, 3, Hook::DevReceive),
+        2 => (2, 2, Hook::DevReceive),
+        _ => (1, 3, Hook::Drop),
+    };
+    p.frag = Some(Fragment {
+        id: u32::from(v6) + 7,
+        offset,
+        more,
+    });
+    p
+}
+
 /// A kernel packet event, as read from the ring buffer: decoded as the
 /// capture does, printed, and turned into the raw IP frame a recording
 /// keeps (and back).
@@ -92,9 +199,14 @@ pub fn event(data: &[u8]) {
     };
     let f = frame::encode(&packet);
     if let Ok(Some(d)) = frame::decode(LINKTYPE_RAW, &f.data) {
+        // A later fragment's ports travel in its note.
+        let ports = match packet.frag {
+            Some(f) if !f.is_first() => (0, 0),
+            _ => (packet.src.port(), packet.dst.port()),
+        };
         assert_eq!(
             (d.src.port(), d.dst.port()),
-            (packet.src.port(), packet.dst.port()),
+            ports,
             "a recorded frame gives the packet's ports back"
         );
     }
@@ -125,13 +237,13 @@ pub fn recording(data: &[u8]) {
     let mut decoder = Decoder::default();
     let mut out = Vec::new();
     while let Some(input) = replay.next_input() {
-        if let Input::Packets(batch) = input {
-            for p in batch {
-                decoder.decode(p, &mut out);
-            }
-            show(|| about.labels(), &out);
-            out.clear();
+        match input {
+            Input::Packets(batch) => batch.into_iter().for_each(|p| decoder.decode(p, &mut out)),
+            Input::Tick(now_ns) => decoder.tick(now_ns, &mut out),
+            _ => continue,
         }
+        show(|| about.labels(), &out);
+        out.clear();
     }
 }
 
@@ -156,7 +268,7 @@ fn udp_packet(payload: &[u8]) -> Packet {
         wire_len: payload.len() as u32 + 28,
         payload_len: payload.len() as u32,
         truncated: false,
-        fragment: false,
+        frag: None,
         payload: Bytes::copy_from_slice(payload),
         ifname: None,
         ct: None,
@@ -182,8 +294,8 @@ mod tests {
     use std::{path::PathBuf, str::FromStr as _};
 
     use dnstrace_common::{
-        CtInfo, CtTuple, EventHeader, EventKind, PacketMeta, FLAG_CONNTRACK, PACKET_META_SIZE,
-        SCHEMA_VERSION,
+        CtInfo, CtTuple, EventHeader, EventKind, PacketMeta, FLAG_CONNTRACK, FLAG_FRAGMENT,
+        FLAG_MORE_FRAGMENTS, FLAG_TRUNCATED, PACKET_META_SIZE, SCHEMA_VERSION,
     };
     use hickory_proto::{
         op::{Edns, Message, MessageType, Query, ResponseCode},
@@ -194,14 +306,18 @@ mod tests {
     };
 
     use super::*;
-    use crate::{pods::testdir::TestDir, record::tests::record_inputs};
+    use crate::{
+        pods::testdir::TestDir,
+        record::tests::{big_answer, record_inputs},
+    };
 
     type Target = fn(&[u8]);
     /// (file name, contents)
     type Seeds = Vec<(&'static str, Vec<u8>)>;
-    const TARGETS: [(&str, Target); 4] = [
+    const TARGETS: [(&str, Target); 5] = [
         ("dns", dns),
         ("tcp_stream", tcp_stream),
+        ("fragments", fragments),
         ("event", event),
         ("recording", recording),
     ];
@@ -405,8 +521,11 @@ mod tests {
             cap_len: 0,
             ifname: [0; 16],
             drop_reason: 0,
-            _pad2: 0,
+            frag_id: 0,
             drop_location: 0,
+            frag_offset: 0,
+            cpu: 0,
+            apart_seq: 0,
             ct: CtInfo::default(),
         };
         let mut nat = udp;
@@ -430,10 +549,82 @@ mod tests {
         tcp6.tcp_seq = 1;
         tcp6.tcp_flags = 0x18;
         tcp6.payload_len += 2;
+        let mut first = udp;
+        first.flags = FLAG_FRAGMENT | FLAG_MORE_FRAGMENTS | FLAG_TRUNCATED;
+        first.frag_id = 0x4d2;
+        first.payload_len = 3000;
+        let mut later = first;
+        later.flags = FLAG_FRAGMENT;
+        later.frag_offset = 1480;
+        later.payload_len = q.len() as u32;
         vec![
             ("udp4", event_bytes(udp, &q)),
             ("nat_drop", event_bytes(nat, &q)),
             ("tcp6", event_bytes(tcp6, &framed(&q))),
+            ("first_fragment", event_bytes(first, &q)),
+            ("later_fragment", event_bytes(later, &q)),
+        ]
+    }
+
+    /// One fragment in `fragments`' input format.
+    fn frag_op(ctl: u8, offset: u16, len: u8) -> Vec<u8> {
+        let [hi, lo] = offset.to_be_bytes();
+        vec![ctl, hi, lo, len]
+    }
+
+    /// `payload`'s datagram in fragments of 248 data bytes, in order, each
+    /// with `ctl` (and MF on all but the last).
+    fn split(payload: &[u8], ctl: u8) -> Vec<Vec<u8>> {
+        const MF: u8 = 0x04;
+        let end = payload.len() + 8;
+        let mut ops = vec![frag_op(ctl | MF, 0, 248)];
+        let mut at = 256;
+        while at < end {
+            let len = (end - at).min(248);
+            let more = if at + len < end { MF } else { 0 };
+            ops.push(frag_op(ctl | more, at as u16, len as u8));
+            at += len;
+        }
+        ops
+    }
+
+    fn fragments_seed(payload: &[u8], ops: Vec<Vec<u8>>) -> Vec<u8> {
+        let mut seed = (payload.len() as u16).to_be_bytes().to_vec();
+        seed.extend_from_slice(payload);
+        seed.extend(ops.concat());
+        seed
+    }
+
+    fn fragments_seeds() -> Seeds {
+        const TICK: u8 = 0x20;
+        const LATER: u8 = 0xc0;
+        // 514 bytes: 34 and 30 records.
+        let answer = big_answer(11, 30);
+        // Whole at two hook points (IPv4), then at a third over IPv6.
+        let mut in_order = split(&answer, 0);
+        in_order.extend(split(&answer, 1));
+        in_order.extend(split(&answer, 2 | 0x08));
+        // Backwards with a fragment twice; then with a fragment coming
+        // twice, altered the first time (given up).
+        let mut reordered = split(&answer, 0);
+        reordered.reverse();
+        reordered.insert(1, reordered[0].clone());
+        let mut altered = split(&answer, 1);
+        altered.insert(1, frag_op(altered[1][0] | 0x10, 256, 248));
+        reordered.extend(altered);
+        // The last fragment lost at one hook point and dropped at another;
+        // the time passes and a tick gives the datagram up.
+        let mut lost = split(&answer, 0);
+        let last = lost.pop().unwrap();
+        lost.extend(split(&answer, 1));
+        lost.pop();
+        lost.push(vec![last[0] | 3, last[1], last[2], last[3]]);
+        lost.push(frag_op(LATER | TICK, 0, 0));
+        lost.push(frag_op(LATER | TICK, 0, 0));
+        vec![
+            ("in_order", fragments_seed(&answer, in_order)),
+            ("reordered", fragments_seed(&answer, reordered)),
+            ("lost", fragments_seed(&answer, lost)),
         ]
     }
 
@@ -455,6 +646,7 @@ mod tests {
         vec![
             ("dns", dns_seeds()),
             ("tcp_stream", tcp_seeds()),
+            ("fragments", fragments_seeds()),
             ("event", event_seeds()),
             ("recording", recording_seeds()),
         ]
@@ -493,9 +685,23 @@ mod tests {
         for (_, seed) in dns_seeds() {
             assert!(matches!(dns::parse(&seed), crate::decode::Body::Dns(_)));
         }
-        for (_, seed) in event_seeds() {
-            Packet::from_event(&seed, &mut IfNames::default()).unwrap();
-        }
+        let events = event_seeds();
+        let frags: Vec<_> = events
+            .iter()
+            .map(|(_, seed)| {
+                Packet::from_event(seed, &mut IfNames::default())
+                    .unwrap()
+                    .frag
+            })
+            .collect();
+        let frag = |offset, more| {
+            Some(Fragment {
+                id: 0x4d2,
+                offset,
+                more,
+            })
+        };
+        assert_eq!(frags, [None, None, None, frag(0, true), frag(1480, false)]);
         let dns_records = |seed: &[u8]| {
             tcp_records(seed)
                 .iter()
@@ -506,6 +712,23 @@ mod tests {
         assert_eq!(dns_records(&tcp[0].1), 2);
         assert_eq!(dns_records(&tcp[1].1), 1);
         assert_eq!(dns_records(&tcp[2].1), 3);
+        let kinds = |seed: &[u8]| {
+            fragment_records(seed)
+                .iter()
+                .map(|r| match &r.body {
+                    Body::Dns(m) => format!("dns {}", m.answers.len()),
+                    Body::Cut(_) => format!("cut {:?}", r.missing.as_ref().map(|m| m.offset)),
+                    Body::Malformed { .. } => "malformed".into(),
+                })
+                .collect::<Vec<_>>()
+        };
+        let frags = fragments_seeds();
+        assert_eq!(kinds(&frags[0].1), ["dns 30"; 3]);
+        assert_eq!(kinds(&frags[1].1), ["dns 30", "cut Some(256)"]);
+        assert_eq!(
+            kinds(&frags[2].1),
+            ["cut None", "cut Some(504)", "cut Some(504)"]
+        );
         let mut out = Vec::new();
         Decoder::default().decode(
             Packet::from_event(&event_seeds()[2].1, &mut IfNames::default()).unwrap(),

@@ -16,7 +16,10 @@ use crate::{
     cli::OutputFormat,
     conntrack::CtEvent,
     correlate::{Journey, Leg, Outcome},
-    decode::{Body, Conntrack, DnsMessage, KernelNames, Packet, Record, Transport},
+    decode::{
+        Body, Conntrack, DnsMessage, Fragment, KernelNames, Missing, Packet, Record, Seen,
+        Transport,
+    },
     diagnose::Anomaly,
     naming::Names,
 };
@@ -232,7 +235,12 @@ struct JsonLine<'a> {
     transport: &'static str,
     wire_len: u32,
     captured_truncated: bool,
+    /// The packet is an IP fragment, at `fragment`.
     ip_fragment: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fragment: Option<Fragment>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    missing: Option<JsonMissing>,
     #[serde(skip_serializing_if = "Option::is_none")]
     conntrack: Option<JsonConntrack>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -250,6 +258,23 @@ struct JsonConntrack {
     /// [asked for, rewritten to]
     dnat: Option<[String; 2]>,
     snat: Option<[String; 2]>,
+}
+
+/// The fragment a datagram lacked here, and where it was last seen.
+#[derive(Serialize)]
+struct JsonMissing {
+    offset: u16,
+    last_seen: Option<JsonSeen>,
+}
+
+#[derive(Serialize)]
+struct JsonSeen {
+    time: String,
+    mono_ns: u64,
+    hook: &'static str,
+    iface: String,
+    ifindex: u32,
+    netns: u32,
 }
 
 #[derive(Serialize)]
@@ -469,7 +494,11 @@ impl<W: Write> LineSink<W> {
         );
         match &rec.body {
             Body::Dns(m) => line += &format!(" {}", dns_text(m)),
+            Body::Cut(m) => line += &format!(" {} CUT", dns_text(m)),
             Body::Malformed { reason, len } => line += &format!(" MALFORMED {len} bytes: {reason}"),
+        }
+        if let Some(m) = &rec.missing {
+            line += &self.missing_text(m);
         }
         if let Some((asked, to)) = p.ct.as_ref().and_then(Conntrack::dnat) {
             line += &format!(" [DNAT {asked} → {to}]");
@@ -485,6 +514,29 @@ impl<W: Write> LineSink<W> {
             );
         }
         line
+    }
+
+    /// ` [fragment at 1480 missing, last seen eth0@4026532177 out 06:14:27.264998]`
+    fn missing_text(&self, m: &Missing) -> String {
+        let seen = match &m.last_seen {
+            Some(s) => format!(
+                "last seen {} {} {}",
+                self.seen_place(s),
+                direction_word(s.hook.direction()).trim_end(),
+                self.labels.time_of_day(s.ts_ns)
+            ),
+            None => "seen nowhere".to_owned(),
+        };
+        format!(" [fragment at {} missing, {seen}]", m.offset)
+    }
+
+    /// Where a fragment was seen, written as a packet's place.
+    fn seen_place(&self, s: &Seen) -> String {
+        let name = s.device_name(&self.labels.iface_names);
+        match s.ifname {
+            Some(_) => format!("{name}@{}", s.netns),
+            None => name,
+        }
     }
 
     fn json<'a>(&'a self, rec: &'a Record) -> JsonLine<'a> {
@@ -504,7 +556,20 @@ impl<W: Write> LineSink<W> {
             transport: transport(p.transport),
             wire_len: p.wire_len,
             captured_truncated: p.truncated,
-            ip_fragment: p.fragment,
+            ip_fragment: p.frag.is_some(),
+            fragment: p.frag,
+            missing: rec.missing.as_ref().map(|m| JsonMissing {
+                offset: m.offset,
+                last_seen: m.last_seen.as_ref().map(|s| JsonSeen {
+                    time: humantime::format_rfc3339_nanos(self.labels.clock.wall(s.ts_ns))
+                        .to_string(),
+                    mono_ns: s.ts_ns,
+                    hook: s.hook.name(),
+                    iface: s.device_name(&self.labels.iface_names),
+                    ifindex: s.ifindex,
+                    netns: s.netns,
+                }),
+            }),
             conntrack: p.ct.map(|ct| JsonConntrack {
                 original: [ct.original.src.to_string(), ct.original.dst.to_string()],
                 reply: [ct.reply.src.to_string(), ct.reply.dst.to_string()],
@@ -628,13 +693,14 @@ mod tests {
                 wire_len: 100,
                 payload_len: 58,
                 truncated: false,
-                fragment: false,
+                frag: None,
                 payload: Bytes::new(),
                 ifname: None,
                 ct: None,
                 drop: None,
             },
             body,
+            missing: None,
         }
     }
 
@@ -715,6 +781,62 @@ mod tests {
         assert_eq!(lines[0]["time"], "1970-01-01T00:00:00.000000000Z");
         assert_eq!(lines[1]["kind"], "malformed");
         assert_eq!(lines[1]["len"], 3);
+        assert_eq!(lines[1]["ip_fragment"], false);
+        assert!(lines[1].get("fragment").is_none() && lines[1].get("missing").is_none());
+    }
+
+    /// A first fragment whose datagram never came whole: its message says
+    /// it is cut, and where the missing fragment was last seen.
+    fn cut_record() -> Record {
+        let Body::Dns(m) = answer() else {
+            unreachable!()
+        };
+        let mut r = record(Body::Cut(
+            DnsMessage {
+                answers: Vec::new(),
+                ..(*m).clone()
+            }
+            .into(),
+        ));
+        r.packet.frag = Some(Fragment {
+            id: 77,
+            offset: 0,
+            more: true,
+        });
+        r.missing = Some(Missing {
+            offset: 1480,
+            last_seen: Some(Seen {
+                ts_ns: 1_500,
+                netns: 4026532177,
+                ifindex: 5,
+                ifname: Some("veth0".into()),
+                hook: Hook::DevXmit,
+            }),
+        });
+        r
+    }
+
+    #[test]
+    fn a_cut_message_says_so_and_what_it_lacked() {
+        let mut s = sink(OutputFormat::Text);
+        s.write(&cut_record()).unwrap();
+        let line = String::from_utf8(s.out).unwrap();
+        assert_eq!(line, "00:00:00.000000 veth-s     out 10.0.0.2:53 → 10.0.0.1:40000 udp id=9 R NOERROR aa rd a.test. A CUT [fragment at 1480 missing, last seen veth0@4026532177 out 00:00:00.000001]\n");
+        let mut s = sink(OutputFormat::Json);
+        s.write(&cut_record()).unwrap();
+        let line: serde_json::Value = serde_json::from_slice(&s.out).unwrap();
+        assert_eq!(
+            (&line["kind"], &line["ip_fragment"]),
+            (&"cut".into(), &true.into())
+        );
+        assert_eq!(
+            line["fragment"],
+            serde_json::json!({"id": 77, "offset": 0, "more": true})
+        );
+        assert_eq!(line["missing"]["offset"], 1480);
+        assert_eq!(line["missing"]["last_seen"]["iface"], "veth0");
+        assert_eq!(line["missing"]["last_seen"]["hook"], "dev_xmit");
+        assert_eq!(line["answers"], serde_json::json!([]));
     }
 
     fn leg(hook: Hook, src: &str, dst: &str) -> Leg {
@@ -731,6 +853,7 @@ mod tests {
             dnat: None,
             snat: None,
             drop: None,
+            fragment: None,
         }
     }
 
@@ -765,6 +888,7 @@ mod tests {
             upstream: Vec::new(),
             incomplete: None,
             sampled: Default::default(),
+            connection: None,
         };
         let j = Journey {
             id: 1,
@@ -789,6 +913,7 @@ mod tests {
             upstream: vec![up],
             incomplete: Some(Gap::Lost),
             sampled: dnstrace_common::SampleLevel { shift: 2, seed: 77 },
+            connection: None,
         };
         let mut s = sink(OutputFormat::Json);
         s.write_journey(&j).unwrap();

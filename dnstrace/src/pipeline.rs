@@ -14,7 +14,7 @@ use tokio::{
 use crate::{
     conntrack::CtEvent,
     correlate::{Engine, Journey, Limits, SampleChange, CLOSE_BATCH},
-    decode::{Body, Decoder, Packet, Record},
+    decode::{Body, Decoder, Packet, Record, Transport},
     diagnose::{Anomaly, Context, Diagnoser},
     output::{Labels, LineSink},
     record::Recorder,
@@ -25,6 +25,8 @@ use crate::{
 /// Where decoded records go.
 pub trait Sink {
     fn record(&mut self, rec: &Record) -> io::Result<()>;
+    /// A TCP segment to or from a DNS port, before it is decoded.
+    fn segment(&mut self, _p: &Packet) {}
     /// Kernel monotonic time has reached `now_ns`.
     fn tick(&mut self, now_ns: u64) -> io::Result<()>;
     /// Before the first event: what is known already.
@@ -207,6 +209,9 @@ impl<O: JourneyOut> Sink for JourneySink<O> {
         self.engine.push(rec);
         Ok(())
     }
+    fn segment(&mut self, p: &Packet) {
+        self.engine.segment(p);
+    }
     fn conntrack(&mut self, ev: &CtEvent, _: u64) -> io::Result<()> {
         self.engine.conntrack(ev);
         Ok(())
@@ -223,6 +228,10 @@ impl<O: JourneyOut> Sink for JourneySink<O> {
     }
     fn tick(&mut self, now_ns: u64) -> io::Result<()> {
         self.close_all(|engine| engine.tick(now_ns))?;
+        let failed = self.engine.failed_connections();
+        let names = self.out.labels().kernel();
+        let found = self.diagnoser.connections_failed(&failed, names, now_ns);
+        self.raise(found)?;
         let engine = &self.engine;
         let late = self.diagnoser.tick(now_ns, |client, name, qtype, since| {
             engine.asked_over_tcp(client, name, qtype, since)
@@ -309,9 +318,9 @@ pub struct Counts {
     pub messages: u64,
     /// Not DNS, though the whole payload was there.
     pub malformed: u64,
-    /// Not decoded because the capture cut the payload short (a TCP
-    /// segment's payload outside the skb's linear data, at a tracepoint):
-    /// no fault of the sender's.
+    /// Not decoded whole because the capture cut the payload short (a TCP
+    /// segment's payload outside the skb's linear data, at a tracepoint),
+    /// or a fragment of its datagram never came: no fault of the sender's.
     pub cut: u64,
 }
 
@@ -406,7 +415,10 @@ impl Pipeline {
                 now_ns,
             } => sink.lost(total, since_ns, now_ns),
             Input::Sample(change) => sink.sampling(change),
-            Input::Tick(now_ns) => sink.tick(now_ns)?,
+            Input::Tick(now_ns) => {
+                self.expire(now_ns, sink)?;
+                sink.tick(now_ns)?;
+            }
         }
         self.after(sink);
         Ok(())
@@ -429,12 +441,27 @@ impl Pipeline {
         let mut records = std::mem::take(&mut self.records);
         for packet in batch {
             self.counts.packets += 1;
+            if matches!(packet.transport, Transport::Tcp { .. }) {
+                sink.segment(&packet);
+            }
             self.decoder.decode(packet, &mut records);
         }
+        self.hand(records, sink)
+    }
+
+    /// Fragmented datagrams past their time, said before the tick.
+    fn expire(&mut self, now_ns: u64, sink: &mut impl Sink) -> io::Result<()> {
+        let mut records = std::mem::take(&mut self.records);
+        self.decoder.tick(now_ns, &mut records);
+        self.hand(records, sink)
+    }
+
+    fn hand(&mut self, mut records: Vec<Record>, sink: &mut impl Sink) -> io::Result<()> {
         // By reference, not drained: a record is a few hundred bytes to move.
         let fed = records.iter().try_for_each(|rec| {
             match rec.body {
                 Body::Dns(_) => self.counts.messages += 1,
+                Body::Cut(_) => self.counts.cut += 1,
                 Body::Malformed { .. } if rec.packet.truncated => self.counts.cut += 1,
                 Body::Malformed { .. } => self.counts.malformed += 1,
             }

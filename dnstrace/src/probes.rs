@@ -18,8 +18,8 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use dnstrace_common::{
-    port_slot, KernelOffsets, SampleLevel, TargetFilter, COUNT_LOST, COUNT_SHED, L2_LEN_MIXED,
-    PORT_WORDS,
+    port_slot, KernelOffsets, SampleLevel, TargetFilter, COUNT_APART_LOST, COUNT_LOST, COUNT_SHED,
+    L2_LEN_MIXED, PORT_WORDS,
 };
 
 use crate::{
@@ -615,6 +615,11 @@ impl Probes {
     /// Packets the sampling level left out.
     pub fn shed_events(&self) -> Result<u64> {
         self.count(COUNT_SHED)
+    }
+
+    /// TCP payloads the perf buffers had no room for.
+    pub fn apart_lost(&self) -> Result<u64> {
+        self.count(COUNT_APART_LOST)
     }
 
     fn count(&self, counter: u32) -> Result<u64> {

@@ -17,7 +17,7 @@ use anyhow::{bail, Context as _, Result};
 
 use crate::{check, workspace_root};
 
-pub const TARGETS: &[&str] = &["dns", "tcp_stream", "event", "recording"];
+pub const TARGETS: &[&str] = &["dns", "tcp_stream", "fragments", "event", "recording"];
 const DEFAULT_RUNS: u64 = 10_000_000;
 
 struct Args {

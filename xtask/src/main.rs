@@ -16,7 +16,7 @@ const USAGE: &str = "usage: cargo xtask <setup | test | demo | bench | fuzz>
   demo    setup, build, then trace DNS between two throw-away network namespaces
   bench   setup, build, then measure dnstrace's cost on the lab (--quick, --markdown PATH)
   fuzz    setup, then each fuzz target for 10 million runs (cargo-fuzz, nightly)
-          [--runs N] [--target dns|tcp_stream|event|recording] [--max-time SECONDS]
+          [--runs N] [--target dns|tcp_stream|fragments|event|recording] [--max-time SECONDS]
           [--sanitizer none|address]";
 
 fn main() -> ExitCode {

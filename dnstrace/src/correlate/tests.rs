@@ -8,7 +8,7 @@ use super::*;
 use crate::decode::{
     dns,
     packet::{CtTuple, Dropped},
-    Body, Conntrack, DnsMessage, Packet, Record, Transport,
+    Body, Conntrack, DnsMessage, Fragment, Packet, Record, Transport,
 };
 
 const CLIENT_NS: u32 = 100;
@@ -81,13 +81,14 @@ fn rec(e: &Ev, m: DnsMessage, ct: Option<Conntrack>, drop: Option<Dropped>) -> R
             wire_len: 0,
             payload_len: 0,
             truncated: false,
-            fragment: false,
+            frag: None,
             payload: Bytes::new(),
             ifname: None,
             ct,
             drop,
         },
         body: Body::Dns(m.into()),
+        missing: None,
     }
 }
 
@@ -1059,4 +1060,311 @@ fn journeys_under_one_level_are_all_shown() {
     assert_eq!(out.len(), 1);
     assert_eq!(out[0].sampled, level);
     assert_eq!(e.shed(), 0);
+}
+
+/// A TCP segment without a message: `flags` as on the wire.
+fn seg(e: &Ev, seq: u32, flags: u8, len: u32, ct: Option<Conntrack>) -> Packet {
+    let mut p = rec(e, msg(0, "x.", "A", false), ct, None).packet;
+    p.transport = Transport::Tcp { seq, flags };
+    p.payload_len = len;
+    p
+}
+
+fn tcp(mut r: Record, seq: u32) -> Record {
+    r.packet.transport = Transport::Tcp { seq, flags: 0x18 };
+    r
+}
+
+const SYN: u8 = 0x02;
+const SYN_ACK: u8 = 0x12;
+const ACK: u8 = 0x10;
+const FIN_ACK: u8 = 0x11;
+const RST: u8 = 0x04;
+
+#[test]
+fn a_tcp_journey_shows_its_connection_set_up_retransmission_and_end() {
+    let (client, svc) = ("10.244.0.10:4200", "10.96.0.10:53");
+    let out = ev(0, Hook::DevXmit, CLIENT_NS, 2, client, svc);
+    let node = ev(0, Hook::DevReceive, NODE_NS, 4, client, svc);
+    let back = ev(0, Hook::DevReceive, CLIENT_NS, 2, svc, client);
+    let at = |e: &Ev, ts: u64| Ev { ts, ..*e };
+    let mut e = Engine::new(Limits::default());
+    e.segment(&seg(&at(&out, 0), 100, SYN, 0, None));
+    e.segment(&seg(&at(&node, MS / 100), 100, SYN, 0, None));
+    e.segment(&seg(&at(&back, MS / 10), 900, SYN_ACK, 0, None));
+    let query = tcp(
+        rec(&at(&out, MS), msg(7, "a.example.", "A", false), None, None),
+        101,
+    );
+    e.segment(&query.packet);
+    e.push(&query);
+    // The same data again from the client, and again past it (not counted).
+    let again = tcp(
+        rec(
+            &at(&out, 2 * MS),
+            msg(7, "a.example.", "A", false),
+            None,
+            None,
+        ),
+        101,
+    );
+    let mut again_seg = again.packet.clone();
+    again_seg.payload_len = 30;
+    let mut first_seg = query.packet.clone();
+    first_seg.payload_len = 30;
+    e.segment(&first_seg);
+    e.segment(&again_seg);
+    e.segment(&seg(&at(&node, 2 * MS), 101, ACK, 30, None));
+    let answer = tcp(
+        rec(
+            &at(&back, 3 * MS),
+            msg(7, "a.example.", "A", true),
+            None,
+            None,
+        ),
+        901,
+    );
+    e.segment(&answer.packet);
+    e.push(&answer);
+    e.segment(&seg(&at(&out, 4 * MS), 131, FIN_ACK, 0, None));
+    let js = e.tick(1_000 * MS);
+    assert_eq!(js.len(), 1);
+    let c = js[0]
+        .connection
+        .as_deref()
+        .expect("a TCP journey has its connection");
+    assert_eq!((c.client, c.server), (addr(client), addr(svc)));
+    assert_eq!(c.syns, 1, "the SYN seen again on the node is the same SYN");
+    assert_eq!(c.syn_ack_ns, Some(MS / 10));
+    assert_eq!(c.fin_ns, Some(4 * MS));
+    assert_eq!(c.retransmits, 1);
+    assert_eq!(c.reset, None);
+}
+
+#[test]
+fn a_tcp_retry_after_a_truncated_answer_is_the_same_lookup() {
+    let name = "big.example.com.";
+    let (udp, svc) = ("10.244.0.10:4300", "10.96.0.10:53");
+    let mut e = Engine::new(Limits::default());
+    e.push(&rec(
+        &ev(0, Hook::DevXmit, CLIENT_NS, 2, udp, svc),
+        msg(1, name, "TXT", false),
+        None,
+        None,
+    ));
+    let mut tc = msg(1, name, "TXT", true);
+    tc.flags.tc = true;
+    e.push(&rec(
+        &ev(MS, Hook::DevReceive, CLIENT_NS, 2, svc, udp),
+        tc,
+        None,
+        None,
+    ));
+    let other = ev(2 * MS, Hook::DevXmit, CLIENT_NS, 2, "10.244.0.11:4300", svc);
+    e.push(&tcp(rec(&other, msg(2, name, "TXT", false), None, None), 1));
+    let retry = ev(2 * MS, Hook::DevXmit, CLIENT_NS, 2, "10.244.0.10:4301", svc);
+    e.push(&tcp(rec(&retry, msg(2, name, "TXT", false), None, None), 1));
+    let js = e.finish(10 * MS);
+    let lookup = |port: u16, ip: &str| {
+        js.iter()
+            .find(|j| j.client == SocketAddr::new(ip.parse().unwrap(), port))
+            .map(|j| j.lookup)
+            .unwrap()
+    };
+    assert_eq!(lookup(4301, "10.244.0.10"), lookup(4300, "10.244.0.10"));
+    assert_ne!(
+        lookup(4300, "10.244.0.11"),
+        lookup(4300, "10.244.0.10"),
+        "another client's TCP query is its own lookup"
+    );
+}
+
+#[test]
+fn a_syn_never_answered_fails_after_the_timeout_counted_once_past_a_snat() {
+    let (client, svc, masq) = ("10.244.0.10:4400", "10.96.0.10:53", "198.51.100.1:40000");
+    let snat = Conntrack {
+        original: CtTuple {
+            src: addr(client),
+            dst: addr(svc),
+        },
+        reply: CtTuple {
+            src: addr(svc),
+            dst: addr(masq),
+        },
+        status: 1 << 4,
+        is_reply: false,
+    };
+    let mut e = Engine::new(Limits::default());
+    for (ts, sent) in [(0, true), (1_000 * MS, true), (1_000 * MS + 1, false)] {
+        e.segment(&seg(
+            &ev(ts, Hook::DevXmit, CLIENT_NS, 2, client, svc),
+            5,
+            SYN,
+            0,
+            None,
+        ));
+        if sent {
+            e.segment(&seg(
+                &ev(ts + 1, Hook::DevXmit, NODE_NS, 9, masq, svc),
+                5,
+                SYN,
+                0,
+                Some(snat),
+            ));
+            e.segment(&seg(
+                &ev(ts + 2, Hook::DevReceive, 400, 2, masq, svc),
+                5,
+                SYN,
+                0,
+                None,
+            ));
+        }
+    }
+    e.tick(5_000 * MS);
+    assert!(
+        e.failed_connections().is_empty(),
+        "not yet: the client may still get through"
+    );
+    e.tick(6_000 * MS);
+    let failed = e.failed_connections();
+    assert_eq!(
+        failed.len(),
+        1,
+        "one connection, whatever its source past the SNAT"
+    );
+    assert_eq!(failed[0].client, addr(client));
+    assert_eq!(failed[0].syns, 3);
+    assert!(e.failed_connections().is_empty(), "each is said once");
+}
+
+#[test]
+fn a_reset_syn_fails_at_once_and_a_new_syn_from_the_port_starts_again() {
+    let (client, svc) = ("10.244.0.10:4500", "10.96.0.10:53");
+    let mut e = Engine::new(Limits::default());
+    e.segment(&seg(
+        &ev(0, Hook::DevXmit, CLIENT_NS, 2, client, svc),
+        5,
+        SYN,
+        0,
+        None,
+    ));
+    e.segment(&seg(
+        &ev(MS, Hook::DevReceive, CLIENT_NS, 2, svc, client),
+        0,
+        RST | ACK,
+        0,
+        None,
+    ));
+    e.tick(2 * MS);
+    let failed = e.failed_connections();
+    assert_eq!(failed.len(), 1);
+    assert!(failed[0]
+        .reset
+        .is_some_and(|r| r.to_client && r.ts_ns == MS));
+    e.segment(&seg(
+        &ev(3 * MS, Hook::DevXmit, CLIENT_NS, 2, client, svc),
+        77,
+        SYN,
+        0,
+        None,
+    ));
+    e.segment(&seg(
+        &ev(4 * MS, Hook::DevReceive, CLIENT_NS, 2, svc, client),
+        9,
+        SYN_ACK,
+        0,
+        None,
+    ));
+    e.tick(10_000 * MS);
+    assert!(e.failed_connections().is_empty(), "the second was set up");
+}
+
+/// A query and, at the client, its answer in fragments: `answer` is the
+/// record of what the client's hook made of it.
+fn fragmented(answer: impl FnOnce(&Ev) -> Vec<Record>) -> Journey {
+    let (client, svc) = ("10.244.0.10:4600", "10.96.0.10:53");
+    let mut e = Engine::new(Limits::default());
+    e.push(&rec(
+        &ev(0, Hook::DevXmit, CLIENT_NS, 2, client, svc),
+        msg(5, "huge.example.", "TXT", false),
+        None,
+        None,
+    ));
+    for r in answer(&ev(MS, Hook::DevReceive, CLIENT_NS, 2, svc, client)) {
+        e.push(&r);
+    }
+    let mut js = e.finish(10_000 * MS);
+    assert_eq!(js.len(), 1);
+    js.remove(0)
+}
+
+#[test]
+fn an_answer_without_a_fragment_is_never_the_answer() {
+    let j = fragmented(|at| {
+        let mut r = rec(at, msg(5, "huge.example.", "TXT", true), None, None);
+        r.body = Body::Cut(Arc::new(msg(5, "huge.example.", "TXT", true)));
+        r.packet.frag = Some(Fragment {
+            id: 9,
+            offset: 0,
+            more: true,
+        });
+        r.missing = Some(crate::decode::Missing {
+            offset: 1480,
+            last_seen: None,
+        });
+        vec![r]
+    });
+    assert_eq!(
+        j.outcome,
+        Outcome::Timeout,
+        "it never reached the application whole"
+    );
+    let note = j.legs[1]
+        .fragment
+        .as_deref()
+        .expect("the leg says what it lacked");
+    assert_eq!((note.offset, note.missing), (1480, true));
+    assert_eq!(
+        note.describe(),
+        "without its fragment at offset 1480, never seen"
+    );
+}
+
+#[test]
+fn a_later_fragment_dropped_ends_the_journey_as_dropped_there() {
+    let j = fragmented(|at| {
+        let drop = Ev {
+            hook: Hook::Drop,
+            netns: NODE_NS,
+            ..*at
+        };
+        let mut r = rec(
+            &drop,
+            msg(5, "huge.example.", "TXT", true),
+            None,
+            Some(Dropped {
+                reason: 12,
+                location: 0x10,
+            }),
+        );
+        r.body = Body::Cut(Arc::new(msg(5, "huge.example.", "TXT", true)));
+        r.packet.frag = Some(Fragment {
+            id: 9,
+            offset: 2960,
+            more: false,
+        });
+        vec![r]
+    });
+    assert_eq!(
+        j.outcome,
+        Outcome::Dropped {
+            reason: 12,
+            location: 0x10
+        }
+    );
+    let l = &j.legs[1];
+    assert_eq!(
+        l.fragment.as_deref().map(|f| (f.offset, f.missing)),
+        Some((2960, false))
+    );
 }

@@ -8,9 +8,9 @@ use std::{
 };
 
 use hickory_proto::{
-    op::{Message, MessageType, OpCode},
+    op::{Header, Message, MessageType, OpCode, Query},
     rr::{DNSClass, Name, RData, Record, RecordType},
-    serialize::binary::BinEncodable as _,
+    serialize::binary::{BinDecodable as _, BinDecoder, BinEncodable as _},
 };
 use serde::Serialize;
 
@@ -80,8 +80,35 @@ pub fn hickory(payload: &[u8]) -> Body {
     }
 }
 
+/// The header and questions of a message whose end is missing (a
+/// fragment lost, a payload cut by the capture): what says which query an
+/// answer belongs to. No record is read, and none is made up: `answers` is
+/// empty and the counts 0, whatever the header announces; the rcode lacks
+/// EDNS's extended bits, which travel in a record.
+pub fn header_and_questions(payload: &[u8]) -> Option<DnsMessage> {
+    let mut decoder = BinDecoder::new(payload);
+    let header = Header::read(&mut decoder).ok()?;
+    let queries = Message::read_queries(&mut decoder, header.query_count().into()).ok()?;
+    Some(DnsMessage {
+        questions: queries.iter().map(question).collect(),
+        ..head(&header)
+    })
+}
+
 fn summarize(msg: &Message) -> DnsMessage {
-    let h = msg.header();
+    DnsMessage {
+        // Includes the EDNS extended bits, which hickory merges in.
+        rcode: rcode_name(u16::from(msg.response_code())),
+        questions: msg.queries().iter().map(question).collect(),
+        answers: msg.answers().iter().map(answer).collect(),
+        authority_count: msg.name_servers().len(),
+        additional_count: msg.additionals().len(),
+        ..head(msg.header())
+    }
+}
+
+/// What the header alone says (rcode without EDNS's bits; no records).
+fn head(h: &Header) -> DnsMessage {
     DnsMessage {
         id: h.id(),
         response: h.message_type() == MessageType::Response,
@@ -94,21 +121,20 @@ fn summarize(msg: &Message) -> DnsMessage {
             ad: h.authentic_data(),
             cd: h.checking_disabled(),
         },
-        // Includes the EDNS extended bits, which hickory merges in.
-        rcode: rcode_name(u16::from(msg.response_code())),
-        questions: msg
-            .queries()
-            .iter()
-            .map(|q| Question {
-                name: name_text(q.name()),
-                qtype: type_name(q.query_type()),
-                qtype_code: q.query_type().into(),
-                class: class_name(q.query_class()),
-            })
-            .collect(),
-        answers: msg.answers().iter().map(answer).collect(),
-        authority_count: msg.name_servers().len(),
-        additional_count: msg.additionals().len(),
+        rcode: rcode_name(h.response_code().low().into()),
+        questions: Vec::new(),
+        answers: Vec::new(),
+        authority_count: 0,
+        additional_count: 0,
+    }
+}
+
+fn question(q: &Query) -> Question {
+    Question {
+        name: name_text(q.name()),
+        qtype: type_name(q.query_type()),
+        qtype_code: q.query_type().into(),
+        class: class_name(q.query_class()),
     }
 }
 
@@ -313,7 +339,7 @@ mod tests {
     fn dns(body: Body) -> DnsMessage {
         match body {
             Body::Dns(m) => (*m).clone(),
-            Body::Malformed { reason, .. } => panic!("malformed: {reason}"),
+            other => panic!("not a whole message: {other:?}"),
         }
     }
 
@@ -460,7 +486,54 @@ mod tests {
         raw[7] = 5; // ANCOUNT = 5, none present
         match parse(&raw) {
             Body::Malformed { len, .. } => assert_eq!(len, raw.len()),
-            Body::Dns(m) => panic!("accepted {m:?}"),
+            other => panic!("accepted {other:?}"),
+        }
+        // Cut short, it still says which query it answers, and no more.
+        let cut = header_and_questions(&raw).unwrap();
+        assert_eq!(
+            (cut.id, cut.response, cut.rcode.as_ref()),
+            (0xbeef, true, "NOERROR")
+        );
+        assert_eq!(cut.questions[0].name, "www.example.test.");
+        assert!(cut.answers.is_empty() && cut.authority_count == 0);
+    }
+
+    /// The header and question of a message cut anywhere past them, as the
+    /// whole message has them; nothing before the question's end.
+    #[test]
+    fn a_cut_message_keeps_its_header_and_question() {
+        let mut m = Message::new();
+        m.set_id(77)
+            .set_message_type(MessageType::Response)
+            .set_response_code(ResponseCode::ServFail)
+            .set_recursion_desired(true)
+            .add_query(Query::query(name("cut.example.test."), RecordType::AAAA));
+        m.add_answers(vec![Record::from_rdata(
+            name("cut.example.test."),
+            30,
+            RData::AAAA(AAAA::from_str("2001:db8::1").unwrap()),
+        )]);
+        let raw = m.to_vec().unwrap();
+        let whole = dns(parse(&raw));
+        let question_end = 12 + 18 + 4;
+        for at in 0..raw.len() {
+            match header_and_questions(&raw[..at]) {
+                Some(cut) => {
+                    assert!(at >= question_end, "{at}");
+                    assert_eq!(
+                        (cut.id, cut.response, &cut.flags, &cut.rcode, &cut.questions),
+                        (
+                            whole.id,
+                            whole.response,
+                            &whole.flags,
+                            &whole.rcode,
+                            &whole.questions
+                        )
+                    );
+                    assert!(cut.answers.is_empty());
+                }
+                None => assert!(at < question_end, "{at}"),
+            }
         }
     }
 

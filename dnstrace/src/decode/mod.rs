@@ -1,17 +1,20 @@
 //! Bytes to typed records: kernel events to packets, packets to DNS messages.
 pub mod dns;
+pub mod frag;
 pub mod kernel;
 pub mod packet;
 pub mod tcp;
 pub mod wire;
 
 pub use dns::DnsMessage;
+pub use frag::{Missing, Seen};
 pub use kernel::KernelNames;
-pub use packet::{Conntrack, CtTuple, Dropped, Packet, Transport};
+pub use packet::{Conntrack, CtTuple, Dropped, Fragment, Packet, Transport};
 
 use std::sync::Arc;
 
 use bytes::Bytes;
+use dnstrace_common::Hook;
 use foldhash::fast::FixedState;
 use serde::Serialize;
 
@@ -21,6 +24,10 @@ use serde::Serialize;
 pub enum Body {
     /// Shared: one message is seen at many hooks and decoded once.
     Dns(Arc<DnsMessage>),
+    /// A message not all there (a fragment of its datagram missing, or its
+    /// payload cut by the capture): its header and questions only, never
+    /// an answer's records, so never a whole answer.
+    Cut(Arc<DnsMessage>),
     /// Not a DNS message: why, and how many bytes there were.
     Malformed { reason: String, len: usize },
 }
@@ -30,15 +37,20 @@ pub enum Body {
 pub struct Record {
     pub packet: Packet,
     pub body: Body,
+    /// For a fragmented datagram this hook point never got whole (`packet`
+    /// is its first fragment): the fragment it lacked.
+    pub missing: Option<Missing>,
 }
 
 /// Recently decoded UDP payloads: a message crosses several hooks (pod,
 /// veth, bridge, CoreDNS) within microseconds, and is parsed only once.
 const RECENT: usize = 64;
 
-/// Turns packets into records: UDP payloads directly, TCP through reassembly.
+/// Turns packets into records: UDP payloads directly, fragmented UDP and
+/// TCP through reassembly.
 pub struct Decoder {
     tcp: tcp::Reassembler,
+    frags: frag::Reassembler,
     recent: Vec<(u64, Bytes, Arc<DnsMessage>)>,
     next: usize,
     hasher: FixedState,
@@ -46,14 +58,15 @@ pub struct Decoder {
 
 impl Default for Decoder {
     fn default() -> Self {
-        Self::new(tcp::Limits::default())
+        Self::new(tcp::Limits::default(), frag::Limits::default())
     }
 }
 
 impl Decoder {
-    pub fn new(limits: tcp::Limits) -> Self {
+    pub fn new(tcp: tcp::Limits, frags: frag::Limits) -> Self {
         Self {
-            tcp: tcp::Reassembler::new(limits),
+            tcp: tcp::Reassembler::new(tcp),
+            frags: frag::Reassembler::new(frags),
             recent: Vec::with_capacity(RECENT),
             next: 0,
             hasher: FixedState::default(),
@@ -85,30 +98,93 @@ impl Decoder {
     }
 
     pub fn decode(&mut self, packet: Packet, out: &mut Vec<Record>) {
-        match packet.transport {
-            Transport::Udp => {
-                let body = if packet.truncated {
-                    cut_payload(&packet)
-                } else {
-                    self.udp(&packet.payload)
-                };
-                out.push(Record { packet, body });
+        self.tick(packet.ts_ns, out);
+        match (packet.transport, packet.frag) {
+            (Transport::Udp, None) => self.whole_udp(packet, out),
+            (Transport::Udp, Some(f)) if packet.hook == Hook::Drop => {
+                self.dropped_fragment(packet, f, out);
             }
-            Transport::Tcp { .. } => {
-                for piece in self.tcp.push(&packet) {
-                    let body = match piece {
-                        tcp::Piece::Message(msg) => dns::parse(&msg),
-                        tcp::Piece::Gap(reason) => Body::Malformed {
-                            reason,
-                            len: packet.payload_len as usize,
-                        },
-                    };
-                    out.push(Record {
-                        packet: packet.without_payload(),
-                        body,
-                    });
-                }
+            (Transport::Udp, Some(_)) => {
+                let mut done = Vec::new();
+                self.frags.push(packet, &mut done);
+                self.finish(done, out);
             }
+            (Transport::Tcp { .. }, _) => self.tcp(packet, out),
+        }
+    }
+
+    /// Kernel time has reached `now_ns`: fragmented datagrams past their
+    /// time are given up, each said where its first fragment was seen.
+    pub fn tick(&mut self, now_ns: u64, out: &mut Vec<Record>) {
+        let mut done = Vec::new();
+        self.frags.expire(now_ns, &mut done);
+        self.finish(done, out);
+    }
+
+    /// A UDP packet on its own: a whole datagram, or a fragment that went
+    /// no further.
+    fn whole_udp(&mut self, packet: Packet, out: &mut Vec<Record>) {
+        // A first fragment alone holds part of the payload, cut or not.
+        let body = if packet.truncated || packet.frag.is_some() {
+            cut_payload(&packet)
+        } else {
+            self.udp(&packet.payload)
+        };
+        out.push(Record {
+            packet,
+            body,
+            missing: None,
+        });
+    }
+
+    /// A fragment the kernel dropped. The first one reads as any cut
+    /// payload; a later one carries no DNS, and is shown with its
+    /// datagram's message as its first fragment had it, when that was seen.
+    fn dropped_fragment(&mut self, packet: Packet, f: Fragment, out: &mut Vec<Record>) {
+        let first = self.frags.dropped(&packet);
+        if f.is_first() {
+            return self.whole_udp(packet, out);
+        }
+        if let Some(body) = first.map(cut_message) {
+            out.push(Record {
+                packet,
+                body,
+                missing: None,
+            });
+        }
+    }
+
+    fn finish(&mut self, done: Vec<frag::Done>, out: &mut Vec<Record>) {
+        for d in done {
+            out.push(match d {
+                frag::Done::Whole(packet) => Record {
+                    body: self.udp(&packet.payload),
+                    packet,
+                    missing: None,
+                },
+                frag::Done::Cut(packet, missing) => Record {
+                    body: cut_message(&packet),
+                    packet,
+                    missing: Some(missing),
+                },
+            });
+        }
+    }
+
+    fn tcp(&mut self, packet: Packet, out: &mut Vec<Record>) {
+        for piece in self.tcp.push(&packet) {
+            let body = match piece {
+                tcp::Piece::Message(msg) => dns::parse(&msg),
+                tcp::Piece::Gap(reason) => Body::Malformed {
+                    reason,
+                    len: packet.payload_len as usize,
+                },
+            };
+            out.push(Record {
+                packet: packet.without_payload(),
+                body,
+                missing: None,
+            });
         }
     }
 
@@ -116,13 +192,34 @@ impl Decoder {
     pub fn evicted_streams(&self) -> u64 {
         self.tcp.evicted()
     }
+
+    /// Fragmented datagrams given up at a hook point: timed out, or their
+    /// fragments inconsistent (overlapping, past the announced length).
+    pub fn incomplete_datagrams(&self) -> u64 {
+        self.frags.given_up()
+    }
+
+    /// Fragmented datagrams given up because too many were held at once.
+    pub fn evicted_datagrams(&self) -> u64 {
+        self.frags.evicted()
+    }
 }
 
+/// A payload the capture cut: the message may still be whole in what it
+/// kept (the rest padding); otherwise its header and questions.
 fn cut_payload(packet: &Packet) -> Body {
-    // A cut UDP payload still shows its header and question most of the time.
     match dns::parse(&packet.payload) {
         Body::Dns(msg) => Body::Dns(msg),
-        Body::Malformed { .. } => Body::Malformed {
+        _ => cut_message(packet),
+    }
+}
+
+/// The message of a datagram not all there, from its first fragment:
+/// never whole, whatever that fragment holds.
+fn cut_message(packet: &Packet) -> Body {
+    match dns::header_and_questions(&packet.payload) {
+        Some(msg) => Body::Cut(Arc::new(msg)),
+        None => Body::Malformed {
             reason: format!(
                 "payload cut at {} of {} bytes",
                 packet.payload.len(),

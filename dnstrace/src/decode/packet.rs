@@ -7,8 +7,10 @@ use std::{
 
 use bytes::Bytes;
 use dnstrace_common::{
-    decode_packet, DecodeError, Hook, PacketMeta, FLAG_CONNTRACK, FLAG_FRAGMENT, FLAG_TRUNCATED,
+    decode_packet, DecodeError, Hook, PacketMeta, FLAG_CONNTRACK, FLAG_FRAGMENT,
+    FLAG_MORE_FRAGMENTS, FLAG_TRUNCATED,
 };
+use serde::Serialize;
 
 const IPPROTO_TCP: u8 = 6;
 const IPPROTO_UDP: u8 = 17;
@@ -35,13 +37,35 @@ pub struct Packet {
     pub payload_len: u32,
     /// Fewer bytes captured than the packet held.
     pub truncated: bool,
-    pub fragment: bool,
+    /// Where the packet sits in a fragmented IP datagram, if it is a
+    /// fragment. A later one (offset > 0) carries the first one's ports and
+    /// fragment data in `payload`, not a UDP payload.
+    pub frag: Option<Fragment>,
     pub payload: Bytes,
     /// The device name, for hooks that see every device; shared (see
     /// `IfNames`).
     pub ifname: Option<Arc<str>>,
     pub ct: Option<Conntrack>,
     pub drop: Option<Dropped>,
+}
+
+/// A packet's place in a fragmented IP datagram.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Fragment {
+    /// The IP identification (IPv6: of the fragment header).
+    pub id: u32,
+    /// Byte offset of the fragment's data in the datagram (0 for the
+    /// first, whose data starts with the UDP header).
+    pub offset: u16,
+    /// IP's MF bit: more fragments follow.
+    pub more: bool,
+}
+
+impl Fragment {
+    /// The first fragment carries the UDP header (and the ports).
+    pub fn is_first(&self) -> bool {
+        self.offset == 0
+    }
 }
 
 /// One direction of a conntrack entry.
@@ -105,11 +129,7 @@ impl Packet {
     /// The device's name: reported by the hook, or among the `known` (the
     /// --iface ones), or else its index.
     pub fn device_name(&self, known: &HashMap<u32, String>) -> String {
-        self.ifname
-            .as_deref()
-            .map(str::to_owned)
-            .or_else(|| known.get(&self.ifindex).cloned())
-            .unwrap_or_else(|| format!("if{}", self.ifindex))
+        device_name(self.ifname.as_deref(), self.ifindex, known)
     }
 
     pub fn from_event(buf: &[u8], names: &mut IfNames) -> Result<Self, EventError> {
@@ -135,7 +155,11 @@ impl Packet {
             wire_len: meta.wire_len,
             payload_len: meta.payload_len,
             truncated: meta.flags & FLAG_TRUNCATED != 0,
-            fragment: meta.flags & FLAG_FRAGMENT != 0,
+            frag: (meta.flags & FLAG_FRAGMENT != 0).then_some(Fragment {
+                id: meta.frag_id,
+                offset: meta.frag_offset,
+                more: meta.flags & FLAG_MORE_FRAGMENTS != 0,
+            }),
             payload: Bytes::copy_from_slice(payload),
             ifname: names.get(&meta.ifname),
             ct: (meta.flags & FLAG_CONNTRACK != 0)
@@ -147,6 +171,19 @@ impl Packet {
             }),
         })
     }
+}
+
+/// A device's name: `reported` by the hook, or among the `known`, or else
+/// its index.
+pub(super) fn device_name(
+    reported: Option<&str>,
+    ifindex: u32,
+    known: &HashMap<u32, String>,
+) -> String {
+    reported
+        .map(str::to_owned)
+        .or_else(|| known.get(&ifindex).cloned())
+        .unwrap_or_else(|| format!("if{ifindex}"))
 }
 
 /// Device names as events carry them, each turned into text once: every

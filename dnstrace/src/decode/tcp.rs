@@ -227,7 +227,7 @@ mod tests {
             wire_len: 0,
             payload_len: data.len() as u32,
             truncated: false,
-            fragment: false,
+            frag: None,
             payload: Bytes::copy_from_slice(data),
             ifname: None,
             ct: None,

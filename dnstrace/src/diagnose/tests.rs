@@ -6,7 +6,10 @@ use std::{
 use dnstrace_common::Hook;
 
 use super::*;
-use crate::correlate::{Gap, Journey, Leg, Outcome};
+use crate::{
+    correlate::{Connection, FragmentNote, Gap, Journey, Leg, Outcome},
+    decode::Seen,
+};
 
 const CLIENT_NS: u32 = 100;
 const NODE_NS: u32 = 200;
@@ -43,6 +46,7 @@ fn leg(
         dnat: None,
         snat: None,
         drop: (hook == Hook::Drop).then(|| Box::new((3, 0x10))),
+        fragment: None,
     }
 }
 
@@ -109,6 +113,7 @@ fn healthy() -> Journey {
         upstream: vec![],
         incomplete: None,
         sampled: Default::default(),
+        connection: None,
     }
 }
 
@@ -745,6 +750,86 @@ fn a_truncated_answer_needs_its_tcp_retry() {
     d.journey(&truncated_answer(), &names);
     d.lost(800_000_000);
     assert!(d.tick(2_000_000_000, no_retry).is_empty());
+}
+
+#[test]
+fn a_tcp_connection_never_set_up_is_raised_with_the_truncated_answer_behind_it() {
+    let names = KernelNames::default();
+    let mut d = Diagnoser::new(ctx());
+    d.journey(&truncated_answer(), &names);
+    let failed = |syns, reset| Connection {
+        client: a("10.244.0.10:4200"),
+        server: a("10.96.0.10:53"),
+        syn_ns: 400_000,
+        syns,
+        syn_ack_ns: None,
+        reset,
+        fin_ns: None,
+        retransmits: 0,
+        dropped: None,
+    };
+    let raised = d.connections_failed(&[failed(3, None)], &names, 6_000_000_000);
+    assert_eq!(raised.len(), 1);
+    let r = &raised[0];
+    assert_eq!(
+        (r.kind, r.severity),
+        ("dns_tcp_unreachable", Severity::Critical)
+    );
+    assert!(r.summary.contains("10.96.0.10:53"), "{}", r.summary);
+    assert!(
+        r.evidence[0].contains("3 SYNs and no SYN-ACK"),
+        "{:?}",
+        r.evidence
+    );
+    assert!(
+        r.evidence[1].contains("truncated UDP answer for big.example.com. TXT (journey 1"),
+        "{:?}",
+        r.evidence
+    );
+    assert_eq!(r.journeys, vec![1]);
+    let reset = Some(Reset {
+        ts_ns: 500_000,
+        to_client: true,
+    });
+    let again = d.connections_failed(&[failed(1, reset)], &names, 7_000_000_000);
+    assert!(again.is_empty(), "one anomaly per server, counted");
+    assert_eq!(d.summary()[0].count, 2);
+    let reset = Diagnoser::new(ctx()).connections_failed(&[failed(1, reset)], &names, 1);
+    assert!(reset[0].evidence[0].contains("reset towards the client 0.1 ms after its SYN"));
+    assert_eq!(reset[0].evidence.len(), 1, "no UDP answer led there");
+}
+
+#[test]
+fn an_answer_missing_a_fragment_is_a_fragment_lost_with_the_fragment_and_its_place() {
+    let names = KernelNames::default();
+    let mut j = truncated_answer();
+    j.outcome = Outcome::Timeout;
+    // The answer reached the client without its second fragment, which
+    // was last seen leaving the node's bridge.
+    let last = j.legs.last_mut().unwrap();
+    last.fragment = Some(Box::new(FragmentNote {
+        offset: 1480,
+        missing: true,
+        last_seen: Some(Seen {
+            ts_ns: 1,
+            netns: NODE_NS,
+            ifindex: 3,
+            ifname: Some("cni0".into()),
+            hook: Hook::DevXmit,
+        }),
+    }));
+    let found = Diagnoser::new(ctx()).journey(&j, &names);
+    let kinds: Vec<&str> = found.iter().map(|a| a.kind).collect();
+    assert_eq!(kinds, ["fragment_lost"], "it explains the timeout");
+    let evidence = &found[0].evidence[0];
+    assert!(
+        evidence.contains("without its fragment at offset 1480, last seen on cni0@200 (dev_xmit)"),
+        "{evidence}"
+    );
+    // A whole answer with a fragment note elsewhere is no loss.
+    let mut ok = j.clone();
+    ok.outcome = answered("NOERROR");
+    assert!(Diagnoser::new(ctx()).journey(&ok, &names).is_empty());
 }
 
 #[test]

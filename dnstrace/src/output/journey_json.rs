@@ -7,7 +7,7 @@ use std::{io::Write, net::IpAddr};
 use serde::Serialize;
 
 use super::addr;
-use crate::correlate::{Journey, Leg, Outcome};
+use crate::correlate::{Connection, FragmentNote, Journey, Leg, Outcome};
 
 /// `,"k":` in one copy of a known length; keys are ours, nothing to escape.
 macro_rules! key {
@@ -73,6 +73,10 @@ impl JourneyJson<'_> {
             key!(out, "incomplete_why");
             plain(out, gap.why());
         }
+        if let Some(c) = &j.connection {
+            key!(out, "connection");
+            value(out, &ConnectionJson::of(c))?;
+        }
         if j.sampled.shift > 0 {
             out.extend_from_slice(b",\"sampled\":{\"one_in\":");
             number(out, j.sampled.one_in());
@@ -94,6 +98,42 @@ impl JourneyJson<'_> {
         }
         out.extend_from_slice(b"}}");
         Ok(())
+    }
+}
+
+/// A TCP connection's set-up and end, times in ms from its SYN.
+#[derive(Serialize)]
+struct ConnectionJson {
+    syn_ns: u64,
+    syns: u32,
+    syn_ack_ms: Option<f64>,
+    reset: Option<ResetJson>,
+    fin_ms: Option<f64>,
+    retransmits: u32,
+    /// The kernel dropped one of its segments: [reason, location].
+    dropped: Option<(u32, u64)>,
+}
+
+#[derive(Serialize)]
+struct ResetJson {
+    ms: f64,
+    to_client: bool,
+}
+
+impl ConnectionJson {
+    fn of(c: &Connection) -> Self {
+        Self {
+            syn_ns: c.syn_ns,
+            syns: c.syns,
+            syn_ack_ms: c.syn_ack_ns.map(|t| c.ms_after_syn(t)),
+            reset: c.reset.map(|r| ResetJson {
+                ms: c.ms_after_syn(r.ts_ns),
+                to_client: r.to_client,
+            }),
+            fin_ms: c.fin_ns.map(|t| c.ms_after_syn(t)),
+            retransmits: c.retransmits,
+            dropped: c.dropped,
+        }
     }
 }
 
@@ -135,8 +175,46 @@ fn leg(out: &mut Vec<u8>, l: &Leg) -> serde_json::Result<()> {
         }
         None => out.extend_from_slice(b"null"),
     }
+    if let Some(f) = l.fragment.as_deref() {
+        key!(out, "fragment");
+        value(out, &FragmentJson::of(f))?;
+    }
     out.push(b'}');
     Ok(())
+}
+
+/// A leg's part of a fragmented message: the fragment it saw dropped, or
+/// the one it went without and where that was seen last.
+#[derive(Serialize)]
+struct FragmentJson<'a> {
+    offset: u16,
+    missing: bool,
+    last_seen: Option<SeenJson<'a>>,
+}
+
+#[derive(Serialize)]
+struct SeenJson<'a> {
+    ts_ns: u64,
+    iface: Option<&'a str>,
+    ifindex: u32,
+    netns: u32,
+    hook: &'static str,
+}
+
+impl<'a> FragmentJson<'a> {
+    fn of(f: &'a FragmentNote) -> Self {
+        Self {
+            offset: f.offset,
+            missing: f.missing,
+            last_seen: f.last_seen.as_ref().map(|s| SeenJson {
+                ts_ns: s.ts_ns,
+                iface: s.ifname.as_deref(),
+                ifindex: s.ifindex,
+                netns: s.netns,
+                hook: s.hook.name(),
+            }),
+        }
+    }
 }
 
 /// `s` quoted as it is: only for our own names, which need no escaping.

@@ -56,6 +56,16 @@ fn header(out: &mut Vec<u8>, labels: &Labels, j: &Journey, indent: &str) {
         }
     }
     out.push(b'\n');
+    if let Some(c) = &j.connection {
+        for part in [indent, "  tcp connection: ", &c.describe()] {
+            out.extend_from_slice(part.as_bytes());
+        }
+        if let Some((reason, at)) = c.dropped {
+            out.extend_from_slice(b", set-up dropped: ");
+            out.extend_from_slice(labels.drop_text(reason, at).as_bytes());
+        }
+        out.push(b'\n');
+    }
 }
 
 /// `  +   0.008 ms veth0@4026532177    in  query    src → dst  DNAT …`.
@@ -81,6 +91,10 @@ fn leg(out: &mut Vec<u8>, labels: &Labels, leg: &Leg, indent: &str) {
     addr::text(out, &leg.dst);
     nat(out, "  DNAT ", leg.dnat.as_deref());
     nat(out, "  SNAT ", leg.snat.as_deref());
+    if let Some(f) = leg.fragment.as_deref() {
+        out.extend_from_slice(b"  ");
+        out.extend_from_slice(f.describe().as_bytes());
+    }
     if let Some(&(reason, at)) = leg.drop.as_deref() {
         out.extend_from_slice(b"  dropped: ");
         out.extend_from_slice(labels.drop_text(reason, at).as_bytes());
@@ -216,6 +230,7 @@ mod tests {
             dnat: None,
             snat: None,
             drop: None,
+            fragment: None,
         }
     }
 
@@ -236,6 +251,7 @@ mod tests {
             upstream: Vec::new(),
             incomplete: None,
             sampled: Default::default(),
+            connection: None,
         }
     }
 

@@ -8,7 +8,7 @@ use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
 };
 
-use crate::decode::{Packet, Transport};
+use crate::decode::{Fragment, Packet, Transport};
 
 pub const LINKTYPE_NULL: u16 = 0;
 pub const LINKTYPE_ETHERNET: u16 = 1;
@@ -43,8 +43,16 @@ pub struct Frame {
 /// Rebuilds the IP and UDP/TCP headers around `p.payload`: lengths as the
 /// packet announced them, checksums over the bytes captured (so correct
 /// unless the payload was cut). IPv4 options and IPv6 extension headers are
-/// not kept; a first fragment keeps its fragment flag.
+/// not kept, but fragments are: a fragment's header holds its id, offset
+/// and MF bit, and a later one its data alone, as on the wire.
 pub fn encode(p: &Packet) -> Frame {
+    match p.frag {
+        Some(f) if !f.is_first() => later_fragment(p),
+        _ => with_transport(p),
+    }
+}
+
+fn with_transport(p: &Packet) -> Frame {
     let payload_len = p.payload_len.max(p.payload.len() as u32);
     let (mut l4, checksum_at, proto) = match p.transport {
         Transport::Udp => (udp_header(p, payload_len), 6, IPPROTO_UDP),
@@ -52,21 +60,21 @@ pub fn encode(p: &Packet) -> Frame {
     };
     // A first fragment holds what was captured; its transport header
     // announces the whole datagram.
-    let in_ip = if p.fragment {
+    let in_ip = if p.frag.is_some() {
         p.payload.len() as u32
     } else {
         payload_len
     };
     let l4_len = (l4.len() as u32).saturating_add(in_ip);
-    let (mut data, pseudo) = match ips(p) {
-        (IpAddr::V4(src), IpAddr::V4(dst)) => ipv4_header(src, dst, proto, l4_len, p.fragment),
-        (src, dst) => ipv6_header(v6(src), v6(dst), proto, l4_len, p.fragment),
-    };
+    let (mut data, pseudo) = ip_header(p, proto, l4_len);
     let sum = sum16(sum16(pseudo, &l4), &p.payload);
-    let sum = match (fold(sum), p.transport) {
+    let sum = match (fold(sum), p.transport, p.frag, data[0] >> 4) {
+        // A fragmented datagram's checksum covers data this packet lacks:
+        // IPv4 can say there is none (IPv6 cannot).
+        (_, Transport::Udp, Some(_), 4) => 0,
         // 0 means "no checksum" in UDP.
-        (0, Transport::Udp) => 0xffff,
-        (s, _) => s,
+        (0, Transport::Udp, ..) => 0xffff,
+        (s, ..) => s,
     };
     l4[checksum_at..checksum_at + 2].copy_from_slice(&sum.to_be_bytes());
     let orig_len = (data.len() as u32).saturating_add(l4_len);
@@ -74,6 +82,28 @@ pub fn encode(p: &Packet) -> Frame {
     data.extend_from_slice(&l4);
     data.extend_from_slice(&p.payload);
     Frame { data, orig_len }
+}
+
+/// A fragment past the first: IP header and data, no transport header.
+fn later_fragment(p: &Packet) -> Frame {
+    let proto = match p.transport {
+        Transport::Udp => IPPROTO_UDP,
+        Transport::Tcp { .. } => IPPROTO_TCP,
+    };
+    let len = p.payload_len.max(p.payload.len() as u32);
+    let (mut data, _) = ip_header(p, proto, len);
+    let orig_len = (data.len() as u32).saturating_add(len);
+    data.extend_from_slice(&p.payload);
+    Frame { data, orig_len }
+}
+
+/// The IP header (with its fragment fields) for `l4_len` bytes of `proto`,
+/// and the pseudo-header sum for the transport checksum.
+fn ip_header(p: &Packet, proto: u8, l4_len: u32) -> (Vec<u8>, u64) {
+    match ips(p) {
+        (IpAddr::V4(src), IpAddr::V4(dst)) => ipv4_header(src, dst, proto, l4_len, p.frag),
+        (src, dst) => ipv6_header(v6(src), v6(dst), proto, l4_len, p.frag),
+    }
 }
 
 /// Both addresses of one family (IPv4-mapped IPv6 if they differ).
@@ -116,12 +146,27 @@ fn tcp_header(p: &Packet, seq: u32, flags: u8) -> Vec<u8> {
 }
 
 /// The header, and the pseudo-header sum for the transport checksum.
-fn ipv4_header(src: Ipv4Addr, dst: Ipv4Addr, proto: u8, l4_len: u32, frag: bool) -> (Vec<u8>, u64) {
+/// Offsets travel in units of 8 bytes, as IP has them.
+fn ipv4_header(
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    proto: u8,
+    l4_len: u32,
+    frag: Option<Fragment>,
+) -> (Vec<u8>, u64) {
+    let (id, flags) = match frag {
+        // IPv4's identification is 16 bits.
+        Some(f) => (
+            f.id as u16,
+            (f.offset / 8) | if f.more { IPV4_MF } else { 0 },
+        ),
+        None => (0, 0),
+    };
     let mut h = Vec::with_capacity(20);
     h.extend_from_slice(&[0x45, 0]);
     h.extend_from_slice(&u16_len(l4_len.saturating_add(20)));
-    h.extend_from_slice(&[0, 0]);
-    h.extend_from_slice(&(if frag { IPV4_MF } else { 0 }).to_be_bytes());
+    h.extend_from_slice(&id.to_be_bytes());
+    h.extend_from_slice(&flags.to_be_bytes());
     h.extend_from_slice(&[TTL, proto, 0, 0]);
     h.extend_from_slice(&src.octets());
     h.extend_from_slice(&dst.octets());
@@ -131,17 +176,32 @@ fn ipv4_header(src: Ipv4Addr, dst: Ipv4Addr, proto: u8, l4_len: u32, frag: bool)
     (h, pseudo)
 }
 
-fn ipv6_header(src: Ipv6Addr, dst: Ipv6Addr, proto: u8, l4_len: u32, frag: bool) -> (Vec<u8>, u64) {
-    let ext = if frag { 8 } else { 0 };
+fn ipv6_header(
+    src: Ipv6Addr,
+    dst: Ipv6Addr,
+    proto: u8,
+    l4_len: u32,
+    frag: Option<Fragment>,
+) -> (Vec<u8>, u64) {
+    let ext = if frag.is_some() { 8 } else { 0 };
     let mut h = Vec::with_capacity(48);
     h.extend_from_slice(&[0x60, 0, 0, 0]);
     h.extend_from_slice(&u16_len(l4_len.saturating_add(ext)));
-    h.extend_from_slice(&[if frag { IPPROTO_FRAGMENT } else { proto }, TTL]);
+    h.extend_from_slice(&[
+        if frag.is_some() {
+            IPPROTO_FRAGMENT
+        } else {
+            proto
+        },
+        TTL,
+    ]);
     h.extend_from_slice(&src.octets());
     h.extend_from_slice(&dst.octets());
-    if frag {
-        // Offset 0, more fragments, identification 0.
-        h.extend_from_slice(&[proto, 0, 0, 1, 0, 0, 0, 0]);
+    if let Some(f) = frag {
+        let offset_m = (f.offset & 0xfff8) | u16::from(f.more);
+        h.extend_from_slice(&[proto, 0]);
+        h.extend_from_slice(&offset_m.to_be_bytes());
+        h.extend_from_slice(&f.id.to_be_bytes());
     }
     let pseudo = sum16(sum16(0, &h[8..40]), &[0, proto]) + u64::from(l4_len);
     (h, pseudo)
@@ -180,8 +240,9 @@ pub struct Decoded<'a> {
     pub payload_len: u32,
     /// Fewer payload bytes captured than announced.
     pub truncated: bool,
-    /// The first fragment of a fragmented datagram.
-    pub fragment: bool,
+    /// A fragment of an IP datagram. A later one has no ports (0 here) and
+    /// its payload is the fragment's data.
+    pub frag: Option<Fragment>,
 }
 
 /// A frame that does not parse as what its headers say.
@@ -206,7 +267,7 @@ enum Ip {
     V6,
 }
 
-/// `Ok(None)`: not UDP or TCP over IP (or a later fragment, without ports).
+/// `Ok(None)`: not UDP or TCP over IP (nor a later fragment of UDP).
 pub fn decode(linktype: u16, data: &[u8]) -> Result<Option<Decoded<'_>>, FrameError> {
     let Some((ip, packet)) = link(linktype, data)? else {
         return Ok(None);
@@ -298,9 +359,9 @@ struct L3<'a> {
     proto: u8,
     /// Transport bytes captured, up to the end the IP header announces.
     l4: &'a [u8],
-    /// Transport length the IP header announces.
+    /// Transport length the IP header announces (a later fragment's data).
     l4_len: u32,
-    fragment: bool,
+    frag: Option<Fragment>,
 }
 
 fn ipv4(p: &[u8]) -> Result<Option<L3<'_>>, FrameError> {
@@ -319,10 +380,12 @@ fn ipv4(p: &[u8]) -> Result<Option<L3<'_>>, FrameError> {
     if total < ihl || p.len() < ihl {
         return bad(format!("IPv4 header of {ihl} bytes in a packet of {total}"));
     }
-    let frag = u16::from_be_bytes([h[6], h[7]]);
-    if frag & 0x1fff != 0 {
-        return Ok(None); // a later fragment carries no ports
-    }
+    let flags = u16::from_be_bytes([h[6], h[7]]);
+    let frag = Fragment {
+        id: u16::from_be_bytes([h[4], h[5]]).into(),
+        offset: (flags & 0x1fff) * 8,
+        more: flags & IPV4_MF != 0,
+    };
     let src: [u8; 4] = [h[12], h[13], h[14], h[15]];
     let dst: [u8; 4] = [h[16], h[17], h[18], h[19]];
     Ok(Some(L3 {
@@ -331,7 +394,7 @@ fn ipv4(p: &[u8]) -> Result<Option<L3<'_>>, FrameError> {
         proto: h[9],
         l4: &p[ihl..total.min(p.len())],
         l4_len: (total - ihl) as u32,
-        fragment: frag & IPV4_MF != 0,
+        frag: (frag.offset != 0 || frag.more).then_some(frag),
     }))
 }
 
@@ -353,7 +416,7 @@ fn ipv6(p: &[u8]) -> Result<Option<L3<'_>>, FrameError> {
         proto: h[6],
         l4: &p[40..],
         l4_len: u16::from_be_bytes([h[4], h[5]]).into(),
-        fragment: false,
+        frag: None,
     };
     l3.l4 = &l3.l4[..l3.l4.len().min(l3.l4_len as usize)];
     for _ in 0..MAX_EXT_HEADERS {
@@ -368,14 +431,17 @@ fn ipv6(p: &[u8]) -> Result<Option<L3<'_>>, FrameError> {
             // authentication header
             51 => ext_len(4, 2)?,
             IPPROTO_FRAGMENT => {
-                let Some(&[_, _, a, b]) = l3.l4.get(..4) else {
+                let Some(&[_, _, a, b, i, d, e, n]) = l3.l4.get(..8) else {
                     return bad("IPv6 fragment header cut");
                 };
-                let frag = u16::from_be_bytes([a, b]);
-                if frag & 0xfff8 != 0 {
-                    return Ok(None);
-                }
-                l3.fragment |= frag & 1 != 0;
+                let word = u16::from_be_bytes([a, b]);
+                let frag = Fragment {
+                    id: u32::from_be_bytes([i, d, e, n]),
+                    offset: word & 0xfff8,
+                    more: word & 1 != 0,
+                };
+                // Offset 0 without M: an atomic fragment, a whole packet.
+                l3.frag = (frag.offset != 0 || frag.more).then_some(frag);
                 8
             }
             _ => return Ok(None),
@@ -386,11 +452,18 @@ fn ipv6(p: &[u8]) -> Result<Option<L3<'_>>, FrameError> {
         l3.proto = l3.l4[0];
         l3.l4 = &l3.l4[len..];
         l3.l4_len = l3.l4_len.saturating_sub(len as u32);
+        if l3.frag.is_some_and(|f| !f.is_first()) {
+            // What follows is fragment data, not headers.
+            return Ok(Some(l3));
+        }
     }
     Ok(None)
 }
 
 fn transport(l3: L3<'_>) -> Result<Option<Decoded<'_>>, FrameError> {
+    if let Some(f) = l3.frag.filter(|f| !f.is_first()) {
+        return Ok(later_fragment_of(l3, f));
+    }
     let (transport, header, payload_len) = match l3.proto {
         IPPROTO_UDP => {
             let Some(h) = l3.l4.get(..8) else {
@@ -426,8 +499,22 @@ fn transport(l3: L3<'_>) -> Result<Option<Decoded<'_>>, FrameError> {
         payload,
         payload_len,
         truncated: (payload.len() as u32) < payload_len,
-        fragment: l3.fragment,
+        frag: l3.frag,
     }))
+}
+
+/// A later fragment of a UDP datagram: its data, without ports. (Only UDP
+/// is put back together.)
+fn later_fragment_of(l3: L3<'_>, f: Fragment) -> Option<Decoded<'_>> {
+    (l3.proto == IPPROTO_UDP).then(|| Decoded {
+        src: SocketAddr::new(l3.src, 0),
+        dst: SocketAddr::new(l3.dst, 0),
+        transport: Transport::Udp,
+        payload: l3.l4,
+        payload_len: l3.l4_len,
+        truncated: (l3.l4.len() as u32) < l3.l4_len,
+        frag: Some(f),
+    })
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     conntrack::{CtEvent, CtEventKind, RACE_COUNTERS},
-    decode::{Conntrack, CtTuple, Dropped, Packet},
+    decode::{Conntrack, CtTuple, Dropped, Fragment, Packet},
     diagnose::{ConntrackAtStart, Context},
     output::{
         addr,
@@ -224,7 +224,11 @@ pub struct PacketNote {
     pub wire_len: u32,
     pub payload_len: u32,
     pub truncated: bool,
+    /// Whether `frag` is set: dnstrace before fragments were put back
+    /// together requires it.
     pub fragment: bool,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub frag: Option<FragNote>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub ifname: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
@@ -239,6 +243,26 @@ pub struct CtNote {
     pub reply: [SocketAddr; 2],
     pub status: u32,
     pub is_reply: bool,
+}
+
+/// A fragment's place in its datagram, and its datagram's ports: a later
+/// fragment's frame has none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FragNote {
+    pub id: u32,
+    pub offset: u16,
+    pub more: bool,
+    pub ports: [u16; 2],
+}
+
+impl FragNote {
+    pub fn fragment(&self) -> Fragment {
+        Fragment {
+            id: self.id,
+            offset: self.offset,
+            more: self.more,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -259,7 +283,13 @@ impl PacketNote {
             wire_len: p.wire_len,
             payload_len: p.payload_len,
             truncated: p.truncated,
-            fragment: p.fragment,
+            fragment: p.frag.is_some(),
+            frag: p.frag.map(|f| FragNote {
+                id: f.id,
+                offset: f.offset,
+                more: f.more,
+                ports: [p.src.port(), p.dst.port()],
+            }),
             ifname: p.ifname.as_deref().map(str::to_owned),
             ct: p.ct.map(|c| CtNote {
                 original: [c.original.src, c.original.dst],
@@ -297,6 +327,19 @@ impl PacketNote {
         for (key, b) in flags {
             out.extend_from_slice(key);
             boolean(out, b);
+        }
+        if let Some(f) = &self.frag {
+            out.extend_from_slice(b",\"frag\":{\"id\":");
+            number(out, f.id);
+            out.extend_from_slice(b",\"offset\":");
+            number(out, f.offset);
+            out.extend_from_slice(b",\"more\":");
+            boolean(out, f.more);
+            out.extend_from_slice(b",\"ports\":[");
+            number(out, f.ports[0]);
+            out.push(b',');
+            number(out, f.ports[1]);
+            out.extend_from_slice(b"]}");
         }
         if let Some(name) = &self.ifname {
             out.extend_from_slice(b",\"ifname\":");
@@ -356,6 +399,7 @@ mod tests {
             payload_len: 71,
             truncated: true,
             fragment: false,
+            frag: None,
             ifname: ifname.map(str::to_owned),
             ct,
             drop,
@@ -371,7 +415,18 @@ mod tests {
             status: 0x1b8,
             is_reply: true,
         };
+        let later = PacketNote {
+            fragment: true,
+            frag: Some(FragNote {
+                id: u32::MAX,
+                offset: 65528,
+                more: false,
+                ports: [53, 40000],
+            }),
+            ..note(None, None, None)
+        };
         let notes = [
+            later,
             note(None, None, None),
             note(Some("eth0"), None, None),
             note(Some("we\"ird\\\n\u{7f}é"), None, None),

@@ -380,7 +380,10 @@ impl<R: Read> Replay<R> {
     ) -> Option<Packet> {
         let d = frame::decode(linktype, data).ok().flatten()?;
         let dns = |p: u16| self.ports.contains(&p);
-        if !dns(d.src.port()) && !dns(d.dst.port()) {
+        // A later fragment has no ports to tell: its first one decides
+        // whether it is put back together with anything.
+        let later = d.frag.is_some_and(|f| !f.is_first());
+        if !later && !dns(d.src.port()) && !dns(d.dst.port()) {
             return None;
         }
         Some(Packet {
@@ -394,7 +397,7 @@ impl<R: Read> Replay<R> {
             wire_len: data.len() as u32,
             payload_len: d.payload_len,
             truncated: d.truncated,
-            fragment: d.fragment,
+            frag: d.frag,
             payload: Bytes::copy_from_slice(d.payload),
             ifname: Some(if name.is_empty() {
                 format!("if{iface}").into()
@@ -425,21 +428,26 @@ impl<R: Read> Replay<R> {
 }
 
 /// A recorded packet: the frame gives addresses and payload, the note the
-/// rest.
+/// rest (a later fragment's ports included).
 fn recorded(note: &PacketNote, data: &[u8]) -> Option<Packet> {
     let d = frame::decode(LINKTYPE_RAW, data).ok().flatten()?;
+    let (mut src, mut dst) = (d.src, d.dst);
+    if let Some(f) = &note.frag {
+        src.set_port(f.ports[0]);
+        dst.set_port(f.ports[1]);
+    }
     Some(Packet {
         ts_ns: note.mono_ns,
         netns: note.netns,
         ifindex: note.ifindex,
         hook: Hook::from_u8(note.hook)?,
-        src: d.src,
-        dst: d.dst,
+        src,
+        dst,
         transport: d.transport,
         wire_len: note.wire_len,
         payload_len: note.payload_len,
         truncated: note.truncated,
-        fragment: note.fragment,
+        frag: note.frag.map(|f| f.fragment()),
         payload: Bytes::copy_from_slice(d.payload),
         ifname: note.ifname.as_deref().map(std::sync::Arc::from),
         ct: note.conntrack(),

@@ -212,9 +212,13 @@ pub fn detail(j: &Journey, labels: &Labels) -> Detail {
             if j.tcp { "tcp" } else { "udp" }
         ),
         outcome: format!(
-            "{} in {}",
+            "{} in {}{}",
             labels.outcome(&j.outcome),
-            latency(j.total_ns())
+            latency(j.total_ns()),
+            j.connection
+                .as_ref()
+                .map(|c| format!(" · tcp: {}", c.describe()))
+                .unwrap_or_default()
         ),
         answers,
         legs: legs(j, 0, labels),
@@ -235,6 +239,9 @@ fn legs(j: &Journey, depth: u8, labels: &Labels) -> Vec<LegRow> {
             }
             if let Some(&(a, b)) = l.snat.as_deref() {
                 notes.push(format!("SNAT {} → {}", labels.named(a), labels.named(b)));
+            }
+            if let Some(f) = l.fragment.as_deref() {
+                notes.push(f.describe());
             }
             if let Some(&(reason, at)) = l.drop.as_deref() {
                 notes.push(format!("dropped: {}", labels.drop_text(reason, at)));

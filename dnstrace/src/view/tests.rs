@@ -72,6 +72,7 @@ fn leg(ts: u64, prev: u64, place: (&str, u32), dir: &'static str, src: &str, dst
         dnat: None,
         snat: None,
         drop: None,
+        fragment: None,
     }
 }
 
@@ -153,6 +154,7 @@ fn journey(id: u64, name: &str, start: u64, outcome: Outcome, upstream: bool) ->
         upstream: vec![],
         incomplete: None,
         sampled: Default::default(),
+        connection: None,
     });
     Journey {
         id,
@@ -174,6 +176,7 @@ fn journey(id: u64, name: &str, start: u64, outcome: Outcome, upstream: bool) ->
         upstream: ups.into_iter().collect(),
         incomplete: None,
         sampled: Default::default(),
+        connection: None,
     }
 }
 

@@ -18,7 +18,7 @@ fn decoded(p: &Packet) -> Decoded<'_> {
         payload: &p.payload[..],
         payload_len: p.payload_len,
         truncated: p.truncated,
-        fragment: p.fragment,
+        frag: p.frag,
     }
 }
 
@@ -32,15 +32,36 @@ fn cases() -> Vec<Packet> {
     let mut cut = packet("10.0.0.1:53", "10.0.0.2:40000", Transport::Udp, &query[..7]);
     cut.payload_len = 512;
     cut.truncated = true;
+    let first = |id| {
+        Some(Fragment {
+            id,
+            offset: 0,
+            more: true,
+        })
+    };
     let mut frag4 = packet("10.0.0.1:53", "10.0.0.2:40000", Transport::Udp, &[1; 1472]);
-    (frag4.payload_len, frag4.truncated, frag4.fragment) = (3000, true, true);
+    (frag4.payload_len, frag4.truncated, frag4.frag) = (3000, true, first(0xbeef));
     let mut frag6 = packet(
         "[fd00::1]:53",
         "[fd00::2]:40000",
         Transport::Udp,
         &[2; 1448],
     );
-    (frag6.payload_len, frag6.truncated, frag6.fragment) = (3000, true, true);
+    (frag6.payload_len, frag6.truncated, frag6.frag) = (3000, true, first(0xdead_beef));
+    // Later fragments: no ports; the last one cut by the capture.
+    let mut later4 = packet("10.0.0.1:0", "10.0.0.2:0", Transport::Udp, &[3; 1480]);
+    later4.frag = Some(Fragment {
+        id: 0xbeef,
+        offset: 1480,
+        more: true,
+    });
+    let mut last6 = packet("[fd00::1]:0", "[fd00::2]:0", Transport::Udp, &[4; 100]);
+    (last6.payload_len, last6.truncated) = (1560, true);
+    last6.frag = Some(Fragment {
+        id: 0xdead_beef,
+        offset: 1448,
+        more: false,
+    });
     vec![
         packet("10.244.0.10:40000", "10.96.0.10:53", Transport::Udp, query),
         packet(
@@ -54,6 +75,8 @@ fn cases() -> Vec<Packet> {
         cut,
         frag4,
         frag6,
+        later4,
+        last6,
     ]
 }
 
@@ -104,6 +127,40 @@ fn lengths_and_checksums_are_right() {
     assert_eq!(&f.data[2..4], &[0xff, 0xff]);
     let d = decode(LINKTYPE_RAW, &f.data).unwrap().unwrap();
     assert_eq!((d.payload_len, d.truncated), (65535 - 8, true));
+}
+
+/// Fragments as IP has them: id, offset in 8-byte units and MF in the
+/// IPv4 header or the IPv6 fragment header; a later one without a UDP
+/// header; the IPv4 first fragment without a checksum (it would cover
+/// data it lacks).
+#[test]
+fn fragments_are_written_as_ip_fragments() {
+    let cases = cases();
+    let [.., frag4, frag6, later4, last6] = &cases[..] else {
+        unreachable!()
+    };
+    let f = encode(frag4);
+    assert_eq!(&f.data[4..8], &[0xbe, 0xef, 0x20, 0]);
+    assert_eq!(&f.data[24..28], &[0x0b, 0xc0, 0, 0]); // UDP length 3008, no checksum
+    assert!(checksum_ok(&f.data[..20]));
+    let f = encode(later4);
+    assert_eq!(&f.data[4..8], &[0xbe, 0xef, 0x20, 0xb9]); // 1480 / 8
+    assert_eq!((f.data.len(), f.orig_len), (20 + 1480, 20 + 1480));
+    assert_eq!(&f.data[20..], &later4.payload[..]);
+    let f = encode(frag6);
+    assert_eq!(
+        (f.data[6], &f.data[40..48]),
+        (44, &[17, 0, 0, 1, 0xde, 0xad, 0xbe, 0xef][..])
+    );
+    let pseudo = [&f.data[8..40], &[0, 0, 0x05, 0xb0, 0, 0, 0, 17]].concat();
+    assert!(checksum_ok(&[&pseudo[..], &f.data[48..]].concat()));
+    let f = encode(last6);
+    assert_eq!(
+        &f.data[40..48],
+        &[17, 0, 0x05, 0xa8, 0xde, 0xad, 0xbe, 0xef]
+    );
+    assert_eq!(&f.data[4..6], &(8 + 1560u16).to_be_bytes());
+    assert_eq!((f.data.len(), f.orig_len), (48 + 100, 48 + 1560));
 }
 
 fn eth(ethertype: u16, tags: &[u16], ip: &[u8]) -> Vec<u8> {
@@ -172,11 +229,25 @@ fn ipv6_extension_headers_are_walked() {
     with_ext.extend_from_slice(&[17, 1, 1, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
     with_ext.extend_from_slice(l4);
     assert_eq!(decode(LINKTYPE_RAW, &with_ext).unwrap(), Some(decoded(p)));
-    // A later fragment carries no ports.
+    // A later fragment carries no ports: what follows its fragment
+    // header is data, not headers.
     let mut later = fixed.to_vec();
     later[6] = IPPROTO_FRAGMENT;
+    later[5] += 8;
     later.extend_from_slice(&[17, 0, 0x05, 0x01, 0, 0, 0, 1]);
     later.extend_from_slice(l4);
+    let d = decode(LINKTYPE_RAW, &later).unwrap().unwrap();
+    assert_eq!((d.src.port(), d.dst.port(), d.payload), (0, 0, l4));
+    assert_eq!(
+        d.frag,
+        Some(Fragment {
+            id: 1,
+            offset: 0x0500,
+            more: true
+        })
+    );
+    // A later fragment of anything but UDP is not ours.
+    later[40] = IPPROTO_TCP;
     assert_eq!(decode(LINKTYPE_RAW, &later).unwrap(), None);
 }
 
@@ -186,7 +257,7 @@ fn what_is_not_udp_or_tcp_over_ip_is_skipped() {
     let mut icmp = ip.clone();
     icmp[9] = 1;
     let mut later_fragment = ip.clone();
-    later_fragment[7] = 1;
+    (later_fragment[7], later_fragment[9]) = (1, IPPROTO_TCP);
     let frames = [
         (LINKTYPE_ETHERNET, eth(0x0806, &[], &[0; 28])),
         (LINKTYPE_ETHERNET, eth(0x8100, &[0x8100, 0x8100], &ip)),
