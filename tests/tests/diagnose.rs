@@ -392,3 +392,83 @@ fn search_leak_names_the_foreign_domain() {
         "{a}"
     );
 }
+
+/// DNS over TCP, an answer truncated and retried over TCP, and one in IP
+/// fragments: all answered, nothing raised.
+#[test]
+fn healthy_tcp_and_large_answers_raise_nothing() {
+    require_root();
+    let lab = Lab::up(&[]);
+    let mut lookups = Vec::new();
+    let (kinds, anomalies) = diagnose(&[], || {
+        for args in [
+            format!("@{SERVICE} +tcp {KUBERNETES}"),
+            format!("@{SERVICE} +bufsize=1232 {BIG_NAME} TXT"),
+            format!("@{SERVICE} +bufsize=4096 {HUGE_NAME} TXT"),
+        ] {
+            let out = lab.dig(WEB, &args);
+            assert_eq!(dig_status(&out), "NOERROR", "{out}");
+        }
+        lookups = lab.traffic(&["--tcp", "--rate", "10", "--duration", "3s"]);
+    });
+    // The mix has a name that does not exist: NXDOMAIN is its answer.
+    assert!(
+        lookups
+            .iter()
+            .all(|l| l["ok"] == true || l["error"] == "NXDOMAIN"),
+        "{lookups:#?}"
+    );
+    assert_eq!(kinds, set(&[]), "{anomalies:#?}");
+}
+
+#[test]
+fn no_dns_tcp_is_dns_over_tcp_unreachable_after_the_truncated_answer() {
+    require_root();
+    let lab = Lab::up(&["--fault", "no-dns-tcp"]);
+    let (kinds, anomalies) = diagnose(&[], || {
+        let out = lab.dig(WEB, &format!("@{SERVICE} +bufsize=1232 {BIG_NAME} TXT"));
+        assert!(out.contains("Truncated, retrying in TCP mode"), "{out}");
+        // Past the 3 s timeout after the SYN: its set-up has failed.
+        std::thread::sleep(std::time::Duration::from_secs(2));
+    });
+    assert_eq!(kinds, set(&["dns_tcp_unreachable"]), "{anomalies:#?}");
+    let a = find(&anomalies, "dns_tcp_unreachable");
+    assert!(
+        a["summary"].as_str().unwrap().contains("10.96.0.10:53"),
+        "{a}"
+    );
+    let evidence = a["evidence"].to_string();
+    assert!(evidence.contains("no SYN-ACK"), "{a}");
+    assert!(
+        evidence.contains(&format!("truncated UDP answer for {BIG_NAME}. TXT")),
+        "the UDP attempt that led there: {a}"
+    );
+}
+
+#[test]
+fn fragments_dropped_is_a_fragment_lost_with_its_place() {
+    require_root();
+    let lab = Lab::up(&[]);
+    let huge = format!("+bufsize=4096 {HUGE_NAME} TXT");
+    // Cached in both CoreDNS pods, so that what is lost is their answer.
+    for pod in ["10.244.0.53", "10.244.0.54"] {
+        assert_eq!(
+            dig_status(&lab.dig(WEB, &format!("@{pod} {huge}"))),
+            "NOERROR"
+        );
+    }
+    lab.fault("fragments-dropped", true);
+    let (kinds, anomalies) = diagnose(&[], || {
+        let out = lab.dig(WEB, &format!("@{SERVICE} {huge}"));
+        assert_eq!(dig_status(&out), "timeout", "{out}");
+    });
+    assert_eq!(kinds, set(&["fragment_lost"]), "{anomalies:#?}");
+    let a = find(&anomalies, "fragment_lost");
+    let evidence = a["evidence"].to_string();
+    assert!(
+        evidence.contains("the fragment at offset 1480 was dropped on cni0@")
+            || evidence.contains("the fragment at offset 2960 was dropped on cni0@"),
+        "which fragment and where: {a}"
+    );
+    assert!(evidence.contains("NETFILTER_DROP"), "{a}");
+}
