@@ -304,7 +304,10 @@ impl Diagnoser {
     ) -> Vec<Anomaly> {
         self.hits.clear();
         let mut new = Vec::new();
-        for c in failed {
+        // Events lost since its SYN: the SYN-ACK may be among them.
+        let lost_ns = self.lost_ns;
+        let unseen = |c: &&Connection| lost_ns.is_some_and(|l| l >= c.syn_ns);
+        for c in failed.iter().filter(|c| !unseen(c)) {
             let led = self.truncated_before(c);
             let found = tcp_unreachable(c, led, names);
             new.extend(self.record(vec![found], now_ns, led.map(|a| a.journey)));
@@ -520,7 +523,9 @@ fn fragment_lost(j: &Journey, names: &KernelNames) -> Option<Finding> {
             (l.drop.is_some() == dropped).then_some((l, f))
         })
     };
-    let (leg, f) = with_note(true).or_else(|| with_note(false))?;
+    // A fragment missing is evidence only where no event was lost.
+    let missing = || with_note(false).filter(|_| j.incomplete.is_none());
+    let (leg, f) = with_note(true).or_else(missing)?;
     let what = match leg.drop.as_deref() {
         Some(&(reason, at)) => format!(
             "{} was dropped on {}: {} at {}",

@@ -318,17 +318,20 @@ pub struct Counts {
     pub messages: u64,
     /// Not DNS, though the whole payload was there.
     pub malformed: u64,
-    /// Not decoded whole because the capture cut the payload short (a TCP
-    /// segment's payload outside the skb's linear data, at a tracepoint),
-    /// or a fragment of its datagram never came: no fault of the sender's.
+    /// Not decoded whole because the capture cut the payload short (past
+    /// 4,096 bytes of UDP, a TCP payload the perf buffers had no room
+    /// for), or a fragment of its datagram never came there.
     pub cut: u64,
 }
 
 impl Counts {
-    /// "N DNS packets, N messages, N malformed[, N cut short by the capture]".
+    /// "N DNS packets, N messages, N malformed[, N not whole (…)]".
     pub fn brief(&self) -> String {
         let cut = if self.cut > 0 {
-            format!(", {} cut short by the capture", self.cut)
+            format!(
+                ", {} not whole (cut by the capture, or a fragment missing)",
+                self.cut
+            )
         } else {
             String::new()
         };
@@ -554,7 +557,7 @@ mod tests {
         assert_eq!((pipe.counts.malformed, pipe.counts.cut), (1, 1));
         assert_eq!(
             pipe.counts.brief(),
-            "2 DNS packets, 0 messages, 1 malformed, 1 cut short by the capture"
+            "2 DNS packets, 0 messages, 1 malformed, 1 not whole (cut by the capture, or a fragment missing)"
         );
     }
 }

@@ -797,6 +797,12 @@ fn a_tcp_connection_never_set_up_is_raised_with_the_truncated_answer_behind_it()
     let reset = Diagnoser::new(ctx()).connections_failed(&[failed(1, reset)], &names, 1);
     assert!(reset[0].evidence[0].contains("reset towards the client 0.1 ms after its SYN"));
     assert_eq!(reset[0].evidence.len(), 1, "no UDP answer led there");
+    // Events lost since the SYN: its SYN-ACK may be among them.
+    let mut d = Diagnoser::new(ctx());
+    d.lost(450_000);
+    assert!(d
+        .connections_failed(&[failed(1, None)], &names, 6_000_000_000)
+        .is_empty());
 }
 
 #[test]
@@ -826,6 +832,13 @@ fn an_answer_missing_a_fragment_is_a_fragment_lost_with_the_fragment_and_its_pla
         evidence.contains("without its fragment at offset 1480, last seen on cni0@200 (dev_xmit)"),
         "{evidence}"
     );
+    // Events lost while it was open: the fragment may be among them.
+    let mut lost = j.clone();
+    lost.incomplete = Some(Gap::Lost);
+    assert!(Diagnoser::new(ctx())
+        .journey(&lost, &names)
+        .iter()
+        .all(|a| a.kind != "fragment_lost"));
     // A whole answer with a fragment note elsewhere is no loss.
     let mut ok = j.clone();
     ok.outcome = answered("NOERROR");
