@@ -546,16 +546,25 @@ fn fragment_lost(j: &Journey, names: &KernelNames) -> Option<Finding> {
             leg.dst.ip()
         ),
         evidence: vec![format!(
-            "the {} {} → {} ({} {}) came in IP fragments; {what}",
-            if leg.response { "answer" } else { "query" },
-            leg.src,
-            leg.dst,
-            j.name,
-            j.qtype
+            "{} came in IP fragments; {what}",
+            the_message(j, leg)
         )],
         cause: "the message was larger than the path's MTU and went as IP fragments, and something on the path does not let later fragments through: a firewall, security group or NetworkPolicy that drops fragments (they carry no ports), or an overlay (VXLAN, IPIP) whose smaller MTU they do not fit".into(),
         fix: "keep DNS answers under the path MTU: a smaller EDNS buffer (CoreDNS `bufsize 1232`), and DNS over TCP for the rest; fix the overlay's MTU, or let fragments through the firewall",
     })
+}
+
+/// `the answer 10.244.0.53:53 → 10.244.0.10:4000 (name A)`: the message a
+/// leg saw.
+fn the_message(j: &Journey, leg: &Leg) -> String {
+    format!(
+        "the {} {} → {} ({} {})",
+        if leg.response { "answer" } else { "query" },
+        leg.src,
+        leg.dst,
+        j.name,
+        j.qtype
+    )
 }
 
 /// One of a parallel A/AAAA pair got no answer while its sibling, sent
@@ -926,12 +935,8 @@ fn dropped(j: &Journey, names: &KernelNames, raised: &Raised) -> Option<Finding>
             leg.dst.ip()
         ),
         evidence: vec![format!(
-            "the {} {} → {} ({} {}) was dropped on {}: {why} at {at}",
-            if leg.response { "answer" } else { "query" },
-            leg.src,
-            leg.dst,
-            j.name,
-            j.qtype,
+            "{} was dropped on {}: {why} at {at}",
+            the_message(j, leg),
             place(leg)
         )],
         cause,

@@ -84,23 +84,12 @@ fn bridge_nf_off_breaks_lookups_via_the_service_until_fixed() {
 fn no_dnat_leaves_queries_untranslated() {
     require_root();
     let lab = Lab::up(&["--fault", "no-dnat"]);
-    run(Command::new("ip").args(["netns", "exec", NODE, "conntrack", "-F"])).unwrap();
+    flush_node_conntrack();
     assert_eq!(
         dig_status(&lab.dig(WEB, &format!("@{SERVICE} {KUBERNETES}"))),
         "timeout"
     );
-    let table = run(Command::new("ip").args([
-        "netns",
-        "exec",
-        NODE,
-        "conntrack",
-        "-L",
-        "-p",
-        "udp",
-        "--orig-dst",
-        SERVICE,
-    ]))
-    .unwrap();
+    let table = node_flows("udp", SERVICE).join("\n");
     assert!(
         table.contains(&format!("dst={SERVICE}")),
         "no conntrack entry: {table}"

@@ -8,12 +8,10 @@ use std::net::SocketAddr;
 use dnstrace_common::Hook;
 
 use super::Map;
-use crate::decode::{Packet, Transport};
-
-const FIN: u8 = 0x01;
-const SYN: u8 = 0x02;
-const RST: u8 = 0x04;
-const ACK: u8 = 0x10;
+use crate::decode::{
+    tcp::{ACK, FIN, RST, SYN},
+    Packet, Transport,
+};
 
 /// What a connection showed, times in kernel nanoseconds.
 #[derive(Clone, Debug, PartialEq, Eq)]

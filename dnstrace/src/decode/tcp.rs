@@ -6,9 +6,11 @@ use bytes::{Buf as _, Bytes, BytesMut};
 
 use super::{Packet, Transport};
 
-const FIN: u8 = 0x01;
-const SYN: u8 = 0x02;
-const RST: u8 = 0x04;
+/// TCP header flags, as `Transport::Tcp` carries them.
+pub const FIN: u8 = 0x01;
+pub const SYN: u8 = 0x02;
+pub const RST: u8 = 0x04;
+pub const ACK: u8 = 0x10;
 
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
