@@ -162,3 +162,24 @@ fn nodelocaldns_tcp_leg_is_under_the_clients_lookup() {
     assert_eq!(u["outcome"]["status"], "answered", "{u}");
     assert!(u["connection"]["syn_ack_ms"].as_f64().is_some(), "{u}");
 }
+
+#[test]
+fn several_queries_on_one_connection_are_journeys_sharing_it() {
+    require_root();
+    let lab = Lab::up(&[]);
+    let names = [KUBE_DNS, "kubernetes.default.svc.cluster.local."];
+    let (lines, _) = trace(|| {
+        let out = lab.dig(
+            WEB,
+            &format!("@{SERVICE} +tcp +keepopen {} {}", names[0], names[1]),
+        );
+        assert_eq!(out.matches("status: NOERROR").count(), 2, "{out}");
+    });
+    let js: Vec<&Value> = names.iter().flat_map(|n| journeys(&lines, n)).collect();
+    assert_eq!(js.len(), 2, "{js:#?}");
+    assert_eq!(js[0]["client"], js[1]["client"], "one socket");
+    assert_ne!(js[0]["id"], js[1]["id"], "two journeys");
+    let syn = |j: &Value| j["connection"]["syn_ns"].clone();
+    assert!(syn(js[0]).is_u64(), "{}", js[0]);
+    assert_eq!(syn(js[0]), syn(js[1]), "one connection");
+}
