@@ -872,14 +872,13 @@ impl Engine {
             fragment: FragmentNote::of(rec),
         };
         o.add_leg(p, &seen, dev, &self.devices);
-        if msg.response && msg.flags.tc && !o.has(TCP) {
-            let key = retry_key(&self.hasher, o.client().ip(), &o.name, o.qtype);
-            let lookup = o.lookup;
-            self.note_truncated(key, lookup, p.ts_ns);
-        }
-        let Some(o) = self.open.get_mut(slot) else {
-            return;
-        };
+        // Filed once the journey is done with: its TCP retry's lookup.
+        let truncated = (msg.response && msg.flags.tc && !o.has(TCP)).then(|| {
+            (
+                retry_key(&self.hasher, o.client().ip(), &o.name, o.qtype),
+                o.lookup,
+            )
+        });
         if !was_settling && o.delivered_or_dropped() {
             self.settling.push(Ref::new(slot, o.id));
         }
@@ -909,6 +908,9 @@ impl Engine {
                 name: &name,
             };
             self.by_key.file(&self.open, &q, slot);
+        }
+        if let Some((key, lookup)) = truncated {
+            self.note_truncated(key, lookup, p.ts_ns);
         }
     }
 
@@ -1293,13 +1295,13 @@ impl Engine {
     }
 }
 
-/// Where a journey waits for `name` (hashed) at `place`, in
-/// `Engine::waiting`.
 /// Where a truncated answer's lookup is filed for the client's TCP retry.
 fn retry_key(hasher: &RandomState, client: IpAddr, name: &str, qtype: u16) -> u64 {
     hasher.hash_one((client, name, qtype))
 }
 
+/// Where a journey waits for `name` (hashed) at `place`, in
+/// `Engine::waiting`.
 fn place_key(hasher: &RandomState, name: u64, place: Place) -> u32 {
     short(hasher.hash_one((name, place)))
 }

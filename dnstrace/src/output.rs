@@ -803,7 +803,7 @@ mod tests {
             offset: 0,
             more: true,
         });
-        r.missing = Some(Missing {
+        r.missing = Some(Box::new(Missing {
             offset: 1480,
             last_seen: Some(Seen {
                 ts_ns: 1_500,
@@ -812,7 +812,7 @@ mod tests {
                 ifname: Some("veth0".into()),
                 hook: Hook::DevXmit,
             }),
-        });
+        }));
         r
     }
 

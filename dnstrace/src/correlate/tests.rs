@@ -1308,10 +1308,10 @@ fn an_answer_without_a_fragment_is_never_the_answer() {
             offset: 0,
             more: true,
         });
-        r.missing = Some(crate::decode::Missing {
+        r.missing = Some(Box::new(crate::decode::Missing {
             offset: 1480,
             last_seen: None,
-        });
+        }));
         vec![r]
     });
     assert_eq!(

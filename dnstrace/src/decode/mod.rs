@@ -39,7 +39,8 @@ pub struct Record {
     pub body: Body,
     /// For a fragmented datagram this hook point never got whole (`packet`
     /// is its first fragment): the fragment it lacked.
-    pub missing: Option<Missing>,
+    /// Boxed: every packet's record carries the field, few a value.
+    pub missing: Option<Box<Missing>>,
 }
 
 /// Recently decoded UDP payloads: a message crosses several hooks (pod,
@@ -165,7 +166,7 @@ impl Decoder {
                 frag::Done::Cut(packet, missing) => Record {
                     body: cut_message(&packet),
                     packet,
-                    missing: Some(missing),
+                    missing: Some(Box::new(missing)),
                 },
             });
         }

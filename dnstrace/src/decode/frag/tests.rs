@@ -191,8 +191,8 @@ fn a_missing_last_fragment_times_out_as_a_cut_message() {
     );
     assert!(m.answers.is_empty());
     assert_eq!(
-        r.missing,
-        Some(Missing {
+        r.missing.as_deref(),
+        Some(&Missing {
             offset: 1200,
             last_seen: None
         })
@@ -243,8 +243,8 @@ fn a_missing_middle_fragment_says_where_it_was_last_seen() {
         hook: Hook::DevXmit,
     };
     assert_eq!(
-        r.missing,
-        Some(Missing {
+        r.missing.as_deref(),
+        Some(&Missing {
             offset: 600,
             last_seen: Some(seen)
         })
