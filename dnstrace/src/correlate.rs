@@ -192,10 +192,8 @@ impl FragmentNote {
         }
         let last = match &self.last_seen {
             Some(s) => {
-                let dev = s
-                    .ifname
-                    .as_deref()
-                    .map_or_else(|| format!("if{}", s.ifindex), str::to_owned);
+                // Without --iface names: the device's own, or its index.
+                let dev = s.device_name(&std::collections::HashMap::new());
                 format!("last seen on {dev}@{} ({})", s.netns, s.hook.name())
             }
             None => "never seen".to_owned(),
