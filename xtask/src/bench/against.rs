@@ -120,7 +120,7 @@ fn this_tree() -> String {
     )
 }
 
-/// How much costlier per lookup this tree may read against REV and still
+/// How much costlier per DNS packet this tree may read against REV and still
 /// count as no slower: the 5% the capacity goal allows too. On the shared
 /// 2-core machine a side's runs spread by 6–8% (standard deviation, 15 s
 /// at 20,000 qps), and the full plan's 15 rounds give the ratio of the two
@@ -140,8 +140,11 @@ impl Bench {
     /// Rounds of the same UDP DNS load, ZERO_LOSS_QPS (which the lab
     /// answers whole, traced or not), traced by REV's dnstrace and by this
     /// tree's in an order that turns each round: dnstrace's CPU and its BPF
-    /// programs' run time per lookup, the two halves of what tracing a
-    /// lookup costs, on identical work. The lab's highest rate (the
+    /// programs' run time per DNS packet seen, the two halves of what
+    /// tracing costs. Per packet, not per lookup: how many hooks a lookup's
+    /// packets pass swings with the lab's state (a third of the lookups of
+    /// some runs pass the bridge once more, 8.3 packets a lookup against
+    /// 8.0), and with it the work a lookup gives either side. The lab's highest rate (the
     /// capacity figure) shows the same costs through the lab's own rate,
     /// which swings by a fifth from round to round: too wide for 5%.
     pub(super) fn against(&mut self) -> Result<()> {
@@ -163,8 +166,8 @@ impl Bench {
     }
 
     /// One run of `bin` at `rate`: its CPU, and its BPF programs' run time
-    /// (bpf_stats, on for both sides alike), while dnsperf ran, per lookup
-    /// answered.
+    /// (bpf_stats, on for both sides alike), while dnsperf ran, per DNS
+    /// packet it saw.
     fn udp_cost(&self, bin: &Path, rate: u32, secs: u32) -> Result<UdpCost> {
         let tracer = self.tracer_of(bin, &Hooks::Tracepoints, Output::Json, DNS_LOAD)?;
         let pid = tracer.pid();
@@ -176,10 +179,10 @@ impl Bench {
         let after = stats.programs(pid)?;
         drop(stats);
         let exit = tracer.stop()?;
-        let lookups = perf.completed.max(1) as f64;
+        let packets = exit.packets.max(1) as f64;
         Ok(UdpCost {
-            cpu_us: cpu * 1e6 / lookups,
-            kernel_us: run_ns(&before, &after) as f64 / 1e3 / lookups,
+            cpu_ns: cpu * 1e9 / packets,
+            kernel_ns: run_ns(&before, &after) as f64 / packets,
             packets: exit.packets as f64 / exit.journeys.max(1) as f64,
             perf,
             exit,
@@ -191,7 +194,7 @@ impl Bench {
         let head = format!("UDP cost against {}", names[0]);
         let cell = |name: &str, v: &[f64], side: &Costs| {
             format!(
-                "{name}: {:.2} µs ({:.2}–{:.2}; {:.1} packets a lookup, {} events lost, {} evicted)",
+                "{name}: {:.0} ns ({:.0}–{:.0}; {:.2} packets a lookup, {} events lost, {} evicted)",
                 median(v),
                 min(v),
                 max(v),
@@ -203,14 +206,14 @@ impl Bench {
         let [rev, this] = sides;
         for (what, base, with) in [
             (
-                "dnstrace's CPU per lookup answered (user + system while dnsperf ran)",
-                &rev.cpu_us,
-                &this.cpu_us,
+                "dnstrace's CPU per DNS packet seen (user + system while dnsperf ran)",
+                &rev.cpu_ns,
+                &this.cpu_ns,
             ),
             (
-                "kernel work per lookup answered (the run time of dnstrace's BPF programs, bpf_stats)",
-                &rev.kernel_us,
-                &this.kernel_us,
+                "kernel work per DNS packet seen (the run time of dnstrace's BPF programs, bpf_stats)",
+                &rev.kernel_ns,
+                &this.kernel_ns,
             ),
         ] {
             let (ratio, met) = paired_ceiling_ratio(base, with, COST_CEILING);
@@ -227,7 +230,7 @@ impl Bench {
             });
         }
         self.notes.push(format!(
-            "{head}: the same dnsperf load traced in turn by the dnstrace of {} (built in a git worktree of its own) and by {}, which goes first turning each round. Per lookup answered: dnstrace's user + system time while dnsperf ran (/proc/PID/stat), and the run time of its BPF programs (bpf_stats, on in every run of both, its own clock reads included); packets a lookup are those dnstrace saw, over its journeys. Its ratios are paired, unlike the other figures' ratio of medians: a round's two runs go back to back under the same load and the same noise of the machine, so each round gives its own ratio, this tree's run over {}'s, and the ratio shown is the median of the {rounds} rounds' ratios, with a 95% interval by the percentile bootstrap of that median (the rounds drawn again with replacement 10,000 times, each with both its runs). Each side's median is shown for reference; their ratio is not the figure. Goal ≤ {}: yes when the whole interval is at or below it, **no** when the whole interval is above it, else **within noise**.",
+            "{head}: the same dnsperf load traced in turn by the dnstrace of {} (built in a git worktree of its own) and by {}, which goes first turning each round. Per DNS packet dnstrace saw: its user + system time while dnsperf ran (/proc/PID/stat), and the run time of its BPF programs (bpf_stats, on in every run of both, its own clock reads included). Per packet rather than per lookup: the hooks a lookup's packets pass vary with the lab's state from run to run (packets a lookup: those dnstrace saw, over its journeys), and so does the work a lookup gives. Its ratios are paired, unlike the other figures' ratio of medians: a round's two runs go back to back under the same load and the same noise of the machine, so each round gives its own ratio, this tree's run over {}'s, and the ratio shown is the median of the {rounds} rounds' ratios, with a 95% interval by the percentile bootstrap of that median (the rounds drawn again with replacement 10,000 times, each with both its runs). Each side's median is shown for reference; their ratio is not the figure. Goal ≤ {}: yes when the whole interval is at or below it, **no** when the whole interval is above it, else **within noise**.",
             names[0], names[1], names[0], ceiling_pct()
         ));
         self.explain_intervals();
@@ -253,9 +256,9 @@ fn round_ratios(base: &[f64], with: &[f64]) -> Vec<f64> {
 
 /// One run of the against figure.
 struct UdpCost {
-    /// dnstrace's CPU and its BPF programs' run time, µs per lookup answered.
-    cpu_us: f64,
-    kernel_us: f64,
+    /// dnstrace's CPU and its BPF programs' run time, ns per DNS packet seen.
+    cpu_ns: f64,
+    kernel_ns: f64,
     /// DNS packets dnstrace saw per journey.
     packets: f64,
     perf: PerfResult,
@@ -266,8 +269,8 @@ impl std::fmt::Display for UdpCost {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{}; {}; a lookup: {:.2} µs CPU, {:.2} µs in BPF, {:.2} packets",
-            self.perf, self.exit, self.cpu_us, self.kernel_us, self.packets
+            "{}; {}; a packet: {:.0} ns CPU, {:.0} ns in BPF; {:.2} packets a lookup",
+            self.perf, self.exit, self.cpu_ns, self.kernel_ns, self.packets
         )
     }
 }
@@ -275,8 +278,8 @@ impl std::fmt::Display for UdpCost {
 /// One side's runs, round by round.
 #[derive(Default)]
 struct Costs {
-    cpu_us: Vec<f64>,
-    kernel_us: Vec<f64>,
+    cpu_ns: Vec<f64>,
+    kernel_ns: Vec<f64>,
     packets: Vec<f64>,
     lost: u64,
     evicted: u64,
@@ -284,8 +287,8 @@ struct Costs {
 
 impl Costs {
     fn add(&mut self, run: &UdpCost) {
-        self.cpu_us.push(run.cpu_us);
-        self.kernel_us.push(run.kernel_us);
+        self.cpu_ns.push(run.cpu_ns);
+        self.kernel_ns.push(run.kernel_ns);
         self.packets.push(run.packets);
         self.lost += run.exit.lost;
         self.evicted += run.exit.evicted;
