@@ -202,20 +202,21 @@ impl FragmentNote {
     }
 
     /// What `rec` shows of a fragmented message, if it shows part of one.
-    fn of(rec: &Record) -> Option<Self> {
+    /// Boxed: every packet asks, few have one.
+    fn of(rec: &Record) -> Option<Box<Self>> {
         if let Some(m) = &rec.missing {
-            return Some(Self {
+            return Some(Box::new(Self {
                 offset: m.offset,
                 missing: true,
                 last_seen: m.last_seen.clone(),
-            });
+            }));
         }
         let f = rec.packet.frag.filter(|f| f.offset > 0)?;
-        Some(Self {
+        Some(Box::new(Self {
             offset: f.offset,
             missing: false,
             last_seen: None,
-        })
+        }))
     }
 }
 
@@ -414,6 +415,11 @@ struct OpenLeg {
 
 const _: () = assert!(std::mem::size_of::<OpenLeg>() <= 32);
 
+/// Legs an open journey has room for from its start: a lookup through a
+/// service's DNAT on one node passes 8 hooks (pod, veth, bridge, CoreDNS
+/// and back), and a vector grown to 8 one leg at a time moves twice.
+const LEGS: usize = 8;
+
 const RESPONSE: u8 = 1;
 const V6_SRC: u8 = 2;
 const V6_DST: u8 = 4;
@@ -426,7 +432,7 @@ struct Marks {
     dnat: Option<(SocketAddr, SocketAddr)>,
     snat: Option<(SocketAddr, SocketAddr)>,
     drop: Option<(u32, u64)>,
-    fragment: Option<FragmentNote>,
+    fragment: Option<Box<FragmentNote>>,
 }
 
 /// A record's message as a leg takes it.
@@ -434,7 +440,7 @@ struct Sighting<'a> {
     msg: &'a Arc<DnsMessage>,
     /// Not all there: never the journey's answer.
     cut: bool,
-    fragment: Option<FragmentNote>,
+    fragment: Option<Box<FragmentNote>>,
 }
 
 /// Where legs are seen: shared, as thousands of open journeys pass the
@@ -1094,7 +1100,7 @@ impl Engine {
             lookup,
             started_ns: p.ts_ns,
             name: key.name,
-            legs: Vec::new(),
+            legs: Vec::with_capacity(LEGS),
             answer: None,
             children: Box::default(),
             extra: None,
@@ -1530,7 +1536,7 @@ impl Open {
     }
 
     /// `p`'s marks, if it has any: the copy an earlier leg holds, if the same.
-    fn marks(&self, p: &Packet, fragment: Option<FragmentNote>) -> Option<Arc<Marks>> {
+    fn marks(&self, p: &Packet, fragment: Option<Box<FragmentNote>>) -> Option<Arc<Marks>> {
         let ct = p.ct.as_ref();
         let marks = Marks {
             dnat: ct.and_then(Conntrack::dnat),
@@ -1660,11 +1666,7 @@ impl OpenLeg {
             dnat: self.marks.as_ref().and_then(|m| m.dnat).map(Box::new),
             snat: self.marks.as_ref().and_then(|m| m.snat).map(Box::new),
             drop: self.marks.as_ref().and_then(|m| m.drop).map(Box::new),
-            fragment: self
-                .marks
-                .as_ref()
-                .and_then(|m| m.fragment.clone())
-                .map(Box::new),
+            fragment: self.marks.as_ref().and_then(|m| m.fragment.clone()),
         }
     }
 }

@@ -459,6 +459,7 @@ impl Pipeline {
         self.hand(records, sink)
     }
 
+    #[inline]
     fn hand(&mut self, mut records: Vec<Record>, sink: &mut impl Sink) -> io::Result<()> {
         // By reference, not drained: a record is a few hundred bytes to move.
         let fed = records.iter().try_for_each(|rec| {

@@ -75,6 +75,7 @@ impl Decoder {
     }
 
     /// A whole UDP payload, parsed or found among the recent ones.
+    #[inline]
     fn udp(&mut self, payload: &Bytes) -> Body {
         use std::hash::BuildHasher as _;
         let hash = self.hasher.hash_one(payload.as_ref());
@@ -98,10 +99,23 @@ impl Decoder {
         body
     }
 
+    /// The common case (a whole UDP datagram, nothing held for
+    /// reassembly) stays in this function: each call a packet passes
+    /// through by value copies its few hundred bytes.
+    #[inline]
     pub fn decode(&mut self, packet: Packet, out: &mut Vec<Record>) {
-        self.tick(packet.ts_ns, out);
+        if self.frags.holds_any() {
+            self.tick(packet.ts_ns, out);
+        }
         match (packet.transport, packet.frag) {
-            (Transport::Udp, None) => self.whole_udp(packet, out),
+            (Transport::Udp, None) => {
+                let body = self.udp_body(&packet);
+                out.push(Record {
+                    packet,
+                    body,
+                    missing: None,
+                });
+            }
             (Transport::Udp, Some(f)) if packet.hook == Hook::Drop => {
                 self.dropped_fragment(packet, f, out);
             }
@@ -125,17 +139,22 @@ impl Decoder {
     /// A UDP packet on its own: a whole datagram, or a fragment that went
     /// no further.
     fn whole_udp(&mut self, packet: Packet, out: &mut Vec<Record>) {
-        // A first fragment alone holds part of the payload, cut or not.
-        let body = if packet.truncated || packet.frag.is_some() {
-            cut_payload(&packet)
-        } else {
-            self.udp(&packet.payload)
-        };
+        let body = self.udp_body(&packet);
         out.push(Record {
             packet,
             body,
             missing: None,
         });
+    }
+
+    #[inline]
+    fn udp_body(&mut self, packet: &Packet) -> Body {
+        // A first fragment alone holds part of the payload, cut or not.
+        if packet.truncated || packet.frag.is_some() {
+            cut_payload(packet)
+        } else {
+            self.udp(&packet.payload)
+        }
     }
 
     /// A fragment the kernel dropped. The first one reads as any cut
