@@ -11,15 +11,17 @@ use tokio::{
 };
 
 use crate::{
-    cli::{CaptureArgs, OutputFormat},
+    cli::CaptureArgs,
+    clock::{monotonic_now, Clock},
     conntrack::{CtEvent, CtStats, CtWatcher, RACE_COUNTERS},
-    correlate::{Limits, SampleChange},
+    correlate::Limits,
     decode::{kernel::Preload, KernelNames, Packet},
     diagnose::{ConntrackAtStart, Context},
+    ingest::SampleChange,
     ingest::{Ingest, Read, SampleMode, Sampler},
     links::LinkWatch,
     naming::{Names, Services},
-    output::{monotonic_now, Clock, Labels, LineSink},
+    output::{Format, Labels, LineSink},
     pipeline::{Counts, Input, JourneySink, Pipeline, Source, Stop, View},
     probes::{Load, Probes},
     record::{self, RecordOptions, Recorder},
@@ -111,7 +113,7 @@ pub async fn run(args: CaptureArgs, view: View) -> Result<()> {
     };
     let show = Show {
         view,
-        format: args.output.unwrap_or(OutputFormat::Text),
+        format: args.output.unwrap_or(Format::Text),
         labels,
         context,
         target,
@@ -145,7 +147,7 @@ pub async fn run(args: CaptureArgs, view: View) -> Result<()> {
 /// A view and what it needs, for a live capture or a replay.
 pub struct Show {
     pub view: View,
-    pub format: OutputFormat,
+    pub format: Format,
     pub labels: Labels,
     pub context: Context,
     /// Journeys that do not start from it are not shown.

@@ -3,7 +3,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, ValueEnum};
 
-use crate::{ingest::SampleMode, pods};
+use crate::{ingest::SampleMode, output::Format, pods};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -48,8 +48,8 @@ pub enum Command {
         #[arg(long, value_name = "PATH")]
         node_netns: Option<PathBuf>,
         /// Output format: a table, or one JSON object per pod.
-        #[arg(short, long, value_enum, default_value_t = OutputFormat::Text)]
-        output: OutputFormat,
+        #[arg(short, long, value_enum, default_value_t = Format::Text)]
+        output: Format,
     },
     /// Replay a recording (dnstrace's, or a tcpdump capture) through the
     /// same decoding, journeys and rules as live tracing; needs no root.
@@ -67,7 +67,7 @@ pub enum Command {
         ports: Vec<u16>,
         /// Output format; without it, on a terminal, the live view.
         #[arg(short, long, value_enum)]
-        output: Option<OutputFormat>,
+        output: Option<Format>,
         /// Lines even on a terminal: no live view.
         #[arg(long)]
         no_tui: bool,
@@ -129,7 +129,7 @@ pub struct CaptureArgs {
     /// Output format: one line (text or JSON) per DNS message, or per
     /// journey with `trace`. Without it, on a terminal, the live view.
     #[arg(short, long, value_enum)]
-    pub output: Option<OutputFormat>,
+    pub output: Option<Format>,
 
     /// Lines even on a terminal: no live view.
     #[arg(long)]
@@ -252,7 +252,7 @@ impl CaptureArgs {
 }
 
 /// The live view: on a terminal, unless lines were asked for.
-pub fn live(output: Option<OutputFormat>, no_tui: bool) -> bool {
+pub fn live(output: Option<Format>, no_tui: bool) -> bool {
     use std::io::IsTerminal as _;
     output.is_none() && !no_tui && std::io::stdout().is_terminal()
 }
@@ -264,12 +264,6 @@ impl RuntimeArgs {
             crio: self.crio_root.clone(),
         }
     }
-}
-
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum OutputFormat {
-    Text,
-    Json,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -354,7 +348,7 @@ mod tests {
             panic!("not the pods command");
         };
         assert_eq!(query.as_deref(), Some("web"));
-        assert_eq!(output, OutputFormat::Json);
+        assert_eq!(output, Format::Json);
         let dirs = runtime.dirs();
         assert_eq!(dirs.containerd, PathBuf::from("/run/containerd"));
         assert_eq!(dirs.crio, PathBuf::from("/x"));

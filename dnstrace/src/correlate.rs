@@ -28,7 +28,6 @@ mod sampling;
 
 use connections::Connections;
 pub use connections::{Connection, Reset};
-pub use sampling::SampleChange;
 use sampling::Sampling;
 
 /// Loss windows remembered; past this, the two oldest become one.
@@ -767,7 +766,7 @@ impl Engine {
     }
 
     /// The kernel's sampling level changed.
-    pub fn sampling(&mut self, c: SampleChange) {
+    pub fn sampling(&mut self, c: crate::ingest::SampleChange) {
         self.sampling.change(c);
     }
 

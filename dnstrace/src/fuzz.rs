@@ -9,12 +9,12 @@ use bytes::Bytes;
 use dnstrace_common::Hook;
 
 use crate::{
-    cli::OutputFormat,
+    clock::Clock,
     decode::{
         dns, frag, packet::IfNames, tcp, wire, Body, Decoder, Fragment, KernelNames, Packet,
         Record, Transport,
     },
-    output::{Clock, Labels, LineSink},
+    output::{Format, Labels, LineSink},
     pipeline::Input,
     record::{
         frame::{self, LINKTYPE_RAW},
@@ -278,7 +278,7 @@ fn udp_packet(payload: &[u8]) -> Packet {
 
 /// The packet lines, text and JSON, of `records`.
 fn show(labels: impl Fn() -> Labels, records: &[Record]) {
-    for format in [OutputFormat::Text, OutputFormat::Json] {
+    for format in [Format::Text, Format::Json] {
         let mut sink = LineSink::new(format, labels(), io::sink());
         for r in records {
             sink.write(r).expect("writing into nothing");

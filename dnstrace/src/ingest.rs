@@ -5,10 +5,7 @@ use std::{io, sync::mpsc as std_mpsc, time::Duration};
 
 use tokio::sync::mpsc;
 
-use crate::{
-    correlate::SampleChange,
-    decode::{packet::IfNames, Packet},
-};
+use crate::decode::{packet::IfNames, Packet};
 
 mod apart;
 mod reader;
@@ -18,7 +15,7 @@ mod sampler;
 pub use apart::Apart;
 use reader::{Batch, Chunk};
 pub use ring::Ring;
-pub use sampler::{SampleMode, Sampler};
+pub use sampler::{SampleChange, SampleMode, Sampler};
 
 pub struct Ingest {
     batches: mpsc::Receiver<Batch>,

@@ -7,6 +7,7 @@
 pub mod bench;
 mod capture;
 mod cli;
+mod clock;
 mod conntrack;
 mod correlate;
 mod decode;

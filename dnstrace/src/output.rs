@@ -7,13 +7,12 @@ use std::{
     collections::HashMap,
     io::{self, Write},
     net::{IpAddr, SocketAddr},
-    time::{Duration, SystemTime},
 };
 
 use serde::Serialize;
 
 use crate::{
-    cli::OutputFormat,
+    clock::Clock,
     conntrack::CtEvent,
     correlate::{Journey, Leg, Outcome},
     decode::{
@@ -25,54 +24,12 @@ use crate::{
 };
 use journey_json::{number, JourneyJson, OutcomeJson};
 
-/// Converts kernel CLOCK_MONOTONIC timestamps to wall-clock time.
-#[derive(Clone, Copy, Debug)]
-pub struct Clock {
-    /// CLOCK_REALTIME minus CLOCK_MONOTONIC, in nanoseconds.
-    offset_ns: i128,
-}
-
-fn clock_ns(id: libc::clockid_t) -> i128 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into the provided timespec.
-    unsafe { libc::clock_gettime(id, &mut ts) };
-    i128::from(ts.tv_sec) * 1_000_000_000 + i128::from(ts.tv_nsec)
-}
-
-/// Now, on the clock the kernel stamps events with.
-pub fn monotonic_now() -> u64 {
-    clock_ns(libc::CLOCK_MONOTONIC) as u64
-}
-
-impl Clock {
-    /// Monotonic zero at the epoch: fixed times for tests.
-    #[cfg(test)]
-    pub const EPOCH: Self = Self { offset_ns: 0 };
-
-    /// A clock as recorded: realtime minus monotonic, in nanoseconds.
-    pub fn with_offset(offset_ns: i64) -> Self {
-        Self {
-            offset_ns: offset_ns.into(),
-        }
-    }
-
-    pub fn offset_ns(&self) -> i64 {
-        self.offset_ns as i64
-    }
-
-    pub fn now() -> Self {
-        Self {
-            offset_ns: clock_ns(libc::CLOCK_REALTIME) - clock_ns(libc::CLOCK_MONOTONIC),
-        }
-    }
-
-    pub fn wall(&self, mono_ns: u64) -> SystemTime {
-        let ns = (i128::from(mono_ns) + self.offset_ns).max(0) as u64;
-        SystemTime::UNIX_EPOCH + Duration::from_nanos(ns)
-    }
+/// How lines are written: text for people, one JSON object a line for
+/// programs.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    Text,
+    Json,
 }
 
 /// What turns numbers into words: device names, wall time, kernel drop
@@ -212,7 +169,7 @@ impl Labels {
 }
 
 pub struct LineSink<W: Write> {
-    format: OutputFormat,
+    format: Format,
     labels: Labels,
     out: W,
     /// A journey's text or a JSON line is built here, in room kept from
@@ -284,7 +241,7 @@ struct JsonDrop {
 }
 
 impl<W: Write> LineSink<W> {
-    pub fn new(format: OutputFormat, labels: Labels, out: W) -> Self {
+    pub fn new(format: Format, labels: Labels, out: W) -> Self {
         Self {
             format,
             labels,
@@ -346,13 +303,11 @@ impl<W: Write> LineSink<W> {
 
     pub fn write(&mut self, rec: &Record) -> io::Result<()> {
         match self.format {
-            OutputFormat::Text => {
+            Format::Text => {
                 let line = self.text(rec);
                 writeln!(self.out, "{line}")
             }
-            OutputFormat::Json => {
-                self.json_line(|s, line| serde_json::to_writer(line, &s.json(rec)))
-            }
+            Format::Json => self.json_line(|s, line| serde_json::to_writer(line, &s.json(rec))),
         }
     }
 
@@ -370,7 +325,7 @@ impl<W: Write> LineSink<W> {
         };
         let proto = if ev.proto == 6 { "tcp" } else { "udp" };
         match self.format {
-            OutputFormat::Text => {
+            Format::Text => {
                 let time =
                     humantime::format_rfc3339_micros(self.labels.clock.wall(now_ns)).to_string();
                 let mut line = format!(
@@ -387,7 +342,7 @@ impl<W: Write> LineSink<W> {
                 }
                 writeln!(self.out, "{line}")
             }
-            OutputFormat::Json => {
+            Format::Json => {
                 let v = serde_json::json!({
                     "time": humantime::format_rfc3339_nanos(self.labels.clock.wall(now_ns)).to_string(),
                     "kind": "conntrack",
@@ -410,7 +365,7 @@ impl<W: Write> LineSink<W> {
     /// An anomaly, as it is raised.
     pub fn write_anomaly(&mut self, a: &Anomaly) -> io::Result<()> {
         match self.format {
-            OutputFormat::Text => {
+            Format::Text => {
                 let mut text = format!("!! {:?} {}: {}\n", a.severity, a.kind, a.summary);
                 for e in &a.evidence {
                     text += &format!("   evidence: {e}\n");
@@ -418,7 +373,7 @@ impl<W: Write> LineSink<W> {
                 text += &format!("   cause: {}\n   fix: {}\n", a.cause, a.fix);
                 write!(self.out, "{text}")
             }
-            OutputFormat::Json => {
+            Format::Json => {
                 let mut v = serde_json::to_value(a).map_err(io::Error::other)?;
                 v["type"] = "anomaly".into();
                 writeln!(self.out, "{v}")
@@ -429,8 +384,8 @@ impl<W: Write> LineSink<W> {
     /// Every anomaly of the run, at exit.
     pub fn write_summary(&mut self, all: &[&Anomaly]) -> io::Result<()> {
         match self.format {
-            OutputFormat::Text => write!(self.out, "{}", summary_text(all)),
-            OutputFormat::Json => writeln!(
+            Format::Text => write!(self.out, "{}", summary_text(all)),
+            Format::Json => writeln!(
                 self.out,
                 "{}",
                 serde_json::json!({ "type": "summary", "anomalies": all })
@@ -440,11 +395,11 @@ impl<W: Write> LineSink<W> {
 
     pub fn write_journey(&mut self, j: &Journey) -> io::Result<()> {
         match self.format {
-            OutputFormat::Text => self.buffered(|s, text| {
+            Format::Text => self.buffered(|s, text| {
                 timeline::write(text, &s.labels, j, "");
                 Ok(())
             }),
-            OutputFormat::Json => self.json_line(|s, line| s.journey_json(j).write(line)),
+            Format::Json => self.json_line(|s, line| s.journey_json(j).write(line)),
         }
     }
 
@@ -733,12 +688,12 @@ mod tests {
         Body::Dns(m.into())
     }
 
-    fn sink(format: OutputFormat) -> LineSink<Vec<u8>> {
+    fn sink(format: Format) -> LineSink<Vec<u8>> {
         LineSink::new(
             format,
             Labels::new(
                 HashMap::from([(7, "veth-s".to_string())]),
-                Clock { offset_ns: 0 },
+                Clock::EPOCH,
                 KernelNames::default(),
             ),
             Vec::new(),
@@ -747,7 +702,7 @@ mod tests {
 
     #[test]
     fn text_line_has_every_field() {
-        let mut s = sink(OutputFormat::Text);
+        let mut s = sink(Format::Text);
         s.write(&record(answer())).unwrap();
         let line = String::from_utf8(s.out).unwrap();
         assert_eq!(line, "00:00:00.000000 veth-s     out 10.0.0.2:53 → 10.0.0.1:40000 udp id=9 R NOERROR aa rd a.test. A → A 10.1.2.3\n");
@@ -762,7 +717,7 @@ mod tests {
 
     #[test]
     fn json_line_is_one_object_with_the_same_fields() {
-        let mut s = sink(OutputFormat::Json);
+        let mut s = sink(Format::Json);
         s.write(&record(answer())).unwrap();
         s.write(&record(Body::Malformed {
             reason: "bad".into(),
@@ -818,11 +773,11 @@ mod tests {
 
     #[test]
     fn a_cut_message_says_so_and_what_it_lacked() {
-        let mut s = sink(OutputFormat::Text);
+        let mut s = sink(Format::Text);
         s.write(&cut_record()).unwrap();
         let line = String::from_utf8(s.out).unwrap();
         assert_eq!(line, "00:00:00.000000 veth-s     out 10.0.0.2:53 → 10.0.0.1:40000 udp id=9 R NOERROR aa rd a.test. A CUT [fragment at 1480 missing, last seen veth0@4026532177 out 00:00:00.000001]\n");
-        let mut s = sink(OutputFormat::Json);
+        let mut s = sink(Format::Json);
         s.write(&cut_record()).unwrap();
         let line: serde_json::Value = serde_json::from_slice(&s.out).unwrap();
         assert_eq!(
@@ -915,7 +870,7 @@ mod tests {
             sampled: dnstrace_common::SampleLevel { shift: 2, seed: 77 },
             connection: None,
         };
-        let mut s = sink(OutputFormat::Json);
+        let mut s = sink(Format::Json);
         s.write_journey(&j).unwrap();
         let out = String::from_utf8(s.out).unwrap();
         assert!(

@@ -13,9 +13,10 @@ use tokio::{
 
 use crate::{
     conntrack::CtEvent,
-    correlate::{Engine, Journey, Limits, SampleChange, CLOSE_BATCH},
+    correlate::{Engine, Journey, Limits, CLOSE_BATCH},
     decode::{Body, Decoder, Packet, Record, Transport},
     diagnose::{Anomaly, Context, Diagnoser},
+    ingest::SampleChange,
     output::{Labels, LineSink},
     record::Recorder,
     target,
@@ -526,9 +527,9 @@ mod tests {
 
     use super::*;
     use crate::{
-        cli::OutputFormat,
+        clock::Clock,
         decode::{kernel::KernelNames, Transport},
-        output::Clock,
+        output::Format,
         record::tests::packet,
     };
 
@@ -552,7 +553,7 @@ mod tests {
             Clock::with_offset(0),
             KernelNames::default(),
         );
-        let mut sink = LineSink::new(OutputFormat::Json, labels, Vec::new());
+        let mut sink = LineSink::new(Format::Json, labels, Vec::new());
         let mut pipe = Pipeline::default();
         pipe.feed(vec![garbage, cut], &mut sink).unwrap();
         assert_eq!((pipe.counts.malformed, pipe.counts.cut), (1, 1));

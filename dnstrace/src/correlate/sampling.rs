@@ -7,14 +7,7 @@ use std::collections::VecDeque;
 
 use dnstrace_common::SampleLevel;
 
-/// The kernel's level became `level` at some moment from `since_ns` to
-/// `now_ns` (before and after user space set it).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SampleChange {
-    pub since_ns: u64,
-    pub now_ns: u64,
-    pub level: SampleLevel,
-}
+use crate::ingest::SampleChange;
 
 /// How far from a change a packet may have been decided by the level on
 /// its other side: a program reads the level before it takes the time,

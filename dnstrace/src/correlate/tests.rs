@@ -10,6 +10,7 @@ use crate::decode::{
     packet::{CtTuple, Dropped},
     Body, Conntrack, DnsMessage, Fragment, Packet, Record, Transport,
 };
+use crate::ingest::SampleChange;
 
 const CLIENT_NS: u32 = 100;
 const NODE_NS: u32 = 200;

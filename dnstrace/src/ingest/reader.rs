@@ -18,11 +18,12 @@ use tokio::{
     time::{interval, Interval, MissedTickBehavior},
 };
 
+use super::SampleChange;
 use super::{
     sampler::{Fill, Sampler},
     Ring,
 };
-use crate::{correlate::SampleChange, output::monotonic_now};
+use crate::clock::monotonic_now;
 
 /// Records in a chunk, at most: the pipeline decodes a chunk as one batch,
 /// whose packets and records should stay in cache.

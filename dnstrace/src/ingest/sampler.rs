@@ -6,10 +6,18 @@
 use dnstrace_common::{sample::MAX_SHIFT, SampleLevel};
 
 use crate::{
-    correlate::SampleChange,
-    output::monotonic_now,
+    clock::monotonic_now,
     probes::{Counts, SampleMap},
 };
+
+/// The kernel's level became `level` at some moment from `since_ns` to
+/// `now_ns` (before and after user space set it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SampleChange {
+    pub since_ns: u64,
+    pub now_ns: u64,
+    pub level: SampleLevel,
+}
 
 /// How the level is chosen (`--sample`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

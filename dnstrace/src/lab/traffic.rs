@@ -20,7 +20,7 @@ use super::{
     plan::{self, Pod},
     Fault, LabState,
 };
-use crate::cli::OutputFormat;
+use crate::output::Format;
 
 #[derive(clap::Args, Debug)]
 pub struct TrafficArgs {
@@ -42,8 +42,8 @@ pub struct TrafficArgs {
     /// Every query over TCP, as with resolv.conf's `options use-vc` (dig: +tcp).
     #[arg(long)]
     tcp: bool,
-    #[arg(short, long, value_enum, default_value_t = OutputFormat::Text)]
-    output: OutputFormat,
+    #[arg(short, long, value_enum, default_value_t = Format::Text)]
+    output: Format,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -136,7 +136,7 @@ pub fn run(args: TrafficArgs) -> Result<()> {
     Ok(())
 }
 
-fn report(rx: mpsc::Receiver<Outcome>, format: OutputFormat) -> Result<String> {
+fn report(rx: mpsc::Receiver<Outcome>, format: Format) -> Result<String> {
     let (mut ok, mut failed) = (0, 0);
     let mut out = std::io::stdout().lock();
     for o in rx {
@@ -146,8 +146,8 @@ fn report(rx: mpsc::Receiver<Outcome>, format: OutputFormat) -> Result<String> {
             failed += 1;
         }
         let line = match format {
-            OutputFormat::Json => serde_json::to_string(&o)?,
-            OutputFormat::Text => text_line(&o),
+            Format::Json => serde_json::to_string(&o)?,
+            Format::Text => text_line(&o),
         };
         writeln!(out, "{line}")?;
     }

@@ -150,10 +150,10 @@ mod tests {
 
     use super::*;
     use crate::{
+        clock::Clock,
         correlate::{Gap, Outcome},
         decode::KernelNames,
         naming::Names,
-        output::Clock,
     };
 
     /// The text as `format!` wrote it before, piece by piece.

@@ -16,7 +16,7 @@ use super::{
     resolv::{read_for_pod, ResolvConf},
     select, Pod, RuntimeDirs,
 };
-use crate::{cli::OutputFormat, naming::Services, target::is_coredns};
+use crate::{naming::Services, output::Format, target::is_coredns};
 
 /// A pod and what could be learnt about it.
 struct Row<'a> {
@@ -99,7 +99,7 @@ pub fn run(
     dirs: &RuntimeDirs,
     query: Option<&str>,
     node_netns: Option<PathBuf>,
-    format: OutputFormat,
+    format: Format,
 ) -> Result<()> {
     let inventory = discover(dirs);
     for e in &inventory.errors {
@@ -124,7 +124,7 @@ pub fn run(
     }
     let mut out = std::io::stdout().lock();
     match format {
-        OutputFormat::Text => {
+        Format::Text => {
             let header = [
                 "NAMESPACE",
                 "NAME",
@@ -137,7 +137,7 @@ pub fn run(
             let cells: Vec<[String; 7]> = rows.iter().map(Row::cells).collect();
             write!(out, "{}", table(header, &cells))?;
         }
-        OutputFormat::Json => {
+        Format::Json => {
             for row in &rows {
                 let json = JsonRow {
                     pod: row.pod,

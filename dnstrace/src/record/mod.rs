@@ -19,10 +19,11 @@ use self::{
     pcapng::SectionInfo,
 };
 use crate::{
+    clock::{monotonic_now, Clock},
     correlate::Limits,
     decode::{KernelNames, Packet},
     diagnose::Context,
-    output::{monotonic_now, Clock, Labels},
+    output::Labels,
 };
 
 /// What every file of a recording starts with, and what its packets need.

@@ -22,11 +22,13 @@ use super::{
 };
 use crate::{
     capture::Show,
-    correlate::{Limits, SampleChange},
+    clock::Clock,
+    correlate::Limits,
     decode::{KernelNames, Packet},
     diagnose::Context,
+    ingest::SampleChange,
     naming::Names,
-    output::{Clock, Labels},
+    output::Labels,
     pipeline::{Input, Pipeline, Source, Stop, View},
     view,
 };
@@ -497,7 +499,7 @@ pub struct ReplayArgs {
     pub speed: Speed,
     pub packets: bool,
     pub ports: Vec<u16>,
-    pub output: Option<crate::cli::OutputFormat>,
+    pub output: Option<crate::output::Format>,
     pub live: bool,
     pub log_file: Option<PathBuf>,
 }
@@ -518,7 +520,7 @@ pub async fn run(args: ReplayArgs) -> Result<()> {
     };
     let show = Show {
         view,
-        format: args.output.unwrap_or(crate::cli::OutputFormat::Text),
+        format: args.output.unwrap_or(crate::output::Format::Text),
         labels: about.labels(),
         target: context.target.clone(),
         context,

@@ -395,7 +395,7 @@ pub fn inputs() -> Vec<crate::pipeline::Input> {
             now_ns: 5_000_600_000,
             total: 12,
         },
-        Input::Sample(crate::correlate::SampleChange {
+        Input::Sample(crate::ingest::SampleChange {
             since_ns: 5_000_700_000,
             now_ns: 5_000_700_100,
             level: dnstrace_common::SampleLevel {
@@ -409,7 +409,7 @@ pub fn inputs() -> Vec<crate::pipeline::Input> {
 
 /// Records [`inputs`] to `path` (eth0, a drop reason and a symbol named)
 /// and returns them.
-pub fn record_inputs(path: &Path, clock: crate::output::Clock) -> Vec<crate::pipeline::Input> {
+pub fn record_inputs(path: &Path, clock: crate::clock::Clock) -> Vec<crate::pipeline::Input> {
     use super::{RecordOptions, Recorder};
     use crate::{correlate::Limits, decode::KernelNames, diagnose::Context, output::Labels};
     let kernel = KernelNames::new(
@@ -434,7 +434,7 @@ pub fn record_inputs(path: &Path, clock: crate::output::Clock) -> Vec<crate::pip
 #[tokio::test]
 async fn a_recording_replays_the_inputs_it_was_fed() {
     use super::replay::{About, Replay, Speed};
-    use crate::{output::Clock, pipeline::Source};
+    use crate::{clock::Clock, pipeline::Source};
     let dir = TestDir::new();
     let path = dir.path().join("r.pcapng");
     let fed = record_inputs(&path, Clock::EPOCH);
@@ -563,7 +563,7 @@ fn recorded_fragments_replay_to_the_same_records() {
     let path = dir.path().join("frags.pcapng");
     let labels = Labels::new(
         Default::default(),
-        crate::output::Clock::EPOCH,
+        crate::clock::Clock::EPOCH,
         Default::default(),
     );
     let meta = super::meta(&labels, &Context::default(), Limits::default());

@@ -22,11 +22,12 @@ use super::{
     LiveOut,
 };
 use crate::{
+    clock::Clock,
     correlate::{Journey, Leg, Limits, Outcome},
     decode::KernelNames,
     diagnose::{Context, Severity},
     naming::{Names, Services},
-    output::{Clock, Labels},
+    output::Labels,
     pipeline::{JourneySink, Sink},
 };
 
