@@ -81,8 +81,8 @@ pub enum Command {
     Report {
         #[arg(value_name = "FILE")]
         file: PathBuf,
-        #[arg(long, value_enum, default_value_t = crate::record::report::Format::Markdown)]
-        format: crate::record::report::Format,
+        #[arg(long, value_enum, default_value_t = crate::commands::report::Format::Markdown)]
+        format: crate::commands::report::Format,
         /// Write the report here instead of to stdout.
         #[arg(short, long, value_name = "PATH")]
         write: Option<PathBuf>,

@@ -5,9 +5,9 @@
 //! `bench`) the pipeline; the binary is `main` and nothing else is public.
 #[cfg(feature = "bench")]
 pub mod bench;
-mod capture;
 mod cli;
 mod clock;
+mod commands;
 mod conntrack;
 mod correlate;
 mod decode;
@@ -76,13 +76,13 @@ pub fn main() -> ExitCode {
     let work = async {
         match cli.command {
             Some(cli::Command::Lab { command }) => lab::run(command).await,
-            Some(cli::Command::Check { ifaces }) => capture::check(ifaces),
+            Some(cli::Command::Check { ifaces }) => commands::check::check(ifaces),
             Some(cli::Command::Pods {
                 query,
                 runtime,
                 node_netns,
                 output,
-            }) => pods::report::run(&runtime.dirs(), query.as_deref(), node_netns, output),
+            }) => commands::pods::run(&runtime.dirs(), query.as_deref(), node_netns, output),
             Some(cli::Command::Replay {
                 file,
                 speed,
@@ -92,7 +92,7 @@ pub fn main() -> ExitCode {
                 no_tui,
                 log_file,
             }) => {
-                let args = record::replay::ReplayArgs {
+                let args = commands::replay::ReplayArgs {
                     file,
                     speed,
                     packets,
@@ -101,14 +101,14 @@ pub fn main() -> ExitCode {
                     live: cli::live(output, no_tui),
                     log_file,
                 };
-                record::replay::run(args).await
+                commands::replay::run(args).await
             }
             Some(cli::Command::Report {
                 file,
                 format,
                 write,
                 ports,
-            }) => record::report::run(&file, format, write.as_deref(), ports).await,
+            }) => commands::report::run(&file, format, write.as_deref(), ports).await,
             Some(cli::Command::Trace {
                 capture,
                 timeout,
@@ -124,13 +124,13 @@ pub fn main() -> ExitCode {
                 } else {
                     pipeline::View::Journeys(limits)
                 };
-                capture::run(*capture, view).await
+                commands::trace::run(*capture, view).await
             }
             None if cli.capture.live() => {
                 let view = pipeline::View::Live(correlate::Limits::default());
-                capture::run(cli.capture, view).await
+                commands::trace::run(cli.capture, view).await
             }
-            None => capture::run(cli.capture, pipeline::View::Packets).await,
+            None => commands::trace::run(cli.capture, pipeline::View::Packets).await,
         }
     };
     match runtime.block_on(work) {

@@ -4,7 +4,6 @@
 mod containerd;
 mod crio;
 pub mod net;
-pub mod report;
 pub mod resolv;
 mod spec;
 #[cfg(test)]

@@ -6,7 +6,6 @@ pub mod notes;
 pub mod pcapng;
 mod recorder;
 pub mod replay;
-pub mod report;
 
 #[cfg(test)]
 pub(crate) mod tests;

@@ -21,7 +21,6 @@ use super::{
     pcapng::{Block, PacketOpt, ReadError, Reader},
 };
 use crate::{
-    capture::Show,
     clock::Clock,
     correlate::Limits,
     decode::{KernelNames, Packet},
@@ -29,8 +28,7 @@ use crate::{
     ingest::SampleChange,
     naming::Names,
     output::Labels,
-    pipeline::{Input, Pipeline, Source, Stop, View},
-    view,
+    pipeline::{Input, Source},
 };
 
 /// Packets handed over at once.
@@ -490,65 +488,5 @@ impl<R: Read> Source for Replay<R> {
 
     fn rest(&mut self) -> Vec<Input> {
         Vec::new()
-    }
-}
-
-/// What `dnstrace replay` was asked for.
-pub struct ReplayArgs {
-    pub file: PathBuf,
-    pub speed: Speed,
-    pub packets: bool,
-    pub ports: Vec<u16>,
-    pub output: Option<crate::output::Format>,
-    pub live: bool,
-    pub log_file: Option<PathBuf>,
-}
-
-pub async fn run(args: ReplayArgs) -> Result<()> {
-    let about = About::read(&args.file)?;
-    let mut replay = Replay::open(&args.file, &about, args.ports.clone(), args.speed)?;
-    let limits = about.limits();
-    let view = match (args.packets, args.live) {
-        (true, _) => View::Packets,
-        (false, true) => View::Live(limits),
-        (false, false) => View::Journeys(limits),
-    };
-    let context = about.context();
-    let what = match &context.target {
-        Some(t) => format!("replay of {} ({})", args.file.display(), t.label),
-        None => format!("replay of {}", args.file.display()),
-    };
-    let show = Show {
-        view,
-        format: args.output.unwrap_or(crate::output::Format::Text),
-        labels: about.labels(),
-        target: context.target.clone(),
-        context,
-        about: view::state::About {
-            target: what,
-            hooks: 0,
-            log: None,
-        },
-        log: args.log_file,
-        hold: true,
-    };
-    let mut pipe = Pipeline::default();
-    let result = show.run(&mut pipe, &mut replay, &mut Stop::new()?).await;
-    let c = &pipe.counts;
-    eprintln!(
-        "dnstrace: replayed {}{}; {} frames skipped (not DNS, or not decodable)",
-        c.brief(),
-        result
-            .as_ref()
-            .ok()
-            .cloned()
-            .flatten()
-            .map(|s| format!(", {s}"))
-            .unwrap_or_default(),
-        replay.skipped
-    );
-    match (result, replay.error.take()) {
-        (Err(e), _) | (Ok(_), Some(e)) => Err(e),
-        (Ok(_), None) => Ok(()),
     }
 }

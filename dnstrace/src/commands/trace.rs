@@ -1,15 +1,13 @@
 //! Live tracing: find the target, attach the probes, and feed what the
 //! kernel hands over (ring buffer, ctnetlink, conntrack counters, a clock)
 //! through the pipeline into the chosen view, until Ctrl-C, SIGTERM or `q`.
-use std::{collections::VecDeque, io, path::Path, sync::Arc};
+use std::{collections::VecDeque, io};
 
 use anyhow::{Context as _, Result};
 use dnstrace_common::{Hook, SampleLevel};
-use tokio::{
-    sync::Notify,
-    time::{interval, Duration, Interval},
-};
+use tokio::time::{interval, Duration, Interval};
 
+use super::{check::announce, Show};
 use crate::{
     cli::CaptureArgs,
     clock::{monotonic_now, Clock},
@@ -21,12 +19,12 @@ use crate::{
     ingest::{Ingest, Read, SampleMode, Sampler},
     links::LinkWatch,
     naming::{Names, Services},
-    output::{Format, Labels, LineSink},
-    pipeline::{Counts, Input, JourneySink, Pipeline, Source, Stop, View},
+    output::{Format, Labels},
+    pipeline::{Counts, Input, Pipeline, Source, Stop, View},
     probes::{Load, Probes},
     record::{self, RecordOptions, Recorder},
     target,
-    view::{self, state::About, LiveOut},
+    view::state::About,
 };
 
 /// How often the pipeline is told the time, after the ring has been read
@@ -144,114 +142,6 @@ pub async fn run(args: CaptureArgs, view: View) -> Result<()> {
     result.map(drop)
 }
 
-/// A view and what it needs, for a live capture or a replay.
-pub struct Show {
-    pub view: View,
-    pub format: Format,
-    pub labels: Labels,
-    pub context: Context,
-    /// Journeys that do not start from it are not shown.
-    pub target: Option<target::Target>,
-    pub about: About,
-    pub log: Option<std::path::PathBuf>,
-    /// The live view stays up after the source ends, until `q` (replay).
-    pub hold: bool,
-}
-
-impl Show {
-    /// Drives `src` through `pipe` into the view; returns its summary.
-    pub async fn run(
-        self,
-        pipe: &mut Pipeline,
-        src: &mut impl Source,
-        stop: &mut Stop,
-    ) -> Result<Option<String>> {
-        let Show {
-            view,
-            format,
-            labels,
-            context,
-            target,
-            about,
-            log,
-            hold,
-        } = self;
-        // Lines are flushed every tick and after each batch of journeys, not
-        // one write(2) each: under load that is most of the output's cost.
-        let stdout = || io::BufWriter::with_capacity(1 << 16, io::stdout().lock());
-        match view {
-            View::Packets => {
-                let mut lines = LineSink::new(format, labels, stdout());
-                pipe.drive(src, &mut lines, stop).await
-            }
-            View::Journeys(limits) => {
-                let lines = LineSink::new(format, labels, stdout());
-                let mut sink = JourneySink::new(limits, context, lines).only_from(target.as_ref());
-                pipe.drive(src, &mut sink, stop).await
-            }
-            View::Live(limits) => {
-                let log = log.unwrap_or_else(view::default_log);
-                let sink = |out| JourneySink::new(limits, context, out).only_from(target.as_ref());
-                let live = Live {
-                    about,
-                    log: &log,
-                    labels,
-                    hold,
-                };
-                live.run(pipe, src, stop, sink).await
-            }
-        }
-    }
-}
-
-struct Live<'a> {
-    about: About,
-    log: &'a Path,
-    labels: Labels,
-    hold: bool,
-}
-
-impl Live<'_> {
-    /// The view takes the terminal and stderr until the capture ends, then
-    /// the anomalies are printed on the terminal.
-    async fn run(
-        mut self,
-        pipe: &mut Pipeline,
-        src: &mut impl Source,
-        stop: &mut Stop,
-        sink: impl FnOnce(LiveOut) -> JourneySink<LiveOut>,
-    ) -> Result<Option<String>> {
-        let quit = Arc::new(Notify::new());
-        stop.quit = Some(quit.clone());
-        self.about.log = Some(self.log.display().to_string());
-        let (view, out) = view::start(self.about, self.log, self.labels, quit)?;
-        let mut sink = sink(out);
-        let result = pipe.drive(src, &mut sink, stop).await;
-        // A replay's view stays up until the user quits (maybe already).
-        while self.hold && result.is_ok() && !view.ended() {
-            tokio::select! {
-                () = stop.wait() => break,
-                () = tokio::time::sleep(Duration::from_millis(100)) => {}
-            }
-        }
-        let anomalies = sink.out.summary.take();
-        drop(sink);
-        let closed = view.close();
-        report_log(self.log);
-        print!("{}", anomalies.unwrap_or_default());
-        closed.and(result)
-    }
-}
-
-/// Points at the log of the live session, or removes it when empty.
-fn report_log(log: &Path) {
-    match std::fs::metadata(log) {
-        Ok(m) if m.len() == 0 => drop(std::fs::remove_file(log)),
-        Ok(_) => eprintln!("dnstrace: the session's log lines are in {}", log.display()),
-        Err(_) => {}
-    }
-}
-
 /// `pod default/web-… (10.244.0.10)`: the target in a few words.
 fn headline(t: &target::Target) -> String {
     let addrs: Vec<String> = t.addrs.iter().map(ToString::to_string).collect();
@@ -287,30 +177,6 @@ fn conntrack_at_start(node: Option<&std::path::Path>) -> Option<ConntrackAtStart
         max: crate::netns::sysctl(node, "net/netfilter/nf_conntrack_max")
             .and_then(|v| v.parse().ok()),
     })
-}
-
-/// `dnstrace check`: loads every program, so the kernel's verifier checks
-/// each, attaches what this kernel allows, says so and detaches.
-pub fn check(ifaces: Vec<String>) -> Result<()> {
-    let probes = Probes::attach(&CaptureArgs::defaults_on(ifaces), None, Load::All)?;
-    announce(&probes);
-    let (on, off) = (probes.attachments.len(), probes.off.len());
-    drop(probes);
-    eprintln!("dnstrace: check: {on} attached, {off} off; all detached again");
-    Ok(())
-}
-
-/// Says what is attached, and what is off and why.
-fn announce(probes: &Probes) {
-    for a in &probes.attachments {
-        eprintln!(
-            "dnstrace: {} (prog id {}) attached to {} ({})",
-            a.program, a.prog_id, a.target, a.how
-        );
-    }
-    for why in &probes.off {
-        eprintln!("dnstrace: off: {why}");
-    }
 }
 
 /// ctnetlink events and statistics of the node's namespace; either may be

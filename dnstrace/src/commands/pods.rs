@@ -10,7 +10,7 @@ use std::{
 use anyhow::{anyhow, bail, Result};
 use serde::Serialize;
 
-use super::{
+use crate::pods::{
     discover,
     net::{inspect, PodNet},
     resolv::{read_for_pod, ResolvConf},

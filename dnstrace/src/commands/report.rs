@@ -4,12 +4,12 @@ use std::{fmt::Write as _, io::Write as _, path::Path};
 
 use anyhow::{Context as _, Result};
 
-use super::replay::{About, Replay, Speed};
 use crate::{
     correlate::Journey,
     diagnose::Anomaly,
     output::Labels,
     pipeline::{JourneyOut, JourneySink, Pipeline, Stop},
+    record::replay::{About, Replay, Speed},
     view::model::{self, latency, Lookup, Status},
 };
 

@@ -1,0 +1,31 @@
+//! `dnstrace check`: whether dnstrace can trace on this node.
+use anyhow::Result;
+
+use crate::{
+    cli::CaptureArgs,
+    probes::{Load, Probes},
+};
+
+/// `dnstrace check`: loads every program, so the kernel's verifier checks
+/// each, attaches what this kernel allows, says so and detaches.
+pub fn check(ifaces: Vec<String>) -> Result<()> {
+    let probes = Probes::attach(&CaptureArgs::defaults_on(ifaces), None, Load::All)?;
+    announce(&probes);
+    let (on, off) = (probes.attachments.len(), probes.off.len());
+    drop(probes);
+    eprintln!("dnstrace: check: {on} attached, {off} off; all detached again");
+    Ok(())
+}
+
+/// Says what is attached, and what is off and why.
+pub(super) fn announce(probes: &Probes) {
+    for a in &probes.attachments {
+        eprintln!(
+            "dnstrace: {} (prog id {}) attached to {} ({})",
+            a.program, a.prog_id, a.target, a.how
+        );
+    }
+    for why in &probes.off {
+        eprintln!("dnstrace: off: {why}");
+    }
+}

@@ -1,0 +1,9 @@
+//! The commands: each wires the layers below for one thing a user asks.
+pub mod check;
+pub mod pods;
+pub mod replay;
+pub mod report;
+mod show;
+pub mod trace;
+
+pub use show::Show;
