@@ -4,11 +4,12 @@
 //! Repeats of one problem are one anomaly with a rising count.
 use std::{
     collections::{BTreeMap, BTreeSet, VecDeque},
+    fmt,
     net::{IpAddr, SocketAddr},
     sync::Arc,
 };
 
-use serde::Serialize;
+use serde::{Serialize, Serializer};
 
 use crate::{
     correlate::{Connection, Journey, Leg, Outcome, Reset},
@@ -23,10 +24,90 @@ pub enum Severity {
     Critical,
 }
 
+/// Every kind of anomaly the rules raise: the one list of them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AnomalyKind {
+    BrNetfilterNotLoaded,
+    BridgeNfCallIptablesOff,
+    ConntrackDropsBeforeStart,
+    ConntrackInsertFailed,
+    ConntrackTableNearlyFull,
+    DnsTcpUnreachable,
+    Dropped,
+    FailingAnswers,
+    ForeignSearchDomain,
+    ForwardingLoop,
+    FragmentLost,
+    LoopbackNameserver,
+    NdotsAmplification,
+    ParallelQueryLost,
+    ReplyFromUnexpectedSource,
+    SearchDomainLeak,
+    ServiceNotTranslated,
+    SlowAnswers,
+    TruncatedWithoutTcpRetry,
+    Unanswered,
+    UpstreamTimeout,
+}
+
+impl AnomalyKind {
+    /// The stable name the outputs print, e.g. `reply_from_unexpected_source`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::BrNetfilterNotLoaded => "br_netfilter_not_loaded",
+            Self::BridgeNfCallIptablesOff => "bridge_nf_call_iptables_off",
+            Self::ConntrackDropsBeforeStart => "conntrack_drops_before_start",
+            Self::ConntrackInsertFailed => "conntrack_insert_failed",
+            Self::ConntrackTableNearlyFull => "conntrack_table_nearly_full",
+            Self::DnsTcpUnreachable => "dns_tcp_unreachable",
+            Self::Dropped => "dropped",
+            Self::FailingAnswers => "failing_answers",
+            Self::ForeignSearchDomain => "foreign_search_domain",
+            Self::ForwardingLoop => "forwarding_loop",
+            Self::FragmentLost => "fragment_lost",
+            Self::LoopbackNameserver => "loopback_nameserver",
+            Self::NdotsAmplification => "ndots_amplification",
+            Self::ParallelQueryLost => "parallel_query_lost",
+            Self::ReplyFromUnexpectedSource => "reply_from_unexpected_source",
+            Self::SearchDomainLeak => "search_domain_leak",
+            Self::ServiceNotTranslated => "service_not_translated",
+            Self::SlowAnswers => "slow_answers",
+            Self::TruncatedWithoutTcpRetry => "truncated_without_tcp_retry",
+            Self::Unanswered => "unanswered",
+            Self::UpstreamTimeout => "upstream_timeout",
+        }
+    }
+}
+
+impl fmt::Display for AnomalyKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for AnomalyKind {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+/// Ordered by name, as the kinds' strings were: anomalies of equal
+/// severity and count keep their order in the summary.
+impl Ord for AnomalyKind {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.as_str().cmp(other.as_str())
+    }
+}
+
+impl PartialOrd for AnomalyKind {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct Anomaly {
-    /// Stable name, e.g. `reply_from_unexpected_source`.
-    pub kind: &'static str,
+    pub kind: AnomalyKind,
     pub severity: Severity,
     pub summary: String,
     pub evidence: Vec<String>,
@@ -116,7 +197,7 @@ struct Truncated {
 
 /// One rule's verdict on one journey, before deduplication.
 struct Finding {
-    kind: &'static str,
+    kind: AnomalyKind,
     severity: Severity,
     /// What makes two findings the same problem (with `kind`).
     key: String,
@@ -127,14 +208,14 @@ struct Finding {
 }
 
 /// Whether the anomaly of this kind and key is raised already.
-type Raised<'a> = dyn Fn(&'static str, &str) -> bool + 'a;
+type Raised<'a> = dyn Fn(AnomalyKind, &str) -> bool + 'a;
 
 impl Finding {
     /// One more of an anomaly already raised: only what makes it the same
     /// problem, as the rules that fire on every journey of a storm (drops,
     /// timeouts, failing or slow answers) would otherwise write evidence
     /// thousands of times a second for nobody.
-    fn again(kind: &'static str, key: String) -> Self {
+    fn again(kind: AnomalyKind, key: String) -> Self {
         Self {
             kind,
             severity: Severity::Warning,
@@ -149,12 +230,12 @@ impl Finding {
 
 pub struct Diagnoser {
     ctx: Context,
-    active: BTreeMap<(&'static str, String), Anomaly>,
+    active: BTreeMap<(AnomalyKind, String), Anomaly>,
     upstream: BTreeMap<SocketAddr, UpstreamStats>,
     recent: BTreeMap<IpAddr, VecDeque<Asked>>,
     truncated: VecDeque<Truncated>,
     /// (kind, summary) of every anomaly the last journey checked fed.
-    hits: Vec<(&'static str, String)>,
+    hits: Vec<(AnomalyKind, String)>,
     /// When kernel event losses were last noticed.
     lost_ns: Option<u64>,
 }
@@ -185,7 +266,7 @@ impl Diagnoser {
         let mut found = Vec::new();
         if self.ctx.bridge_nf_call_iptables.as_deref() == Some("0") {
             found.push(Finding {
-                kind: "bridge_nf_call_iptables_off",
+                kind: AnomalyKind::BridgeNfCallIptablesOff,
                 severity: Severity::Critical,
                 key: String::new(),
                 summary: "net.bridge.bridge-nf-call-iptables is 0 on the node".into(),
@@ -198,7 +279,7 @@ impl Diagnoser {
         // only on a Kubernetes node (one with kube-proxy's service rules).
         if self.ctx.bridge_nf_call_iptables.is_none() && !self.ctx.service_ips.is_empty() {
             found.push(Finding {
-                kind: "br_netfilter_not_loaded",
+                kind: AnomalyKind::BrNetfilterNotLoaded,
                 severity: Severity::Critical,
                 key: String::new(),
                 summary: "br_netfilter is not loaded on this Kubernetes node".into(),
@@ -234,7 +315,7 @@ impl Diagnoser {
             return Vec::new();
         }
         let found = vec![Finding {
-            kind: "conntrack_insert_failed",
+            kind: AnomalyKind::ConntrackInsertFailed,
             severity: Severity::Critical,
             key: String::new(),
             summary: format!("conntrack dropped packets: {}", lost.join(", ")),
@@ -411,7 +492,7 @@ impl Diagnoser {
 
     /// The anomalies (kind, summary) the last checked journey fed, new or
     /// already raised: a view's badges.
-    pub fn hits(&self) -> &[(&'static str, String)] {
+    pub fn hits(&self) -> &[(AnomalyKind, String)] {
         &self.hits
     }
 
@@ -537,7 +618,7 @@ fn fragment_lost(j: &Journey, names: &KernelNames) -> Option<Finding> {
         None => format!("it reached {} {}", place(leg), f.describe()),
     };
     Some(Finding {
-        kind: "fragment_lost",
+        kind: AnomalyKind::FragmentLost,
         severity: Severity::Critical,
         key: format!("{} → {}", leg.src.ip(), leg.dst.ip()),
         summary: format!(
@@ -618,7 +699,7 @@ fn half_pair_lost(j: &Journey, recent: &[&Asked], names: &KernelNames) -> Option
         ));
     }
     Some(Finding {
-        kind: "parallel_query_lost",
+        kind: AnomalyKind::ParallelQueryLost,
         severity: Severity::Critical,
         key: j.client.ip().to_string(),
         summary: format!("one of a parallel A/AAAA pair is lost: lookups from {} wait for the retry", j.client.ip()),
@@ -658,7 +739,7 @@ fn search_leak(j: &Journey, recent: &[&Asked]) -> Option<Finding> {
         .map(|l| format!(" (sent upstream to {})", l.dst))
         .unwrap_or_default();
     Some(Finding {
-        kind: "search_domain_leak",
+        kind: AnomalyKind::SearchDomainLeak,
         severity: Severity::Warning,
         key: suffix.to_owned(),
         summary: format!("cluster-style names leak out with the foreign search domain {suffix}"),
@@ -697,7 +778,7 @@ fn ndots_amplification(j: &Journey, recent: &[&Asked]) -> Option<Finding> {
         }
     }
     Some(Finding {
-        kind: "ndots_amplification",
+        kind: AnomalyKind::NdotsAmplification,
         severity: Severity::Warning,
         key: String::new(),
         summary: format!("lookups pay for search-list misses: {} NXDOMAINs ({:.0} ms) before {} was answered", misses.len(), cost as f64 / 1e6, j.name),
@@ -790,7 +871,7 @@ fn unexpected_source(j: &Journey, ctx: &Context) -> Option<Finding> {
         None => String::new(),
     };
     Some(Finding {
-        kind: "reply_from_unexpected_source",
+        kind: AnomalyKind::ReplyFromUnexpectedSource,
         severity: Severity::Critical,
         key: wrong.src.ip().to_string(),
         summary: format!("answers to queries for {} come back from {} un-NATed", o.dst, wrong.src),
@@ -814,7 +895,7 @@ fn loopback_nameserver(j: &Journey, ctx: &Context) -> Option<Finding> {
     let o = origin(j)?;
     let in_pod = o.netns != 0 && o.netns != ctx.node_netns;
     (is_loopback(o.dst.ip()) && in_pod).then(|| Finding {
-        kind: "loopback_nameserver",
+        kind: AnomalyKind::LoopbackNameserver,
         severity: Severity::Critical,
         key: format!("{}@{}", o.dst.ip(), o.netns),
         summary: format!(
@@ -842,7 +923,7 @@ fn not_translated(j: &Journey, ctx: &Context) -> Option<Finding> {
     }
     let last = j.legs.iter().rfind(|l| !l.response).unwrap_or(o);
     Some(Finding {
-        kind: "service_not_translated",
+        kind: AnomalyKind::ServiceNotTranslated,
         severity: Severity::Critical,
         key: o.dst.ip().to_string(),
         summary: format!("queries to the service IP {} are never translated to an endpoint", o.dst.ip()),
@@ -904,7 +985,7 @@ fn forwarding_loop(j: &Journey) -> Option<Finding> {
         evidence.push("the question is a CoreDNS loop-plugin probe (random labels, HINFO)".into());
     }
     Some(Finding {
-        kind: "forwarding_loop",
+        kind: AnomalyKind::ForwardingLoop,
         severity: Severity::Critical,
         key: format!("{}>{}", u.client.ip(), server),
         summary: format!("DNS forwarding loop: {} forwards to {}", u.client.ip(), server),
@@ -922,12 +1003,12 @@ fn dropped(j: &Journey, names: &KernelNames, raised: &Raised) -> Option<Finding>
     let (why, at) = (names.drop_reason(reason), names.location(location));
     // Per receiver: which server (or client) it happens to is the finding.
     let key = format!("{why}@{at} to {}", leg.dst.ip());
-    if raised("dropped", &key) {
-        return Some(Finding::again("dropped", key));
+    if raised(AnomalyKind::Dropped, &key) {
+        return Some(Finding::again(AnomalyKind::Dropped, key));
     }
     let (cause, fix) = drop_cause(&why, leg);
     Some(Finding {
-        kind: "dropped",
+        kind: AnomalyKind::Dropped,
         severity: Severity::Critical,
         key,
         summary: format!(
@@ -1024,7 +1105,7 @@ fn upstream_failures(
                 None => "no answer came".to_owned(),
             };
             Finding {
-                kind: "upstream_timeout",
+                kind: AnomalyKind::UpstreamTimeout,
                 severity: Severity::Critical,
                 key: server.to_string(),
                 summary: format!("the upstream resolver {server} does not answer"),
@@ -1052,8 +1133,8 @@ fn failing_answer(j: &Journey, raised: &Raised) -> Option<Finding> {
         _ => None,
     });
     let key = format!("{rcode}:{}", upstream_said.unwrap_or(server));
-    if raised("failing_answers", &key) {
-        return Some(Finding::again("failing_answers", key));
+    if raised(AnomalyKind::FailingAnswers, &key) {
+        return Some(Finding::again(AnomalyKind::FailingAnswers, key));
     }
     let mut evidence = vec![format!(
         "{} asked {server} for {} {}: {rcode}",
@@ -1065,7 +1146,7 @@ fn failing_answer(j: &Journey, raised: &Raised) -> Option<Finding> {
         ));
     }
     Some(Finding {
-        kind: "failing_answers",
+        kind: AnomalyKind::FailingAnswers,
         severity: Severity::Warning,
         key,
         summary: format!(
@@ -1092,8 +1173,8 @@ fn unanswered(j: &Journey, recent: &[&Asked], raised: &Raised) -> Option<Finding
     let o = origin(j)?;
     let last = j.legs.last()?;
     let key = o.dst.to_string();
-    if raised("unanswered", &key) {
-        return Some(Finding::again("unanswered", key));
+    if raised(AnomalyKind::Unanswered, &key) {
+        return Some(Finding::again(AnomalyKind::Unanswered, key));
     }
     let mut evidence = vec![format!(
         "{} asked {} for {} {}; last seen at {} ({} {} → {})",
@@ -1108,7 +1189,7 @@ fn unanswered(j: &Journey, recent: &[&Asked], raised: &Raised) -> Option<Finding
     )];
     evidence.extend(earlier_attempts(j, recent));
     Some(Finding {
-        kind: "unanswered",
+        kind: AnomalyKind::Unanswered,
         severity: Severity::Warning,
         key,
         summary: format!("lookups sent to {} get no answer", o.dst),
@@ -1142,7 +1223,7 @@ fn earlier_attempts(j: &Journey, recent: &[&Asked]) -> Option<String> {
 
 fn no_tcp_retry(t: &Truncated) -> Finding {
     Finding {
-        kind: "truncated_without_tcp_retry",
+        kind: AnomalyKind::TruncatedWithoutTcpRetry,
         severity: Severity::Warning,
         key: t.server.to_string(),
         summary: format!("truncated answers from {} are not retried over TCP", t.server),
@@ -1193,7 +1274,7 @@ fn tcp_unreachable(c: &Connection, led: Option<&Asked>, names: &KernelNames) -> 
         )
     }));
     Finding {
-        kind: "dns_tcp_unreachable",
+        kind: AnomalyKind::DnsTcpUnreachable,
         severity: Severity::Critical,
         key: c.server.to_string(),
         summary: format!("DNS over TCP to {} does not get through", c.server),
@@ -1213,7 +1294,7 @@ fn resolv_loopback(t: &Target) -> Option<Finding> {
         .map(IpAddr::to_string)
         .collect();
     (!lo.is_empty() && t.netns_inode != 0).then(|| Finding {
-        kind: "loopback_nameserver",
+        kind: AnomalyKind::LoopbackNameserver,
         severity: Severity::Critical,
         key: format!("resolv.conf of {}", t.label),
         summary: format!(
@@ -1247,7 +1328,7 @@ fn resolv_foreign_search(t: &Target) -> Option<Finding> {
         return None;
     }
     Some(Finding {
-        kind: "foreign_search_domain",
+        kind: AnomalyKind::ForeignSearchDomain,
         severity: Severity::Warning,
         key: format!("resolv.conf of {}", t.label),
         summary: format!("{} searches outside the cluster: {}", t.label, foreign.join(", ")),
@@ -1272,7 +1353,7 @@ fn conntrack_drops_before_start(ct: &ConntrackAtStart) -> Option<Finding> {
         .map(|(n, v)| format!("{n} {v}"))
         .collect();
     (!dropped.is_empty()).then(|| Finding {
-        kind: "conntrack_drops_before_start",
+        kind: AnomalyKind::ConntrackDropsBeforeStart,
         severity: Severity::Warning,
         key: String::new(),
         summary: format!("conntrack has dropped packets since boot: {}", dropped.join(", ")),
@@ -1286,7 +1367,7 @@ fn conntrack_table_full(ct: &ConntrackAtStart) -> Option<Finding> {
     let max = ct.max.filter(|m| *m > 0)?;
     let percent = ct.entries.saturating_mul(100) / max;
     (percent >= TABLE_FULL_PERCENT).then(|| Finding {
-        kind: "conntrack_table_nearly_full",
+        kind: AnomalyKind::ConntrackTableNearlyFull,
         severity: Severity::Critical,
         key: String::new(),
         summary: format!("the node's conntrack table is {percent}% full ({} of {max})", ct.entries),
@@ -1314,12 +1395,12 @@ fn slow(j: &Journey, raised: &Raised) -> Option<Finding> {
     ]
     .into_iter()
     .max_by_key(|(_, ns)| *ns)?;
-    if raised("slow_answers", where_) {
-        return Some(Finding::again("slow_answers", where_.to_owned()));
+    if raised(AnomalyKind::SlowAnswers, where_) {
+        return Some(Finding::again(AnomalyKind::SlowAnswers, where_.to_owned()));
     }
     let ms = |ns: u64| ns as f64 / 1e6;
     Some(Finding {
-        kind: "slow_answers",
+        kind: AnomalyKind::SlowAnswers,
         severity: Severity::Warning,
         key: where_.to_owned(),
         summary: format!("slow answers: {:.0} ms, most of it in {where_}", ms(j.total_ns())),

@@ -15,7 +15,7 @@ use crate::{
     conntrack::CtEvent,
     correlate::{Engine, Journey, Limits, SampleChange, CLOSE_BATCH},
     decode::{Body, Decoder, Packet, Record, Transport},
-    diagnose::{Anomaly, Context, Diagnoser},
+    diagnose::{Anomaly, AnomalyKind, Context, Diagnoser},
     output::{Labels, LineSink},
     record::Recorder,
     target,
@@ -79,7 +79,7 @@ impl<W: io::Write> Sink for LineSink<W> {
 pub trait JourneyOut {
     fn labels(&self) -> &Labels;
     /// A finished journey and the anomalies (kind, summary) it fed.
-    fn journey(&mut self, j: Journey, badges: &[(&'static str, String)]) -> io::Result<()>;
+    fn journey(&mut self, j: Journey, badges: &[(AnomalyKind, String)]) -> io::Result<()>;
     /// An anomaly raised for the first time.
     fn anomaly(&mut self, a: &Anomaly) -> io::Result<()>;
     /// Every tick: every anomaly so far and the capture's health.
@@ -95,7 +95,7 @@ impl<W: io::Write> JourneyOut for LineSink<W> {
     fn labels(&self) -> &Labels {
         LineSink::labels(self)
     }
-    fn journey(&mut self, j: Journey, _: &[(&'static str, String)]) -> io::Result<()> {
+    fn journey(&mut self, j: Journey, _: &[(AnomalyKind, String)]) -> io::Result<()> {
         self.write_journey(&j)
     }
     fn anomaly(&mut self, a: &Anomaly) -> io::Result<()> {

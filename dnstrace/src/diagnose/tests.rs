@@ -152,7 +152,7 @@ fn kinds(j: &Journey) -> Vec<&'static str> {
     Diagnoser::new(ctx())
         .journey(j, &KernelNames::default())
         .iter()
-        .map(|a| a.kind)
+        .map(|a| a.kind.as_str())
         .collect()
 }
 
@@ -185,7 +185,7 @@ fn an_unnated_answer_is_named_and_its_drop_not_repeated() {
     };
     let found = Diagnoser::new(ctx()).journey(&j, &KernelNames::default());
     assert_eq!(
-        found.iter().map(|a| a.kind).collect::<Vec<_>>(),
+        found.iter().map(|a| a.kind.as_str()).collect::<Vec<_>>(),
         vec!["reply_from_unexpected_source"]
     );
     let a = &found[0];
@@ -288,7 +288,10 @@ fn an_upstream_that_does_not_answer_is_named_with_its_counts() {
     j.upstream
         .push(upstream("198.51.100.53:53", Outcome::Timeout, 0));
     let found = Diagnoser::new(ctx()).journey(&j, &KernelNames::default());
-    let up = found.iter().find(|a| a.kind == "upstream_timeout").unwrap();
+    let up = found
+        .iter()
+        .find(|a| a.kind.as_str() == "upstream_timeout")
+        .unwrap();
     assert!(
         up.evidence[1].contains("1 queries, 0 answers, 1 timeouts"),
         "{:?}",
@@ -323,7 +326,7 @@ fn a_slow_answer_says_where_the_time_went() {
     ));
     let found = Diagnoser::new(ctx()).journey(&j, &KernelNames::default());
     assert_eq!(
-        found.iter().map(|a| a.kind).collect::<Vec<_>>(),
+        found.iter().map(|a| a.kind.as_str()).collect::<Vec<_>>(),
         vec!["slow_answers"]
     );
     assert!(
@@ -358,14 +361,17 @@ fn counters_and_static_checks() {
         bridge_nf_call_iptables: Some("0".into()),
         ..ctx()
     });
-    assert_eq!(d.static_checks(0)[0].kind, "bridge_nf_call_iptables_off");
+    assert_eq!(
+        d.static_checks(0)[0].kind.as_str(),
+        "bridge_nf_call_iptables_off"
+    );
     assert!(
         d.counters_moved(&[("clashres", 12)], 1).is_empty(),
         "a resolved clash lost nothing"
     );
     let raised = d.counters_moved(&[("insert_failed", 1), ("clashres", 3)], 2);
     assert_eq!(
-        raised.iter().map(|a| a.kind).collect::<Vec<_>>(),
+        raised.iter().map(|a| a.kind.as_str()).collect::<Vec<_>>(),
         vec!["conntrack_insert_failed"]
     );
     assert_eq!(d.summary()[0].severity, Severity::Critical);
@@ -430,7 +436,7 @@ fn a_foreign_search_domain_after_the_cluster_ones_is_a_leak() {
         .push(upstream("198.51.100.53:53", answered("NXDOMAIN"), 100_000));
     let found = d.journey(&leak, &names);
     assert_eq!(
-        found.iter().map(|a| a.kind).collect::<Vec<_>>(),
+        found.iter().map(|a| a.kind.as_str()).collect::<Vec<_>>(),
         vec!["search_domain_leak"]
     );
     assert!(found[0].summary.contains("corp.example.com"));
@@ -478,7 +484,7 @@ fn costly_search_list_misses_before_an_answer_are_amplification() {
         assert_eq!(
             found
                 .iter()
-                .filter(|a| a.kind == "ndots_amplification")
+                .filter(|a| a.kind.as_str() == "ndots_amplification")
                 .count(),
             expect,
             "{ms} ms per miss, incomplete {incomplete}"
@@ -515,7 +521,7 @@ fn parallel_misses_cost_their_wall_time_not_their_sum() {
         let found = d.journey(&asked(99, "www.example.com.", "NOERROR", end, 1), &names);
         let summary = found
             .iter()
-            .find(|a| a.kind == "ndots_amplification")
+            .find(|a| a.kind.as_str() == "ndots_amplification")
             .map(|a| a.summary.clone());
         assert_eq!(
             summary.is_some(),
@@ -534,7 +540,10 @@ fn br_netfilter_missing_matters_only_on_a_kubernetes_node() {
         bridge_nf_call_iptables: None,
         ..ctx()
     });
-    assert_eq!(d.static_checks(0)[0].kind, "br_netfilter_not_loaded");
+    assert_eq!(
+        d.static_checks(0)[0].kind.as_str(),
+        "br_netfilter_not_loaded"
+    );
     let mut plain_host = Diagnoser::new(Context {
         bridge_nf_call_iptables: None,
         service_ips: BTreeSet::new(),
@@ -577,7 +586,7 @@ fn a_lost_half_of_a_parallel_pair_is_the_conntrack_race() {
     lost.outcome = Outcome::Timeout;
     let found = d.journey(&lost, &names);
     assert_eq!(
-        found.iter().map(|a| a.kind).collect::<Vec<_>>(),
+        found.iter().map(|a| a.kind.as_str()).collect::<Vec<_>>(),
         vec!["parallel_query_lost"],
         "not also unanswered"
     );
@@ -627,7 +636,7 @@ fn a_lost_half_dropped_for_a_full_socket_is_not_the_conntrack_race() {
     let full = dropped_at("10.244.0.10:4000", "10.244.0.54:53", 7);
     let found = d.journey(&full, &names);
     assert_eq!(
-        found.iter().map(|a| a.kind).collect::<Vec<_>>(),
+        found.iter().map(|a| a.kind.as_str()).collect::<Vec<_>>(),
         vec!["dropped"]
     );
     assert!(
@@ -644,7 +653,7 @@ fn a_lost_half_dropped_for_a_full_socket_is_not_the_conntrack_race() {
     };
     let found = d.journey(&raced, &names);
     assert_eq!(
-        found.iter().map(|a| a.kind).collect::<Vec<_>>(),
+        found.iter().map(|a| a.kind.as_str()).collect::<Vec<_>>(),
         vec!["parallel_query_lost"]
     );
     assert!(found[0].evidence[1].contains("NETFILTER_DROP"), "{found:?}");
@@ -716,7 +725,7 @@ fn a_truncated_answer_needs_its_tcp_retry() {
     assert!(d.journey(&truncated_answer(), &names).is_empty());
     assert!(d.tick(900_000_000, no_retry).is_empty(), "too early to say");
     let raised = d.tick(1_300_000_000, no_retry);
-    assert_eq!(raised[0].kind, "truncated_without_tcp_retry");
+    assert_eq!(raised[0].kind.as_str(), "truncated_without_tcp_retry");
     assert!(
         raised[0].summary.contains("10.96.0.10:53"),
         "{}",
@@ -772,7 +781,7 @@ fn a_tcp_connection_never_set_up_is_raised_with_the_truncated_answer_behind_it()
     assert_eq!(raised.len(), 1);
     let r = &raised[0];
     assert_eq!(
-        (r.kind, r.severity),
+        (r.kind.as_str(), r.severity),
         ("dns_tcp_unreachable", Severity::Critical)
     );
     assert!(r.summary.contains("10.96.0.10:53"), "{}", r.summary);
@@ -825,7 +834,7 @@ fn an_answer_missing_a_fragment_is_a_fragment_lost_with_the_fragment_and_its_pla
         }),
     }));
     let found = Diagnoser::new(ctx()).journey(&j, &names);
-    let kinds: Vec<&str> = found.iter().map(|a| a.kind).collect();
+    let kinds: Vec<&str> = found.iter().map(|a| a.kind.as_str()).collect();
     assert_eq!(kinds, ["fragment_lost"], "it explains the timeout");
     let evidence = &found[0].evidence[0];
     assert!(
@@ -838,7 +847,7 @@ fn an_answer_missing_a_fragment_is_a_fragment_lost_with_the_fragment_and_its_pla
     assert!(Diagnoser::new(ctx())
         .journey(&lost, &names)
         .iter()
-        .all(|a| a.kind != "fragment_lost"));
+        .all(|a| a.kind.as_str() != "fragment_lost"));
     // A whole answer with a fragment note elsewhere is no loss.
     let mut ok = j.clone();
     ok.outcome = answered("NOERROR");
@@ -859,7 +868,7 @@ fn conntrack_trouble_before_the_start_is_a_static_finding() {
         });
         d.static_checks(0)
             .iter()
-            .map(|a| a.kind)
+            .map(|a| a.kind.as_str())
             .collect::<Vec<_>>()
     };
     assert!(static_kinds(at_start(0, 10)).is_empty());
@@ -889,7 +898,7 @@ fn retries_of_an_unanswered_lookup_are_counted_as_one_lookup() {
         j
     };
     assert_eq!(
-        d.journey(&attempt(1, 4000, 0), &names)[0].kind,
+        d.journey(&attempt(1, 4000, 0), &names)[0].kind.as_str(),
         "unanswered"
     );
     d.journey(&attempt(2, 4001, 5), &names);
@@ -934,7 +943,10 @@ fn repeats_of_a_raised_anomaly_are_counted_without_evidence() {
     assert!(!first[0].evidence.is_empty());
     let again = timeout(2, 4001);
     let found = d.findings(&again, &d.recent_of(&again), &names);
-    assert_eq!((found[0].kind, found[0].evidence.len()), ("unanswered", 0));
+    assert_eq!(
+        (found[0].kind.as_str(), found[0].evidence.len()),
+        ("unanswered", 0)
+    );
     assert!(d.journey(&again, &names).is_empty(), "raised once");
     let all = d.summary();
     assert_eq!(
@@ -968,7 +980,7 @@ fn coredns_loop_probes_are_recognised_by_their_shape() {
     up.qtype = "HINFO";
     j.upstream.push(up);
     let raised = Diagnoser::new(ctx()).journey(&j, &KernelNames::default());
-    assert_eq!(raised[0].kind, "forwarding_loop");
+    assert_eq!(raised[0].kind.as_str(), "forwarding_loop");
     assert!(raised[0]
         .evidence
         .iter()
@@ -992,7 +1004,7 @@ fn the_target_pods_resolv_conf_is_checked_at_start() {
         });
         d.static_checks(0)
             .iter()
-            .map(|a| a.kind)
+            .map(|a| a.kind.as_str())
             .collect::<Vec<_>>()
     };
     let healthy = "nameserver 10.96.0.10\nsearch default.svc.cluster.local svc.cluster.local cluster.local\noptions ndots:5\n";
@@ -1007,7 +1019,7 @@ fn the_target_pods_resolv_conf_is_checked_at_start() {
         ..ctx()
     });
     let raised = d.static_checks(0);
-    assert_eq!(raised[0].kind, "foreign_search_domain");
+    assert_eq!(raised[0].kind.as_str(), "foreign_search_domain");
     assert!(
         raised[0].summary.ends_with("corp.example.com"),
         "{}",

@@ -24,7 +24,7 @@ use super::{
 use crate::{
     correlate::{Journey, Leg, Limits, Outcome},
     decode::KernelNames,
-    diagnose::{Context, Severity},
+    diagnose::{AnomalyKind, Context, Severity},
     naming::{Names, Services},
     output::{Clock, Labels},
     pipeline::{JourneySink, Sink},
@@ -199,7 +199,7 @@ fn rcode(r: &'static str) -> Outcome {
 fn anomaly() -> AnomalyRow {
     AnomalyRow {
         key: (
-            "upstream_timeout",
+            AnomalyKind::UpstreamTimeout,
             "upstream 198.51.100.53:53 did not answer".into(),
         ),
         severity: Severity::Critical,
@@ -213,8 +213,8 @@ fn anomaly() -> AnomalyRow {
     }
 }
 
-const TIMEOUT_BADGE: (&str, &str) = (
-    "upstream_timeout",
+const TIMEOUT_BADGE: (AnomalyKind, &str) = (
+    AnomalyKind::UpstreamTimeout,
     "upstream 198.51.100.53:53 did not answer",
 );
 
