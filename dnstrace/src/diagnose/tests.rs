@@ -5,9 +5,9 @@ use std::{
 
 use dnstrace_common::Hook;
 
-use super::*;
+use super::{loops::is_loop_probe, outcome::unanswered, *};
 use crate::{
-    correlate::{Connection, FragmentNote, Gap, Journey, Leg, Outcome},
+    correlate::{Connection, FragmentNote, Gap, Journey, Leg, Outcome, Reset},
     decode::Seen,
 };
 
@@ -914,7 +914,7 @@ fn retries_of_an_unanswered_lookup_are_counted_as_one_lookup() {
     let third = attempt(3, 4001, 10);
     // The rule in full, as when its anomaly is not raised yet: once it is,
     // a repeat carries no evidence (see the next test).
-    let found = unanswered(&third, &d2.recent_of(&third), &|_, _| false).unwrap();
+    let found = unanswered(&third, &d2.recent.of(&third), &|_, _| false).unwrap();
     assert!(
         found.evidence[1].contains("attempt 3 of this lookup without an answer, 10.0 s after the first (from 2 source ports)"),
         "{:?}",
@@ -942,7 +942,7 @@ fn repeats_of_a_raised_anomaly_are_counted_without_evidence() {
     assert_eq!(first.len(), 1);
     assert!(!first[0].evidence.is_empty());
     let again = timeout(2, 4001);
-    let found = d.findings(&again, &d.recent_of(&again), &names);
+    let found = d.findings(&again, &d.recent.of(&again), &names);
     assert_eq!(
         (found[0].kind.as_str(), found[0].evidence.len()),
         ("unanswered", 0)
