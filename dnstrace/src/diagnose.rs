@@ -17,7 +17,7 @@ mod search;
 mod transport;
 mod upstream;
 
-use std::{collections::BTreeMap, net::IpAddr};
+use std::net::IpAddr;
 
 pub use self::{
     anomaly::Anomaly,
@@ -25,9 +25,9 @@ pub use self::{
     kind::{AnomalyKind, Severity},
 };
 use self::{
-    anomaly::{Finding, JOURNEYS_KEPT, MAX_ANOMALIES},
-    memory::{Asked, Recent},
-    rules::Seen,
+    anomaly::{Finding, Raised},
+    memory::Recent,
+    rules::Known,
     transport::Pending,
     upstream::Upstreams,
 };
@@ -38,7 +38,7 @@ use crate::{
 
 pub struct Diagnoser {
     ctx: Context,
-    active: BTreeMap<(AnomalyKind, String), Anomaly>,
+    raised: Raised,
     upstream: Upstreams,
     recent: Recent,
     truncated: Pending,
@@ -52,7 +52,7 @@ impl Diagnoser {
     pub fn new(ctx: Context) -> Self {
         Self {
             ctx,
-            active: BTreeMap::new(),
+            raised: Raised::default(),
             upstream: Upstreams::default(),
             recent: Recent::default(),
             truncated: Pending::default(),
@@ -79,13 +79,13 @@ impl Diagnoser {
             found.extend(config::resolv_loopback(t));
             found.extend(config::resolv_foreign_search(t));
         }
-        self.record(found, now_ns, None)
+        self.raised.record(found, now_ns, None).raised
     }
 
     /// The node's conntrack counters moved: (name, increase).
     pub fn counters_moved(&mut self, moved: &[(&'static str, u64)], now_ns: u64) -> Vec<Anomaly> {
         let found = conntrack::insert_failed(moved).into_iter().collect();
-        self.record(found, now_ns, None)
+        self.raised.record(found, now_ns, None).raised
     }
 
     /// The kernel lost events, noticed at `now_ns`: what was not seen since
@@ -96,12 +96,21 @@ impl Diagnoser {
 
     /// Checks a finished journey; returns anomalies raised for the first time.
     pub fn journey(&mut self, j: &Journey, names: &KernelNames) -> Vec<Anomaly> {
-        self.hits.clear();
         self.upstream.count(j);
         self.truncated.await_tcp_retry(j);
-        let found = self.findings(j, &self.recent.of(j), names);
+        let recent = self.recent.of(j);
+        let known = Known {
+            ctx: &self.ctx,
+            upstream: &self.upstream,
+            recent: &recent,
+            names,
+        };
+        let checked = self
+            .raised
+            .record(rules::findings(j, &known), j.ended_ns, Some(j.id));
         self.recent.remember(j);
-        self.record(found, j.ended_ns, Some(j.id))
+        self.hits = checked.hits;
+        checked.raised
     }
 
     /// Raises truncated answers whose TCP retry did not come in time;
@@ -120,7 +129,9 @@ impl Diagnoser {
             let unseen = self.lost_ns.is_some_and(|l| l >= t.answered_ns);
             if !unseen && !retried(t.client, &t.name, t.qtype, t.answered_ns) {
                 let found = vec![transport::no_tcp_retry(&t)];
-                new.extend(self.record(found, now_ns, Some(t.journey)));
+                let checked = self.raised.record(found, now_ns, Some(t.journey));
+                self.hits.extend(checked.hits);
+                new.extend(checked.raised);
             }
         }
         new
@@ -143,7 +154,10 @@ impl Diagnoser {
         for c in failed.iter().filter(|c| !unseen(c)) {
             let led = self.recent.truncated_before(c);
             let found = transport::tcp_unreachable(c, led, names);
-            new.extend(self.record(vec![found], now_ns, led.map(|a| a.journey)));
+            let journey = led.map(|a| a.journey);
+            let checked = self.raised.record(vec![found], now_ns, journey);
+            self.hits.extend(checked.hits);
+            new.extend(checked.raised);
         }
         new
     }
@@ -156,57 +170,9 @@ impl Diagnoser {
 
     /// Every anomaly raised so far, most severe first.
     pub fn summary(&self) -> Vec<&Anomaly> {
-        let mut all: Vec<&Anomaly> = self.active.values().collect();
+        let mut all: Vec<&Anomaly> = self.raised.all().collect();
         all.sort_by(|a, b| b.severity.cmp(&a.severity).then(b.count.cmp(&a.count)));
         all
-    }
-
-    /// What the journey rules find in `j`, given what its client asked
-    /// lately.
-    fn findings(&self, j: &Journey, recent: &[&Asked], names: &KernelNames) -> Vec<Finding> {
-        let seen = Seen {
-            ctx: &self.ctx,
-            upstream: &self.upstream,
-            recent,
-            names,
-        };
-        let raised = |kind, key: &str| self.active.contains_key(&(kind, key.to_owned()));
-        rules::findings(j, &seen, &raised)
-    }
-
-    fn record(&mut self, found: Vec<Finding>, now_ns: u64, journey: Option<u64>) -> Vec<Anomaly> {
-        let mut new = Vec::new();
-        for f in found {
-            let key = (f.kind, f.key);
-            if !self.active.contains_key(&key) && self.active.len() >= MAX_ANOMALIES {
-                continue;
-            }
-            let a = self.active.entry(key).or_insert_with(|| Anomaly {
-                kind: f.kind,
-                severity: f.severity,
-                summary: f.summary,
-                evidence: f.evidence,
-                cause: f.cause,
-                fix: f.fix,
-                journeys: Vec::new(),
-                count: 0,
-                first_ns: now_ns,
-                last_ns: now_ns,
-            });
-            a.count += 1;
-            a.last_ns = a.last_ns.max(now_ns);
-            if let Some(id) = journey {
-                self.hits.push((a.kind, a.summary.clone()));
-                if a.journeys.len() == JOURNEYS_KEPT {
-                    a.journeys.remove(0);
-                }
-                a.journeys.push(id);
-            }
-            if a.count == 1 {
-                new.push(a.clone());
-            }
-        }
-        new
     }
 }
 

@@ -1,5 +1,9 @@
 //! Conntrack: the A/AAAA insert race, and the node's counters and table.
-use super::{anomaly::Finding, memory::Asked, AnomalyKind, ConntrackAtStart, Severity};
+use super::{
+    anomaly::{Finding, Words},
+    memory::Asked,
+    AnomalyKind, ConntrackAtStart,
+};
 use crate::{
     correlate::{Journey, Outcome},
     decode::KernelNames,
@@ -10,11 +14,11 @@ const PAIR_NS: u64 = 50_000_000;
 
 /// One of a parallel A/AAAA pair got no answer while its sibling, sent
 /// from the same socket at the same moment, did: the conntrack insert race.
-pub(super) fn half_pair_lost(
-    j: &Journey,
+pub(super) fn half_pair_lost<'a>(
+    j: &'a Journey,
     recent: &[&Asked],
     names: &KernelNames,
-) -> Option<Finding> {
+) -> Option<Finding<'a>> {
     if matches!(j.outcome, Outcome::Answered { .. }) || !matches!(j.qtype, "A" | "AAAA") {
         return None;
     }
@@ -62,21 +66,24 @@ pub(super) fn half_pair_lost(
             (r.started_ns - j.started_ns) as f64 / 1e9
         ));
     }
-    Some(Finding {
-        kind: AnomalyKind::ParallelQueryLost,
-        severity: Severity::Critical,
-        key: j.client.ip().to_string(),
-        summary: format!("one of a parallel A/AAAA pair is lost: lookups from {} wait for the retry", j.client.ip()),
-        evidence,
-        cause: "A and AAAA sent at once from one socket race to insert the same conntrack entry through DNAT; the loser is dropped (insert_failed) and the client waits for its 5 s timeout".into(),
-        fix: "`options single-request-reopen` in the pods' resolv.conf (dnsConfig), NodeLocalDNS, or a kernel that resolves the clash",
-    })
+    Some(Finding::new(
+        AnomalyKind::ParallelQueryLost,
+        j.client.ip().to_string(),
+        move || {
+            let summary = format!(
+                "one of a parallel A/AAAA pair is lost: lookups from {} wait for the retry",
+                j.client.ip()
+            );
+            let evidence = evidence;
+            Words::new(summary, evidence)
+        },
+    ))
 }
 
 /// The node's conntrack counters moved: (name, increase). A resolved
 /// clash (`clashres`) lost nothing and is no failure; packets conntrack
 /// dropped are.
-pub(super) fn insert_failed(moved: &[(&'static str, u64)]) -> Option<Finding> {
+pub(super) fn insert_failed(moved: &[(&'static str, u64)]) -> Option<Finding<'static>> {
     let lost: Vec<String> = moved
         .iter()
         .filter(|(n, _)| *n != "clashres")
@@ -85,48 +92,63 @@ pub(super) fn insert_failed(moved: &[(&'static str, u64)]) -> Option<Finding> {
     if lost.is_empty() {
         return None;
     }
-    Some(Finding {
-        kind: AnomalyKind::ConntrackInsertFailed,
-        severity: Severity::Critical,
-        key: String::new(),
-        summary: format!("conntrack dropped packets: {}", lost.join(", ")),
-        evidence: vec![format!("/proc/net/stat/nf_conntrack on the node: {}", lost.join(", "))],
-        cause: "conntrack could not insert or keep entries (the parallel A/AAAA race lost, or the table is full); the client waits 5 s for its retry".into(),
-        fix: "`options single-request-reopen` (glibc) or use-vc in the pods' resolv.conf, NodeLocalDNS, or a larger nf_conntrack_max",
-    })
+    Some(Finding::new(
+        AnomalyKind::ConntrackInsertFailed,
+        String::new(),
+        move || {
+            let summary = format!("conntrack dropped packets: {}", lost.join(", "));
+            let evidence = vec![format!(
+                "/proc/net/stat/nf_conntrack on the node: {}",
+                lost.join(", ")
+            )];
+            Words::new(summary, evidence)
+        },
+    ))
 }
 
-pub(super) fn conntrack_drops_before_start(ct: &ConntrackAtStart) -> Option<Finding> {
+pub(super) fn conntrack_drops_before_start(ct: &ConntrackAtStart) -> Option<Finding<'_>> {
     let dropped: Vec<String> = ct
         .dropped
         .iter()
         .filter(|(_, v)| *v > 0)
         .map(|(n, v)| format!("{n} {v}"))
         .collect();
-    (!dropped.is_empty()).then(|| Finding {
-        kind: AnomalyKind::ConntrackDropsBeforeStart,
-        severity: Severity::Warning,
-        key: String::new(),
-        summary: format!("conntrack has dropped packets since boot: {}", dropped.join(", ")),
-        evidence: vec![format!("/proc/net/stat/nf_conntrack on the node when tracing started: {}", dropped.join(", "))],
-        cause: "conntrack could not insert entries at some time before now (the parallel A/AAAA race, or a full table); whether it still happens shows when the counters move while tracing".into(),
-        fix: "watch for conntrack_insert_failed while tracing; `conntrack -S` shows the counters per CPU",
+    (!dropped.is_empty()).then(|| {
+        Finding::new(
+            AnomalyKind::ConntrackDropsBeforeStart,
+            String::new(),
+            move || {
+                let summary = format!(
+                    "conntrack has dropped packets since boot: {}",
+                    dropped.join(", ")
+                );
+                let evidence = vec![format!(
+                    "/proc/net/stat/nf_conntrack on the node when tracing started: {}",
+                    dropped.join(", ")
+                )];
+                Words::new(summary, evidence)
+            },
+        )
     })
 }
 
 /// A conntrack table this full starts dropping new flows soon.
 const TABLE_FULL_PERCENT: u64 = 90;
 
-pub(super) fn conntrack_table_full(ct: &ConntrackAtStart) -> Option<Finding> {
+pub(super) fn conntrack_table_full(ct: &ConntrackAtStart) -> Option<Finding<'_>> {
     let max = ct.max.filter(|m| *m > 0)?;
     let percent = ct.entries.saturating_mul(100) / max;
-    (percent >= TABLE_FULL_PERCENT).then(|| Finding {
-        kind: AnomalyKind::ConntrackTableNearlyFull,
-        severity: Severity::Critical,
-        key: String::new(),
-        summary: format!("the node's conntrack table is {percent}% full ({} of {max})", ct.entries),
-        evidence: vec![format!("nf_conntrack entries {} of net.netfilter.nf_conntrack_max {max} when tracing started", ct.entries)],
-        cause: "when the table is full new flows, DNS queries through the service IP included, are dropped (\"nf_conntrack: table full, dropping packet\" in dmesg)".into(),
-        fix: "raise net.netfilter.nf_conntrack_max (kube-proxy's --conntrack-max-per-core), or shorten UDP timeouts (nf_conntrack_udp_timeout)",
+    (percent >= TABLE_FULL_PERCENT).then(|| {
+        Finding::new(AnomalyKind::ConntrackTableNearlyFull, String::new(), move || {
+            let summary = format!(
+                "the node's conntrack table is {percent}% full ({} of {max})",
+                ct.entries
+            );
+            let evidence = vec![format!(
+                "nf_conntrack entries {} of net.netfilter.nf_conntrack_max {max} when tracing started",
+                ct.entries
+            )];
+            Words::new(summary, evidence)
+        })
     })
 }

@@ -2,9 +2,9 @@
 use std::net::IpAddr;
 
 use super::{
-    anomaly::Finding,
+    anomaly::{Finding, Words},
     legs::{is_loopback, origin},
-    AnomalyKind, Severity,
+    AnomalyKind,
 };
 use crate::correlate::{Journey, Outcome};
 
@@ -17,7 +17,7 @@ pub(super) fn is_loop_probe(name: &str, qtype: &str) -> bool {
 }
 
 /// A server that asks a server already on the journey, or its own loopback.
-pub(super) fn forwarding_loop(j: &Journey) -> Option<Finding> {
+pub(super) fn forwarding_loop(j: &Journey) -> Option<Finding<'_>> {
     fn walk<'a>(j: &'a Journey, path: &mut Vec<IpAddr>) -> Option<(&'a Journey, IpAddr)> {
         for u in &j.upstream {
             let server = u.legs.first()?.dst.ip();
@@ -56,13 +56,17 @@ pub(super) fn forwarding_loop(j: &Journey) -> Option<Finding> {
     if probe {
         evidence.push("the question is a CoreDNS loop-plugin probe (random labels, HINFO)".into());
     }
-    Some(Finding {
-        kind: AnomalyKind::ForwardingLoop,
-        severity: Severity::Critical,
-        key: format!("{}>{}", u.client.ip(), server),
-        summary: format!("DNS forwarding loop: {} forwards to {}", u.client.ip(), server),
-        evidence,
-        cause: "the resolver forwards to what its resolv.conf says, inherited from the node: 127.0.0.53 (systemd-resolved's stub, which is the resolver itself in its pod) or a NodeLocalDNS address that forwards back into the cluster".into(),
-        fix: "point CoreDNS's `forward .` at real upstream servers (e.g. /run/systemd/resolve/resolv.conf), and NodeLocalDNS's upstream away from kube-dns",
-    })
+    Some(Finding::new(
+        AnomalyKind::ForwardingLoop,
+        format!("{}>{}", u.client.ip(), server),
+        move || {
+            let summary = format!(
+                "DNS forwarding loop: {} forwards to {}",
+                u.client.ip(),
+                server
+            );
+            let evidence = evidence;
+            Words::new(summary, evidence)
+        },
+    ))
 }

@@ -2,10 +2,10 @@
 use std::collections::BTreeSet;
 
 use super::{
-    anomaly::{Finding, Raised},
+    anomaly::{Finding, Words},
     legs::{origin, place, the_message},
     memory::Asked,
-    AnomalyKind, Severity,
+    AnomalyKind,
 };
 use crate::{
     correlate::{Journey, Leg, Outcome},
@@ -15,7 +15,7 @@ use crate::{
 /// An answer slower than this, most of it in one place, is worth a word.
 const SLOW_NS: u64 = 200_000_000;
 
-pub(super) fn dropped(j: &Journey, names: &KernelNames, raised: &Raised) -> Option<Finding> {
+pub(super) fn dropped<'a>(j: &'a Journey, names: &KernelNames) -> Option<Finding<'a>> {
     let Outcome::Dropped { reason, location } = j.outcome else {
         return None;
     };
@@ -23,26 +23,19 @@ pub(super) fn dropped(j: &Journey, names: &KernelNames, raised: &Raised) -> Opti
     let (why, at) = (names.drop_reason(reason), names.location(location));
     // Per receiver: which server (or client) it happens to is the finding.
     let key = format!("{why}@{at} to {}", leg.dst.ip());
-    if raised(AnomalyKind::Dropped, &key) {
-        return Some(Finding::again(AnomalyKind::Dropped, key));
-    }
-    let (cause, fix) = drop_cause(&why, leg);
-    Some(Finding {
-        kind: AnomalyKind::Dropped,
-        severity: Severity::Critical,
-        key,
-        summary: format!(
+    Some(Finding::new(AnomalyKind::Dropped, key, move || {
+        let (cause, fix) = drop_cause(&why, leg);
+        let summary = format!(
             "DNS packets to {} dropped in the kernel: {why} at {at}",
             leg.dst.ip()
-        ),
-        evidence: vec![format!(
+        );
+        let evidence = vec![format!(
             "{} was dropped on {}: {why} at {at}",
             the_message(j, leg),
             place(leg)
-        )],
-        cause,
-        fix,
-    })
+        )];
+        Words::new(summary, evidence).cause(cause).fix(fix)
+    }))
 }
 
 /// What the kernel's reason says happened, and what to do, for the
@@ -78,7 +71,7 @@ fn drop_cause(why: &str, leg: &Leg) -> (String, &'static str) {
     }
 }
 
-pub(super) fn failing_answer(j: &Journey, raised: &Raised) -> Option<Finding> {
+pub(super) fn failing_answer(j: &Journey) -> Option<Finding<'_>> {
     let Outcome::Answered { rcode, .. } = &j.outcome else {
         return None;
     };
@@ -91,70 +84,57 @@ pub(super) fn failing_answer(j: &Journey, raised: &Raised) -> Option<Finding> {
         _ => None,
     });
     let key = format!("{rcode}:{}", upstream_said.unwrap_or(server));
-    if raised(AnomalyKind::FailingAnswers, &key) {
-        return Some(Finding::again(AnomalyKind::FailingAnswers, key));
-    }
-    let mut evidence = vec![format!(
-        "{} asked {server} for {} {}: {rcode}",
-        j.client, j.name, j.qtype
-    )];
-    if let Some(up) = upstream_said {
-        evidence.push(format!(
-            "the upstream {up} answered {rcode} first: the failure comes from upstream"
-        ));
-    }
-    Some(Finding {
-        kind: AnomalyKind::FailingAnswers,
-        severity: Severity::Warning,
-        key,
-        summary: format!(
+    Some(Finding::new(AnomalyKind::FailingAnswers, key, move || {
+        let mut evidence = vec![format!(
+            "{} asked {server} for {} {}: {rcode}",
+            j.client, j.name, j.qtype
+        )];
+        if let Some(up) = upstream_said {
+            evidence.push(format!(
+                "the upstream {up} answered {rcode} first: the failure comes from upstream"
+            ));
+        }
+        let summary = format!(
             "{rcode} answers {}",
             upstream_said.map_or_else(
                 || format!("from {server}"),
                 |u| format!("coming from the upstream {u}")
             )
-        ),
-        evidence,
-        cause: if upstream_said.is_some() {
-            "the upstream resolver fails to resolve (its own upstreams unreachable, DNSSEC failure, or it refuses the client)".into()
+        );
+        let cause = if upstream_said.is_some() {
+            "the upstream resolver fails to resolve (its own upstreams unreachable, DNSSEC failure, or it refuses the client)"
         } else {
-            "the resolver failed or refused the query".into()
-        },
-        fix: "query the server directly with dig to see its answer, and check its logs and ACLs",
-    })
+            "the resolver failed or refused the query"
+        };
+        Words::new(summary, evidence).cause(cause.into())
+    }))
 }
 
-pub(super) fn unanswered(j: &Journey, recent: &[&Asked], raised: &Raised) -> Option<Finding> {
+pub(super) fn unanswered<'a>(j: &'a Journey, recent: &'a [&'a Asked]) -> Option<Finding<'a>> {
     if j.outcome != Outcome::Timeout {
         return None;
     }
     let o = origin(j)?;
     let last = j.legs.last()?;
-    let key = o.dst.to_string();
-    if raised(AnomalyKind::Unanswered, &key) {
-        return Some(Finding::again(AnomalyKind::Unanswered, key));
-    }
-    let mut evidence = vec![format!(
-        "{} asked {} for {} {}; last seen at {} ({} {} → {})",
-        j.client,
-        o.dst,
-        j.name,
-        j.qtype,
-        place(last),
-        last.hook.name(),
-        last.src,
-        last.dst
-    )];
-    evidence.extend(earlier_attempts(j, recent));
-    Some(Finding {
-        kind: AnomalyKind::Unanswered,
-        severity: Severity::Warning,
-        key,
-        summary: format!("lookups sent to {} get no answer", o.dst),
-        evidence,
-        cause: "the query or its answer was lost after the last place it was seen".into(),
-        fix: "follow the journey from where it was last seen; check the server's health and the path to it",
-    })
+    Some(Finding::new(
+        AnomalyKind::Unanswered,
+        o.dst.to_string(),
+        move || {
+            let mut evidence = vec![format!(
+                "{} asked {} for {} {}; last seen at {} ({} {} → {})",
+                j.client,
+                o.dst,
+                j.name,
+                j.qtype,
+                place(last),
+                last.hook.name(),
+                last.src,
+                last.dst
+            )];
+            evidence.extend(earlier_attempts(j, recent));
+            Words::new(format!("lookups sent to {} get no answer", o.dst), evidence)
+        },
+    ))
 }
 
 /// The client's earlier unanswered tries of the same question (its retries,
@@ -181,7 +161,7 @@ fn earlier_attempts(j: &Journey, recent: &[&Asked]) -> Option<String> {
 
 /// Where the time of a slow answer went: the server's own work, its
 /// upstream queries, or the network in between.
-pub(super) fn slow(j: &Journey, raised: &Raised) -> Option<Finding> {
+pub(super) fn slow(j: &Journey) -> Option<Finding<'_>> {
     if !matches!(j.outcome, Outcome::Answered { .. }) || j.total_ns() < SLOW_NS {
         return None;
     }
@@ -197,16 +177,16 @@ pub(super) fn slow(j: &Journey, raised: &Raised) -> Option<Finding> {
     ]
     .into_iter()
     .max_by_key(|(_, ns)| *ns)?;
-    if raised(AnomalyKind::SlowAnswers, where_) {
-        return Some(Finding::again(AnomalyKind::SlowAnswers, where_.to_owned()));
-    }
-    let ms = |ns: u64| ns as f64 / 1e6;
-    Some(Finding {
-        kind: AnomalyKind::SlowAnswers,
-        severity: Severity::Warning,
-        key: where_.to_owned(),
-        summary: format!("slow answers: {:.0} ms, most of it in {where_}", ms(j.total_ns())),
-        evidence: vec![format!(
+    Some(Finding::new(
+        AnomalyKind::SlowAnswers,
+        where_.to_owned(),
+        move || {
+            let ms = |ns: u64| ns as f64 / 1e6;
+            let summary = format!(
+                "slow answers: {:.0} ms, most of it in {where_}",
+                ms(j.total_ns())
+            );
+            let evidence = vec![format!(
             "{} {}: {:.1} ms in all; {:.1} ms upstream, {:.1} ms in the resolver, {:.1} ms on the network",
             j.name,
             j.qtype,
@@ -214,12 +194,13 @@ pub(super) fn slow(j: &Journey, raised: &Raised) -> Option<Finding> {
             ms(upstream),
             ms(at_server.saturating_sub(upstream)),
             ms(network)
-        )],
-        cause: match where_ {
-            "upstream" => "the upstream resolver is slow to answer".into(),
-            "the resolver itself" => "the resolver is slow (overloaded, throttled CPU, or waiting on something other than its upstream)".into(),
-            _ => "the network between the client and the resolver is slow or lossy".into(),
+        )];
+            let cause = match where_ {
+            "upstream" => "the upstream resolver is slow to answer",
+            "the resolver itself" => "the resolver is slow (overloaded, throttled CPU, or waiting on something other than its upstream)",
+            _ => "the network between the client and the resolver is slow or lossy",
+        };
+            Words::new(summary, evidence).cause(cause.into())
         },
-        fix: "look at the part named: the upstream's latency, the resolver's CPU and cache, or the path",
-    })
+    ))
 }

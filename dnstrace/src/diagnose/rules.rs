@@ -1,6 +1,6 @@
 //! Every journey rule, in order.
 use super::{
-    anomaly::{Finding, Raised},
+    anomaly::Finding,
     conntrack::half_pair_lost,
     loops::forwarding_loop,
     memory::Asked,
@@ -14,7 +14,7 @@ use super::{
 use crate::{correlate::Journey, decode::KernelNames};
 
 /// What the rules read besides the journey.
-pub(super) struct Seen<'a> {
+pub(super) struct Known<'a> {
     pub(super) ctx: &'a Context,
     pub(super) upstream: &'a Upstreams,
     /// What the journey's client asked lately.
@@ -26,13 +26,13 @@ pub(super) struct Seen<'a> {
 /// generic ones (drop, no answer) that would only repeat it. Absence is
 /// no evidence when events were lost: incomplete journeys raise nothing
 /// for what was not seen.
-pub(super) fn findings(j: &Journey, seen: &Seen, raised: &Raised) -> Vec<Finding> {
-    let Seen {
+pub(super) fn findings<'a>(j: &'a Journey, known: &Known<'a>) -> Vec<Finding<'a>> {
+    let Known {
         ctx,
         upstream,
         recent,
         names,
-    } = *seen;
+    } = *known;
     let mut out = Vec::new();
     // Rules that conclude from what is missing (no DNAT, no answer).
     let seen_all = j.incomplete.is_none();
@@ -50,13 +50,13 @@ pub(super) fn findings(j: &Journey, seen: &Seen, raised: &Raised) -> Vec<Finding
         let upstream = upstream_failures(j, upstream, names);
         let upstream_failed = !upstream.is_empty();
         out.extend(upstream);
-        out.extend(dropped(j, names, raised));
-        out.extend(failing_answer(j, raised));
+        out.extend(dropped(j, names));
+        out.extend(failing_answer(j));
         if !upstream_failed && seen_all {
-            out.extend(unanswered(j, recent, raised));
+            out.extend(unanswered(j, recent));
         }
     }
-    out.extend(slow(j, raised));
+    out.extend(slow(j));
     out.extend(search_leak(j, recent));
     out.extend(ndots_amplification(j, recent));
     out

@@ -1,5 +1,9 @@
 //! Search domains and ndots: leaks to the outside, and the cost of misses.
-use super::{anomaly::Finding, memory::Asked, AnomalyKind, Severity};
+use super::{
+    anomaly::{Finding, Words},
+    memory::Asked,
+    AnomalyKind,
+};
 use crate::correlate::{Journey, Outcome};
 
 /// Search-list NXDOMAINs costing this much before an answer are worth a word.
@@ -10,7 +14,7 @@ const CLUSTER_SUFFIX: &str = ".cluster.local.";
 
 /// `B.cluster.local.` then `B.S.` with S foreign: S came from the client's
 /// search list, and a cluster-style name went to the outside world.
-pub(super) fn search_leak(j: &Journey, recent: &[&Asked]) -> Option<Finding> {
+pub(super) fn search_leak<'a>(j: &'a Journey, recent: &[&'a Asked]) -> Option<Finding<'a>> {
     if j.name.ends_with(CLUSTER_SUFFIX) {
         return None;
     }
@@ -34,15 +38,22 @@ pub(super) fn search_leak(j: &Journey, recent: &[&Asked]) -> Option<Finding> {
         .and_then(|u| u.legs.first())
         .map(|l| format!(" (sent upstream to {})", l.dst))
         .unwrap_or_default();
-    Some(Finding {
-        kind: AnomalyKind::SearchDomainLeak,
-        severity: Severity::Warning,
-        key: suffix.to_owned(),
-        summary: format!("cluster-style names leak out with the foreign search domain {suffix}"),
-        evidence: vec![format!("{} asked {}, then {}{upstream}", j.client.ip(), tried.join(", "), j.name)],
-        cause: format!("the client's search list includes {suffix} (the node's resolv.conf, inherited through dnsPolicy, or the pod's dnsConfig), so every short name is also asked of the outside world"),
-        fix: "remove the domain from the search list (node resolv.conf or dnsConfig.searches), or use fully qualified names with a trailing dot",
-    })
+    Some(Finding::new(
+        AnomalyKind::SearchDomainLeak,
+        suffix.to_owned(),
+        move || {
+            let summary =
+                format!("cluster-style names leak out with the foreign search domain {suffix}");
+            let evidence = vec![format!(
+                "{} asked {}, then {}{upstream}",
+                j.client.ip(),
+                tried.join(", "),
+                j.name
+            )];
+            let cause = format!("the client's search list includes {suffix} (the node's resolv.conf, inherited through dnsPolicy, or the pod's dnsConfig), so every short name is also asked of the outside world");
+            Words::new(summary, evidence).cause(cause)
+        },
+    ))
 }
 
 /// `name` is `stem` followed by a dot and more: `stem` with a suffix.
@@ -55,7 +66,7 @@ fn under(name: &str, stem: &str) -> bool {
 /// real time: the price of ndots:5 for names outside the cluster.
 /// A cost rule: journeys that lost events are left out, as their times are
 /// no evidence.
-pub(super) fn ndots_amplification(j: &Journey, recent: &[&Asked]) -> Option<Finding> {
+pub(super) fn ndots_amplification<'a>(j: &'a Journey, recent: &[&'a Asked]) -> Option<Finding<'a>> {
     let Outcome::Answered { rcode, answers, .. } = &j.outcome else {
         return None;
     };
@@ -73,15 +84,19 @@ pub(super) fn ndots_amplification(j: &Journey, recent: &[&Asked]) -> Option<Find
             tried.push(&m.name);
         }
     }
-    Some(Finding {
-        kind: AnomalyKind::NdotsAmplification,
-        severity: Severity::Warning,
-        key: String::new(),
-        summary: format!("lookups pay for search-list misses: {} NXDOMAINs ({:.0} ms) before {} was answered", misses.len(), cost as f64 / 1e6, j.name),
-        evidence: vec![format!("{} asked {} first", j.client.ip(), tried.join(", "))],
-        cause: "with ndots:5 every name with fewer than five dots is tried with each search suffix first, and those NXDOMAINs are slow here".into(),
-        fix: "use fully qualified names with a trailing dot, lower ndots in the pod's dnsConfig, or add NodeLocalDNS to answer the misses quickly",
-    })
+    Some(Finding::new(
+        AnomalyKind::NdotsAmplification,
+        String::new(),
+        move || {
+            let summary = format!("lookups pay for search-list misses: {} NXDOMAINs ({:.0} ms) before {} was answered", misses.len(), cost as f64 / 1e6, j.name);
+            let evidence = vec![format!(
+                "{} asked {} first",
+                j.client.ip(),
+                tried.join(", ")
+            )];
+            Words::new(summary, evidence)
+        },
+    ))
 }
 
 /// The search-list candidates of `j`'s name that came back NXDOMAIN before

@@ -5,7 +5,12 @@ use std::{
 
 use dnstrace_common::Hook;
 
-use super::{loops::is_loop_probe, outcome::unanswered, *};
+use super::{
+    anomaly::{Finding, Raised, JOURNEYS_KEPT},
+    loops::is_loop_probe,
+    outcome::unanswered,
+    *,
+};
 use crate::{
     correlate::{Connection, FragmentNote, Gap, Journey, Leg, Outcome, Reset},
     decode::Seen,
@@ -914,7 +919,9 @@ fn retries_of_an_unanswered_lookup_are_counted_as_one_lookup() {
     let third = attempt(3, 4001, 10);
     // The rule in full, as when its anomaly is not raised yet: once it is,
     // a repeat carries no evidence (see the next test).
-    let found = unanswered(&third, &d2.recent.of(&third), &|_, _| false).unwrap();
+    let recent = d2.recent.of(&third);
+    let found = unanswered(&third, &recent).unwrap();
+    let found = &Raised::default().record(vec![found], 0, None).raised[0];
     assert!(
         found.evidence[1].contains("attempt 3 of this lookup without an answer, 10.0 s after the first (from 2 source ports)"),
         "{:?}",
@@ -942,11 +949,18 @@ fn repeats_of_a_raised_anomaly_are_counted_without_evidence() {
     assert_eq!(first.len(), 1);
     assert!(!first[0].evidence.is_empty());
     let again = timeout(2, 4001);
-    let found = d.findings(&again, &d.recent.of(&again), &names);
-    assert_eq!(
-        (found[0].kind.as_str(), found[0].evidence.len()),
-        ("unanswered", 0)
-    );
+    let key = {
+        let recent = d.recent.of(&again);
+        let known = Known {
+            ctx: &d.ctx,
+            upstream: &d.upstream,
+            recent: &recent,
+            names: &names,
+        };
+        let found = rules::findings(&again, &known);
+        assert_eq!(found[0].kind.as_str(), "unanswered");
+        found[0].key.clone()
+    };
     assert!(d.journey(&again, &names).is_empty(), "raised once");
     let all = d.summary();
     assert_eq!(
@@ -957,6 +971,10 @@ fn repeats_of_a_raised_anomaly_are_counted_without_evidence() {
         all[0].evidence, first[0].evidence,
         "the first one's evidence stays"
     );
+    let repeat = Finding::new(AnomalyKind::Unanswered, key, || {
+        unreachable!("a repeat's evidence is written")
+    });
+    assert!(d.raised.record(vec![repeat], 0, None).raised.is_empty());
 }
 
 #[test]

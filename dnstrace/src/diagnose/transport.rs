@@ -6,10 +6,10 @@ use std::{
 };
 
 use super::{
-    anomaly::Finding,
+    anomaly::{Finding, Words},
     legs::{origin, place, the_message},
     memory::Asked,
-    AnomalyKind, Severity,
+    AnomalyKind,
 };
 use crate::{
     correlate::{Connection, Journey, Outcome, Reset},
@@ -18,7 +18,7 @@ use crate::{
 
 /// An answer came in IP fragments and one of them did not come through:
 /// dropped by the kernel on the way, or missing where the rest arrived.
-pub(super) fn fragment_lost(j: &Journey, names: &KernelNames) -> Option<Finding> {
+pub(super) fn fragment_lost<'a>(j: &'a Journey, names: &KernelNames) -> Option<Finding<'a>> {
     if matches!(j.outcome, Outcome::Answered { .. }) {
         return None;
     }
@@ -41,22 +41,22 @@ pub(super) fn fragment_lost(j: &Journey, names: &KernelNames) -> Option<Finding>
         ),
         None => format!("it reached {} {}", place(leg), f.describe()),
     };
-    Some(Finding {
-        kind: AnomalyKind::FragmentLost,
-        severity: Severity::Critical,
-        key: format!("{} → {}", leg.src.ip(), leg.dst.ip()),
-        summary: format!(
-            "answers from {} to {} in IP fragments do not arrive whole",
-            leg.src.ip(),
-            leg.dst.ip()
-        ),
-        evidence: vec![format!(
-            "{} came in IP fragments; {what}",
-            the_message(j, leg)
-        )],
-        cause: "the message was larger than the path's MTU and went as IP fragments, and something on the path does not let later fragments through: a firewall, security group or NetworkPolicy that drops fragments (they carry no ports), or an overlay (VXLAN, IPIP) whose smaller MTU they do not fit".into(),
-        fix: "keep DNS answers under the path MTU: a smaller EDNS buffer (CoreDNS `bufsize 1232`), and DNS over TCP for the rest; fix the overlay's MTU, or let fragments through the firewall",
-    })
+    Some(Finding::new(
+        AnomalyKind::FragmentLost,
+        format!("{} → {}", leg.src.ip(), leg.dst.ip()),
+        move || {
+            let summary = format!(
+                "answers from {} to {} in IP fragments do not arrive whole",
+                leg.src.ip(),
+                leg.dst.ip()
+            );
+            let evidence = vec![format!(
+                "{} came in IP fragments; {what}",
+                the_message(j, leg)
+            )];
+            Words::new(summary, evidence)
+        },
+    ))
 }
 
 /// How long a client has to retry over TCP after a truncated answer.
@@ -125,26 +125,33 @@ impl Pending {
     }
 }
 
-pub(super) fn no_tcp_retry(t: &Truncated) -> Finding {
-    Finding {
-        kind: AnomalyKind::TruncatedWithoutTcpRetry,
-        severity: Severity::Warning,
-        key: t.server.to_string(),
-        summary: format!("truncated answers from {} are not retried over TCP", t.server),
-        evidence: vec![format!(
+pub(super) fn no_tcp_retry(t: &Truncated) -> Finding<'_> {
+    Finding::new(
+        AnomalyKind::TruncatedWithoutTcpRetry,
+        t.server.to_string(),
+        move || {
+            let summary = format!(
+                "truncated answers from {} are not retried over TCP",
+                t.server
+            );
+            let evidence = vec![format!(
             "{} got a truncated (TC) answer for {} {} from {}, and no TCP query followed within {} s",
             t.client,
             t.name,
             t.qtype,
             t.server,
             TCP_RETRY_NS / 1_000_000_000
-        )],
-        cause: "the client's resolver does not fall back to TCP (musl libc before 1.2.4, as in older Alpine images, some custom stubs), or its TCP connection to port 53 never got through (a NetworkPolicy or firewall that allows only UDP)".into(),
-        fix: "let TCP/53 through to the resolver, use an image whose resolver retries over TCP, or keep answers small (fewer records, no ANY)",
-    }
+        )];
+            Words::new(summary, evidence)
+        },
+    )
 }
 
-pub(super) fn tcp_unreachable(c: &Connection, led: Option<&Asked>, names: &KernelNames) -> Finding {
+pub(super) fn tcp_unreachable<'a>(
+    c: &'a Connection,
+    led: Option<&Asked>,
+    names: &KernelNames,
+) -> Finding<'a> {
     let fate = match c.reset {
         Some(Reset {
             ts_ns,
@@ -177,13 +184,13 @@ pub(super) fn tcp_unreachable(c: &Connection, led: Option<&Asked>, names: &Kerne
             c.syn_ns.saturating_sub(a.ended_ns) as f64 / 1e9
         )
     }));
-    Finding {
-        kind: AnomalyKind::DnsTcpUnreachable,
-        severity: Severity::Critical,
-        key: c.server.to_string(),
-        summary: format!("DNS over TCP to {} does not get through", c.server),
-        evidence,
-        cause: "TCP port 53 is not open along the way: the service's TCP port is missing from kube-proxy's rules (a Service that lists only UDP 53), the DNS pod does not listen on TCP, or a NetworkPolicy or firewall lets only UDP through. Large answers (truncated over UDP) and clients that always use TCP then fail".into(),
-        fix: "list TCP 53 (dns-tcp) in the kube-dns Service and check kube-proxy's rules for it (iptables-save | grep 'dns-tcp', or nft list ruleset), make the DNS server listen on TCP, and let TCP 53 through NetworkPolicies and firewalls",
-    }
+    Finding::new(
+        AnomalyKind::DnsTcpUnreachable,
+        c.server.to_string(),
+        move || {
+            let summary = format!("DNS over TCP to {} does not get through", c.server);
+            let evidence = evidence;
+            Words::new(summary, evidence)
+        },
+    )
 }

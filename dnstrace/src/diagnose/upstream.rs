@@ -4,7 +4,10 @@ use std::{
     net::{IpAddr, SocketAddr},
 };
 
-use super::{anomaly::Finding, AnomalyKind, Severity};
+use super::{
+    anomaly::{Finding, Words},
+    AnomalyKind,
+};
 use crate::{
     correlate::{Journey, Outcome},
     decode::KernelNames,
@@ -75,34 +78,54 @@ fn failed_upstream(j: &Journey, out: &mut Vec<UpstreamFailure>) {
 }
 
 /// Upstream queries that got no answer: timed out, or dropped on the way.
-pub(super) fn upstream_failures(
-    j: &Journey,
+pub(super) fn upstream_failures<'a>(
+    j: &'a Journey,
     stats: &Upstreams,
     names: &KernelNames,
-) -> Vec<Finding> {
+) -> Vec<Finding<'a>> {
     let mut found = Vec::new();
     failed_upstream(j, &mut found);
     found
         .into_iter()
-        .map(|UpstreamFailure { server, resolver, drop }| {
-            let s = stats.0.get(&server).copied().unwrap_or_default();
-            let mean = if s.answers > 0 { format!(", mean answer {:.1} ms", s.total_ns as f64 / s.answers as f64 / 1e6) } else { String::new() };
-            let how = match drop {
-                Some((reason, at)) => format!("the query was dropped on the way: {} at {}", names.drop_reason(reason), names.location(at)),
-                None => "no answer came".to_owned(),
-            };
-            Finding {
-                kind: AnomalyKind::UpstreamTimeout,
-                severity: Severity::Critical,
-                key: server.to_string(),
-                summary: format!("the upstream resolver {server} does not answer"),
-                evidence: vec![
-                    format!("{resolver} asked {server} for {}: {how}", j.name),
-                    format!("{server} so far: {} queries, {} answers, {} timeouts{mean}", s.queries, s.answers, s.timeouts),
-                ],
-                cause: "the upstream server is down, unreachable, or a firewall drops DNS to it".into(),
-                fix: "check the upstream from the node (`dig @server`), its firewall, and CoreDNS's forward list",
-            }
-        })
+        .map(
+            |UpstreamFailure {
+                 server,
+                 resolver,
+                 drop,
+             }| {
+                let s = stats.0.get(&server).copied().unwrap_or_default();
+                let mean = if s.answers > 0 {
+                    format!(
+                        ", mean answer {:.1} ms",
+                        s.total_ns as f64 / s.answers as f64 / 1e6
+                    )
+                } else {
+                    String::new()
+                };
+                let how = match drop {
+                    Some((reason, at)) => format!(
+                        "the query was dropped on the way: {} at {}",
+                        names.drop_reason(reason),
+                        names.location(at)
+                    ),
+                    None => "no answer came".to_owned(),
+                };
+                Finding::new(
+                    AnomalyKind::UpstreamTimeout,
+                    server.to_string(),
+                    move || {
+                        let summary = format!("the upstream resolver {server} does not answer");
+                        let evidence = vec![
+                            format!("{resolver} asked {server} for {}: {how}", j.name),
+                            format!(
+                                "{server} so far: {} queries, {} answers, {} timeouts{mean}",
+                                s.queries, s.answers, s.timeouts
+                            ),
+                        ];
+                        Words::new(summary, evidence)
+                    },
+                )
+            },
+        )
         .collect()
 }
