@@ -20,7 +20,7 @@ mod upstream;
 use std::net::IpAddr;
 
 pub use self::{
-    anomaly::Anomaly,
+    anomaly::{Anomaly, Checked},
     context::{ConntrackAtStart, Context},
     kind::{AnomalyKind, Severity},
 };
@@ -42,8 +42,6 @@ pub struct Diagnoser {
     upstream: Upstreams,
     recent: Recent,
     truncated: Pending,
-    /// (kind, summary) of every anomaly the last journey checked fed.
-    hits: Vec<(AnomalyKind, String)>,
     /// When kernel event losses were last noticed.
     lost_ns: Option<u64>,
 }
@@ -56,7 +54,6 @@ impl Diagnoser {
             upstream: Upstreams::default(),
             recent: Recent::default(),
             truncated: Pending::default(),
-            hits: Vec::new(),
             lost_ns: None,
         }
     }
@@ -94,8 +91,9 @@ impl Diagnoser {
         self.lost_ns = Some(now_ns);
     }
 
-    /// Checks a finished journey; returns anomalies raised for the first time.
-    pub fn journey(&mut self, j: &Journey, names: &KernelNames) -> Vec<Anomaly> {
+    /// Checks a finished journey: the anomalies it raised for the first
+    /// time, and those it fed (its badges).
+    pub fn journey(&mut self, j: &Journey, names: &KernelNames) -> Checked {
         self.upstream.count(j);
         self.truncated.await_tcp_retry(j);
         let recent = self.recent.of(j);
@@ -109,8 +107,7 @@ impl Diagnoser {
             .raised
             .record(rules::findings(j, &known), j.ended_ns, Some(j.id));
         self.recent.remember(j);
-        self.hits = checked.hits;
-        checked.raised
+        checked
     }
 
     /// Raises truncated answers whose TCP retry did not come in time;
@@ -122,16 +119,13 @@ impl Diagnoser {
         now_ns: u64,
         retried: impl Fn(IpAddr, &str, &str, u64) -> bool,
     ) -> Vec<Anomaly> {
-        self.hits.clear();
         let mut new = Vec::new();
         for t in self.truncated.expired(now_ns) {
             // Events lost since the answer: the retry may be among them.
             let unseen = self.lost_ns.is_some_and(|l| l >= t.answered_ns);
             if !unseen && !retried(t.client, &t.name, t.qtype, t.answered_ns) {
                 let found = vec![transport::no_tcp_retry(&t)];
-                let checked = self.raised.record(found, now_ns, Some(t.journey));
-                self.hits.extend(checked.hits);
-                new.extend(checked.raised);
+                new.extend(self.raised.record(found, now_ns, Some(t.journey)).raised);
             }
         }
         new
@@ -146,7 +140,6 @@ impl Diagnoser {
         names: &KernelNames,
         now_ns: u64,
     ) -> Vec<Anomaly> {
-        self.hits.clear();
         let mut new = Vec::new();
         // Events lost since its SYN: the SYN-ACK may be among them.
         let lost_ns = self.lost_ns;
@@ -155,17 +148,9 @@ impl Diagnoser {
             let led = self.recent.truncated_before(c);
             let found = transport::tcp_unreachable(c, led, names);
             let journey = led.map(|a| a.journey);
-            let checked = self.raised.record(vec![found], now_ns, journey);
-            self.hits.extend(checked.hits);
-            new.extend(checked.raised);
+            new.extend(self.raised.record(vec![found], now_ns, journey).raised);
         }
         new
-    }
-
-    /// The anomalies (kind, summary) the last checked journey fed, new or
-    /// already raised: a view's badges.
-    pub fn hits(&self) -> &[(AnomalyKind, String)] {
-        &self.hits
     }
 
     /// Every anomaly raised so far, most severe first.

@@ -157,10 +157,10 @@ impl<O: JourneyOut> JourneySink<O> {
     fn print(&mut self, journeys: Vec<Journey>) -> io::Result<()> {
         let journeys: Vec<_> = journeys.into_iter().filter(|j| self.wanted(j)).collect();
         for j in journeys {
-            let new = self.diagnoser.journey(&j, self.out.labels().kernel());
-            self.out.journey(j, self.diagnoser.hits())?;
+            let checked = self.diagnoser.journey(&j, self.out.labels().kernel());
+            self.out.journey(j, &checked.hits)?;
             self.printed += 1;
-            self.raise(new)?;
+            self.raise(checked.raised)?;
         }
         self.out.flush()
     }
