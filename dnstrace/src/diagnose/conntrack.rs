@@ -74,7 +74,6 @@ pub(super) fn half_pair_lost<'a>(
                 "one of a parallel A/AAAA pair is lost: lookups from {} wait for the retry",
                 j.client.ip()
             );
-            let evidence = evidence;
             Words::new(summary, evidence)
         },
     ))

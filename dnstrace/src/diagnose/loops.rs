@@ -65,7 +65,6 @@ pub(super) fn forwarding_loop(j: &Journey) -> Option<Finding<'_>> {
                 u.client.ip(),
                 server
             );
-            let evidence = evidence;
             Words::new(summary, evidence)
         },
     ))

@@ -36,7 +36,6 @@ pub(super) fn unexpected_source<'a>(j: &'a Journey, ctx: &Context) -> Option<Fin
                 "answers to queries for {} come back from {} un-NATed",
                 o.dst, wrong.src
             );
-            let evidence = evidence;
             let cause = format!(
             "the reverse NAT of kube-proxy's DNAT did not run on the reply: br_netfilter not loaded or net.bridge.bridge-nf-call-iptables=0 on the node, so replies bridged between pods skip iptables{sysctl}"
         );

@@ -189,7 +189,6 @@ pub(super) fn tcp_unreachable<'a>(
         c.server.to_string(),
         move || {
             let summary = format!("DNS over TCP to {} does not get through", c.server);
-            let evidence = evidence;
             Words::new(summary, evidence)
         },
     )
