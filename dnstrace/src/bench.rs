@@ -7,7 +7,7 @@ use anyhow::Result;
 
 use crate::{
     correlate::Journey,
-    diagnose::Anomaly,
+    diagnose::{Anomaly, AnomalyKind},
     output::Labels,
     pipeline::{Input, JourneyOut, JourneySink, Pipeline, Sink as _},
     record::replay::{About, Replay, Speed},
@@ -82,7 +82,7 @@ impl JourneyOut for Count {
     fn labels(&self) -> &Labels {
         &self.labels
     }
-    fn journey(&mut self, _: Journey, _: &[(&'static str, String)]) -> io::Result<()> {
+    fn journey(&mut self, _: Journey, _: &[(AnomalyKind, String)]) -> io::Result<()> {
         self.journeys += 1;
         Ok(())
     }

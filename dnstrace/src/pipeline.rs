@@ -15,7 +15,7 @@ use crate::{
     conntrack::CtEvent,
     correlate::{Engine, Journey, Limits, CLOSE_BATCH},
     decode::{Body, Decoder, Packet, Record, Transport},
-    diagnose::{Anomaly, Context, Diagnoser},
+    diagnose::{Anomaly, AnomalyKind, Context, Diagnoser},
     ingest::SampleChange,
     output::{Labels, LineSink},
     record::Recorder,
@@ -80,7 +80,7 @@ impl<W: io::Write> Sink for LineSink<W> {
 pub trait JourneyOut {
     fn labels(&self) -> &Labels;
     /// A finished journey and the anomalies (kind, summary) it fed.
-    fn journey(&mut self, j: Journey, badges: &[(&'static str, String)]) -> io::Result<()>;
+    fn journey(&mut self, j: Journey, badges: &[(AnomalyKind, String)]) -> io::Result<()>;
     /// An anomaly raised for the first time.
     fn anomaly(&mut self, a: &Anomaly) -> io::Result<()>;
     /// Every tick: every anomaly so far and the capture's health.
@@ -96,7 +96,7 @@ impl<W: io::Write> JourneyOut for LineSink<W> {
     fn labels(&self) -> &Labels {
         LineSink::labels(self)
     }
-    fn journey(&mut self, j: Journey, _: &[(&'static str, String)]) -> io::Result<()> {
+    fn journey(&mut self, j: Journey, _: &[(AnomalyKind, String)]) -> io::Result<()> {
         self.write_journey(&j)
     }
     fn anomaly(&mut self, a: &Anomaly) -> io::Result<()> {
@@ -158,10 +158,10 @@ impl<O: JourneyOut> JourneySink<O> {
     fn print(&mut self, journeys: Vec<Journey>) -> io::Result<()> {
         let journeys: Vec<_> = journeys.into_iter().filter(|j| self.wanted(j)).collect();
         for j in journeys {
-            let new = self.diagnoser.journey(&j, self.out.labels().kernel());
-            self.out.journey(j, self.diagnoser.hits())?;
+            let checked = self.diagnoser.journey(&j, self.out.labels().kernel());
+            self.out.journey(j, &checked.hits)?;
             self.printed += 1;
-            self.raise(new)?;
+            self.raise(checked.raised)?;
         }
         self.out.flush()
     }

@@ -6,7 +6,7 @@ use anyhow::{Context as _, Result};
 
 use crate::{
     correlate::Journey,
-    diagnose::Anomaly,
+    diagnose::{Anomaly, AnomalyKind},
     output::Labels,
     pipeline::{JourneyOut, JourneySink, Pipeline, Stop},
     record::replay::{About, Replay, Speed},
@@ -119,7 +119,7 @@ impl JourneyOut for Gathered {
         &self.labels
     }
 
-    fn journey(&mut self, j: Journey, badges: &[(&'static str, String)]) -> std::io::Result<()> {
+    fn journey(&mut self, j: Journey, badges: &[(AnomalyKind, String)]) -> std::io::Result<()> {
         let ended_ns = j.ended_ns;
         let l = model::lookup(j, badges, &self.labels);
         self.count(&l, ended_ns);

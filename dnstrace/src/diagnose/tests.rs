@@ -5,9 +5,14 @@ use std::{
 
 use dnstrace_common::Hook;
 
-use super::*;
+use super::{
+    anomaly::{Finding, Raised, JOURNEYS_KEPT},
+    loops::is_loop_probe,
+    outcome::unanswered,
+    *,
+};
 use crate::{
-    correlate::{Connection, FragmentNote, Gap, Journey, Leg, Outcome},
+    correlate::{Connection, FragmentNote, Gap, Journey, Leg, Outcome, Reset},
     decode::Seen,
 };
 
@@ -151,8 +156,9 @@ fn ctx() -> Context {
 fn kinds(j: &Journey) -> Vec<&'static str> {
     Diagnoser::new(ctx())
         .journey(j, &KernelNames::default())
+        .raised
         .iter()
-        .map(|a| a.kind)
+        .map(|a| a.kind.as_str())
         .collect()
 }
 
@@ -183,9 +189,11 @@ fn an_unnated_answer_is_named_and_its_drop_not_repeated() {
         reason: 3,
         location: 0x10,
     };
-    let found = Diagnoser::new(ctx()).journey(&j, &KernelNames::default());
+    let found = Diagnoser::new(ctx())
+        .journey(&j, &KernelNames::default())
+        .raised;
     assert_eq!(
-        found.iter().map(|a| a.kind).collect::<Vec<_>>(),
+        found.iter().map(|a| a.kind.as_str()).collect::<Vec<_>>(),
         vec!["reply_from_unexpected_source"]
     );
     let a = &found[0];
@@ -267,13 +275,15 @@ fn drops_name_reason_and_place() {
         reason: 3,
         location: 0x10,
     };
-    let found = Diagnoser::new(ctx()).journey(
-        &j,
-        &KernelNames::new(
-            [(3, "SKB_DROP_REASON_NETFILTER_DROP".to_owned())].into(),
-            "0000000000000000 T x\n0000000000000008 t nf_hook_slow\n".as_bytes(),
-        ),
-    );
+    let found = Diagnoser::new(ctx())
+        .journey(
+            &j,
+            &KernelNames::new(
+                [(3, "SKB_DROP_REASON_NETFILTER_DROP".to_owned())].into(),
+                "0000000000000000 T x\n0000000000000008 t nf_hook_slow\n".as_bytes(),
+            ),
+        )
+        .raised;
     assert_eq!(found.len(), 1);
     assert_eq!(
         found[0].summary,
@@ -287,8 +297,13 @@ fn an_upstream_that_does_not_answer_is_named_with_its_counts() {
     j.outcome = answered("SERVFAIL");
     j.upstream
         .push(upstream("198.51.100.53:53", Outcome::Timeout, 0));
-    let found = Diagnoser::new(ctx()).journey(&j, &KernelNames::default());
-    let up = found.iter().find(|a| a.kind == "upstream_timeout").unwrap();
+    let found = Diagnoser::new(ctx())
+        .journey(&j, &KernelNames::default())
+        .raised;
+    let up = found
+        .iter()
+        .find(|a| a.kind.as_str() == "upstream_timeout")
+        .unwrap();
     assert!(
         up.evidence[1].contains("1 queries, 0 answers, 1 timeouts"),
         "{:?}",
@@ -302,7 +317,9 @@ fn servfail_from_upstream_says_so() {
     j.outcome = answered("SERVFAIL");
     j.upstream
         .push(upstream("198.51.100.53:53", answered("SERVFAIL"), 100_000));
-    let found = Diagnoser::new(ctx()).journey(&j, &KernelNames::default());
+    let found = Diagnoser::new(ctx())
+        .journey(&j, &KernelNames::default())
+        .raised;
     assert_eq!(found.len(), 1);
     assert_eq!(
         found[0].summary,
@@ -321,9 +338,11 @@ fn a_slow_answer_says_where_the_time_went() {
         answered("NOERROR"),
         800_000_000,
     ));
-    let found = Diagnoser::new(ctx()).journey(&j, &KernelNames::default());
+    let found = Diagnoser::new(ctx())
+        .journey(&j, &KernelNames::default())
+        .raised;
     assert_eq!(
-        found.iter().map(|a| a.kind).collect::<Vec<_>>(),
+        found.iter().map(|a| a.kind.as_str()).collect::<Vec<_>>(),
         vec!["slow_answers"]
     );
     assert!(
@@ -340,10 +359,10 @@ fn repeats_are_one_anomaly_with_a_rising_count() {
     j.legs.truncate(1);
     j.dnat = None;
     j.outcome = Outcome::Timeout;
-    assert_eq!(d.journey(&j, &KernelNames::default()).len(), 1);
+    assert_eq!(d.journey(&j, &KernelNames::default()).raised.len(), 1);
     for id in 2..50 {
         j.id = id;
-        assert!(d.journey(&j, &KernelNames::default()).is_empty());
+        assert!(d.journey(&j, &KernelNames::default()).raised.is_empty());
     }
     let all = d.summary();
     assert_eq!(all.len(), 1);
@@ -358,14 +377,17 @@ fn counters_and_static_checks() {
         bridge_nf_call_iptables: Some("0".into()),
         ..ctx()
     });
-    assert_eq!(d.static_checks(0)[0].kind, "bridge_nf_call_iptables_off");
+    assert_eq!(
+        d.static_checks(0)[0].kind.as_str(),
+        "bridge_nf_call_iptables_off"
+    );
     assert!(
         d.counters_moved(&[("clashres", 12)], 1).is_empty(),
         "a resolved clash lost nothing"
     );
     let raised = d.counters_moved(&[("insert_failed", 1), ("clashres", 3)], 2);
     assert_eq!(
-        raised.iter().map(|a| a.kind).collect::<Vec<_>>(),
+        raised.iter().map(|a| a.kind.as_str()).collect::<Vec<_>>(),
         vec!["conntrack_insert_failed"]
     );
     assert_eq!(d.summary()[0].severity, Severity::Critical);
@@ -423,14 +445,15 @@ fn a_foreign_search_domain_after_the_cluster_ones_is_a_leak() {
     {
         assert!(d
             .journey(&asked(i as u64, n, "NXDOMAIN", 10 + i as u64, 1), &names)
+            .raised
             .is_empty());
     }
     let mut leak = asked(9, "orders.corp.example.com.", "NXDOMAIN", 20, 1);
     leak.upstream
         .push(upstream("198.51.100.53:53", answered("NXDOMAIN"), 100_000));
-    let found = d.journey(&leak, &names);
+    let found = d.journey(&leak, &names).raised;
     assert_eq!(
-        found.iter().map(|a| a.kind).collect::<Vec<_>>(),
+        found.iter().map(|a| a.kind.as_str()).collect::<Vec<_>>(),
         vec!["search_domain_leak"]
     );
     assert!(found[0].summary.contains("corp.example.com"));
@@ -453,6 +476,7 @@ fn the_absolute_name_after_the_search_list_is_no_leak() {
     }
     assert!(d
         .journey(&asked(9, "www.example.com.", "NOERROR", 20, 1), &names)
+        .raised
         .is_empty());
 }
 
@@ -474,11 +498,13 @@ fn costly_search_list_misses_before_an_answer_are_amplification() {
             miss.incomplete = incomplete.then_some(Gap::Lost);
             d.journey(&miss, &names);
         }
-        let found = d.journey(&asked(9, "www.example.com.", "NOERROR", 500, 1), &names);
+        let found = d
+            .journey(&asked(9, "www.example.com.", "NOERROR", 500, 1), &names)
+            .raised;
         assert_eq!(
             found
                 .iter()
-                .filter(|a| a.kind == "ndots_amplification")
+                .filter(|a| a.kind.as_str() == "ndots_amplification")
                 .count(),
             expect,
             "{ms} ms per miss, incomplete {incomplete}"
@@ -512,10 +538,12 @@ fn parallel_misses_cost_their_wall_time_not_their_sum() {
             }
         }
         let end = 1000 + 3 * ms + 1;
-        let found = d.journey(&asked(99, "www.example.com.", "NOERROR", end, 1), &names);
+        let found = d
+            .journey(&asked(99, "www.example.com.", "NOERROR", end, 1), &names)
+            .raised;
         let summary = found
             .iter()
-            .find(|a| a.kind == "ndots_amplification")
+            .find(|a| a.kind.as_str() == "ndots_amplification")
             .map(|a| a.summary.clone());
         assert_eq!(
             summary.is_some(),
@@ -534,7 +562,10 @@ fn br_netfilter_missing_matters_only_on_a_kubernetes_node() {
         bridge_nf_call_iptables: None,
         ..ctx()
     });
-    assert_eq!(d.static_checks(0)[0].kind, "br_netfilter_not_loaded");
+    assert_eq!(
+        d.static_checks(0)[0].kind.as_str(),
+        "br_netfilter_not_loaded"
+    );
     let mut plain_host = Diagnoser::new(Context {
         bridge_nf_call_iptables: None,
         service_ips: BTreeSet::new(),
@@ -558,7 +589,7 @@ fn answered_aaaa() -> Journey {
 fn a_lost_half_of_a_parallel_pair_is_the_conntrack_race() {
     let names = KernelNames::default();
     let mut d = Diagnoser::new(ctx());
-    assert!(d.journey(&answered_aaaa(), &names).is_empty());
+    assert!(d.journey(&answered_aaaa(), &names).raised.is_empty());
     let retry = Journey {
         id: 3,
         started_ns: 5_000_000_000,
@@ -566,7 +597,7 @@ fn a_lost_half_of_a_parallel_pair_is_the_conntrack_race() {
         client: a("10.244.0.10:4001"),
         ..healthy()
     };
-    assert!(d.journey(&retry, &names).is_empty());
+    assert!(d.journey(&retry, &names).raised.is_empty());
     let mut lost = Journey {
         id: 2,
         started_ns: 0,
@@ -575,9 +606,9 @@ fn a_lost_half_of_a_parallel_pair_is_the_conntrack_race() {
     };
     lost.legs.truncate(1);
     lost.outcome = Outcome::Timeout;
-    let found = d.journey(&lost, &names);
+    let found = d.journey(&lost, &names).raised;
     assert_eq!(
-        found.iter().map(|a| a.kind).collect::<Vec<_>>(),
+        found.iter().map(|a| a.kind.as_str()).collect::<Vec<_>>(),
         vec!["parallel_query_lost"],
         "not also unanswered"
     );
@@ -623,11 +654,11 @@ fn drop_names() -> KernelNames {
 fn a_lost_half_dropped_for_a_full_socket_is_not_the_conntrack_race() {
     let names = drop_names();
     let mut d = Diagnoser::new(ctx());
-    assert!(d.journey(&answered_aaaa(), &names).is_empty());
+    assert!(d.journey(&answered_aaaa(), &names).raised.is_empty());
     let full = dropped_at("10.244.0.10:4000", "10.244.0.54:53", 7);
-    let found = d.journey(&full, &names);
+    let found = d.journey(&full, &names).raised;
     assert_eq!(
-        found.iter().map(|a| a.kind).collect::<Vec<_>>(),
+        found.iter().map(|a| a.kind.as_str()).collect::<Vec<_>>(),
         vec!["dropped"]
     );
     assert!(
@@ -642,9 +673,9 @@ fn a_lost_half_dropped_for_a_full_socket_is_not_the_conntrack_race() {
         id: 3,
         ..dropped_at("10.244.0.10:4000", "10.244.0.54:53", 3)
     };
-    let found = d.journey(&raced, &names);
+    let found = d.journey(&raced, &names).raised;
     assert_eq!(
-        found.iter().map(|a| a.kind).collect::<Vec<_>>(),
+        found.iter().map(|a| a.kind.as_str()).collect::<Vec<_>>(),
         vec!["parallel_query_lost"]
     );
     assert!(found[0].evidence[1].contains("NETFILTER_DROP"), "{found:?}");
@@ -713,10 +744,10 @@ fn a_truncated_answer_needs_its_tcp_retry() {
     let names = KernelNames::default();
     let no_retry = |_: IpAddr, _: &str, _: &str, _: u64| false;
     let mut d = Diagnoser::new(ctx());
-    assert!(d.journey(&truncated_answer(), &names).is_empty());
+    assert!(d.journey(&truncated_answer(), &names).raised.is_empty());
     assert!(d.tick(900_000_000, no_retry).is_empty(), "too early to say");
     let raised = d.tick(1_300_000_000, no_retry);
-    assert_eq!(raised[0].kind, "truncated_without_tcp_retry");
+    assert_eq!(raised[0].kind.as_str(), "truncated_without_tcp_retry");
     assert!(
         raised[0].summary.contains("10.96.0.10:53"),
         "{}",
@@ -772,7 +803,7 @@ fn a_tcp_connection_never_set_up_is_raised_with_the_truncated_answer_behind_it()
     assert_eq!(raised.len(), 1);
     let r = &raised[0];
     assert_eq!(
-        (r.kind, r.severity),
+        (r.kind.as_str(), r.severity),
         ("dns_tcp_unreachable", Severity::Critical)
     );
     assert!(r.summary.contains("10.96.0.10:53"), "{}", r.summary);
@@ -824,8 +855,8 @@ fn an_answer_missing_a_fragment_is_a_fragment_lost_with_the_fragment_and_its_pla
             hook: Hook::DevXmit,
         }),
     }));
-    let found = Diagnoser::new(ctx()).journey(&j, &names);
-    let kinds: Vec<&str> = found.iter().map(|a| a.kind).collect();
+    let found = Diagnoser::new(ctx()).journey(&j, &names).raised;
+    let kinds: Vec<&str> = found.iter().map(|a| a.kind.as_str()).collect();
     assert_eq!(kinds, ["fragment_lost"], "it explains the timeout");
     let evidence = &found[0].evidence[0];
     assert!(
@@ -837,12 +868,13 @@ fn an_answer_missing_a_fragment_is_a_fragment_lost_with_the_fragment_and_its_pla
     lost.incomplete = Some(Gap::Lost);
     assert!(Diagnoser::new(ctx())
         .journey(&lost, &names)
+        .raised
         .iter()
-        .all(|a| a.kind != "fragment_lost"));
+        .all(|a| a.kind.as_str() != "fragment_lost"));
     // A whole answer with a fragment note elsewhere is no loss.
     let mut ok = j.clone();
     ok.outcome = answered("NOERROR");
-    assert!(Diagnoser::new(ctx()).journey(&ok, &names).is_empty());
+    assert!(Diagnoser::new(ctx()).journey(&ok, &names).raised.is_empty());
 }
 
 #[test]
@@ -859,7 +891,7 @@ fn conntrack_trouble_before_the_start_is_a_static_finding() {
         });
         d.static_checks(0)
             .iter()
-            .map(|a| a.kind)
+            .map(|a| a.kind.as_str())
             .collect::<Vec<_>>()
     };
     assert!(static_kinds(at_start(0, 10)).is_empty());
@@ -889,7 +921,9 @@ fn retries_of_an_unanswered_lookup_are_counted_as_one_lookup() {
         j
     };
     assert_eq!(
-        d.journey(&attempt(1, 4000, 0), &names)[0].kind,
+        d.journey(&attempt(1, 4000, 0), &names).raised[0]
+            .kind
+            .as_str(),
         "unanswered"
     );
     d.journey(&attempt(2, 4001, 5), &names);
@@ -905,12 +939,30 @@ fn retries_of_an_unanswered_lookup_are_counted_as_one_lookup() {
     let third = attempt(3, 4001, 10);
     // The rule in full, as when its anomaly is not raised yet: once it is,
     // a repeat carries no evidence (see the next test).
-    let found = unanswered(&third, &d2.recent_of(&third), &|_, _| false).unwrap();
+    let recent = d2.recent.of(&third);
+    let found = unanswered(&third, &recent).unwrap();
+    let found = &Raised::default().record(vec![found], 0, None).raised[0];
     assert!(
         found.evidence[1].contains("attempt 3 of this lookup without an answer, 10.0 s after the first (from 2 source ports)"),
         "{:?}",
         found.evidence
     );
+}
+
+/// A journey's badges: every anomaly it fed, the first one or a repeat.
+#[test]
+fn a_journey_returns_the_anomalies_it_fed() {
+    let names = KernelNames::default();
+    let mut d = Diagnoser::new(ctx());
+    let mut timeout = healthy();
+    timeout.legs.truncate(2);
+    timeout.outcome = Outcome::Timeout;
+    let first = d.journey(&timeout, &names);
+    let again = d.journey(&Journey { id: 2, ..timeout }, &names);
+    assert!(again.raised.is_empty());
+    let summary = first.raised[0].summary.clone();
+    assert_eq!(first.hits, [(AnomalyKind::Unanswered, summary.clone())]);
+    assert_eq!(again.hits, [(AnomalyKind::Unanswered, summary)]);
 }
 
 /// A storm repeats one anomaly thousands of times a second: once raised,
@@ -929,13 +981,23 @@ fn repeats_of_a_raised_anomaly_are_counted_without_evidence() {
         j.outcome = Outcome::Timeout;
         j
     };
-    let first = d.journey(&timeout(1, 4000), &names);
+    let first = d.journey(&timeout(1, 4000), &names).raised;
     assert_eq!(first.len(), 1);
     assert!(!first[0].evidence.is_empty());
     let again = timeout(2, 4001);
-    let found = d.findings(&again, &d.recent_of(&again), &names);
-    assert_eq!((found[0].kind, found[0].evidence.len()), ("unanswered", 0));
-    assert!(d.journey(&again, &names).is_empty(), "raised once");
+    let key = {
+        let recent = d.recent.of(&again);
+        let known = Known {
+            ctx: &d.ctx,
+            upstream: &d.upstream,
+            recent: &recent,
+            names: &names,
+        };
+        let found = rules::findings(&again, &known);
+        assert_eq!(found[0].kind.as_str(), "unanswered");
+        found[0].key.clone()
+    };
+    assert!(d.journey(&again, &names).raised.is_empty(), "raised once");
     let all = d.summary();
     assert_eq!(
         (all.len(), all[0].count, all[0].journeys.clone()),
@@ -945,6 +1007,10 @@ fn repeats_of_a_raised_anomaly_are_counted_without_evidence() {
         all[0].evidence, first[0].evidence,
         "the first one's evidence stays"
     );
+    let repeat = Finding::new(AnomalyKind::Unanswered, key, || {
+        unreachable!("a repeat's evidence is written")
+    });
+    assert!(d.raised.record(vec![repeat], 0, None).raised.is_empty());
 }
 
 #[test]
@@ -967,8 +1033,10 @@ fn coredns_loop_probes_are_recognised_by_their_shape() {
     up.name = j.name.clone();
     up.qtype = "HINFO";
     j.upstream.push(up);
-    let raised = Diagnoser::new(ctx()).journey(&j, &KernelNames::default());
-    assert_eq!(raised[0].kind, "forwarding_loop");
+    let raised = Diagnoser::new(ctx())
+        .journey(&j, &KernelNames::default())
+        .raised;
+    assert_eq!(raised[0].kind.as_str(), "forwarding_loop");
     assert!(raised[0]
         .evidence
         .iter()
@@ -992,7 +1060,7 @@ fn the_target_pods_resolv_conf_is_checked_at_start() {
         });
         d.static_checks(0)
             .iter()
-            .map(|a| a.kind)
+            .map(|a| a.kind.as_str())
             .collect::<Vec<_>>()
     };
     let healthy = "nameserver 10.96.0.10\nsearch default.svc.cluster.local svc.cluster.local cluster.local\noptions ndots:5\n";
@@ -1007,7 +1075,7 @@ fn the_target_pods_resolv_conf_is_checked_at_start() {
         ..ctx()
     });
     let raised = d.static_checks(0);
-    assert_eq!(raised[0].kind, "foreign_search_domain");
+    assert_eq!(raised[0].kind.as_str(), "foreign_search_domain");
     assert!(
         raised[0].summary.ends_with("corp.example.com"),
         "{}",

@@ -197,7 +197,7 @@ fn draw_anomalies(app: &App, f: &mut Frame, area: Rect) {
             Cell::from(severity(a.severity)),
             Cell::from(format!("x{}", a.count)),
             Cell::from(age(app.health.now_ns, a.last_ns)),
-            Cell::from(a.key.0),
+            Cell::from(a.key.0.as_str()),
             Cell::from(a.key.1.clone()),
         ])
     });
@@ -364,7 +364,7 @@ fn journey_screen(app: &App, f: &mut Frame, area: Rect, id: u64) {
         lines.push(Line::from(Span::styled(format!("incomplete: {why}"), WARN)));
     }
     if !l.badges.is_empty() {
-        let kinds: Vec<&str> = l.badges.iter().map(|(k, _)| *k).collect();
+        let kinds: Vec<&str> = l.badges.iter().map(|(k, _)| k.as_str()).collect();
         lines.push(Line::from(Span::styled(
             format!("⚠ {}", kinds.join(", ")),
             BAD,

@@ -37,7 +37,7 @@ use self::{
 };
 use crate::{
     correlate::Journey,
-    diagnose::Anomaly,
+    diagnose::{Anomaly, AnomalyKind},
     output::{summary_text, Labels},
     pipeline::JourneyOut,
 };
@@ -204,7 +204,7 @@ impl JourneyOut for LiveOut {
         &self.labels
     }
 
-    fn journey(&mut self, j: Journey, badges: &[(&'static str, String)]) -> io::Result<()> {
+    fn journey(&mut self, j: Journey, badges: &[(AnomalyKind, String)]) -> io::Result<()> {
         let row = model::lookup(j, badges, &self.labels);
         self.send(Update::Lookup(Box::new(row)));
         Ok(())

@@ -6,7 +6,7 @@ use std::{borrow::Cow, net::SocketAddr, sync::Arc};
 
 use crate::{
     correlate::{Gap, Journey, Outcome},
-    diagnose::{Anomaly, Severity},
+    diagnose::{Anomaly, AnomalyKind, Severity},
     output::Labels,
 };
 
@@ -28,7 +28,7 @@ pub struct Health {
 }
 
 /// An anomaly's identity across updates.
-pub type AnomalyKey = (&'static str, String);
+pub type AnomalyKey = (AnomalyKind, String);
 
 /// How a lookup ended, in the words of the lookup list.
 #[derive(Clone, Debug, PartialEq, Eq)]

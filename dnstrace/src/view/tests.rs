@@ -25,7 +25,7 @@ use crate::{
     clock::Clock,
     correlate::{Journey, Leg, Limits, Outcome},
     decode::KernelNames,
-    diagnose::{Context, Severity},
+    diagnose::{AnomalyKind, Context, Severity},
     naming::{Names, Services},
     output::Labels,
     pipeline::{JourneySink, Sink},
@@ -200,7 +200,7 @@ fn rcode(r: &'static str) -> Outcome {
 fn anomaly() -> AnomalyRow {
     AnomalyRow {
         key: (
-            "upstream_timeout",
+            AnomalyKind::UpstreamTimeout,
             "upstream 198.51.100.53:53 did not answer".into(),
         ),
         severity: Severity::Critical,
@@ -214,8 +214,8 @@ fn anomaly() -> AnomalyRow {
     }
 }
 
-const TIMEOUT_BADGE: (&str, &str) = (
-    "upstream_timeout",
+const TIMEOUT_BADGE: (AnomalyKind, &str) = (
+    AnomalyKind::UpstreamTimeout,
     "upstream 198.51.100.53:53 did not answer",
 );
 

@@ -1,0 +1,28 @@
+//! What the rules know about the node besides journeys.
+use std::{collections::BTreeSet, net::IpAddr};
+
+use crate::target::Target;
+
+/// What the rules know about the node besides journeys.
+#[derive(Clone, Debug, Default)]
+pub struct Context {
+    /// Cluster IPs of services with port 53, from kube-proxy's rules.
+    pub service_ips: BTreeSet<IpAddr>,
+    /// The node's net.bridge.bridge-nf-call-iptables, when it could be read.
+    pub bridge_nf_call_iptables: Option<String>,
+    /// Inode of the node's network namespace: other namespaces are pods.
+    pub node_netns: u32,
+    /// The node's conntrack counters and table size when tracing started.
+    pub conntrack: Option<ConntrackAtStart>,
+    /// The pod (or namespace, process) being traced, with its resolv.conf.
+    pub target: Option<Target>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct ConntrackAtStart {
+    /// Counters of packets conntrack dropped since boot (name, value).
+    pub dropped: Vec<(&'static str, u64)>,
+    pub entries: u64,
+    /// net.netfilter.nf_conntrack_max, when it could be read.
+    pub max: Option<u64>,
+}

@@ -1,0 +1,103 @@
+//! Journey rules about NAT and where answers come from.
+use super::{
+    anomaly::{Finding, Words},
+    legs::{answers_at_client, is_loopback, origin, place},
+    AnomalyKind, Context,
+};
+use crate::correlate::{Journey, Outcome};
+
+pub(super) fn unexpected_source<'a>(j: &'a Journey, ctx: &Context) -> Option<Finding<'a>> {
+    let o = origin(j)?;
+    let wrong = answers_at_client(j).find(|l| l.src != o.dst)?;
+    let mut evidence = vec![
+        format!("the query {} → {} left {}", j.client, o.dst, place(o)),
+        format!(
+            "its answer reached {} from {}, not from {}",
+            place(wrong),
+            wrong.src,
+            o.dst
+        ),
+    ];
+    if let Outcome::Dropped { .. } = j.outcome {
+        evidence.push(format!(
+            "the kernel dropped it there: the client's socket, connected to {}, does not take it",
+            o.dst
+        ));
+    }
+    let sysctl = match ctx.bridge_nf_call_iptables.as_deref() {
+        Some(v) => format!(" (the node's net.bridge.bridge-nf-call-iptables is {v} now)"),
+        None => String::new(),
+    };
+    Some(Finding::new(
+        AnomalyKind::ReplyFromUnexpectedSource,
+        wrong.src.ip().to_string(),
+        move || {
+            let summary = format!(
+                "answers to queries for {} come back from {} un-NATed",
+                o.dst, wrong.src
+            );
+            let cause = format!(
+            "the reverse NAT of kube-proxy's DNAT did not run on the reply: br_netfilter not loaded or net.bridge.bridge-nf-call-iptables=0 on the node, so replies bridged between pods skip iptables{sysctl}"
+        );
+            Words::new(summary, evidence).cause(cause)
+        },
+    ))
+}
+
+pub(super) fn loopback_nameserver<'a>(j: &'a Journey, ctx: &Context) -> Option<Finding<'a>> {
+    let o = origin(j)?;
+    let in_pod = o.netns != 0 && o.netns != ctx.node_netns;
+    (is_loopback(o.dst.ip()) && in_pod).then(|| {
+        Finding::new(
+            AnomalyKind::LoopbackNameserver,
+            format!("{}@{}", o.dst.ip(), o.netns),
+            move || {
+                let summary = format!(
+                    "a pod (network namespace {}) sends its DNS queries to {}",
+                    o.netns, o.dst
+                );
+                let evidence = vec![format!(
+                    "{} asked {} for {} on {}",
+                    j.client,
+                    o.dst,
+                    j.name,
+                    place(o)
+                )];
+                Words::new(summary, evidence)
+            },
+        )
+    })
+}
+
+pub(super) fn not_translated<'a>(j: &'a Journey, ctx: &Context) -> Option<Finding<'a>> {
+    let o = origin(j)?;
+    let unanswered = !matches!(j.outcome, Outcome::Answered { .. });
+    let asked_service = ctx.service_ips.contains(&o.dst.ip());
+    if !(unanswered && asked_service && j.dnat.is_none()) {
+        return None;
+    }
+    let last = j.legs.iter().rfind(|l| !l.response).unwrap_or(o);
+    Some(Finding::new(
+        AnomalyKind::ServiceNotTranslated,
+        o.dst.ip().to_string(),
+        move || {
+            let summary = format!(
+                "queries to the service IP {} are never translated to an endpoint",
+                o.dst.ip()
+            );
+            let evidence = vec![
+                format!(
+                    "{} asked {} for {}; no leg shows a DNAT",
+                    j.client, o.dst, j.name
+                ),
+                format!(
+                    "last seen at {} ({}), still addressed to {}",
+                    place(last),
+                    last.hook.name(),
+                    last.dst
+                ),
+            ];
+            Words::new(summary, evidence)
+        },
+    ))
+}

@@ -1,0 +1,63 @@
+//! Every journey rule, in order.
+use super::{
+    anomaly::Finding,
+    conntrack::half_pair_lost,
+    loops::forwarding_loop,
+    memory::Asked,
+    nat::{loopback_nameserver, not_translated, unexpected_source},
+    outcome::{dropped, failing_answer, slow, unanswered},
+    search::{ndots_amplification, search_leak},
+    transport::fragment_lost,
+    upstream::{upstream_failures, Upstreams},
+    Context,
+};
+use crate::{correlate::Journey, decode::KernelNames};
+
+/// What the rules read besides the journey.
+pub(super) struct Known<'a> {
+    pub(super) ctx: &'a Context,
+    pub(super) upstream: &'a Upstreams,
+    /// What the journey's client asked lately.
+    pub(super) recent: &'a [&'a Asked],
+    pub(super) names: &'a KernelNames,
+}
+
+/// Every rule, in order; a rule that explains a journey silences the
+/// generic ones (drop, no answer) that would only repeat it. Absence is
+/// no evidence when events were lost: incomplete journeys raise nothing
+/// for what was not seen.
+pub(super) fn findings<'a>(j: &'a Journey, known: &Known<'a>) -> Vec<Finding<'a>> {
+    let Known {
+        ctx,
+        upstream,
+        recent,
+        names,
+    } = *known;
+    let mut out = Vec::new();
+    // Rules that conclude from what is missing (no DNAT, no answer).
+    let seen_all = j.incomplete.is_none();
+    let specific = [
+        unexpected_source(j, ctx),
+        loopback_nameserver(j, ctx),
+        seen_all.then(|| not_translated(j, ctx)).flatten(),
+        seen_all.then(|| forwarding_loop(j)).flatten(),
+        seen_all.then(|| half_pair_lost(j, recent, names)).flatten(),
+        fragment_lost(j, names),
+    ];
+    let explained = specific.iter().any(Option::is_some);
+    out.extend(specific.into_iter().flatten());
+    if !explained {
+        let upstream = upstream_failures(j, upstream, names);
+        let upstream_failed = !upstream.is_empty();
+        out.extend(upstream);
+        out.extend(dropped(j, names));
+        out.extend(failing_answer(j));
+        if !upstream_failed && seen_all {
+            out.extend(unanswered(j, recent));
+        }
+    }
+    out.extend(slow(j));
+    out.extend(search_leak(j, recent));
+    out.extend(ndots_amplification(j, recent));
+    out
+}

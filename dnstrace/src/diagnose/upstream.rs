@@ -1,0 +1,131 @@
+//! Upstream servers: how each has answered so far, and those that do not.
+use std::{
+    collections::BTreeMap,
+    net::{IpAddr, SocketAddr},
+};
+
+use super::{
+    anomaly::{Finding, Words},
+    AnomalyKind,
+};
+use crate::{
+    correlate::{Journey, Outcome},
+    decode::KernelNames,
+};
+
+#[derive(Clone, Copy, Debug, Default)]
+struct UpstreamStats {
+    queries: u64,
+    answers: u64,
+    timeouts: u64,
+    total_ns: u64,
+}
+
+/// What each upstream server did so far, by its address.
+#[derive(Default)]
+pub(super) struct Upstreams(BTreeMap<SocketAddr, UpstreamStats>);
+
+impl Upstreams {
+    /// Counts the upstream queries of `j` and of theirs.
+    pub(super) fn count(&mut self, j: &Journey) {
+        for u in &j.upstream {
+            let Some(server) = u.legs.first().map(|l| l.dst) else {
+                continue;
+            };
+            let s = self.0.entry(server).or_default();
+            s.queries += 1;
+            match u.outcome {
+                Outcome::Answered { .. } => {
+                    s.answers += 1;
+                    s.total_ns += u.total_ns();
+                }
+                // Cut off or missing legs: no evidence of a timeout.
+                Outcome::Timeout if u.incomplete.is_none() => s.timeouts += 1,
+                Outcome::Timeout | Outcome::Dropped { .. } => {}
+            }
+            self.count(u);
+        }
+    }
+}
+
+/// An upstream query that got no answer.
+struct UpstreamFailure {
+    server: SocketAddr,
+    resolver: IpAddr,
+    /// Dropped on the way (reason, location), or timed out.
+    drop: Option<(u32, u64)>,
+}
+
+fn failed_upstream(j: &Journey, out: &mut Vec<UpstreamFailure>) {
+    for u in &j.upstream {
+        let drop = match u.outcome {
+            Outcome::Answered { .. } => None,
+            Outcome::Timeout => Some(None),
+            Outcome::Dropped { reason, location } => Some(Some((reason, location))),
+        };
+        if let (Some(drop), Some(first)) = (drop, u.legs.first()) {
+            // A timeout is no evidence when events were lost; a drop is.
+            if u.incomplete.is_none() || drop.is_some() {
+                out.push(UpstreamFailure {
+                    server: first.dst,
+                    resolver: u.client.ip(),
+                    drop,
+                });
+            }
+        }
+        failed_upstream(u, out);
+    }
+}
+
+/// Upstream queries that got no answer: timed out, or dropped on the way.
+pub(super) fn upstream_failures<'a>(
+    j: &'a Journey,
+    stats: &Upstreams,
+    names: &KernelNames,
+) -> Vec<Finding<'a>> {
+    let mut found = Vec::new();
+    failed_upstream(j, &mut found);
+    found
+        .into_iter()
+        .map(
+            |UpstreamFailure {
+                 server,
+                 resolver,
+                 drop,
+             }| {
+                let s = stats.0.get(&server).copied().unwrap_or_default();
+                let mean = if s.answers > 0 {
+                    format!(
+                        ", mean answer {:.1} ms",
+                        s.total_ns as f64 / s.answers as f64 / 1e6
+                    )
+                } else {
+                    String::new()
+                };
+                let how = match drop {
+                    Some((reason, at)) => format!(
+                        "the query was dropped on the way: {} at {}",
+                        names.drop_reason(reason),
+                        names.location(at)
+                    ),
+                    None => "no answer came".to_owned(),
+                };
+                Finding::new(
+                    AnomalyKind::UpstreamTimeout,
+                    server.to_string(),
+                    move || {
+                        let summary = format!("the upstream resolver {server} does not answer");
+                        let evidence = vec![
+                            format!("{resolver} asked {server} for {}: {how}", j.name),
+                            format!(
+                                "{server} so far: {} queries, {} answers, {} timeouts{mean}",
+                                s.queries, s.answers, s.timeouts
+                            ),
+                        ];
+                        Words::new(summary, evidence)
+                    },
+                )
+            },
+        )
+        .collect()
+}
