@@ -217,3 +217,20 @@ fn a_longer_loop_is_one_cycle() {
         ["cycle: naming -> target -> pods -> naming (naming.rs:1, target.rs:1, pods.rs:1)"]
     );
 }
+
+#[test]
+fn re_exports_and_globs_are_imports() {
+    let found = problems(&[
+        LIB,
+        ("netns.rs", "pub use crate::probes::Attach;\n"),
+        ("netlink.rs", "use crate::probes::*;\n"),
+        ("probes.rs", "pub struct Attach;\n"),
+    ]);
+    assert_eq!(
+        found,
+        [
+            "dnstrace/src/netlink.rs:1: netlink (layer base) imports probes (layer kernel, above it)",
+            "dnstrace/src/netns.rs:1: netns (layer base) imports probes (layer kernel, above it)",
+        ]
+    );
+}
