@@ -1,7 +1,8 @@
-//! Developer tasks: `cargo xtask setup | test | demo | bench | fuzz`.
+//! Developer tasks: `cargo xtask setup | test | layers | demo | bench | fuzz`.
 mod bench;
 mod demo;
 mod fuzz;
+mod layers;
 mod setup;
 mod suite;
 
@@ -9,10 +10,12 @@ use std::process::{Command, ExitCode};
 
 use anyhow::{bail, Context, Result};
 
-const USAGE: &str = "usage: cargo xtask <setup | test | demo | bench | fuzz>
+const USAGE: &str = "usage: cargo xtask <setup | test | layers | demo | bench | fuzz>
   setup   install what building and testing need (idempotent)
-  test    setup, then formatting, lints and the whole test suite (as root),
-          every test binary even when one fails, and a tally of them all
+  test    the layer check, setup, then formatting, lints and the whole test suite
+          (as root), every test binary even when one fails, and a tally of them all
+  layers  check that dnstrace's modules import only from their layer and those below,
+          with no cycles [--graph: print the modules by layer and what each imports]
   demo    setup, build, then trace DNS between two throw-away network namespaces
   bench   setup, build, then measure dnstrace's cost on the lab (--quick, --markdown PATH)
   fuzz    setup, then each fuzz target for 10 million runs (cargo-fuzz, nightly)
@@ -24,7 +27,11 @@ fn main() -> ExitCode {
     let task = args.first().cloned().unwrap_or_default();
     let result = match task.as_str() {
         "setup" => setup::run(),
-        "test" => setup::run().and_then(|()| test()),
+        // The layer check first: it needs nothing built and fails in a second.
+        "test" => layers::check()
+            .and_then(|()| setup::run())
+            .and_then(|()| test()),
+        "layers" => layers::run(&args[1..]),
         "demo" => setup::run().and_then(|()| demo::run()),
         "bench" => setup::run().and_then(|()| bench::run(&args[1..])),
         "fuzz" => setup::run().and_then(|()| fuzz::run(&args[1..])),
