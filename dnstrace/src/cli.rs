@@ -1,9 +1,17 @@
 //! Command-line interface.
 use std::path::PathBuf;
 
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 
-use crate::{ingest::SampleMode, output::Format, pods};
+use crate::{
+    commands::trace::TraceOptions,
+    ingest::SampleMode,
+    output::Format,
+    pods,
+    probes::{AttachMode, ProbeOptions},
+    record::RecordOptions,
+    target,
+};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -104,15 +112,6 @@ pub enum Command {
         #[command(subcommand)]
         command: crate::lab::LabCommand,
     },
-}
-
-impl CaptureArgs {
-    /// Every default, on `ifaces` (none: the node-wide hooks).
-    pub fn defaults_on(ifaces: Vec<String>) -> Self {
-        let mut args = Cli::parse_from(["dnstrace"]).capture;
-        args.ifaces = ifaces;
-        args
-    }
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -249,6 +248,36 @@ impl CaptureArgs {
     pub fn live(&self) -> bool {
         live(self.output, self.no_tui)
     }
+
+    /// What `trace` is asked for, in the options of the layers that do it.
+    pub fn trace_options(self) -> TraceOptions {
+        TraceOptions {
+            probes: ProbeOptions {
+                ifaces: self.ifaces,
+                ports: self.ports,
+                ring_buffer_mib: self.ring_buffer_mib,
+                attach: self.tc_attach,
+                probe_reads: self.probe_reads,
+            },
+            target: target::Query {
+                pod: self.pod,
+                netns: self.netns,
+                pid: self.pid,
+                ip: self.ip,
+                node_netns: self.node_netns,
+                runtime: self.runtime.dirs(),
+            },
+            sample: self.sample,
+            record: self.record.map(|path| RecordOptions {
+                path,
+                max_bytes: self.record_size,
+                files: self.record_files,
+            }),
+            discard_events: self.discard_events,
+            format: self.output.unwrap_or(Format::Text),
+            log_file: self.log_file,
+        }
+    }
 }
 
 /// The live view: on a terminal, unless lines were asked for.
@@ -264,13 +293,6 @@ impl RuntimeArgs {
             crio: self.crio_root.clone(),
         }
     }
-}
-
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AttachMode {
-    Auto,
-    Tcx,
-    Netlink,
 }
 
 fn parse_ring_mib(s: &str) -> Result<u32, String> {
@@ -310,10 +332,16 @@ mod tests {
         for bad in ["0", "3", "2048", "half", "-2"] {
             assert!(parse_sample(bad).is_err(), "{bad}");
         }
-        assert_eq!(
-            CaptureArgs::defaults_on(Vec::new()).sample,
-            SampleMode::Auto
-        );
+        let defaults = Cli::parse_from(["dnstrace"]).capture;
+        assert_eq!(defaults.sample, SampleMode::Auto);
+    }
+
+    /// `dnstrace check` attaches with the probes' defaults: they must be
+    /// what a plain `dnstrace` attaches with.
+    #[test]
+    fn the_command_line_defaults_are_the_probes_defaults() {
+        let options = Cli::parse_from(["dnstrace"]).capture.trace_options();
+        assert_eq!(options.probes, ProbeOptions::default());
     }
 
     #[test]

@@ -12,7 +12,6 @@ mod reader;
 mod ring;
 mod sampler;
 
-pub use apart::Apart;
 use reader::{Batch, Chunk};
 pub use ring::Ring;
 pub use sampler::{SampleChange, SampleMode, Sampler};

@@ -124,13 +124,15 @@ pub fn main() -> ExitCode {
                 } else {
                     pipeline::View::Journeys(limits)
                 };
-                commands::trace::run(*capture, view).await
+                commands::trace::run(capture.trace_options(), view).await
             }
             None if cli.capture.live() => {
                 let view = pipeline::View::Live(correlate::Limits::default());
-                commands::trace::run(cli.capture, view).await
+                commands::trace::run(cli.capture.trace_options(), view).await
             }
-            None => commands::trace::run(cli.capture, pipeline::View::Packets).await,
+            None => {
+                commands::trace::run(cli.capture.trace_options(), pipeline::View::Packets).await
+            }
         }
     };
     match runtime.block_on(work) {

@@ -22,11 +22,56 @@ use dnstrace_common::{
     L2_LEN_MIXED, PORT_WORDS,
 };
 
-use crate::{
-    cli::{AttachMode, CaptureArgs},
-    ingest::{Apart, Ring},
-    target::KernelFilter,
-};
+/// What to attach, and how: the probes' own options, which the command
+/// line fills in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProbeOptions {
+    /// tc on these interfaces; none: the node-wide tracepoints.
+    pub ifaces: Vec<String>,
+    /// Ports that are DNS.
+    pub ports: Vec<u16>,
+    /// The ring buffer's size in MiB, a power of two.
+    pub ring_buffer_mib: u32,
+    /// How tc programs attach.
+    pub attach: AttachMode,
+    /// Kernel structs read with probe reads where direct loads would do
+    /// (slower; the tests check the two read alike).
+    pub probe_reads: bool,
+}
+
+impl Default for ProbeOptions {
+    fn default() -> Self {
+        Self {
+            ifaces: Vec::new(),
+            ports: vec![53],
+            ring_buffer_mib: 4,
+            attach: AttachMode::Auto,
+            probe_reads: false,
+        }
+    }
+}
+
+/// How programs are attached to interfaces: TCX links where the kernel has
+/// them (6.6+), else a clsact qdisc over netlink.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttachMode {
+    Auto,
+    Tcx,
+    Netlink,
+}
+
+/// The kernel side of a target: its namespace and watched addresses.
+pub struct KernelFilter {
+    pub filter: TargetFilter,
+    pub watched: Vec<([u8; 16], u8)>,
+}
+
+/// The maps events come through: the ring buffer, and the perf buffers of
+/// the TCP payloads the tracepoints send apart.
+pub struct EventMaps {
+    pub ring: MapData,
+    pub payloads: PerfEventArray<MapData>,
+}
 
 /// Where user space sets the programs' sampling level.
 pub type SampleMap = Array<MapData, SampleLevel>;
@@ -202,7 +247,7 @@ impl Probes {
     /// Checks privileges and kernel support, loads the programs and attaches
     /// them: tc on every interface in `args`, or, with none named, the BTF
     /// tracepoints that see the whole node.
-    pub fn attach(args: &CaptureArgs, target: Option<&KernelFilter>, load: Load) -> Result<Self> {
+    pub fn attach(args: &ProbeOptions, target: Option<&KernelFilter>, load: Load) -> Result<Self> {
         check_privileges()?;
         let netns = crate::netns::inode(None)?;
         for line in leftovers::reap(netns) {
@@ -266,7 +311,7 @@ impl Probes {
                     .map_err(|e| load_error(name, e))?;
             }
             for iface in &ifaces {
-                probes.attach_iface(iface, args.tc_attach)?;
+                probes.attach_iface(iface, args.attach)?;
             }
         }
         Ok(probes)
@@ -582,18 +627,15 @@ impl Probes {
             .collect()
     }
 
-    /// The ring buffer the programs write events to, with the perf
-    /// buffers of the TCP payloads they send apart.
-    pub fn take_events(&mut self) -> Result<Ring> {
+    /// The maps the programs write events to.
+    pub fn take_events(&mut self) -> Result<EventMaps> {
         let map = self.ebpf.take_map("EVENTS").context("EVENTS map")?;
-        let aya::maps::Map::RingBuf(data) = map else {
+        let aya::maps::Map::RingBuf(ring) = map else {
             bail!("the EVENTS map is not a ring buffer");
         };
-        let ring = Ring::new(data).context("mapping the ring buffer")?;
         let map = self.ebpf.take_map("PAYLOADS").context("PAYLOADS map")?;
         let payloads = PerfEventArray::try_from(map)?;
-        let apart = Apart::open(payloads).context("opening the TCP payloads' perf buffers")?;
-        Ok(ring.with_apart(apart))
+        Ok(EventMaps { ring, payloads })
     }
 
     /// Events the kernel could not queue because the ring buffer was full.

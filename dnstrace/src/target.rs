@@ -11,9 +11,9 @@ use anyhow::{Context as _, Result};
 use dnstrace_common::{TargetFilter, MAX_WATCHED, ROLE_RESOLVER, ROLE_TARGET};
 
 use crate::{
-    cli::CaptureArgs,
     naming::Services,
     pods::{self, net::inspect, resolv::ResolvConf, Pod},
+    probes::KernelFilter,
 };
 
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
@@ -28,18 +28,25 @@ pub struct Target {
     pub namespace: Option<String>,
 }
 
-/// The kernel side of a target: its namespace and watched addresses.
-pub struct KernelFilter {
-    pub filter: TargetFilter,
-    pub watched: Vec<([u8; 16], u8)>,
+/// What to follow, as asked: at most one of a pod, a network namespace, a
+/// process or an address (none: the whole node).
+#[derive(Clone, Debug, Default)]
+pub struct Query {
+    pub pod: Option<String>,
+    pub netns: Option<PathBuf>,
+    pub pid: Option<u32>,
+    pub ip: Option<IpAddr>,
+    /// The node's network namespace (none: the one dnstrace runs in).
+    pub node_netns: Option<PathBuf>,
+    pub runtime: pods::RuntimeDirs,
 }
 
 /// The target the arguments name, if any; a name that matches no pod (or
 /// several) is an error listing the candidates.
-pub fn resolve(args: &CaptureArgs) -> Result<Option<Target>> {
+pub fn resolve(args: &Query) -> Result<Option<Target>> {
     let node = args.node_netns.as_deref();
     if let Some(query) = &args.pod {
-        let inventory = pods::discover(&args.runtime.dirs());
+        let inventory = pods::discover(&args.runtime);
         for e in &inventory.errors {
             eprintln!("dnstrace: {e}");
         }
@@ -203,9 +210,9 @@ pub fn is_coredns(full_name: &str) -> bool {
 
 /// Every running pod's name and addresses, for naming; what cannot be read
 /// is left out (names are a help, not a requirement).
-pub fn pod_addresses(args: &CaptureArgs) -> Vec<(String, Vec<IpAddr>)> {
+pub fn pod_addresses(args: &Query) -> Vec<(String, Vec<IpAddr>)> {
     let node = args.node_netns.as_deref();
-    pods::discover(&args.runtime.dirs())
+    pods::discover(&args.runtime)
         .pods
         .iter()
         .filter_map(|p| {

@@ -1,15 +1,16 @@
 //! `dnstrace check`: whether dnstrace can trace on this node.
 use anyhow::Result;
 
-use crate::{
-    cli::CaptureArgs,
-    probes::{Load, Probes},
-};
+use crate::probes::{Load, ProbeOptions, Probes};
 
 /// `dnstrace check`: loads every program, so the kernel's verifier checks
 /// each, attaches what this kernel allows, says so and detaches.
 pub fn check(ifaces: Vec<String>) -> Result<()> {
-    let probes = Probes::attach(&CaptureArgs::defaults_on(ifaces), None, Load::All)?;
+    let options = ProbeOptions {
+        ifaces,
+        ..ProbeOptions::default()
+    };
+    let probes = Probes::attach(&options, None, Load::All)?;
     announce(&probes);
     let (on, off) = (probes.attachments.len(), probes.off.len());
     drop(probes);

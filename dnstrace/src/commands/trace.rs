@@ -9,19 +9,18 @@ use tokio::time::{interval, Duration, Interval};
 
 use super::{check::announce, Show};
 use crate::{
-    cli::CaptureArgs,
     clock::{monotonic_now, Clock},
     conntrack::{CtEvent, CtStats, CtWatcher, RACE_COUNTERS},
     correlate::Limits,
     decode::{kernel::Preload, KernelNames, Packet},
     diagnose::{ConntrackAtStart, Context},
     ingest::SampleChange,
-    ingest::{Ingest, Read, SampleMode, Sampler},
+    ingest::{Ingest, Read, Ring, SampleMode, Sampler},
     links::LinkWatch,
     naming::{Names, Services},
     output::{Format, Labels},
     pipeline::{Counts, Input, Pipeline, Source, Stop, View},
-    probes::{Load, Probes},
+    probes::{Load, ProbeOptions, Probes},
     record::{self, RecordOptions, Recorder},
     target,
     view::state::About,
@@ -31,23 +30,36 @@ use crate::{
 /// up to it, to close the journeys that have finished.
 const TICK: Duration = Duration::from_millis(50);
 
-pub async fn run(args: CaptureArgs, view: View) -> Result<()> {
+/// What `dnstrace trace` was asked for.
+pub struct TraceOptions {
+    pub probes: ProbeOptions,
+    pub target: target::Query,
+    pub sample: SampleMode,
+    pub record: Option<RecordOptions>,
+    /// Events read off the ring and dropped undecoded: what the kernel
+    /// side costs on its own (for the bench).
+    pub discard_events: bool,
+    pub format: Format,
+    pub log_file: Option<std::path::PathBuf>,
+}
+
+pub async fn run(args: TraceOptions, view: View) -> Result<()> {
     let mut stop = Stop::new()?;
     crate::probes::check_privileges()?;
-    let node = args.node_netns.as_deref();
-    let target = target::resolve(&args)?;
+    let node = args.target.node_netns.as_deref();
+    let target = target::resolve(&args.target)?;
     let services = Services::read(node);
-    let pods = target::pod_addresses(&args);
+    let pods = target::pod_addresses(&args.target);
     let filter = target
         .as_ref()
         .map(|t| t.kernel_filter(&target::resolvers(&services, &pods)))
         .transpose()?;
-    let mut probes = Probes::attach(&args, filter.as_ref(), Load::Attachable)?;
+    let mut probes = Probes::attach(&args.probes, filter.as_ref(), Load::Attachable)?;
     announce(&probes);
     if let Some(t) = &target {
         eprintln!("dnstrace: {}", t.describe());
     }
-    let ring = probes.take_events()?;
+    let ring = Ring::open(probes.take_events()?)?;
     let sampler = Sampler::new(probes.take_sample_level()?, probes.counts()?, args.sample);
     // Root reads real addresses from kallsyms; drop locations need them.
     // Opened now, while privileged; read once a drop is seen, or now when
@@ -72,21 +84,17 @@ pub async fn run(args: CaptureArgs, view: View) -> Result<()> {
     };
     let recorder = args
         .record
-        .as_ref()
-        .map(|path| {
-            let options = RecordOptions {
-                path: path.clone(),
-                max_bytes: args.record_size,
-                files: args.record_files,
-            };
-            Recorder::create(options, record::meta(&labels, &context, limits))
-        })
+        .map(|options| Recorder::create(options, record::meta(&labels, &context, limits)))
         .transpose()?;
     let (ct, stats) = watch_conntrack(node);
     // The namespace of the --iface devices, or the node's.
-    let links = LinkWatch::open(if args.ifaces.is_empty() { node } else { None })
-        .map_err(|e| eprintln!("dnstrace: off: link changes: {e:#}"))
-        .ok();
+    let links = LinkWatch::open(if args.probes.ifaces.is_empty() {
+        node
+    } else {
+        None
+    })
+    .map_err(|e| eprintln!("dnstrace: off: link changes: {e:#}"))
+    .ok();
     // Everything privileged is open now.
     probes.drop_privileges()?;
     // Capabilities are per thread: the reader starts without them.
@@ -96,10 +104,10 @@ pub async fn run(args: CaptureArgs, view: View) -> Result<()> {
     // pages go back within a second, so a long incident starts small.
     crate::return_freed_memory_in_background();
     let watches = Watches { ct, stats, links };
-    let ports = args.ports.clone();
+    let ports = args.probes.ports.clone();
     let mut src = LiveSource::new(ingest, &probes, watches, ports, preload, args.sample);
     let mut pipe = Pipeline::recording(recorder);
-    let ports: Vec<String> = args.ports.iter().map(u16::to_string).collect();
+    let ports: Vec<String> = args.probes.ports.iter().map(u16::to_string).collect();
     eprintln!(
         "dnstrace: capturing DNS on port {}; Ctrl-C to stop",
         ports.join(",")
@@ -111,12 +119,12 @@ pub async fn run(args: CaptureArgs, view: View) -> Result<()> {
     };
     let show = Show {
         view,
-        format: args.output.unwrap_or(Format::Text),
+        format: args.format,
         labels,
         context,
         target,
         about,
-        log: args.log_file.clone(),
+        log: args.log_file,
         hold: false,
     };
     let result = show.run(&mut pipe, &mut src, &mut stop).await;

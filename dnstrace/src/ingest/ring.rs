@@ -13,6 +13,7 @@ use std::{
 use aya::maps::MapData;
 
 use super::apart::Apart;
+use crate::probes::EventMaps;
 
 /// A record's header: its length, and the bits below, then 4 bytes.
 const HEADER: usize = 8;
@@ -71,8 +72,17 @@ impl Ring {
         Ok(ring)
     }
 
+    /// The ring of `maps`, its events with the TCP payloads the kernel
+    /// sent apart put back.
+    pub fn open(maps: EventMaps) -> anyhow::Result<Self> {
+        use anyhow::Context as _;
+        let ring = Self::new(maps.ring).context("mapping the ring buffer")?;
+        let apart = Apart::open(maps.payloads).context("opening the TCP payloads' perf buffers")?;
+        Ok(ring.with_apart(apart))
+    }
+
     /// Events that sent their payload apart get it back from `apart`.
-    pub fn with_apart(mut self, apart: Apart) -> Self {
+    fn with_apart(mut self, apart: Apart) -> Self {
         self.apart = Some(apart);
         self
     }
