@@ -7,6 +7,7 @@ use anyhow::Result;
 
 use crate::{
     correlate::Journey,
+    decode::KernelNames,
     diagnose::{Anomaly, AnomalyKind},
     output::Labels,
     pipeline::{Input, JourneyOut, JourneySink, Pipeline, Sink as _},
@@ -79,8 +80,8 @@ struct Count {
 }
 
 impl JourneyOut for Count {
-    fn labels(&self) -> &Labels {
-        &self.labels
+    fn kernel(&self) -> &KernelNames {
+        self.labels.kernel()
     }
     fn journey(&mut self, _: Journey, _: &[(AnomalyKind, String)]) -> io::Result<()> {
         self.journeys += 1;

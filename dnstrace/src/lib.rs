@@ -47,17 +47,6 @@ static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 #[export_name = "_rjem_malloc_conf"]
 static MALLOC_CONF: &[u8; 45] = b"dirty_decay_ms:1000,max_background_threads:1\0";
 
-/// Starts jemalloc's background thread, which returns freed memory to the
-/// kernel also while tracing is idle (without it, only an allocation does).
-/// A thread has the capabilities of the one that starts it: call this once
-/// they are dropped.
-fn return_freed_memory_in_background() {
-    #[cfg(not(feature = "fuzzing"))]
-    if let Err(e) = tikv_jemalloc_ctl::background_thread::write(true) {
-        eprintln!("dnstrace: off: returning freed memory to the kernel while idle: {e}");
-    }
-}
-
 /// The command line, run to the end.
 pub fn main() -> ExitCode {
     if setuid() {

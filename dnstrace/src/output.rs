@@ -19,8 +19,9 @@ use crate::{
         Body, Conntrack, DnsMessage, Fragment, KernelNames, Missing, Packet, Record, Seen,
         Transport,
     },
-    diagnose::Anomaly,
+    diagnose::{Anomaly, AnomalyKind},
     naming::Names,
+    pipeline::{JourneyOut, Sink},
 };
 use journey_json::{number, JourneyJson, OutcomeJson};
 
@@ -622,6 +623,44 @@ fn shorten(data: &str) -> String {
     match data.char_indices().nth(MAX) {
         Some((cut, _)) => format!("{}…({} bytes)", &data[..cut], data.len()),
         None => data.to_owned(),
+    }
+}
+
+// The pipeline's sinks, as lines.
+impl<W: io::Write> Sink for LineSink<W> {
+    fn record(&mut self, rec: &Record) -> io::Result<()> {
+        self.write(rec)
+    }
+    fn conntrack(&mut self, ev: &CtEvent, now_ns: u64) -> io::Result<()> {
+        self.write_conntrack(ev, now_ns)
+    }
+    fn tick(&mut self, _: u64) -> io::Result<()> {
+        self.flush()
+    }
+    fn lost(&mut self, _: u64, _: u64, _: u64) {}
+    fn finish(&mut self, _: u64) -> io::Result<()> {
+        self.flush()
+    }
+    fn summary(&self) -> Option<String> {
+        None
+    }
+}
+
+impl<W: io::Write> JourneyOut for LineSink<W> {
+    fn kernel(&self) -> &KernelNames {
+        LineSink::labels(self).kernel()
+    }
+    fn journey(&mut self, j: Journey, _: &[(AnomalyKind, String)]) -> io::Result<()> {
+        self.write_journey(&j)
+    }
+    fn anomaly(&mut self, a: &Anomaly) -> io::Result<()> {
+        self.write_anomaly(a)
+    }
+    fn summary(&mut self, all: &[&Anomaly]) -> io::Result<()> {
+        self.write_summary(all)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        LineSink::flush(self)
     }
 }
 

@@ -14,13 +14,10 @@ use tokio::{
 use crate::{
     conntrack::CtEvent,
     correlate::{Engine, Journey, Limits, CLOSE_BATCH},
-    decode::{Body, Decoder, Packet, Record, Transport},
+    decode::{Body, Decoder, KernelNames, Packet, Record, Transport},
     diagnose::{Anomaly, AnomalyKind, Context, Diagnoser},
     ingest::SampleChange,
-    output::{Labels, LineSink},
-    record::Recorder,
     target,
-    view::model::Health,
 };
 
 /// Where decoded records go.
@@ -57,28 +54,10 @@ pub trait Sink {
     fn summary(&self) -> Option<String>;
 }
 
-impl<W: io::Write> Sink for LineSink<W> {
-    fn record(&mut self, rec: &Record) -> io::Result<()> {
-        self.write(rec)
-    }
-    fn conntrack(&mut self, ev: &CtEvent, now_ns: u64) -> io::Result<()> {
-        self.write_conntrack(ev, now_ns)
-    }
-    fn tick(&mut self, _: u64) -> io::Result<()> {
-        self.flush()
-    }
-    fn lost(&mut self, _: u64, _: u64, _: u64) {}
-    fn finish(&mut self, _: u64) -> io::Result<()> {
-        self.flush()
-    }
-    fn summary(&self) -> Option<String> {
-        None
-    }
-}
-
 /// Where finished journeys and anomalies go: lines, or the live view.
 pub trait JourneyOut {
-    fn labels(&self) -> &Labels;
+    /// Names of the kernel's drop reasons and locations, for the rules.
+    fn kernel(&self) -> &KernelNames;
     /// A finished journey and the anomalies (kind, summary) it fed.
     fn journey(&mut self, j: Journey, badges: &[(AnomalyKind, String)]) -> io::Result<()>;
     /// An anomaly raised for the first time.
@@ -90,24 +69,6 @@ pub trait JourneyOut {
     /// At the end: every anomaly of the run.
     fn summary(&mut self, all: &[&Anomaly]) -> io::Result<()>;
     fn flush(&mut self) -> io::Result<()>;
-}
-
-impl<W: io::Write> JourneyOut for LineSink<W> {
-    fn labels(&self) -> &Labels {
-        LineSink::labels(self)
-    }
-    fn journey(&mut self, j: Journey, _: &[(AnomalyKind, String)]) -> io::Result<()> {
-        self.write_journey(&j)
-    }
-    fn anomaly(&mut self, a: &Anomaly) -> io::Result<()> {
-        self.write_anomaly(a)
-    }
-    fn summary(&mut self, all: &[&Anomaly]) -> io::Result<()> {
-        self.write_summary(all)
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        LineSink::flush(self)
-    }
 }
 
 /// Journeys: records into the correlation engine, finished journeys out,
@@ -158,7 +119,7 @@ impl<O: JourneyOut> JourneySink<O> {
     fn print(&mut self, journeys: Vec<Journey>) -> io::Result<()> {
         let journeys: Vec<_> = journeys.into_iter().filter(|j| self.wanted(j)).collect();
         for j in journeys {
-            let checked = self.diagnoser.journey(&j, self.out.labels().kernel());
+            let checked = self.diagnoser.journey(&j, self.out.kernel());
             self.out.journey(j, &checked.hits)?;
             self.printed += 1;
             self.raise(checked.raised)?;
@@ -230,7 +191,7 @@ impl<O: JourneyOut> Sink for JourneySink<O> {
     fn tick(&mut self, now_ns: u64) -> io::Result<()> {
         self.close_all(|engine| engine.tick(now_ns))?;
         let failed = self.engine.failed_connections();
-        let names = self.out.labels().kernel();
+        let names = self.out.kernel();
         let found = self.diagnoser.connections_failed(&failed, names, now_ns);
         self.raise(found)?;
         let engine = &self.engine;
@@ -343,19 +304,47 @@ impl Counts {
     }
 }
 
+/// The capture's own state, sent every tick.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Health {
+    /// Kernel monotonic time of the tick.
+    pub now_ns: u64,
+    /// Kernel events lost so far (ring buffer full).
+    pub lost: u64,
+    /// Journeys evicted because too many were open at once.
+    pub evicted: u64,
+    /// Journeys open now.
+    pub open: usize,
+    /// 1 lookup in this many kept by the sampling level now.
+    pub one_in: u32,
+    /// How the recording goes, when there is one.
+    pub recording: Option<String>,
+}
+
+/// What sees every input before the sink does, and each anomaly raised:
+/// the recorder, known here only by this.
+pub trait Tap {
+    fn start(&mut self, now_ns: u64);
+    fn input(&mut self, input: &Input);
+    fn anomaly(&mut self, a: &Anomaly);
+    /// A line on how it goes, when that changed since the last call.
+    fn status_changed(&mut self) -> Option<String>;
+    fn end(&mut self, now_ns: u64);
+}
+
 /// Decoding and recording, between a source and a sink.
 #[derive(Default)]
 pub struct Pipeline {
     pub decoder: Decoder,
     pub counts: Counts,
-    recorder: Option<Recorder>,
+    recorder: Option<Box<dyn Tap>>,
     /// Reused from batch to batch: a batch's records are hundreds of KiB,
     /// not to be allocated and freed again for each.
     records: Vec<Record>,
 }
 
 impl Pipeline {
-    pub fn recording(recorder: Option<Recorder>) -> Self {
+    pub fn recording(recorder: Option<Box<dyn Tap>>) -> Self {
         Self {
             recorder,
             ..Self::default()
@@ -529,7 +518,7 @@ mod tests {
     use crate::{
         clock::Clock,
         decode::{kernel::KernelNames, Transport},
-        output::Format,
+        output::{Format, Labels, LineSink},
         record::tests::packet,
     };
 

@@ -6,6 +6,7 @@ use anyhow::{Context as _, Result};
 
 use crate::{
     correlate::Journey,
+    decode::KernelNames,
     diagnose::{Anomaly, AnomalyKind},
     output::Labels,
     pipeline::{JourneyOut, JourneySink, Pipeline, Stop},
@@ -115,8 +116,8 @@ impl Gathered {
 }
 
 impl JourneyOut for Gathered {
-    fn labels(&self) -> &Labels {
-        &self.labels
+    fn kernel(&self) -> &KernelNames {
+        self.labels.kernel()
     }
 
     fn journey(&mut self, j: Journey, badges: &[(AnomalyKind, String)]) -> std::io::Result<()> {

@@ -19,7 +19,7 @@ use crate::{
     links::LinkWatch,
     naming::{Names, Services},
     output::{Format, Labels},
-    pipeline::{Counts, Input, Pipeline, Source, Stop, View},
+    pipeline::{Counts, Input, Pipeline, Source, Stop, Tap, View},
     probes::{Load, ProbeOptions, Probes},
     record::{self, RecordOptions, Recorder},
     target,
@@ -102,11 +102,11 @@ pub async fn run(args: TraceOptions, view: View) -> Result<()> {
         .context("reading the ring buffer")?;
     // Loading parsed the kernel's BTF and ELF (tens of MiB, freed): those
     // pages go back within a second, so a long incident starts small.
-    crate::return_freed_memory_in_background();
+    return_freed_memory_in_background();
     let watches = Watches { ct, stats, links };
     let ports = args.probes.ports.clone();
     let mut src = LiveSource::new(ingest, &probes, watches, ports, preload, args.sample);
-    let mut pipe = Pipeline::recording(recorder);
+    let mut pipe = Pipeline::recording(recorder.map(|r| Box::new(r) as Box<dyn Tap>));
     let ports: Vec<String> = args.probes.ports.iter().map(u16::to_string).collect();
     eprintln!(
         "dnstrace: capturing DNS on port {}; Ctrl-C to stop",
@@ -148,6 +148,17 @@ pub async fn run(args: TraceOptions, view: View) -> Result<()> {
     drop(probes);
     exit.print();
     result.map(drop)
+}
+
+/// Starts jemalloc's background thread, which returns freed memory to the
+/// kernel also while tracing is idle (without it, only an allocation does).
+/// A thread has the capabilities of the one that starts it: call this once
+/// they are dropped.
+fn return_freed_memory_in_background() {
+    #[cfg(not(feature = "fuzzing"))]
+    if let Err(e) = tikv_jemalloc_ctl::background_thread::write(true) {
+        eprintln!("dnstrace: off: returning freed memory to the kernel while idle: {e}");
+    }
 }
 
 /// `pod default/web-… (10.244.0.10)`: the target in a few words.

@@ -20,7 +20,11 @@ use super::{
     pcapng::{Interface, PacketOpt, Writer, FLAG_INBOUND, FLAG_OUTBOUND},
     Meta,
 };
-use crate::{decode::Packet, diagnose::Anomaly, pipeline::Input};
+use crate::{
+    decode::Packet,
+    diagnose::Anomaly,
+    pipeline::{Input, Tap},
+};
 
 pub struct RecordOptions {
     pub path: PathBuf,
@@ -60,8 +64,10 @@ impl Recorder {
             status_sent: false,
         })
     }
+}
 
-    pub fn input(&mut self, input: &Input) {
+impl Tap for Recorder {
+    fn input(&mut self, input: &Input) {
         match input {
             Input::Packets(batch) => batch.iter().for_each(|p| self.packet(p)),
             Input::Conntrack { now_ns, events } => self.note(&Note::Conntrack {
@@ -95,27 +101,29 @@ impl Recorder {
         }
     }
 
-    pub fn anomaly(&mut self, a: &Anomaly) {
+    fn anomaly(&mut self, a: &Anomaly) {
         match serde_json::to_value(a) {
             Ok(anomaly) => self.note(&Note::Anomaly { anomaly }),
             Err(e) => self.stop(&io::Error::other(e)),
         }
     }
 
-    pub fn start(&mut self, now_ns: u64) {
+    fn start(&mut self, now_ns: u64) {
         self.note(&Note::Start { now_ns });
     }
 
-    pub fn end(&mut self, now_ns: u64) {
+    fn end(&mut self, now_ns: u64) {
         self.note(&Note::End { now_ns });
         self.write(|out| out.w.flush());
     }
 
     /// The status line, once after each change.
-    pub fn status_changed(&mut self) -> Option<String> {
+    fn status_changed(&mut self) -> Option<String> {
         (!std::mem::replace(&mut self.status_sent, true)).then(|| self.status.clone())
     }
+}
 
+impl Recorder {
     fn note(&mut self, note: &Note) {
         match serde_json::to_vec(note) {
             Ok(data) => self.write(|out| out.w.custom_block(PEN, &data)),

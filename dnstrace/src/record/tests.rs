@@ -411,7 +411,9 @@ pub fn inputs() -> Vec<crate::pipeline::Input> {
 /// and returns them.
 pub fn record_inputs(path: &Path, clock: crate::clock::Clock) -> Vec<crate::pipeline::Input> {
     use super::{RecordOptions, Recorder};
-    use crate::{correlate::Limits, decode::KernelNames, diagnose::Context, output::Labels};
+    use crate::{
+        correlate::Limits, decode::KernelNames, diagnose::Context, output::Labels, pipeline::Tap,
+    };
     let kernel = KernelNames::new(
         [(3, "SKB_DROP_REASON_NO_SOCKET".to_owned())].into(),
         "ffffffff81000000 T __udp4_lib_rcv\n".as_bytes(),
@@ -558,7 +560,7 @@ fn replayed(path: &Path) -> Vec<crate::pipeline::Input> {
 #[test]
 fn recorded_fragments_replay_to_the_same_records() {
     use super::{RecordOptions, Recorder};
-    use crate::{correlate::Limits, diagnose::Context, output::Labels};
+    use crate::{correlate::Limits, diagnose::Context, output::Labels, pipeline::Tap};
     let dir = TestDir::new();
     let path = dir.path().join("frags.pcapng");
     let labels = Labels::new(

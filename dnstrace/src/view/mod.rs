@@ -32,14 +32,15 @@ use ratatui::{
 use tokio::sync::Notify;
 
 use self::{
-    model::{AnomalyRow, Health},
+    model::AnomalyRow,
     state::{About, App, Update},
 };
 use crate::{
     correlate::Journey,
+    decode::KernelNames,
     diagnose::{Anomaly, AnomalyKind},
     output::{summary_text, Labels},
-    pipeline::JourneyOut,
+    pipeline::{Health, JourneyOut},
 };
 
 /// Updates waiting for the view; beyond this the capture drops and counts.
@@ -200,8 +201,8 @@ impl LiveOut {
 }
 
 impl JourneyOut for LiveOut {
-    fn labels(&self) -> &Labels {
-        &self.labels
+    fn kernel(&self) -> &KernelNames {
+        self.labels.kernel()
     }
 
     fn journey(&mut self, j: Journey, badges: &[(AnomalyKind, String)]) -> io::Result<()> {

@@ -10,23 +10,6 @@ use crate::{
     output::Labels,
 };
 
-/// The capture's own state, sent every tick.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Health {
-    /// Kernel monotonic time of the tick.
-    pub now_ns: u64,
-    /// Kernel events lost so far (ring buffer full).
-    pub lost: u64,
-    /// Journeys evicted because too many were open at once.
-    pub evicted: u64,
-    /// Journeys open now.
-    pub open: usize,
-    /// 1 lookup in this many kept by the sampling level now.
-    pub one_in: u32,
-    /// How the recording goes, when there is one.
-    pub recording: Option<String>,
-}
-
 /// An anomaly's identity across updates.
 pub type AnomalyKey = (AnomalyKind, String);
 

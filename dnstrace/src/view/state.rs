@@ -2,8 +2,9 @@
 //! and never changes it.
 use std::{collections::VecDeque, sync::Arc};
 
-use super::model::{AnomalyKey, AnomalyRow, Health, Lookup};
+use super::model::{AnomalyKey, AnomalyRow, Lookup};
 use crate::output::Labels;
+use crate::pipeline::Health;
 
 /// Lookups kept for the list; older ones leave the window (the counts and
 /// percentiles still include them).

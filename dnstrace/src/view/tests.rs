@@ -17,7 +17,7 @@ use dnstrace_common::Hook;
 use super::{
     draw::draw,
     keys::action,
-    model::{detail, lookup, AnomalyRow, Health},
+    model::{detail, lookup, AnomalyRow},
     state::{About, Action, App, Focus, Screen, Update, MAX_ROWS},
     LiveOut,
 };
@@ -28,7 +28,7 @@ use crate::{
     diagnose::{AnomalyKind, Context, Severity},
     naming::{Names, Services},
     output::Labels,
-    pipeline::{JourneySink, Sink},
+    pipeline::{Health, JourneySink, Sink},
 };
 
 const S: u64 = 1_000_000_000;
