@@ -27,7 +27,7 @@ use crate::{
 /// A DNS message, as a UDP payload would bring it.
 pub fn dns(data: &[u8]) {
     let packet = udp_packet(data);
-    let body = dns::parse(data);
+    let body = crate::decode::parse(data);
     // What the wire reader takes, hickory must read the same.
     if let Some(quick) = wire::common(data) {
         let Body::Dns(h) = dns::hickory(data) else {
@@ -683,7 +683,10 @@ mod tests {
     #[test]
     fn seeds_are_meaningful() {
         for (_, seed) in dns_seeds() {
-            assert!(matches!(dns::parse(&seed), crate::decode::Body::Dns(_)));
+            assert!(matches!(
+                crate::decode::parse(&seed),
+                crate::decode::Body::Dns(_)
+            ));
         }
         let events = event_seeds();
         let frags: Vec<_> = events

@@ -60,15 +60,6 @@ pub struct Answer {
     pub data: String,
 }
 
-/// Parses a DNS message: the common kind straight from the wire, the
-/// rest with hickory; anything hickory rejects becomes `Malformed`.
-pub fn parse(payload: &[u8]) -> Body {
-    match super::wire::common(payload) {
-        Some(msg) => Body::Dns(std::sync::Arc::new(msg)),
-        None => hickory(payload),
-    }
-}
-
 /// Parses a DNS message with hickory alone.
 pub fn hickory(payload: &[u8]) -> Body {
     match Message::from_vec(payload) {
@@ -311,6 +302,7 @@ fn txt_presentation<'a>(strings: impl Iterator<Item = &'a Box<[u8]>>) -> String 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decode::parse;
     use hickory_proto::{
         op::{Message, MessageType, Query, ResponseCode},
         rr::{

@@ -86,7 +86,7 @@ impl Decoder {
         {
             return Body::Dns(msg.clone());
         }
-        let body = dns::parse(payload);
+        let body = parse(payload);
         if let Body::Dns(msg) = &body {
             let entry = (hash, payload.clone(), msg.clone());
             if self.recent.len() < RECENT {
@@ -194,7 +194,7 @@ impl Decoder {
     fn tcp(&mut self, packet: Packet, out: &mut Vec<Record>) {
         for piece in self.tcp.push(&packet) {
             let body = match piece {
-                tcp::Piece::Message(msg) => dns::parse(&msg),
+                tcp::Piece::Message(msg) => parse(&msg),
                 tcp::Piece::Gap(reason) => Body::Malformed {
                     reason,
                     len: packet.payload_len as usize,
@@ -225,10 +225,19 @@ impl Decoder {
     }
 }
 
+/// Parses a DNS message: the common kind straight from the wire, the
+/// rest with hickory; anything hickory rejects becomes `Malformed`.
+pub fn parse(payload: &[u8]) -> Body {
+    match wire::common(payload) {
+        Some(msg) => Body::Dns(std::sync::Arc::new(msg)),
+        None => dns::hickory(payload),
+    }
+}
+
 /// A payload the capture cut: the message may still be whole in what it
 /// kept (the rest padding); otherwise its header and questions.
 fn cut_payload(packet: &Packet) -> Body {
-    match dns::parse(&packet.payload) {
+    match parse(&packet.payload) {
         Body::Dns(msg) => Body::Dns(msg),
         _ => cut_message(packet),
     }

@@ -380,7 +380,7 @@ mod tests {
             let bytes = m.to_vec().unwrap();
             assert!(common(&bytes).is_none(), "{m:?}");
             assert_eq!(
-                format!("{:?}", dns::parse(&bytes)),
+                format!("{:?}", crate::decode::parse(&bytes)),
                 format!("{:?}", dns::hickory(&bytes))
             );
         }

@@ -14,7 +14,7 @@ use super::{
     pcapng::{Block, Interface, PacketOpt, Reader, SectionInfo, Writer, FLAG_OUTBOUND},
 };
 use crate::{
-    decode::{dns, Body, Fragment, Packet, Transport},
+    decode::{Body, Fragment, Packet, Transport},
     pods::testdir::TestDir,
 };
 
@@ -287,7 +287,7 @@ fn tcpdump_captures_read_as_the_packets_sent() {
         let d = frame::decode(*linktype, data).unwrap().unwrap();
         assert_eq!((d.src, d.dst, d.transport), (src, dst, Transport::Udp));
         assert_eq!((d.payload, d.truncated, d.frag), (&query[..], false, None));
-        let Body::Dns(msg) = dns::parse(d.payload) else {
+        let Body::Dns(msg) = crate::decode::parse(d.payload) else {
             panic!("not DNS");
         };
         assert_eq!(msg.id, 0x1000 + (src.port() - 40000));
