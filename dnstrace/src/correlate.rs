@@ -29,7 +29,7 @@ pub use connections::{Connection, Reset};
 use devices::Devices;
 use index::{short, ByKey, Index};
 pub use journey::{FragmentNote, Gap, Journey, Leg, Outcome};
-use open::{Key, Open, Place, Question, Ref, Sighting, Slab, Slot, ANSWER_SEEN, TCP};
+use open::{JourneyFlags, Key, Open, Place, Question, Ref, Sighting, Slab, Slot};
 pub use sampling::SampleChange;
 use sampling::Sampling;
 use table::{Map, Table};
@@ -261,7 +261,7 @@ impl Engine {
         };
         o.add_leg(p, &seen, dev, &self.devices);
         // Filed once the journey is done with: its TCP retry's lookup.
-        let truncated = (msg.response && msg.flags.tc && !o.has(TCP)).then(|| {
+        let truncated = (msg.response && msg.flags.tc && !o.has(JourneyFlags::TCP)).then(|| {
             (
                 retry_key(&self.hasher, o.client().ip(), &o.name, o.qtype),
                 o.lookup,
@@ -552,7 +552,7 @@ impl Engine {
             .filter(|(_, o)| {
                 o.name == key.name
                     && o.client() != key.client
-                    && !o.has(ANSWER_SEEN)
+                    && !o.has(JourneyFlags::ANSWER_SEEN)
                     && o.server_is(p, &self.devices)
             })
             .min_by_key(|(_, o)| o.started_ns)
@@ -589,7 +589,7 @@ impl Engine {
         if self.overlaps_loss(o.started_ns, now_ns) {
             o.incomplete = Some(Gap::Lost);
         }
-        let label = (!o.has(TCP)).then_some(o.label);
+        let label = (!o.has(JourneyFlags::TCP)).then_some(o.label);
         let Some(sampled) = self.sampling.kept(label, o.first_ns(), now_ns) else {
             self.shed += 1;
             return None;
@@ -608,7 +608,7 @@ impl Engine {
         for &client in o.aliases() {
             self.by_key.unfile(&Question { client, ..q }, slot);
         }
-        if o.has(TCP) {
+        if o.has(JourneyFlags::TCP) {
             self.tcp_by_name.remove(&o.name, slot);
         }
         self.by_client

@@ -71,21 +71,40 @@ pub(super) struct Open {
     pub(super) dns_id: u16,
     pub(super) qtype: u16,
     pub(super) incomplete: Option<Gap>,
-    /// `CLIENT_V6`, `TCP`, `DELIVERED`, `ANSWER_SEEN`: bits, not bools,
-    /// so that `label` fits in the slot.
-    bits: u8,
+    /// Bits, not bools, so that `label` fits in the slot.
+    flags: JourneyFlags,
     /// The hash of its question's first label, by which the kernel's
     /// sampling level keeps or leaves out its lookup.
     pub(super) label: u32,
 }
 
-/// `Open::bits`: the client's address is IPv6.
-const CLIENT_V6: u8 = 1;
-pub(super) const TCP: u8 = 2;
-/// The answer reached the netns the query started in.
-const DELIVERED: u8 = 4;
-/// A leg is a response.
-pub(super) const ANSWER_SEEN: u8 = 8;
+/// What an open journey is known to be, as bits. A type of its own, so
+/// that an `OpenLeg`'s flags, whose values overlap, cannot be asked here.
+#[derive(Clone, Copy, Default)]
+pub(super) struct JourneyFlags(u8);
+
+impl JourneyFlags {
+    /// The client's address is IPv6.
+    const CLIENT_V6: Self = Self(1);
+    pub(super) const TCP: Self = Self(2);
+    /// The answer reached the netns the query started in.
+    const DELIVERED: Self = Self(4);
+    /// A leg is a response.
+    pub(super) const ANSWER_SEEN: Self = Self(8);
+
+    #[inline]
+    fn has(self, flag: Self) -> bool {
+        self.0 & flag.0 != 0
+    }
+
+    /// Sets `flag` if `on`; flags are never cleared.
+    #[inline]
+    fn set(&mut self, flag: Self, on: bool) {
+        if on {
+            self.0 |= flag.0;
+        }
+    }
+}
 
 const _: () = assert!(std::mem::size_of::<Option<Open>>() <= 128);
 
@@ -219,12 +238,13 @@ impl Open {
             dns_id: key.dns_id,
             qtype: key.qtype,
             incomplete: None,
-            bits: if tcp { TCP } else { 0 },
+            flags: JourneyFlags::default(),
             label: sample::message_label_hash(&p.payload),
         };
         let (client, v6) = o.pack(key.client);
         o.client = client;
-        o.set(CLIENT_V6, v6);
+        o.flags.set(JourneyFlags::TCP, tcp);
+        o.flags.set(JourneyFlags::CLIENT_V6, v6);
         o
     }
 
@@ -267,19 +287,13 @@ impl Open {
             && self.name.eq_ignore_ascii_case(q.name)
     }
 
-    pub(super) fn has(&self, bit: u8) -> bool {
-        self.bits & bit != 0
-    }
-
-    /// Sets `bit` if `on`; bits are never cleared.
-    pub(super) fn set(&mut self, bit: u8, on: bool) {
-        if on {
-            self.bits |= bit;
-        }
+    pub(super) fn has(&self, flag: JourneyFlags) -> bool {
+        self.flags.has(flag)
     }
 
     pub(super) fn client(&self) -> SocketAddr {
-        self.client.unpack(self.has(CLIENT_V6), self.v6())
+        self.client
+            .unpack(self.has(JourneyFlags::CLIENT_V6), self.v6())
     }
 
     /// Its question as first asked.
@@ -321,11 +335,11 @@ impl Open {
     }
 
     fn dst_ip(&self, l: &OpenLeg) -> IpAddr {
-        l.dst.unpack(l.bits & V6_DST != 0, self.v6()).ip()
+        l.dst.unpack(l.flags.has(LegFlags::V6_DST), self.v6()).ip()
     }
 
     pub(super) fn delivered_or_dropped(&self) -> bool {
-        self.has(DELIVERED) || self.deciding_drop().is_some()
+        self.has(JourneyFlags::DELIVERED) || self.deciding_drop().is_some()
     }
 
     /// Its fate is known by `now`: answered, dropped or timed out.
@@ -337,7 +351,11 @@ impl Open {
     /// (what `server_is` accepts); none once an answer was seen.
     pub(super) fn places(&self, devs: &Devices) -> [Option<Place>; 2] {
         // Without an answer, every leg is the query's: the last arrived.
-        let Some(arrival) = self.legs.last().filter(|_| !self.has(ANSWER_SEEN)) else {
+        let Some(arrival) = self
+            .legs
+            .last()
+            .filter(|_| !self.has(JourneyFlags::ANSWER_SEEN))
+        else {
             return [None, None];
         };
         let netns = devs.get(arrival.dev).netns;
@@ -380,8 +398,10 @@ impl Open {
             (p.drop.is_some() || (msg.response && !seen.cut)) && p.ts_ns >= self.outcome_ns();
         let (src, src_v6) = self.pack(p.src);
         let (dst, dst_v6) = self.pack(p.dst);
-        let bit = |on: bool, b: u8| if on { b } else { 0 };
-        let bits = bit(msg.response, RESPONSE) | bit(src_v6, V6_SRC) | bit(dst_v6, V6_DST);
+        let mut flags = LegFlags::default();
+        flags.set(LegFlags::RESPONSE, msg.response);
+        flags.set(LegFlags::V6_SRC, src_v6);
+        flags.set(LegFlags::V6_DST, dst_v6);
         self.legs.push(OpenLeg {
             ts_ns: p.ts_ns,
             dev,
@@ -389,7 +409,7 @@ impl Open {
             src,
             dst,
             hook: p.hook,
-            bits,
+            flags,
         });
         if decides {
             self.decided = u32::try_from(self.legs.len()).unwrap_or(u32::MAX);
@@ -397,9 +417,10 @@ impl Open {
                 self.answer = Some(msg.clone());
             }
         }
-        self.set(ANSWER_SEEN, msg.response);
+        self.flags.set(JourneyFlags::ANSWER_SEEN, msg.response);
         if msg.response && p.drop.is_none() && !seen.cut {
-            self.set(DELIVERED, self.reached_client(p, devs));
+            let delivered = self.reached_client(p, devs);
+            self.flags.set(JourneyFlags::DELIVERED, delivered);
         }
     }
 
@@ -469,7 +490,7 @@ impl Open {
             });
         upstream.sort_by_key(|u| u.started_ns);
         let outcome = self.outcome();
-        let tcp = self.has(TCP);
+        let tcp = self.has(JourneyFlags::TCP);
         Journey {
             id: self.id,
             lookup: self.lookup,
@@ -524,15 +545,36 @@ pub(super) struct OpenLeg {
     dst: Addr,
     pub(super) dev: u16,
     hook: Hook,
-    /// `RESPONSE`, and which addresses are IPv6: `V6_SRC`, `V6_DST`.
-    bits: u8,
+    flags: LegFlags,
 }
 
 const _: () = assert!(std::mem::size_of::<OpenLeg>() <= 32);
 
-const RESPONSE: u8 = 1;
-const V6_SRC: u8 = 2;
-const V6_DST: u8 = 4;
+/// What an open leg is, as bits. A type of its own, so that a journey's
+/// flags, whose values overlap, cannot be asked here.
+#[derive(Clone, Copy, Default)]
+struct LegFlags(u8);
+
+impl LegFlags {
+    const RESPONSE: Self = Self(1);
+    /// Its source address is IPv6.
+    const V6_SRC: Self = Self(2);
+    /// Its destination address is IPv6.
+    const V6_DST: Self = Self(4);
+
+    #[inline]
+    fn has(self, flag: Self) -> bool {
+        self.0 & flag.0 != 0
+    }
+
+    /// Sets `flag` if `on`.
+    #[inline]
+    fn set(&mut self, flag: Self, on: bool) {
+        if on {
+            self.0 |= flag.0;
+        }
+    }
+}
 
 /// What some legs carry: the NAT conntrack showed, the kernel's drop
 /// (reason, location). One copy for a journey's legs that carry the same:
@@ -560,7 +602,7 @@ pub(super) struct Addr([u8; 6]);
 
 impl OpenLeg {
     fn response(&self) -> bool {
-        self.bits & RESPONSE != 0
+        self.flags.has(LegFlags::RESPONSE)
     }
 
     /// The leg as a journey shows it; `v6` is its journey's `Extra::v6`.
@@ -573,8 +615,8 @@ impl OpenLeg {
             iface: dev.name.clone(),
             ifindex: dev.ifindex,
             netns: dev.netns,
-            src: self.src.unpack(self.bits & V6_SRC != 0, v6),
-            dst: self.dst.unpack(self.bits & V6_DST != 0, v6),
+            src: self.src.unpack(self.flags.has(LegFlags::V6_SRC), v6),
+            dst: self.dst.unpack(self.flags.has(LegFlags::V6_DST), v6),
             response: self.response(),
             dnat: self.marks.as_ref().and_then(|m| m.dnat).map(Box::new),
             snat: self.marks.as_ref().and_then(|m| m.snat).map(Box::new),
