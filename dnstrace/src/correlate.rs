@@ -20,6 +20,7 @@ mod connections;
 mod devices;
 mod index;
 mod journey;
+mod lookups;
 mod open;
 mod sampling;
 mod table;
@@ -29,10 +30,11 @@ pub use connections::{Connection, Reset};
 use devices::Devices;
 use index::{short, ByKey, Index};
 pub use journey::{FragmentNote, Gap, Journey, Leg, Outcome};
+use lookups::Lookups;
 use open::{JourneyFlags, Key, Open, Place, Question, Ref, Sighting, Slab, Slot};
 pub use sampling::SampleChange;
 use sampling::Sampling;
-use table::{Map, Table};
+use table::Map;
 
 /// Loss windows remembered; past this, the two oldest become one.
 const MAX_LOSSES: usize = 256;
@@ -91,15 +93,7 @@ pub struct Engine {
     /// how far past the timeout a tick looks along `order`.
     reorder_ns: u64,
     latest_start_ns: u64,
-    /// (lookup, last start) by the hash of (client socket, name): lookups
-    /// outlive their journeys, so they keep no name. Two lookups whose hashes
-    /// collide (odds 2^-64 a pair) would share an id; nothing else. Pruned
-    /// of expired lookups before it grows.
-    lookups: Table<u64, (u64, u64)>,
-    /// (lookup, answer time) of truncated UDP answers, by the hash of
-    /// (client address, name, type): the client's TCP retry, from a socket
-    /// of its own, is the same lookup. Pruned as `lookups` is.
-    truncated: Table<u64, (u64, u64)>,
+    lookups: Lookups,
     /// The TCP connections DNS went over, or tried to.
     connections: Connections,
     /// When each address last sent or got DNS over TCP, even where the
@@ -132,8 +126,7 @@ impl Engine {
             settling: Vec::new(),
             reorder_ns: 0,
             latest_start_ns: 0,
-            lookups: Table::new(),
-            truncated: Table::new(),
+            lookups: Lookups::new(limits.timeout_ns),
             connections: Connections::new(limits.max_open, limits.timeout_ns),
             tcp_seen: Map::default(),
             next_id: 1,
@@ -263,7 +256,7 @@ impl Engine {
         // Filed once the journey is done with: its TCP retry's lookup.
         let truncated = (msg.response && msg.flags.tc && !o.has(JourneyFlags::TCP)).then(|| {
             (
-                retry_key(&self.hasher, o.client().ip(), &o.name, o.qtype),
+                self.lookups.retry_key(o.client().ip(), &o.name, o.qtype),
                 o.lookup,
             )
         });
@@ -298,7 +291,7 @@ impl Engine {
             self.by_key.file(&self.open, &q, slot);
         }
         if let Some((key, lookup)) = truncated {
-            self.note_truncated(key, lookup, p.ts_ns);
+            self.lookups.note_truncated(key, lookup, p.ts_ns);
         }
     }
 
@@ -475,8 +468,8 @@ impl Engine {
             .max(self.latest_start_ns.saturating_sub(p.ts_ns));
         self.latest_start_ns = self.latest_start_ns.max(p.ts_ns);
         let tcp = matches!(p.transport, Transport::Tcp { .. });
-        let retried = tcp.then(|| self.truncated_lookup(&key, p.ts_ns)).flatten();
-        let lookup = retried.unwrap_or_else(|| self.lookup_for(&key, p.ts_ns, id));
+        let retried = tcp.then(|| self.lookups.retried(&key, p.ts_ns)).flatten();
+        let lookup = retried.unwrap_or_else(|| self.lookups.of(&key, p.ts_ns, id));
         let name_hash = self.hasher.hash_one(&key.name);
         let parent = self.waiting_parent(&key, name_hash, p);
         let client = key.client;
@@ -500,41 +493,6 @@ impl Engine {
         }
         self.order.push_back(me);
         slot
-    }
-
-    /// A/AAAA from one socket for one name, and its retries, are one lookup.
-    /// A retry comes within a timeout of the query before it (the timeout is
-    /// set just past the resolvers' retry), so a lookup is remembered that
-    /// long past its latest query, and no longer: with thousands of lookups a
-    /// second, what is remembered is about what is open.
-    fn lookup_for(&mut self, key: &Key, ts: u64, id: u64) -> u64 {
-        let window = self.limits.timeout_ns;
-        self.lookups.make_room_pruning(|map| {
-            map.retain(|_, (_, last)| ts.saturating_sub(*last) <= window);
-        });
-        let hash = self.hasher.hash_one((key.client, &*key.name));
-        let slot = self.lookups.entry(hash).or_insert((id, ts));
-        if ts.saturating_sub(slot.1) > window {
-            *slot = (id, ts);
-        }
-        slot.1 = slot.1.max(ts);
-        slot.0
-    }
-
-    fn note_truncated(&mut self, key: u64, lookup: u64, ts: u64) {
-        let window = self.limits.timeout_ns;
-        self.truncated.make_room_pruning(|map| {
-            map.retain(|_, (_, last)| ts.saturating_sub(*last) <= window);
-        });
-        self.truncated.entry(key).insert_entry((lookup, ts));
-    }
-
-    /// The lookup a TCP query retries, if its client got a truncated answer
-    /// to the same question within a timeout.
-    fn truncated_lookup(&mut self, key: &Key, ts: u64) -> Option<u64> {
-        let hash = retry_key(&self.hasher, key.client.ip(), &key.name, key.qtype);
-        let &(lookup, at) = self.truncated.get(&hash)?;
-        (ts.saturating_sub(at) <= self.limits.timeout_ns).then_some(lookup)
     }
 
     /// The open journey this query serves, if it was sent by a server that
@@ -661,11 +619,6 @@ impl Engine {
             }
         }
     }
-}
-
-/// Where a truncated answer's lookup is filed for the client's TCP retry.
-fn retry_key(hasher: &RandomState, client: IpAddr, name: &str, qtype: u16) -> u64 {
-    hasher.hash_one((client, name, qtype))
 }
 
 /// Where a journey waits for `name` (hashed) at `place`, in

@@ -7,7 +7,7 @@ use bytes::Bytes;
 use dnstrace_common::{sample, Hook};
 use hickory_proto::rr::RecordType;
 
-use super::{devices::DEVICES_LIMIT, index::AnyCase, *};
+use super::{devices::DEVICES_LIMIT, index::AnyCase, table::Table, *};
 use crate::decode::{
     dns,
     packet::{CtTuple, Dropped},
