@@ -6,6 +6,11 @@
 //! or it times out. Queries a server sends while a journey waits there, for
 //! the same question, are its upstream journeys. The engine is pure: records
 //! in, journeys out, time only from the records and `tick`.
+//!
+//! The engine is here; what it hands on is in `journey`, the journeys it
+//! follows in `open`, how it finds them in `index` (over `table`'s maps),
+//! and what it remembers besides in `lookups`, `devices`, `connections`
+//! and `sampling`.
 use std::{collections::VecDeque, hash::BuildHasher, net::IpAddr};
 
 use dnstrace_common::SampleLevel;
