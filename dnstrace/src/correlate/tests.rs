@@ -1,10 +1,13 @@
-use std::net::{IpAddr, SocketAddr};
+use std::{
+    net::{IpAddr, SocketAddr},
+    sync::Arc,
+};
 
 use bytes::Bytes;
-use dnstrace_common::Hook;
+use dnstrace_common::{sample, Hook};
 use hickory_proto::rr::RecordType;
 
-use super::*;
+use super::{devices::DEVICES_LIMIT, index::AnyCase, table::Table, *};
 use crate::decode::{
     dns,
     packet::{CtTuple, Dropped},

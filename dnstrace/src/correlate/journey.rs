@@ -1,0 +1,155 @@
+//! The journeys correlation hands on: what output, diagnose, view and
+//! record read once a journey is closed.
+use std::{borrow::Cow, net::SocketAddr, sync::Arc};
+
+use dnstrace_common::{Hook, SampleLevel};
+use serde::Serialize;
+
+use super::Connection;
+use crate::decode::{Record, Seen};
+
+/// One sighting of a journey's packet.
+#[derive(Clone, Debug)]
+pub struct Leg {
+    pub ts_ns: u64,
+    /// Time since the previous leg of the journey.
+    pub since_prev_ns: u64,
+    /// Its name and direction (ingress, egress, drop, nat or clash) are
+    /// `Hook`'s: a byte here, not two strings.
+    pub hook: Hook,
+    /// Shared among legs: thousands of open journeys name the same devices.
+    pub iface: Option<Arc<str>>,
+    pub ifindex: u32,
+    pub netns: u32,
+    pub src: SocketAddr,
+    pub dst: SocketAddr,
+    pub response: bool,
+    /// (asked for, rewritten to), where conntrack shows a DNAT. Boxed, as
+    /// most legs have none and open journeys should stay small.
+    pub dnat: Option<Box<(SocketAddr, SocketAddr)>>,
+    pub snat: Option<Box<(SocketAddr, SocketAddr)>>,
+    /// The kernel's drop reason and location, numbers as captured. Boxed,
+    /// as few legs are drops.
+    pub drop: Option<Box<(u32, u64)>>,
+    /// Where it saw part of a fragmented message only. Boxed: rare.
+    pub fragment: Option<Box<FragmentNote>>,
+}
+
+/// A leg that saw part of a fragmented message: the fragment at `offset`
+/// (the kernel dropped it there), or, `missing`, the datagram without the
+/// fragment at `offset`, which was seen last at `last_seen`, if anywhere.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FragmentNote {
+    pub offset: u16,
+    pub missing: bool,
+    pub last_seen: Option<Seen>,
+}
+
+impl FragmentNote {
+    /// `the fragment at offset 1480`, or `without its fragment at offset
+    /// 1480, last seen on veth1@4026532177 (dev_receive)`.
+    pub fn describe(&self) -> String {
+        if !self.missing {
+            return format!("the fragment at offset {}", self.offset);
+        }
+        let last = match &self.last_seen {
+            Some(s) => {
+                // Without --iface names: the device's own, or its index.
+                let dev = s.device_name(&std::collections::HashMap::new());
+                format!("last seen on {dev}@{} ({})", s.netns, s.hook.name())
+            }
+            None => "never seen".to_owned(),
+        };
+        format!("without its fragment at offset {}, {last}", self.offset)
+    }
+
+    /// What `rec` shows of a fragmented message, if it shows part of one.
+    /// Boxed: every packet asks, few have one.
+    pub(super) fn of(rec: &Record) -> Option<Box<Self>> {
+        if let Some(m) = &rec.missing {
+            return Some(Box::new(Self {
+                offset: m.offset,
+                missing: true,
+                last_seen: m.last_seen.clone(),
+            }));
+        }
+        let f = rec.packet.frag.filter(|f| f.offset > 0)?;
+        Some(Box::new(Self {
+            offset: f.offset,
+            missing: false,
+            last_seen: None,
+        }))
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "status")]
+pub enum Outcome {
+    Answered {
+        rcode: Cow<'static, str>,
+        answers: Vec<String>,
+        truncated: bool,
+    },
+    Dropped {
+        reason: u32,
+        location: u64,
+    },
+    Timeout,
+}
+
+#[derive(Clone, Debug)]
+pub struct Journey {
+    pub id: u64,
+    /// Journeys of one lookup (A and AAAA siblings, retries) share this.
+    pub lookup: u64,
+    pub client: SocketAddr,
+    pub dns_id: u16,
+    pub name: Arc<str>,
+    pub qtype: &'static str,
+    pub tcp: bool,
+    pub started_ns: u64,
+    pub ended_ns: u64,
+    pub outcome: Outcome,
+    /// Where the service address was translated, if it was. Boxed: it is
+    /// known only once the journey is closed.
+    pub dnat: Option<Box<(SocketAddr, SocketAddr)>>,
+    pub legs: Vec<Leg>,
+    pub upstream: Vec<Journey>,
+    /// Why legs may be missing, if they may.
+    pub incomplete: Option<Gap>,
+    /// The strictest sampling level it was kept under (shift 0: none).
+    pub sampled: SampleLevel,
+    /// Over TCP: how its connection was set up and ended. Boxed: few have one.
+    pub connection: Option<Box<Connection>>,
+}
+
+/// Why a journey may not show everything that happened to it: absence of a
+/// leg or an answer is then no evidence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gap {
+    /// Kernel events were lost while it was open.
+    Lost,
+    /// The capture or recording ended before it could finish.
+    Ended,
+}
+
+impl Gap {
+    pub fn why(self) -> &'static str {
+        match self {
+            Gap::Lost => "kernel events were lost while it was open",
+            Gap::Ended => "the capture ended before it could finish",
+        }
+    }
+}
+
+impl Leg {
+    pub fn direction(&self) -> &'static str {
+        self.hook.direction()
+    }
+}
+
+impl Journey {
+    pub fn total_ns(&self) -> u64 {
+        self.ended_ns.saturating_sub(self.started_ns)
+    }
+}
