@@ -94,14 +94,43 @@ impl Hook {
     }
 
     /// Which way the packet went through a device, or what happened to it.
-    pub const fn direction(self) -> &'static str {
+    pub const fn direction(self) -> Direction {
         match self {
-            Self::TcIngress | Self::DevReceive => "ingress",
-            Self::TcEgress | Self::DevXmit => "egress",
-            Self::Drop | Self::CtInsertFailed => "drop",
-            Self::NatRewrite => "nat",
-            Self::CtClash => "clash",
+            Self::TcIngress | Self::DevReceive => Direction::Ingress,
+            Self::TcEgress | Self::DevXmit => Direction::Egress,
+            Self::Drop | Self::CtInsertFailed => Direction::Drop,
+            Self::NatRewrite => Direction::Nat,
+            Self::CtClash => Direction::Clash,
         }
+    }
+}
+
+/// Which way a hook saw a packet go through a device, or what happened to
+/// it there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
+    Ingress,
+    Egress,
+    Drop,
+    Nat,
+    Clash,
+}
+
+impl Direction {
+    /// Its name in JSON and recordings.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Ingress => "ingress",
+            Self::Egress => "egress",
+            Self::Drop => "drop",
+            Self::Nat => "nat",
+            Self::Clash => "clash",
+        }
+    }
+
+    /// Through a device, one way or the other.
+    pub const fn through_device(self) -> bool {
+        matches!(self, Self::Ingress | Self::Egress)
     }
 }
 

@@ -23,6 +23,7 @@ use crate::{
     naming::Names,
     pipeline::{JourneyOut, Sink},
 };
+use dnstrace_common::Direction;
 use journey_json::{number, JourneyJson, OutcomeJson};
 
 /// How lines are written: text for people, one JSON object a line for
@@ -506,7 +507,7 @@ impl<W: Write> LineSink<W> {
             iface: self.iface(p),
             ifindex: p.ifindex,
             netns: p.netns,
-            direction: p.hook.direction(),
+            direction: p.hook.direction().name(),
             src: p.src.to_string(),
             dst: p.dst.to_string(),
             transport: transport(p.transport),
@@ -564,13 +565,13 @@ pub fn summary_text(all: &[&Anomaly]) -> String {
 }
 
 /// The short word the text views use for a hook's direction.
-fn direction_word(direction: &str) -> &'static str {
+fn direction_word(direction: Direction) -> &'static str {
     match direction {
-        "ingress" => "in ",
-        "egress" => "out",
-        "drop" => "DROP",
-        "nat" => "NAT",
-        _ => "CLASH",
+        Direction::Ingress => "in ",
+        Direction::Egress => "out",
+        Direction::Drop => "DROP",
+        Direction::Nat => "NAT",
+        Direction::Clash => "CLASH",
     }
 }
 
@@ -667,6 +668,7 @@ impl<W: io::Write> JourneyOut for LineSink<W> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decode::Rcode;
     use crate::{
         correlate::Gap,
         decode::{dns, Packet},
@@ -708,7 +710,7 @@ mod tests {
                 rd: true,
                 ..Default::default()
             },
-            rcode: "NOERROR".into(),
+            rcode: Rcode::NOERROR,
             questions: vec![dns::Question {
                 name: "a.test.".into(),
                 qtype: "A",
@@ -895,7 +897,7 @@ mod tests {
             started_ns: 1_000,
             ended_ns: 1_500,
             outcome: Outcome::Answered {
-                rcode: "NOERROR".into(),
+                rcode: Rcode::NOERROR,
                 answers: vec!["A 10.1.2.3".into()],
                 truncated: false,
             },

@@ -4,6 +4,7 @@ use std::{fmt::Write as _, io::Write as _, path::Path};
 
 use anyhow::{Context as _, Result};
 
+use crate::decode::Rcode;
 use crate::{
     correlate::Journey,
     decode::KernelNames,
@@ -90,7 +91,7 @@ impl Gathered {
         match &l.status {
             s if s.failed() => self.failed += 1,
             Status::Timeout => self.unanswered += 1,
-            Status::Answered { rcode, .. } if rcode == "NXDOMAIN" => self.nxdomain += 1,
+            Status::Answered { rcode, .. } if *rcode == Rcode::NXDOMAIN => self.nxdomain += 1,
             _ => self.answered += 1,
         }
         self.latencies.extend(l.latency_ns);

@@ -1,11 +1,12 @@
 //! The journeys correlation hands on: what output, diagnose, view and
 //! record read once a journey is closed.
-use std::{borrow::Cow, net::SocketAddr, sync::Arc};
+use std::{net::SocketAddr, sync::Arc};
 
-use dnstrace_common::{Hook, SampleLevel};
+use dnstrace_common::{Direction, Hook, SampleLevel};
 use serde::Serialize;
 
 use super::Connection;
+use crate::decode::Rcode;
 use crate::decode::{Record, Seen};
 
 /// One sighting of a journey's packet.
@@ -86,7 +87,7 @@ impl FragmentNote {
 #[serde(rename_all = "snake_case", tag = "status")]
 pub enum Outcome {
     Answered {
-        rcode: Cow<'static, str>,
+        rcode: Rcode,
         answers: Vec<String>,
         truncated: bool,
     },
@@ -143,7 +144,7 @@ impl Gap {
 }
 
 impl Leg {
-    pub fn direction(&self) -> &'static str {
+    pub fn direction(&self) -> Direction {
         self.hook.direction()
     }
 }

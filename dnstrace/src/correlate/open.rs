@@ -456,7 +456,7 @@ impl Open {
             .filter(|l| !l.response())
             .min_by_key(|l| l.ts_ns);
         // Only device hooks have a way through; NAT and conntrack probes do not.
-        let through_device = matches!(p.hook.direction(), "ingress" | "egress");
+        let through_device = p.hook.direction().through_device();
         origin.is_some_and(|o| {
             through_device
                 && devs.get(o.dev).netns == p.netns
@@ -521,7 +521,7 @@ impl Open {
         }
         match self.answer.as_ref().filter(|_| self.decided > 0) {
             Some(msg) => Outcome::Answered {
-                rcode: msg.rcode.clone(),
+                rcode: msg.rcode,
                 answers: msg
                     .answers
                     .iter()

@@ -8,6 +8,7 @@ use dnstrace_common::{sample, Hook};
 use hickory_proto::rr::RecordType;
 
 use super::{devices::DEVICES_LIMIT, index::AnyCase, table::Table, *};
+use crate::decode::Rcode;
 use crate::decode::{
     dns,
     packet::{CtTuple, Dropped},
@@ -30,7 +31,7 @@ fn msg(id: u16, name: &str, qtype: &'static str, response: bool) -> DnsMessage {
         response,
         opcode: "QUERY".into(),
         flags: dns::Flags::default(),
-        rcode: "NOERROR".into(),
+        rcode: Rcode::NOERROR,
         questions: vec![dns::Question {
             name: name.into(),
             qtype,
@@ -234,7 +235,7 @@ fn a_healthy_lookup_is_one_complete_journey_with_its_dnat() {
         j.dnat.as_deref(),
         Some(&(addr("10.96.0.10:53"), addr("10.244.0.53:53")))
     );
-    assert!(matches!(j.outcome, Outcome::Answered { ref rcode, .. } if rcode == "NOERROR"));
+    assert!(matches!(j.outcome, Outcome::Answered { rcode, .. } if rcode == Rcode::NOERROR));
     let sum: u64 = j.legs.iter().map(|l| l.since_prev_ns).sum();
     assert_eq!(sum, j.total_ns(), "leg times add up to the total");
     assert_eq!(j.total_ns(), 211_000);

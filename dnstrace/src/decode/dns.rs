@@ -23,7 +23,7 @@ pub struct DnsMessage {
     /// Mnemonics are static; only unknown codes are formatted.
     pub opcode: Cow<'static, str>,
     pub flags: Flags,
-    pub rcode: Cow<'static, str>,
+    pub rcode: Rcode,
     pub questions: Vec<Question>,
     pub answers: Vec<Answer>,
     pub authority_count: usize,
@@ -89,7 +89,7 @@ pub fn header_and_questions(payload: &[u8]) -> Option<DnsMessage> {
 fn summarize(msg: &Message) -> DnsMessage {
     DnsMessage {
         // Includes the EDNS extended bits, which hickory merges in.
-        rcode: rcode_name(u16::from(msg.response_code())),
+        rcode: Rcode(u16::from(msg.response_code())),
         questions: msg.queries().iter().map(question).collect(),
         answers: msg.answers().iter().map(answer).collect(),
         authority_count: msg.name_servers().len(),
@@ -112,7 +112,7 @@ fn head(h: &Header) -> DnsMessage {
             ad: h.authentic_data(),
             cd: h.checking_disabled(),
         },
-        rcode: rcode_name(h.response_code().low().into()),
+        rcode: Rcode(h.response_code().low().into()),
         questions: Vec::new(),
         answers: Vec::new(),
         authority_count: 0,
@@ -129,16 +129,39 @@ fn question(q: &Query) -> Question {
     }
 }
 
-/// The mnemonic dig and the RFCs use.
-pub(super) fn rcode_name(code: u16) -> Cow<'static, str> {
-    const NAMES: [&str; 11] = [
-        "NOERROR", "FORMERR", "SERVFAIL", "NXDOMAIN", "NOTIMP", "REFUSED", "YXDOMAIN", "YXRRSET",
-        "NXRRSET", "NOTAUTH", "NOTZONE",
-    ];
-    match NAMES.get(usize::from(code)) {
-        Some(name) => Cow::Borrowed(name),
-        None if code == 16 => Cow::Borrowed("BADVERS"),
-        None => Cow::Owned(format!("RCODE{code}")),
+/// A response code, with EDNS's extended bits where the message had them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Rcode(pub u16);
+
+impl Rcode {
+    pub const NOERROR: Self = Self(0);
+    pub const SERVFAIL: Self = Self(2);
+    pub const NXDOMAIN: Self = Self(3);
+    pub const REFUSED: Self = Self(5);
+
+    /// The mnemonic dig and the RFCs use, or `RCODE` and its number.
+    pub fn name(self) -> &'static str {
+        const NAMES: [&str; 11] = [
+            "NOERROR", "FORMERR", "SERVFAIL", "NXDOMAIN", "NOTIMP", "REFUSED", "YXDOMAIN",
+            "YXRRSET", "NXRRSET", "NOTAUTH", "NOTZONE",
+        ];
+        match NAMES.get(usize::from(self.0)) {
+            Some(name) => name,
+            None if self.0 == 16 => "BADVERS",
+            None => numbered("RCODE", self.0),
+        }
+    }
+}
+
+impl fmt::Display for Rcode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl Serialize for Rcode {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
     }
 }
 
@@ -163,7 +186,7 @@ fn class_name(c: DNSClass) -> &'static str {
     }
 }
 
-/// Interned so that summaries keep `&'static str`: at most 2 × 65,536
+/// Interned so that summaries keep `&'static str`: at most 3 × 65,536
 /// short strings, whatever the traffic.
 fn numbered(prefix: &'static str, n: u16) -> &'static str {
     static SEEN: Mutex<BTreeMap<(&str, u16), &'static str>> = Mutex::new(BTreeMap::new());
@@ -370,7 +393,7 @@ mod tests {
         assert_eq!(m.id, 0xbeef);
         assert!(m.response && m.flags.aa && m.flags.rd && m.flags.ra && !m.flags.tc);
         assert_eq!(m.opcode, "QUERY");
-        assert_eq!(m.rcode, "NOERROR");
+        assert_eq!(m.rcode.name(), "NOERROR");
         assert_eq!(m.questions[0].name, "www.example.test.");
         assert_eq!(m.questions[0].qtype, "A");
         let got: Vec<(&str, &str)> = m
@@ -398,9 +421,9 @@ mod tests {
             .set_message_type(MessageType::Response)
             .set_response_code(ResponseCode::NXDomain);
         let m = dns(parse(&m.to_vec().unwrap()));
-        assert_eq!(m.rcode, "NXDOMAIN");
-        assert_eq!(rcode_name(2), "SERVFAIL");
-        assert_eq!(rcode_name(23), "RCODE23");
+        assert_eq!(m.rcode.name(), "NXDOMAIN");
+        assert_eq!(Rcode(2).name(), "SERVFAIL");
+        assert_eq!(Rcode(23).name(), "RCODE23");
         assert!(m.answers.is_empty());
     }
 
@@ -483,7 +506,7 @@ mod tests {
         // Cut short, it still says which query it answers, and no more.
         let cut = header_and_questions(&raw).unwrap();
         assert_eq!(
-            (cut.id, cut.response, cut.rcode.as_ref()),
+            (cut.id, cut.response, cut.rcode.name()),
             (0xbeef, true, "NOERROR")
         );
         assert_eq!(cut.questions[0].name, "www.example.test.");

@@ -10,7 +10,7 @@ use std::net::Ipv6Addr;
 
 use hickory_proto::rr::RecordType;
 
-use super::dns::{ipv4_text, plain, rcode_name, type_name, Answer, DnsMessage, Flags, Question};
+use super::dns::{ipv4_text, plain, type_name, Answer, DnsMessage, Flags, Question, Rcode};
 
 const CLASS_IN: u16 = 1;
 const TYPE_A: u16 = 1;
@@ -58,7 +58,7 @@ pub fn common(msg: &[u8]) -> Option<DnsMessage> {
             ad: flags & 0x0020 != 0,
             cd: flags & 0x0010 != 0,
         },
-        rcode: rcode_name(rcode),
+        rcode: Rcode(rcode),
         questions: vec![question],
         answers,
         authority_count: usize::from(ns),

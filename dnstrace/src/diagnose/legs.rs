@@ -2,6 +2,7 @@
 use std::net::IpAddr;
 
 use crate::correlate::{Journey, Leg};
+use dnstrace_common::Direction;
 
 /// `the answer 10.244.0.53:53 → 10.244.0.10:4000 (name A)`: the message a
 /// leg saw.
@@ -34,7 +35,7 @@ pub(super) fn answers_at_client(j: &Journey) -> impl Iterator<Item = &Leg> {
                 l.netns == o.netns
                     && l.ifindex == o.ifindex
                     && l.direction() != o.direction()
-                    && l.direction() != "drop"
+                    && l.direction() != Direction::Drop
             })
     })
 }

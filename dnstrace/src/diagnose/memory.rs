@@ -6,6 +6,7 @@ use std::{
 };
 
 use crate::correlate::{Connection, Journey, Outcome};
+use crate::decode::Rcode;
 
 /// A client's recent question: what, from which port, how it ended, when.
 #[derive(Clone, Debug)]
@@ -70,7 +71,8 @@ impl Recent {
         if r.len() == RECENT_PER_CLIENT {
             r.pop_front();
         }
-        let nxdomain = matches!(&j.outcome, Outcome::Answered { rcode, .. } if rcode == "NXDOMAIN");
+        let nxdomain =
+            matches!(&j.outcome, Outcome::Answered { rcode, .. } if *rcode == Rcode::NXDOMAIN);
         let truncated = !j.tcp
             && matches!(
                 j.outcome,

@@ -7,6 +7,7 @@ use super::{
     memory::Asked,
     AnomalyKind,
 };
+use crate::decode::Rcode;
 use crate::{
     correlate::{Journey, Leg, Outcome},
     decode::KernelNames,
@@ -75,7 +76,7 @@ pub(super) fn failing_answer(j: &Journey) -> Option<Finding<'_>> {
     let Outcome::Answered { rcode, .. } = &j.outcome else {
         return None;
     };
-    if rcode != "SERVFAIL" && rcode != "REFUSED" {
+    if ![Rcode::SERVFAIL, Rcode::REFUSED].contains(rcode) {
         return None;
     }
     let server = origin(j)?.dst;

@@ -5,6 +5,7 @@ use super::{
     AnomalyKind,
 };
 use crate::correlate::{Journey, Outcome};
+use crate::decode::Rcode;
 
 /// Search-list NXDOMAINs costing this much before an answer are worth a word.
 const AMPLIFICATION_NS: u64 = 100_000_000;
@@ -70,7 +71,7 @@ pub(super) fn ndots_amplification<'a>(j: &'a Journey, recent: &[&'a Asked]) -> O
     let Outcome::Answered { rcode, answers, .. } = &j.outcome else {
         return None;
     };
-    if rcode != "NOERROR" || answers.is_empty() || j.incomplete.is_some() {
+    if *rcode != Rcode::NOERROR || answers.is_empty() || j.incomplete.is_some() {
         return None;
     }
     let misses = search_misses(j, recent);

@@ -11,6 +11,7 @@ use super::{
     outcome::unanswered,
     *,
 };
+use crate::decode::Rcode;
 use crate::{
     correlate::{Connection, FragmentNote, Gap, Journey, Leg, Outcome, Reset},
     decode::Seen,
@@ -55,9 +56,9 @@ fn leg(
     }
 }
 
-fn answered(rcode: &'static str) -> Outcome {
+fn answered(rcode: Rcode) -> Outcome {
     Outcome::Answered {
-        rcode: rcode.into(),
+        rcode,
         answers: vec!["A 10.96.0.1".into()],
         truncated: false,
     }
@@ -75,7 +76,7 @@ fn healthy() -> Journey {
         tcp: false,
         started_ns: 0,
         ended_ns: 300_000,
-        outcome: answered("NOERROR"),
+        outcome: answered(Rcode::NOERROR),
         dnat: Some(Box::new((a("10.96.0.10:53"), a("10.244.0.53:53")))),
         legs: vec![
             leg(
@@ -166,9 +167,11 @@ fn kinds(j: &Journey) -> Vec<&'static str> {
 fn a_healthy_journey_raises_nothing() {
     assert!(kinds(&healthy()).is_empty());
     let mut external = healthy();
-    external
-        .upstream
-        .push(upstream("198.51.100.53:53", answered("NOERROR"), 100_000));
+    external.upstream.push(upstream(
+        "198.51.100.53:53",
+        answered(Rcode::NOERROR),
+        100_000,
+    ));
     assert!(kinds(&external).is_empty());
 }
 
@@ -294,7 +297,7 @@ fn drops_name_reason_and_place() {
 #[test]
 fn an_upstream_that_does_not_answer_is_named_with_its_counts() {
     let mut j = healthy();
-    j.outcome = answered("SERVFAIL");
+    j.outcome = answered(Rcode::SERVFAIL);
     j.upstream
         .push(upstream("198.51.100.53:53", Outcome::Timeout, 0));
     let found = Diagnoser::new(ctx())
@@ -314,9 +317,12 @@ fn an_upstream_that_does_not_answer_is_named_with_its_counts() {
 #[test]
 fn servfail_from_upstream_says_so() {
     let mut j = healthy();
-    j.outcome = answered("SERVFAIL");
-    j.upstream
-        .push(upstream("198.51.100.53:53", answered("SERVFAIL"), 100_000));
+    j.outcome = answered(Rcode::SERVFAIL);
+    j.upstream.push(upstream(
+        "198.51.100.53:53",
+        answered(Rcode::SERVFAIL),
+        100_000,
+    ));
     let found = Diagnoser::new(ctx())
         .journey(&j, &KernelNames::default())
         .raised;
@@ -335,7 +341,7 @@ fn a_slow_answer_says_where_the_time_went() {
     j.ended_ns = 850_100_000;
     j.upstream.push(upstream(
         "198.51.100.53:53",
-        answered("NOERROR"),
+        answered(Rcode::NOERROR),
         800_000_000,
     ));
     let found = Diagnoser::new(ctx())
@@ -396,9 +402,9 @@ fn counters_and_static_checks() {
 #[test]
 fn a_cache_forwarding_to_another_resolver_on_loopback_is_no_loop() {
     let mut j = healthy();
-    let mut up = upstream("198.51.100.53:53", answered("NOERROR"), 100_000);
+    let mut up = upstream("198.51.100.53:53", answered(Rcode::NOERROR), 100_000);
     up.upstream
-        .push(upstream("127.0.0.1:53", answered("NOERROR"), 50_000));
+        .push(upstream("127.0.0.1:53", answered(Rcode::NOERROR), 50_000));
     j.upstream.push(up);
     assert!(kinds(&j).is_empty());
 }
@@ -419,7 +425,7 @@ fn an_upstream_query_dropped_on_the_way_explains_the_client_timeout() {
 }
 
 /// A journey for `name` from the web pod, ended at `end_ms`, `ms` long.
-fn asked(id: u64, name: &str, rcode: &'static str, end_ms: u64, ms: u64) -> Journey {
+fn asked(id: u64, name: &str, rcode: Rcode, end_ms: u64, ms: u64) -> Journey {
     let end = end_ms * 1_000_000;
     Journey {
         id,
@@ -444,13 +450,19 @@ fn a_foreign_search_domain_after_the_cluster_ones_is_a_leak() {
     .enumerate()
     {
         assert!(d
-            .journey(&asked(i as u64, n, "NXDOMAIN", 10 + i as u64, 1), &names)
+            .journey(
+                &asked(i as u64, n, Rcode::NXDOMAIN, 10 + i as u64, 1),
+                &names
+            )
             .raised
             .is_empty());
     }
-    let mut leak = asked(9, "orders.corp.example.com.", "NXDOMAIN", 20, 1);
-    leak.upstream
-        .push(upstream("198.51.100.53:53", answered("NXDOMAIN"), 100_000));
+    let mut leak = asked(9, "orders.corp.example.com.", Rcode::NXDOMAIN, 20, 1);
+    leak.upstream.push(upstream(
+        "198.51.100.53:53",
+        answered(Rcode::NXDOMAIN),
+        100_000,
+    ));
     let found = d.journey(&leak, &names).raised;
     assert_eq!(
         found.iter().map(|a| a.kind.as_str()).collect::<Vec<_>>(),
@@ -472,10 +484,13 @@ fn the_absolute_name_after_the_search_list_is_no_leak() {
     .iter()
     .enumerate()
     {
-        d.journey(&asked(i as u64, n, "NXDOMAIN", 10 + i as u64, 1), &names);
+        d.journey(
+            &asked(i as u64, n, Rcode::NXDOMAIN, 10 + i as u64, 1),
+            &names,
+        );
     }
     assert!(d
-        .journey(&asked(9, "www.example.com.", "NOERROR", 20, 1), &names)
+        .journey(&asked(9, "www.example.com.", Rcode::NOERROR, 20, 1), &names)
         .raised
         .is_empty());
 }
@@ -494,12 +509,15 @@ fn costly_search_list_misses_before_an_answer_are_amplification() {
     for (ms, incomplete, expect) in [(1, false, 0), (60, false, 1), (60, true, 0)] {
         let mut d = Diagnoser::new(ctx());
         for (i, n) in WWW_MISSES.iter().enumerate() {
-            let mut miss = asked(i as u64, n, "NXDOMAIN", 100 * (i as u64 + 1), ms);
+            let mut miss = asked(i as u64, n, Rcode::NXDOMAIN, 100 * (i as u64 + 1), ms);
             miss.incomplete = incomplete.then_some(Gap::Lost);
             d.journey(&miss, &names);
         }
         let found = d
-            .journey(&asked(9, "www.example.com.", "NOERROR", 500, 1), &names)
+            .journey(
+                &asked(9, "www.example.com.", Rcode::NOERROR, 500, 1),
+                &names,
+            )
             .raised;
         assert_eq!(
             found
@@ -530,7 +548,7 @@ fn parallel_misses_cost_their_wall_time_not_their_sum() {
                     d.journey(
                         &Journey {
                             qtype,
-                            ..asked(id, n, "NXDOMAIN", end, ms)
+                            ..asked(id, n, Rcode::NXDOMAIN, end, ms)
                         },
                         &names,
                     );
@@ -539,7 +557,10 @@ fn parallel_misses_cost_their_wall_time_not_their_sum() {
         }
         let end = 1000 + 3 * ms + 1;
         let found = d
-            .journey(&asked(99, "www.example.com.", "NOERROR", end, 1), &names)
+            .journey(
+                &asked(99, "www.example.com.", Rcode::NOERROR, end, 1),
+                &names,
+            )
             .raised;
         let summary = found
             .iter()
@@ -731,7 +752,7 @@ fn truncated_answer() -> Journey {
         name: "big.example.com.".into(),
         qtype: "TXT",
         outcome: Outcome::Answered {
-            rcode: "NOERROR".into(),
+            rcode: Rcode::NOERROR,
             answers: vec![],
             truncated: true,
         },
@@ -873,7 +894,7 @@ fn an_answer_missing_a_fragment_is_a_fragment_lost_with_the_fragment_and_its_pla
         .all(|a| a.kind.as_str() != "fragment_lost"));
     // A whole answer with a fragment note elsewhere is no loss.
     let mut ok = j.clone();
-    ok.outcome = answered("NOERROR");
+    ok.outcome = answered(Rcode::NOERROR);
     assert!(Diagnoser::new(ctx()).journey(&ok, &names).raised.is_empty());
 }
 

@@ -146,7 +146,7 @@ fn leg(out: &mut Vec<u8>, l: &Leg) -> serde_json::Result<()> {
     key!(out, "hook");
     plain(out, l.hook.name());
     key!(out, "direction");
-    plain(out, l.direction());
+    plain(out, l.direction().name());
     key!(out, "iface");
     // A device may be named almost anything: escaped as needed.
     value(out, &l.iface)?;

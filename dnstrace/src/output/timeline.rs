@@ -149,6 +149,7 @@ mod tests {
     use dnstrace_common::Hook;
 
     use super::*;
+    use crate::decode::Rcode;
     use crate::{
         clock::Clock,
         correlate::{Gap, Outcome},
@@ -331,7 +332,7 @@ mod tests {
             1_500,
         );
         j.outcome = Outcome::Answered {
-            rcode: "NOERROR".into(),
+            rcode: Rcode::NOERROR,
             answers: vec!["A 10.1.2.3".into(); 5],
             truncated: true,
         };

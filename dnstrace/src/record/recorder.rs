@@ -25,6 +25,7 @@ use crate::{
     diagnose::Anomaly,
     pipeline::{Input, Tap},
 };
+use dnstrace_common::Direction;
 
 pub struct RecordOptions {
     pub path: PathBuf,
@@ -145,9 +146,9 @@ impl Recorder {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64);
         let flags = match p.hook.direction() {
-            "ingress" => FLAG_INBOUND,
-            "egress" => FLAG_OUTBOUND,
-            _ => 0,
+            Direction::Ingress => FLAG_INBOUND,
+            Direction::Egress => FLAG_OUTBOUND,
+            Direction::Drop | Direction::Nat | Direction::Clash => 0,
         };
         let f = frame::encode(p);
         let opts = [
@@ -262,7 +263,7 @@ impl Out {
             description: format!(
                 "dnstrace {} ({}) on {name}",
                 p.hook.name(),
-                p.hook.direction()
+                p.hook.direction().name()
             ),
             name,
         })?;

@@ -12,7 +12,9 @@ use super::{
     model::{detail, latency, AnomalyRow, Detail, Lookup, Status},
     state::{App, Focus, Screen},
 };
+use crate::decode::Rcode;
 use crate::diagnose::Severity;
+use dnstrace_common::Direction;
 
 const WARN: Style = Style::new().fg(Color::Yellow).add_modifier(Modifier::BOLD);
 const BAD: Style = Style::new().fg(Color::Red).add_modifier(Modifier::BOLD);
@@ -246,8 +248,10 @@ fn draw_anomaly_detail(a: &AnomalyRow, f: &mut Frame, area: Rect) {
 
 fn status_style(s: &Status) -> Style {
     match s {
-        Status::Answered { rcode, .. } if rcode == "NOERROR" => Style::new().fg(Color::Green),
-        Status::Answered { rcode, .. } if rcode == "NXDOMAIN" => Style::new().fg(Color::Yellow),
+        Status::Answered { rcode, .. } if *rcode == Rcode::NOERROR => Style::new().fg(Color::Green),
+        Status::Answered { rcode, .. } if *rcode == Rcode::NXDOMAIN => {
+            Style::new().fg(Color::Yellow)
+        }
         _ => BAD,
     }
 }
@@ -444,13 +448,13 @@ fn draw_legs(d: &Detail, f: &mut Frame, area: Rect) {
     );
 }
 
-fn arrow(direction: &str) -> &'static str {
+fn arrow(direction: Option<Direction>) -> &'static str {
     match direction {
-        "ingress" => "in ",
-        "egress" => "out",
-        "drop" => "DROP",
-        "nat" => "NAT",
-        _ => "   ",
+        Some(Direction::Ingress) => "in ",
+        Some(Direction::Egress) => "out",
+        Some(Direction::Drop) => "DROP",
+        Some(Direction::Nat) => "NAT",
+        Some(Direction::Clash) | None => "   ",
     }
 }
 

@@ -2,13 +2,15 @@
 //! side from journeys and anomalies (names already applied). A journey's
 //! own screen is built from the journey when it is shown, with the same
 //! labels: built for every journey, it was a third of the live view's CPU.
-use std::{borrow::Cow, net::SocketAddr, sync::Arc};
+use std::{net::SocketAddr, sync::Arc};
 
+use crate::decode::Rcode;
 use crate::{
     correlate::{Gap, Journey, Outcome},
     diagnose::{Anomaly, AnomalyKind, Severity},
     output::Labels,
 };
+use dnstrace_common::Direction;
 
 /// An anomaly's identity across updates.
 pub type AnomalyKey = (AnomalyKind, String);
@@ -16,10 +18,7 @@ pub type AnomalyKey = (AnomalyKind, String);
 /// How a lookup ended, in the words of the lookup list.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Status {
-    Answered {
-        rcode: Cow<'static, str>,
-        truncated: bool,
-    },
+    Answered { rcode: Rcode, truncated: bool },
     Dropped,
     Timeout,
 }
@@ -27,8 +26,8 @@ pub enum Status {
 impl Status {
     pub fn word(&self) -> &str {
         match self {
-            Self::Answered { rcode, .. } if rcode == "NOERROR" => "answered",
-            Self::Answered { rcode, .. } => rcode,
+            Self::Answered { rcode, .. } if *rcode == Rcode::NOERROR => "answered",
+            Self::Answered { rcode, .. } => rcode.name(),
             Self::Dropped => "dropped",
             Self::Timeout => "timeout",
         }
@@ -37,7 +36,7 @@ impl Status {
     /// SERVFAIL, REFUSED and the like: an answer that is a failure.
     pub fn failed(&self) -> bool {
         match self {
-            Self::Answered { rcode, .. } => rcode != "NOERROR" && rcode != "NXDOMAIN",
+            Self::Answered { rcode, .. } => ![Rcode::NOERROR, Rcode::NXDOMAIN].contains(rcode),
             Self::Dropped => true,
             Self::Timeout => false,
         }
@@ -80,7 +79,8 @@ pub struct LegRow {
     pub heading: Option<String>,
     pub since_prev_ns: u64,
     pub place: String,
-    pub direction: &'static str,
+    /// None on a heading row.
+    pub direction: Option<Direction>,
     pub answer: bool,
     pub from: String,
     pub to: String,
@@ -155,7 +155,7 @@ pub fn lookup(j: Journey, badges: &[AnomalyKey], labels: &Labels) -> Lookup {
         Outcome::Answered {
             rcode, truncated, ..
         } => Status::Answered {
-            rcode: rcode.clone(),
+            rcode: *rcode,
             truncated: *truncated,
         },
         Outcome::Dropped { .. } => Status::Dropped,
@@ -234,7 +234,7 @@ fn legs(j: &Journey, depth: u8, labels: &Labels) -> Vec<LegRow> {
                 heading: None,
                 since_prev_ns: l.since_prev_ns,
                 place: labels.place(l),
-                direction: l.direction(),
+                direction: Some(l.direction()),
                 answer: l.response,
                 from: at(labels, l.src),
                 to: at(labels, l.dst),
@@ -255,7 +255,7 @@ fn legs(j: &Journey, depth: u8, labels: &Labels) -> Vec<LegRow> {
             )),
             since_prev_ns: 0,
             place: String::new(),
-            direction: "",
+            direction: None,
             answer: false,
             from: String::new(),
             to: String::new(),

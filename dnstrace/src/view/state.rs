@@ -3,6 +3,7 @@
 use std::{collections::VecDeque, sync::Arc};
 
 use super::model::{AnomalyKey, AnomalyRow, Lookup};
+use crate::decode::Rcode;
 use crate::output::Labels;
 use crate::pipeline::Health;
 
@@ -104,7 +105,9 @@ impl Stats {
         match &l.status {
             s if s.failed() => t.failed += 1,
             super::model::Status::Timeout => t.unanswered += 1,
-            super::model::Status::Answered { rcode, .. } if rcode == "NXDOMAIN" => t.nxdomain += 1,
+            super::model::Status::Answered { rcode, .. } if *rcode == Rcode::NXDOMAIN => {
+                t.nxdomain += 1
+            }
             _ => t.answered += 1,
         }
         let second = l.journey.started_ns / 1_000_000_000;

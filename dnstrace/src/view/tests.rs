@@ -21,6 +21,7 @@ use super::{
     state::{About, Action, App, Focus, Screen, Update, MAX_ROWS},
     LiveOut,
 };
+use crate::decode::Rcode;
 use crate::{
     clock::Clock,
     correlate::{Journey, Leg, Limits, Outcome},
@@ -183,15 +184,15 @@ fn journey(id: u64, name: &str, start: u64, outcome: Outcome, upstream: bool) ->
 
 fn noerror(answer: &str) -> Outcome {
     Outcome::Answered {
-        rcode: "NOERROR".into(),
+        rcode: Rcode::NOERROR,
         answers: vec![answer.into()],
         truncated: false,
     }
 }
 
-fn rcode(r: &'static str) -> Outcome {
+fn rcode(r: Rcode) -> Outcome {
     Outcome::Answered {
-        rcode: r.into(),
+        rcode: r,
         answers: vec![],
         truncated: false,
     }
@@ -247,7 +248,7 @@ fn busy() -> App {
                 2,
                 "www.example.com.default.svc.cluster.local.",
                 6 * S,
-                rcode("NXDOMAIN"),
+                rcode(Rcode::NXDOMAIN),
                 false,
             ),
             &[],
@@ -267,7 +268,13 @@ fn busy() -> App {
             &badge[..],
         ),
         (
-            journey(5, "broken.example.com.", 9 * S, rcode("SERVFAIL"), false),
+            journey(
+                5,
+                "broken.example.com.",
+                9 * S,
+                rcode(Rcode::SERVFAIL),
+                false,
+            ),
             &[],
         ),
     ];
