@@ -389,6 +389,8 @@ mod user {
     unsafe impl aya::Pod for super::ApartHead {}
     // SAFETY: plain `#[repr(C)]` u32 fields.
     unsafe impl aya::Pod for crate::TargetFilter {}
+    // SAFETY: plain `#[repr(C)]` u32 fields.
+    unsafe impl aya::Pod for crate::IfaceConfig {}
 }
 
 // The layouts are shared with the kernel programs: no implicit padding allowed.

@@ -12,21 +12,11 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray, PerfEventArray, RingBuf},
 };
 use dnstrace_common::{
-    port_slot, sample, wakes_reader, ApartHead, EventHeader, EventKind, KernelOffsets, PacketMeta,
-    SampleLevel, TargetFilter, APART_HEAD_SIZE, COUNTERS, COUNT_APART_LOST, COUNT_LOST, COUNT_SHED,
-    CT_SPAN_MAX, FLAG_CONNTRACK, FLAG_PAYLOAD_APART, L2_LEN_MIXED, MAX_WATCHED, PACKET_META_SIZE,
-    PAYLOAD_MAX, PORT_WORDS, ROLE_RESOLVER, ROLE_TARGET, SCHEMA_VERSION,
+    port_slot, sample, wakes_reader, ApartHead, EventHeader, EventKind, IfaceConfig, KernelOffsets,
+    PacketMeta, SampleLevel, TargetFilter, APART_HEAD_SIZE, COUNTERS, COUNT_APART_LOST, COUNT_LOST,
+    COUNT_SHED, CT_SPAN_MAX, FLAG_CONNTRACK, FLAG_PAYLOAD_APART, L2_LEN_MIXED, MAX_WATCHED,
+    PACKET_META_SIZE, PAYLOAD_MAX, PORT_WORDS, ROLE_RESOLVER, ROLE_TARGET, SCHEMA_VERSION,
 };
-
-/// Per-interface facts only user space knows (tc hooks).
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct IfaceConfig {
-    /// Inode of the network namespace the interface lives in.
-    pub netns: u32,
-    /// Bytes of link-layer header before the IP header (14, or 0 on L3 devices).
-    pub l2_len: u32,
-}
 
 #[map]
 static EVENTS: RingBuf = RingBuf::with_byte_size(4 << 20, 0);

@@ -18,8 +18,8 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use dnstrace_common::{
-    port_slot, KernelOffsets, SampleLevel, TargetFilter, COUNT_APART_LOST, COUNT_LOST, COUNT_SHED,
-    L2_LEN_MIXED, PORT_WORDS,
+    port_slot, IfaceConfig, KernelOffsets, SampleLevel, TargetFilter, COUNT_APART_LOST, COUNT_LOST,
+    COUNT_SHED, L2_LEN_MIXED, PORT_WORDS,
 };
 
 /// What to attach, and how: the probes' own options, which the command
@@ -87,17 +87,6 @@ impl Counts {
 }
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/dnstrace-ebpf.o"));
-
-/// Mirrors `IfaceConfig` in dnstrace-ebpf.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct IfaceConfig {
-    netns: u32,
-    l2_len: u32,
-}
-
-// SAFETY: plain `#[repr(C)]` integers.
-unsafe impl aya::Pod for IfaceConfig {}
 
 /// An interface in dnstrace's network namespace.
 #[derive(Clone, Debug)]
