@@ -14,6 +14,24 @@ use crate::netns::in_netns;
 
 const NLA_TYPE_MASK: u16 = 0x3fff;
 
+/// A raw netlink socket of `protocol`, close-on-exec, with `flags` (such as
+/// SOCK_NONBLOCK) added.
+pub fn socket(protocol: i32, flags: i32) -> io::Result<OwnedFd> {
+    // SAFETY: plain socket(2); the descriptor is owned at once.
+    let raw = unsafe {
+        libc::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC | flags,
+            protocol,
+        )
+    };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: raw is a fresh descriptor no one else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
 /// A netlink socket bound to multicast `groups` in a namespace.
 pub struct Subscription {
     fd: AsyncFd<OwnedFd>,
@@ -26,19 +44,8 @@ impl Subscription {
     /// `rcvbuf` bytes of queue; root may exceed rmem_max.
     pub fn open(netns: Option<&Path>, protocol: i32, groups: u32, rcvbuf: i32) -> Result<Self> {
         let fd = in_netns(netns, move || {
-            // SAFETY: plain socket(2); owned at once.
-            let raw = unsafe {
-                libc::socket(
-                    libc::AF_NETLINK,
-                    libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-                    protocol,
-                )
-            };
-            if raw < 0 {
-                bail!("netlink socket: {}", io::Error::last_os_error());
-            }
-            // SAFETY: raw is a fresh descriptor.
-            let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+            let fd = socket(protocol, libc::SOCK_NONBLOCK)
+                .map_err(|e| anyhow!("netlink socket: {e}"))?;
             // SAFETY: zeroed sockaddr_nl with its family and groups set.
             let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
             addr.nl_family = libc::AF_NETLINK as u16;

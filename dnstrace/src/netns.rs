@@ -3,7 +3,7 @@
 //! namespace they were opened in, and programs inherit the thread's.
 use std::{fs::File, os::fd::AsRawFd, path::Path};
 
-use anyhow::{anyhow, bail, Context as _, Result};
+use anyhow::{anyhow, Context as _, Result};
 
 /// Runs `f` on a thread inside the network namespace at `netns` (or here).
 pub fn in_netns<T: Send + 'static>(
@@ -17,18 +17,22 @@ pub fn in_netns<T: Send + 'static>(
         .transpose()?;
     std::thread::spawn(move || {
         if let Some(ns) = ns {
-            // SAFETY: setns on this thread only, with a namespace fd.
-            if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                bail!(
-                    "entering the network namespace: {}",
-                    std::io::Error::last_os_error()
-                );
-            }
+            enter(&ns).context("entering the network namespace")?;
         }
         f()
     })
     .join()
     .map_err(|_| anyhow!("netns thread panicked"))?
+}
+
+/// Moves the calling thread into the network namespace `ns`; threads it
+/// spawns then start there too.
+pub fn enter(ns: &File) -> std::io::Result<()> {
+    // SAFETY: setns on the calling thread only, with a namespace fd.
+    if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// The inode of the network namespace at `netns` (or dnstrace's own).

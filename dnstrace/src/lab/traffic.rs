@@ -4,7 +4,6 @@ use std::{
     fs::File,
     io::{Read as _, Write as _},
     net::{IpAddr, SocketAddr, TcpStream, UdpSocket},
-    os::fd::AsRawFd as _,
     sync::{mpsc, Arc, Barrier},
     time::{Duration, Instant},
 };
@@ -184,14 +183,7 @@ fn text_line(o: &Outcome) -> String {
 fn enter_netns(ns: &str) -> Result<()> {
     let f = File::open(format!("/run/netns/{ns}"))
         .with_context(|| format!("opening namespace {ns}"))?;
-    // SAFETY: setns on the calling thread with a valid namespace fd.
-    if unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-        bail!(
-            "entering namespace {ns}: {}",
-            std::io::Error::last_os_error()
-        );
-    }
-    Ok(())
+    crate::netns::enter(&f).with_context(|| format!("entering namespace {ns}"))
 }
 
 fn drive(

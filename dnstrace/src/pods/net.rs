@@ -5,7 +5,7 @@ use std::{
     io,
     mem::size_of,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
-    os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd},
+    os::fd::{AsFd, AsRawFd, OwnedFd},
     path::Path,
 };
 
@@ -198,19 +198,7 @@ fn get_link(index: u32) -> Result<Option<Link>> {
 
 /// A NETLINK_ROUTE socket that gives up on a reply after two seconds.
 fn route_socket() -> io::Result<OwnedFd> {
-    // SAFETY: plain socket(2); the fd is owned right away.
-    let fd = unsafe {
-        libc::socket(
-            libc::AF_NETLINK,
-            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-            libc::NETLINK_ROUTE,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fd is a fresh, valid descriptor.
-    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    let sock = crate::netlink::socket(libc::NETLINK_ROUTE, 0)?;
     let timeout = libc::timeval {
         tv_sec: 2,
         tv_usec: 0,

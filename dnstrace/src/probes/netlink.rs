@@ -2,7 +2,7 @@
 use std::{
     io,
     mem::size_of,
-    os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd},
+    os::fd::{AsFd, AsRawFd},
 };
 
 const TC_H_CLSACT: u32 = 0xffff_fff1;
@@ -29,19 +29,7 @@ struct Request {
 
 /// Deletes the clsact qdisc of interface `ifindex` (and the filters on it).
 pub fn delete_clsact(ifindex: u32) -> io::Result<()> {
-    // SAFETY: plain socket(2); the fd is owned right away.
-    let fd = unsafe {
-        libc::socket(
-            libc::AF_NETLINK,
-            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-            libc::NETLINK_ROUTE,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fd is a fresh, valid descriptor.
-    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    let sock = crate::netlink::socket(libc::NETLINK_ROUTE, 0)?;
     let req = Request {
         header: libc::nlmsghdr {
             nlmsg_len: size_of::<Request>() as u32,
