@@ -137,7 +137,7 @@ fn tc_l2_len(ifaces: &[Iface]) -> u32 {
 /// The step of backlog past which the kernel wakes the reader: a quarter
 /// of the ring (a power of two, as the ring is), so a burst is read well
 /// before it fills. Below it the capture reads on its tick
-/// (`capture::LiveSource`).
+/// (`commands::trace::LiveSource`).
 fn wake_bytes(ring_bytes: u32) -> u64 {
     u64::from(ring_bytes / 4)
 }

@@ -299,7 +299,7 @@ impl Costs {
 mod tests {
     use super::*;
 
-    /// dnstrace's CPU per lookup (µs) in 15 rounds of REV: the machine's
+    /// A cost in 15 rounds of REV (dnstrace's CPU, any unit): the machine's
     /// noise swings it by a fifth from round to round.
     const REV: [f64; 15] = [
         10.0, 11.2, 9.4, 10.6, 12.1, 9.8, 10.3, 11.7, 9.1, 10.9, 10.2, 11.5, 9.6, 10.8, 12.4,

@@ -1,5 +1,5 @@
 //! Loops in the module graph. Each import is lifted to the two sibling
-//! modules it joins (`pods::report` -> `target` is `pods` -> `target`,
+//! modules it joins (`commands::trace` -> `probes` is `commands` -> `probes`,
 //! `decode::dns` -> `decode::wire` stays), so a loop is one among siblings:
 //! two parts of the tree that need each other, through whichever of their
 //! files. An import between a module and its own ancestor is the ordinary
