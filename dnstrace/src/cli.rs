@@ -191,20 +191,29 @@ pub struct CaptureArgs {
     #[arg(long, value_name = "auto|N", default_value = "auto", value_parser = parse_sample)]
     pub sample: SampleMode,
 
-    /// How programs are attached to interfaces: TCX links where the kernel
-    /// has them (6.6+), else a clsact qdisc over netlink.
-    #[arg(long, value_enum, default_value_t = AttachMode::Auto, hide = true)]
-    pub tc_attach: AttachMode,
+    /// How programs attach to the --iface devices: TCX links where the
+    /// kernel has them (6.6+), else a clsact qdisc; `netlink` always takes
+    /// the qdisc (filters `tc filter show` lists, as older tools expect).
+    #[arg(long, value_enum, value_name = "MODE", default_value_t = TcAttach::Auto)]
+    pub tc_attach: TcAttach,
+}
 
-    /// The node-wide tracepoints read the kernel's structs with probe reads,
-    /// as where the verifier refuses direct loads (slower; for tests).
-    #[arg(long, hide = true)]
-    pub probe_reads: bool,
+/// `--tc-attach`, the probes' AttachMode.
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum TcAttach {
+    Auto,
+    Tcx,
+    Netlink,
+}
 
-    /// Events are read off the ring buffer and dropped undecoded: what the
-    /// kernel side costs on its own (for `cargo xtask bench`).
-    #[arg(long, hide = true)]
-    pub discard_events: bool,
+impl From<TcAttach> for AttachMode {
+    fn from(t: TcAttach) -> Self {
+        match t {
+            TcAttach::Auto => Self::Auto,
+            TcAttach::Tcx => Self::Tcx,
+            TcAttach::Netlink => Self::Netlink,
+        }
+    }
 }
 
 /// Where the container runtimes keep their state; a missing one is skipped.
@@ -256,8 +265,8 @@ impl CaptureArgs {
                 ifaces: self.ifaces,
                 ports: self.ports,
                 ring_buffer_mib: self.ring_buffer_mib,
-                attach: self.tc_attach,
-                probe_reads: self.probe_reads,
+                attach: self.tc_attach.into(),
+                ..ProbeOptions::default()
             },
             target: target::Query {
                 pod: self.pod,
@@ -273,7 +282,7 @@ impl CaptureArgs {
                 max_bytes: self.record_size,
                 files: self.record_files,
             }),
-            discard_events: self.discard_events,
+            discard_events: false,
             format: self.output.unwrap_or(Format::Text),
             log_file: self.log_file,
         }

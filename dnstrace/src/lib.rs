@@ -1,8 +1,10 @@
 //! dnstrace: follow DNS on a Linux or Kubernetes node with eBPF.
 //!
 //! A library only so that the fuzz targets (`fuzz/`, feature `fuzzing`)
-//! can reach the decoders, and the pipeline bench (`benches/`, feature
-//! `bench`) the pipeline; the binary is `main` and nothing else is public.
+//! can reach the decoders, the pipeline bench (`benches/`, feature
+//! `bench`) the pipeline, and the tests' and the bench's
+//! `dnstrace-harness` (feature `harness`) the layers' switches; the binary
+//! is `main` and nothing else is public.
 #[cfg(feature = "bench")]
 pub mod bench;
 mod cli;
@@ -14,6 +16,8 @@ mod decode;
 mod diagnose;
 #[cfg(feature = "fuzzing")]
 pub mod fuzz;
+#[cfg(feature = "harness")]
+mod harness;
 mod ingest;
 mod lab;
 mod links;
@@ -49,12 +53,30 @@ static MALLOC_CONF: &[u8; 45] = b"dirty_decay_ms:1000,max_background_threads:1\0
 
 /// The command line, run to the end.
 pub fn main() -> ExitCode {
+    run(std::env::args_os(), |_| ())
+}
+
+/// dnstrace-harness: dnstrace with the layers' switches at the front of
+/// its command line set (`harness`).
+#[cfg(feature = "harness")]
+pub fn harness_main() -> ExitCode {
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let switches = harness::Switches::take(&mut args);
+    args[0] = "dnstrace".into();
+    run(args, |o| switches.apply(o))
+}
+
+/// The command line `args`, with `tune` applied to what `trace` is asked for.
+fn run(
+    args: impl IntoIterator<Item = std::ffi::OsString>,
+    tune: impl FnOnce(&mut commands::trace::TraceOptions),
+) -> ExitCode {
     if setuid() {
         return fail(anyhow::anyhow!(
             "dnstrace refuses to run as a setuid or setgid program: remove the bit and run it as root (sudo)"
         ));
     }
-    let cli = cli::Cli::parse();
+    let cli = cli::Cli::parse_from(args);
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -113,21 +135,28 @@ pub fn main() -> ExitCode {
                 } else {
                     pipeline::View::Journeys(limits)
                 };
-                commands::trace::run(capture.trace_options(), view).await
+                commands::trace::run(tuned(*capture, tune), view).await
             }
             None if cli.capture.live() => {
                 let view = pipeline::View::Live(correlate::Limits::default());
-                commands::trace::run(cli.capture.trace_options(), view).await
+                commands::trace::run(tuned(cli.capture, tune), view).await
             }
-            None => {
-                commands::trace::run(cli.capture.trace_options(), pipeline::View::Packets).await
-            }
+            None => commands::trace::run(tuned(cli.capture, tune), pipeline::View::Packets).await,
         }
     };
     match runtime.block_on(work) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail(e),
     }
+}
+
+fn tuned(
+    capture: cli::CaptureArgs,
+    tune: impl FnOnce(&mut commands::trace::TraceOptions),
+) -> commands::trace::TraceOptions {
+    let mut options = capture.trace_options();
+    tune(&mut options);
+    options
 }
 
 /// Started through a setuid or setgid bit: the caller is not who runs it.

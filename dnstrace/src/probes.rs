@@ -53,7 +53,7 @@ impl Default for ProbeOptions {
 
 /// How programs are attached to interfaces: TCX links where the kernel has
 /// them (6.6+), else a clsact qdisc over netlink.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttachMode {
     Auto,
     Tcx,
@@ -362,7 +362,7 @@ impl Probes {
         const READS: &str = "every device, every netns, probe reads";
         for t in &TRACEPOINTS {
             let direct = if probe_reads {
-                Err(anyhow!("not loaded (--probe-reads)"))
+                Err(anyhow!("not loaded (probe reads asked for)"))
             } else {
                 loaded
                     .remove(t.program)

@@ -191,30 +191,34 @@ pub fn wait_for<T>(mut f: impl FnMut() -> Option<T>) -> Result<T> {
 pub fn dnstrace_bin() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
-        std::env::var_os("DNSTRACE_BIN").map_or_else(|| build("debug"), PathBuf::from)
+        std::env::var_os("DNSTRACE_BIN").map_or_else(|| build("debug", "dnstrace"), PathBuf::from)
     })
 }
 
 /// An optimised dnstrace, for tests that measure what it keeps up with.
 pub fn dnstrace_release_bin() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| build("release"))
+    BIN.get_or_init(|| build("release", "dnstrace"))
 }
 
-fn build(profile: &str) -> PathBuf {
+/// dnstrace with the layers' switches the tests set, which the user's
+/// command line has not (`dnstrace/src/harness.rs`), built once per run.
+pub fn harness_bin() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| build("debug", "dnstrace-harness"))
+}
+
+fn build(profile: &str, bin: &str) -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("workspace root");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = Command::new(cargo);
-    cmd.current_dir(root).args([
-        "build",
-        "--quiet",
-        "--package",
-        "dnstrace",
-        "--bin",
-        "dnstrace",
-    ]);
+    cmd.current_dir(root)
+        .args(["build", "--quiet", "--package", "dnstrace", "--bin", bin]);
+    if bin == "dnstrace-harness" {
+        cmd.args(["--features", "harness"]);
+    }
     if profile == "release" {
         cmd.arg("--release");
     }
@@ -224,7 +228,7 @@ fn build(profile: &str) -> PathBuf {
     );
     let target =
         std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
-    target.join(profile).join("dnstrace")
+    target.join(profile).join(bin)
 }
 
 /// Which lookups a test needs dnstrace to keep. Under its defaults it
@@ -270,6 +274,14 @@ impl Dnstrace {
     pub fn start(ns: &Netns, keep: Keep, args: &[&str]) -> Result<Self> {
         let mut cmd = ns.cmd(dnstrace_bin().to_str().expect("utf-8 path"));
         cmd.args(keep.args(args));
+        Self::spawn(cmd)
+    }
+
+    /// Starts `dnstrace-harness` in `ns` with the layers' `switches` (see
+    /// `harness_bin`) before dnstrace's `args`.
+    pub fn start_harness(ns: &Netns, keep: Keep, switches: &[&str], args: &[&str]) -> Result<Self> {
+        let mut cmd = ns.cmd(harness_bin().to_str().expect("utf-8 path"));
+        cmd.args(switches).args(keep.args(args));
         Self::spawn(cmd)
     }
 

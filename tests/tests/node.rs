@@ -23,7 +23,7 @@ fn position(legs: &[&Value], what: &str, f: impl Fn(&Value) -> bool) -> usize {
 
 #[test]
 fn every_leg_of_a_lookup_is_seen_with_namespace_and_nat() {
-    let said = every_leg_seen(&[], "every netns)");
+    let said = every_leg_seen(dnstrace_bin(), &[], "every netns)");
     assert!(
         !said.iter().any(|l| l.contains("direct loads in")),
         "{said:?}"
@@ -31,10 +31,15 @@ fn every_leg_of_a_lookup_is_seen_with_namespace_and_nat() {
 }
 
 /// The programs a kernel runs where its verifier refuses direct loads:
-/// `--probe-reads` takes the way such a refusal does, and says so.
+/// the probes' `probe_reads` (the harness's `--probe-reads`) takes the way
+/// such a refusal does, and says so.
 #[test]
 fn every_leg_is_seen_with_probe_reads_too() {
-    let said = every_leg_seen(&["--probe-reads"], "every netns, probe reads)");
+    let said = every_leg_seen(
+        harness_bin(),
+        &["--probe-reads"],
+        "every netns, probe reads)",
+    );
     let fallbacks = said
         .iter()
         .filter(|l| {
@@ -44,11 +49,13 @@ fn every_leg_is_seen_with_probe_reads_too() {
     assert_eq!(fallbacks, 3, "{said:?}");
 }
 
-/// Traces one lookup through the lab; returns what dnstrace said at start.
-fn every_leg_seen(args: &[&str], how: &str) -> Vec<String> {
+/// Traces one lookup through the lab with `bin`, its `switches` first;
+/// returns what dnstrace said at start.
+fn every_leg_seen(bin: &std::path::Path, switches: &[&str], how: &str) -> Vec<String> {
     require_root();
     let lab = Lab::up(&[]);
-    let trace = Dnstrace::start_here(Keep::Every, &[&["-o", "json"], args].concat()).unwrap();
+    let trace =
+        Dnstrace::start_binary(bin, Keep::Every, &[switches, &["-o", "json"]].concat()).unwrap();
     let tracepoints = trace
         .stderr_lines
         .iter()

@@ -212,17 +212,19 @@ fn too_many_open_journeys_are_evicted_and_counted() {
     );
 }
 
-/// `--discard-events`, the bench's measure of the kernel side alone: the
-/// events are read off the ring and counted, and none is decoded.
+/// Events discarded undecoded (the harness's `--discard-events`), the
+/// bench's measure of the kernel side alone: the events are read off the
+/// ring and counted, and none is decoded.
 #[test]
 fn discarded_events_are_read_and_counted_not_decoded() {
     require_root();
     let pair = Pair::new().unwrap();
     let _dns = www_test(&pair);
-    let trace = Dnstrace::start(
+    let trace = Dnstrace::start_harness(
         &pair.server,
         Keep::Every,
-        &["--iface", Pair::SERVER_IF, "--discard-events", "-o", "json"],
+        &["--discard-events"],
+        &["--iface", Pair::SERVER_IF, "-o", "json"],
     )
     .unwrap();
     let (out, stderr) = dig_and_stop(&pair, trace, "--discard-events");

@@ -71,7 +71,7 @@ const LAYERS: &[Layer] = &[
     },
     Layer {
         name: "cli",
-        modules: &["cli", "bench", "fuzz"],
+        modules: &["cli", "bench", "fuzz", "harness"],
     },
 ];
 
@@ -232,11 +232,17 @@ impl ModPath {
     }
 
     /// `decode/dns.rs` is `decode::dns`, `decode/mod.rs` and `decode.rs`
-    /// are `decode`, lib.rs and main.rs are the root.
+    /// are `decode`, lib.rs, main.rs and the other binaries' entry points
+    /// (`bin/*.rs`) are the root.
     fn of_file(file: &str) -> Self {
         let file = file.strip_suffix(".rs").unwrap_or(file);
         let mut segments: Vec<String> = file.split('/').map(str::to_owned).collect();
-        if matches!(segments.as_slice(), [only] if only == "lib" || only == "main") {
+        let entry = match segments.as_slice() {
+            [only] => only == "lib" || only == "main",
+            [dir, _] => dir == "bin",
+            _ => false,
+        };
+        if entry {
             segments.clear();
         }
         if segments.last().is_some_and(|s| s == "mod") {

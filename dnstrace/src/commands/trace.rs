@@ -37,7 +37,7 @@ pub struct TraceOptions {
     pub sample: SampleMode,
     pub record: Option<RecordOptions>,
     /// Events read off the ring and dropped undecoded: what the kernel
-    /// side costs on its own (for the bench).
+    /// side costs on its own (set by the bench, through the harness).
     pub discard_events: bool,
     pub format: Format,
     pub log_file: Option<std::path::PathBuf>,

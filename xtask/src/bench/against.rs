@@ -1,10 +1,12 @@
-//! `--against REV`: what tracing UDP DNS costs with the dnstrace of another
-//! git revision and with this tree's, in rounds that alternate the two
-//! under the same load, as ratios of one run (issue 31: capturing more must
-//! not make UDP tracing slower). The ratio is paired: the two runs of a
-//! round, back to back under the same load and noise, give a ratio each
-//! round, and the figure is the median of those.
-use super::*;
+//! `--against REV`: what tracing costs with the dnstrace of another git
+//! revision and with this tree's, in rounds that alternate the two under
+//! the same load, as ratios of one run: UDP DNS per packet (issue 31:
+//! capturing more must not make UDP tracing slower), and the lab's
+//! capacity and the user-space pipeline (issue 32: a redesign must not
+//! lose speed). The ratios are paired: the two runs of a round, back to
+//! back under the same load and noise, give a ratio each round, and the
+//! figure is the median of those.
+use super::{pipeline::STAGE_PASSES, *};
 use crate::check;
 
 /// Another revision's dnstrace, built in a git worktree of its own.
@@ -14,6 +16,8 @@ pub(super) struct Against {
     /// Its commit, short, as the table names it.
     short: String,
     bin: PathBuf,
+    /// Its `benches/pipeline.rs`, built.
+    stages: PathBuf,
     /// This tree as the table names it, when it was built.
     this: String,
 }
@@ -30,16 +34,20 @@ impl Against {
             .join(&commit[..12]);
         worktree(&dir, &commit)?;
         eprintln!("bench: building dnstrace at {rev} in {}", dir.display());
-        let bin = build_dnstrace(
-            cargo_cmd()
-                .current_dir(&dir)
-                .env("CARGO_TARGET_DIR", dir.join("target")),
-        )
-        .with_context(|| format!("building dnstrace at {rev}"))?;
+        let cargo = || {
+            let mut c = cargo_cmd();
+            c.current_dir(&dir)
+                .env("CARGO_TARGET_DIR", dir.join("target"));
+            c
+        };
+        let bin =
+            build_dnstrace(&mut cargo()).with_context(|| format!("building dnstrace at {rev}"))?;
+        let stages = pipeline_bench(&mut cargo()).with_context(|| format!("at {rev}"))?;
         Ok(Self {
             rev: rev.to_owned(),
             short: commit[..7].to_owned(),
             bin,
+            stages,
             this: this_tree(),
         })
     }
@@ -153,6 +161,7 @@ impl Bench {
             .as_ref()
             .ok_or_else(|| anyhow!("needs --against REV"))?;
         let bins = [a.bin.clone(), self.bin.clone()];
+        let stages = [a.stages.clone(), self.stages.clone()];
         let names = [format!("`{}`", a.short), a.this.clone()];
         let mut sides: [Costs; 2] = Default::default();
         for (round, which) in turns(self.plan.against_rounds, 2) {
@@ -162,14 +171,116 @@ impl Bench {
             settle()?;
         }
         self.against_rows(&names, &sides);
+        self.against_capacity(&names, &bins)?;
+        self.against_pipeline(&names, &stages)
+    }
+
+    /// The lab's highest rate traced by REV's dnstrace and by this tree's
+    /// in turn (the capacity figure's first mode), paired by round: the
+    /// rate the whole node reaches, dnstrace's cost included.
+    fn against_capacity(&mut self, names: &[String; 2], bins: &[PathBuf; 2]) -> Result<()> {
+        let (secs, rounds) = (self.plan.perf_secs, self.plan.perf_rounds);
+        let mut qps: [Vec<f64>; 2] = Default::default();
+        for (round, which) in turns(rounds, 2) {
+            let tracer = self.tracer_of(
+                &bins[which],
+                &[],
+                &Hooks::Tracepoints,
+                Output::Json,
+                DNS_LOAD,
+            )?;
+            let t = dnsperf(&self.queries(), secs, None)?;
+            let exit = tracer.stop()?;
+            eprintln!(
+                "bench: round {}: capacity, {}: {t}; {exit}",
+                round + 1,
+                names[which]
+            );
+            qps[which].push(t.qps);
+            settle()?;
+        }
+        let unit = |q: f64| format!("{} qps", thousands(q));
+        self.paired_row(
+            format!("DNS capacity against {}: dnsperf at the lab's highest rate via kube-dns {SERVICE}, traced by each in turn ({secs} s × {rounds} each, alternating; paired by round; `dnstrace trace -o json`)", names[0]),
+            names,
+            &qps,
+            unit,
+        );
         Ok(())
+    }
+
+    /// The pipeline bench of REV and of this tree in turn, pinned to the
+    /// same core, over one recording this tree made under lab load: decode,
+    /// correlation and the rules, per second of CPU, paired by round.
+    fn against_pipeline(&mut self, names: &[String; 2], stages: &[PathBuf; 2]) -> Result<()> {
+        let file = self.dir.join("against.pcapng");
+        let secs = self.plan.record_secs;
+        let file_arg = file.to_string_lossy().into_owned();
+        let tracer = self.tracer(
+            &Hooks::Tracepoints,
+            &[DNS_LOAD, &["--record", &file_arg]].concat(),
+        )?;
+        let perf = dnsperf(&self.queries(), secs, Some(ZERO_LOSS_QPS))?;
+        let exit = tracer.stop()?;
+        eprintln!("bench: recorded {secs} s at {ZERO_LOSS_QPS} qps: {perf}; {exit}");
+        let rounds = self.plan.perf_rounds;
+        let mut rates: [Vec<f64>; 2] = Default::default();
+        for (round, which) in turns(rounds, 2) {
+            let rate = self.stages_of(&stages[which], &file)?;
+            eprintln!(
+                "bench: round {}: pipeline, {}: {} events/s",
+                round + 1,
+                names[which],
+                thousands(rate)
+            );
+            rates[which].push(rate);
+        }
+        let _ = std::fs::remove_file(&file);
+        let unit = |r: f64| format!("{} events/s", thousands(r));
+        self.paired_row(
+            format!("User-space pipeline against {}: `benches/pipeline.rs` of each over one recording ({secs} s at {} qps), one core, in turn ({rounds} rounds, each the median of {STAGE_PASSES} passes; paired by round)", names[0], thousands(f64::from(ZERO_LOSS_QPS))),
+            names,
+            &rates,
+            unit,
+        );
+        Ok(())
+    }
+
+    /// A row of a rate measured of both sides in turn, paired by round,
+    /// whose goal is no loss beyond COST_CEILING's 5%.
+    fn paired_row(
+        &mut self,
+        figure: String,
+        names: &[String; 2],
+        sides: &[Vec<f64>; 2],
+        unit: impl Fn(f64) -> String,
+    ) {
+        let floor = 2.0 - COST_CEILING;
+        let ratios = round_ratios(&sides[0], &sides[1]);
+        let (ratio, met) = judged(median(&ratios), median_interval(&ratios), |r| r >= floor);
+        let cell = |name: &str, v: &[f64]| {
+            format!(
+                "{name}: {} ({}–{})",
+                unit(median(v)),
+                unit(min(v)),
+                unit(max(v))
+            )
+        };
+        self.rows.push(Row {
+            figure,
+            baseline: cell(&names[0], &sides[0]),
+            with: cell(&names[1], &sides[1]),
+            ratio,
+            goal: format!("≥ {:.0}%", floor * 100.0),
+            met: Some(met),
+        });
     }
 
     /// One run of `bin` at `rate`: its CPU, and its BPF programs' run time
     /// (bpf_stats, on for both sides alike), while dnsperf ran, per DNS
     /// packet it saw.
     fn udp_cost(&self, bin: &Path, rate: u32, secs: u32) -> Result<UdpCost> {
-        let tracer = self.tracer_of(bin, &Hooks::Tracepoints, Output::Json, DNS_LOAD)?;
+        let tracer = self.tracer_of(bin, &[], &Hooks::Tracepoints, Output::Json, DNS_LOAD)?;
         let pid = tracer.pid();
         let stats = BpfStats::enable()?;
         let before = stats.programs(pid)?;

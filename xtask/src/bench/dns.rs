@@ -39,20 +39,20 @@ impl Bench {
         let modes = [
             Capacity {
                 hooks: Hooks::Tracepoints,
-                extra: &[],
+                switches: &[],
                 what: "`dnstrace trace -o json`",
                 goal: true,
             },
             Capacity {
                 hooks: Hooks::Tc(node_veths()?),
-                extra: &[],
+                switches: &[],
                 what: "tc on the node's devices, `dnstrace trace --iface … -o json`",
                 goal: false,
             },
             Capacity {
                 hooks: Hooks::Tracepoints,
-                extra: &["--discard-events"],
-                what: "the kernel side alone: the tracepoints, their events read off the ring and dropped undecoded (`--discard-events`)",
+                switches: &["--discard-events"],
+                what: "the kernel side alone: the tracepoints, their events read off the ring and dropped undecoded (`dnstrace-harness --discard-events`)",
                 goal: false,
             },
         ];
@@ -66,7 +66,7 @@ impl Bench {
                 settle()?;
                 continue;
             };
-            let tracer = self.tracer(&mode.hooks, &[DNS_LOAD, mode.extra].concat())?;
+            let tracer = self.tracer_with(&mode.hooks, mode.switches, DNS_LOAD)?;
             let t = dnsperf(&self.queries(), secs, None)?;
             let exit = tracer.stop()?;
             let label = mode.label();
@@ -470,7 +470,8 @@ fn steps_down(cap: f64) -> Vec<u32> {
 /// One way of running dnstrace in the capacity rounds.
 struct Capacity {
     hooks: Hooks,
-    extra: &'static [&'static str],
+    /// The layers' switches, set through dnstrace-harness.
+    switches: &'static [&'static str],
     /// How the table names it.
     what: &'static str,
     /// Whether the 95% goal is this mode's.
@@ -479,9 +480,9 @@ struct Capacity {
 
 impl Capacity {
     fn label(&self) -> String {
-        match self.extra {
+        match self.switches {
             [] => self.hooks.short().into(),
-            extra => format!("{} {}", self.hooks.short(), extra.join(" ")),
+            switches => format!("{} {}", self.hooks.short(), switches.join(" ")),
         }
     }
 }

@@ -292,7 +292,8 @@ pub fn run(args: &[String]) -> Result<()> {
     // REV first: a revision that does not exist fails at once.
     let against = against.as_deref().map(Against::build).transpose()?;
     let bin = build_dnstrace(&mut cargo_cmd())?;
-    let stages = pipeline_bench()?;
+    let harness = build_harness()?;
+    let stages = pipeline_bench(&mut cargo_cmd())?;
     let _lock = LabLock::acquire()?;
     catch_signals();
     let started = Instant::now();
@@ -301,6 +302,7 @@ pub fn run(args: &[String]) -> Result<()> {
     let _dir = RemoveDir(dir.clone());
     let mut bench = Bench {
         bin,
+        harness,
         stages,
         dir,
         plan: Plan::new(quick),
@@ -346,9 +348,18 @@ fn build_dnstrace(cargo: &mut Command) -> Result<PathBuf> {
     executable(cargo, "dnstrace")
 }
 
-/// Builds the pipeline bench and returns where its executable is.
-fn pipeline_bench() -> Result<PathBuf> {
+/// Builds `dnstrace-harness` (dnstrace with the layers' switches, which the
+/// user's command line has not) in release and returns where it is.
+fn build_harness() -> Result<PathBuf> {
     let mut cmd = cargo_cmd();
+    cmd.args(["build", "--release", "--quiet", "--package", "dnstrace"])
+        .args(["--features", "harness", "--bin", "dnstrace-harness"]);
+    executable(&mut cmd, "dnstrace-harness").context("building dnstrace-harness")
+}
+
+/// Builds the pipeline bench with `cmd` (`cargo_cmd`, in the workspace to
+/// build) and returns where its executable is.
+fn pipeline_bench(cmd: &mut Command) -> Result<PathBuf> {
     cmd.args([
         "bench",
         "--no-run",
@@ -360,7 +371,7 @@ fn pipeline_bench() -> Result<PathBuf> {
         "--bench",
         "pipeline",
     ]);
-    executable(&mut cmd, "pipeline").context("building the pipeline bench")
+    executable(cmd, "pipeline").context("building the pipeline bench")
 }
 
 /// Runs the cargo build `cmd` and returns the executable it made of the
@@ -415,6 +426,8 @@ impl From<bool> for Met {
 
 struct Bench {
     bin: PathBuf,
+    /// `dnstrace-harness`, built: for the figures that set a layer's switch.
+    harness: PathBuf,
     /// `dnstrace/benches/pipeline.rs`, built.
     stages: PathBuf,
     dir: PathBuf,
@@ -473,15 +486,22 @@ impl Bench {
         self.tracer_showing(hooks, Output::Json, extra)
     }
 
-    fn tracer_showing(&self, hooks: &Hooks, output: Output, extra: &[&str]) -> Result<Tracer> {
-        self.tracer_of(&self.bin, hooks, output, extra)
+    /// The harness, tracing with the layers' `switches`.
+    fn tracer_with(&self, hooks: &Hooks, switches: &[&str], extra: &[&str]) -> Result<Tracer> {
+        self.tracer_of(&self.harness, switches, hooks, Output::Json, extra)
     }
 
-    /// The dnstrace binary `bin` tracing: this tree's, or (the against
+    fn tracer_showing(&self, hooks: &Hooks, output: Output, extra: &[&str]) -> Result<Tracer> {
+        self.tracer_of(&self.bin, &[], hooks, output, extra)
+    }
+
+    /// The dnstrace binary `bin` tracing: this tree's, its harness with the
+    /// layers' `switches` (`dnstrace/src/harness.rs`), or (the against
     /// figure) another revision's.
     fn tracer_of(
         &self,
         bin: &Path,
+        switches: &[&str],
         hooks: &Hooks,
         output: Output,
         extra: &[&str],
@@ -489,13 +509,17 @@ impl Bench {
         let mut cmd = match hooks {
             Hooks::Tracepoints => {
                 let mut c = Command::new(bin);
-                c.args(["trace", "--node-netns", &format!("/run/netns/{NODE}")]);
+                c.args(switches)
+                    .args(["trace", "--node-netns", &format!("/run/netns/{NODE}")]);
                 c
             }
             // tc attaches by name in dnstrace's own network namespace.
             Hooks::Tc(ifaces) => {
                 let mut c = Command::new("ip");
-                c.args(["netns", "exec", NODE]).arg(bin).arg("trace");
+                c.args(["netns", "exec", NODE])
+                    .arg(bin)
+                    .args(switches)
+                    .arg("trace");
                 for i in ifaces {
                     c.args(["--iface", i]);
                 }

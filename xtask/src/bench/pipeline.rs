@@ -111,11 +111,17 @@ impl Bench {
 
     /// The pipeline bench over `file`, pinned to core 0: its median rate.
     fn stages(&self, file: &Path) -> Result<f64> {
+        self.stages_of(&self.stages, file)
+    }
+
+    /// The pipeline bench `exe` (this tree's, or REV's) over `file`, pinned
+    /// to core 0: its median rate.
+    pub(super) fn stages_of(&self, exe: &Path, file: &Path) -> Result<f64> {
         let run = Proc::spawn(
             "pipeline bench",
             Command::new("taskset")
                 .args(["-c", "0"])
-                .arg(&self.stages)
+                .arg(exe)
                 .arg(file)
                 .arg(STAGE_PASSES.to_string()),
             // Its figures are on stdout.
@@ -138,4 +144,4 @@ impl Bench {
 }
 
 /// Passes of the pipeline bench over the recording.
-const STAGE_PASSES: usize = 5;
+pub(super) const STAGE_PASSES: usize = 5;

@@ -197,6 +197,19 @@ fn a_module_in_no_layer_is_named() {
 }
 
 #[test]
+fn another_binary_s_entry_point_is_the_root() {
+    let found = problems(&[
+        LIB,
+        (
+            "bin/probe.rs",
+            "fn main() { dnstrace::run() }
+",
+        ),
+    ]);
+    assert!(found.is_empty(), "{found:?}");
+}
+
+#[test]
 fn every_module_is_in_one_layer_only() {
     let mut seen = BTreeSet::new();
     for module in LAYERS.iter().flat_map(|l| l.modules) {
