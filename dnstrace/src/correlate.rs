@@ -18,7 +18,7 @@ use foldhash::fast::RandomState;
 
 use crate::{
     conntrack::CtEvent,
-    decode::{dns::qtype_name, Body, Conntrack, Packet, Record, Transport},
+    decode::{Body, Conntrack, Packet, Qtype, Record, Transport},
 };
 
 mod connections;
@@ -165,11 +165,11 @@ impl Engine {
 
     /// Did `client` turn to TCP since `since_ns`: a TCP journey for the
     /// question still open, or DNS over TCP seen from it at all?
-    pub fn asked_over_tcp(&self, client: IpAddr, name: &str, qtype: &str, since_ns: u64) -> bool {
+    pub fn asked_over_tcp(&self, client: IpAddr, name: &str, qtype: Qtype, since_ns: u64) -> bool {
         let open = self.tcp_by_name.get(name).any(|slot| {
             self.open
                 .get(slot)
-                .is_some_and(|o| o.client().ip() == client && qtype_name(o.qtype) == qtype)
+                .is_some_and(|o| o.client().ip() == client && o.qtype == qtype)
         });
         open || self.tcp_seen.get(&client).is_some_and(|&ts| ts >= since_ns)
             || self.connections.tried_since(client, since_ns)
@@ -228,7 +228,7 @@ impl Engine {
         let asked = Question {
             client,
             dns_id: msg.id,
-            qtype: q.qtype_code,
+            qtype: q.qtype,
             name: &q.name,
         };
         let slot = match self.by_key.find(&self.open, &asked) {
@@ -240,7 +240,7 @@ impl Engine {
                     client,
                     dns_id: msg.id,
                     name: q.name.to_ascii_lowercase().into(),
-                    qtype: q.qtype_code,
+                    qtype: q.qtype,
                 };
                 self.start(key, p)
             }

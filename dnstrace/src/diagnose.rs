@@ -33,7 +33,7 @@ use self::{
 };
 use crate::{
     correlate::{Connection, Journey},
-    decode::KernelNames,
+    decode::{KernelNames, Qtype},
 };
 
 pub struct Diagnoser {
@@ -117,7 +117,7 @@ impl Diagnoser {
     pub fn tick(
         &mut self,
         now_ns: u64,
-        retried: impl Fn(IpAddr, &str, &str, u64) -> bool,
+        retried: impl Fn(IpAddr, &str, Qtype, u64) -> bool,
     ) -> Vec<Anomaly> {
         let mut new = Vec::new();
         for t in self.truncated.expired(now_ns) {

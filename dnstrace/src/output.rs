@@ -668,7 +668,7 @@ impl<W: io::Write> JourneyOut for LineSink<W> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decode::Rcode;
+    use crate::decode::{Qtype, Rcode};
     use crate::{
         correlate::Gap,
         decode::{dns, Packet},
@@ -713,8 +713,7 @@ mod tests {
             rcode: Rcode::NOERROR,
             questions: vec![dns::Question {
                 name: "a.test.".into(),
-                qtype: "A",
-                qtype_code: 1,
+                qtype: Qtype::A,
                 class: "IN",
             }],
             answers: vec![dns::Answer {
@@ -871,7 +870,7 @@ mod tests {
             client: "10.0.0.9:33000".parse().unwrap(),
             dns_id: 7,
             name: "a.test.".into(),
-            qtype: "AAAA",
+            qtype: Qtype::AAAA,
             tcp: true,
             started_ns: 1_000,
             ended_ns: 2_500_000,
@@ -892,7 +891,7 @@ mod tests {
             client: "10.0.0.2:40000".parse().unwrap(),
             dns_id: 9,
             name: "a.\"test\".".into(),
-            qtype: "A",
+            qtype: Qtype::A,
             tcp: false,
             started_ns: 1_000,
             ended_ns: 1_500,

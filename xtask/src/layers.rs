@@ -414,7 +414,7 @@ impl TestCode {
 }
 
 /// Every reference out of non-test code, as an import of the deepest module
-/// its path reaches (`decode::dns::qtype_name` is of `decode::dns`).
+/// its path reaches (`decode::dns::hickory` is of `decode::dns`).
 fn imports(scanned: &[Scanned], modules: &BTreeSet<ModPath>, tests: &TestCode) -> Vec<Import> {
     let mut imports = Vec::new();
     for file in scanned.iter().filter(|s| !tests.has(&s.module)) {

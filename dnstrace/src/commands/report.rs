@@ -406,7 +406,7 @@ fn html_table(rows: &[Lookup]) -> String {
             esc(&l.time),
             esc(&l.pod),
             esc(&l.journey.name),
-            esc(l.journey.qtype),
+            esc(l.journey.qtype.name()),
             esc(l.status.word()),
             l.latency_ns.map(latency).unwrap_or("-".into()),
             esc(l.server.as_deref().unwrap_or("-"))

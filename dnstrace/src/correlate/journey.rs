@@ -6,7 +6,7 @@ use dnstrace_common::{Direction, Hook, SampleLevel};
 use serde::Serialize;
 
 use super::Connection;
-use crate::decode::Rcode;
+use crate::decode::{Qtype, Rcode};
 use crate::decode::{Record, Seen};
 
 /// One sighting of a journey's packet.
@@ -106,7 +106,7 @@ pub struct Journey {
     pub client: SocketAddr,
     pub dns_id: u16,
     pub name: Arc<str>,
-    pub qtype: &'static str,
+    pub qtype: Qtype,
     pub tcp: bool,
     pub started_ns: u64,
     pub ended_ns: u64,

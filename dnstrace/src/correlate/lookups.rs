@@ -5,6 +5,7 @@ use std::{hash::BuildHasher, net::IpAddr};
 use foldhash::fast::RandomState;
 
 use super::{open::Key, table::Table};
+use crate::decode::Qtype;
 
 /// The lookups of recent queries. A retry comes within a timeout of the
 /// query before it (the timeout is set just past the resolvers' retry), so
@@ -53,7 +54,7 @@ impl Lookups {
     }
 
     /// Where a truncated answer's lookup is filed for the client's TCP retry.
-    pub(super) fn retry_key(&self, client: IpAddr, name: &str, qtype: u16) -> u64 {
+    pub(super) fn retry_key(&self, client: IpAddr, name: &str, qtype: Qtype) -> u64 {
         self.hasher.hash_one((client, name, qtype))
     }
 

@@ -9,7 +9,7 @@ use std::{
 use dnstrace_common::{sample, Hook, SampleLevel};
 
 use super::{devices::Devices, FragmentNote, Gap, Journey, Leg, Outcome};
-use crate::decode::{dns::qtype_name, Conntrack, DnsMessage, Packet};
+use crate::decode::{Conntrack, DnsMessage, Packet, Qtype};
 
 /// Where an open journey is kept: its place in `Slab`. Indexes hold slots
 /// (4 bytes, where ids are 8) and drop them when the journey closes.
@@ -41,8 +41,7 @@ pub(super) struct Key {
     pub(super) dns_id: u16,
     /// Not shared while open: a `Box` is 16 bytes smaller than an `Arc`.
     pub(super) name: Box<str>,
-    /// The type's number (`qtype_name` names it).
-    pub(super) qtype: u16,
+    pub(super) qtype: Qtype,
 }
 
 /// A journey being followed: only what following it needs, compact (its
@@ -69,7 +68,7 @@ pub(super) struct Open {
     /// The key's client, packed as legs pack addresses.
     pub(super) client: Addr,
     pub(super) dns_id: u16,
-    pub(super) qtype: u16,
+    pub(super) qtype: Qtype,
     pub(super) incomplete: Option<Gap>,
     /// Bits, not bools, so that `label` fits in the slot.
     flags: JourneyFlags,
@@ -141,7 +140,7 @@ pub(super) struct Extra {
 pub(super) struct Question<'a> {
     pub(super) client: SocketAddr,
     pub(super) dns_id: u16,
-    pub(super) qtype: u16,
+    pub(super) qtype: Qtype,
     pub(super) name: &'a str,
 }
 
@@ -497,7 +496,7 @@ impl Open {
             client: self.client(),
             dns_id: self.dns_id,
             name: self.name.into(),
-            qtype: qtype_name(self.qtype),
+            qtype: self.qtype,
             tcp,
             started_ns,
             ended_ns: legs.last().map_or(started_ns, |l| l.ts_ns),

@@ -8,12 +8,12 @@ use dnstrace_common::{sample, Hook};
 use hickory_proto::rr::RecordType;
 
 use super::{devices::DEVICES_LIMIT, index::AnyCase, table::Table, *};
-use crate::decode::Rcode;
 use crate::decode::{
     dns,
     packet::{CtTuple, Dropped},
     Body, Conntrack, DnsMessage, Fragment, Packet, Record, Transport,
 };
+use crate::decode::{Qtype, Rcode};
 use crate::ingest::SampleChange;
 
 const CLIENT_NS: u32 = 100;
@@ -34,8 +34,7 @@ fn msg(id: u16, name: &str, qtype: &'static str, response: bool) -> DnsMessage {
         rcode: Rcode::NOERROR,
         questions: vec![dns::Question {
             name: name.into(),
-            qtype,
-            qtype_code: qtype.parse::<RecordType>().unwrap().into(),
+            qtype: Qtype(qtype.parse::<RecordType>().unwrap().into()),
             class: "IN",
         }],
         answers: if response {
@@ -481,7 +480,7 @@ fn a_and_aaaa_from_one_socket_are_siblings_of_one_lookup() {
     for r in &mut aaaa {
         if let Body::Dns(m) = &mut r.body {
             let q = &mut std::sync::Arc::make_mut(m).questions[0];
-            (q.qtype, q.qtype_code) = ("AAAA", 28);
+            q.qtype = Qtype::AAAA;
         }
     }
     recs.extend(aaaa);
@@ -644,7 +643,7 @@ fn dns_over_tcp_counts_as_a_retry_even_when_unreadable() {
     let mut e = Engine::new(Limits::default());
     let client: IpAddr = "10.244.0.10".parse().unwrap();
     let name = "big.example.com.";
-    assert!(!e.asked_over_tcp(client, name, "TXT", 0));
+    assert!(!e.asked_over_tcp(client, name, Qtype::TXT, 0));
     let ev = Ev {
         ts: 5 * MS,
         hook: Hook::DevXmit,
@@ -663,9 +662,9 @@ fn dns_over_tcp_counts_as_a_retry_even_when_unreadable() {
         len: 40,
     };
     e.push(&cut);
-    assert!(e.asked_over_tcp(client, name, "TXT", 4 * MS));
+    assert!(e.asked_over_tcp(client, name, Qtype::TXT, 4 * MS));
     assert!(
-        !e.asked_over_tcp(client, name, "TXT", 6 * MS),
+        !e.asked_over_tcp(client, name, Qtype::TXT, 6 * MS),
         "before the answer"
     );
 }

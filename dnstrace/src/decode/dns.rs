@@ -44,10 +44,7 @@ pub struct Flags {
 pub struct Question {
     pub name: String,
     #[serde(rename = "type")]
-    pub qtype: &'static str,
-    /// `qtype`'s number: `qtype_name` gives `qtype` back.
-    #[serde(skip)]
-    pub qtype_code: u16,
+    pub qtype: Qtype,
     pub class: &'static str,
 }
 
@@ -123,8 +120,7 @@ fn head(h: &Header) -> DnsMessage {
 fn question(q: &Query) -> Question {
     Question {
         name: name_text(q.name()),
-        qtype: type_name(q.query_type()),
-        qtype_code: q.query_type().into(),
+        qtype: Qtype(q.query_type().into()),
         class: class_name(q.query_class()),
     }
 }
@@ -165,9 +161,35 @@ impl Serialize for Rcode {
     }
 }
 
-/// The name of the record type numbered `code`, as a `Question` has it.
-pub fn qtype_name(code: u16) -> &'static str {
-    type_name(RecordType::from(code))
+/// A question's record type: its number, named when shown.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Qtype(pub u16);
+
+impl Qtype {
+    pub const A: Self = Self(1);
+    pub const HINFO: Self = Self(13);
+    /// The tests' type for a large answer; no rule asks for it.
+    #[cfg(test)]
+    pub const TXT: Self = Self(16);
+    pub const AAAA: Self = Self(28);
+
+    /// The mnemonic, or `TYPE` and its number (`type_name`).
+    pub fn name(self) -> &'static str {
+        type_name(RecordType::from(self.0))
+    }
+}
+
+impl fmt::Display for Qtype {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // `pad`, as a `&str` would, should a width ever be asked for.
+        f.pad(self.name())
+    }
+}
+
+impl Serialize for Qtype {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
 }
 
 /// A record type's mnemonic, or `TYPE` and its number when hickory has
@@ -395,7 +417,7 @@ mod tests {
         assert_eq!(m.opcode, "QUERY");
         assert_eq!(m.rcode.name(), "NOERROR");
         assert_eq!(m.questions[0].name, "www.example.test.");
-        assert_eq!(m.questions[0].qtype, "A");
+        assert_eq!(m.questions[0].qtype, Qtype::A);
         let got: Vec<(&str, &str)> = m
             .answers
             .iter()
@@ -471,15 +493,31 @@ mod tests {
             dns(parse(&q)).questions.remove(0)
         };
         let q = query(65534, 1);
-        assert_eq!((q.qtype, q.class), ("TYPE65534", "IN"));
+        assert_eq!((q.qtype.name(), q.class), ("TYPE65534", "IN"));
         let q = query(65534, 0x1234);
-        assert_eq!((q.qtype, q.class), ("TYPE65534", "CLASS4660"));
+        assert_eq!((q.qtype.name(), q.class), ("TYPE65534", "CLASS4660"));
         let q = query(28, 0x1234);
-        assert_eq!((q.qtype, q.class), ("AAAA", "CLASS4660"));
+        assert_eq!((q.qtype, q.class), (Qtype::AAAA, "CLASS4660"));
         assert!(std::ptr::eq(
             type_name(RecordType::Unknown(9)),
             type_name(RecordType::Unknown(9))
         ));
+    }
+
+    /// Rules compare qtypes as numbers where they compared names: the same
+    /// only while no two numbers share a name.
+    #[test]
+    fn each_qtype_has_a_name_of_its_own() {
+        let names: std::collections::HashSet<&str> =
+            (0..=u16::MAX).map(|n| Qtype(n).name()).collect();
+        assert_eq!(names.len(), 1 << 16);
+        assert_eq!(
+            (Qtype::HINFO.name(), Qtype::TXT.to_string()),
+            ("HINFO", "TXT".into())
+        );
+        assert_eq!(format!("{:<6}|", Qtype(65534)), "TYPE65534|");
+        assert_eq!(format!("{:<6}|", Qtype::A), "A     |");
+        assert_eq!(serde_json::to_string(&Qtype::AAAA).unwrap(), "\"AAAA\"");
     }
 
     #[test]

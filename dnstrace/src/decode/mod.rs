@@ -6,7 +6,7 @@ pub mod packet;
 pub mod tcp;
 pub mod wire;
 
-pub use dns::{DnsMessage, Rcode};
+pub use dns::{DnsMessage, Qtype, Rcode};
 pub use frag::{Missing, Seen};
 pub use kernel::KernelNames;
 pub use packet::{Conntrack, CtTuple, Dropped, Fragment, Packet, Transport};

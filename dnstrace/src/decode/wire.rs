@@ -10,7 +10,7 @@ use std::net::Ipv6Addr;
 
 use hickory_proto::rr::RecordType;
 
-use super::dns::{ipv4_text, plain, type_name, Answer, DnsMessage, Flags, Question, Rcode};
+use super::dns::{ipv4_text, plain, type_name, Answer, DnsMessage, Flags, Qtype, Question, Rcode};
 
 const CLASS_IN: u16 = 1;
 const TYPE_A: u16 = 1;
@@ -140,10 +140,9 @@ impl Reader<'_> {
     fn question(&mut self) -> Option<Question> {
         let name = self.name()?;
         let qtype = self.u16()?;
-        (self.u16()? == CLASS_IN).then(|| Question {
+        (self.u16()? == CLASS_IN).then_some(Question {
             name,
-            qtype: type_name(RecordType::from(qtype)),
-            qtype_code: qtype,
+            qtype: Qtype(qtype),
             class: "IN",
         })
     }

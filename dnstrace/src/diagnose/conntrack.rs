@@ -6,7 +6,7 @@ use super::{
 };
 use crate::{
     correlate::{Journey, Outcome},
-    decode::KernelNames,
+    decode::{KernelNames, Qtype},
 };
 
 /// The two queries of a parallel pair leave their socket this close together.
@@ -19,7 +19,7 @@ pub(super) fn half_pair_lost<'a>(
     recent: &[&Asked],
     names: &KernelNames,
 ) -> Option<Finding<'a>> {
-    if matches!(j.outcome, Outcome::Answered { .. }) || !matches!(j.qtype, "A" | "AAAA") {
+    if matches!(j.outcome, Outcome::Answered { .. }) || !matches!(j.qtype, Qtype::A | Qtype::AAAA) {
         return None;
     }
     // The race's loser is dropped by conntrack's confirm, a netfilter

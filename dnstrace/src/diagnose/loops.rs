@@ -7,13 +7,14 @@ use super::{
     AnomalyKind,
 };
 use crate::correlate::{Journey, Outcome};
+use crate::decode::Qtype;
 
 /// CoreDNS's loop plugin asks `HINFO <random number>.<random number>.<zone>`.
-pub(super) fn is_loop_probe(name: &str, qtype: &str) -> bool {
+pub(super) fn is_loop_probe(name: &str, qtype: Qtype) -> bool {
     let mut labels = name.split('.');
     let numeric =
         |l: Option<&str>| l.is_some_and(|l| !l.is_empty() && l.bytes().all(|b| b.is_ascii_digit()));
-    qtype == "HINFO" && numeric(labels.next()) && numeric(labels.next())
+    qtype == Qtype::HINFO && numeric(labels.next()) && numeric(labels.next())
 }
 
 /// A server that asks a server already on the journey, or its own loopback.

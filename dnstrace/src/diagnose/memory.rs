@@ -6,13 +6,13 @@ use std::{
 };
 
 use crate::correlate::{Connection, Journey, Outcome};
-use crate::decode::Rcode;
+use crate::decode::{Qtype, Rcode};
 
 /// A client's recent question: what, from which port, how it ended, when.
 #[derive(Clone, Debug)]
 pub(super) struct Asked {
     pub(super) name: Arc<str>,
-    pub(super) qtype: &'static str,
+    pub(super) qtype: Qtype,
     pub(super) port: u16,
     pub(super) answered: bool,
     pub(super) nxdomain: bool,

@@ -11,7 +11,7 @@ use super::{
     outcome::unanswered,
     *,
 };
-use crate::decode::Rcode;
+use crate::decode::{Qtype, Rcode};
 use crate::{
     correlate::{Connection, FragmentNote, Gap, Journey, Leg, Outcome, Reset},
     decode::Seen,
@@ -72,7 +72,7 @@ fn healthy() -> Journey {
         client: a("10.244.0.10:4000"),
         dns_id: 7,
         name: "kubernetes.default.svc.cluster.local.".into(),
-        qtype: "A",
+        qtype: Qtype::A,
         tcp: false,
         started_ns: 0,
         ended_ns: 300_000,
@@ -542,7 +542,7 @@ fn parallel_misses_cost_their_wall_time_not_their_sum() {
         let mut id = 0;
         for round in [0, 1000] {
             for (i, n) in WWW_MISSES.iter().enumerate() {
-                for qtype in ["A", "AAAA"] {
+                for qtype in [Qtype::A, Qtype::AAAA] {
                     id += 1;
                     let end = round + ms * (i as u64 + 1);
                     d.journey(
@@ -599,7 +599,7 @@ fn br_netfilter_missing_matters_only_on_a_kubernetes_node() {
 fn answered_aaaa() -> Journey {
     Journey {
         id: 1,
-        qtype: "AAAA",
+        qtype: Qtype::AAAA,
         started_ns: 100_000,
         ended_ns: 400_000,
         ..healthy()
@@ -712,7 +712,7 @@ fn a_full_socket_at_each_server_is_its_own_anomaly() {
     {
         let j = Journey {
             id: i as u64,
-            qtype: "TXT",
+            qtype: Qtype::TXT,
             ..dropped_at("10.244.0.10:4000", server, 7)
         };
         d.journey(&j, &names);
@@ -750,7 +750,7 @@ fn absence_proves_nothing_on_a_journey_that_lost_events() {
 fn truncated_answer() -> Journey {
     Journey {
         name: "big.example.com.".into(),
-        qtype: "TXT",
+        qtype: Qtype::TXT,
         outcome: Outcome::Answered {
             rcode: Rcode::NOERROR,
             answers: vec![],
@@ -763,7 +763,7 @@ fn truncated_answer() -> Journey {
 #[test]
 fn a_truncated_answer_needs_its_tcp_retry() {
     let names = KernelNames::default();
-    let no_retry = |_: IpAddr, _: &str, _: &str, _: u64| false;
+    let no_retry = |_: IpAddr, _: &str, _: Qtype, _: u64| false;
     let mut d = Diagnoser::new(ctx());
     assert!(d.journey(&truncated_answer(), &names).raised.is_empty());
     assert!(d.tick(900_000_000, no_retry).is_empty(), "too early to say");
@@ -789,10 +789,10 @@ fn a_truncated_answer_needs_its_tcp_retry() {
     assert!(d.tick(2_000_000_000, no_retry).is_empty());
     let mut d = Diagnoser::new(ctx());
     d.journey(&truncated_answer(), &names);
-    let asking = |ip: IpAddr, name: &str, qtype: &str, since: u64| {
+    let asking = |ip: IpAddr, name: &str, qtype: Qtype, since: u64| {
         ip.to_string() == "10.244.0.10"
             && name == "big.example.com."
-            && qtype == "TXT"
+            && qtype == Qtype::TXT
             && since == 300_000
     };
     assert!(d.tick(2_000_000_000, asking).is_empty());
@@ -1038,21 +1038,21 @@ fn repeats_of_a_raised_anomaly_are_counted_without_evidence() {
 fn coredns_loop_probes_are_recognised_by_their_shape() {
     assert!(is_loop_probe(
         "8471638447265532841.4526581924823745234.",
-        "HINFO"
+        Qtype::HINFO
     ));
-    assert!(is_loop_probe("1.2.cluster.local.", "HINFO"));
+    assert!(is_loop_probe("1.2.cluster.local.", Qtype::HINFO));
     assert!(!is_loop_probe(
         "8471638447265532841.4526581924823745234.",
-        "A"
+        Qtype::A
     ));
-    assert!(!is_loop_probe("host.example.com.", "HINFO"));
+    assert!(!is_loop_probe("host.example.com.", Qtype::HINFO));
     let mut j = healthy();
     j.name = "8471638447265532841.4526581924823745234.".into();
-    j.qtype = "HINFO";
+    j.qtype = Qtype::HINFO;
     j.outcome = Outcome::Timeout;
     let mut up = upstream("127.0.0.53:53", Outcome::Timeout, 0);
     up.name = j.name.clone();
-    up.qtype = "HINFO";
+    up.qtype = Qtype::HINFO;
     j.upstream.push(up);
     let raised = Diagnoser::new(ctx())
         .journey(&j, &KernelNames::default())

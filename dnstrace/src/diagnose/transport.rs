@@ -13,7 +13,7 @@ use super::{
 };
 use crate::{
     correlate::{Connection, Journey, Outcome, Reset},
-    decode::KernelNames,
+    decode::{KernelNames, Qtype},
 };
 
 /// An answer came in IP fragments and one of them did not come through:
@@ -70,7 +70,7 @@ pub(super) struct Truncated {
     pub(super) client: IpAddr,
     pub(super) server: SocketAddr,
     pub(super) name: Arc<str>,
-    pub(super) qtype: &'static str,
+    pub(super) qtype: Qtype,
     pub(super) journey: u64,
     pub(super) answered_ns: u64,
 }

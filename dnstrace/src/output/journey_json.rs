@@ -54,7 +54,7 @@ impl JourneyJson<'_> {
         key!(out, "name");
         value(out, &j.name)?;
         key!(out, "qtype");
-        value(out, j.qtype)?;
+        value(out, j.qtype.name())?;
         key!(out, "tcp");
         boolean(out, j.tcp);
         key!(out, "started_ns");

@@ -37,7 +37,7 @@ fn header(out: &mut Vec<u8>, labels: &Labels, j: &Journey, indent: &str) {
     }
     out.extend_from_slice(if j.tcp { b" tcp id=" } else { b" udp id=" });
     number(out, j.dns_id);
-    for part in [" ", &j.name, " ", j.qtype, ": "] {
+    for part in [" ", &j.name, " ", j.qtype.name(), ": "] {
         out.extend_from_slice(part.as_bytes());
     }
     out.extend_from_slice(labels.outcome(&j.outcome).as_bytes());
@@ -149,7 +149,7 @@ mod tests {
     use dnstrace_common::Hook;
 
     use super::*;
-    use crate::decode::Rcode;
+    use crate::decode::{Qtype, Rcode};
     use crate::{
         clock::Clock,
         correlate::{Gap, Outcome},
@@ -242,7 +242,7 @@ mod tests {
             client: client.parse().unwrap(),
             dns_id: 4711,
             name: "api.example.com.".into(),
-            qtype: "AAAA",
+            qtype: Qtype::AAAA,
             tcp: false,
             started_ns: 1_000,
             ended_ns,

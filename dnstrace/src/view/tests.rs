@@ -21,7 +21,7 @@ use super::{
     state::{About, Action, App, Focus, Screen, Update, MAX_ROWS},
     LiveOut,
 };
-use crate::decode::Rcode;
+use crate::decode::{Qtype, Rcode};
 use crate::{
     clock::Clock,
     correlate::{Journey, Leg, Limits, Outcome},
@@ -129,7 +129,7 @@ fn journey(id: u64, name: &str, start: u64, outcome: Outcome, upstream: bool) ->
         client: a("10.244.0.53:33333"),
         dns_id: 9,
         name: name.into(),
-        qtype: "A",
+        qtype: Qtype::A,
         tcp: false,
         started_ns: start + 200_000,
         ended_ns: start + 1_800_000,
@@ -164,7 +164,7 @@ fn journey(id: u64, name: &str, start: u64, outcome: Outcome, upstream: bool) ->
         client: a(c),
         dns_id: id as u16,
         name: name.into(),
-        qtype: "A",
+        qtype: Qtype::A,
         tcp: false,
         started_ns: start,
         ended_ns: if answered {

@@ -15,7 +15,7 @@ pub struct FileScan {
     pub test_modules: Vec<ModPath>,
 }
 
-/// A path into the crate, from its root (`["decode", "dns", "qtype_name"]`).
+/// A path into the crate, from its root (`["decode", "dns", "hickory"]`).
 #[derive(Debug, PartialEq)]
 pub struct Reference {
     pub line: usize,
