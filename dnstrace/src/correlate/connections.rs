@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 
 use dnstrace_common::Hook;
 
-use super::Map;
+use super::table::Map;
 use crate::decode::{
     tcp::{ACK, FIN, RST, SYN},
     Packet, Transport,

@@ -7,7 +7,8 @@ use bytes::Bytes;
 use dnstrace_common::{sample, Hook};
 use hickory_proto::rr::RecordType;
 
-use super::{devices::DEVICES_LIMIT, index::AnyCase, table::Table, *};
+use super::*;
+use crate::correlate::{devices::DEVICES_LIMIT, index::AnyCase, journey::Outcome, table::Table};
 use crate::decode::{
     dns,
     packet::{CtTuple, Dropped},
