@@ -79,7 +79,9 @@ pub enum Command {
         /// Lines even on a terminal: no live view.
         #[arg(long)]
         no_tui: bool,
-        /// Where log lines go while the live view is up.
+        /// Where log lines go while the replay runs (default: stderr;
+        /// with the live view, a new dnstrace-PID.log in the temporary
+        /// directory).
         #[arg(long, value_name = "PATH")]
         log_file: Option<PathBuf>,
     },
@@ -134,8 +136,8 @@ pub struct CaptureArgs {
     #[arg(long)]
     pub no_tui: bool,
 
-    /// Where log lines go while the live view is up (default: a new
-    /// dnstrace-PID.log in the temporary directory).
+    /// Where log lines go while the capture runs (default: stderr; with
+    /// the live view, a new dnstrace-PID.log in the temporary directory).
     #[arg(long, value_name = "PATH")]
     pub log_file: Option<PathBuf>,
 

@@ -17,6 +17,7 @@ pub mod fuzz;
 mod ingest;
 mod lab;
 mod links;
+mod logging;
 mod naming;
 mod netlink;
 mod netns;
@@ -55,6 +56,7 @@ pub fn main() -> ExitCode {
         ));
     }
     let cli = cli::Cli::parse();
+    logging::init();
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -57,7 +57,7 @@ pub async fn run(args: TraceOptions, view: View) -> Result<()> {
     let mut probes = Probes::attach(&args.probes, filter.as_ref(), Load::Attachable)?;
     announce(&probes);
     if let Some(t) = &target {
-        eprintln!("dnstrace: {}", t.describe());
+        log::info!("{}", t.describe());
     }
     let ring = Ring::open(probes.take_events()?)?;
     let sampler = Sampler::new(probes.take_sample_level()?, probes.counts()?, args.sample);
@@ -93,7 +93,7 @@ pub async fn run(args: TraceOptions, view: View) -> Result<()> {
     } else {
         None
     })
-    .map_err(|e| eprintln!("dnstrace: off: link changes: {e:#}"))
+    .map_err(|e| log::info!("off: link changes: {e:#}"))
     .ok();
     // Everything privileged is open now.
     probes.drop_privileges()?;
@@ -108,10 +108,7 @@ pub async fn run(args: TraceOptions, view: View) -> Result<()> {
     let mut src = LiveSource::new(ingest, &probes, watches, ports, preload, args.sample);
     let mut pipe = Pipeline::recording(recorder.map(|r| Box::new(r) as Box<dyn Tap>));
     let ports: Vec<String> = args.probes.ports.iter().map(u16::to_string).collect();
-    eprintln!(
-        "dnstrace: capturing DNS on port {}; Ctrl-C to stop",
-        ports.join(",")
-    );
+    log::info!("capturing DNS on port {}; Ctrl-C to stop", ports.join(","));
     let about = About {
         target: target.as_ref().map_or("the whole node".into(), headline),
         hooks: probes.attachments.len(),
@@ -157,7 +154,7 @@ pub async fn run(args: TraceOptions, view: View) -> Result<()> {
 fn return_freed_memory_in_background() {
     #[cfg(not(feature = "fuzzing"))]
     if let Err(e) = tikv_jemalloc_ctl::background_thread::write(true) {
-        eprintln!("dnstrace: off: returning freed memory to the kernel while idle: {e}");
+        log::info!("off: returning freed memory to the kernel while idle: {e}");
     }
 }
 
@@ -202,10 +199,10 @@ fn conntrack_at_start(node: Option<&std::path::Path>) -> Option<ConntrackAtStart
 /// unavailable, which is said and does not stop the capture.
 fn watch_conntrack(node: Option<&std::path::Path>) -> (Option<CtWatcher>, Option<RaceWatch>) {
     let ct = CtWatcher::open(node)
-        .map_err(|e| eprintln!("dnstrace: off: conntrack events: {e:#}"))
+        .map_err(|e| log::info!("off: conntrack events: {e:#}"))
         .ok();
     let stats = CtStats::open(node)
-        .map_err(|e| eprintln!("dnstrace: off: conntrack statistics: {e:#}"))
+        .map_err(|e| log::info!("off: conntrack statistics: {e:#}"))
         .ok();
     (ct, stats.map(RaceWatch::new))
 }
@@ -352,11 +349,11 @@ impl<'a> LiveSource<'a> {
             n => format!("1 lookup in {n}, each whole"),
         };
         if self.mode != SampleMode::Auto {
-            eprintln!("dnstrace: sampling: keeping {keeping} (--sample)");
+            log::info!("sampling: keeping {keeping} (--sample)");
         } else if change.level.shift > was.shift {
-            eprintln!("dnstrace: warning: falling behind the kernel: keeping {keeping} from now on (--sample 1 keeps every one, losing events instead)");
+            log::warn!("falling behind the kernel: keeping {keeping} from now on (--sample 1 keeps every one, losing events instead)");
         } else {
-            eprintln!("dnstrace: keeping up again: keeping {keeping}");
+            log::info!("keeping up again: keeping {keeping}");
         }
         Input::Sample(change)
     }
@@ -376,7 +373,7 @@ impl<'a> LiveSource<'a> {
         if total <= self.lost_seen {
             return None;
         }
-        eprintln!("dnstrace: warning: {total} events lost so far (ring buffer full; raise --ring-buffer-mib)");
+        log::warn!("{total} events lost so far (ring buffer full; raise --ring-buffer-mib)");
         self.lost_seen = total;
         Some(Input::Lost {
             since_ns,
@@ -412,14 +409,14 @@ impl Source for LiveSource<'_> {
                         return Ok(Some(Input::Conntrack { now_ns, events }));
                     }
                     Err(e) => {
-                        eprintln!("dnstrace: conntrack events stopped: {e}");
+                        log::warn!("conntrack events stopped: {e}");
                         self.watches.ct = None;
                     }
                 },
                 said = link_changes(&mut self.watches.links) => match said {
-                    Ok(said) => said.iter().for_each(|s| eprintln!("dnstrace: {s}")),
+                    Ok(said) => said.iter().for_each(|s| log::info!("{s}")),
                     Err(e) => {
-                        eprintln!("dnstrace: link changes stopped: {e}");
+                        log::warn!("link changes stopped: {e}");
                         self.watches.links = None;
                     }
                 },
@@ -438,7 +435,7 @@ impl Source for LiveSource<'_> {
         // Journeys closed now must know about losses since the last tick.
         rest.extend(self.lost());
         let read = self.ingest.rest().unwrap_or_else(|e| {
-            eprintln!("dnstrace: reading the ring buffer: {e}");
+            log::warn!("reading the ring buffer: {e}");
             Vec::new()
         });
         rest.extend(read.into_iter().map(|r| match r {
@@ -465,7 +462,7 @@ impl RaceWatch {
             .zip(&last)
             .map(|(n, v)| format!("{n}={v}"))
             .collect();
-        eprintln!("dnstrace: conntrack statistics: {}", now.join(" "));
+        log::info!("conntrack statistics: {}", now.join(" "));
         Self { stats, last }
     }
 
@@ -491,7 +488,7 @@ impl RaceWatch {
                 .iter()
                 .map(|(name, d)| format!("{name} +{d}"))
                 .collect();
-            eprintln!("dnstrace: conntrack statistics moved: {}", moved.join(", "));
+            log::info!("conntrack statistics moved: {}", moved.join(", "));
         }
         self.last = now;
         rose
