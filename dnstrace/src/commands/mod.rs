@@ -1,5 +1,6 @@
 //! The commands: each wires the layers below for one thing a user asks.
 pub mod check;
+mod exit;
 pub mod pods;
 pub mod replay;
 pub mod report;

@@ -9,7 +9,7 @@ use crate::{
     diagnose::Context,
     logging::Redirect,
     output::{Format, Labels, LineSink},
-    pipeline::{JourneySink, Pipeline, Source, Stop, View},
+    pipeline::{JourneySink, Pipeline, Source, Stop, Tally, View},
     target,
     view::{self, state::About, LiveOut},
 };
@@ -35,7 +35,7 @@ impl Show {
         pipe: &mut Pipeline,
         src: &mut impl Source,
         stop: &mut Stop,
-    ) -> Result<Option<String>> {
+    ) -> Result<Option<Tally>> {
         let Show {
             view,
             format,
@@ -95,7 +95,7 @@ impl Live<'_> {
         src: &mut impl Source,
         stop: &mut Stop,
         sink: impl FnOnce(LiveOut) -> JourneySink<LiveOut>,
-    ) -> Result<Option<String>> {
+    ) -> Result<Option<Tally>> {
         let quit = Arc::new(Notify::new());
         stop.quit = Some(quit.clone());
         self.about.log = Some(self.log.display().to_string());

@@ -7,7 +7,7 @@ use anyhow::{Context as _, Result};
 use dnstrace_common::{Hook, SampleLevel};
 use tokio::time::{interval, Duration, Interval};
 
-use super::{check::announce, Show};
+use super::{check::announce, exit::ExitReport, Show};
 use crate::{
     clock::{monotonic_now, Clock},
     conntrack::{CtEvent, CtStats, CtWatcher, RACE_COUNTERS},
@@ -19,7 +19,7 @@ use crate::{
     links::LinkWatch,
     naming::{Names, Services},
     output::{Format, Labels},
-    pipeline::{Counts, Input, Pipeline, Source, Stop, Tap, View},
+    pipeline::{Input, Pipeline, Source, Stop, Tap, View},
     probes::{Load, ProbeOptions, Probes},
     record::{self, RecordOptions, Recorder},
     target,
@@ -130,12 +130,12 @@ pub async fn run(args: TraceOptions, view: View) -> Result<()> {
         evicted_streams: pipe.decoder.evicted_streams(),
         incomplete_datagrams: pipe.decoder.incomplete_datagrams(),
         evicted_datagrams: pipe.decoder.evicted_datagrams(),
-        summary: result.as_ref().ok().cloned().flatten(),
+        journeys: result.as_ref().ok().copied().flatten(),
         lost: probes.lost_events().unwrap_or(0),
-        shed: probes.shed_events().unwrap_or(0),
+        sampled_out: probes.shed_events().unwrap_or(0),
         apart_lost: probes.apart_lost().unwrap_or(0),
-        sampled: src.level,
-        targets: probes.targets(),
+        one_in: src.level.one_in(),
+        detached_from: probes.targets(),
         bad_events: src.ingest.bad_events(),
         discarded: src.ingest.discarded(),
         ct_overruns: src.watches.ct.as_ref().map_or(0, CtWatcher::overruns),
@@ -143,7 +143,7 @@ pub async fn run(args: TraceOptions, view: View) -> Result<()> {
     drop(src);
     // Detach before saying so.
     drop(probes);
-    exit.print();
+    exit.print(args.format == Format::Json);
     result.map(drop)
 }
 
@@ -212,87 +212,6 @@ struct Watches {
     ct: Option<CtWatcher>,
     stats: Option<RaceWatch>,
     links: Option<LinkWatch>,
-}
-
-struct ExitReport {
-    counts: Counts,
-    evicted_streams: u64,
-    /// Fragmented datagrams given up at a hook point: timed out or
-    /// inconsistent, and evicted.
-    incomplete_datagrams: u64,
-    evicted_datagrams: u64,
-    summary: Option<String>,
-    lost: u64,
-    /// Packets the sampling level left out, and the level at the end.
-    shed: u64,
-    /// TCP payloads left cut: no room on their perf buffer.
-    apart_lost: u64,
-    sampled: SampleLevel,
-    targets: Vec<String>,
-    bad_events: u64,
-    discarded: u64,
-    ct_overruns: u64,
-}
-
-impl ExitReport {
-    fn print(&self) {
-        let c = &self.counts;
-        eprintln!(
-            "dnstrace: {}{}; {} events lost; detached from {}",
-            c.brief(),
-            self.summary
-                .as_ref()
-                .map(|s| format!(", {s}"))
-                .unwrap_or_default(),
-            self.lost,
-            self.targets.join(", ")
-        );
-        if self.shed > 0 {
-            eprintln!(
-                "dnstrace: sampling left out {} packets (1 lookup in {} kept at the end)",
-                self.shed,
-                self.sampled.one_in()
-            );
-        }
-        if self.apart_lost > 0 {
-            eprintln!(
-                "dnstrace: {} TCP segments kept cut: no room for their payload on the perf buffers",
-                self.apart_lost
-            );
-        }
-        if self.evicted_streams > 0 {
-            eprintln!(
-                "dnstrace: {} TCP streams dropped from reassembly (too many open at once)",
-                self.evicted_streams
-            );
-        }
-        if self.incomplete_datagrams + self.evicted_datagrams > 0 {
-            eprintln!(
-                "dnstrace: {} fragmented datagrams never whole at a hook point ({} timed out or inconsistent, {} evicted: too many held at once)",
-                self.incomplete_datagrams + self.evicted_datagrams,
-                self.incomplete_datagrams,
-                self.evicted_datagrams
-            );
-        }
-        if self.ct_overruns > 0 {
-            eprintln!(
-                "dnstrace: conntrack events were lost {} times (netlink queue full)",
-                self.ct_overruns
-            );
-        }
-        if self.discarded > 0 {
-            eprintln!(
-                "dnstrace: {} kernel events read and discarded undecoded (--discard-events)",
-                self.discarded
-            );
-        }
-        if self.bad_events > 0 {
-            eprintln!(
-                "dnstrace: {} kernel events could not be decoded",
-                self.bad_events
-            );
-        }
-    }
 }
 
 /// The kernel's side: ring buffer batches and ticks (with any new losses),
