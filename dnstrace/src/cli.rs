@@ -141,6 +141,12 @@ pub struct CaptureArgs {
     #[arg(long, value_name = "PATH")]
     pub log_file: Option<PathBuf>,
 
+    /// Once every hook is attached and the ring buffer is being read,
+    /// write a JSON object here (`{"event":"ready","pid":…}`), replaced
+    /// whole; removed at exit.
+    #[arg(long, value_name = "PATH")]
+    pub ready_file: Option<PathBuf>,
+
     /// Trace only this pod's lookups: `name`, `namespace/name` or a unique
     /// prefix, found in the container runtime's state on this node.
     #[arg(long, value_name = "[NAMESPACE/]NAME", group = "target")]
@@ -278,6 +284,7 @@ impl CaptureArgs {
             discard_events: self.discard_events,
             format: self.output.unwrap_or(Format::Text),
             log_file: self.log_file,
+            ready_file: self.ready_file,
         }
     }
 }

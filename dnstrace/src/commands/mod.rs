@@ -2,6 +2,7 @@
 pub mod check;
 mod exit;
 pub mod pods;
+mod ready;
 pub mod replay;
 pub mod report;
 mod show;

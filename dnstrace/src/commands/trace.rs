@@ -7,7 +7,7 @@ use anyhow::{Context as _, Result};
 use dnstrace_common::{Hook, SampleLevel};
 use tokio::time::{interval, Duration, Interval};
 
-use super::{check::announce, exit::ExitReport, Show};
+use super::{check::announce, exit::ExitReport, ready::Ready, Show};
 use crate::{
     clock::{monotonic_now, Clock},
     conntrack::{CtEvent, CtStats, CtWatcher, RACE_COUNTERS},
@@ -41,6 +41,8 @@ pub struct TraceOptions {
     pub discard_events: bool,
     pub format: Format,
     pub log_file: Option<std::path::PathBuf>,
+    /// Written once the capture has started (`ready`).
+    pub ready_file: Option<std::path::PathBuf>,
 }
 
 pub async fn run(args: TraceOptions, view: View) -> Result<()> {
@@ -109,6 +111,11 @@ pub async fn run(args: TraceOptions, view: View) -> Result<()> {
     let mut pipe = Pipeline::recording(recorder.map(|r| Box::new(r) as Box<dyn Tap>));
     let ports: Vec<String> = args.probes.ports.iter().map(u16::to_string).collect();
     log::info!("capturing DNS on port {}; Ctrl-C to stop", ports.join(","));
+    let ready = Ready::new(&probes.attachments, &args.probes.ports);
+    if args.format == Format::Json {
+        eprintln!("{}", ready.json());
+    }
+    let _ready_file = args.ready_file.map(|p| ready.write(&p)).transpose()?;
     let about = About {
         target: target.as_ref().map_or("the whole node".into(), headline),
         hooks: probes.attachments.len(),
