@@ -434,7 +434,7 @@ impl Drop for Dnstrace {
 fn ready_file() -> PathBuf {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    std::env::temp_dir().join(format!("dnstrace-test-{}-{n}.ready", std::process::id()))
+    std::env::temp_dir().join(format!("dnstrace-ready-{}-{n}.json", std::process::id()))
 }
 
 /// Waits for dnstrace's ready file and returns what it says there.
