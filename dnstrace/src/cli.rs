@@ -79,7 +79,9 @@ pub enum Command {
         /// Lines even on a terminal: no live view.
         #[arg(long)]
         no_tui: bool,
-        /// Where log lines go while the live view is up.
+        /// Where log lines go while the replay runs (default: stderr;
+        /// with the live view, a new dnstrace-PID.log in the temporary
+        /// directory).
         #[arg(long, value_name = "PATH")]
         log_file: Option<PathBuf>,
     },
@@ -134,10 +136,16 @@ pub struct CaptureArgs {
     #[arg(long)]
     pub no_tui: bool,
 
-    /// Where log lines go while the live view is up (default: a new
-    /// dnstrace-PID.log in the temporary directory).
+    /// Where log lines go while the capture runs (default: stderr; with
+    /// the live view, a new dnstrace-PID.log in the temporary directory).
     #[arg(long, value_name = "PATH")]
     pub log_file: Option<PathBuf>,
+
+    /// Once every hook is attached and the ring buffer is being read,
+    /// write a JSON object here (`{"event":"ready","pid":…}`), replaced
+    /// whole; removed at exit.
+    #[arg(long, value_name = "PATH")]
+    pub ready_file: Option<PathBuf>,
 
     /// Trace only this pod's lookups: `name`, `namespace/name` or a unique
     /// prefix, found in the container runtime's state on this node.
@@ -285,6 +293,7 @@ impl CaptureArgs {
             discard_events: false,
             format: self.output.unwrap_or(Format::Text),
             log_file: self.log_file,
+            ready_file: self.ready_file,
         }
     }
 }

@@ -21,6 +21,7 @@ mod harness;
 mod ingest;
 mod lab;
 mod links;
+mod logging;
 mod naming;
 mod netlink;
 mod netns;
@@ -77,6 +78,7 @@ fn run(
         ));
     }
     let cli = cli::Cli::parse_from(args);
+    logging::init();
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

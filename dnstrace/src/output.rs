@@ -21,7 +21,7 @@ use crate::{
     },
     diagnose::{Anomaly, AnomalyKind},
     naming::Names,
-    pipeline::{JourneyOut, Sink},
+    pipeline::{JourneyOut, Sink, Tally},
 };
 use dnstrace_common::Direction;
 use journey_json::{number, JourneyJson, OutcomeJson};
@@ -642,7 +642,7 @@ impl<W: io::Write> Sink for LineSink<W> {
     fn finish(&mut self, _: u64) -> io::Result<()> {
         self.flush()
     }
-    fn summary(&self) -> Option<String> {
+    fn summary(&self) -> Option<Tally> {
         None
     }
 }

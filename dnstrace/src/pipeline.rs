@@ -3,7 +3,7 @@
 //! decode → a sink (packet lines, or journeys as lines or in the live
 //! view). A recording, when asked for, takes each input on the way in, so
 //! a replay feeds the same inputs through the same code.
-use std::{io, sync::Arc};
+use std::{fmt, io, sync::Arc};
 
 use anyhow::{Context as _, Result};
 use tokio::{
@@ -50,8 +50,8 @@ pub trait Sink {
     fn sampling(&mut self, _change: SampleChange) {}
     /// The capture ends: write what is left.
     fn finish(&mut self, now_ns: u64) -> io::Result<()>;
-    /// A few words for the exit line.
-    fn summary(&self) -> Option<String>;
+    /// What it counted, for the exit line.
+    fn summary(&self) -> Option<Tally>;
 }
 
 /// Where finished journeys and anomalies go: lines, or the live view.
@@ -216,17 +216,13 @@ impl<O: JourneyOut> Sink for JourneySink<O> {
         self.out.summary(&self.diagnoser.summary())?;
         self.out.flush()
     }
-    fn summary(&self) -> Option<String> {
-        let shed = match self.engine.shed() {
-            0 => String::new(),
-            n => format!(", {n} left out whole (open when the sampling level changed)"),
-        };
-        Some(format!(
-            "{} journeys, {} evicted (too many open at once){shed}, {} anomalies",
-            self.printed,
-            self.engine.evicted(),
-            self.diagnoser.summary().len()
-        ))
+    fn summary(&self) -> Option<Tally> {
+        Some(Tally {
+            journeys: self.printed,
+            evicted: self.engine.evicted(),
+            left_out_whole: self.engine.shed(),
+            anomalies: self.diagnoser.summary().len(),
+        })
     }
 }
 
@@ -274,7 +270,7 @@ pub trait Source {
     fn rest(&mut self) -> Vec<Input>;
 }
 
-#[derive(Default, Debug)]
+#[derive(Default, Debug, serde::Serialize)]
 pub struct Counts {
     pub packets: u64,
     pub messages: u64,
@@ -301,6 +297,36 @@ impl Counts {
             "{} DNS packets, {} messages, {} malformed{cut}",
             self.packets, self.messages, self.malformed
         )
+    }
+}
+
+/// What a journeys sink counted, for the exit line.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Tally {
+    pub journeys: u64,
+    /// Evicted because too many were open at once.
+    pub evicted: u64,
+    /// Left out whole: open when the sampling level changed.
+    pub left_out_whole: u64,
+    pub anomalies: usize,
+}
+
+/// "N journeys, N evicted (…)[, N left out whole (…)], N anomalies".
+impl fmt::Display for Tally {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} journeys, {} evicted (too many open at once)",
+            self.journeys, self.evicted
+        )?;
+        if self.left_out_whole > 0 {
+            write!(
+                f,
+                ", {} left out whole (open when the sampling level changed)",
+                self.left_out_whole
+            )?;
+        }
+        write!(f, ", {} anomalies", self.anomalies)
     }
 }
 
@@ -358,7 +384,7 @@ impl Pipeline {
         src: &mut impl Source,
         sink: &mut S,
         stop: &mut Stop,
-    ) -> Result<Option<String>> {
+    ) -> Result<Option<Tally>> {
         let start = src.now();
         if let Some(r) = &mut self.recorder {
             r.start(start);

@@ -240,7 +240,7 @@ impl Probes {
         check_privileges()?;
         let netns = crate::netns::inode(None)?;
         for line in leftovers::reap(netns) {
-            eprintln!("dnstrace: {line}");
+            log::info!("{line}");
         }
         let ifaces = args
             .ifaces
@@ -691,8 +691,8 @@ impl Drop for Probes {
         }
         for iface in &self.added_qdiscs {
             if let Err(e) = netlink::delete_clsact(iface.index) {
-                eprintln!(
-                    "warning: could not remove the clsact qdisc dnstrace added to {}: {e}",
+                log::warn!(
+                    "could not remove the clsact qdisc dnstrace added to {}: {e}",
                     iface.name
                 );
             }

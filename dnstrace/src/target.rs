@@ -48,7 +48,7 @@ pub fn resolve(args: &Query) -> Result<Option<Target>> {
     if let Some(query) = &args.pod {
         let inventory = pods::discover(&args.runtime);
         for e in &inventory.errors {
-            eprintln!("dnstrace: {e}");
+            log::warn!("{e}");
         }
         let pod = pods::select(&inventory.pods, query)?;
         return of_pod(pod, node).map(Some);
@@ -85,7 +85,7 @@ fn of_pod(pod: &Pod, node: Option<&Path>) -> Result<Target> {
         )
     })?;
     let resolv = pods::resolv::read_for_pod(pod)
-        .map_err(|e| eprintln!("dnstrace: pod {}: resolv.conf: {e:#}", pod.full_name()))
+        .map_err(|e| log::warn!("pod {}: resolv.conf: {e:#}", pod.full_name()))
         .ok();
     let mut t = of_netns(format!("pod {}", pod.full_name()), &netns, node, resolv)?;
     t.namespace = Some(pod.namespace.clone());

@@ -265,7 +265,12 @@ pub struct Dnstrace {
     stdout: Option<std::thread::JoinHandle<String>>,
     /// Dropped to let stdout be read, when it is held.
     hold: Option<mpsc::Sender<()>>,
+    /// What it said on stderr: from the start until it was ready, then
+    /// as read (`wait_stderr_for`, `stop`).
     pub stderr_lines: Vec<String>,
+    /// Its `--ready-file`, and what it said there.
+    ready_file: PathBuf,
+    pub ready: serde_json::Value,
 }
 
 impl Dnstrace {
@@ -327,17 +332,30 @@ impl Dnstrace {
         Self::spawn_holding(cmd, false)
     }
 
-    /// Spawns `cmd`; with `held`, its stdout is read only once `hold` is
-    /// dropped.
+    /// Spawns `cmd` and waits for its ready file; with `held`, its stdout
+    /// is read only once `hold` is dropped.
     fn spawn_holding(mut cmd: Command, held: bool) -> Result<Self> {
         let (hold, gate) = mpsc::channel::<()>();
+        let ready_file = ready_file();
         let mut child = cmd
+            .arg("--ready-file")
+            .arg(&ready_file)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .context("starting dnstrace")?;
+        let mut err = child.stderr.take().expect("piped stderr");
+        let ready = match wait_ready(&mut child, &ready_file) {
+            Ok(ready) => ready,
+            Err(e) => {
+                let mut said = String::new();
+                let _ = err.read_to_string(&mut said);
+                return Err(e.context(said)).context("dnstrace did not start capturing");
+            }
+        };
+        // What it said before renaming the file into place is in the pipe.
+        let stderr_lines = read_waiting(&mut err)?.lines().map(String::from).collect();
         let (tx, rx) = mpsc::channel();
-        let err = child.stderr.take().expect("piped stderr");
         std::thread::spawn(move || {
             for line in BufReader::new(err).lines().map_while(Result::ok) {
                 let _ = tx.send(line);
@@ -351,20 +369,15 @@ impl Dnstrace {
             let _ = out.read_to_string(&mut text);
             text
         }));
-        let mut t = Self {
+        Ok(Self {
             child,
             stderr: rx,
             stdout,
             hold: held.then_some(hold),
-            stderr_lines: Vec::new(),
-        };
-        t.wait_stderr("capturing DNS")
-            .context("dnstrace did not start capturing")?;
-        Ok(t)
-    }
-
-    fn wait_stderr(&mut self, needle: &str) -> Result<()> {
-        self.wait_stderr_for(needle, Duration::from_secs(20))
+            stderr_lines,
+            ready_file,
+            ready,
+        })
     }
 
     /// Waits up to `wait` for a stderr line containing `needle`.
@@ -393,9 +406,11 @@ impl Dnstrace {
     }
 
     pub fn prog_ids(&self) -> Vec<u32> {
-        self.stderr_lines
+        self.ready["prog_ids"]
+            .as_array()
+            .expect("prog_ids in the ready file")
             .iter()
-            .filter_map(|l| l.split("(prog id ").nth(1)?.split(')').next()?.parse().ok())
+            .filter_map(|id| id.as_u64()?.try_into().ok())
             .collect()
     }
 
@@ -422,7 +437,57 @@ impl Drop for Dnstrace {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // dnstrace removes it, unless killed.
+        let _ = std::fs::remove_file(&self.ready_file);
     }
+}
+
+/// A path of its own for each dnstrace a test starts.
+fn ready_file() -> PathBuf {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    std::env::temp_dir().join(format!("dnstrace-ready-{}-{n}.json", std::process::id()))
+}
+
+/// Waits for dnstrace's ready file and returns what it says there.
+fn wait_ready(child: &mut Child, path: &Path) -> Result<serde_json::Value> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if let Ok(text) = std::fs::read_to_string(path) {
+            return serde_json::from_str(&text).with_context(|| format!("ready file {text:?}"));
+        }
+        if let Some(status) = child.try_wait()? {
+            bail!("exited with {status} before it was ready");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    bail!("no ready file {} in 20 s", path.display())
+}
+
+/// What is in `pipe` now, without waiting for more.
+fn read_waiting(pipe: &mut std::process::ChildStderr) -> Result<String> {
+    let fd = pipe.as_raw_fd();
+    // SAFETY: fcntl on a descriptor `pipe` owns; the flags are restored.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) };
+    let mut bytes = Vec::new();
+    let read = pipe.read_to_end(&mut bytes);
+    unsafe { libc::fcntl(fd, libc::F_SETFL, flags) };
+    match read {
+        Err(e) if e.kind() != std::io::ErrorKind::WouldBlock => Err(e.into()),
+        _ => Ok(String::from_utf8_lossy(&bytes).into_owned()),
+    }
+}
+
+/// The JSON object dnstrace writes last on stderr at exit with `-o json`
+/// (`{"event":"exit",…}`): its counts.
+pub fn exit_summary(stderr: &[String]) -> serde_json::Value {
+    stderr
+        .iter()
+        .rev()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["event"] == "exit")
+        .unwrap_or_else(|| panic!("no exit summary: {stderr:?}"))
 }
 
 /// A query built by hand: id, one question of `qtype` for `name`, RD set.

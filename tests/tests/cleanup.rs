@@ -40,7 +40,14 @@ fn stop_leaves_nothing(mode: &str, signal: i32) {
     let trace = Dnstrace::start(
         &pair.server,
         Keep::Every,
-        &["--iface", Pair::SERVER_IF, "--tc-attach", mode],
+        &[
+            "--iface",
+            Pair::SERVER_IF,
+            "--tc-attach",
+            mode,
+            "-o",
+            "json",
+        ],
     )
     .unwrap();
     let ids = trace.prog_ids();
@@ -67,7 +74,9 @@ fn stop_leaves_nothing(mode: &str, signal: i32) {
     } else {
         assert!(status.success(), "exit {status}: {stderr:?}");
         assert!(
-            stderr.iter().any(|l| l.contains("detached from vs")),
+            exit_summary(&stderr)["detached_from"]
+                .as_array()
+                .is_some_and(|from| from.contains(&"vs".into())),
             "{stderr:?}"
         );
     }

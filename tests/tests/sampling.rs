@@ -41,14 +41,11 @@ fn first_label(j: &Value) -> String {
     name.split('.').next().unwrap_or_default().to_owned()
 }
 
-/// dnstrace said `what` on stderr, and its exit line counted packets the
-/// sampling level left out in the kernel.
+/// dnstrace said `what` on stderr, and its exit summary counted packets
+/// the sampling level left out in the kernel.
 fn said_and_left_out(stderr: &[String], what: &str) {
     assert!(stderr.iter().any(|l| l.contains(what)), "{stderr:?}");
-    let shed: Option<u64> = stderr.iter().find_map(|l| {
-        let count = l.strip_prefix("dnstrace: sampling left out ")?;
-        count.split(' ').next()?.parse().ok()
-    });
+    let shed = exit_summary(stderr)["sampled_out"].as_u64();
     assert!(shed.is_some_and(|n| n > 0), "{stderr:?}");
 }
 
@@ -112,10 +109,7 @@ fn a_stall_that_loses_nothing_keeps_every_lookup() {
     trace.read_stdout();
     let (status, out, stderr) = trace.stop(libc::SIGINT).unwrap();
     assert!(status.success(), "{stderr:?}");
-    assert!(
-        stderr.iter().any(|l| l.contains("; 0 events lost;")),
-        "nothing lost: {stderr:?}"
-    );
+    assert_eq!(exit_summary(&stderr)["lost"], 0, "nothing lost: {stderr:?}");
     assert!(
         !stderr.iter().any(|l| l.contains("keeping 1 lookup in")),
         "nothing left out: {stderr:?}"

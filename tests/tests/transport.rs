@@ -9,8 +9,8 @@ use dnstrace_tests::*;
 const KUBE_DNS: &str = "kube-dns.kube-system.svc.cluster.local.";
 
 /// Traces the lab node keeping every lookup while `work` runs; returns the
-/// JSON lines and the exit line.
-fn trace(work: impl FnOnce()) -> (Vec<Value>, String) {
+/// JSON lines and the exit summary.
+fn trace(work: impl FnOnce()) -> (Vec<Value>, Value) {
     let trace = Dnstrace::start_here(
         Keep::Every,
         &["trace", "-o", "json", "--node-netns", NODE_NETNS],
@@ -20,8 +20,7 @@ fn trace(work: impl FnOnce()) -> (Vec<Value>, String) {
     std::thread::sleep(std::time::Duration::from_millis(1500));
     let (status, out, stderr) = trace.stop(libc::SIGINT).unwrap();
     assert!(status.success(), "{status}: {stderr:?}");
-    let exit = stderr.iter().rfind(|l| l.contains("DNS packets")).cloned();
-    (json_lines(&out), exit.unwrap_or_default())
+    (json_lines(&out), exit_summary(&stderr))
 }
 
 fn journeys<'a>(lines: &'a [Value], name: &str) -> Vec<&'a Value> {
@@ -57,7 +56,7 @@ fn a_tcp_lookup_through_the_service_is_a_journey_with_every_leg_and_its_connecti
         assert_eq!(dig_status(&out), "NOERROR", "{out}");
     });
     assert!(
-        exit.contains("DNS packets") && !exit.contains("not whole"),
+        exit["packets"].as_u64() > Some(0) && exit["cut"] == 0,
         "DNS over TCP is read whole: {exit}"
     );
     let js = journeys(&lines, KUBE_DNS);

@@ -31,7 +31,7 @@ struct Layer {
 const LAYERS: &[Layer] = &[
     Layer {
         name: "base",
-        modules: &["clock", "netns", "netlink"],
+        modules: &["clock", "logging", "netns", "netlink"],
     },
     Layer {
         name: "kernel",

@@ -14,19 +14,22 @@ pub fn check(ifaces: Vec<String>) -> Result<()> {
     announce(&probes);
     let (on, off) = (probes.attachments.len(), probes.off.len());
     drop(probes);
-    eprintln!("dnstrace: check: {on} attached, {off} off; all detached again");
+    log::info!("check: {on} attached, {off} off; all detached again");
     Ok(())
 }
 
 /// Says what is attached, and what is off and why.
 pub(super) fn announce(probes: &Probes) {
     for a in &probes.attachments {
-        eprintln!(
-            "dnstrace: {} (prog id {}) attached to {} ({})",
-            a.program, a.prog_id, a.target, a.how
+        log::info!(
+            "{} (prog id {}) attached to {} ({})",
+            a.program,
+            a.prog_id,
+            a.target,
+            a.how
         );
     }
     for why in &probes.off {
-        eprintln!("dnstrace: off: {why}");
+        log::info!("off: {why}");
     }
 }

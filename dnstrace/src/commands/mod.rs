@@ -1,6 +1,8 @@
 //! The commands: each wires the layers below for one thing a user asks.
 pub mod check;
+mod exit;
 pub mod pods;
+mod ready;
 pub mod replay;
 pub mod report;
 mod show;

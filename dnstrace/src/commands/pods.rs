@@ -103,7 +103,7 @@ pub fn run(
 ) -> Result<()> {
     let inventory = discover(dirs);
     for e in &inventory.errors {
-        eprintln!("dnstrace: {e}");
+        log::warn!("{e}");
     }
     if inventory.pods.is_empty() {
         check_found_anything(dirs, inventory.errors.len())?;
@@ -119,7 +119,7 @@ pub fn run(
         .collect();
     for row in &rows {
         for e in row.errors() {
-            eprintln!("dnstrace: {}: {e}", row.pod.full_name());
+            log::warn!("{}: {e}", row.pod.full_name());
         }
     }
     let mut out = std::io::stdout().lock();

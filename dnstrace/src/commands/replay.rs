@@ -3,10 +3,12 @@
 use std::path::PathBuf;
 
 use anyhow::Result;
+use serde::Serialize;
 
 use super::Show;
 use crate::{
-    pipeline::{Pipeline, Stop, View},
+    output::Format,
+    pipeline::{Counts, Pipeline, Stop, Tally, View},
     record::replay::{About, Replay, Speed},
     view,
 };
@@ -17,7 +19,7 @@ pub struct ReplayArgs {
     pub speed: Speed,
     pub packets: bool,
     pub ports: Vec<u16>,
-    pub output: Option<crate::output::Format>,
+    pub output: Option<Format>,
     pub live: bool,
     pub log_file: Option<PathBuf>,
 }
@@ -38,7 +40,7 @@ pub async fn run(args: ReplayArgs) -> Result<()> {
     };
     let show = Show {
         view,
-        format: args.output.unwrap_or(crate::output::Format::Text),
+        format: args.output.unwrap_or(Format::Text),
         labels: about.labels(),
         target: context.target.clone(),
         context,
@@ -52,21 +54,42 @@ pub async fn run(args: ReplayArgs) -> Result<()> {
     };
     let mut pipe = Pipeline::default();
     let result = show.run(&mut pipe, &mut replay, &mut Stop::new()?).await;
-    let c = &pipe.counts;
-    eprintln!(
-        "dnstrace: replayed {}{}; {} frames skipped (not DNS, or not decodable)",
-        c.brief(),
-        result
-            .as_ref()
-            .ok()
-            .cloned()
-            .flatten()
-            .map(|s| format!(", {s}"))
-            .unwrap_or_default(),
-        replay.skipped
-    );
+    let exit = ReplayExit {
+        event: "exit",
+        counts: &pipe.counts,
+        journeys: result.as_ref().ok().copied().flatten(),
+        skipped: replay.skipped,
+    };
+    exit.print(args.output == Some(Format::Json));
     match (result, replay.error.take()) {
         (Err(e), _) | (Ok(_), Some(e)) => Err(e),
         (Ok(_), None) => Ok(()),
+    }
+}
+
+/// What `replay` says at exit, as `trace` does (`super::exit`): a line of
+/// text on stderr, and with `-o json` also one JSON object.
+#[derive(Serialize)]
+struct ReplayExit<'a> {
+    event: &'static str,
+    #[serde(flatten)]
+    counts: &'a Counts,
+    #[serde(flatten)]
+    journeys: Option<Tally>,
+    /// Frames not DNS, or not decodable.
+    skipped: u64,
+}
+
+impl ReplayExit<'_> {
+    fn print(&self, json: bool) {
+        let journeys = self.journeys.map(|t| format!(", {t}")).unwrap_or_default();
+        eprintln!(
+            "dnstrace: replayed {}{journeys}; {} frames skipped (not DNS, or not decodable)",
+            self.counts.brief(),
+            self.skipped
+        );
+        if json {
+            eprintln!("{}", serde_json::to_string(self).expect("plain numbers"));
+        }
     }
 }

@@ -154,7 +154,7 @@ pub async fn run(file: &Path, format: Format, write: Option<&Path>, ports: Vec<u
     pipe.drive(&mut replay, &mut sink, &mut Stop::new()?)
         .await?;
     if let Some(e) = replay.error.take() {
-        eprintln!("dnstrace: warning: {e:#}; the report covers what came before");
+        log::warn!("{e:#}; the report covers what came before");
     }
     let g = &sink.out;
     let text = match format {

@@ -7,8 +7,9 @@ use tokio::{sync::Notify, time::Duration};
 
 use crate::{
     diagnose::Context,
+    logging::Redirect,
     output::{Format, Labels, LineSink},
-    pipeline::{JourneySink, Pipeline, Source, Stop, View},
+    pipeline::{JourneySink, Pipeline, Source, Stop, Tally, View},
     target,
     view::{self, state::About, LiveOut},
 };
@@ -34,7 +35,7 @@ impl Show {
         pipe: &mut Pipeline,
         src: &mut impl Source,
         stop: &mut Stop,
-    ) -> Result<Option<String>> {
+    ) -> Result<Option<Tally>> {
         let Show {
             view,
             format,
@@ -48,6 +49,11 @@ impl Show {
         // Lines are flushed every tick and after each batch of journeys, not
         // one write(2) each: under load that is most of the output's cost.
         let stdout = || io::BufWriter::with_capacity(1 << 16, io::stdout().lock());
+        // The live view sends the log to a file of its own.
+        let _log = match (&view, &log) {
+            (View::Packets | View::Journeys(_), Some(path)) => Some(Redirect::to(path)?),
+            _ => None,
+        };
         match view {
             View::Packets => {
                 let mut lines = LineSink::new(format, labels, stdout());
@@ -89,7 +95,7 @@ impl Live<'_> {
         src: &mut impl Source,
         stop: &mut Stop,
         sink: impl FnOnce(LiveOut) -> JourneySink<LiveOut>,
-    ) -> Result<Option<String>> {
+    ) -> Result<Option<Tally>> {
         let quit = Arc::new(Notify::new());
         stop.quit = Some(quit.clone());
         self.about.log = Some(self.log.display().to_string());
@@ -116,7 +122,7 @@ impl Live<'_> {
 fn report_log(log: &Path) {
     match std::fs::metadata(log) {
         Ok(m) if m.len() == 0 => drop(std::fs::remove_file(log)),
-        Ok(_) => eprintln!("dnstrace: the session's log lines are in {}", log.display()),
+        Ok(_) => log::info!("the session's log lines are in {}", log.display()),
         Err(_) => {}
     }
 }

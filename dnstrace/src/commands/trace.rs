@@ -7,7 +7,7 @@ use anyhow::{Context as _, Result};
 use dnstrace_common::{Hook, SampleLevel};
 use tokio::time::{interval, Duration, Interval};
 
-use super::{check::announce, Show};
+use super::{check::announce, exit::ExitReport, ready::Ready, Show};
 use crate::{
     clock::{monotonic_now, Clock},
     conntrack::{CtEvent, CtStats, CtWatcher, RACE_COUNTERS},
@@ -19,7 +19,7 @@ use crate::{
     links::LinkWatch,
     naming::{Names, Services},
     output::{Format, Labels},
-    pipeline::{Counts, Input, Pipeline, Source, Stop, Tap, View},
+    pipeline::{Input, Pipeline, Source, Stop, Tap, View},
     probes::{Load, ProbeOptions, Probes},
     record::{self, RecordOptions, Recorder},
     target,
@@ -41,6 +41,8 @@ pub struct TraceOptions {
     pub discard_events: bool,
     pub format: Format,
     pub log_file: Option<std::path::PathBuf>,
+    /// Written once the capture has started (`ready`).
+    pub ready_file: Option<std::path::PathBuf>,
 }
 
 pub async fn run(args: TraceOptions, view: View) -> Result<()> {
@@ -57,7 +59,7 @@ pub async fn run(args: TraceOptions, view: View) -> Result<()> {
     let mut probes = Probes::attach(&args.probes, filter.as_ref(), Load::Attachable)?;
     announce(&probes);
     if let Some(t) = &target {
-        eprintln!("dnstrace: {}", t.describe());
+        log::info!("{}", t.describe());
     }
     let ring = Ring::open(probes.take_events()?)?;
     let sampler = Sampler::new(probes.take_sample_level()?, probes.counts()?, args.sample);
@@ -93,7 +95,7 @@ pub async fn run(args: TraceOptions, view: View) -> Result<()> {
     } else {
         None
     })
-    .map_err(|e| eprintln!("dnstrace: off: link changes: {e:#}"))
+    .map_err(|e| log::info!("off: link changes: {e:#}"))
     .ok();
     // Everything privileged is open now.
     probes.drop_privileges()?;
@@ -108,10 +110,12 @@ pub async fn run(args: TraceOptions, view: View) -> Result<()> {
     let mut src = LiveSource::new(ingest, &probes, watches, ports, preload, args.sample);
     let mut pipe = Pipeline::recording(recorder.map(|r| Box::new(r) as Box<dyn Tap>));
     let ports: Vec<String> = args.probes.ports.iter().map(u16::to_string).collect();
-    eprintln!(
-        "dnstrace: capturing DNS on port {}; Ctrl-C to stop",
-        ports.join(",")
-    );
+    log::info!("capturing DNS on port {}; Ctrl-C to stop", ports.join(","));
+    let ready = Ready::new(&probes.attachments, &args.probes.ports);
+    if args.format == Format::Json {
+        eprintln!("{}", ready.json());
+    }
+    let _ready_file = args.ready_file.map(|p| ready.write(&p)).transpose()?;
     let about = About {
         target: target.as_ref().map_or("the whole node".into(), headline),
         hooks: probes.attachments.len(),
@@ -133,12 +137,12 @@ pub async fn run(args: TraceOptions, view: View) -> Result<()> {
         evicted_streams: pipe.decoder.evicted_streams(),
         incomplete_datagrams: pipe.decoder.incomplete_datagrams(),
         evicted_datagrams: pipe.decoder.evicted_datagrams(),
-        summary: result.as_ref().ok().cloned().flatten(),
+        journeys: result.as_ref().ok().copied().flatten(),
         lost: probes.lost_events().unwrap_or(0),
-        shed: probes.shed_events().unwrap_or(0),
+        sampled_out: probes.shed_events().unwrap_or(0),
         apart_lost: probes.apart_lost().unwrap_or(0),
-        sampled: src.level,
-        targets: probes.targets(),
+        one_in: src.level.one_in(),
+        detached_from: probes.targets(),
         bad_events: src.ingest.bad_events(),
         discarded: src.ingest.discarded(),
         ct_overruns: src.watches.ct.as_ref().map_or(0, CtWatcher::overruns),
@@ -146,7 +150,7 @@ pub async fn run(args: TraceOptions, view: View) -> Result<()> {
     drop(src);
     // Detach before saying so.
     drop(probes);
-    exit.print();
+    exit.print(args.format == Format::Json);
     result.map(drop)
 }
 
@@ -157,7 +161,7 @@ pub async fn run(args: TraceOptions, view: View) -> Result<()> {
 fn return_freed_memory_in_background() {
     #[cfg(not(feature = "fuzzing"))]
     if let Err(e) = tikv_jemalloc_ctl::background_thread::write(true) {
-        eprintln!("dnstrace: off: returning freed memory to the kernel while idle: {e}");
+        log::info!("off: returning freed memory to the kernel while idle: {e}");
     }
 }
 
@@ -202,10 +206,10 @@ fn conntrack_at_start(node: Option<&std::path::Path>) -> Option<ConntrackAtStart
 /// unavailable, which is said and does not stop the capture.
 fn watch_conntrack(node: Option<&std::path::Path>) -> (Option<CtWatcher>, Option<RaceWatch>) {
     let ct = CtWatcher::open(node)
-        .map_err(|e| eprintln!("dnstrace: off: conntrack events: {e:#}"))
+        .map_err(|e| log::info!("off: conntrack events: {e:#}"))
         .ok();
     let stats = CtStats::open(node)
-        .map_err(|e| eprintln!("dnstrace: off: conntrack statistics: {e:#}"))
+        .map_err(|e| log::info!("off: conntrack statistics: {e:#}"))
         .ok();
     (ct, stats.map(RaceWatch::new))
 }
@@ -215,87 +219,6 @@ struct Watches {
     ct: Option<CtWatcher>,
     stats: Option<RaceWatch>,
     links: Option<LinkWatch>,
-}
-
-struct ExitReport {
-    counts: Counts,
-    evicted_streams: u64,
-    /// Fragmented datagrams given up at a hook point: timed out or
-    /// inconsistent, and evicted.
-    incomplete_datagrams: u64,
-    evicted_datagrams: u64,
-    summary: Option<String>,
-    lost: u64,
-    /// Packets the sampling level left out, and the level at the end.
-    shed: u64,
-    /// TCP payloads left cut: no room on their perf buffer.
-    apart_lost: u64,
-    sampled: SampleLevel,
-    targets: Vec<String>,
-    bad_events: u64,
-    discarded: u64,
-    ct_overruns: u64,
-}
-
-impl ExitReport {
-    fn print(&self) {
-        let c = &self.counts;
-        eprintln!(
-            "dnstrace: {}{}; {} events lost; detached from {}",
-            c.brief(),
-            self.summary
-                .as_ref()
-                .map(|s| format!(", {s}"))
-                .unwrap_or_default(),
-            self.lost,
-            self.targets.join(", ")
-        );
-        if self.shed > 0 {
-            eprintln!(
-                "dnstrace: sampling left out {} packets (1 lookup in {} kept at the end)",
-                self.shed,
-                self.sampled.one_in()
-            );
-        }
-        if self.apart_lost > 0 {
-            eprintln!(
-                "dnstrace: {} TCP segments kept cut: no room for their payload on the perf buffers",
-                self.apart_lost
-            );
-        }
-        if self.evicted_streams > 0 {
-            eprintln!(
-                "dnstrace: {} TCP streams dropped from reassembly (too many open at once)",
-                self.evicted_streams
-            );
-        }
-        if self.incomplete_datagrams + self.evicted_datagrams > 0 {
-            eprintln!(
-                "dnstrace: {} fragmented datagrams never whole at a hook point ({} timed out or inconsistent, {} evicted: too many held at once)",
-                self.incomplete_datagrams + self.evicted_datagrams,
-                self.incomplete_datagrams,
-                self.evicted_datagrams
-            );
-        }
-        if self.ct_overruns > 0 {
-            eprintln!(
-                "dnstrace: conntrack events were lost {} times (netlink queue full)",
-                self.ct_overruns
-            );
-        }
-        if self.discarded > 0 {
-            eprintln!(
-                "dnstrace: {} kernel events read and discarded undecoded (--discard-events)",
-                self.discarded
-            );
-        }
-        if self.bad_events > 0 {
-            eprintln!(
-                "dnstrace: {} kernel events could not be decoded",
-                self.bad_events
-            );
-        }
-    }
 }
 
 /// The kernel's side: ring buffer batches and ticks (with any new losses),
@@ -352,11 +275,11 @@ impl<'a> LiveSource<'a> {
             n => format!("1 lookup in {n}, each whole"),
         };
         if self.mode != SampleMode::Auto {
-            eprintln!("dnstrace: sampling: keeping {keeping} (--sample)");
+            log::info!("sampling: keeping {keeping} (--sample)");
         } else if change.level.shift > was.shift {
-            eprintln!("dnstrace: warning: falling behind the kernel: keeping {keeping} from now on (--sample 1 keeps every one, losing events instead)");
+            log::warn!("falling behind the kernel: keeping {keeping} from now on (--sample 1 keeps every one, losing events instead)");
         } else {
-            eprintln!("dnstrace: keeping up again: keeping {keeping}");
+            log::info!("keeping up again: keeping {keeping}");
         }
         Input::Sample(change)
     }
@@ -376,7 +299,7 @@ impl<'a> LiveSource<'a> {
         if total <= self.lost_seen {
             return None;
         }
-        eprintln!("dnstrace: warning: {total} events lost so far (ring buffer full; raise --ring-buffer-mib)");
+        log::warn!("{total} events lost so far (ring buffer full; raise --ring-buffer-mib)");
         self.lost_seen = total;
         Some(Input::Lost {
             since_ns,
@@ -412,14 +335,14 @@ impl Source for LiveSource<'_> {
                         return Ok(Some(Input::Conntrack { now_ns, events }));
                     }
                     Err(e) => {
-                        eprintln!("dnstrace: conntrack events stopped: {e}");
+                        log::warn!("conntrack events stopped: {e}");
                         self.watches.ct = None;
                     }
                 },
                 said = link_changes(&mut self.watches.links) => match said {
-                    Ok(said) => said.iter().for_each(|s| eprintln!("dnstrace: {s}")),
+                    Ok(said) => said.iter().for_each(|s| log::info!("{s}")),
                     Err(e) => {
-                        eprintln!("dnstrace: link changes stopped: {e}");
+                        log::warn!("link changes stopped: {e}");
                         self.watches.links = None;
                     }
                 },
@@ -438,7 +361,7 @@ impl Source for LiveSource<'_> {
         // Journeys closed now must know about losses since the last tick.
         rest.extend(self.lost());
         let read = self.ingest.rest().unwrap_or_else(|e| {
-            eprintln!("dnstrace: reading the ring buffer: {e}");
+            log::warn!("reading the ring buffer: {e}");
             Vec::new()
         });
         rest.extend(read.into_iter().map(|r| match r {
@@ -465,7 +388,7 @@ impl RaceWatch {
             .zip(&last)
             .map(|(n, v)| format!("{n}={v}"))
             .collect();
-        eprintln!("dnstrace: conntrack statistics: {}", now.join(" "));
+        log::info!("conntrack statistics: {}", now.join(" "));
         Self { stats, last }
     }
 
@@ -491,7 +414,7 @@ impl RaceWatch {
                 .iter()
                 .map(|(name, d)| format!("{name} +{d}"))
                 .collect();
-            eprintln!("dnstrace: conntrack statistics moved: {}", moved.join(", "));
+            log::info!("conntrack statistics moved: {}", moved.join(", "));
         }
         self.last = now;
         rose

@@ -216,7 +216,7 @@ impl Sampler {
         let level = self.governor.level();
         let since_ns = monotonic_now();
         if let Err(e) = self.map.set(0, level, 0) {
-            eprintln!("dnstrace: could not set the sampling level: {e}");
+            log::warn!("could not set the sampling level: {e}");
             return None;
         }
         Some(SampleChange {

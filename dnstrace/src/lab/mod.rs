@@ -155,7 +155,7 @@ fn up(faults: Vec<Fault>, nodelocaldns: bool, ipv6: bool, runtime: runtime::Runt
         }
     }
     if !sys::lab_namespaces().is_empty() || Path::new(LAB_DIR).exists() {
-        eprintln!("lab: cleaning up what an earlier lab left behind");
+        log::info!(target: "lab", "cleaning up what an earlier lab left behind");
         down(false)?;
     }
     let needs_nodelocal = faults.contains(&Fault::NodelocaldnsLoop);
@@ -592,8 +592,8 @@ fn wait_listening(state: &LabState) -> Result<()> {
 fn switch_fault(fault: Fault, on: bool) -> Result<()> {
     let mut state = LabState::load()?;
     if state.has(fault) == on {
-        eprintln!(
-            "lab: {} is already {}",
+        log::info!(target: "lab",
+            "{} is already {}",
             fault.name(),
             if on { "on" } else { "off" }
         );
@@ -601,7 +601,7 @@ fn switch_fault(fault: Fault, on: bool) -> Result<()> {
     }
     set_fault(&mut state, fault, on)?;
     state.save()?;
-    eprintln!("lab: {} {}", fault.name(), if on { "on" } else { "off" });
+    log::info!(target: "lab", "{} {}", fault.name(), if on { "on" } else { "off" });
     Ok(())
 }
 
@@ -756,10 +756,10 @@ fn down(loud: bool) -> Result<()> {
     }
     if loud {
         if namespaces.is_empty() && !had_dir {
-            eprintln!("lab: nothing to remove");
+            log::info!(target: "lab", "nothing to remove");
         } else {
-            eprintln!(
-                "lab: removed {} namespaces, their processes and rules, and {LAB_DIR}",
+            log::info!(target: "lab",
+                "removed {} namespaces, their processes and rules, and {LAB_DIR}",
                 namespaces.len()
             );
         }
@@ -800,38 +800,38 @@ fn status() -> Result<()> {
 }
 
 fn print_summary(state: &LabState) {
-    eprintln!(
-        "lab: up. Node namespace {NODE_NS}: bridge {} {}, kube-dns {} (DNAT to the CoreDNS pods)",
+    log::info!(target: "lab",
+        "up. Node namespace {NODE_NS}: bridge {} {}, kube-dns {} (DNAT to the CoreDNS pods)",
         plan::BRIDGE,
         plan::POD_GW4,
         plan::SERVICE4
     );
     for pod in &plan::PODS {
-        eprintln!(
-            "lab:   {:<40} {:<12} netns {:<36} veth {}",
+        log::info!(target: "lab",
+            "  {:<40} {:<12} netns {:<36} veth {}",
             pod.full_name(),
             pod.ip4.to_string(),
             pod.netns(),
             pod.host_veth()
         );
     }
-    eprintln!(
-        "lab:   upstream resolver {} (unbound) in {UPSTREAM_NS}",
+    log::info!(target: "lab",
+        "  upstream resolver {} (unbound) in {UPSTREAM_NS}",
         plan::UPSTREAM4
     );
     if state.nodelocaldns {
-        eprintln!(
-            "lab:   NodeLocalDNS {} (unbound) on the node, cluster names to kube-dns over TCP",
+        log::info!(target: "lab",
+            "  NodeLocalDNS {} (unbound) on the node, cluster names to kube-dns over TCP",
             plan::NODELOCAL4
         );
     }
     let faults: Vec<String> = state.faults.iter().map(|f| f.name()).collect();
     if !faults.is_empty() {
-        eprintln!("lab: faults on: {}", faults.join(" "));
+        log::info!(target: "lab", "faults on: {}", faults.join(" "));
     }
-    eprintln!("lab: try `dnstrace lab traffic`, and `dnstrace lab down` to remove it");
-    eprintln!(
-        "lab: trace one pod: dnstrace trace {}",
+    log::info!(target: "lab", "try `dnstrace lab traffic`, and `dnstrace lab down` to remove it");
+    log::info!(target: "lab",
+        "trace one pod: dnstrace trace {}",
         runtime_flags(state.runtime)
     );
 }

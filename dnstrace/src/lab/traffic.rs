@@ -131,7 +131,7 @@ pub fn run(args: TrafficArgs) -> Result<()> {
         d.join()
             .map_err(|_| anyhow::anyhow!("a traffic thread panicked"))??;
     }
-    eprintln!("traffic: {summary}");
+    log::info!(target: "traffic", "{summary}");
     Ok(())
 }
 

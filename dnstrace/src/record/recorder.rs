@@ -201,7 +201,7 @@ impl Recorder {
     fn stop(&mut self, e: &io::Error) {
         self.out = None;
         let status = format!("recording stopped: {e}; tracing goes on");
-        eprintln!("dnstrace: {status}");
+        log::warn!("{status}");
         self.set_status(status);
     }
 

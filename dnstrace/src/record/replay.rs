@@ -475,8 +475,8 @@ impl<R: Read> Source for Replay<R> {
     async fn next(&mut self) -> Result<Option<Input>> {
         let Some(input) = self.next_input() else {
             if let Some(offset) = self.cut_at.take() {
-                eprintln!(
-                    "dnstrace: {}: the recording was cut short at byte {offset} (inside a block); replayed what came before",
+                log::warn!(
+                    "{}: the recording was cut short at byte {offset} (inside a block); replayed what came before",
                     self.path.display()
                 );
             }

@@ -8,12 +8,7 @@ pub mod state;
 mod tests;
 
 use std::{
-    fs::OpenOptions,
     io,
-    os::{
-        fd::{AsRawFd, FromRawFd, OwnedFd},
-        unix::fs::OpenOptionsExt,
-    },
     path::{Path, PathBuf},
     sync::{
         atomic::{AtomicU64, Ordering},
@@ -39,6 +34,7 @@ use crate::{
     correlate::Journey,
     decode::KernelNames,
     diagnose::{Anomaly, AnomalyKind},
+    logging::Redirect,
     output::{summary_text, Labels},
     pipeline::{Health, JourneyOut},
 };
@@ -53,7 +49,7 @@ const BATCH: usize = 20_000;
 /// The running view: its thread, and where stderr goes meanwhile.
 pub struct LiveView {
     thread: Option<JoinHandle<io::Result<()>>>,
-    log: Option<LogRedirect>,
+    log: Option<Redirect>,
 }
 
 /// Takes the terminal, sends stderr to `log`, and starts the view thread;
@@ -64,7 +60,7 @@ pub fn start(
     labels: Labels,
     quit: Arc<Notify>,
 ) -> Result<(LiveView, LiveOut)> {
-    let redirect = LogRedirect::to(log)?;
+    let redirect = Redirect::to(log)?;
     let terminal = ratatui::try_init().context("taking over the terminal")?;
     let (tx, rx) = sync_channel(QUEUE);
     let dropped = Arc::new(AtomicU64::new(0));
@@ -235,49 +231,6 @@ impl JourneyOut for LiveOut {
 
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
-    }
-}
-
-/// Sends this process's stderr to a file until dropped, so that log lines
-/// never land on the view.
-struct LogRedirect {
-    saved: OwnedFd,
-}
-
-impl LogRedirect {
-    fn to(path: &Path) -> Result<Self> {
-        // A new file only, owner-readable: as root, never follow a link
-        // someone left in a shared directory.
-        let file = OpenOptions::new()
-            .append(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(path)
-            .with_context(|| {
-                format!(
-                    "cannot create the log file {} (choose another with --log-file)",
-                    path.display()
-                )
-            })?;
-        // SAFETY: dup of a valid descriptor; the result is checked.
-        let saved = unsafe { libc::dup(libc::STDERR_FILENO) };
-        if saved < 0 {
-            return Err(io::Error::last_os_error()).context("saving stderr");
-        }
-        // SAFETY: `saved` is a fresh descriptor owned by no one else.
-        let saved = unsafe { OwnedFd::from_raw_fd(saved) };
-        // SAFETY: both descriptors are valid.
-        if unsafe { libc::dup2(file.as_raw_fd(), libc::STDERR_FILENO) } < 0 {
-            return Err(io::Error::last_os_error()).context("sending stderr to the log file");
-        }
-        Ok(Self { saved })
-    }
-}
-
-impl Drop for LogRedirect {
-    fn drop(&mut self) {
-        // SAFETY: both descriptors are valid.
-        unsafe { libc::dup2(self.saved.as_raw_fd(), libc::STDERR_FILENO) };
     }
 }
 
