@@ -13,7 +13,11 @@ const FOUND: &str = "services from kube-proxy's nftables table: DNS at 10.96.0.1
 /// Runs `dnstrace trace -o json` on the lab node while `work` runs;
 /// returns the JSON lines and stderr.
 fn trace(work: impl FnOnce()) -> (Vec<Value>, Vec<String>) {
-    let args = [
+    trace_with(&[], work)
+}
+
+fn trace_with(extra: &[&str], work: impl FnOnce()) -> (Vec<Value>, Vec<String>) {
+    let mut args = vec![
         "trace",
         "-o",
         "json",
@@ -22,6 +26,7 @@ fn trace(work: impl FnOnce()) -> (Vec<Value>, Vec<String>) {
         "--node-netns",
         NODE_NETNS,
     ];
+    args.extend_from_slice(extra);
     let trace = Dnstrace::start_here(Keep::Every, &args).unwrap();
     work();
     std::thread::sleep(std::time::Duration::from_millis(1500));
@@ -108,4 +113,39 @@ fn iptables_mode_names_its_backend_at_start() {
             .any(|l| l.contains("services from iptables") && l.contains("DNS at 10.96.0.10")),
         "{stderr:#?}"
     );
+}
+
+/// A node without proxy rules (as with a kube-proxy replacement): the
+/// traced pod's nameserver stands for the DNS service, so a query to it
+/// that nothing translates is still a service_not_translated.
+#[test]
+fn without_proxy_rules_the_pods_nameserver_stands_for_the_service() {
+    require_root();
+    let lab = Lab::up(&[NFTABLES]);
+    let out = std::process::Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            NODE,
+            "nft",
+            "delete",
+            "table",
+            "ip",
+            "kube-proxy",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let pod = [
+        "--containerd-root",
+        "/run/dnstrace-lab/containerd",
+        "--pod",
+        "web",
+    ];
+    let (lines, stderr) = trace_with(&pod, || {
+        lab.dig(WEB, &format!("@{SERVICE} {KUBERNETES}"));
+    });
+    let fallback = "services: no proxy rules on the node (socket-level balancing?); DNS at 10.96.0.10, from the pods' resolv.conf";
+    assert!(stderr.iter().any(|l| l.contains(fallback)), "{stderr:#?}");
+    assert_eq!(anomaly_kinds(&lines), ["service_not_translated"]);
 }
