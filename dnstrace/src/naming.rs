@@ -1,16 +1,26 @@
 //! Names for addresses, without the API server: services and their
-//! endpoints from kube-proxy's own rules in the node's iptables, pods from
-//! the container runtime's state.
+//! endpoints from the service proxy's own rules on the node (kube-proxy's
+//! iptables, nftables or IPVS mode), pods from the container runtime's
+//! state.
+mod ipvs;
+mod nftables;
+mod proxy;
+
 use std::{
     collections::{BTreeMap, BTreeSet},
+    fmt,
     net::IpAddr,
     path::Path,
-    process::Command,
 };
+
+pub use proxy::ProxyMode;
 
 use crate::netns::in_netns;
 
-/// What kube-proxy's nat rules say: service cluster IPs and endpoints.
+/// The port DNS services listen on.
+const DNS_PORT: u16 = 53;
+
+/// What the service proxy's rules say: service cluster IPs and endpoints.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Services {
     /// Cluster IP → `namespace/name`.
@@ -19,22 +29,98 @@ pub struct Services {
     pub dns_ips: BTreeSet<IpAddr>,
     /// Endpoint IP → `namespace/name` of its service.
     pub endpoints: BTreeMap<IpAddr, String>,
+    /// Endpoints of port-53 services from sources that need not name them
+    /// (nftables, IPVS).
+    pub dns_backends: BTreeSet<IpAddr>,
+    /// Where the rules came from; empty before `read`.
+    pub modes: Vec<ProxyMode>,
+    /// `dns_ips` are the pods' nameservers, not rules: no proxy rules were
+    /// found (a kube-proxy replacement balancing at the socket).
+    pub from_resolv_conf: bool,
+}
+
+/// A service port in a proxy's rules, and where it sends packets.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServicePort {
+    pub ip: IpAddr,
+    pub port: u16,
+    pub proto: Proto,
+    /// `namespace/name`, where the rules say it (IPVS does not).
+    pub name: Option<String>,
+    pub endpoints: Vec<IpAddr>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Proto {
+    Udp,
+    Tcp,
+}
+
+impl Proto {
+    fn parse(s: &str) -> Option<Self> {
+        match s {
+            "udp" => Some(Self::Udp),
+            "tcp" => Some(Self::Tcp),
+            _ => None,
+        }
+    }
 }
 
 impl Services {
-    /// From `iptables-save -t nat` (and ip6tables) in the node's namespace;
-    /// empty where there are none or the tools are missing.
+    /// From every proxy's rules in the node's namespace (see `proxy`);
+    /// empty, with mode `None`, where there are none or the tools are
+    /// missing.
     pub fn read(node: Option<&Path>) -> Self {
-        let dump = in_netns(node, || {
-            let mut text = String::new();
-            for program in ["iptables-save", "ip6tables-save"] {
-                if let Ok(out) = Command::new(program).args(["-t", "nat"]).output() {
-                    text += &String::from_utf8_lossy(&out.stdout);
+        in_netns(node, || Ok(proxy::read())).unwrap_or_else(|_| Self::unproxied())
+    }
+
+    /// No rules found.
+    fn unproxied() -> Self {
+        Self {
+            modes: vec![ProxyMode::None],
+            ..Self::default()
+        }
+    }
+
+    /// Adds a source's service ports.
+    fn add(&mut self, ports: &[ServicePort]) {
+        for p in ports {
+            if let Some(name) = &p.name {
+                self.cluster_ips.insert(p.ip, name.clone());
+                for ep in &p.endpoints {
+                    self.endpoints.insert(*ep, name.clone());
                 }
             }
-            Ok(text)
-        });
-        dump.map(|text| Self::parse(&text)).unwrap_or_default()
+            if p.port == DNS_PORT {
+                self.dns_ips.insert(p.ip);
+                self.dns_backends.extend(&p.endpoints);
+            }
+        }
+    }
+
+    /// Adds what another parse of iptables rules found (later wins, as in
+    /// one parse of both texts).
+    fn merge(&mut self, other: Self) {
+        self.cluster_ips.extend(other.cluster_ips);
+        self.dns_ips.extend(other.dns_ips);
+        self.endpoints.extend(other.endpoints);
+    }
+
+    /// With no proxy rules, the traced pods' nameservers stand for the DNS
+    /// service: a socket-level balancer rewrites them before the wire, so
+    /// they are what the pods ask. Loopback resolvers are no service.
+    pub fn fall_back_to_nameservers(&mut self, nameservers: &[IpAddr]) {
+        if self.modes != [ProxyMode::None] {
+            return;
+        }
+        let remote = nameservers.iter().filter(|ip| !ip.is_loopback());
+        self.dns_ips.extend(remote);
+        self.from_resolv_conf = !self.dns_ips.is_empty();
+    }
+
+    /// Says where the DNS service addresses came from, in one line.
+    pub fn describe(&self) -> Described<'_> {
+        Described(self)
     }
 
     /// kube-proxy matches a service as `-d IP/32 ... --comment "ns/name:port
@@ -80,7 +166,34 @@ impl Services {
             .iter()
             .filter(|(_, svc)| dns.contains(svc))
             .map(|(ip, _)| *ip)
+            .chain(self.dns_backends.iter().copied())
             .collect()
+    }
+}
+
+/// `services from kube-proxy's nftables rules: DNS at 10.96.0.10`.
+pub struct Described<'a>(&'a Services);
+
+impl fmt::Display for Described<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = self.0;
+        let ips: Vec<String> = s.dns_ips.iter().map(ToString::to_string).collect();
+        let dns = if ips.is_empty() {
+            "no DNS service found".to_owned()
+        } else {
+            format!("DNS at {}", ips.join(", "))
+        };
+        if s.from_resolv_conf {
+            return write!(
+                f,
+                "services: no proxy rules on the node (socket-level balancing?); {dns}, from the pods' resolv.conf"
+            );
+        }
+        if s.modes == [ProxyMode::None] {
+            return write!(f, "services: no proxy rules on the node; {dns}");
+        }
+        let modes: Vec<String> = s.modes.iter().map(ToString::to_string).collect();
+        write!(f, "services from {}: {dns}", modes.join(" and "))
     }
 }
 
@@ -168,6 +281,79 @@ mod tests {
             s.dns_endpoints(),
             [ip("10.244.0.53"), ip("fd00:10:244::54")].into(),
             "the API server's endpoint is no resolver"
+        );
+    }
+
+    fn port(ip_: &str, port: u16, name: Option<&str>, endpoints: &[&str]) -> ServicePort {
+        ServicePort {
+            ip: ip(ip_),
+            port,
+            proto: Proto::Udp,
+            name: name.map(str::to_owned),
+            endpoints: endpoints.iter().map(|e| ip(e)).collect(),
+        }
+    }
+
+    #[test]
+    fn service_ports_name_addresses_and_dns_ports_give_resolvers() {
+        let mut s = Services::default();
+        s.add(&[
+            port(
+                "10.96.0.10",
+                53,
+                Some("kube-system/kube-dns"),
+                &["10.244.0.53"],
+            ),
+            port(
+                "10.96.0.1",
+                443,
+                Some("default/kubernetes"),
+                &["192.168.1.10"],
+            ),
+            port("10.96.0.20", 53, None, &["10.244.0.60"]),
+        ]);
+        assert_eq!(s.dns_ips, [ip("10.96.0.10"), ip("10.96.0.20")].into());
+        assert_eq!(s.cluster_ips[&ip("10.96.0.1")], "default/kubernetes");
+        assert!(!s.cluster_ips.contains_key(&ip("10.96.0.20")), "unnamed");
+        assert_eq!(
+            s.dns_endpoints(),
+            [ip("10.244.0.53"), ip("10.244.0.60")].into()
+        );
+    }
+
+    #[test]
+    fn two_iptables_dumps_merge_as_one() {
+        let (a, b) = RULES.split_at(RULES.find("-A KUBE-SEP-IT2").unwrap());
+        let mut s = Services::parse(a);
+        s.merge(Services::parse(b));
+        assert_eq!(s, Services::parse(RULES));
+    }
+
+    #[test]
+    fn nameservers_stand_for_the_service_only_without_proxy_rules() {
+        let ns = [ip("10.96.0.10"), ip("127.0.0.53")];
+        let mut none = Services::unproxied();
+        none.fall_back_to_nameservers(&ns);
+        assert_eq!(none.dns_ips, [ip("10.96.0.10")].into());
+        assert!(none.from_resolv_conf);
+        assert_eq!(
+            none.describe().to_string(),
+            "services: no proxy rules on the node (socket-level balancing?); DNS at 10.96.0.10, from the pods' resolv.conf"
+        );
+        let mut nft = Services {
+            modes: vec![ProxyMode::Nftables],
+            ..Services::default()
+        };
+        nft.add(&[port("10.96.0.10", 53, None, &[])]);
+        nft.fall_back_to_nameservers(&[ip("10.96.0.99")]);
+        assert_eq!(nft.dns_ips, [ip("10.96.0.10")].into());
+        assert_eq!(
+            nft.describe().to_string(),
+            "services from kube-proxy's nftables table: DNS at 10.96.0.10"
+        );
+        assert_eq!(
+            Services::unproxied().describe().to_string(),
+            "services: no proxy rules on the node; no DNS service found"
         );
     }
 

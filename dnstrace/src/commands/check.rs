@@ -1,7 +1,10 @@
 //! `dnstrace check`: whether dnstrace can trace on this node.
 use anyhow::Result;
 
-use crate::probes::{Load, ProbeOptions, Probes};
+use crate::{
+    naming::Services,
+    probes::{Load, ProbeOptions, Probes},
+};
 
 /// `dnstrace check`: loads every program, so the kernel's verifier checks
 /// each, attaches what this kernel allows, says so and detaches.
@@ -15,6 +18,7 @@ pub fn check(ifaces: Vec<String>) -> Result<()> {
     let (on, off) = (probes.attachments.len(), probes.off.len());
     drop(probes);
     log::info!("check: {on} attached, {off} off; all detached again");
+    log::info!("check: {}", Services::read(None).describe());
     Ok(())
 }
 

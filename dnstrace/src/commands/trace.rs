@@ -50,7 +50,7 @@ pub async fn run(args: TraceOptions, view: View) -> Result<()> {
     crate::probes::check_privileges()?;
     let node = args.target.node_netns.as_deref();
     let target = target::resolve(&args.target)?;
-    let services = Services::read(node);
+    let services = services_for(node, target.as_ref());
     let pods = target::pod_addresses(&args.target);
     let filter = target
         .as_ref()
@@ -61,6 +61,7 @@ pub async fn run(args: TraceOptions, view: View) -> Result<()> {
     if let Some(t) = &target {
         log::info!("{}", t.describe());
     }
+    log::info!("{}", services.describe());
     let ring = Ring::open(probes.take_events()?)?;
     let sampler = Sampler::new(probes.take_sample_level()?, probes.counts()?, args.sample);
     // Root reads real addresses from kallsyms; drop locations need them.
@@ -169,6 +170,16 @@ fn return_freed_memory_in_background() {
 fn headline(t: &target::Target) -> String {
     let addrs: Vec<String> = t.addrs.iter().map(ToString::to_string).collect();
     format!("{} ({})", t.label, addrs.join(", "))
+}
+
+/// The node's services; with no proxy rules, the target's nameservers
+/// stand for the DNS service.
+fn services_for(node: Option<&std::path::Path>, target: Option<&target::Target>) -> Services {
+    let mut services = Services::read(node);
+    if let Some(resolv) = target.and_then(|t| t.resolv.as_ref()) {
+        services.fall_back_to_nameservers(&resolv.nameservers);
+    }
+    services
 }
 
 /// What the diagnosis rules need to know about the node.

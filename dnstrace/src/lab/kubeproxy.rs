@@ -1,14 +1,36 @@
-//! kube-proxy's iptables rules for the kube-dns service, in the form
-//! kube-proxy writes them (nat table for iptables-restore).
+//! kube-proxy's rules for the kube-dns service, in the form kube-proxy
+//! writes them: its iptables proxier's nat table (for iptables-restore) or
+//! its nftables proxier's `kube-proxy` table (for `nft -f`).
 use std::net::IpAddr;
 
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 /// The service as kube-proxy names it.
 const SERVICE: &str = "kube-system/kube-dns";
 
+/// Which of kube-proxy's proxiers writes the service rules.
+#[derive(clap::ValueEnum, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum ProxyMode {
+    #[default]
+    Iptables,
+    Nftables,
+}
+
+impl ProxyMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Iptables => "iptables",
+            Self::Nftables => "nftables",
+        }
+    }
+}
+
 /// What the nat table of the node should hold.
 pub struct NatConfig<'a> {
+    /// In nftables mode the nat table keeps only the CNI's masquerade.
+    pub proxy: ProxyMode,
     pub service: IpAddr,
     pub endpoints: &'a [IpAddr],
     pub pod_cidr: &'a str,
@@ -35,6 +57,11 @@ fn chain_hash(parts: &str) -> String {
         }
     }
     out
+}
+
+/// kube-proxy's nftables chain name base: base32(sha256(name))[..8]-name.
+fn nft_chain_base(name: &str) -> String {
+    format!("{}-{name}", &chain_hash(name)[..8])
 }
 
 pub fn svc_chain(port: &str, proto: &str) -> String {
@@ -67,29 +94,49 @@ fn endpoint(ip: IpAddr, port: u16) -> String {
 
 /// The whole nat table, for `iptables-restore` (which replaces the table).
 pub fn nat_table(cfg: &NatConfig) -> String {
-    let ports = [("dns", "udp"), ("dns-tcp", "tcp")]
-        .into_iter()
-        .filter(|&(_, proto)| cfg.tcp_port || proto == "udp");
-    let mut chains = vec![
-        "KUBE-SERVICES".to_owned(),
-        "KUBE-POSTROUTING".into(),
-        "KUBE-MARK-MASQ".into(),
-        "CNI-MASQ".into(),
-    ];
+    let mut chains = vec!["CNI-MASQ".to_owned()];
     let mut rules = vec![
+        format!(
+            "-A POSTROUTING -s {} -m comment --comment \"cni bridge ipMasq\" -j CNI-MASQ",
+            cfg.pod_cidr
+        ),
+        format!("-A CNI-MASQ -d {} -j ACCEPT", cfg.pod_cidr),
+        "-A CNI-MASQ -j MASQUERADE".into(),
+    ];
+    if cfg.proxy == ProxyMode::Iptables {
+        kube_proxy_nat(cfg, &mut chains, &mut rules);
+    }
+    let mut out = String::from("*nat\n");
+    for c in chains {
+        out += &format!(":{c} - [0:0]\n");
+    }
+    for r in rules {
+        out += &r;
+        out.push('\n');
+    }
+    out += "COMMIT\n";
+    out
+}
+
+/// kube-proxy's iptables proxier's chains and rules in the nat table.
+fn kube_proxy_nat(cfg: &NatConfig, chains: &mut Vec<String>, rules: &mut Vec<String>) {
+    chains.splice(
+        0..0,
+        ["KUBE-SERVICES", "KUBE-POSTROUTING", "KUBE-MARK-MASQ"].map(String::from),
+    );
+    rules.splice(0..0, [
         "-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES".to_owned(),
         "-A OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES".into(),
         "-A POSTROUTING -m comment --comment \"kubernetes postrouting rules\" -j KUBE-POSTROUTING".into(),
-        format!("-A POSTROUTING -s {} -m comment --comment \"cni bridge ipMasq\" -j CNI-MASQ", cfg.pod_cidr),
-        format!("-A CNI-MASQ -d {} -j ACCEPT", cfg.pod_cidr),
-        "-A CNI-MASQ -j MASQUERADE".into(),
+    ]);
+    rules.extend([
         "-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000".into(),
         "-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN".into(),
         "-A KUBE-POSTROUTING -j MARK --set-xmark 0x4000/0x0".into(),
         "-A KUBE-POSTROUTING -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE --random-fully".into(),
-    ];
+    ]);
     let svc_ip = host(cfg.service);
-    for (port, proto) in ports {
+    for (port, proto) in dns_ports(cfg) {
         let svc = svc_chain(port, proto);
         let comment = format!("{SERVICE}:{port}");
         chains.push(svc.clone());
@@ -128,15 +175,97 @@ pub fn nat_table(cfg: &NatConfig) -> String {
             ));
         }
     }
-    let mut out = String::from("*nat\n");
-    for c in chains {
-        out += &format!(":{c} - [0:0]\n");
+}
+
+/// The `ip kube-proxy` (or `ip6`) table as kube-proxy's nftables proxier
+/// writes it for kube-dns, for `nft -f` (which it replaces whole). Without
+/// `service_jumps` (the `no-dnat` fault) the service chains lose the rule
+/// that picks an endpoint: packets pass the service-ips map untranslated.
+pub fn nft_table(cfg: &NatConfig) -> String {
+    let (family, ip, addr_type) = match cfg.service {
+        IpAddr::V4(_) => ("ip", "ip", "ipv4_addr"),
+        IpAddr::V6(_) => ("ip6", "ip6", "ipv6_addr"),
+    };
+    let t = format!("{family} kube-proxy");
+    let mut out =
+        format!("add table {t} {{ comment \"rules for kube-proxy\" ; }}\ndelete table {t}\n");
+    out += &format!("add table {t} {{ comment \"rules for kube-proxy\" ; }}\n");
+    out += &format!(
+        "add set {t} cluster-ips {{ type {addr_type} ; comment \"Active ClusterIPs\" ; }}\n"
+    );
+    out += &format!("add map {t} service-ips {{ type {addr_type} . inet_proto . inet_service : verdict ; comment \"ClusterIP, ExternalIP and LoadBalancer IP traffic\" ; }}\n");
+    for chain in [
+        "mark-for-masquerade",
+        "masquerading",
+        "services",
+        "nat-output { type nat hook output priority -100 ; }",
+        "nat-postrouting { type nat hook postrouting priority 100 ; }",
+        "nat-prerouting { type nat hook prerouting priority -100 ; }",
+    ] {
+        out += &format!("add chain {t} {chain}\n");
     }
-    for r in rules {
-        out += &r;
-        out.push('\n');
+    for rule in [
+        "mark-for-masquerade mark set mark or 0x4000".to_owned(),
+        "masquerading mark and 0x4000 == 0 return".into(),
+        "masquerading mark set mark xor 0x4000".into(),
+        "masquerading masquerade fully-random".into(),
+        "nat-output jump services".into(),
+        "nat-postrouting jump masquerading".into(),
+        "nat-prerouting jump services".into(),
+        format!("services {ip} daddr . meta l4proto . th dport vmap @service-ips"),
+    ] {
+        out += &format!("add rule {t} {rule}\n");
     }
-    out += "COMMIT\n";
+    for (port, proto) in dns_ports(cfg) {
+        out += &nft_service_port(cfg, &t, ip, port, proto);
+    }
+    out += &format!("add element {t} cluster-ips {{ {} }}\n", cfg.service);
+    out
+}
+
+/// The service's ports: UDP `dns`, and TCP `dns-tcp` unless it is cut.
+fn dns_ports<'a>(cfg: &'a NatConfig) -> impl Iterator<Item = (&'static str, &'static str)> + 'a {
+    [("dns", "udp"), ("dns-tcp", "tcp")]
+        .into_iter()
+        .filter(|&(_, proto)| cfg.tcp_port || proto == "udp")
+}
+
+/// One port's service chain, endpoint chains and service-ips element.
+fn nft_service_port(cfg: &NatConfig, t: &str, ip: &str, port: &str, proto: &str) -> String {
+    let base = format!("{SERVICE}/{proto}/{port}");
+    let svc = format!("service-{}", nft_chain_base(&base));
+    let mut out = format!("add chain {t} {svc}\n");
+    out += &format!(
+        "add rule {t} {svc} {ip} daddr {} {ip} saddr != {} jump mark-for-masquerade\n",
+        cfg.service, cfg.pod_cidr
+    );
+    let mut picks = Vec::new();
+    for (i, &ep) in cfg.endpoints.iter().enumerate() {
+        // kube-proxy writes a v6 endpoint's colons as dots in chain names.
+        let in_name = ep.to_string().replace(':', ".");
+        let chain = format!(
+            "endpoint-{}",
+            nft_chain_base(&format!("{base}__{in_name}/53"))
+        );
+        out += &format!("add chain {t} {chain}\n");
+        out += &format!("add rule {t} {chain} {ip} saddr {ep} jump mark-for-masquerade\n");
+        out += &format!(
+            "add rule {t} {chain} meta l4proto {proto} dnat to {}\n",
+            endpoint(ep, 53)
+        );
+        picks.push(format!("{i} : goto {chain}"));
+    }
+    if cfg.service_jumps {
+        out += &format!(
+            "add rule {t} {svc} numgen random mod {} vmap {{ {} }}\n",
+            picks.len(),
+            picks.join(" , ")
+        );
+    }
+    out += &format!(
+        "add element {t} service-ips {{ {} . {proto} . 53 : goto {svc} }}\n",
+        cfg.service
+    );
     out
 }
 
@@ -158,6 +287,7 @@ mod tests {
             "10.244.0.54".parse().unwrap(),
         ];
         let cfg = NatConfig {
+            proxy: ProxyMode::Iptables,
             service: "10.96.0.10".parse().unwrap(),
             endpoints: &eps,
             pod_cidr: "10.244.0.0/16",
@@ -183,6 +313,7 @@ mod tests {
     fn a_udp_only_service_has_no_tcp_rules() {
         let eps: Vec<IpAddr> = vec!["10.244.0.53".parse().unwrap()];
         let t = nat_table(&NatConfig {
+            proxy: ProxyMode::Iptables,
             service: "10.96.0.10".parse().unwrap(),
             endpoints: &eps,
             pod_cidr: "10.244.0.0/16",
@@ -191,5 +322,50 @@ mod tests {
         });
         assert!(t.contains("-j KUBE-SVC-TCOU7JCQXEZGVUNU"));
         assert!(!t.contains("dns-tcp") && !t.contains("-p tcp"));
+    }
+
+    #[test]
+    fn nft_chain_names_match_kube_proxy() {
+        // From kube-proxy's nftables proxier tests.
+        assert_eq!(
+            nft_chain_base("ns1/svc1/tcp/p80"),
+            "ULMVA6XW-ns1/svc1/tcp/p80"
+        );
+        assert_eq!(
+            nft_chain_base("ns1/svc1/tcp/p80__10.180.0.1/80"),
+            "5OJB2KTY-ns1/svc1/tcp/p80__10.180.0.1/80"
+        );
+    }
+
+    #[test]
+    fn nft_table_sends_service_ips_to_endpoint_chains_that_dnat() {
+        let eps: Vec<IpAddr> = vec![
+            "10.244.0.53".parse().unwrap(),
+            "10.244.0.54".parse().unwrap(),
+        ];
+        let cfg = NatConfig {
+            proxy: ProxyMode::Nftables,
+            service: "10.96.0.10".parse().unwrap(),
+            endpoints: &eps,
+            pod_cidr: "10.244.0.0/16",
+            service_jumps: true,
+            tcp_port: true,
+        };
+        let t = nft_table(&cfg);
+        assert!(t.contains("add rule ip kube-proxy services ip daddr . meta l4proto . th dport vmap @service-ips\n"));
+        assert!(t.contains(
+            "add element ip kube-proxy service-ips { 10.96.0.10 . udp . 53 : goto service-"
+        ));
+        assert!(t.contains("meta l4proto udp dnat to 10.244.0.54:53\n"));
+        assert!(t.contains("numgen random mod 2 vmap { 0 : goto endpoint-"));
+        assert!(
+            !nat_table(&cfg).contains("KUBE-"),
+            "the nat table keeps only the CNI's rules"
+        );
+        let broken = nft_table(&NatConfig {
+            service_jumps: false,
+            ..cfg
+        });
+        assert!(!broken.contains("numgen") && broken.contains("service-ips { 10.96.0.10"));
     }
 }

@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 
 pub use delay::delay_line;
 pub use faults::Fault;
+use kubeproxy::ProxyMode;
 use plan::{Pod, Role, LAB_DIR, NODE_NS, UPSTREAM_NS};
 
 #[derive(clap::Subcommand, Debug)]
@@ -43,6 +44,10 @@ pub enum LabCommand {
         /// (under /run/dnstrace-lab/containerd or /run/dnstrace-lab/crio).
         #[arg(long, value_enum, default_value_t = runtime::Runtime::Containerd)]
         runtime: runtime::Runtime,
+        /// Which kube-proxy mode writes the kube-dns rules: iptables (its nat
+        /// table) or nftables (its `ip kube-proxy` table).
+        #[arg(long, value_enum, default_value_t = ProxyMode::Iptables)]
+        proxy_mode: ProxyMode,
     },
     /// Remove every namespace, process, rule and file the lab made.
     Down,
@@ -83,6 +88,8 @@ pub struct LabState {
     pub faults: BTreeSet<Fault>,
     #[serde(default)]
     pub runtime: runtime::Runtime,
+    #[serde(default)]
+    pub proxy_mode: ProxyMode,
     /// Long-running processes by name.
     pub pids: BTreeMap<String, u32>,
 }
@@ -124,7 +131,17 @@ pub async fn run(cmd: LabCommand) -> Result<()> {
             nodelocaldns,
             ipv6,
             runtime,
-        } => up(faults, nodelocaldns, ipv6, runtime),
+            proxy_mode,
+        } => {
+            let state = LabState {
+                ipv6,
+                nodelocaldns: nodelocaldns || faults.contains(&Fault::NodelocaldnsLoop),
+                runtime,
+                proxy_mode,
+                ..LabState::default()
+            };
+            up(faults, state)
+        }
         LabCommand::Down => down(true),
         LabCommand::Status => status(),
         LabCommand::Fault { fault, state } => switch_fault(fault, state == Switch::On),
@@ -145,7 +162,8 @@ fn require_root() -> Result<()> {
     Ok(())
 }
 
-fn up(faults: Vec<Fault>, nodelocaldns: bool, ipv6: bool, runtime: runtime::Runtime) -> Result<()> {
+/// Builds the lab `state` describes, with `faults` on.
+fn up(faults: Vec<Fault>, mut state: LabState) -> Result<()> {
     sys::require_programs()?;
     if let Ok(state) = LabState::load() {
         if state.pids.values().all(|&p| sys::alive(p)) && !sys::lab_namespaces().is_empty() {
@@ -158,13 +176,6 @@ fn up(faults: Vec<Fault>, nodelocaldns: bool, ipv6: bool, runtime: runtime::Runt
         log::info!(target: "lab", "cleaning up what an earlier lab left behind");
         down(false)?;
     }
-    let needs_nodelocal = faults.contains(&Fault::NodelocaldnsLoop);
-    let mut state = LabState {
-        ipv6,
-        nodelocaldns: nodelocaldns || needs_nodelocal,
-        runtime,
-        ..LabState::default()
-    };
     if let Err(e) = build(&mut state) {
         let _ = down(false);
         return Err(e.context("building the lab failed; everything it made was removed"));
@@ -408,28 +419,20 @@ fn node_rules(state: &LabState, v6: bool) -> Result<()> {
         (IpAddr::V4(plan::SERVICE4), plan::POD_CIDR4)
     };
     let endpoints: Vec<IpAddr> = plan::coredns_pods().map(|p| p.ip(v6)).collect();
-    sys::restore(
-        NODE_NS,
-        v6,
-        &kubeproxy_nat(service, &endpoints, pod_cidr, state),
-    )?;
-    // The drop fault cuts the path to the second CoreDNS pod.
-    sys::restore(NODE_NS, v6, &node_filter(state, &endpoints[1].to_string()))
-}
-
-fn kubeproxy_nat(
-    service: IpAddr,
-    endpoints: &[IpAddr],
-    pod_cidr: &str,
-    state: &LabState,
-) -> String {
-    kubeproxy::nat_table(&kubeproxy::NatConfig {
+    let nat = kubeproxy::NatConfig {
+        proxy: state.proxy_mode,
         service,
-        endpoints,
+        endpoints: &endpoints,
         pod_cidr,
         service_jumps: !state.has(Fault::NoDnat),
         tcp_port: !state.has(Fault::NoDnsTcp),
-    })
+    };
+    sys::restore(NODE_NS, v6, &kubeproxy::nat_table(&nat))?;
+    if state.proxy_mode == ProxyMode::Nftables {
+        sys::nft(NODE_NS, &kubeproxy::nft_table(&nat))?;
+    }
+    // The drop fault cuts the path to the second CoreDNS pod.
+    sys::restore(NODE_NS, v6, &node_filter(state, &endpoints[1].to_string()))
 }
 
 fn node_filter(state: &LabState, endpoint: &str) -> String {
@@ -792,8 +795,10 @@ fn status() -> Result<()> {
             }
         );
         println!(
-            "options: ipv6={} nodelocaldns={}",
-            state.ipv6, state.nodelocaldns
+            "options: ipv6={} nodelocaldns={} proxy-mode={}",
+            state.ipv6,
+            state.nodelocaldns,
+            state.proxy_mode.name()
         );
     }
     Ok(())
@@ -801,10 +806,11 @@ fn status() -> Result<()> {
 
 fn print_summary(state: &LabState) {
     log::info!(target: "lab",
-        "up. Node namespace {NODE_NS}: bridge {} {}, kube-dns {} (DNAT to the CoreDNS pods)",
+        "up. Node namespace {NODE_NS}: bridge {} {}, kube-dns {} (DNAT to the CoreDNS pods by kube-proxy's {} rules)",
         plan::BRIDGE,
         plan::POD_GW4,
-        plan::SERVICE4
+        plan::SERVICE4,
+        state.proxy_mode.name()
     );
     for pod in &plan::PODS {
         log::info!(target: "lab",
