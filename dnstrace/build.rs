@@ -1,5 +1,6 @@
 //! Builds the eBPF programs (crate `dnstrace-ebpf`) for the bpf target and
-//! leaves the object in OUT_DIR, where `probes.rs` embeds it.
+//! leaves the objects in OUT_DIR, where `probes.rs` embeds them: the
+//! programs, and the same built to log why they skip packets (`--debug-bpf`).
 //!
 //! Two toolchains work: Debian's rustc with its precompiled core for
 //! `bpfel-unknown-none` (`cargo xtask setup` installs it), or a rustup
@@ -35,6 +36,17 @@ fn build() -> Result<(), String> {
     println!("cargo:rerun-if-env-changed=DNSTRACE_EBPF_TOOLCHAIN");
     let out = PathBuf::from(env::var("OUT_DIR").map_err(|e| e.to_string())?);
     let target_dir = out.join("ebpf-target");
+    // The same programs twice: as they run, and logging why they skip
+    // packets (`--debug-bpf`), so that the first carry no logging code.
+    for (features, name) in [("", "dnstrace-ebpf.o"), ("log", "dnstrace-ebpf-log.o")] {
+        let obj = build_object(root, &target_dir, features)?;
+        std::fs::copy(&obj, out.join(name)).map_err(|e| format!("copy {}: {e}", obj.display()))?;
+    }
+    Ok(())
+}
+
+/// Builds the eBPF crate with `features`; returns where the object is.
+fn build_object(root: &Path, target_dir: &Path, features: &str) -> Result<PathBuf, String> {
     let mut cmd = toolchain_command()?;
     cmd.current_dir(root)
         .args([
@@ -45,9 +57,11 @@ fn build() -> Result<(), String> {
             "--bins",
             "--target",
             TARGET,
+            "--features",
+            features,
         ])
         .arg("--target-dir")
-        .arg(&target_dir)
+        .arg(target_dir)
         .env(
             "CARGO_ENCODED_RUSTFLAGS",
             "-Cdebuginfo=2\x1f-Clink-arg=--btf",
@@ -69,10 +83,7 @@ fn build() -> Result<(), String> {
             "{cmd:?} exited with {status}; run `cargo xtask setup` to install the eBPF toolchain"
         ));
     }
-    let obj = target_dir.join(TARGET).join("release").join("dnstrace");
-    std::fs::copy(&obj, out.join("dnstrace-ebpf.o"))
-        .map_err(|e| format!("copy {}: {e}", obj.display()))?;
-    Ok(())
+    Ok(target_dir.join(TARGET).join("release").join("dnstrace"))
 }
 
 fn toolchain_command() -> Result<Command, String> {

@@ -8,7 +8,7 @@ use crate::{
     ingest::SampleMode,
     output::Format,
     pods,
-    probes::{AttachMode, ProbeOptions},
+    probes::{AttachMode, BpfLog, ProbeOptions},
     record::RecordOptions,
     target,
 };
@@ -191,6 +191,13 @@ pub struct CaptureArgs {
     #[arg(long, value_name = "auto|N", default_value = "auto", value_parser = parse_sample)]
     pub sample: SampleMode,
 
+    /// Log why the kernel programs skip packets, on stderr (the log file
+    /// under the live view): `debug`, DNS packets left out and packets that
+    /// could not be parsed; `trace`, also every packet that is not DNS.
+    /// Without it the programs are loaded without their logging code.
+    #[arg(long, value_name = "LEVEL", value_enum, num_args = 0..=1, require_equals = true, default_missing_value = "debug")]
+    pub debug_bpf: Option<BpfLog>,
+
     /// How programs are attached to interfaces: TCX links where the kernel
     /// has them (6.6+), else a clsact qdisc over netlink.
     #[arg(long, value_enum, default_value_t = AttachMode::Auto, hide = true)]
@@ -258,6 +265,7 @@ impl CaptureArgs {
                 ring_buffer_mib: self.ring_buffer_mib,
                 attach: self.tc_attach,
                 probe_reads: self.probe_reads,
+                debug_bpf: self.debug_bpf,
             },
             target: target::Query {
                 pod: self.pod,
