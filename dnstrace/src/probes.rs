@@ -93,6 +93,8 @@ impl Counts {
     }
 }
 
+/// The programs; empty in a debug build made without the eBPF toolchain
+/// (build.rs), which can do all but trace.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/dnstrace-ebpf.o"));
 /// The same programs, built to log why they skip packets (`debug_bpf`).
 static LOGGING_OBJECT: &[u8] =
@@ -249,6 +251,7 @@ impl Probes {
     /// them: tc on every interface in `args`, or, with none named, the BTF
     /// tracepoints that see the whole node.
     pub fn attach(args: &ProbeOptions, target: Option<&KernelFilter>, load: Load) -> Result<Self> {
+        check_built_with_programs(OBJECT)?;
         check_privileges()?;
         let netns = crate::netns::inode(None)?;
         for line in leftovers::reap(netns) {
@@ -812,6 +815,14 @@ fn is_exists(e: &aya::programs::tc::TcError) -> bool {
     }
 }
 
+/// An empty object: build.rs found no eBPF toolchain.
+fn check_built_with_programs(object: &[u8]) -> Result<()> {
+    if object.is_empty() {
+        bail!("built without the eBPF programs: run `cargo xtask setup` and rebuild");
+    }
+    Ok(())
+}
+
 /// Root, or the capabilities loading and attaching need.
 pub fn check_privileges() -> Result<()> {
     const CAP_NET_ADMIN: u32 = 12;
@@ -891,6 +902,15 @@ mod tests {
         assert!(msg.starts_with("the kernel's verifier rejected program dns_tc_ingress"));
         assert!(msg.ends_with("    line 20"));
         assert!(msg.contains("line 13") && !msg.contains("line 12\n"));
+    }
+
+    #[test]
+    fn a_build_without_programs_says_so() {
+        let err = check_built_with_programs(&[]).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "built without the eBPF programs: run `cargo xtask setup` and rebuild"
+        );
     }
 
     #[test]
