@@ -106,6 +106,10 @@ pub enum Command {
         /// Check tc on these interfaces instead of the node-wide hooks.
         #[arg(short, long = "iface", value_name = "IF")]
         ifaces: Vec<String>,
+        /// Check the programs built to log why they skip packets, which
+        /// `trace --debug-bpf` loads, instead of the usual ones.
+        #[arg(long)]
+        debug_bpf: bool,
     },
     /// A simulated Kubernetes node in network namespaces, with switchable DNS faults.
     Lab {

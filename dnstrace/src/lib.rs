@@ -65,7 +65,9 @@ pub fn main() -> ExitCode {
     let work = async {
         match cli.command {
             Some(cli::Command::Lab { command }) => lab::run(command).await,
-            Some(cli::Command::Check { ifaces }) => commands::check::check(ifaces),
+            Some(cli::Command::Check { ifaces, debug_bpf }) => {
+                commands::check::check(ifaces, debug_bpf)
+            }
             Some(cli::Command::Pods {
                 query,
                 runtime,
