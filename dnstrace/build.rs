@@ -1,10 +1,16 @@
 //! Builds the eBPF programs (crate `dnstrace-ebpf`) for the bpf target and
-//! leaves the object in OUT_DIR, where `probes.rs` embeds it.
+//! leaves the objects in OUT_DIR, where `probes.rs` embeds them: the
+//! programs, and the same built to log why they skip packets (`--debug-bpf`).
 //!
 //! Two toolchains work: Debian's rustc with its precompiled core for
 //! `bpfel-unknown-none` (`cargo xtask setup` installs it), or a rustup
-//! nightly with `rust-src` (`-Z build-std=core`). `DNSTRACE_EBPF_TOOLCHAIN`
-//! (`debian` or `nightly`) picks one; otherwise the first that is present.
+//! nightly with `rust-src` (`-Z build-std=core`); both need bpf-linker.
+//! `DNSTRACE_EBPF_TOOLCHAIN` (`debian`, `nightly`, or `none` for a build
+//! without the programs) picks one; otherwise the first that is present.
+//!
+//! Without one, as aya-template does, a debug build (`cargo build`, `cargo
+//! check`, an editor's checks) leaves empty objects and warns; the binary
+//! then says it has no programs when asked to trace. A release build fails.
 use std::{
     env,
     path::{Path, PathBuf},
@@ -35,7 +41,97 @@ fn build() -> Result<(), String> {
     println!("cargo:rerun-if-env-changed=DNSTRACE_EBPF_TOOLCHAIN");
     let out = PathBuf::from(env::var("OUT_DIR").map_err(|e| e.to_string())?);
     let target_dir = out.join("ebpf-target");
-    let mut cmd = toolchain_command()?;
+    let Some(toolchain) = toolchain()? else {
+        return stub(&out);
+    };
+    // The same programs twice: as they run, and logging why they skip
+    // packets (`--debug-bpf`), so that the first carry no logging code.
+    for (features, name) in OBJECTS {
+        let obj = build_object(toolchain, root, &target_dir, features)?;
+        std::fs::copy(&obj, out.join(name)).map_err(|e| format!("copy {}: {e}", obj.display()))?;
+    }
+    Ok(())
+}
+
+/// The objects `probes.rs` embeds, by the eBPF crate's features.
+const OBJECTS: [(&str, &str); 2] = [("", "dnstrace-ebpf.o"), ("log", "dnstrace-ebpf-log.o")];
+
+const NO_TOOLCHAIN: &str = "no eBPF toolchain: run `cargo xtask setup` to install it";
+
+/// Empty objects, for a debug build without the toolchain: everything
+/// builds and checks, and the binary refuses to trace (`probes::OBJECT`).
+fn stub(out: &Path) -> Result<(), String> {
+    if env::var("PROFILE").as_deref() == Ok("release") {
+        return Err(NO_TOOLCHAIN.into());
+    }
+    for (_, name) in OBJECTS {
+        let path = out.join(name);
+        // Written once: a new file each run would rebuild the crate each run.
+        if std::fs::metadata(&path).map_or(true, |m| m.len() != 0) {
+            std::fs::write(&path, []).map_err(|e| format!("write {name}: {e}"))?;
+        }
+    }
+    // Build for real once the toolchain is installed.
+    for path in [
+        DEBIAN_RUSTC.into(),
+        DEBIAN_BPF_STD.into(),
+        cargo_bin().join("bpf-linker"),
+    ] {
+        println!("cargo:rerun-if-changed={}", path.display());
+    }
+    println!("cargo:rerun-if-env-changed=PATH");
+    println!("cargo:warning={NO_TOOLCHAIN}; this build has no eBPF programs and cannot trace");
+    Ok(())
+}
+
+#[derive(Clone, Copy)]
+enum Toolchain {
+    Debian,
+    Nightly,
+}
+
+/// The toolchain asked for or found; `None` where there is none.
+fn toolchain() -> Result<Option<Toolchain>, String> {
+    let debian = || Path::new(DEBIAN_RUSTC).exists() && Path::new(DEBIAN_BPF_STD).exists();
+    let found = match env::var("DNSTRACE_EBPF_TOOLCHAIN").unwrap_or_default().as_str() {
+        "none" => None,
+        "debian" => debian().then_some(Toolchain::Debian),
+        "nightly" => nightly_has_rust_src().then_some(Toolchain::Nightly),
+        "" if debian() => Some(Toolchain::Debian),
+        "" => nightly_has_rust_src().then_some(Toolchain::Nightly),
+        other => {
+            return Err(format!(
+                "DNSTRACE_EBPF_TOOLCHAIN={other}: expected `debian` (needs {DEBIAN_RUSTC} and {DEBIAN_BPF_STD}), `nightly` or `none`"
+            ))
+        }
+    };
+    Ok(found.filter(|_| has_bpf_linker()))
+}
+
+/// A rustup nightly that can build `core` for the bpf target.
+fn nightly_has_rust_src() -> bool {
+    let sysroot = Command::new("rustup")
+        .args(["run", "nightly", "rustc", "--print", "sysroot"])
+        .env_remove("RUSTC")
+        .output();
+    sysroot.is_ok_and(|o| {
+        let root = PathBuf::from(String::from_utf8_lossy(&o.stdout).trim());
+        o.status.success() && root.join("lib/rustlib/src/rust/library/core").exists()
+    })
+}
+
+fn has_bpf_linker() -> bool {
+    env::split_paths(&path_with_cargo_bin()).any(|dir| dir.join("bpf-linker").is_file())
+}
+
+/// Builds the eBPF crate with `features`; returns where the object is.
+fn build_object(
+    toolchain: Toolchain,
+    root: &Path,
+    target_dir: &Path,
+    features: &str,
+) -> Result<PathBuf, String> {
+    let mut cmd = toolchain_command(toolchain);
     cmd.current_dir(root)
         .args([
             "build",
@@ -45,9 +141,11 @@ fn build() -> Result<(), String> {
             "--bins",
             "--target",
             TARGET,
+            "--features",
+            features,
         ])
         .arg("--target-dir")
-        .arg(&target_dir)
+        .arg(target_dir)
         .env(
             "CARGO_ENCODED_RUSTFLAGS",
             "-Cdebuginfo=2\x1f-Clink-arg=--btf",
@@ -69,40 +167,36 @@ fn build() -> Result<(), String> {
             "{cmd:?} exited with {status}; run `cargo xtask setup` to install the eBPF toolchain"
         ));
     }
-    let obj = target_dir.join(TARGET).join("release").join("dnstrace");
-    std::fs::copy(&obj, out.join("dnstrace-ebpf.o"))
-        .map_err(|e| format!("copy {}: {e}", obj.display()))?;
-    Ok(())
+    Ok(target_dir.join(TARGET).join("release").join("dnstrace"))
 }
 
-fn toolchain_command() -> Result<Command, String> {
-    let choice = env::var("DNSTRACE_EBPF_TOOLCHAIN").unwrap_or_default();
-    let debian = Path::new(DEBIAN_RUSTC).exists() && Path::new(DEBIAN_BPF_STD).exists();
-    match choice.as_str() {
-        "debian" | "" if debian => {
+fn toolchain_command(toolchain: Toolchain) -> Command {
+    match toolchain {
+        Toolchain::Debian => {
             let mut cmd = Command::new(env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
             // aya-ebpf enables `asm_experimental_arch` for the bpf target.
             cmd.env("RUSTC", DEBIAN_RUSTC).env("RUSTC_BOOTSTRAP", "1");
-            Ok(cmd)
+            cmd
         }
-        "nightly" | "" => {
+        Toolchain::Nightly => {
             let mut cmd = Command::new("rustup");
             cmd.args(["run", "nightly", "cargo", "-Z", "build-std=core"])
                 .env_remove("RUSTC")
                 .env_remove("CARGO");
-            Ok(cmd)
+            cmd
         }
-        other => Err(format!(
-            "DNSTRACE_EBPF_TOOLCHAIN={other}: expected `debian` (needs {DEBIAN_RUSTC} and {DEBIAN_BPF_STD}) or `nightly`"
-        )),
     }
 }
 
 /// bpf-linker is installed by `cargo install`, which a build script's PATH may lack.
 fn path_with_cargo_bin() -> String {
     let path = env::var("PATH").unwrap_or_default();
+    format!("{}:{path}", cargo_bin().display())
+}
+
+fn cargo_bin() -> PathBuf {
     let home = env::var("CARGO_HOME")
         .map(PathBuf::from)
         .unwrap_or_else(|_| PathBuf::from(env::var("HOME").unwrap_or_default()).join(".cargo"));
-    format!("{}:{path}", home.join("bin").display())
+    home.join("bin")
 }

@@ -3,6 +3,7 @@
 #![no_std]
 #![no_main]
 
+mod debug;
 mod maps;
 mod parse;
 mod skb;
@@ -22,13 +23,13 @@ const TC_ACT_UNSPEC: i32 = -1;
 
 #[classifier]
 pub fn dns_tc_ingress(ctx: TcContext) -> i32 {
-    let _ = tc::try_capture(&ctx, Hook::TcIngress);
+    debug::skipped(tc::try_capture(&ctx, Hook::TcIngress));
     TC_ACT_UNSPEC
 }
 
 #[classifier]
 pub fn dns_tc_egress(ctx: TcContext) -> i32 {
-    let _ = tc::try_capture(&ctx, Hook::TcEgress);
+    debug::skipped(tc::try_capture(&ctx, Hook::TcEgress));
     TC_ACT_UNSPEC
 }
 
@@ -71,18 +72,23 @@ pub fn dns_kfree_read(ctx: BtfTracePointContext) -> i32 {
 
 #[inline(always)]
 fn dev_xmit<K: Kernel>(ctx: &BtfTracePointContext) -> i32 {
-    let _ = skb::try_capture::<K, true>(ctx.arg(0), ctx.arg(1), Hook::DevXmit, skb::Drop::NONE);
+    debug::skipped(skb::try_capture::<K, true>(
+        ctx.arg(0),
+        ctx.arg(1),
+        Hook::DevXmit,
+        skb::Drop::NONE,
+    ));
     0
 }
 
 #[inline(always)]
 fn dev_receive<K: Kernel>(ctx: &BtfTracePointContext) -> i32 {
-    let _ = skb::try_capture::<K, true>(
+    debug::skipped(skb::try_capture::<K, true>(
         ctx.arg(0),
         core::ptr::null(),
         Hook::DevReceive,
         skb::Drop::NONE,
-    );
+    ));
     0
 }
 
@@ -92,7 +98,12 @@ fn kfree_skb<K: Kernel>(ctx: &BtfTracePointContext) -> i32 {
         location: ctx.arg(1),
         reason: ctx.arg(2),
     };
-    let _ = skb::try_capture::<K, true>(ctx.arg(0), core::ptr::null(), Hook::Drop, drop);
+    debug::skipped(skb::try_capture::<K, true>(
+        ctx.arg(0),
+        core::ptr::null(),
+        Hook::Drop,
+        drop,
+    ));
     0
 }
 
@@ -102,12 +113,12 @@ fn kfree_skb<K: Kernel>(ctx: &BtfTracePointContext) -> i32 {
 #[kprobe]
 pub fn nat_enter_nf_nat_manip_pkt(ctx: ProbeContext) -> u32 {
     if let Some(skb) = ctx.arg::<*const u8>(0) {
-        let _ = skb::try_capture::<Untyped, false>(
+        debug::skipped(skb::try_capture::<Untyped, false>(
             skb,
             core::ptr::null(),
             Hook::NatRewrite,
             skb::Drop::NONE,
-        );
+        ));
     }
     0
 }
@@ -133,12 +144,12 @@ pub fn ct_exit_nf_conntrack_confirm(ctx: RetProbeContext) -> u32 {
     let _ = CONFIRMING.remove(key);
     if let Some(skb) = skb {
         if ctx.ret::<u32>() == 0 {
-            let _ = skb::try_capture::<Untyped, false>(
+            debug::skipped(skb::try_capture::<Untyped, false>(
                 skb as *const u8,
                 core::ptr::null(),
                 Hook::CtInsertFailed,
                 skb::Drop::NONE,
-            );
+            ));
         }
     }
     0
@@ -148,12 +159,12 @@ pub fn ct_exit_nf_conntrack_confirm(ctx: RetProbeContext) -> u32 {
 #[kprobe]
 pub fn ct_enter_nf_ct_resolve_clash(ctx: ProbeContext) -> u32 {
     if let Some(skb) = ctx.arg::<*const u8>(0) {
-        let _ = skb::try_capture::<Untyped, false>(
+        debug::skipped(skb::try_capture::<Untyped, false>(
             skb,
             core::ptr::null(),
             Hook::CtClash,
             skb::Drop::NONE,
-        );
+        ));
     }
     0
 }

@@ -1,4 +1,5 @@
 //! Maps and globals shared by all programs, and sending an event.
+use crate::debug::{skip, Why};
 use aya_ebpf::{
     bindings::{
         BPF_F_CURRENT_CPU, BPF_F_NO_PREALLOC, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP,
@@ -296,10 +297,10 @@ fn count(counter: u32) {
 /// Stamps the header and time and queues the event with `cap` payload
 /// bytes, unless the sampling level leaves its lookup out.
 #[inline(always)]
-pub fn send(s: &mut Scratch, cap: usize) {
+pub fn send(s: &mut Scratch, cap: usize) -> Result<(), i64> {
     if !sampled_in(s, cap) {
         count(COUNT_SHED);
-        return;
+        return Err(skip(Why::Sampled, 0));
     }
     let size = PACKET_META_SIZE + if cap > PAYLOAD_MAX { PAYLOAD_MAX } else { cap };
     s.meta.header = EventHeader {
@@ -320,5 +321,7 @@ pub fn send(s: &mut Scratch, cap: usize) {
     };
     if ret != 0 {
         count(COUNT_LOST);
+        return Err(skip(Why::RingFull, size as u32));
     }
+    Ok(())
 }

@@ -3,7 +3,10 @@ use dnstrace_common::{
     PacketMeta, FLAG_FRAGMENT, FLAG_MORE_FRAGMENTS, FLAG_TRUNCATED, PAYLOAD_MAX,
 };
 
-use crate::maps::{fragment_ports, is_dns_port, remember_fragment, Scratch};
+use crate::{
+    debug::{skip, Why},
+    maps::{fragment_ports, is_dns_port, remember_fragment, Scratch},
+};
 
 pub const ETH_P_IP: u16 = 0x0800;
 pub const ETH_P_IPV6: u16 = 0x86dd;
@@ -116,7 +119,7 @@ pub fn dns_headers<R: Reader>(r: &R, ethertype: u16, l3: u32) -> Result<Dns, i64
     match ethertype {
         ETH_P_IP => ipv4(r, l3),
         ETH_P_IPV6 => ipv6(r, l3),
-        _ => Err(0),
+        _ => Err(skip(Why::NotIp, ethertype.into())),
     }
 }
 
@@ -124,8 +127,11 @@ pub fn dns_headers<R: Reader>(r: &R, ethertype: u16, l3: u32) -> Result<Dns, i64
 fn ipv4<R: Reader>(r: &R, off: u32) -> Result<Dns, i64> {
     let h: Ipv4Head = r.load(off)?;
     let ihl = u32::from(h.vihl & 0x0f) * 4;
-    if h.vihl >> 4 != 4 || ihl < 20 || (h.proto != IPPROTO_UDP && h.proto != IPPROTO_TCP) {
-        return Err(0);
+    if h.vihl >> 4 != 4 || ihl < 20 {
+        return Err(skip(Why::BadIpv4, h.vihl.into()));
+    }
+    if h.proto != IPPROTO_UDP && h.proto != IPPROTO_TCP {
+        return Err(skip(Why::NotUdpTcp, h.proto.into()));
     }
     let frag = u16::from_be_bytes(h.frag);
     let total = u32::from(u16::from_be_bytes(h.total));
@@ -175,9 +181,10 @@ fn later_fragment(
     id: u32,
 ) -> Result<(u16, u16, [u8; 8]), i64> {
     if proto != IPPROTO_UDP {
-        return Err(0);
+        return Err(skip(Why::NotUdpTcp, proto.into()));
     }
-    let [sport, dport] = fragment_ports(saddr, daddr, id).ok_or(0)?;
+    let [sport, dport] =
+        fragment_ports(saddr, daddr, id).ok_or_else(|| skip(Why::UnknownFragment, id))?;
     Ok((sport, dport, [0; 8]))
 }
 
@@ -232,7 +239,7 @@ fn extension_headers<R: Reader>(r: &R, mut next: u8, l4: &mut L4) -> Result<u8, 
         let h: [u8; 4] = match next {
             IPPROTO_UDP | IPPROTO_TCP => return Ok(next),
             0 | 43 | 44 | 51 | 60 => r.load(l4.offset)?,
-            _ => return Err(0),
+            _ => return Err(skip(Why::NotUdpTcp, next.into())),
         };
         let hdr_len = match next {
             // authentication header: (len + 2) * 4
@@ -255,7 +262,7 @@ fn extension_headers<R: Reader>(r: &R, mut next: u8, l4: &mut L4) -> Result<u8, 
         l4.offset += hdr_len;
         l4.payload_len = l4.payload_len.saturating_sub(hdr_len);
     }
-    Err(0)
+    Err(skip(Why::TooManyExtensions, 0))
 }
 
 /// An address as words, to be moved a word at a time, and back.
@@ -279,7 +286,10 @@ fn dns_ports(p: [u8; 8]) -> Result<(u16, u16), i64> {
     if is_dns_port(sport) || is_dns_port(dport) {
         Ok((sport, dport))
     } else {
-        Err(0)
+        Err(skip(
+            Why::NotDnsPort,
+            u32::from(sport) << 16 | u32::from(dport),
+        ))
     }
 }
 

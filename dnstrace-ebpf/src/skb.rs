@@ -7,6 +7,7 @@ use aya_ebpf::helpers::{
 use dnstrace_common::{CtTuple, Hook, KernelOffsets, APART_MAX, CT_SPAN_MAX, FLAG_CONNTRACK};
 
 use crate::{
+    debug::{skip, unreadable, Why},
     maps::{offset, offsets, scratch, send, send_apart, wanted, Scratch},
     parse::{
         copy_payload, dns_headers, helper_result, transport, Reader, ETH_P_IP, ETH_P_IPV6, L4,
@@ -40,13 +41,15 @@ impl Reader for Linear {
     #[inline(always)]
     fn load<T: Copy>(&self, off: u32) -> Result<T, i64> {
         // SAFETY: a checked read of kernel memory; a bad address fails cleanly.
-        unsafe { bpf_probe_read_kernel(self.l3.add(off as usize).cast::<T>()) }.map_err(i64::from)
+        unsafe { bpf_probe_read_kernel(self.l3.add(off as usize).cast::<T>()) }
+            .map_err(|e| unreadable(Why::Unreadable, off, e.into()))
     }
 
     #[inline(always)]
     fn copy(&self, off: u32, dst: *mut u8, len: u32) -> Result<(), i64> {
         // SAFETY: `dst` has room for PAYLOAD_MAX bytes and len is bounded by it.
         helper_result(unsafe { probe_read_raw(dst.cast(), len, self.l3.add(off as usize).cast()) })
+            .map_err(|e| unreadable(Why::Unreadable, off, e))
     }
 
     #[inline(always)]
@@ -83,7 +86,8 @@ impl Kernel for Untyped {
     #[inline(always)]
     fn read<T: Copy>(base: *const u8, off: u32) -> Result<T, i64> {
         // SAFETY: a checked read of kernel memory; a bad address fails cleanly.
-        unsafe { bpf_probe_read_kernel(base.add(off as usize).cast::<T>()) }.map_err(i64::from)
+        unsafe { bpf_probe_read_kernel(base.add(off as usize).cast::<T>()) }
+            .map_err(|e| unreadable(Why::FieldUnreadable, off, e.into()))
     }
 }
 
@@ -101,11 +105,11 @@ pub fn try_capture<K: Kernel, const APART: bool>(
     // Everything up to the ports is on the path of every packet: as few
     // reads as can rule a packet out, and nothing stored before it is DNS.
     if offset(|o| &o.skb_head) == 0 || skb.is_null() {
-        return Err(0);
+        return Err(skip(Why::NoSkb, 0));
     }
     let ethertype = u16::from_be(K::read::<u16>(skb, offset(|o| &o.skb_protocol))?);
     if ethertype != ETH_P_IP && ethertype != ETH_P_IPV6 {
-        return Err(0);
+        return Err(skip(Why::NotIp, ethertype.into()));
     }
     let mut r = Linear {
         l3: network_header::<K>(skb, hook)?,
@@ -115,7 +119,7 @@ pub fn try_capture<K: Kernel, const APART: bool>(
     let o = offsets();
     let (wire_len, data);
     (r.len, wire_len, data) = linear_len::<K>(skb, r.l3, &o)?;
-    let s = scratch().ok_or(0)?;
+    let s = scratch().ok_or_else(|| skip(Why::NoScratch, 0))?;
     let l4 = transport(&r, dns, &mut s.meta)?;
     let dev = if dev.is_null() {
         K::read::<*const u8>(skb, o.skb_dev)?
@@ -129,14 +133,13 @@ pub fn try_capture<K: Kernel, const APART: bool>(
     s.meta.drop_location = drop.location;
     conntrack::<K>(skb, &o, s);
     if !wanted(&s.meta) {
-        return Err(0);
+        return Err(skip(Why::NotTarget, s.meta.netns));
     }
     let cap = copy_payload(&r, &l4, s)?;
     if APART && s.meta.l4_proto == IPPROTO_TCP && (cap as u32) < l4.payload_len() {
         apart(skb, &r, &l4, data, wire_len, s);
     }
-    send(s, cap);
-    Ok(())
+    send(s, cap)
 }
 
 /// A TCP payload beyond the linear data (in the skb's pages, where a
@@ -182,7 +185,7 @@ fn linear_len<K: Kernel>(
     let end = data as u64 + u64::from(len.saturating_sub(data_len));
     let avail = end.saturating_sub(l3 as u64);
     if avail > 0xffff {
-        return Err(0);
+        return Err(skip(Why::TooLong, avail as u32));
     }
     Ok((avail as u32, len, data))
 }

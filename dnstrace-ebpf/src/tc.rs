@@ -5,6 +5,7 @@ use aya_ebpf::{helpers::generated::bpf_skb_load_bytes, programs::TcContext};
 use dnstrace_common::{Hook, L2_LEN_MIXED};
 
 use crate::{
+    debug::{skip, unreadable, Why},
     maps::{iface, scratch, send, tc_l2_len, wanted},
     parse::{copy_payload, dns_headers, helper_result, transport, Reader},
 };
@@ -32,13 +33,16 @@ impl Reader for Tc<'_> {
                 return Ok(unsafe { (at as *const T).read_unaligned() });
             }
         }
-        self.0.load(off as usize)
+        self.0
+            .load(off as usize)
+            .map_err(|e| unreadable(Why::Unreadable, off, e))
     }
 
     #[inline(always)]
     fn copy(&self, off: u32, dst: *mut u8, len: u32) -> Result<(), i64> {
         // SAFETY: `dst` has room for PAYLOAD_MAX bytes and len is bounded by it.
         helper_result(unsafe { bpf_skb_load_bytes(self.0.skb.skb.cast(), off, dst.cast(), len) })
+            .map_err(|e| unreadable(Why::Unreadable, off, e))
     }
 
     #[inline(always)]
@@ -63,18 +67,17 @@ pub fn try_capture(ctx: &TcContext, hook: Hook) -> Result<(), i64> {
     let (ethertype, l3) = link_layer(&r, l2_len)?;
     let dns = dns_headers(&r, ethertype, l3)?;
     let found = early.unwrap_or_else(|| iface(ifindex));
-    let s = scratch().ok_or(0)?;
+    let s = scratch().ok_or_else(|| skip(Why::NoScratch, 0))?;
     let l4 = transport(&r, dns, &mut s.meta)?;
     s.meta.ifindex = ifindex;
     s.meta.netns = found.map_or(0, |c| c.netns);
     s.meta.wire_len = ctx.len();
     s.meta.hook = hook as u8;
     if !wanted(&s.meta) {
-        return Err(0);
+        return Err(skip(Why::NotTarget, s.meta.netns));
     }
     let cap = copy_payload(&r, &l4, s)?;
-    send(s, cap);
-    Ok(())
+    send(s, cap)
 }
 
 /// The ethertype and offset of the IP header, one or two VLAN tags skipped.

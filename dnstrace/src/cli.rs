@@ -8,7 +8,7 @@ use crate::{
     ingest::SampleMode,
     output::Format,
     pods,
-    probes::{AttachMode, ProbeOptions},
+    probes::{AttachMode, BpfLog, ProbeOptions},
     record::RecordOptions,
     target,
 };
@@ -108,6 +108,10 @@ pub enum Command {
         /// Check tc on these interfaces instead of the node-wide hooks.
         #[arg(short, long = "iface", value_name = "IF")]
         ifaces: Vec<String>,
+        /// Check the programs built to log why they skip packets, which
+        /// `trace --debug-bpf` loads, instead of the usual ones.
+        #[arg(long)]
+        debug_bpf: bool,
     },
     /// A simulated Kubernetes node in network namespaces, with switchable DNS faults.
     Lab {
@@ -199,6 +203,13 @@ pub struct CaptureArgs {
     #[arg(long, value_name = "auto|N", default_value = "auto", value_parser = parse_sample)]
     pub sample: SampleMode,
 
+    /// Log why the kernel programs skip packets, on stderr (the log file
+    /// under the live view): `debug`, DNS packets left out and packets that
+    /// could not be parsed; `trace`, also every packet that is not DNS.
+    /// Without it the programs are loaded without their logging code.
+    #[arg(long, value_name = "LEVEL", value_enum, num_args = 0..=1, require_equals = true, default_missing_value = "debug")]
+    pub debug_bpf: Option<BpfLog>,
+
     /// How programs attach to the --iface devices: TCX links where the
     /// kernel has them (6.6+), else a clsact qdisc; `netlink` always takes
     /// the qdisc (filters `tc filter show` lists, as older tools expect).
@@ -274,6 +285,7 @@ impl CaptureArgs {
                 ports: self.ports,
                 ring_buffer_mib: self.ring_buffer_mib,
                 attach: self.tc_attach.into(),
+                debug_bpf: self.debug_bpf,
                 ..ProbeOptions::default()
             },
             target: target::Query {

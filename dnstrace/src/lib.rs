@@ -89,7 +89,9 @@ fn run(
     let work = async {
         match cli.command {
             Some(cli::Command::Lab { command }) => lab::run(command).await,
-            Some(cli::Command::Check { ifaces }) => commands::check::check(ifaces),
+            Some(cli::Command::Check { ifaces, debug_bpf }) => {
+                commands::check::check(ifaces, debug_bpf)
+            }
             Some(cli::Command::Pods {
                 query,
                 runtime,

@@ -1,6 +1,7 @@
 //! Loading the eBPF programs, attaching them to interfaces, and detaching
 //! everything again when the `Probes` value is dropped, on every exit path.
 mod btf;
+mod kernel_log;
 mod leftovers;
 mod netlink;
 mod offsets;
@@ -17,6 +18,8 @@ use aya::{
     },
     Ebpf, EbpfLoader,
 };
+pub use kernel_log::{BpfLog, KernelLog};
+
 use dnstrace_common::{
     port_slot, IfaceConfig, KernelOffsets, SampleLevel, TargetFilter, COUNT_APART_LOST, COUNT_LOST,
     COUNT_SHED, L2_LEN_MIXED, PORT_WORDS,
@@ -37,6 +40,9 @@ pub struct ProbeOptions {
     /// Kernel structs read with probe reads where direct loads would do
     /// (slower; the tests check the two read alike).
     pub probe_reads: bool,
+    /// The programs log why they skip packets; without it they are loaded
+    /// without their logging code.
+    pub debug_bpf: Option<BpfLog>,
 }
 
 impl Default for ProbeOptions {
@@ -47,6 +53,7 @@ impl Default for ProbeOptions {
             ring_buffer_mib: 4,
             attach: AttachMode::Auto,
             probe_reads: false,
+            debug_bpf: None,
         }
     }
 }
@@ -86,7 +93,12 @@ impl Counts {
     }
 }
 
+/// The programs; empty in a debug build made without the eBPF toolchain
+/// (build.rs), which can do all but trace.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/dnstrace-ebpf.o"));
+/// The same programs, built to log why they skip packets (`debug_bpf`).
+static LOGGING_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/dnstrace-ebpf-log.o"));
 
 /// An interface in dnstrace's network namespace.
 #[derive(Clone, Debug)]
@@ -211,6 +223,8 @@ pub struct Probes {
     pub off: Vec<String>,
     /// `skb_drop_reason` names of the running kernel.
     pub drop_reasons: std::collections::HashMap<u32, String>,
+    /// The programs' log, when asked for (`debug_bpf`).
+    kernel_log: Option<KernelLog>,
 }
 
 /// Which programs to load.
@@ -237,6 +251,7 @@ impl Probes {
     /// them: tc on every interface in `args`, or, with none named, the BTF
     /// tracepoints that see the whole node.
     pub fn attach(args: &ProbeOptions, target: Option<&KernelFilter>, load: Load) -> Result<Self> {
+        check_built_with_programs(OBJECT)?;
         check_privileges()?;
         let netns = crate::netns::inode(None)?;
         for line in leftovers::reap(netns) {
@@ -256,7 +271,16 @@ impl Probes {
             Err(e) => return Err(e.context("the kernel's BTF lacks a field the node-wide tracepoints read; name interfaces with --iface to use tc only")),
         };
         let ring_bytes = args.ring_buffer_mib << 20;
-        let ebpf = EbpfLoader::new()
+        let mut loader = EbpfLoader::new();
+        let log_level = args.debug_bpf.map(kernel_log::level);
+        let object = match &log_level {
+            Some(level) => {
+                loader.override_global("LOG_LEVEL", level, true);
+                LOGGING_OBJECT
+            }
+            None => OBJECT,
+        };
+        let mut ebpf = loader
             .map_max_entries("EVENTS", ring_bytes)
             .override_global("WAKE_BYTES", &wake_bytes(ring_bytes), true)
             .override_global("OFFSETS", &offsets, true)
@@ -266,8 +290,12 @@ impl Probes {
                 &target.map_or(TargetFilter::OFF, |t| t.filter),
                 true,
             )
-            .load(OBJECT)
+            .load(object)
             .map_err(|e| anyhow!("loading the eBPF object failed: {e}"))?;
+        let kernel_log = args
+            .debug_bpf
+            .map(|_| KernelLog::open(&mut ebpf))
+            .transpose()?;
         let mut probes = Self {
             ebpf,
             attachments: Vec::new(),
@@ -282,6 +310,7 @@ impl Probes {
                 .into_iter()
                 .map(|(v, n)| (v as u32, n))
                 .collect(),
+            kernel_log,
         };
         probes.configure(&args.ports, &ifaces)?;
         if let Some(t) = target {
@@ -672,6 +701,12 @@ impl Probes {
         Ok(Counts(map.try_into()?))
     }
 
+    /// The programs' log, for the caller to forward once privileges are
+    /// dropped; `None` unless asked for.
+    pub fn take_kernel_log(&mut self) -> Option<KernelLog> {
+        self.kernel_log.take()
+    }
+
     /// The sampling level the programs read, for the ring's reader to set.
     pub fn take_sample_level(&mut self) -> Result<SampleMap> {
         let map = self.ebpf.take_map("SAMPLE").context("SAMPLE map")?;
@@ -780,6 +815,14 @@ fn is_exists(e: &aya::programs::tc::TcError) -> bool {
     }
 }
 
+/// An empty object: build.rs found no eBPF toolchain.
+fn check_built_with_programs(object: &[u8]) -> Result<()> {
+    if object.is_empty() {
+        bail!("built without the eBPF programs: run `cargo xtask setup` and rebuild");
+    }
+    Ok(())
+}
+
 /// Root, or the capabilities loading and attaching need.
 pub fn check_privileges() -> Result<()> {
     const CAP_NET_ADMIN: u32 = 12;
@@ -859,6 +902,15 @@ mod tests {
         assert!(msg.starts_with("the kernel's verifier rejected program dns_tc_ingress"));
         assert!(msg.ends_with("    line 20"));
         assert!(msg.contains("line 13") && !msg.contains("line 12\n"));
+    }
+
+    #[test]
+    fn a_build_without_programs_says_so() {
+        let err = check_built_with_programs(&[]).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "built without the eBPF programs: run `cargo xtask setup` and rebuild"
+        );
     }
 
     #[test]

@@ -3,14 +3,16 @@ use anyhow::Result;
 
 use crate::{
     naming::Services,
-    probes::{Load, ProbeOptions, Probes},
+    probes::{BpfLog, Load, ProbeOptions, Probes},
 };
 
 /// `dnstrace check`: loads every program, so the kernel's verifier checks
-/// each, attaches what this kernel allows, says so and detaches.
-pub fn check(ifaces: Vec<String>) -> Result<()> {
+/// each, attaches what this kernel allows, says so and detaches. With
+/// `debug_bpf`, the programs built to log, at their most detailed.
+pub fn check(ifaces: Vec<String>, debug_bpf: bool) -> Result<()> {
     let options = ProbeOptions {
         ifaces,
+        debug_bpf: debug_bpf.then_some(BpfLog::Trace),
         ..ProbeOptions::default()
     };
     let probes = Probes::attach(&options, None, Load::All)?;

@@ -100,6 +100,9 @@ pub async fn run(args: TraceOptions, view: View) -> Result<()> {
     .ok();
     // Everything privileged is open now.
     probes.drop_privileges()?;
+    if let Some(log) = probes.take_kernel_log() {
+        log.forward().context("forwarding the programs' log")?;
+    }
     // Capabilities are per thread: the reader starts without them.
     let ingest = Ingest::new(ring, TICK, args.discard_events, Some(sampler))
         .context("reading the ring buffer")?;
