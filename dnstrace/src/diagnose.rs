@@ -99,6 +99,13 @@ impl Diagnoser {
         self.lost_ns = Some(now_ns);
     }
 
+    /// The other half of a parallel A/AAAA pair that `j`'s diagnosis
+    /// needs closed first, if it does: a caller holds `j` back while a
+    /// journey for that question (same socket and name) is still open.
+    pub fn awaits(&self, j: &Journey) -> Option<Qtype> {
+        conntrack::sibling_of(j)
+    }
+
     /// Checks a finished journey: the anomalies it raised for the first
     /// time, and those it fed (its badges).
     pub fn journey(&mut self, j: &Journey, names: &KernelNames) -> Checked {

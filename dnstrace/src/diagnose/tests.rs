@@ -1319,6 +1319,23 @@ fn a_lost_half_whose_upstream_failed_is_the_upstreams_timeout() {
 }
 
 #[test]
+fn an_unanswered_a_or_aaaa_that_never_reached_a_resolver_awaits_its_sibling() {
+    let d = Diagnoser::new(ctx());
+    assert_eq!(d.awaits(&lost_a(Outcome::Timeout)), Some(Qtype::AAAA));
+    assert_eq!(
+        d.awaits(&Journey {
+            qtype: Qtype::AAAA,
+            ..lost_a(Outcome::Timeout)
+        }),
+        Some(Qtype::A)
+    );
+    assert_eq!(d.awaits(&healthy()), None, "answered");
+    let mut txt = lost_a(Outcome::Timeout);
+    txt.qtype = Qtype::TXT;
+    assert_eq!(d.awaits(&txt), None, "no pair");
+}
+
+#[test]
 fn an_unnated_service_ip_answered_by_a_local_listener_is_not_untranslated() {
     let names = KernelNames::default();
     let mut d = Diagnoser::new(ctx());
