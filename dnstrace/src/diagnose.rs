@@ -26,7 +26,9 @@ pub use self::{
 };
 use self::{
     anomaly::{Finding, Raised},
+    conntrack::CtSeen,
     memory::Recent,
+    nat::LocalListeners,
     rules::Known,
     transport::Pending,
     upstream::Upstreams,
@@ -42,6 +44,8 @@ pub struct Diagnoser {
     upstream: Upstreams,
     recent: Recent,
     truncated: Pending,
+    local: LocalListeners,
+    ct: CtSeen,
     /// When kernel event losses were last noticed.
     lost_ns: Option<u64>,
 }
@@ -54,6 +58,8 @@ impl Diagnoser {
             upstream: Upstreams::default(),
             recent: Recent::default(),
             truncated: Pending::default(),
+            local: LocalListeners::default(),
+            ct: CtSeen::default(),
             lost_ns: None,
         }
     }
@@ -81,8 +87,10 @@ impl Diagnoser {
 
     /// The node's conntrack counters moved: (name, increase).
     pub fn counters_moved(&mut self, moved: &[(&'static str, u64)], now_ns: u64) -> Vec<Anomaly> {
-        let found = conntrack::insert_failed(moved).into_iter().collect();
-        self.raised.record(found, now_ns, None).raised
+        let found = conntrack::insert_failed(moved, now_ns, &mut self.ct, &self.ctx);
+        self.raised
+            .record(found.into_iter().collect(), now_ns, None)
+            .raised
     }
 
     /// The kernel lost events, noticed at `now_ns`: what was not seen since
@@ -91,21 +99,32 @@ impl Diagnoser {
         self.lost_ns = Some(now_ns);
     }
 
+    /// The other half of a parallel A/AAAA pair that `j`'s diagnosis
+    /// needs closed first, if it does: a caller holds `j` back while a
+    /// journey for that question (same socket and name) is still open.
+    pub fn awaits(&self, j: &Journey) -> Option<Qtype> {
+        conntrack::sibling_of(j)
+    }
+
     /// Checks a finished journey: the anomalies it raised for the first
     /// time, and those it fed (its badges).
     pub fn journey(&mut self, j: &Journey, names: &KernelNames) -> Checked {
         self.upstream.count(j);
         self.truncated.await_tcp_retry(j);
+        let backed = self.ct.journey(j, names);
         let recent = self.recent.of(j);
         let known = Known {
             ctx: &self.ctx,
             upstream: &self.upstream,
             recent: &recent,
             names,
+            local: &self.local,
+            ct: &self.ct,
         };
-        let checked = self
-            .raised
-            .record(rules::findings(j, &known), j.ended_ns, Some(j.id));
+        let mut found = rules::findings(j, &known);
+        found.extend(backed);
+        let checked = self.raised.record(found, j.ended_ns, Some(j.id));
+        self.local.note(j, &self.ctx);
         self.recent.remember(j);
         checked
     }

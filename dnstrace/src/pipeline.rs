@@ -3,7 +3,7 @@
 //! decode → a sink (packet lines, or journeys as lines or in the live
 //! view). A recording, when asked for, takes each input on the way in, so
 //! a replay feeds the same inputs through the same code.
-use std::{fmt, io, sync::Arc};
+use std::{collections::HashSet, fmt, io, net::SocketAddr, sync::Arc};
 
 use anyhow::{Context as _, Result};
 use tokio::{
@@ -14,7 +14,7 @@ use tokio::{
 use crate::{
     conntrack::CtEvent,
     correlate::{Engine, Journey, Limits, CLOSE_BATCH},
-    decode::{Body, Decoder, KernelNames, Packet, Record, Transport},
+    decode::{Body, Decoder, KernelNames, Packet, Qtype, Record, Transport},
     diagnose::{Anomaly, AnomalyKind, Context, Diagnoser},
     ingest::SampleChange,
     target,
@@ -86,6 +86,31 @@ pub struct JourneySink<O: JourneyOut> {
     /// its resolvers' upstream queries, which belong to others' lookups
     /// unless linked under one of the target's journeys.
     only: Option<(u32, Vec<std::net::IpAddr>)>,
+    /// Journeys whose diagnosis waits for a sibling still open (see
+    /// `Diagnoser::awaits`), oldest first.
+    held: Vec<Journey>,
+}
+
+/// Journeys held for a sibling at most; past this they are judged at once.
+const MAX_HELD: usize = 1024;
+
+/// The questions (socket, type, name) of a batch of closed journeys.
+struct Questions(HashSet<(SocketAddr, Qtype, Arc<str>)>);
+
+impl Questions {
+    fn of(batch: &[Journey]) -> Self {
+        Self(
+            batch
+                .iter()
+                .map(|j| (j.client, j.qtype, j.name.clone()))
+                .collect(),
+        )
+    }
+
+    /// Whether the batch has `j`'s question with the type `qtype`.
+    fn has(&self, j: &Journey, qtype: Qtype) -> bool {
+        self.0.contains(&(j.client, qtype, j.name.clone()))
+    }
 }
 
 impl<O: JourneyOut> JourneySink<O> {
@@ -99,6 +124,7 @@ impl<O: JourneyOut> JourneySink<O> {
             raised: Vec::new(),
             recording: None,
             only: None,
+            held: Vec::new(),
         }
     }
 
@@ -118,13 +144,49 @@ impl<O: JourneyOut> JourneySink<O> {
 
     fn print(&mut self, journeys: Vec<Journey>) -> io::Result<()> {
         let journeys: Vec<_> = journeys.into_iter().filter(|j| self.wanted(j)).collect();
+        // Built only when needed: most batches have no lost half.
+        let waits = journeys.iter().any(|j| self.awaited(j).is_some());
+        let batch = waits.then(|| Questions::of(&journeys));
         for j in journeys {
-            let checked = self.diagnoser.journey(&j, self.out.kernel());
-            self.out.journey(j, &checked.hits)?;
-            self.printed += 1;
-            self.raise(checked.raised)?;
+            // Its sibling closes later in this batch, or after it.
+            let later = self.awaited(&j).is_some_and(|q| {
+                batch.as_ref().is_some_and(|b| b.has(&j, q))
+                    || self.engine.asking(j.client, &j.name, q)
+            });
+            if later && self.held.len() < MAX_HELD {
+                self.held.push(j);
+                continue;
+            }
+            self.judge(j)?;
+        }
+        // Those whose sibling has closed since (or was evicted).
+        let (ready, still): (Vec<_>, Vec<_>) = std::mem::take(&mut self.held)
+            .into_iter()
+            .partition(|j| !self.sibling_open(j));
+        self.held = still;
+        for j in ready {
+            self.judge(j)?;
         }
         self.out.flush()
+    }
+
+    /// Runs `j` through the rules and prints it with what it fed.
+    fn judge(&mut self, j: Journey) -> io::Result<()> {
+        let checked = self.diagnoser.journey(&j, self.out.kernel());
+        self.out.journey(j, &checked.hits)?;
+        self.printed += 1;
+        self.raise(checked.raised)
+    }
+
+    /// The question whose journey `j`'s diagnosis waits for, if it does.
+    fn awaited(&self, j: &Journey) -> Option<Qtype> {
+        self.diagnoser.awaits(j)
+    }
+
+    /// Whether the journey `j`'s diagnosis waits for is still open.
+    fn sibling_open(&self, j: &Journey) -> bool {
+        self.awaited(j)
+            .is_some_and(|q| self.engine.asking(j.client, &j.name, q))
     }
 
     /// Prints what `close` closes, batch by batch, until a batch is short.
@@ -540,13 +602,123 @@ fn ignore_closed_stdout(e: io::Error) -> Result<()> {
 mod tests {
     use std::collections::HashMap;
 
+    use dnstrace_common::Hook;
+
     use super::*;
     use crate::{
         clock::Clock,
-        decode::{kernel::KernelNames, Transport},
+        decode::{
+            dns::{DnsMessage, Question},
+            kernel::KernelNames,
+            packet::Dropped,
+            Body, Qtype, Rcode, Transport,
+        },
         output::{Format, Labels, LineSink},
         record::tests::packet,
     };
+
+    /// Keeps what the sink hands on: journeys in order, and anomalies.
+    struct Kept {
+        kernel: KernelNames,
+        journeys: Vec<(u64, Qtype)>,
+        anomalies: Vec<AnomalyKind>,
+    }
+
+    impl JourneyOut for Kept {
+        fn kernel(&self) -> &KernelNames {
+            &self.kernel
+        }
+        fn journey(&mut self, j: Journey, _: &[(AnomalyKind, String)]) -> io::Result<()> {
+            self.journeys.push((j.id, j.qtype));
+            Ok(())
+        }
+        fn anomaly(&mut self, a: &Anomaly) -> io::Result<()> {
+            self.anomalies.push(a.kind);
+            Ok(())
+        }
+        fn summary(&mut self, _: &[&Anomaly]) -> io::Result<()> {
+            Ok(())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A DNS record of `qtype` for web's name, seen at `hook` at `ms`.
+    fn dns_at(ms: u64, hook: Hook, qtype: Qtype, response: bool, drop: Option<u32>) -> Record {
+        let (client, server) = ("10.244.0.10:4000", "10.244.0.53:53");
+        let (src, dst) = if response {
+            (server, client)
+        } else {
+            (client, server)
+        };
+        let mut p = packet(src, dst, Transport::Udp, &[]);
+        (p.ts_ns, p.hook, p.netns) = (ms * 1_000_000 + 1, hook, 100);
+        p.drop = drop.map(|reason| Dropped {
+            reason,
+            location: 0x8,
+        });
+        let m = DnsMessage {
+            id: 7,
+            response,
+            opcode: "QUERY".into(),
+            flags: Default::default(),
+            rcode: Rcode::NOERROR,
+            questions: vec![Question {
+                name: "web.example.com.".into(),
+                qtype,
+                class: "IN",
+            }],
+            answers: vec![],
+            authority_count: 0,
+            additional_count: 0,
+        };
+        Record {
+            packet: p,
+            body: Body::Dns(m.into()),
+            missing: None,
+        }
+    }
+
+    /// The race's loser (the A, sent first) is dropped at once; its
+    /// sibling's answer comes in the same tick, or long after the loser's
+    /// journey closes: either way the loser is judged after it.
+    #[test]
+    fn a_lost_half_is_judged_once_its_sibling_is_answered() {
+        for answer_ms in [2, 190] {
+            let kernel = KernelNames::new(
+                [(3, "SKB_DROP_REASON_NETFILTER_DROP".to_owned())].into(),
+                std::io::empty(),
+            );
+            let out = Kept {
+                kernel,
+                journeys: vec![],
+                anomalies: vec![],
+            };
+            let mut sink = JourneySink::new(Limits::default(), Context::default(), out);
+            let records = [
+                dns_at(0, Hook::DevXmit, Qtype::A, false, None),
+                dns_at(0, Hook::DevXmit, Qtype::AAAA, false, None),
+                dns_at(1, Hook::Drop, Qtype::A, false, Some(3)),
+                dns_at(answer_ms, Hook::DevReceive, Qtype::AAAA, true, None),
+            ];
+            let mut next = records.iter().peekable();
+            for ms in (0..3000).step_by(100) {
+                while let Some(r) = next.next_if(|r| r.packet.ts_ns <= ms * 1_000_000 + 1) {
+                    sink.record(r).unwrap();
+                }
+                sink.tick(ms * 1_000_000 + 2).unwrap();
+            }
+            sink.finish(3_000_000_000).unwrap();
+            let kept = &sink.out;
+            assert_eq!(
+                kept.journeys.iter().map(|(_, q)| *q).collect::<Vec<_>>(),
+                [Qtype::AAAA, Qtype::A],
+                "answer at {answer_ms} ms: the dropped A after its answered AAAA"
+            );
+            assert_eq!(kept.anomalies, [AnomalyKind::ParallelQueryLost]);
+        }
+    }
 
     /// A TCP payload the capture did not hold is no malformed message: an
     /// exit line that called it one would send an SRE after a broken client.

@@ -80,7 +80,11 @@ pub async fn run(args: TraceOptions, view: View) -> Result<()> {
     }
     let labels = Labels::new(probes.iface_names(), Clock::now(), kernel)
         .with_names(Names::new(&services, &pods));
-    let context = context_of(node, &services, target.clone());
+    let drops_visible = probes
+        .attachments
+        .iter()
+        .any(|a| a.program == "dns_kfree_skb");
+    let context = context_of(node, &services, target.clone(), drops_visible);
     let limits = match view {
         View::Journeys(l) | View::Live(l) => l,
         View::Packets => Limits::default(),
@@ -190,10 +194,12 @@ fn context_of(
     node: Option<&std::path::Path>,
     services: &Services,
     target: Option<target::Target>,
+    drops_visible: bool,
 ) -> Context {
     Context {
         service_ips: services.dns_ips.clone(),
         target,
+        drops_visible,
         bridge_nf_call_iptables: crate::netns::sysctl(node, "net/bridge/bridge-nf-call-iptables"),
         node_netns: crate::netns::inode(node).unwrap_or(0),
         conntrack: conntrack_at_start(node),

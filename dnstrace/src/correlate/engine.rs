@@ -155,6 +155,17 @@ impl Engine {
             || self.connections.tried_since(client, since_ns)
     }
 
+    /// Is a journey for this question from the `client` socket still open?
+    pub fn asking(&self, client: std::net::SocketAddr, name: &str, qtype: Qtype) -> bool {
+        self.by_client
+            .get(&short(self.hasher.hash_one(client)))
+            .any(|slot| {
+                self.open
+                    .get(slot)
+                    .is_some_and(|o| o.client() == client && &*o.name == name && o.qtype == qtype)
+            })
+    }
+
     /// A TCP segment to or from a DNS port, with or without a message.
     pub fn segment(&mut self, p: &Packet) {
         self.connections.push(p);

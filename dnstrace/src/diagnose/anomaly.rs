@@ -57,12 +57,13 @@ impl<'a> Finding<'a> {
     }
 }
 
-/// What an anomaly says; the cause and fix default to its kind's.
+/// What an anomaly says; the cause, fix and severity default to its kind's.
 pub(super) struct Words {
     summary: String,
     evidence: Vec<String>,
     cause: Option<String>,
     fix: Option<&'static str>,
+    severity: Option<Severity>,
 }
 
 impl Words {
@@ -72,6 +73,7 @@ impl Words {
             evidence,
             cause: None,
             fix: None,
+            severity: None,
         }
     }
 
@@ -87,6 +89,14 @@ impl Words {
     pub(super) fn fix(self, fix: &'static str) -> Self {
         Self {
             fix: Some(fix),
+            ..self
+        }
+    }
+
+    /// A lower severity than the kind's, where the evidence is weaker.
+    pub(super) fn severity(self, severity: Severity) -> Self {
+        Self {
+            severity: Some(severity),
             ..self
         }
     }
@@ -144,7 +154,7 @@ fn raise(kind: AnomalyKind, w: Words, now_ns: u64) -> Anomaly {
     debug_assert!(cause.is_some() && fix.is_some(), "{kind}: no cause or fix");
     Anomaly {
         kind,
-        severity: kind.severity(),
+        severity: w.severity.unwrap_or(kind.severity()),
         summary: w.summary,
         evidence: w.evidence,
         cause: cause.unwrap_or_default(),

@@ -16,6 +16,9 @@ pub struct Context {
     pub conntrack: Option<ConntrackAtStart>,
     /// The pod (or namespace, process) being traced, with its resolv.conf.
     pub target: Option<Target>,
+    /// The kfree_skb tracepoint is attached: a DNS packet the kernel drops
+    /// shows as a leg, so a loss without one was no drop.
+    pub drops_visible: bool,
 }
 
 #[derive(Clone, Debug, Default)]

@@ -64,7 +64,8 @@ impl AnomalyKind {
         }
     }
 
-    /// How bad it is: the same for every anomaly of the kind.
+    /// How bad it is, where the evidence is whole; a rule lowers it for an
+    /// anomaly whose evidence leaves the cause in doubt.
     pub fn severity(self) -> Severity {
         match self {
             Self::BrNetfilterNotLoaded

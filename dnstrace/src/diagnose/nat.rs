@@ -1,7 +1,11 @@
 //! Journey rules about NAT and where answers come from.
+use std::{collections::BTreeSet, net::IpAddr};
+
 use super::{
     anomaly::{Finding, Words},
+    conntrack::{trouble, CtSeen},
     legs::{answers_at_client, is_loopback, origin, place},
+    loops::is_loop_probe,
     AnomalyKind, Context,
 };
 use crate::correlate::{Journey, Outcome};
@@ -47,6 +51,12 @@ pub(super) fn unexpected_source<'a>(j: &'a Journey, ctx: &Context) -> Option<Fin
 pub(super) fn loopback_nameserver<'a>(j: &'a Journey, ctx: &Context) -> Option<Finding<'a>> {
     let o = origin(j)?;
     let in_pod = o.netns != 0 && o.netns != ctx.node_netns;
+    // CoreDNS's loop plugin asks itself at every start and reload: a
+    // probe answered there is the plugin finding no loop.
+    let answered = matches!(j.outcome, Outcome::Answered { .. });
+    if answered && is_loop_probe(&j.name, j.qtype) {
+        return None;
+    }
     (is_loopback(o.dst.ip()) && in_pod).then(|| {
         Finding::new(
             AnomalyKind::LoopbackNameserver,
@@ -69,13 +79,45 @@ pub(super) fn loopback_nameserver<'a>(j: &'a Journey, ctx: &Context) -> Option<F
     })
 }
 
-pub(super) fn not_translated<'a>(j: &'a Journey, ctx: &Context) -> Option<Finding<'a>> {
+/// Service IPs a local listener answers on without DNAT: NodeLocalDNS
+/// bound to the kube-dns IP, whose NOTRACK rules skip kube-proxy's NAT
+/// on purpose.
+#[derive(Default)]
+pub(super) struct LocalListeners(BTreeSet<IpAddr>);
+
+impl LocalListeners {
+    /// Notes the service IP `j` asked if an answer came from it un-NATed.
+    pub(super) fn note(&mut self, j: &Journey, ctx: &Context) {
+        let Some(o) = origin(j) else {
+            return;
+        };
+        let service = o.dst.ip();
+        let from_it = || answers_at_client(j).any(|l| l.src == o.dst);
+        if j.dnat.is_none() && ctx.service_ips.contains(&service) && from_it() {
+            self.0.insert(service);
+        }
+    }
+}
+
+pub(super) fn not_translated<'a>(
+    j: &'a Journey,
+    ctx: &Context,
+    local: &LocalListeners,
+    ct: &CtSeen,
+) -> Option<Finding<'a>> {
     let o = origin(j)?;
     let unanswered = !matches!(j.outcome, Outcome::Answered { .. });
     let asked_service = ctx.service_ips.contains(&o.dst.ip());
     if !(unanswered && asked_service && j.dnat.is_none()) {
         return None;
     }
+    // A listener on the service IP took it (it asked upstream, or answered
+    // others un-NATed): no DNAT is meant; the rules after this one tell
+    // what became of it.
+    if !j.upstream.is_empty() || local.0.contains(&o.dst.ip()) {
+        return None;
+    }
+    let trouble = trouble(ctx, ct);
     let last = j.legs.iter().rfind(|l| !l.response).unwrap_or(o);
     Some(Finding::new(
         AnomalyKind::ServiceNotTranslated,
@@ -85,7 +127,7 @@ pub(super) fn not_translated<'a>(j: &'a Journey, ctx: &Context) -> Option<Findin
                 "queries to the service IP {} are never translated to an endpoint",
                 o.dst.ip()
             );
-            let evidence = vec![
+            let mut evidence = vec![
                 format!(
                     "{} asked {} for {}; no leg shows a DNAT",
                     j.client, o.dst, j.name
@@ -97,7 +139,14 @@ pub(super) fn not_translated<'a>(j: &'a Journey, ctx: &Context) -> Option<Findin
                     last.dst
                 ),
             ];
-            Words::new(summary, evidence)
+            match trouble {
+                Some(t) => {
+                    evidence.push(format!("the node's conntrack is in trouble: {t}"));
+                    let cause = format!("conntrack could not track the query, so no NAT ran on it ({t}): a full table drops new flows before kube-proxy's DNAT");
+                    Words::new(summary, evidence).cause(cause).fix("raise net.netfilter.nf_conntrack_max (kube-proxy's --conntrack-max-per-core) or shorten UDP timeouts; `conntrack -S` and dmesg (\"nf_conntrack: table full\") confirm it")
+                }
+                None => Words::new(summary, evidence),
+            }
         },
     ))
 }

@@ -1,10 +1,10 @@
 //! Every journey rule, in order.
 use super::{
     anomaly::Finding,
-    conntrack::half_pair_lost,
+    conntrack::{half_pair_lost, CtSeen},
     loops::forwarding_loop,
     memory::Asked,
-    nat::{loopback_nameserver, not_translated, unexpected_source},
+    nat::{loopback_nameserver, not_translated, unexpected_source, LocalListeners},
     outcome::{dropped, failing_answer, slow, unanswered},
     search::{ndots_amplification, search_leak},
     transport::fragment_lost,
@@ -20,6 +20,9 @@ pub(super) struct Known<'a> {
     /// What the journey's client asked lately.
     pub(super) recent: &'a [&'a Asked],
     pub(super) names: &'a KernelNames,
+    /// Service IPs answered on without DNAT.
+    pub(super) local: &'a LocalListeners,
+    pub(super) ct: &'a CtSeen,
 }
 
 /// Every rule, in order; a rule that explains a journey silences the
@@ -32,6 +35,8 @@ pub(super) fn findings<'a>(j: &'a Journey, known: &Known<'a>) -> Vec<Finding<'a>
         upstream,
         recent,
         names,
+        local,
+        ct,
     } = *known;
     let mut out = Vec::new();
     // Rules that conclude from what is missing (no DNAT, no answer).
@@ -39,9 +44,13 @@ pub(super) fn findings<'a>(j: &'a Journey, known: &Known<'a>) -> Vec<Finding<'a>
     let specific = [
         unexpected_source(j, ctx),
         loopback_nameserver(j, ctx),
-        seen_all.then(|| not_translated(j, ctx)).flatten(),
+        seen_all
+            .then(|| not_translated(j, ctx, local, ct))
+            .flatten(),
         seen_all.then(|| forwarding_loop(j)).flatten(),
-        seen_all.then(|| half_pair_lost(j, recent, names)).flatten(),
+        seen_all
+            .then(|| half_pair_lost(j, ctx, recent, names))
+            .flatten(),
         fragment_lost(j, names),
     ];
     let explained = specific.iter().any(Option::is_some);
@@ -57,7 +66,7 @@ pub(super) fn findings<'a>(j: &'a Journey, known: &Known<'a>) -> Vec<Finding<'a>
         }
     }
     out.extend(slow(j));
-    out.extend(search_leak(j, recent));
+    out.extend(search_leak(j, recent, ctx));
     out.extend(ndots_amplification(j, recent));
     out
 }

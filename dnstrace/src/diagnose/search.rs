@@ -1,8 +1,10 @@
 //! Search domains and ndots: leaks to the outside, and the cost of misses.
+use std::net::SocketAddr;
+
 use super::{
     anomaly::{Finding, Words},
     memory::Asked,
-    AnomalyKind,
+    AnomalyKind, Context,
 };
 use crate::correlate::{Journey, Outcome};
 use crate::decode::Rcode;
@@ -10,17 +12,23 @@ use crate::decode::Rcode;
 /// Search-list NXDOMAINs costing this much before an answer are worth a word.
 const AMPLIFICATION_NS: u64 = 100_000_000;
 
-/// The cluster's own suffix; names under it never leave the cluster.
-const CLUSTER_SUFFIX: &str = ".cluster.local.";
-
-/// `B.cluster.local.` then `B.S.` with S foreign: S came from the client's
-/// search list, and a cluster-style name went to the outside world.
-pub(super) fn search_leak<'a>(j: &'a Journey, recent: &[&'a Asked]) -> Option<Finding<'a>> {
-    if j.name.ends_with(CLUSTER_SUFFIX) {
+/// `B.<cluster domain>.` then `B.S.` with S foreign, sent upstream and
+/// failed there: S came from the client's search list, and a
+/// cluster-style name went to the outside world for nothing.
+pub(super) fn search_leak<'a>(
+    j: &'a Journey,
+    recent: &[&'a Asked],
+    ctx: &Context,
+) -> Option<Finding<'a>> {
+    let sent = failed_upstream(j)?;
+    let domains = cluster_domains(ctx, recent);
+    if domains.iter().any(|d| j.name.ends_with(d.as_str())) {
         return None;
     }
     let base = recent.iter().rev().find_map(|a| {
-        let base = a.name.strip_suffix(CLUSTER_SUFFIX)?;
+        let base = domains
+            .iter()
+            .find_map(|d| a.name.strip_suffix(d.as_str()))?;
         j.name
             .strip_prefix(base)?
             .strip_prefix('.')
@@ -28,33 +36,80 @@ pub(super) fn search_leak<'a>(j: &'a Journey, recent: &[&'a Asked]) -> Option<Fi
             .map(|_| base)
     })?;
     let suffix = j.name[base.len() + 1..].trim_end_matches('.');
-    let tried: Vec<&str> = recent
+    // A and AAAA of each candidate: each once, in the order asked.
+    let mut tried: Vec<&str> = Vec::new();
+    for a in recent
         .iter()
-        .filter(|a| under(&a.name, base))
-        .map(|a| &*a.name)
-        .collect();
-    let upstream = j
-        .upstream
-        .first()
-        .and_then(|u| u.legs.first())
-        .map(|l| format!(" (sent upstream to {})", l.dst))
-        .unwrap_or_default();
+        .filter(|a| under(&a.name, base) && a.name != j.name)
+    {
+        if !tried.contains(&&*a.name) {
+            tried.push(&a.name);
+        }
+    }
     Some(Finding::new(
         AnomalyKind::SearchDomainLeak,
         suffix.to_owned(),
         move || {
             let summary =
                 format!("cluster-style names leak out with the foreign search domain {suffix}");
-            let evidence = vec![format!(
-                "{} asked {}, then {}{upstream}",
-                j.client.ip(),
-                tried.join(", "),
-                j.name
-            )];
+            let evidence = vec![
+                format!(
+                    "{} asked {}, then {} (sent upstream to {})",
+                    j.client.ip(),
+                    tried.join(", "),
+                    j.name,
+                    sent.0
+                ),
+                format!("{}: {}", sent.0, sent.1),
+            ];
             let cause = format!("the client's search list includes {suffix} (the node's resolv.conf, inherited through dnsPolicy, or the pod's dnsConfig), so every short name is also asked of the outside world");
             Words::new(summary, evidence).cause(cause)
         },
     ))
+}
+
+/// Where `j`'s resolver sent it upstream and what came of it, if it was
+/// sent and no upstream resolved it (no answer, or one without records).
+fn failed_upstream(j: &Journey) -> Option<(SocketAddr, String)> {
+    let resolved = j.upstream.iter().any(|u| {
+        matches!(&u.outcome, Outcome::Answered { rcode, answers, .. } if *rcode == Rcode::NOERROR && !answers.is_empty())
+    });
+    let u = j.upstream.first()?;
+    let fate = match &u.outcome {
+        Outcome::Answered { rcode, .. } => format!("answered {rcode}"),
+        Outcome::Dropped { .. } => "the query was dropped".to_owned(),
+        Outcome::Timeout => "no answer".to_owned(),
+    };
+    (!resolved).then_some((u.legs.first()?.dst, fate))
+}
+
+/// The cluster's domains as `.<domain>.`: from the traced pod's search
+/// list (`<ns>.svc.<domain>`), and from the client's names under `.svc.`
+/// (the first candidate of its search list).
+fn cluster_domains(ctx: &Context, recent: &[&Asked]) -> Vec<String> {
+    let listed = ctx
+        .target
+        .iter()
+        .filter_map(|t| t.resolv.as_ref())
+        .flat_map(|r| &r.search)
+        .filter_map(|d| {
+            d.split_once(".svc.")
+                .map(|(_, domain)| domain)
+                .or_else(|| d.strip_prefix("svc."))
+        })
+        .map(|d| format!(".{}.", d.trim_end_matches('.')));
+    let asked = recent.iter().filter_map(|a| {
+        a.name
+            .split_once(".svc.")
+            .map(|(_, domain)| format!(".{domain}"))
+    });
+    let mut domains: Vec<String> = Vec::new();
+    for d in listed.chain(asked) {
+        if d.len() > 2 && !domains.contains(&d) {
+            domains.push(d);
+        }
+    }
+    domains
 }
 
 /// `name` is `stem` followed by a dot and more: `stem` with a suffix.

@@ -151,6 +151,7 @@ fn ctx() -> Context {
         node_netns: NODE_NS,
         conntrack: None,
         target: None,
+        drops_visible: false,
     }
 }
 
@@ -1013,6 +1014,8 @@ fn repeats_of_a_raised_anomaly_are_counted_without_evidence() {
             upstream: &d.upstream,
             recent: &recent,
             names: &names,
+            local: &d.local,
+            ct: &d.ct,
         };
         let found = rules::findings(&again, &known);
         assert_eq!(found[0].kind.as_str(), "unanswered");
@@ -1103,4 +1106,502 @@ fn the_target_pods_resolv_conf_is_checked_at_start() {
         raised[0].summary
     );
     assert!(raised[0].evidence[0].contains("ndots:5"));
+}
+
+// Issue 33: false alarms and wrong causes on real clusters.
+
+/// Kernel names for the drops these tests make: 3 NETFILTER_DROP, 5
+/// NO_SOCKET.
+fn more_drop_names() -> KernelNames {
+    KernelNames::new(
+        [
+            (3, "SKB_DROP_REASON_NETFILTER_DROP".to_owned()),
+            (5, "SKB_DROP_REASON_NO_SOCKET".to_owned()),
+        ]
+        .into(),
+        "0000000000000008 t udp_queue_rcv_one_skb\n".as_bytes(),
+    )
+}
+
+fn kinds_of(found: &[Anomaly]) -> Vec<&'static str> {
+    found.iter().map(|a| a.kind.as_str()).collect()
+}
+
+#[test]
+fn coredns_answering_its_own_loop_probe_is_no_loopback_nameserver() {
+    let probe = |outcome: Outcome| {
+        let mut j = healthy();
+        j.name = "4113301637412838290.6170474838446418181.cluster.local.".into();
+        j.qtype = Qtype::HINFO;
+        j.dnat = None;
+        j.legs = vec![
+            leg(
+                0,
+                "dev_xmit",
+                DNS_NS,
+                1,
+                "127.0.0.1:4000",
+                "127.0.0.1:53",
+                false,
+            ),
+            leg(
+                10,
+                "dev_receive",
+                DNS_NS,
+                1,
+                "127.0.0.1:4000",
+                "127.0.0.1:53",
+                false,
+            ),
+            leg(
+                90,
+                "dev_xmit",
+                DNS_NS,
+                1,
+                "127.0.0.1:53",
+                "127.0.0.1:4000",
+                true,
+            ),
+            leg(
+                99,
+                "dev_receive",
+                DNS_NS,
+                1,
+                "127.0.0.1:53",
+                "127.0.0.1:4000",
+                true,
+            ),
+        ];
+        j.outcome = outcome;
+        j
+    };
+    assert!(
+        kinds(&probe(answered(Rcode::NXDOMAIN))).is_empty(),
+        "the loop plugin's start-up probe, answered: a healthy CoreDNS"
+    );
+    let mut lost = probe(Outcome::Timeout);
+    lost.legs.truncate(1);
+    assert_eq!(kinds(&lost), vec!["loopback_nameserver"]);
+}
+
+/// The answer legs of `healthy` moved to `ms` after the query.
+fn answered_after(mut j: Journey, ms: u64) -> Journey {
+    let at = ms * 1_000_000;
+    j.legs[2].ts_ns = at;
+    j.legs[3].ts_ns = at + 100_000;
+    j.ended_ns = at + 100_000;
+    j
+}
+
+#[test]
+fn a_slow_answer_from_a_resolver_on_another_node_is_not_blamed_on_it() {
+    let mut j = answered_after(healthy(), 800);
+    // The query leaves the node (eth0, towards the other node) and the
+    // answer comes back there: the resolver's own time is out of sight.
+    j.legs[1] = leg(
+        50_000,
+        "dev_xmit",
+        NODE_NS,
+        9,
+        "10.244.0.10:4000",
+        "10.244.1.53:53",
+        false,
+    );
+    j.legs[2] = leg(
+        800_000_000,
+        "dev_receive",
+        NODE_NS,
+        9,
+        "10.244.1.53:53",
+        "10.244.0.10:4000",
+        true,
+    );
+    let found = Diagnoser::new(ctx())
+        .journey(&j, &KernelNames::default())
+        .raised;
+    assert_eq!(kinds_of(&found), vec!["slow_answers"]);
+    let a = &found[0];
+    assert!(
+        a.summary
+            .contains("the resolver's node, out of sight from here"),
+        "{}",
+        a.summary
+    );
+    assert!(
+        a.evidence[0].contains("the resolver is on another node: its own time and its upstream queries are not visible from here"),
+        "{:?}",
+        a.evidence
+    );
+    assert!(!a.cause.contains("the resolver is slow"), "{}", a.cause);
+}
+
+#[test]
+fn an_unanswered_upstream_try_counts_until_the_next_try() {
+    let mut j = answered_after(healthy(), 850);
+    // CoreDNS's first try gets nothing; it tries the next upstream at 500 ms.
+    j.upstream
+        .push(upstream("198.51.100.53:53", Outcome::Timeout, 0));
+    let mut second = upstream("198.51.100.54:53", answered(Rcode::NOERROR), 20_000_000);
+    second.started_ns = 500_000_000;
+    second.ended_ns = 520_000_000;
+    j.upstream.push(second);
+    let found = Diagnoser::new(ctx())
+        .journey(&j, &KernelNames::default())
+        .raised;
+    let slow = found
+        .iter()
+        .find(|a| a.kind.as_str() == "slow_answers")
+        .expect("slow");
+    assert!(
+        slow.summary.contains("most of it in upstream"),
+        "{}: {:?}",
+        slow.summary,
+        slow.evidence
+    );
+    assert!(
+        slow.evidence[0].contains("519.9 ms upstream"),
+        "{:?}",
+        slow.evidence
+    );
+}
+
+/// An A query from the healthy client, lost with `outcome`.
+fn lost_a(outcome: Outcome) -> Journey {
+    let mut lost = Journey {
+        id: 2,
+        started_ns: 0,
+        ended_ns: 10_000,
+        ..healthy()
+    };
+    lost.legs.truncate(1);
+    lost.outcome = outcome;
+    lost
+}
+
+#[test]
+fn a_silent_loss_is_no_conntrack_race_where_drops_are_traced() {
+    let names = more_drop_names();
+    let traced = Context {
+        drops_visible: true,
+        ..ctx()
+    };
+    let mut d = Diagnoser::new(traced.clone());
+    d.journey(&answered_aaaa(), &names);
+    let found = d.journey(&lost_a(Outcome::Timeout), &names).raised;
+    assert_eq!(
+        kinds_of(&found),
+        vec!["unanswered"],
+        "the race's loser would show as a NETFILTER_DROP leg"
+    );
+    // A NETFILTER_DROP leg is the race's mark.
+    let mut d = Diagnoser::new(traced);
+    d.journey(&answered_aaaa(), &names);
+    let raced = dropped_at("10.244.0.10:4000", "10.244.0.54:53", 3);
+    let found = d.journey(&Journey { id: 2, ..raced }, &names).raised;
+    assert_eq!(kinds_of(&found), vec!["parallel_query_lost"]);
+}
+
+#[test]
+fn a_lost_half_whose_upstream_failed_is_the_upstreams_timeout() {
+    let names = KernelNames::default();
+    let mut d = Diagnoser::new(ctx());
+    d.journey(&answered_aaaa(), &names);
+    let mut lost = lost_a(Outcome::Timeout);
+    lost.legs = healthy().legs[..2].to_vec();
+    lost.upstream
+        .push(upstream("198.51.100.53:53", Outcome::Timeout, 0));
+    let found = d.journey(&lost, &names).raised;
+    assert_eq!(
+        kinds_of(&found),
+        vec!["upstream_timeout"],
+        "it reached the resolver, which forwarded it: no race lost it"
+    );
+}
+
+#[test]
+fn an_unanswered_a_or_aaaa_that_never_reached_a_resolver_awaits_its_sibling() {
+    let d = Diagnoser::new(ctx());
+    assert_eq!(d.awaits(&lost_a(Outcome::Timeout)), Some(Qtype::AAAA));
+    assert_eq!(
+        d.awaits(&Journey {
+            qtype: Qtype::AAAA,
+            ..lost_a(Outcome::Timeout)
+        }),
+        Some(Qtype::A)
+    );
+    assert_eq!(d.awaits(&healthy()), None, "answered");
+    let mut txt = lost_a(Outcome::Timeout);
+    txt.qtype = Qtype::TXT;
+    assert_eq!(d.awaits(&txt), None, "no pair");
+}
+
+#[test]
+fn an_unnated_service_ip_answered_by_a_local_listener_is_not_untranslated() {
+    let names = KernelNames::default();
+    let mut d = Diagnoser::new(ctx());
+    // NodeLocalDNS bound to the kube-dns IP, NOTRACK: no DNAT, and the
+    // answer comes from the service IP itself.
+    let mut local = healthy();
+    local.dnat = None;
+    local.legs[1].dst = a("10.96.0.10:53");
+    local.legs[2].src = a("10.96.0.10:53");
+    assert!(d.journey(&local, &names).raised.is_empty());
+    let mut lost = local.clone();
+    lost.id = 2;
+    lost.legs.truncate(2);
+    lost.outcome = Outcome::Timeout;
+    assert_eq!(
+        kinds_of(&d.journey(&lost, &names).raised),
+        vec!["unanswered"],
+        "the listener is there: not kube-proxy's rules"
+    );
+}
+
+#[test]
+fn an_untranslated_query_on_a_full_conntrack_table_names_conntrack() {
+    let mut d = Diagnoser::new(Context {
+        conntrack: Some(ConntrackAtStart {
+            dropped: vec![],
+            entries: 990,
+            max: Some(1000),
+        }),
+        ..ctx()
+    });
+    let mut j = healthy();
+    j.dnat = None;
+    j.legs.truncate(1);
+    j.outcome = Outcome::Timeout;
+    let found = d.journey(&j, &KernelNames::default()).raised;
+    assert_eq!(kinds_of(&found), vec!["service_not_translated"]);
+    assert!(
+        found[0]
+            .cause
+            .contains("conntrack could not track the query")
+            && found[0].cause.contains("99% full (990 of 1000)"),
+        "{}",
+        found[0].cause
+    );
+    assert!(
+        found[0].fix.contains("nf_conntrack_max"),
+        "{}",
+        found[0].fix
+    );
+}
+
+/// The web pod's search-list candidates for `base` under `domain`, A and
+/// AAAA each, NXDOMAIN, given to `d`.
+fn search_candidates(d: &mut Diagnoser, base: &str, domain: &str) {
+    let names = KernelNames::default();
+    let mut id = 0;
+    for n in [
+        format!("{base}.default.svc.{domain}."),
+        format!("{base}.svc.{domain}."),
+        format!("{base}.{domain}."),
+    ] {
+        for qtype in [Qtype::A, Qtype::AAAA] {
+            id += 1;
+            let j = Journey {
+                qtype,
+                ..asked(id, &n, Rcode::NXDOMAIN, 10 + id, 1)
+            };
+            d.journey(&j, &names);
+        }
+    }
+}
+
+/// `orders.corp.example.com.` after its candidates, sent upstream to
+/// 198.51.100.53 with `outcome`, or not sent (None).
+fn orders_leak(upstream_outcome: Option<Outcome>) -> Journey {
+    let mut leak = asked(99, "orders.corp.example.com.", Rcode::NXDOMAIN, 40, 1);
+    leak.upstream
+        .extend(upstream_outcome.map(|o| upstream("198.51.100.53:53", o, 100_000)));
+    leak
+}
+
+#[test]
+fn a_leak_under_another_cluster_domain_is_found_and_lists_each_candidate_once() {
+    let mut d = Diagnoser::new(ctx());
+    search_candidates(&mut d, "orders", "k8s.example.net");
+    let found = d
+        .journey(
+            &orders_leak(Some(answered(Rcode::NXDOMAIN))),
+            &KernelNames::default(),
+        )
+        .raised;
+    assert_eq!(kinds_of(&found), vec!["search_domain_leak"]);
+    assert_eq!(
+        found[0].evidence,
+        vec![
+            "10.244.0.10 asked orders.default.svc.k8s.example.net., orders.svc.k8s.example.net., orders.k8s.example.net., then orders.corp.example.com. (sent upstream to 198.51.100.53:53)",
+            "198.51.100.53:53: answered NXDOMAIN",
+        ]
+    );
+}
+
+#[test]
+fn a_foreign_candidate_not_sent_upstream_or_resolved_there_is_no_leak() {
+    for outcome in [None, Some(answered(Rcode::NOERROR))] {
+        let mut d = Diagnoser::new(ctx());
+        search_candidates(&mut d, "orders", "cluster.local");
+        let found = d
+            .journey(&orders_leak(outcome.clone()), &KernelNames::default())
+            .raised;
+        assert!(found.is_empty(), "{outcome:?}: {found:?}");
+    }
+}
+
+#[test]
+fn the_cluster_domain_comes_from_the_traced_pods_search_list() {
+    use crate::{pods::resolv::ResolvConf, target::Target};
+    let target = Target {
+        label: "pod default/web".into(),
+        netns_inode: CLIENT_NS,
+        addrs: vec!["10.244.0.10".parse().unwrap()],
+        host_veth: None,
+        resolv: Some(ResolvConf {
+            nameservers: vec!["10.96.0.10".parse().unwrap()],
+            search: vec![
+                "default.svc.k8s.example.net".into(),
+                "svc.k8s.example.net".into(),
+                "k8s.example.net".into(),
+            ],
+            ndots: 5,
+            options: vec![],
+        }),
+        namespace: Some("default".into()),
+    };
+    let mut d = Diagnoser::new(Context {
+        target: Some(target),
+        ..ctx()
+    });
+    let names = KernelNames::default();
+    // Only the last cluster candidate was seen (the others before the start).
+    d.journey(
+        &asked(1, "orders.k8s.example.net.", Rcode::NXDOMAIN, 10, 1),
+        &names,
+    );
+    let found = d
+        .journey(&orders_leak(Some(Outcome::Timeout)), &names)
+        .raised;
+    let leak = found
+        .iter()
+        .find(|a| a.kind.as_str() == "search_domain_leak")
+        .expect("a leak");
+    assert_eq!(leak.evidence[1], "198.51.100.53:53: no answer");
+}
+
+#[test]
+fn early_drop_is_no_loss_and_counters_alone_are_node_wide() {
+    let mut d = Diagnoser::new(ctx());
+    assert!(
+        d.counters_moved(&[("early_drop", 4)], 1).is_empty(),
+        "early_drop evicts an entry to make room; no packet is lost"
+    );
+    let raised = d.counters_moved(&[("insert_failed", 2), ("early_drop", 4)], 2);
+    assert_eq!(kinds_of(&raised), vec!["conntrack_insert_failed"]);
+    assert!(
+        raised[0].summary.contains("node-wide, not shown to be DNS")
+            && !raised[0].summary.contains("early_drop"),
+        "{}",
+        raised[0].summary
+    );
+    assert!(raised[0].evidence[1].contains("kfree_skb is not traced"));
+    assert_eq!(raised[0].severity, Severity::Critical, "DNS's part unknown");
+    // Traced drops, none of them DNS's: it is someone else's race.
+    let mut traced = Diagnoser::new(Context {
+        drops_visible: true,
+        ..ctx()
+    });
+    let raised = traced.counters_moved(&[("insert_failed", 2)], 2);
+    assert_eq!(raised[0].severity, Severity::Warning);
+}
+
+#[test]
+fn conntrack_losses_backed_by_dns_drops_are_dnss() {
+    let names = more_drop_names();
+    let second = 1_000_000_000;
+    // The counters rise first; the dropped DNS query closes after.
+    let mut d = Diagnoser::new(Context {
+        drops_visible: true,
+        ..ctx()
+    });
+    d.counters_moved(&[("insert_failed", 1)], second);
+    let raced = dropped_at("10.244.0.10:4000", "10.244.0.54:53", 3);
+    let found = d.journey(&raced, &names).raised;
+    let ct = found
+        .iter()
+        .find(|a| a.kind.as_str() == "conntrack_insert_failed")
+        .expect("raised again as DNS's");
+    assert_eq!(
+        ct.summary,
+        "conntrack dropped DNS packets: insert_failed +1"
+    );
+    // The DNS drop first; the counters rise after.
+    let mut d = Diagnoser::new(ctx());
+    d.journey(&raced, &names);
+    let raised = d.counters_moved(&[("insert_failed", 1)], second);
+    assert_eq!(
+        raised[0].summary,
+        "conntrack dropped DNS packets: insert_failed +1"
+    );
+}
+
+#[test]
+fn an_upstream_answer_after_the_resolver_gave_up_is_named_late() {
+    let names = more_drop_names();
+    let mut j = healthy();
+    j.outcome = answered(Rcode::SERVFAIL);
+    let mut late = upstream(
+        "198.51.100.53:53",
+        Outcome::Dropped {
+            reason: 5,
+            location: 0x8,
+        },
+        2_100_000_000,
+    );
+    // The answer came 2.1 s after the query, to a socket CoreDNS had closed.
+    let mut answer = leg(
+        60_000 + 2_100_000_000,
+        "kfree_skb",
+        DNS_NS,
+        2,
+        "198.51.100.53:53",
+        "10.244.0.53:5555",
+        true,
+    );
+    answer.drop = Some(Box::new((5, 0x8)));
+    late.legs.push(answer);
+    j.upstream.push(late);
+    let found = Diagnoser::new(ctx()).journey(&j, &names).raised;
+    let up = found
+        .iter()
+        .find(|a| a.kind.as_str() == "upstream_timeout")
+        .expect("upstream_timeout");
+    assert_eq!(
+        up.summary,
+        "the upstream resolver 198.51.100.53:53 answers after 10.244.0.53 gave up"
+    );
+    assert!(
+        up.evidence[0].contains("the answer came 2100.0 ms later and found no socket"),
+        "{:?}",
+        up.evidence
+    );
+    assert!(!up.evidence[0].contains("dropped on the way"));
+}
+
+#[test]
+fn a_drop_by_a_ruleset_is_a_rules_verdict_not_the_race() {
+    let names = KernelNames::new(
+        [(3, "SKB_DROP_REASON_NETFILTER_DROP".to_owned())].into(),
+        "0000000000000008 t nft_do_chain\n".as_bytes(),
+    );
+    let mut d = Diagnoser::new(ctx());
+    d.journey(&answered_aaaa(), &names);
+    let dropped = dropped_at("10.244.0.10:4000", "10.244.0.54:53", 3);
+    let found = d.journey(&Journey { id: 2, ..dropped }, &names).raised;
+    assert_eq!(
+        kinds_of(&found),
+        vec!["dropped"],
+        "an nftables rule (nft_do_chain) dropped it"
+    );
 }

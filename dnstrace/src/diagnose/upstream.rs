@@ -54,9 +54,22 @@ struct UpstreamFailure {
     resolver: IpAddr,
     /// Dropped on the way (reason, location), or timed out.
     drop: Option<(u32, u64)>,
+    /// Its answer came this long after the query and found the resolver's
+    /// socket closed: the resolver had given up.
+    late_ns: Option<u64>,
 }
 
-fn failed_upstream(j: &Journey, out: &mut Vec<UpstreamFailure>) {
+/// How long after `u` was sent its answer reached a closed socket at the
+/// resolver (NO_SOCKET), if it did.
+fn answered_too_late(u: &Journey, names: &KernelNames) -> Option<u64> {
+    let leg = u.legs.iter().rfind(|l| l.response && l.drop.is_some())?;
+    let &(reason, _) = leg.drop.as_deref()?;
+    let at_resolver = leg.dst.ip() == u.client.ip();
+    (at_resolver && names.drop_reason(reason) == "NO_SOCKET")
+        .then(|| leg.ts_ns.saturating_sub(u.started_ns))
+}
+
+fn failed_upstream(j: &Journey, names: &KernelNames, out: &mut Vec<UpstreamFailure>) {
     for u in &j.upstream {
         let drop = match u.outcome {
             Outcome::Answered { .. } => None,
@@ -70,10 +83,11 @@ fn failed_upstream(j: &Journey, out: &mut Vec<UpstreamFailure>) {
                     server: first.dst,
                     resolver: u.client.ip(),
                     drop,
+                    late_ns: answered_too_late(u, names),
                 });
             }
         }
-        failed_upstream(u, out);
+        failed_upstream(u, names, out);
     }
 }
 
@@ -84,48 +98,76 @@ pub(super) fn upstream_failures<'a>(
     names: &KernelNames,
 ) -> Vec<Finding<'a>> {
     let mut found = Vec::new();
-    failed_upstream(j, &mut found);
+    failed_upstream(j, names, &mut found);
     found
         .into_iter()
-        .map(
-            |UpstreamFailure {
-                 server,
-                 resolver,
-                 drop,
-             }| {
-                let s = stats.0.get(&server).copied().unwrap_or_default();
-                let mean = if s.answers > 0 {
-                    format!(
-                        ", mean answer {:.1} ms",
-                        s.total_ns as f64 / s.answers as f64 / 1e6
-                    )
-                } else {
-                    String::new()
-                };
-                let how = match drop {
-                    Some((reason, at)) => format!(
-                        "the query was dropped on the way: {} at {}",
-                        names.drop_reason(reason),
-                        names.location(at)
-                    ),
-                    None => "no answer came".to_owned(),
-                };
-                Finding::new(
-                    AnomalyKind::UpstreamTimeout,
-                    server.to_string(),
-                    move || {
-                        let summary = format!("the upstream resolver {server} does not answer");
-                        let evidence = vec![
-                            format!("{resolver} asked {server} for {}: {how}", j.name),
-                            format!(
-                                "{server} so far: {} queries, {} answers, {} timeouts{mean}",
-                                s.queries, s.answers, s.timeouts
-                            ),
-                        ];
-                        Words::new(summary, evidence)
-                    },
-                )
-            },
-        )
+        .map(|f| match f.late_ns {
+            Some(late_ns) => late_answer(j, f.server, f.resolver, late_ns),
+            None => no_answer(j, f, stats, names),
+        })
         .collect()
+}
+
+/// An upstream that answered, but after the resolver stopped waiting.
+fn late_answer(j: &Journey, server: SocketAddr, resolver: IpAddr, late_ns: u64) -> Finding<'_> {
+    let key = format!("{server} late");
+    Finding::new(AnomalyKind::UpstreamTimeout, key, move || {
+        let ms = late_ns as f64 / 1e6;
+        let summary = format!("the upstream resolver {server} answers after {resolver} gave up");
+        let evidence = vec![format!(
+            "{resolver} asked {server} for {}; the answer came {ms:.1} ms later and found no socket at {resolver} (NO_SOCKET): the resolver had stopped waiting",
+            j.name
+        )];
+        let cause = format!("{server} is slower than {resolver}'s per-try timeout: it answered after {ms:.0} ms, too late to be used");
+        Words::new(summary, evidence)
+            .cause(cause)
+            .fix("see why the upstream is slow (`dig @server` from the node, its own upstreams), or forward to a faster one; a resolver's timeout below the upstream's usual latency turns slow answers into failures")
+    })
+}
+
+/// An upstream query that timed out or was dropped on the way.
+fn no_answer<'a>(
+    j: &'a Journey,
+    f: UpstreamFailure,
+    stats: &Upstreams,
+    names: &KernelNames,
+) -> Finding<'a> {
+    let UpstreamFailure {
+        server,
+        resolver,
+        drop,
+        ..
+    } = f;
+    let s = stats.0.get(&server).copied().unwrap_or_default();
+    let mean = if s.answers > 0 {
+        format!(
+            ", mean answer {:.1} ms",
+            s.total_ns as f64 / s.answers as f64 / 1e6
+        )
+    } else {
+        String::new()
+    };
+    let how = match drop {
+        Some((reason, at)) => format!(
+            "the query was dropped on the way: {} at {}",
+            names.drop_reason(reason),
+            names.location(at)
+        ),
+        None => "no answer came".to_owned(),
+    };
+    Finding::new(
+        AnomalyKind::UpstreamTimeout,
+        server.to_string(),
+        move || {
+            let summary = format!("the upstream resolver {server} does not answer");
+            let evidence = vec![
+                format!("{resolver} asked {server} for {}: {how}", j.name),
+                format!(
+                    "{server} so far: {} queries, {} answers, {} timeouts{mean}",
+                    s.queries, s.answers, s.timeouts
+                ),
+            ];
+            Words::new(summary, evidence)
+        },
+    )
 }

@@ -108,6 +108,9 @@ pub struct ContextNote {
     pub node_netns: u32,
     pub conntrack: Option<ConntrackNote>,
     pub target: Option<Target>,
+    /// Absent from recordings made before it was noted: not known, so no.
+    #[serde(default)]
+    pub drops_visible: bool,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -146,6 +149,7 @@ impl ContextNote {
                 max: ct.max,
             }),
             target: c.target.clone(),
+            drops_visible: c.drops_visible,
         }
     }
 
@@ -160,6 +164,7 @@ impl ContextNote {
                 max: ct.max,
             }),
             target: self.target,
+            drops_visible: self.drops_visible,
         }
     }
 }
