@@ -5,6 +5,7 @@
 mod delay;
 mod faults;
 mod kubeproxy;
+mod loopprobe;
 mod plan;
 mod resolvers;
 mod runtime;
@@ -62,6 +63,9 @@ pub enum LabCommand {
     },
     /// Run lookups from the client pods the way applications do.
     Traffic(traffic::TrafficArgs),
+    /// Reload CoreDNS, as a Corefile change does: each CoreDNS pod re-reads
+    /// its resolv.conf and sends the loop plugin's probe again.
+    Reload,
     /// (internal) a delay line in front of the upstream resolver.
     #[command(hide = true)]
     DelayLine {
@@ -72,6 +76,9 @@ pub enum LabCommand {
         #[arg(long)]
         delay_ms: u64,
     },
+    /// (internal) CoreDNS's loop plugin probe, from inside a CoreDNS pod.
+    #[command(hide = true)]
+    LoopProbe,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -121,8 +128,9 @@ impl LabState {
 }
 
 pub async fn run(cmd: LabCommand) -> Result<()> {
-    // The delay line runs inside the lab, started by it; the rest changes the machine.
-    if !matches!(cmd, LabCommand::DelayLine { .. }) {
+    // The delay line and the probe run inside the lab, started by it; the
+    // rest changes the machine.
+    if !matches!(cmd, LabCommand::DelayLine { .. } | LabCommand::LoopProbe) {
         require_root()?;
     }
     match cmd {
@@ -146,6 +154,8 @@ pub async fn run(cmd: LabCommand) -> Result<()> {
         LabCommand::Status => status(),
         LabCommand::Fault { fault, state } => switch_fault(fault, state == Switch::On),
         LabCommand::Traffic(args) => traffic::run(args),
+        LabCommand::Reload => reload_coredns(&LabState::load()?),
+        LabCommand::LoopProbe => loopprobe::run(),
         LabCommand::DelayLine {
             listen,
             to,
@@ -207,7 +217,8 @@ fn build(state: &mut LabState) -> Result<()> {
         start_nodelocal(state)?;
     }
     state.save()?;
-    wait_listening(state)
+    wait_listening(state)?;
+    loop_probes(state)
 }
 
 fn add_netns(ns: &str, ipv6: bool) -> Result<()> {
@@ -675,7 +686,7 @@ fn forget_tcp_flows(state: &LabState) {
     }
 }
 
-/// What a CoreDNS reload does: read /etc/resolv.conf again.
+/// What a CoreDNS reload does: read /etc/resolv.conf again, and probe for loops.
 fn reload_coredns(state: &LabState) -> Result<()> {
     for pod in plan::coredns_pods() {
         let pid = state
@@ -683,6 +694,30 @@ fn reload_coredns(state: &LabState) -> Result<()> {
             .get(pod.name)
             .with_context(|| format!("{} is not running", pod.full_name()))?;
         sys::hangup(*pid);
+    }
+    loop_probes(state)
+}
+
+/// How long a start or reload waits for the probes; unanswered ones go on
+/// trying in the background, as CoreDNS's do, for 30 s.
+const PROBE_WAIT: Duration = Duration::from_secs(3);
+
+/// The loop plugin's probe from each CoreDNS pod. The lab's loop faults
+/// stand for a CoreDNS without the plugin: with it, CoreDNS would exit at
+/// start ("Loop ... detected").
+fn loop_probes(state: &LabState) -> Result<()> {
+    if state.has(Fault::ForwardLoop) || state.has(Fault::NodelocaldnsLoop) {
+        return Ok(());
+    }
+    let exe = std::env::current_exe().context("finding the dnstrace binary")?;
+    let probes: Vec<u32> = plan::coredns_pods()
+        .map(|pod| {
+            sys::spawn_detached(&pod.netns(), &exe.to_string_lossy(), &["lab", "loop-probe"])
+        })
+        .collect::<Result<_>>()?;
+    let deadline = Instant::now() + PROBE_WAIT;
+    while probes.iter().any(|&p| sys::alive(p)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
     }
     Ok(())
 }

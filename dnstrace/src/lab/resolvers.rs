@@ -44,6 +44,9 @@ fn cluster_records(ipv6: bool) -> Vec<String> {
     records
 }
 
+/// dnsmasq's own retries of a query upstream: first after 2 s, none after 5 s.
+const FORWARD_TRIES: &str = "--fast-dns-retry=2000,5000";
+
 /// dnsmasq as CoreDNS: authoritative for cluster.local and the pod PTRs,
 /// everything else forwarded to the servers of its own /etc/resolv.conf
 /// (CoreDNS's `forward . /etc/resolv.conf`), re-read on SIGHUP (a reload).
@@ -60,6 +63,13 @@ pub fn coredns_args(pod: &Pod, ipv6: bool) -> Vec<String> {
         "--local=/10.in-addr.arpa/".into(),
         "--max-cache-ttl=30".into(),
         "--dns-forward-max=1000".into(),
+        // CoreDNS's forward gives each try 2 s (readTimeout) within 5 s
+        // (defaultTimeout). dnsmasq, which leaves retries to its clients,
+        // comes closest with its own: a resend of the same query after 2 s,
+        // then backing off (4 s more, past the 5 s): two tries where
+        // CoreDNS makes three, and silence at the end where CoreDNS answers
+        // SERVFAIL.
+        FORWARD_TRIES.into(),
         // Answers up to 4,096 bytes over UDP, as CoreDNS relays them.
         "--edns-packet-max=4096".into(),
         // CoreDNS caches every type, dnsmasq only addresses unless told:
@@ -208,6 +218,10 @@ mod tests {
         assert!(args.contains("--local=/cluster.local/"));
         assert!(args.contains("--resolv-file=/etc/resolv.conf"));
         assert_eq!(args.matches("db.default.svc.cluster.local").count(), 3);
+        assert!(
+            args.contains("--fast-dns-retry=2000,5000"),
+            "a deadline per try"
+        );
     }
 
     #[test]
