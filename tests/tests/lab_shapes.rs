@@ -116,3 +116,102 @@ fn coredns_tries_upstream_again_after_two_seconds_and_stops_at_five() {
     assert_eq!(dig_status(&String::from_utf8_lossy(&out.stdout)), "timeout");
     assert_eq!(upstream_drops() - before, 2, "a first try and one retry");
 }
+
+fn in_node(program: &str, args: &[&str]) -> String {
+    run(Command::new("ip")
+        .args(["netns", "exec", NODE, program])
+        .args(args))
+    .unwrap()
+}
+
+/// The node's conntrack entries of `proto` flows to `dst`, one line each.
+fn node_flows(proto: &str, dst: &str) -> Vec<String> {
+    let table = in_node("conntrack", &["-L", "-p", proto, "--orig-dst", dst]);
+    table.lines().map(str::to_owned).collect()
+}
+
+/// Names every healthy lab answers (`lab traffic`'s default adds a
+/// nonexistent one).
+const ANSWERED: [&str; 6] = [
+    "kubernetes.default",
+    "kube-dns.kube-system.svc.cluster.local",
+    "db.default",
+    "www.example.com",
+    "chain.example.com",
+    "many.example.com",
+];
+
+/// `lab traffic` with `args` from every client pod while `dnstrace trace`
+/// watches: every lookup answered; the anomalies raised, shown for the
+/// report.
+fn healthy_traffic(lab: &Lab, args: &[&str]) -> Vec<String> {
+    let mut traffic = args.to_vec();
+    traffic.extend(ANSWERED.iter().flat_map(|n| ["--name", n]));
+    let mut outcomes = Vec::new();
+    let lines = trace(lab, || outcomes = lab.traffic(&traffic));
+    assert!(!outcomes.is_empty());
+    for o in &outcomes {
+        assert_eq!(o["ok"], true, "{o}");
+    }
+    let kinds = anomaly_kinds(&lines);
+    let summary = lines.iter().find(|l| l["type"] == "summary").unwrap();
+    eprintln!(
+        "anomalies during `lab traffic {}`: {kinds:?}\n{:#}",
+        traffic.join(" "),
+        summary["anomalies"]
+    );
+    kinds
+}
+
+#[test]
+fn notrack_nodelocaldns_answers_kube_dns_queries_without_dnat() {
+    require_root();
+    let lab = Lab::up(&["--nodelocaldns=notrack"]);
+    let resolv = std::fs::read_to_string(format!("/etc/netns/{WEB}/resolv.conf")).unwrap();
+    assert!(
+        resolv.starts_with(&format!("nameserver {SERVICE}\n")),
+        "{resolv}"
+    );
+    let raw = in_node("iptables-save", &["-t", "raw"]);
+    for rule in [
+        "-A PREROUTING -d 10.96.0.10/32 -p udp -m comment --comment \"NodeLocal DNS Cache: skip conntrack\" -m udp --dport 53 -j NOTRACK",
+        "-A OUTPUT -s 10.96.0.10/32 -p udp -m comment --comment \"NodeLocal DNS Cache: skip conntrack\" -m udp --sport 53 -j NOTRACK",
+        "-A PREROUTING -d 169.254.20.10/32 -p tcp -m comment --comment \"NodeLocal DNS Cache: skip conntrack\" -m tcp --dport 53 -j NOTRACK",
+    ] {
+        assert!(raw.contains(rule), "{rule}\n{raw}");
+    }
+    let filter = in_node("iptables-save", &["-t", "filter"]);
+    assert!(filter.contains("-A INPUT -d 10.96.0.10/32 -p udp -m comment --comment \"NodeLocal DNS Cache: allow DNS traffic\" -m udp --dport 53 -j ACCEPT"), "{filter}");
+    let addrs = in_node("ip", &["-4", "addr", "show", "dev", "nodelocaldns"]);
+    assert!(
+        addrs.contains("169.254.20.10/32") && addrs.contains("10.96.0.10/32"),
+        "{addrs}"
+    );
+
+    in_node("conntrack", &["-F"]);
+    let name = "kube-dns.kube-system.svc.cluster.local";
+    let out = lab.dig(WEB, &format!("@{SERVICE} {name}"));
+    assert!(
+        dig_status(&out) == "NOERROR" && out.contains("10.96.0.10"),
+        "{out}"
+    );
+    assert!(
+        lab.log("nodelocaldns").contains(&format!(" {name}. A IN")),
+        "NodeLocalDNS answered"
+    );
+    assert_eq!(
+        node_flows("udp", SERVICE),
+        Vec::<String>::new(),
+        "untracked, so never DNATed"
+    );
+    let upstream = node_flows("tcp", "10.96.0.11");
+    assert!(
+        upstream
+            .iter()
+            .any(|f| f.contains("src=10.244.0.53") || f.contains("src=10.244.0.54")),
+        "kube-dns-upstream DNATed to CoreDNS: {upstream:?}"
+    );
+    let out = lab.dig(WEB, &format!("@{SERVICE} www.example.com"));
+    assert!(out.contains("198.51.100.80"), "{out}");
+    healthy_traffic(&lab, &["--rate", "20", "--duration", "2s"]);
+}

@@ -6,6 +6,7 @@ mod delay;
 mod faults;
 mod kubeproxy;
 mod loopprobe;
+mod nodelocal;
 mod plan;
 mod resolvers;
 mod runtime;
@@ -25,7 +26,7 @@ use serde::{Deserialize, Serialize};
 pub use delay::delay_line;
 pub use faults::Fault;
 use kubeproxy::ProxyMode;
-use plan::{Pod, Role, LAB_DIR, NODE_NS, UPSTREAM_NS};
+use plan::{NodeLocal, Pod, Role, LAB_DIR, NODE_NS, UPSTREAM_NS};
 
 #[derive(clap::Subcommand, Debug)]
 pub enum LabCommand {
@@ -34,10 +35,12 @@ pub enum LabCommand {
         /// Switch a fault on from the start (repeatable).
         #[arg(long = "fault", value_enum)]
         faults: Vec<Fault>,
-        /// Add NodeLocalDNS (a cache on 169.254.20.10 on the node, asking
-        /// kube-dns over TCP) and point pods at it.
-        #[arg(long)]
-        nodelocaldns: bool,
+        /// Add NodeLocalDNS, a cache on the node asking CoreDNS over TCP:
+        /// `link-local` (the default) on 169.254.20.10, pods pointed at it;
+        /// `notrack` also on kube-dns's IP, with the raw-table NOTRACK rules
+        /// of its manifest, asking CoreDNS through kube-dns-upstream.
+        #[arg(long, value_enum, num_args = 0..=1, require_equals = true, default_missing_value = "link-local")]
+        nodelocaldns: Option<NodeLocal>,
         /// Dual-stack: IPv6 pod addresses, service IP and ip6tables rules too.
         #[arg(long)]
         ipv6: bool,
@@ -91,7 +94,7 @@ pub enum Switch {
 #[derive(Serialize, Deserialize, Default, Debug)]
 pub struct LabState {
     pub ipv6: bool,
-    pub nodelocaldns: bool,
+    pub nodelocaldns: Option<NodeLocal>,
     pub faults: BTreeSet<Fault>,
     #[serde(default)]
     pub runtime: runtime::Runtime,
@@ -143,7 +146,9 @@ pub async fn run(cmd: LabCommand) -> Result<()> {
         } => {
             let state = LabState {
                 ipv6,
-                nodelocaldns: nodelocaldns || faults.contains(&Fault::NodelocaldnsLoop),
+                nodelocaldns: nodelocaldns.or(faults
+                    .contains(&Fault::NodelocaldnsLoop)
+                    .then_some(NodeLocal::LinkLocal)),
                 runtime,
                 proxy_mode,
                 ..LabState::default()
@@ -213,7 +218,7 @@ fn build(state: &mut LabState) -> Result<()> {
     for pod in plan::coredns_pods() {
         start_coredns(state, pod)?;
     }
-    if state.nodelocaldns {
+    if state.nodelocaldns.is_some() {
         start_nodelocal(state)?;
     }
     state.save()?;
@@ -308,16 +313,15 @@ fn build_node(state: &LabState) -> Result<()> {
         sys::sysctl(node, "net.ipv6.conf.all.forwarding", "1")?;
         sys::sysctl(node, "net.bridge.bridge-nf-call-ip6tables", "1")?;
     }
-    if state.nodelocaldns {
-        // NodeLocalDNS holds its address on a dummy device; an empty bridge
+    if let Some(mode) = state.nodelocaldns {
+        // NodeLocalDNS holds its addresses on a dummy device; an empty bridge
         // does the same where the kernel has no dummy driver.
         if sys::ip(node, "link add nodelocaldns type dummy").is_err() {
             sys::ip(node, "link add nodelocaldns type bridge")?;
         }
-        sys::ip(
-            node,
-            &format!("addr add {}/32 dev nodelocaldns", plan::NODELOCAL4),
-        )?;
+        for ip in mode.listen() {
+            sys::ip(node, &format!("addr add {ip}/32 dev nodelocaldns"))?;
+        }
         sys::ip(node, "link set nodelocaldns up")?;
     }
     Ok(())
@@ -372,7 +376,7 @@ fn nameserver_for(state: &LabState, pod: &Pod) -> IpAddr {
         Role::Client if state.has(Fault::LoopbackNameserver) && pod.name == plan::PODS[0].name => {
             plan::RESOLVED_STUB.into()
         }
-        Role::Client if state.nodelocaldns => plan::NODELOCAL4.into(),
+        Role::Client if state.nodelocaldns == Some(NodeLocal::LinkLocal) => plan::NODELOCAL4.into(),
         Role::Client => plan::SERVICE4.into(),
     }
 }
@@ -424,10 +428,18 @@ fn apply_rules(state: &LabState) -> Result<()> {
 
 /// kube-proxy's nat table and the node's filter table, for one family.
 fn node_rules(state: &LabState, v6: bool) -> Result<()> {
-    let (service, pod_cidr) = if v6 {
-        (IpAddr::V6(plan::SERVICE6), plan::POD_CIDR6)
+    let (service, pod_cidr, upstream_service) = if v6 {
+        (
+            IpAddr::V6(plan::SERVICE6),
+            plan::POD_CIDR6,
+            IpAddr::V6(plan::UPSTREAM_SERVICE6),
+        )
     } else {
-        (IpAddr::V4(plan::SERVICE4), plan::POD_CIDR4)
+        (
+            IpAddr::V4(plan::SERVICE4),
+            plan::POD_CIDR4,
+            IpAddr::V4(plan::UPSTREAM_SERVICE4),
+        )
     };
     let endpoints: Vec<IpAddr> = plan::coredns_pods().map(|p| p.ip(v6)).collect();
     let nat = kubeproxy::NatConfig {
@@ -438,16 +450,44 @@ fn node_rules(state: &LabState, v6: bool) -> Result<()> {
         service_jumps: !state.has(Fault::NoDnat),
         tcp_port: !state.has(Fault::NoDnsTcp),
     };
-    sys::restore(NODE_NS, v6, &kubeproxy::nat_table(&nat))?;
+    // NodeLocalDNS's NOTRACK mode comes with its own way to CoreDNS.
+    let more: Vec<kubeproxy::Service> = (state.nodelocaldns == Some(NodeLocal::Notrack))
+        .then_some(kubeproxy::Service {
+            name: kubeproxy::UPSTREAM_SERVICE,
+            ip: upstream_service,
+        })
+        .into_iter()
+        .collect();
+    sys::restore(NODE_NS, v6, &kubeproxy::nat_table_with(&nat, &more))?;
     if state.proxy_mode == ProxyMode::Nftables {
-        sys::nft(NODE_NS, &kubeproxy::nft_table(&nat))?;
+        sys::nft(NODE_NS, &kubeproxy::nft_table_with(&nat, &more))?;
+    }
+    let local_ips = nodelocal_notrack_ips(state, v6);
+    if !local_ips.is_empty() {
+        sys::restore(NODE_NS, v6, &nodelocal::raw_table(&local_ips))?;
     }
     // The drop fault cuts the path to the second CoreDNS pod.
-    sys::restore(NODE_NS, v6, &node_filter(state, &endpoints[1].to_string()))
+    sys::restore(
+        NODE_NS,
+        v6,
+        &node_filter(state, &endpoints[1].to_string(), &local_ips),
+    )
 }
 
-fn node_filter(state: &LabState, endpoint: &str) -> String {
+/// The IPv4 addresses NodeLocalDNS keeps from conntrack, in its NOTRACK mode.
+fn nodelocal_notrack_ips(state: &LabState, v6: bool) -> Vec<std::net::Ipv4Addr> {
+    match state.nodelocaldns {
+        Some(mode @ NodeLocal::Notrack) if !v6 => mode.listen(),
+        _ => Vec::new(),
+    }
+}
+
+fn node_filter(state: &LabState, endpoint: &str, notrack_ips: &[std::net::Ipv4Addr]) -> String {
     let mut t = String::from("*filter\n");
+    for rule in nodelocal::rules("filter", notrack_ips) {
+        t += &rule;
+        t.push('\n');
+    }
     if state.has(Fault::Drop) {
         for proto in ["udp", "tcp"] {
             t += &format!(
@@ -533,7 +573,8 @@ fn start_coredns(state: &mut LabState, pod: &Pod) -> Result<()> {
 }
 
 fn start_nodelocal(state: &mut LabState) -> Result<()> {
-    let conf = resolvers::nodelocal_conf(state.has(Fault::NodelocaldnsLoop));
+    let mode = state.nodelocaldns.unwrap_or(NodeLocal::LinkLocal);
+    let conf = resolvers::nodelocal_conf(mode, state.has(Fault::NodelocaldnsLoop));
     start_unbound(state, NODE_NS, "nodelocaldns", &conf)
 }
 
@@ -586,7 +627,7 @@ fn wait_gone(pid: u32) {
 fn wait_listening(state: &LabState) -> Result<()> {
     let mut namespaces: Vec<String> = plan::coredns_pods().map(Pod::netns).collect();
     namespaces.push(UPSTREAM_NS.to_owned());
-    if state.nodelocaldns {
+    if state.nodelocaldns.is_some() {
         namespaces.push(NODE_NS.to_owned());
     }
     for ns in namespaces {
@@ -621,7 +662,7 @@ fn switch_fault(fault: Fault, on: bool) -> Result<()> {
 
 /// Changes the real configuration a fault lives in.
 fn set_fault(state: &mut LabState, fault: Fault, on: bool) -> Result<()> {
-    if fault == Fault::NodelocaldnsLoop && !state.nodelocaldns {
+    if fault == Fault::NodelocaldnsLoop && state.nodelocaldns.is_none() {
         bail!("nodelocaldns-loop needs NodeLocalDNS: bring the lab up with `dnstrace lab up --nodelocaldns`");
     }
     if on {
@@ -832,7 +873,7 @@ fn status() -> Result<()> {
         println!(
             "options: ipv6={} nodelocaldns={} proxy-mode={}",
             state.ipv6,
-            state.nodelocaldns,
+            state.nodelocaldns.map_or("no", NodeLocal::name),
             state.proxy_mode.name()
         );
     }
@@ -860,11 +901,16 @@ fn print_summary(state: &LabState) {
         "  upstream resolver {} (unbound) in {UPSTREAM_NS}",
         plan::UPSTREAM4
     );
-    if state.nodelocaldns {
-        log::info!(target: "lab",
+    match state.nodelocaldns {
+        Some(NodeLocal::LinkLocal) => log::info!(target: "lab",
             "  NodeLocalDNS {} (unbound) on the node, cluster names to kube-dns over TCP",
             plan::NODELOCAL4
-        );
+        ),
+        Some(NodeLocal::Notrack) => log::info!(target: "lab",
+            "  NodeLocalDNS {} and {} (unbound, NOTRACK rules) on the node, cluster names to kube-dns-upstream {} over TCP",
+            plan::NODELOCAL4, plan::SERVICE4, plan::UPSTREAM_SERVICE4
+        ),
+        None => {}
     }
     let faults: Vec<String> = state.faults.iter().map(|f| f.name()).collect();
     if !faults.is_empty() {

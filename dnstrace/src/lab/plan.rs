@@ -2,6 +2,7 @@
 //! configuration derived from it is tested without root.
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 /// Every lab namespace name starts with this; `lab down` removes them all.
@@ -18,6 +19,9 @@ pub const POD_CIDR4: &str = "10.244.0.0/16";
 pub const POD_CIDR6: &str = "fd00:10:244::/56";
 pub const SERVICE4: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
 pub const SERVICE6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x96, 0, 0, 0, 0, 0xa);
+/// kube-dns-upstream, NodeLocalDNS's way to CoreDNS in its NOTRACK mode.
+pub const UPSTREAM_SERVICE4: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 11);
+pub const UPSTREAM_SERVICE6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x96, 0, 0, 0, 0, 0xb);
 pub const API_SERVICE4: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 1);
 /// The node's uplink and the "internet" resolver behind it (TEST-NET-2).
 pub const UPLINK: &str = "eth0";
@@ -38,6 +42,44 @@ pub const BIG_NAME: &str = "big.example.com";
 /// One whose answer outgrows the path MTU: asked with a 4,096-byte EDNS
 /// buffer, it comes over UDP as IP fragments.
 pub const HUGE_NAME: &str = "huge.example.com";
+
+/// Where NodeLocalDNS listens, as its manifests set it up.
+#[derive(clap::ValueEnum, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum NodeLocal {
+    /// On 169.254.20.10 alone; pods are pointed at it (the kubelet's
+    /// clusterDNS), and it asks kube-dns through kube-proxy's DNAT.
+    LinkLocal,
+    /// Also on kube-dns's own IP, whose queries raw-table NOTRACK rules keep
+    /// from the DNAT: pods ask kube-dns and get NodeLocalDNS. It reaches
+    /// CoreDNS through the kube-dns-upstream service.
+    Notrack,
+}
+
+impl NodeLocal {
+    /// The addresses it listens on.
+    pub fn listen(self) -> Vec<Ipv4Addr> {
+        match self {
+            Self::LinkLocal => vec![NODELOCAL4],
+            Self::Notrack => vec![NODELOCAL4, SERVICE4],
+        }
+    }
+
+    /// The service it sends cluster names to.
+    pub fn cluster_dns(self) -> Ipv4Addr {
+        match self {
+            Self::LinkLocal => SERVICE4,
+            Self::Notrack => UPSTREAM_SERVICE4,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::LinkLocal => "link-local",
+            Self::Notrack => "notrack",
+        }
+    }
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {

@@ -2,7 +2,7 @@
 //! NodeLocalDNS and as the "internet" resolver behind the node.
 use std::{net::IpAddr, path::PathBuf};
 
-use super::plan::{self, Pod, BIG_NAME, CLUSTER_DOMAIN, HUGE_NAME, LAB_DIR};
+use super::plan::{self, NodeLocal, Pod, BIG_NAME, CLUSTER_DOMAIN, HUGE_NAME, LAB_DIR};
 
 pub fn log_path(name: &str) -> PathBuf {
     PathBuf::from(LAB_DIR)
@@ -85,12 +85,16 @@ pub fn coredns_args(pod: &Pod, ipv6: bool) -> Vec<String> {
 }
 
 /// unbound as NodeLocalDNS on the node, as its Corefile has it: cluster
-/// names and reverse zones to the kube-dns service over TCP (`force_tcp`),
-/// the rest to the node's nameserver or, with the loop fault, to kube-dns
-/// too; answers cached 30 s at most.
-pub fn nodelocal_conf(looped: bool) -> String {
+/// names and reverse zones to the kube-dns service (kube-dns-upstream in
+/// the NOTRACK mode) over TCP (`force_tcp`), the rest to the node's
+/// nameserver or, with the loop fault, to that service too; answers cached
+/// 30 s at most.
+pub fn nodelocal_conf(mode: NodeLocal, looped: bool) -> String {
     let mut c = String::from("server:\n");
-    c += &format!("  interface: {}\n  do-ip6: no\n", plan::NODELOCAL4);
+    for ip in mode.listen() {
+        c += &format!("  interface: {ip}\n");
+    }
+    c += "  do-ip6: no\n";
     c += &unbound_daemon("nodelocaldns");
     c += "  cache-max-ttl: 30\n  cache-max-negative-ttl: 5\n";
     // Else unbound answers the private reverse zones (10.in-addr.arpa...) itself.
@@ -102,10 +106,10 @@ pub fn nodelocal_conf(looped: bool) -> String {
     }
     let cluster = format!("{CLUSTER_DOMAIN}.");
     for zone in [cluster.as_str(), "in-addr.arpa.", "ip6.arpa."] {
-        c += &forward_zone(zone, plan::SERVICE4.into(), true);
+        c += &forward_zone(zone, mode.cluster_dns().into(), true);
     }
     let rest = if looped {
-        plan::SERVICE4
+        mode.cluster_dns()
     } else {
         plan::UPSTREAM4
     };
@@ -230,7 +234,7 @@ mod tests {
             format!("forward-zone:\n  name: \"{name}\"\n  forward-addr: {to}\n  forward-tcp-upstream: {tcp}\n")
         };
         for looped in [false, true] {
-            let conf = nodelocal_conf(looped);
+            let conf = nodelocal_conf(NodeLocal::LinkLocal, looped);
             assert!(conf.contains("interface: 169.254.20.10\n"));
             for name in ["cluster.local.", "in-addr.arpa.", "ip6.arpa."] {
                 assert!(conf.contains(&zone(name, "10.96.0.10", "yes")), "{conf}");
@@ -245,6 +249,14 @@ mod tests {
             assert!(conf.ends_with(&zone(".", rest, "no")), "{conf}");
             assert_eq!(conf.matches("forward-zone:").count(), 4);
         }
+    }
+
+    #[test]
+    fn notrack_nodelocaldns_holds_kube_dns_and_asks_kube_dns_upstream() {
+        let conf = nodelocal_conf(NodeLocal::Notrack, false);
+        assert!(conf.contains("interface: 169.254.20.10\n  interface: 10.96.0.10\n"));
+        assert!(conf.contains("forward-addr: 10.96.0.11\n  forward-tcp-upstream: yes"));
+        assert!(!conf.contains("forward-addr: 10.96.0.10"), "{conf}");
     }
 
     /// The wire size of the answer to `name` TXT, from the zone, with EDNS.
