@@ -131,10 +131,9 @@ fn node_flows(proto: &str, dst: &str) -> Vec<String> {
 }
 
 /// Names every healthy lab answers (`lab traffic`'s default adds a
-/// nonexistent one).
-const ANSWERED: [&str; 6] = [
+/// nonexistent one), with kube-dns's full name in the cluster domain.
+const ANSWERED: [&str; 5] = [
     "kubernetes.default",
-    "kube-dns.kube-system.svc.cluster.local",
     "db.default",
     "www.example.com",
     "chain.example.com",
@@ -145,8 +144,14 @@ const ANSWERED: [&str; 6] = [
 /// watches: every lookup answered; the anomalies raised, shown for the
 /// report.
 fn healthy_traffic(lab: &Lab, args: &[&str]) -> Vec<String> {
+    healthy_traffic_in(lab, "cluster.local", args)
+}
+
+fn healthy_traffic_in(lab: &Lab, domain: &str, args: &[&str]) -> Vec<String> {
+    let kube_dns = format!("kube-dns.kube-system.svc.{domain}");
     let mut traffic = args.to_vec();
     traffic.extend(ANSWERED.iter().flat_map(|n| ["--name", n]));
+    traffic.extend(["--name", &kube_dns]);
     let mut outcomes = Vec::new();
     let lines = trace(lab, || outcomes = lab.traffic(&traffic));
     assert!(!outcomes.is_empty());
@@ -213,5 +218,65 @@ fn notrack_nodelocaldns_answers_kube_dns_queries_without_dnat() {
     );
     let out = lab.dig(WEB, &format!("@{SERVICE} www.example.com"));
     assert!(out.contains("198.51.100.80"), "{out}");
+    healthy_traffic(&lab, &["--rate", "20", "--duration", "2s"]);
+}
+
+fn resolv_conf(ns: &str) -> String {
+    std::fs::read_to_string(format!("/etc/netns/{ns}/resolv.conf")).unwrap()
+}
+
+#[test]
+fn another_cluster_domain_is_served_searched_and_cached_under_its_name() {
+    require_root();
+    let lab = Lab::up(&["--cluster-domain", "corp.internal", "--nodelocaldns"]);
+    assert!(
+        resolv_conf(WEB)
+            .contains("\nsearch default.svc.corp.internal svc.corp.internal corp.internal\n"),
+        "{}",
+        resolv_conf(WEB)
+    );
+    for server in [SERVICE, NODELOCAL] {
+        let out = lab.dig(
+            WEB,
+            &format!("@{server} kubernetes.default.svc.corp.internal"),
+        );
+        assert!(
+            dig_status(&out) == "NOERROR" && out.contains("10.96.0.1"),
+            "{out}"
+        );
+    }
+    let out = lab.dig(
+        WEB,
+        &format!("@{SERVICE} kubernetes.default.svc.cluster.local"),
+    );
+    assert_eq!(dig_status(&out), "NXDOMAIN", "{out}");
+    healthy_traffic_in(&lab, "corp.internal", &["--rate", "20", "--duration", "2s"]);
+}
+
+#[test]
+fn node_search_domains_end_the_pods_search_lists_as_the_kubelet_appends_them() {
+    require_root();
+    let lab = Lab::up(&[
+        "--node-search",
+        "ec2.internal",
+        "--node-search",
+        "corp.example",
+    ]);
+    let search = "search default.svc.cluster.local svc.cluster.local cluster.local ec2.internal corp.example\n";
+    assert!(resolv_conf(WEB).contains(search), "{}", resolv_conf(WEB));
+    for ns in [NODE.to_owned(), format!("dtlab-{COREDNS_A}")] {
+        assert!(
+            resolv_conf(&ns).ends_with("\nsearch ec2.internal corp.example\n"),
+            "{ns}: {}",
+            resolv_conf(&ns)
+        );
+    }
+    let outcomes = lab.traffic(&["--pod", "web", "--name", "www.example.com"]);
+    assert_eq!(outcomes[0]["ok"], true, "{outcomes:?}");
+    let upstream = lab.log("unbound");
+    assert!(
+        upstream.contains(" www.example.com.ec2.internal. A IN"),
+        "the node's domains are searched upstream"
+    );
     healthy_traffic(&lab, &["--rate", "20", "--duration", "2s"]);
 }

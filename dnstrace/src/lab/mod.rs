@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 pub use delay::delay_line;
 pub use faults::Fault;
 use kubeproxy::ProxyMode;
-use plan::{NodeLocal, Pod, Role, LAB_DIR, NODE_NS, UPSTREAM_NS};
+use plan::{Domain, NodeLocal, Pod, Role, LAB_DIR, NODE_NS, UPSTREAM_NS};
 
 #[derive(clap::Subcommand, Debug)]
 pub enum LabCommand {
@@ -52,6 +52,14 @@ pub enum LabCommand {
         /// table) or nftables (its `ip kube-proxy` table).
         #[arg(long, value_enum, default_value_t = ProxyMode::Iptables)]
         proxy_mode: ProxyMode,
+        /// The cluster's DNS domain (the kubelet's clusterDomain): CoreDNS's
+        /// records, the pods' search lists and NodeLocalDNS's zones follow it.
+        #[arg(long, default_value_t = Domain::cluster_default())]
+        cluster_domain: Domain,
+        /// A search domain of the node's resolv.conf (repeatable), which the
+        /// kubelet appends to pods' search lists, as on EKS (ec2.internal).
+        #[arg(long = "node-search")]
+        node_search: Vec<Domain>,
     },
     /// Remove every namespace, process, rule and file the lab made.
     Down,
@@ -100,6 +108,10 @@ pub struct LabState {
     pub runtime: runtime::Runtime,
     #[serde(default)]
     pub proxy_mode: ProxyMode,
+    #[serde(default = "Domain::cluster_default")]
+    pub cluster_domain: Domain,
+    #[serde(default)]
+    pub node_search: Vec<Domain>,
     /// Long-running processes by name.
     pub pids: BTreeMap<String, u32>,
 }
@@ -143,6 +155,8 @@ pub async fn run(cmd: LabCommand) -> Result<()> {
             ipv6,
             runtime,
             proxy_mode,
+            cluster_domain,
+            node_search,
         } => {
             let state = LabState {
                 ipv6,
@@ -151,6 +165,8 @@ pub async fn run(cmd: LabCommand) -> Result<()> {
                     .then_some(NodeLocal::LinkLocal)),
                 runtime,
                 proxy_mode,
+                cluster_domain,
+                node_search,
                 ..LabState::default()
             };
             up(faults, state)
@@ -396,9 +412,9 @@ fn write_resolv_confs(state: &LabState) -> Result<()> {
                 // The node's systemd-resolved stub, inherited: in the pod it is CoreDNS itself.
                 format!("nameserver {}\n", plan::RESOLVED_STUB)
             }
-            Role::CoreDns => format!("nameserver {}\n", nameserver_for(state, pod)),
+            Role::CoreDns => node_resolv_conf(state, nameserver_for(state, pod)),
             Role::Client => {
-                let mut search = pod.search_list();
+                let mut search = pod.search_list(&state.cluster_domain, &state.node_search);
                 if state.has(Fault::SearchLeak) {
                     search.push(plan::LEAK_DOMAIN.to_owned());
                 }
@@ -410,8 +426,18 @@ fn write_resolv_confs(state: &LabState) -> Result<()> {
     std::fs::create_dir_all(netns_etc(NODE_NS))?;
     sys::rewrite(
         &netns_etc(NODE_NS).join("resolv.conf"),
-        &format!("nameserver {}\n", node_nameserver(state)),
+        &node_resolv_conf(state, node_nameserver(state)),
     )
+}
+
+/// The node's resolv.conf, which dnsPolicy Default pods (CoreDNS) inherit.
+fn node_resolv_conf(state: &LabState, nameserver: IpAddr) -> String {
+    let mut text = format!("nameserver {nameserver}\n");
+    if !state.node_search.is_empty() {
+        let search: Vec<String> = state.node_search.iter().map(Domain::to_string).collect();
+        text += &format!("search {}\n", search.join(" "));
+    }
+    text
 }
 
 /// All iptables and nftables state of the lab, derived from options and faults.
@@ -568,13 +594,17 @@ fn start_unbound(state: &mut LabState, ns: &str, name: &str, conf: &str) -> Resu
 }
 
 fn start_coredns(state: &mut LabState, pod: &Pod) -> Result<()> {
-    let args = resolvers::coredns_args(pod, state.ipv6);
+    let args = resolvers::coredns_args(pod, state.ipv6, &state.cluster_domain);
     start_dnsmasq(state, &pod.netns(), pod.name, &args)
 }
 
 fn start_nodelocal(state: &mut LabState) -> Result<()> {
     let mode = state.nodelocaldns.unwrap_or(NodeLocal::LinkLocal);
-    let conf = resolvers::nodelocal_conf(mode, state.has(Fault::NodelocaldnsLoop));
+    let conf = resolvers::nodelocal_conf(
+        mode,
+        &state.cluster_domain,
+        state.has(Fault::NodelocaldnsLoop),
+    );
     start_unbound(state, NODE_NS, "nodelocaldns", &conf)
 }
 
@@ -871,10 +901,17 @@ fn status() -> Result<()> {
             }
         );
         println!(
-            "options: ipv6={} nodelocaldns={} proxy-mode={}",
+            "options: ipv6={} nodelocaldns={} proxy-mode={} cluster-domain={} node-search={}",
             state.ipv6,
             state.nodelocaldns.map_or("no", NodeLocal::name),
-            state.proxy_mode.name()
+            state.proxy_mode.name(),
+            state.cluster_domain,
+            state
+                .node_search
+                .iter()
+                .map(Domain::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
         );
     }
     Ok(())

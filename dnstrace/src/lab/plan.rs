@@ -1,6 +1,10 @@
 //! What the lab is made of: namespaces, pods, addresses. Plain data, so the
 //! configuration derived from it is tested without root.
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::{
+    fmt,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    str::FromStr,
+};
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -33,6 +37,7 @@ pub const UPSTREAM6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0x5100, 0, 0, 0, 0,
 pub const NODELOCAL4: Ipv4Addr = Ipv4Addr::new(169, 254, 20, 10);
 /// What a systemd-resolved node puts in resolv.conf.
 pub const RESOLVED_STUB: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 53);
+/// The kubelet's default `clusterDomain`.
 pub const CLUSTER_DOMAIN: &str = "cluster.local";
 /// The foreign search domain the `search-leak` fault adds.
 pub const LEAK_DOMAIN: &str = "corp.example.com";
@@ -78,6 +83,64 @@ impl NodeLocal {
             Self::LinkLocal => "link-local",
             Self::Notrack => "notrack",
         }
+    }
+}
+
+/// A DNS domain as the kubelet takes it (`clusterDomain`, a search
+/// domain): lower-case labels of letters, digits and hyphens, no final dot.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(try_from = "String", into = "String")]
+pub struct Domain(String);
+
+impl Domain {
+    pub fn cluster_default() -> Self {
+        Self(CLUSTER_DOMAIN.to_owned())
+    }
+}
+
+/// The cluster domain of a lab brought up without `--cluster-domain`.
+impl Default for Domain {
+    fn default() -> Self {
+        Self::cluster_default()
+    }
+}
+
+impl FromStr for Domain {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let name = s.strip_suffix('.').unwrap_or(s).to_ascii_lowercase();
+        let label_ok = |l: &str| {
+            (1..=63).contains(&l.len())
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        };
+        // Room under the 253-byte limit for the names searched in it.
+        if name.len() > 200 || !name.split('.').all(label_ok) {
+            return Err(format!("{s:?} is not a DNS domain (labels of letters, digits and hyphens, like cluster.local)"));
+        }
+        Ok(Self(name))
+    }
+}
+
+impl TryFrom<String> for Domain {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<Self, String> {
+        s.parse()
+    }
+}
+
+impl From<Domain> for String {
+    fn from(d: Domain) -> String {
+        d.0
+    }
+}
+
+impl fmt::Display for Domain {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
     }
 }
 
@@ -178,12 +241,20 @@ impl Pod {
         }
     }
 
-    pub fn search_list(&self) -> Vec<String> {
-        vec![
-            format!("{}.svc.{CLUSTER_DOMAIN}", self.namespace),
-            format!("svc.{CLUSTER_DOMAIN}"),
-            CLUSTER_DOMAIN.to_owned(),
-        ]
+    /// The kubelet's search list for a ClusterFirst pod: the cluster's,
+    /// then the node's own search domains (`node_search`) not already in it.
+    pub fn search_list(&self, cluster: &Domain, node_search: &[Domain]) -> Vec<String> {
+        let mut list = vec![
+            format!("{}.svc.{cluster}", self.namespace),
+            format!("svc.{cluster}"),
+            cluster.to_string(),
+        ];
+        for d in node_search.iter().map(Domain::to_string) {
+            if !list.contains(&d) {
+                list.push(d);
+            }
+        }
+        list
     }
 }
 
@@ -232,12 +303,34 @@ mod tests {
     #[test]
     fn search_list_is_the_kubelet_one() {
         assert_eq!(
-            PODS[1].search_list(),
+            PODS[1].search_list(&Domain::cluster_default(), &[]),
             vec![
                 "shop.svc.cluster.local",
                 "svc.cluster.local",
                 "cluster.local"
             ]
         );
+    }
+
+    #[test]
+    fn another_cluster_domain_and_node_search_domains_follow_the_kubelet() {
+        let domain: Domain = "Corp.Internal.".parse().unwrap();
+        assert_eq!(domain.to_string(), "corp.internal");
+        let node: Vec<Domain> = ["ec2.internal", "corp.internal"]
+            .iter()
+            .map(|d| d.parse().unwrap())
+            .collect();
+        assert_eq!(
+            PODS[0].search_list(&domain, &node),
+            vec![
+                "default.svc.corp.internal",
+                "svc.corp.internal",
+                "corp.internal",
+                "ec2.internal"
+            ]
+        );
+        for bad in ["", "a..b", "-a.b", "a_b.c", "x y"] {
+            assert!(bad.parse::<Domain>().is_err(), "{bad:?}");
+        }
     }
 }

@@ -16,7 +16,7 @@ use hickory_proto::{
 use serde::Serialize;
 
 use super::{
-    plan::{self, Pod},
+    plan::{self, Domain, Pod},
     Fault, LabState,
 };
 use crate::output::Format;
@@ -60,15 +60,21 @@ struct How {
     tcp: bool,
 }
 
-const DEFAULT_NAMES: &[&str] = &[
-    "kubernetes.default",
-    "kube-dns.kube-system.svc.cluster.local",
-    "db.default",
-    "www.example.com",
-    "chain.example.com",
-    "many.example.com",
-    "nosuchname.example.com",
-];
+/// A mix of cluster and external names, one fully qualified in `domain`.
+fn default_names(domain: &Domain) -> Vec<String> {
+    let fqdn = format!("kube-dns.kube-system.svc.{domain}");
+    [
+        "kubernetes.default",
+        &fqdn,
+        "db.default",
+        "www.example.com",
+        "chain.example.com",
+        "many.example.com",
+        "nosuchname.example.com",
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
 
 /// At most this many lookups in flight per pod (each may wait 10 s).
 const MAX_IN_FLIGHT: usize = 256;
@@ -104,7 +110,7 @@ pub fn run(args: TrafficArgs) -> Result<()> {
         );
     }
     let names: Vec<String> = if args.names.is_empty() {
-        DEFAULT_NAMES.iter().map(|s| (*s).to_owned()).collect()
+        default_names(&state.cluster_domain)
     } else {
         args.names.clone()
     };
