@@ -10,7 +10,13 @@ use dnstrace_tests::*;
 /// `dnstrace trace -o json` over the lab node while `work` runs: its JSON
 /// lines.
 fn trace(lab: &Lab, work: impl FnOnce()) -> Vec<Value> {
-    let trace = lab.trace_every_lookup(&["--timeout", "3s"]);
+    trace_with(lab, &[], work)
+}
+
+fn trace_with(lab: &Lab, extra: &[&str], work: impl FnOnce()) -> Vec<Value> {
+    let mut args = vec!["--timeout", "3s"];
+    args.extend_from_slice(extra);
+    let trace = lab.trace_every_lookup(&args);
     work();
     std::thread::sleep(std::time::Duration::from_millis(1500));
     let (status, out, stderr) = trace.stop(libc::SIGINT).unwrap();
@@ -278,5 +284,72 @@ fn node_search_domains_end_the_pods_search_lists_as_the_kubelet_appends_them() {
         upstream.contains(" www.example.com.ec2.internal. A IN"),
         "the node's domains are searched upstream"
     );
+    healthy_traffic(&lab, &["--rate", "20", "--duration", "2s"]);
+}
+
+const CONTAINERD: &str = "/run/dnstrace-lab/containerd";
+
+#[test]
+fn a_host_network_client_asks_cluster_dns_from_the_nodes_namespace() {
+    require_root();
+    let lab = Lab::up(&["--host-network-client"]);
+    let resolv = std::fs::read_to_string("/run/dnstrace-lab/fluent-bit-5lq8z.resolv.conf").unwrap();
+    assert!(
+        resolv.starts_with("nameserver 10.96.0.10\nsearch logging.svc.cluster.local svc.cluster.local cluster.local\n"),
+        "ClusterFirstWithHostNet: {resolv}"
+    );
+    let out = dnstrace(&[
+        "pods",
+        "-o",
+        "json",
+        "--node-netns",
+        NODE_NETNS,
+        "--containerd-root",
+        CONTAINERD,
+    ]);
+    let rows = json_lines(&String::from_utf8_lossy(&out.stdout));
+    let row = rows
+        .iter()
+        .find(|r| r["name"] == "fluent-bit-5lq8z")
+        .unwrap_or_else(|| panic!("{rows:#?}"));
+    assert_eq!(row["namespace"], "logging");
+    assert_eq!(
+        row["resolv"]["nameservers"],
+        serde_json::json!(["10.96.0.10"]),
+        "{row:#}"
+    );
+    let node = std::fs::metadata(NODE_NETNS).unwrap();
+    assert_eq!(
+        row["net"]["netns_inode"].as_u64(),
+        Some(std::os::unix::fs::MetadataExt::ino(&node)),
+        "{row:#}"
+    );
+    let pod = [
+        "--containerd-root",
+        CONTAINERD,
+        "--pod",
+        "logging/fluent-bit",
+    ];
+    let mut outcomes = Vec::new();
+    let lines = trace_with(&lab, &pod, || {
+        outcomes = lab.traffic(&["--pod", "fluent-bit", "--name", "kubernetes.default"]);
+    });
+    assert_eq!(outcomes.len(), 1);
+    assert_eq!(outcomes[0]["ok"], true, "{outcomes:?}");
+    assert_eq!(
+        outcomes[0]["last_name"],
+        "kubernetes.default.svc.cluster.local."
+    );
+    assert!(
+        lines.iter().any(|j| j["type"] == "journey" && j["name"] == "kubernetes.default.svc.cluster.local."),
+        "{lines:#?}"
+    );
+    let kinds = anomaly_kinds(&lines);
+    let summary = lines.iter().find(|l| l["type"] == "summary").unwrap();
+    eprintln!(
+        "anomalies for the hostNetwork client: {kinds:?}\n{:#}",
+        summary["anomalies"]
+    );
+    // And the whole node, with every client at once.
     healthy_traffic(&lab, &["--rate", "20", "--duration", "2s"]);
 }

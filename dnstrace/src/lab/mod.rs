@@ -60,6 +60,10 @@ pub enum LabCommand {
         /// kubelet appends to pods' search lists, as on EKS (ec2.internal).
         #[arg(long = "node-search")]
         node_search: Vec<Domain>,
+        /// Add a hostNetwork client pod (logging/fluent-bit-5lq8z): the
+        /// node's namespace, resolv.conf as dnsPolicy ClusterFirstWithHostNet.
+        #[arg(long)]
+        host_network_client: bool,
     },
     /// Remove every namespace, process, rule and file the lab made.
     Down,
@@ -112,6 +116,8 @@ pub struct LabState {
     pub cluster_domain: Domain,
     #[serde(default)]
     pub node_search: Vec<Domain>,
+    #[serde(default)]
+    pub host_client: bool,
     /// Long-running processes by name.
     pub pids: BTreeMap<String, u32>,
 }
@@ -157,6 +163,7 @@ pub async fn run(cmd: LabCommand) -> Result<()> {
             proxy_mode,
             cluster_domain,
             node_search,
+            host_network_client,
         } => {
             let state = LabState {
                 ipv6,
@@ -167,6 +174,7 @@ pub async fn run(cmd: LabCommand) -> Result<()> {
                 proxy_mode,
                 cluster_domain,
                 node_search,
+                host_client: host_network_client,
                 ..LabState::default()
             };
             up(faults, state)
@@ -225,8 +233,12 @@ fn build(state: &mut LabState) -> Result<()> {
         add_netns(ns, state.ipv6)?;
     }
     build_node(state)?;
-    for pod in &plan::PODS {
-        add_pod(state, pod)?;
+    for pod in plan::pods(state.host_client) {
+        if pod.role == Role::HostClient {
+            add_host_pod(state, pod)?;
+        } else {
+            add_pod(state, pod)?;
+        }
     }
     write_resolv_confs(state)?;
     apply_rules(state)?;
@@ -370,9 +382,24 @@ fn add_pod(state: &mut LabState, pod: &Pod) -> Result<()> {
         sys::ip(&ns, &format!("-6 route add default via {}", plan::POD_GW6))?;
     }
     std::fs::create_dir_all(netns_etc(&ns))?;
-    sys::rewrite(&netns_etc(&ns).join("resolv.conf"), "")?;
+    sys::rewrite(&pod.resolv_conf(), "")?;
     // The sandbox's pause process: what makes the namespace a pod to the node.
     let pid = sys::spawn_detached(&ns, "sleep", &["infinity"])?;
+    register_sandbox(state, pod, pid)
+}
+
+/// A hostNetwork pod: no namespace of its own, and a pause process that
+/// sees the pod's resolv.conf, as the runtime's bind mount has it.
+fn add_host_pod(state: &mut LabState, pod: &Pod) -> Result<()> {
+    let resolv = pod.resolv_conf();
+    sys::rewrite(&resolv, "")?;
+    let pause = sys::with_resolv_conf(NODE_NS, &resolv, "sleep");
+    let pid = sys::spawn_detached_cmd(pause, &["infinity"])?;
+    register_sandbox(state, pod, pid)
+}
+
+/// Leaves the runtime's state of `pod`, whose sandbox process is `pid`.
+fn register_sandbox(state: &mut LabState, pod: &Pod, pid: u32) -> Result<()> {
     state.pids.insert(format!("pause/{}", pod.full_name()), pid);
     match state.runtime {
         runtime::Runtime::Containerd => runtime::write_sandbox(pod, pid),
@@ -392,8 +419,11 @@ fn nameserver_for(state: &LabState, pod: &Pod) -> IpAddr {
         Role::Client if state.has(Fault::LoopbackNameserver) && pod.name == plan::PODS[0].name => {
             plan::RESOLVED_STUB.into()
         }
-        Role::Client if state.nodelocaldns == Some(NodeLocal::LinkLocal) => plan::NODELOCAL4.into(),
-        Role::Client => plan::SERVICE4.into(),
+        // ClusterFirstWithHostNet gives a hostNetwork pod the same.
+        Role::Client | Role::HostClient if state.nodelocaldns == Some(NodeLocal::LinkLocal) => {
+            plan::NODELOCAL4.into()
+        }
+        Role::Client | Role::HostClient => plan::SERVICE4.into(),
     }
 }
 
@@ -406,14 +436,14 @@ fn node_nameserver(state: &LabState) -> IpAddr {
 }
 
 fn write_resolv_confs(state: &LabState) -> Result<()> {
-    for pod in &plan::PODS {
+    for pod in plan::pods(state.host_client) {
         let text = match pod.role {
             Role::CoreDns if state.has(Fault::ForwardLoop) && pod.name == plan::PODS[2].name => {
                 // The node's systemd-resolved stub, inherited: in the pod it is CoreDNS itself.
                 format!("nameserver {}\n", plan::RESOLVED_STUB)
             }
             Role::CoreDns => node_resolv_conf(state, nameserver_for(state, pod)),
-            Role::Client => {
+            Role::Client | Role::HostClient => {
                 let mut search = pod.search_list(&state.cluster_domain, &state.node_search);
                 if state.has(Fault::SearchLeak) {
                     search.push(plan::LEAK_DOMAIN.to_owned());
@@ -421,7 +451,7 @@ fn write_resolv_confs(state: &LabState) -> Result<()> {
                 resolvers::pod_resolv_conf(nameserver_for(state, pod), &search)
             }
         };
-        sys::rewrite(&netns_etc(&pod.netns()).join("resolv.conf"), &text)?;
+        sys::rewrite(&pod.resolv_conf(), &text)?;
     }
     std::fs::create_dir_all(netns_etc(NODE_NS))?;
     sys::rewrite(
@@ -901,7 +931,7 @@ fn status() -> Result<()> {
             }
         );
         println!(
-            "options: ipv6={} nodelocaldns={} proxy-mode={} cluster-domain={} node-search={}",
+            "options: ipv6={} nodelocaldns={} proxy-mode={} cluster-domain={} node-search={} host-network-client={}",
             state.ipv6,
             state.nodelocaldns.map_or("no", NodeLocal::name),
             state.proxy_mode.name(),
@@ -911,7 +941,8 @@ fn status() -> Result<()> {
                 .iter()
                 .map(Domain::to_string)
                 .collect::<Vec<_>>()
-                .join(",")
+                .join(","),
+            state.host_client
         );
     }
     Ok(())
@@ -925,13 +956,17 @@ fn print_summary(state: &LabState) {
         plan::SERVICE4,
         state.proxy_mode.name()
     );
-    for pod in &plan::PODS {
+    for pod in plan::pods(state.host_client) {
         log::info!(target: "lab",
             "  {:<40} {:<12} netns {:<36} veth {}",
             pod.full_name(),
             pod.ip4.to_string(),
             pod.netns(),
-            pod.host_veth()
+            if pod.role == Role::HostClient {
+                "none (hostNetwork)".to_owned()
+            } else {
+                pod.host_veth()
+            }
         );
     }
     log::info!(target: "lab",

@@ -3,6 +3,7 @@
 use std::{
     fmt,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    path::{Path, PathBuf},
     str::FromStr,
 };
 
@@ -148,6 +149,9 @@ impl fmt::Display for Domain {
 pub enum Role {
     Client,
     CoreDns,
+    /// A client with `hostNetwork: true`: the node's namespace, and its own
+    /// resolv.conf (dnsPolicy ClusterFirstWithHostNet).
+    HostClient,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -194,12 +198,27 @@ pub const PODS: [Pod; 4] = [
     },
 ];
 
+/// The hostNetwork client of `lab up --host-network-client`: a log shipper
+/// that looks up cluster names from the node's own network.
+pub const HOST_CLIENT: Pod = Pod {
+    namespace: "logging",
+    name: "fluent-bit-5lq8z",
+    ip4: NODE_UPLINK4,
+    ip6: NODE_UPLINK6,
+    role: Role::HostClient,
+};
+
+/// Every pod of the lab: PODS, and the hostNetwork client if it has one.
+pub fn pods(host_client: bool) -> impl Iterator<Item = &'static Pod> {
+    PODS.iter().chain(host_client.then_some(&HOST_CLIENT))
+}
+
 pub fn coredns_pods() -> impl Iterator<Item = &'static Pod> {
     PODS.iter().filter(|p| p.role == Role::CoreDns)
 }
 
-pub fn client_pods() -> impl Iterator<Item = &'static Pod> {
-    PODS.iter().filter(|p| p.role == Role::Client)
+pub fn client_pods(host_client: bool) -> impl Iterator<Item = &'static Pod> {
+    pods(host_client).filter(|p| p.role != Role::CoreDns)
 }
 
 impl Pod {
@@ -208,7 +227,21 @@ impl Pod {
     }
 
     pub fn netns(&self) -> String {
-        format!("{NS_PREFIX}{}", self.name)
+        match self.role {
+            Role::HostClient => NODE_NS.to_owned(),
+            _ => format!("{NS_PREFIX}{}", self.name),
+        }
+    }
+
+    /// The file the pod sees as /etc/resolv.conf: what `ip netns exec`
+    /// mounts for its namespace, or, sharing the node's, a file of its own.
+    pub fn resolv_conf(&self) -> PathBuf {
+        match self.role {
+            Role::HostClient => Path::new(LAB_DIR).join(format!("{}.resolv.conf", self.name)),
+            _ => Path::new("/etc/netns")
+                .join(self.netns())
+                .join("resolv.conf"),
+        }
     }
 
     /// The node-side veth, named like the bridge CNI plugin's `vethXXXXXXXX`.
@@ -263,8 +296,7 @@ pub fn find_pod(query: &str) -> Option<&'static Pod> {
     let (namespace, name) = query
         .split_once('/')
         .map_or((None, query), |(ns, n)| (Some(ns), n));
-    PODS.iter()
-        .find(|p| namespace.is_none_or(|ns| ns == p.namespace) && p.name.starts_with(name))
+    pods(true).find(|p| namespace.is_none_or(|ns| ns == p.namespace) && p.name.starts_with(name))
 }
 
 fn hex_digest(s: &str) -> String {

@@ -16,7 +16,7 @@ use hickory_proto::{
 use serde::Serialize;
 
 use super::{
-    plan::{self, Domain, Pod},
+    plan::{self, Domain, Pod, Role},
     Fault, LabState,
 };
 use crate::output::Format;
@@ -96,13 +96,16 @@ pub struct Outcome {
 pub fn run(args: TrafficArgs) -> Result<()> {
     let state = LabState::load()?;
     let pods: Vec<&'static Pod> = if args.pods.is_empty() {
-        plan::client_pods().collect()
+        plan::client_pods(state.host_client).collect()
     } else {
         args.pods
             .iter()
             .map(|p| plan::find_pod(p).with_context(|| format!("no lab pod named {p:?}")))
             .collect::<Result<_>>()?
     };
+    if !state.host_client && pods.iter().any(|p| p.role == Role::HostClient) {
+        bail!("the lab has no hostNetwork client: bring it up with `dnstrace lab up --host-network-client`");
+    }
     if !(args.rate > 0.0 && args.rate <= 10_000.0) {
         bail!(
             "--rate {}: use a number of lookups per second between 0 and 10000",
@@ -302,8 +305,7 @@ enum Pair {
 
 fn stub_lookup(pod: &Pod, name: &str, how: How) -> Outcome {
     let start = Instant::now();
-    let rc_text = std::fs::read_to_string(format!("/etc/netns/{}/resolv.conf", pod.netns()))
-        .unwrap_or_default();
+    let rc_text = std::fs::read_to_string(pod.resolv_conf()).unwrap_or_default();
     let rc = parse_resolv_conf(&rc_text);
     let mut outcome = Outcome {
         pod: pod.full_name(),
@@ -550,8 +552,14 @@ fn random_id() -> u16 {
 /// dig in the pod, with the pod's resolv.conf (search list included).
 fn dig_lookup(pod: &Pod, name: &str, tcp: bool) -> Outcome {
     let start = Instant::now();
-    let out = std::process::Command::new("ip")
-        .args(["netns", "exec", &pod.netns(), "dig"])
+    let mut dig = if pod.role == Role::HostClient {
+        super::sys::with_resolv_conf(&pod.netns(), &pod.resolv_conf(), "dig")
+    } else {
+        let mut cmd = std::process::Command::new("ip");
+        cmd.args(["netns", "exec", &pod.netns(), "dig"]);
+        cmd
+    };
+    let out = dig
         .args(tcp.then_some("+tcp"))
         .args(["+search", "+tries=2", "+time=5", name, "A"])
         .output();
