@@ -353,3 +353,49 @@ fn a_host_network_client_asks_cluster_dns_from_the_nodes_namespace() {
     // And the whole node, with every client at once.
     healthy_traffic(&lab, &["--rate", "20", "--duration", "2s"]);
 }
+
+#[test]
+fn glibc_and_musl_clients_are_answered_in_a_healthy_lab() {
+    require_root();
+    let lab = Lab::up(&[]);
+    for client in [
+        &["--client", "glibc"][..],
+        &["--client", "glibc", "--single-request-reopen"],
+        &["--client", "musl"],
+    ] {
+        let mut args = client.to_vec();
+        args.extend(["--rate", "20", "--duration", "2s"]);
+        healthy_traffic(&lab, &args);
+    }
+}
+
+/// How long a lookup of `name` from web took, and how many queries it sent.
+fn stall(lab: &Lab, client: &[&str], name: &str) -> (f64, u64) {
+    let mut args = client.to_vec();
+    args.extend(["--pod", "web", "--name", name]);
+    let outcomes = lab.traffic(&args);
+    assert_eq!(outcomes[0]["ok"], false, "{outcomes:?}");
+    (
+        outcomes[0]["elapsed_ms"].as_f64().unwrap(),
+        outcomes[0]["queries"].as_u64().unwrap(),
+    )
+}
+
+/// The stall signatures when the upstream never answers: glibc waits 5 s,
+/// sends the same pair again and gives up at 10 s; musl sends again at
+/// 2.5 s and gives up at 5 s. Each first walks the three cluster suffixes
+/// (ndots:5), answered NXDOMAIN at once: 6 queries, then 4 to the end.
+#[test]
+fn glibc_and_musl_clients_stall_each_their_own_way() {
+    require_root();
+    let lab = Lab::up(&["--fault", "upstream-timeout"]);
+    let (glibc_ms, glibc_queries) = stall(&lab, &["--client", "glibc"], &fresh("glibc"));
+    let (musl_ms, musl_queries) = stall(&lab, &["--client", "musl"], &fresh("musl"));
+    eprintln!("glibc {glibc_ms:.0} ms {glibc_queries} queries, musl {musl_ms:.0} ms {musl_queries} queries");
+    assert!(
+        (9_900.0..11_000.0).contains(&glibc_ms),
+        "glibc {glibc_ms} ms"
+    );
+    assert!((4_900.0..5_600.0).contains(&musl_ms), "musl {musl_ms} ms");
+    assert_eq!((glibc_queries, musl_queries), (10, 10));
+}

@@ -3,8 +3,10 @@
 //! switchable faults. It touches nothing outside its namespaces, its
 //! /etc/netns entries and its directory under /run.
 mod delay;
+mod dnswire;
 mod faults;
 mod kubeproxy;
+mod libc_clients;
 mod loopprobe;
 mod nodelocal;
 mod plan;
