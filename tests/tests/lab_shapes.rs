@@ -82,9 +82,11 @@ fn coredns_probes_itself_for_loops_at_start_and_on_reload() {
         assert_eq!(j["outcome"]["status"], "answered", "{j:#}");
         assert_eq!(j["outcome"]["rcode"], "NXDOMAIN", "{j:#}");
     }
+    let summary = lines.iter().find(|l| l["type"] == "summary").unwrap();
     eprintln!(
-        "anomalies raised around the probes: {:?}",
-        anomaly_kinds(&lines)
+        "anomalies raised around the probes: {:?}\n{:#}",
+        anomaly_kinds(&lines),
+        summary["anomalies"]
     );
 }
 
@@ -398,4 +400,35 @@ fn glibc_and_musl_clients_stall_each_their_own_way() {
     );
     assert!((4_900.0..5_600.0).contains(&musl_ms), "musl {musl_ms} ms");
     assert_eq!((glibc_queries, musl_queries), (10, 10));
+}
+
+/// NOTRACK NodeLocalDNS behind kube-proxy's nftables mode, with the
+/// hostNetwork client too: its queries to kube-dns's IP skip conntrack on
+/// the way out (raw OUTPUT) and are answered on the node.
+#[test]
+fn notrack_nodelocaldns_in_nftables_mode_answers_pods_and_the_host_network_client() {
+    require_root();
+    let lab = Lab::up(&[
+        "--nodelocaldns=notrack",
+        "--proxy-mode=nftables",
+        "--host-network-client",
+    ]);
+    let table = in_node("nft", &["list", "table", "ip", "kube-proxy"]);
+    assert!(
+        table.contains("10.96.0.11 . udp . 53 : goto service-"),
+        "{table}"
+    );
+    in_node("conntrack", &["-F"]);
+    let outcomes = lab.traffic(&["--pod", "fluent-bit", "--name", "kubernetes.default"]);
+    assert_eq!(outcomes[0]["ok"], true, "{outcomes:?}");
+    assert_eq!(
+        node_flows("udp", SERVICE),
+        Vec::<String>::new(),
+        "untracked"
+    );
+    assert!(
+        !node_flows("tcp", "10.96.0.11").is_empty(),
+        "NodeLocalDNS asked kube-dns-upstream"
+    );
+    healthy_traffic(&lab, &["--rate", "20", "--duration", "2s"]);
 }

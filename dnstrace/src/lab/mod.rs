@@ -217,7 +217,10 @@ fn up(faults: Vec<Fault>, mut state: LabState) -> Result<()> {
         log::info!(target: "lab", "cleaning up what an earlier lab left behind");
         down(false)?;
     }
-    if let Err(e) = build(&mut state) {
+    let looped = faults
+        .iter()
+        .any(|f| matches!(f, Fault::ForwardLoop | Fault::NodelocaldnsLoop));
+    if let Err(e) = build(&mut state, !looped) {
         let _ = down(false);
         return Err(e.context("building the lab failed; everything it made was removed"));
     }
@@ -229,7 +232,8 @@ fn up(faults: Vec<Fault>, mut state: LabState) -> Result<()> {
     Ok(())
 }
 
-fn build(state: &mut LabState) -> Result<()> {
+/// `forward_retries`: CoreDNS's own retries upstream (see `start_coredns`).
+fn build(state: &mut LabState, forward_retries: bool) -> Result<()> {
     std::fs::create_dir_all(Path::new(LAB_DIR).join("logs"))?;
     for ns in [NODE_NS, UPSTREAM_NS] {
         add_netns(ns, state.ipv6)?;
@@ -246,7 +250,7 @@ fn build(state: &mut LabState) -> Result<()> {
     apply_rules(state)?;
     start_upstream(state)?;
     for pod in plan::coredns_pods() {
-        start_coredns(state, pod)?;
+        start_coredns(state, pod, forward_retries)?;
     }
     if state.nodelocaldns.is_some() {
         start_nodelocal(state)?;
@@ -625,8 +629,14 @@ fn start_unbound(state: &mut LabState, ns: &str, name: &str, conf: &str) -> Resu
     Ok(())
 }
 
-fn start_coredns(state: &mut LabState, pod: &Pod) -> Result<()> {
-    let args = resolvers::coredns_args(pod, state.ipv6, &state.cluster_domain);
+/// Without `forward_retries` dnsmasq leaves retries to its clients: a lab
+/// that starts with a loop fault would have each looping query multiplied
+/// every 2 s, a storm no real CoreDNS meets (its loop plugin stops it).
+fn start_coredns(state: &mut LabState, pod: &Pod, forward_retries: bool) -> Result<()> {
+    let mut args = resolvers::coredns_args(pod, state.ipv6, &state.cluster_domain);
+    if !forward_retries {
+        args.retain(|a| a != resolvers::FORWARD_TRIES);
+    }
     start_dnsmasq(state, &pod.netns(), pod.name, &args)
 }
 

@@ -39,7 +39,7 @@ fn cluster_records(ipv6: bool, domain: &Domain) -> Vec<String> {
 }
 
 /// dnsmasq's own retries of a query upstream: first after 2 s, none after 5 s.
-const FORWARD_TRIES: &str = "--fast-dns-retry=2000,5000";
+pub const FORWARD_TRIES: &str = "--fast-dns-retry=2000,5000";
 
 /// dnsmasq as CoreDNS: authoritative for the cluster domain and the pod PTRs,
 /// everything else forwarded to the servers of its own /etc/resolv.conf
