@@ -8,6 +8,16 @@ use sha2::{Digest, Sha256};
 
 /// The service as kube-proxy names it.
 const SERVICE: &str = "kube-system/kube-dns";
+/// NodeLocalDNS's way to CoreDNS when it holds kube-dns's address itself
+/// (its manifest's `-upstreamsvc`): the same endpoints under another IP.
+pub const UPSTREAM_SERVICE: &str = "kube-system/kube-dns-upstream";
+
+/// A service of the CoreDNS endpoints, as kube-proxy names it.
+#[derive(Clone, Copy)]
+pub struct Service {
+    pub name: &'static str,
+    pub ip: IpAddr,
+}
 
 /// Which of kube-proxy's proxiers writes the service rules.
 #[derive(clap::ValueEnum, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -64,18 +74,29 @@ fn nft_chain_base(name: &str) -> String {
     format!("{}-{name}", &chain_hash(name)[..8])
 }
 
-pub fn svc_chain(port: &str, proto: &str) -> String {
+fn svc_chain_of(service: &str, port: &str, proto: &str) -> String {
     format!(
         "KUBE-SVC-{}",
-        chain_hash(&format!("{SERVICE}:{port}{proto}"))
+        chain_hash(&format!("{service}:{port}{proto}"))
     )
 }
 
-fn sep_chain(port: &str, proto: &str, endpoint: &str) -> String {
+fn sep_chain(service: &str, port: &str, proto: &str, endpoint: &str) -> String {
     format!(
         "KUBE-SEP-{}",
-        chain_hash(&format!("{SERVICE}:{port}{proto}{endpoint}"))
+        chain_hash(&format!("{service}:{port}{proto}{endpoint}"))
     )
+}
+
+/// kube-dns, then `more` services of the same endpoints.
+fn services(cfg: &NatConfig, more: &[Service]) -> Vec<Service> {
+    let kube_dns = Service {
+        name: SERVICE,
+        ip: cfg.service,
+    };
+    std::iter::once(kube_dns)
+        .chain(more.iter().copied())
+        .collect()
 }
 
 fn host(ip: IpAddr) -> String {
@@ -92,8 +113,9 @@ fn endpoint(ip: IpAddr, port: u16) -> String {
     }
 }
 
-/// The whole nat table, for `iptables-restore` (which replaces the table).
-pub fn nat_table(cfg: &NatConfig) -> String {
+/// The whole nat table, for `iptables-restore` (which replaces the table),
+/// with `more` services of the CoreDNS endpoints beside kube-dns.
+pub fn nat_table_with(cfg: &NatConfig, more: &[Service]) -> String {
     let mut chains = vec!["CNI-MASQ".to_owned()];
     let mut rules = vec![
         format!(
@@ -104,7 +126,7 @@ pub fn nat_table(cfg: &NatConfig) -> String {
         "-A CNI-MASQ -j MASQUERADE".into(),
     ];
     if cfg.proxy == ProxyMode::Iptables {
-        kube_proxy_nat(cfg, &mut chains, &mut rules);
+        kube_proxy_nat(cfg, &services(cfg, more), &mut chains, &mut rules);
     }
     let mut out = String::from("*nat\n");
     for c in chains {
@@ -119,7 +141,12 @@ pub fn nat_table(cfg: &NatConfig) -> String {
 }
 
 /// kube-proxy's iptables proxier's chains and rules in the nat table.
-fn kube_proxy_nat(cfg: &NatConfig, chains: &mut Vec<String>, rules: &mut Vec<String>) {
+fn kube_proxy_nat(
+    cfg: &NatConfig,
+    services: &[Service],
+    chains: &mut Vec<String>,
+    rules: &mut Vec<String>,
+) {
     chains.splice(
         0..0,
         ["KUBE-SERVICES", "KUBE-POSTROUTING", "KUBE-MARK-MASQ"].map(String::from),
@@ -135,45 +162,59 @@ fn kube_proxy_nat(cfg: &NatConfig, chains: &mut Vec<String>, rules: &mut Vec<Str
         "-A KUBE-POSTROUTING -j MARK --set-xmark 0x4000/0x0".into(),
         "-A KUBE-POSTROUTING -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE --random-fully".into(),
     ]);
-    let svc_ip = host(cfg.service);
-    for (port, proto) in dns_ports(cfg) {
-        let svc = svc_chain(port, proto);
-        let comment = format!("{SERVICE}:{port}");
-        chains.push(svc.clone());
-        if cfg.service_jumps {
-            rules.push(format!(
+    for service in services {
+        for (port, proto) in dns_ports(cfg) {
+            service_port_nat(cfg, service, port, proto, chains, rules);
+        }
+    }
+}
+
+/// One port of one service: its KUBE-SVC chain, jump and endpoint chains.
+fn service_port_nat(
+    cfg: &NatConfig,
+    service: &Service,
+    port: &str,
+    proto: &str,
+    chains: &mut Vec<String>,
+    rules: &mut Vec<String>,
+) {
+    let svc_ip = host(service.ip);
+    let svc = svc_chain_of(service.name, port, proto);
+    let comment = format!("{}:{port}", service.name);
+    chains.push(svc.clone());
+    if cfg.service_jumps {
+        rules.push(format!(
                 "-A KUBE-SERVICES -d {svc_ip} -p {proto} -m comment --comment \"{comment} cluster IP\" -m {proto} --dport 53 -j {svc}"
             ));
-        }
-        rules.push(format!(
+    }
+    rules.push(format!(
             "-A {svc} ! -s {} -d {svc_ip} -p {proto} -m comment --comment \"{comment} cluster IP\" -m {proto} --dport 53 -j KUBE-MARK-MASQ",
             cfg.pod_cidr
         ));
-        let n = cfg.endpoints.len();
-        for (i, &ep) in cfg.endpoints.iter().enumerate() {
-            let ep_str = endpoint(ep, 53);
-            let sep = sep_chain(port, proto, &ep_str);
-            chains.push(sep.clone());
-            // Endpoint i of n takes 1/(n-i) of what the earlier ones left.
-            let pick = if i + 1 < n {
-                format!(
-                    " -m statistic --mode random --probability {:.11}",
-                    1.0 / (n - i) as f64
-                )
-            } else {
-                String::new()
-            };
-            rules.push(format!(
-                "-A {svc} -m comment --comment \"{comment} -> {ep_str}\"{pick} -j {sep}"
-            ));
-            rules.push(format!(
-                "-A {sep} -s {} -m comment --comment \"{comment}\" -j KUBE-MARK-MASQ",
-                host(ep)
-            ));
-            rules.push(format!(
+    let n = cfg.endpoints.len();
+    for (i, &ep) in cfg.endpoints.iter().enumerate() {
+        let ep_str = endpoint(ep, 53);
+        let sep = sep_chain(service.name, port, proto, &ep_str);
+        chains.push(sep.clone());
+        // Endpoint i of n takes 1/(n-i) of what the earlier ones left.
+        let pick = if i + 1 < n {
+            format!(
+                " -m statistic --mode random --probability {:.11}",
+                1.0 / (n - i) as f64
+            )
+        } else {
+            String::new()
+        };
+        rules.push(format!(
+            "-A {svc} -m comment --comment \"{comment} -> {ep_str}\"{pick} -j {sep}"
+        ));
+        rules.push(format!(
+            "-A {sep} -s {} -m comment --comment \"{comment}\" -j KUBE-MARK-MASQ",
+            host(ep)
+        ));
+        rules.push(format!(
                 "-A {sep} -p {proto} -m comment --comment \"{comment}\" -m {proto} -j DNAT --to-destination {ep_str}"
             ));
-        }
     }
 }
 
@@ -181,7 +222,8 @@ fn kube_proxy_nat(cfg: &NatConfig, chains: &mut Vec<String>, rules: &mut Vec<Str
 /// writes it for kube-dns, for `nft -f` (which it replaces whole). Without
 /// `service_jumps` (the `no-dnat` fault) the service chains lose the rule
 /// that picks an endpoint: packets pass the service-ips map untranslated.
-pub fn nft_table(cfg: &NatConfig) -> String {
+/// `more` services of the CoreDNS endpoints come beside kube-dns.
+pub fn nft_table_with(cfg: &NatConfig, more: &[Service]) -> String {
     let (family, ip, addr_type) = match cfg.service {
         IpAddr::V4(_) => ("ip", "ip", "ipv4_addr"),
         IpAddr::V6(_) => ("ip6", "ip6", "ipv6_addr"),
@@ -216,10 +258,14 @@ pub fn nft_table(cfg: &NatConfig) -> String {
     ] {
         out += &format!("add rule {t} {rule}\n");
     }
-    for (port, proto) in dns_ports(cfg) {
-        out += &nft_service_port(cfg, &t, ip, port, proto);
+    let services = services(cfg, more);
+    for service in &services {
+        for (port, proto) in dns_ports(cfg) {
+            out += &nft_service_port(cfg, service, &t, ip, port, proto);
+        }
     }
-    out += &format!("add element {t} cluster-ips {{ {} }}\n", cfg.service);
+    let ips: Vec<String> = services.iter().map(|s| s.ip.to_string()).collect();
+    out += &format!("add element {t} cluster-ips {{ {} }}\n", ips.join(", "));
     out
 }
 
@@ -231,13 +277,20 @@ fn dns_ports<'a>(cfg: &'a NatConfig) -> impl Iterator<Item = (&'static str, &'st
 }
 
 /// One port's service chain, endpoint chains and service-ips element.
-fn nft_service_port(cfg: &NatConfig, t: &str, ip: &str, port: &str, proto: &str) -> String {
-    let base = format!("{SERVICE}/{proto}/{port}");
+fn nft_service_port(
+    cfg: &NatConfig,
+    service: &Service,
+    t: &str,
+    ip: &str,
+    port: &str,
+    proto: &str,
+) -> String {
+    let base = format!("{}/{proto}/{port}", service.name);
     let svc = format!("service-{}", nft_chain_base(&base));
     let mut out = format!("add chain {t} {svc}\n");
     out += &format!(
         "add rule {t} {svc} {ip} daddr {} {ip} saddr != {} jump mark-for-masquerade\n",
-        cfg.service, cfg.pod_cidr
+        service.ip, cfg.pod_cidr
     );
     let mut picks = Vec::new();
     for (i, &ep) in cfg.endpoints.iter().enumerate() {
@@ -264,7 +317,7 @@ fn nft_service_port(cfg: &NatConfig, t: &str, ip: &str, port: &str, proto: &str)
     }
     out += &format!(
         "add element {t} service-ips {{ {} . {proto} . 53 : goto {svc} }}\n",
-        cfg.service
+        service.ip
     );
     out
 }
@@ -272,6 +325,51 @@ fn nft_service_port(cfg: &NatConfig, t: &str, ip: &str, port: &str, proto: &str)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn svc_chain(port: &str, proto: &str) -> String {
+        svc_chain_of(SERVICE, port, proto)
+    }
+
+    /// The tables with kube-dns alone.
+    fn nat_table(cfg: &NatConfig) -> String {
+        nat_table_with(cfg, &[])
+    }
+
+    fn nft_table(cfg: &NatConfig) -> String {
+        nft_table_with(cfg, &[])
+    }
+
+    #[test]
+    fn kube_dns_upstream_has_chains_of_its_own_to_the_same_endpoints() {
+        let eps: Vec<IpAddr> = vec!["10.244.0.53".parse().unwrap()];
+        let cfg = NatConfig {
+            proxy: ProxyMode::Iptables,
+            service: "10.96.0.10".parse().unwrap(),
+            endpoints: &eps,
+            pod_cidr: "10.244.0.0/16",
+            service_jumps: true,
+            tcp_port: true,
+        };
+        let upstream = Service {
+            name: UPSTREAM_SERVICE,
+            ip: "10.96.0.11".parse().unwrap(),
+        };
+        let t = nat_table_with(&cfg, &[upstream]);
+        assert!(t.contains("-A KUBE-SERVICES -d 10.96.0.11/32 -p udp -m comment --comment \"kube-system/kube-dns-upstream:dns cluster IP\""));
+        assert_eq!(
+            t.matches("-j DNAT --to-destination 10.244.0.53:53").count(),
+            4
+        );
+        let nft = nft_table_with(
+            &NatConfig {
+                proxy: ProxyMode::Nftables,
+                ..cfg
+            },
+            &[upstream],
+        );
+        assert!(nft.contains("add element ip kube-proxy cluster-ips { 10.96.0.10, 10.96.0.11 }"));
+        assert!(nft.contains("service-ips { 10.96.0.11 . udp . 53 : goto service-"));
+    }
 
     #[test]
     fn chain_names_match_kube_proxy() {

@@ -3,8 +3,12 @@
 //! switchable faults. It touches nothing outside its namespaces, its
 //! /etc/netns entries and its directory under /run.
 mod delay;
+mod dnswire;
 mod faults;
 mod kubeproxy;
+mod libc_clients;
+mod loopprobe;
+mod nodelocal;
 mod plan;
 mod resolvers;
 mod runtime;
@@ -24,7 +28,7 @@ use serde::{Deserialize, Serialize};
 pub use delay::delay_line;
 pub use faults::Fault;
 use kubeproxy::ProxyMode;
-use plan::{Pod, Role, LAB_DIR, NODE_NS, UPSTREAM_NS};
+use plan::{Domain, NodeLocal, Pod, Role, LAB_DIR, NODE_NS, UPSTREAM_NS};
 
 #[derive(clap::Subcommand, Debug)]
 pub enum LabCommand {
@@ -33,10 +37,12 @@ pub enum LabCommand {
         /// Switch a fault on from the start (repeatable).
         #[arg(long = "fault", value_enum)]
         faults: Vec<Fault>,
-        /// Add NodeLocalDNS (a cache on 169.254.20.10 on the node, asking
-        /// kube-dns over TCP) and point pods at it.
-        #[arg(long)]
-        nodelocaldns: bool,
+        /// Add NodeLocalDNS, a cache on the node asking CoreDNS over TCP:
+        /// `link-local` (the default) on 169.254.20.10, pods pointed at it;
+        /// `notrack` also on kube-dns's IP, with the raw-table NOTRACK rules
+        /// of its manifest, asking CoreDNS through kube-dns-upstream.
+        #[arg(long, value_enum, num_args = 0..=1, require_equals = true, default_missing_value = "link-local")]
+        nodelocaldns: Option<NodeLocal>,
         /// Dual-stack: IPv6 pod addresses, service IP and ip6tables rules too.
         #[arg(long)]
         ipv6: bool,
@@ -48,6 +54,18 @@ pub enum LabCommand {
         /// table) or nftables (its `ip kube-proxy` table).
         #[arg(long, value_enum, default_value_t = ProxyMode::Iptables)]
         proxy_mode: ProxyMode,
+        /// The cluster's DNS domain (the kubelet's clusterDomain): CoreDNS's
+        /// records, the pods' search lists and NodeLocalDNS's zones follow it.
+        #[arg(long, default_value_t = Domain::cluster_default())]
+        cluster_domain: Domain,
+        /// A search domain of the node's resolv.conf (repeatable), which the
+        /// kubelet appends to pods' search lists, as on EKS (ec2.internal).
+        #[arg(long = "node-search")]
+        node_search: Vec<Domain>,
+        /// Add a hostNetwork client pod (logging/fluent-bit-5lq8z): the
+        /// node's namespace, resolv.conf as dnsPolicy ClusterFirstWithHostNet.
+        #[arg(long)]
+        host_network_client: bool,
     },
     /// Remove every namespace, process, rule and file the lab made.
     Down,
@@ -62,6 +80,9 @@ pub enum LabCommand {
     },
     /// Run lookups from the client pods the way applications do.
     Traffic(traffic::TrafficArgs),
+    /// Reload CoreDNS, as a Corefile change does: each CoreDNS pod re-reads
+    /// its resolv.conf and sends the loop plugin's probe again.
+    Reload,
     /// (internal) a delay line in front of the upstream resolver.
     #[command(hide = true)]
     DelayLine {
@@ -72,6 +93,9 @@ pub enum LabCommand {
         #[arg(long)]
         delay_ms: u64,
     },
+    /// (internal) CoreDNS's loop plugin probe, from inside a CoreDNS pod.
+    #[command(hide = true)]
+    LoopProbe,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,12 +108,18 @@ pub enum Switch {
 #[derive(Serialize, Deserialize, Default, Debug)]
 pub struct LabState {
     pub ipv6: bool,
-    pub nodelocaldns: bool,
+    pub nodelocaldns: Option<NodeLocal>,
     pub faults: BTreeSet<Fault>,
     #[serde(default)]
     pub runtime: runtime::Runtime,
     #[serde(default)]
     pub proxy_mode: ProxyMode,
+    #[serde(default = "Domain::cluster_default")]
+    pub cluster_domain: Domain,
+    #[serde(default)]
+    pub node_search: Vec<Domain>,
+    #[serde(default)]
+    pub host_client: bool,
     /// Long-running processes by name.
     pub pids: BTreeMap<String, u32>,
 }
@@ -121,8 +151,9 @@ impl LabState {
 }
 
 pub async fn run(cmd: LabCommand) -> Result<()> {
-    // The delay line runs inside the lab, started by it; the rest changes the machine.
-    if !matches!(cmd, LabCommand::DelayLine { .. }) {
+    // The delay line and the probe run inside the lab, started by it; the
+    // rest changes the machine.
+    if !matches!(cmd, LabCommand::DelayLine { .. } | LabCommand::LoopProbe) {
         require_root()?;
     }
     match cmd {
@@ -132,12 +163,20 @@ pub async fn run(cmd: LabCommand) -> Result<()> {
             ipv6,
             runtime,
             proxy_mode,
+            cluster_domain,
+            node_search,
+            host_network_client,
         } => {
             let state = LabState {
                 ipv6,
-                nodelocaldns: nodelocaldns || faults.contains(&Fault::NodelocaldnsLoop),
+                nodelocaldns: nodelocaldns.or(faults
+                    .contains(&Fault::NodelocaldnsLoop)
+                    .then_some(NodeLocal::LinkLocal)),
                 runtime,
                 proxy_mode,
+                cluster_domain,
+                node_search,
+                host_client: host_network_client,
                 ..LabState::default()
             };
             up(faults, state)
@@ -146,6 +185,8 @@ pub async fn run(cmd: LabCommand) -> Result<()> {
         LabCommand::Status => status(),
         LabCommand::Fault { fault, state } => switch_fault(fault, state == Switch::On),
         LabCommand::Traffic(args) => traffic::run(args),
+        LabCommand::Reload => reload_coredns(&LabState::load()?),
+        LabCommand::LoopProbe => loopprobe::run(),
         LabCommand::DelayLine {
             listen,
             to,
@@ -176,7 +217,10 @@ fn up(faults: Vec<Fault>, mut state: LabState) -> Result<()> {
         log::info!(target: "lab", "cleaning up what an earlier lab left behind");
         down(false)?;
     }
-    if let Err(e) = build(&mut state) {
+    let looped = faults
+        .iter()
+        .any(|f| matches!(f, Fault::ForwardLoop | Fault::NodelocaldnsLoop));
+    if let Err(e) = build(&mut state, !looped) {
         let _ = down(false);
         return Err(e.context("building the lab failed; everything it made was removed"));
     }
@@ -188,26 +232,32 @@ fn up(faults: Vec<Fault>, mut state: LabState) -> Result<()> {
     Ok(())
 }
 
-fn build(state: &mut LabState) -> Result<()> {
+/// `forward_retries`: CoreDNS's own retries upstream (see `start_coredns`).
+fn build(state: &mut LabState, forward_retries: bool) -> Result<()> {
     std::fs::create_dir_all(Path::new(LAB_DIR).join("logs"))?;
     for ns in [NODE_NS, UPSTREAM_NS] {
         add_netns(ns, state.ipv6)?;
     }
     build_node(state)?;
-    for pod in &plan::PODS {
-        add_pod(state, pod)?;
+    for pod in plan::pods(state.host_client) {
+        if pod.role == Role::HostClient {
+            add_host_pod(state, pod)?;
+        } else {
+            add_pod(state, pod)?;
+        }
     }
     write_resolv_confs(state)?;
     apply_rules(state)?;
     start_upstream(state)?;
     for pod in plan::coredns_pods() {
-        start_coredns(state, pod)?;
+        start_coredns(state, pod, forward_retries)?;
     }
-    if state.nodelocaldns {
+    if state.nodelocaldns.is_some() {
         start_nodelocal(state)?;
     }
     state.save()?;
-    wait_listening(state)
+    wait_listening(state)?;
+    loop_probes(state)
 }
 
 fn add_netns(ns: &str, ipv6: bool) -> Result<()> {
@@ -297,16 +347,15 @@ fn build_node(state: &LabState) -> Result<()> {
         sys::sysctl(node, "net.ipv6.conf.all.forwarding", "1")?;
         sys::sysctl(node, "net.bridge.bridge-nf-call-ip6tables", "1")?;
     }
-    if state.nodelocaldns {
-        // NodeLocalDNS holds its address on a dummy device; an empty bridge
+    if let Some(mode) = state.nodelocaldns {
+        // NodeLocalDNS holds its addresses on a dummy device; an empty bridge
         // does the same where the kernel has no dummy driver.
         if sys::ip(node, "link add nodelocaldns type dummy").is_err() {
             sys::ip(node, "link add nodelocaldns type bridge")?;
         }
-        sys::ip(
-            node,
-            &format!("addr add {}/32 dev nodelocaldns", plan::NODELOCAL4),
-        )?;
+        for ip in mode.listen() {
+            sys::ip(node, &format!("addr add {ip}/32 dev nodelocaldns"))?;
+        }
         sys::ip(node, "link set nodelocaldns up")?;
     }
     Ok(())
@@ -339,9 +388,24 @@ fn add_pod(state: &mut LabState, pod: &Pod) -> Result<()> {
         sys::ip(&ns, &format!("-6 route add default via {}", plan::POD_GW6))?;
     }
     std::fs::create_dir_all(netns_etc(&ns))?;
-    sys::rewrite(&netns_etc(&ns).join("resolv.conf"), "")?;
+    sys::rewrite(&pod.resolv_conf(), "")?;
     // The sandbox's pause process: what makes the namespace a pod to the node.
     let pid = sys::spawn_detached(&ns, "sleep", &["infinity"])?;
+    register_sandbox(state, pod, pid)
+}
+
+/// A hostNetwork pod: no namespace of its own, and a pause process that
+/// sees the pod's resolv.conf, as the runtime's bind mount has it.
+fn add_host_pod(state: &mut LabState, pod: &Pod) -> Result<()> {
+    let resolv = pod.resolv_conf();
+    sys::rewrite(&resolv, "")?;
+    let pause = sys::with_resolv_conf(NODE_NS, &resolv, "sleep");
+    let pid = sys::spawn_detached_cmd(pause, &["infinity"])?;
+    register_sandbox(state, pod, pid)
+}
+
+/// Leaves the runtime's state of `pod`, whose sandbox process is `pid`.
+fn register_sandbox(state: &mut LabState, pod: &Pod, pid: u32) -> Result<()> {
     state.pids.insert(format!("pause/{}", pod.full_name()), pid);
     match state.runtime {
         runtime::Runtime::Containerd => runtime::write_sandbox(pod, pid),
@@ -361,8 +425,11 @@ fn nameserver_for(state: &LabState, pod: &Pod) -> IpAddr {
         Role::Client if state.has(Fault::LoopbackNameserver) && pod.name == plan::PODS[0].name => {
             plan::RESOLVED_STUB.into()
         }
-        Role::Client if state.nodelocaldns => plan::NODELOCAL4.into(),
-        Role::Client => plan::SERVICE4.into(),
+        // ClusterFirstWithHostNet gives a hostNetwork pod the same.
+        Role::Client | Role::HostClient if state.nodelocaldns == Some(NodeLocal::LinkLocal) => {
+            plan::NODELOCAL4.into()
+        }
+        Role::Client | Role::HostClient => plan::SERVICE4.into(),
     }
 }
 
@@ -375,28 +442,38 @@ fn node_nameserver(state: &LabState) -> IpAddr {
 }
 
 fn write_resolv_confs(state: &LabState) -> Result<()> {
-    for pod in &plan::PODS {
+    for pod in plan::pods(state.host_client) {
         let text = match pod.role {
             Role::CoreDns if state.has(Fault::ForwardLoop) && pod.name == plan::PODS[2].name => {
                 // The node's systemd-resolved stub, inherited: in the pod it is CoreDNS itself.
                 format!("nameserver {}\n", plan::RESOLVED_STUB)
             }
-            Role::CoreDns => format!("nameserver {}\n", nameserver_for(state, pod)),
-            Role::Client => {
-                let mut search = pod.search_list();
+            Role::CoreDns => node_resolv_conf(state, nameserver_for(state, pod)),
+            Role::Client | Role::HostClient => {
+                let mut search = pod.search_list(&state.cluster_domain, &state.node_search);
                 if state.has(Fault::SearchLeak) {
                     search.push(plan::LEAK_DOMAIN.to_owned());
                 }
                 resolvers::pod_resolv_conf(nameserver_for(state, pod), &search)
             }
         };
-        sys::rewrite(&netns_etc(&pod.netns()).join("resolv.conf"), &text)?;
+        sys::rewrite(&pod.resolv_conf(), &text)?;
     }
     std::fs::create_dir_all(netns_etc(NODE_NS))?;
     sys::rewrite(
         &netns_etc(NODE_NS).join("resolv.conf"),
-        &format!("nameserver {}\n", node_nameserver(state)),
+        &node_resolv_conf(state, node_nameserver(state)),
     )
+}
+
+/// The node's resolv.conf, which dnsPolicy Default pods (CoreDNS) inherit.
+fn node_resolv_conf(state: &LabState, nameserver: IpAddr) -> String {
+    let mut text = format!("nameserver {nameserver}\n");
+    if !state.node_search.is_empty() {
+        let search: Vec<String> = state.node_search.iter().map(Domain::to_string).collect();
+        text += &format!("search {}\n", search.join(" "));
+    }
+    text
 }
 
 /// All iptables and nftables state of the lab, derived from options and faults.
@@ -413,10 +490,18 @@ fn apply_rules(state: &LabState) -> Result<()> {
 
 /// kube-proxy's nat table and the node's filter table, for one family.
 fn node_rules(state: &LabState, v6: bool) -> Result<()> {
-    let (service, pod_cidr) = if v6 {
-        (IpAddr::V6(plan::SERVICE6), plan::POD_CIDR6)
+    let (service, pod_cidr, upstream_service) = if v6 {
+        (
+            IpAddr::V6(plan::SERVICE6),
+            plan::POD_CIDR6,
+            IpAddr::V6(plan::UPSTREAM_SERVICE6),
+        )
     } else {
-        (IpAddr::V4(plan::SERVICE4), plan::POD_CIDR4)
+        (
+            IpAddr::V4(plan::SERVICE4),
+            plan::POD_CIDR4,
+            IpAddr::V4(plan::UPSTREAM_SERVICE4),
+        )
     };
     let endpoints: Vec<IpAddr> = plan::coredns_pods().map(|p| p.ip(v6)).collect();
     let nat = kubeproxy::NatConfig {
@@ -427,16 +512,44 @@ fn node_rules(state: &LabState, v6: bool) -> Result<()> {
         service_jumps: !state.has(Fault::NoDnat),
         tcp_port: !state.has(Fault::NoDnsTcp),
     };
-    sys::restore(NODE_NS, v6, &kubeproxy::nat_table(&nat))?;
+    // NodeLocalDNS's NOTRACK mode comes with its own way to CoreDNS.
+    let more: Vec<kubeproxy::Service> = (state.nodelocaldns == Some(NodeLocal::Notrack))
+        .then_some(kubeproxy::Service {
+            name: kubeproxy::UPSTREAM_SERVICE,
+            ip: upstream_service,
+        })
+        .into_iter()
+        .collect();
+    sys::restore(NODE_NS, v6, &kubeproxy::nat_table_with(&nat, &more))?;
     if state.proxy_mode == ProxyMode::Nftables {
-        sys::nft(NODE_NS, &kubeproxy::nft_table(&nat))?;
+        sys::nft(NODE_NS, &kubeproxy::nft_table_with(&nat, &more))?;
+    }
+    let local_ips = nodelocal_notrack_ips(state, v6);
+    if !local_ips.is_empty() {
+        sys::restore(NODE_NS, v6, &nodelocal::raw_table(&local_ips))?;
     }
     // The drop fault cuts the path to the second CoreDNS pod.
-    sys::restore(NODE_NS, v6, &node_filter(state, &endpoints[1].to_string()))
+    sys::restore(
+        NODE_NS,
+        v6,
+        &node_filter(state, &endpoints[1].to_string(), &local_ips),
+    )
 }
 
-fn node_filter(state: &LabState, endpoint: &str) -> String {
+/// The IPv4 addresses NodeLocalDNS keeps from conntrack, in its NOTRACK mode.
+fn nodelocal_notrack_ips(state: &LabState, v6: bool) -> Vec<std::net::Ipv4Addr> {
+    match state.nodelocaldns {
+        Some(mode @ NodeLocal::Notrack) if !v6 => mode.listen(),
+        _ => Vec::new(),
+    }
+}
+
+fn node_filter(state: &LabState, endpoint: &str, notrack_ips: &[std::net::Ipv4Addr]) -> String {
     let mut t = String::from("*filter\n");
+    for rule in nodelocal::rules("filter", notrack_ips) {
+        t += &rule;
+        t.push('\n');
+    }
     if state.has(Fault::Drop) {
         for proto in ["udp", "tcp"] {
             t += &format!(
@@ -516,13 +629,24 @@ fn start_unbound(state: &mut LabState, ns: &str, name: &str, conf: &str) -> Resu
     Ok(())
 }
 
-fn start_coredns(state: &mut LabState, pod: &Pod) -> Result<()> {
-    let args = resolvers::coredns_args(pod, state.ipv6);
+/// Without `forward_retries` dnsmasq leaves retries to its clients: a lab
+/// that starts with a loop fault would have each looping query multiplied
+/// every 2 s, a storm no real CoreDNS meets (its loop plugin stops it).
+fn start_coredns(state: &mut LabState, pod: &Pod, forward_retries: bool) -> Result<()> {
+    let mut args = resolvers::coredns_args(pod, state.ipv6, &state.cluster_domain);
+    if !forward_retries {
+        args.retain(|a| a != resolvers::FORWARD_TRIES);
+    }
     start_dnsmasq(state, &pod.netns(), pod.name, &args)
 }
 
 fn start_nodelocal(state: &mut LabState) -> Result<()> {
-    let conf = resolvers::nodelocal_conf(state.has(Fault::NodelocaldnsLoop));
+    let mode = state.nodelocaldns.unwrap_or(NodeLocal::LinkLocal);
+    let conf = resolvers::nodelocal_conf(
+        mode,
+        &state.cluster_domain,
+        state.has(Fault::NodelocaldnsLoop),
+    );
     start_unbound(state, NODE_NS, "nodelocaldns", &conf)
 }
 
@@ -575,7 +699,7 @@ fn wait_gone(pid: u32) {
 fn wait_listening(state: &LabState) -> Result<()> {
     let mut namespaces: Vec<String> = plan::coredns_pods().map(Pod::netns).collect();
     namespaces.push(UPSTREAM_NS.to_owned());
-    if state.nodelocaldns {
+    if state.nodelocaldns.is_some() {
         namespaces.push(NODE_NS.to_owned());
     }
     for ns in namespaces {
@@ -610,7 +734,7 @@ fn switch_fault(fault: Fault, on: bool) -> Result<()> {
 
 /// Changes the real configuration a fault lives in.
 fn set_fault(state: &mut LabState, fault: Fault, on: bool) -> Result<()> {
-    if fault == Fault::NodelocaldnsLoop && !state.nodelocaldns {
+    if fault == Fault::NodelocaldnsLoop && state.nodelocaldns.is_none() {
         bail!("nodelocaldns-loop needs NodeLocalDNS: bring the lab up with `dnstrace lab up --nodelocaldns`");
     }
     if on {
@@ -675,7 +799,7 @@ fn forget_tcp_flows(state: &LabState) {
     }
 }
 
-/// What a CoreDNS reload does: read /etc/resolv.conf again.
+/// What a CoreDNS reload does: read /etc/resolv.conf again, and probe for loops.
 fn reload_coredns(state: &LabState) -> Result<()> {
     for pod in plan::coredns_pods() {
         let pid = state
@@ -683,6 +807,30 @@ fn reload_coredns(state: &LabState) -> Result<()> {
             .get(pod.name)
             .with_context(|| format!("{} is not running", pod.full_name()))?;
         sys::hangup(*pid);
+    }
+    loop_probes(state)
+}
+
+/// How long a start or reload waits for the probes; unanswered ones go on
+/// trying in the background, as CoreDNS's do, for 30 s.
+const PROBE_WAIT: Duration = Duration::from_secs(3);
+
+/// The loop plugin's probe from each CoreDNS pod. The lab's loop faults
+/// stand for a CoreDNS without the plugin: with it, CoreDNS would exit at
+/// start ("Loop ... detected").
+fn loop_probes(state: &LabState) -> Result<()> {
+    if state.has(Fault::ForwardLoop) || state.has(Fault::NodelocaldnsLoop) {
+        return Ok(());
+    }
+    let exe = std::env::current_exe().context("finding the dnstrace binary")?;
+    let probes: Vec<u32> = plan::coredns_pods()
+        .map(|pod| {
+            sys::spawn_detached(&pod.netns(), &exe.to_string_lossy(), &["lab", "loop-probe"])
+        })
+        .collect::<Result<_>>()?;
+    let deadline = Instant::now() + PROBE_WAIT;
+    while probes.iter().any(|&p| sys::alive(p)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
     }
     Ok(())
 }
@@ -795,10 +943,18 @@ fn status() -> Result<()> {
             }
         );
         println!(
-            "options: ipv6={} nodelocaldns={} proxy-mode={}",
+            "options: ipv6={} nodelocaldns={} proxy-mode={} cluster-domain={} node-search={} host-network-client={}",
             state.ipv6,
-            state.nodelocaldns,
-            state.proxy_mode.name()
+            state.nodelocaldns.map_or("no", NodeLocal::name),
+            state.proxy_mode.name(),
+            state.cluster_domain,
+            state
+                .node_search
+                .iter()
+                .map(Domain::to_string)
+                .collect::<Vec<_>>()
+                .join(","),
+            state.host_client
         );
     }
     Ok(())
@@ -812,24 +968,33 @@ fn print_summary(state: &LabState) {
         plan::SERVICE4,
         state.proxy_mode.name()
     );
-    for pod in &plan::PODS {
+    for pod in plan::pods(state.host_client) {
         log::info!(target: "lab",
             "  {:<40} {:<12} netns {:<36} veth {}",
             pod.full_name(),
             pod.ip4.to_string(),
             pod.netns(),
-            pod.host_veth()
+            if pod.role == Role::HostClient {
+                "none (hostNetwork)".to_owned()
+            } else {
+                pod.host_veth()
+            }
         );
     }
     log::info!(target: "lab",
         "  upstream resolver {} (unbound) in {UPSTREAM_NS}",
         plan::UPSTREAM4
     );
-    if state.nodelocaldns {
-        log::info!(target: "lab",
+    match state.nodelocaldns {
+        Some(NodeLocal::LinkLocal) => log::info!(target: "lab",
             "  NodeLocalDNS {} (unbound) on the node, cluster names to kube-dns over TCP",
             plan::NODELOCAL4
-        );
+        ),
+        Some(NodeLocal::Notrack) => log::info!(target: "lab",
+            "  NodeLocalDNS {} and {} (unbound, NOTRACK rules) on the node, cluster names to kube-dns-upstream {} over TCP",
+            plan::NODELOCAL4, plan::SERVICE4, plan::UPSTREAM_SERVICE4
+        ),
+        None => {}
     }
     let faults: Vec<String> = state.faults.iter().map(|f| f.name()).collect();
     if !faults.is_empty() {

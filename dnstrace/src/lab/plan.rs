@@ -1,7 +1,13 @@
 //! What the lab is made of: namespaces, pods, addresses. Plain data, so the
 //! configuration derived from it is tested without root.
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::{
+    fmt,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    path::{Path, PathBuf},
+    str::FromStr,
+};
 
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 /// Every lab namespace name starts with this; `lab down` removes them all.
@@ -18,6 +24,9 @@ pub const POD_CIDR4: &str = "10.244.0.0/16";
 pub const POD_CIDR6: &str = "fd00:10:244::/56";
 pub const SERVICE4: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
 pub const SERVICE6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x96, 0, 0, 0, 0, 0xa);
+/// kube-dns-upstream, NodeLocalDNS's way to CoreDNS in its NOTRACK mode.
+pub const UPSTREAM_SERVICE4: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 11);
+pub const UPSTREAM_SERVICE6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x96, 0, 0, 0, 0, 0xb);
 pub const API_SERVICE4: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 1);
 /// The node's uplink and the "internet" resolver behind it (TEST-NET-2).
 pub const UPLINK: &str = "eth0";
@@ -29,6 +38,7 @@ pub const UPSTREAM6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0x5100, 0, 0, 0, 0,
 pub const NODELOCAL4: Ipv4Addr = Ipv4Addr::new(169, 254, 20, 10);
 /// What a systemd-resolved node puts in resolv.conf.
 pub const RESOLVED_STUB: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 53);
+/// The kubelet's default `clusterDomain`.
 pub const CLUSTER_DOMAIN: &str = "cluster.local";
 /// The foreign search domain the `search-leak` fault adds.
 pub const LEAK_DOMAIN: &str = "corp.example.com";
@@ -39,10 +49,109 @@ pub const BIG_NAME: &str = "big.example.com";
 /// buffer, it comes over UDP as IP fragments.
 pub const HUGE_NAME: &str = "huge.example.com";
 
+/// Where NodeLocalDNS listens, as its manifests set it up.
+#[derive(clap::ValueEnum, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum NodeLocal {
+    /// On 169.254.20.10 alone; pods are pointed at it (the kubelet's
+    /// clusterDNS), and it asks kube-dns through kube-proxy's DNAT.
+    LinkLocal,
+    /// Also on kube-dns's own IP, whose queries raw-table NOTRACK rules keep
+    /// from the DNAT: pods ask kube-dns and get NodeLocalDNS. It reaches
+    /// CoreDNS through the kube-dns-upstream service.
+    Notrack,
+}
+
+impl NodeLocal {
+    /// The addresses it listens on.
+    pub fn listen(self) -> Vec<Ipv4Addr> {
+        match self {
+            Self::LinkLocal => vec![NODELOCAL4],
+            Self::Notrack => vec![NODELOCAL4, SERVICE4],
+        }
+    }
+
+    /// The service it sends cluster names to.
+    pub fn cluster_dns(self) -> Ipv4Addr {
+        match self {
+            Self::LinkLocal => SERVICE4,
+            Self::Notrack => UPSTREAM_SERVICE4,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::LinkLocal => "link-local",
+            Self::Notrack => "notrack",
+        }
+    }
+}
+
+/// A DNS domain as the kubelet takes it (`clusterDomain`, a search
+/// domain): lower-case labels of letters, digits and hyphens, no final dot.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(try_from = "String", into = "String")]
+pub struct Domain(String);
+
+impl Domain {
+    pub fn cluster_default() -> Self {
+        Self(CLUSTER_DOMAIN.to_owned())
+    }
+}
+
+/// The cluster domain of a lab brought up without `--cluster-domain`.
+impl Default for Domain {
+    fn default() -> Self {
+        Self::cluster_default()
+    }
+}
+
+impl FromStr for Domain {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let name = s.strip_suffix('.').unwrap_or(s).to_ascii_lowercase();
+        let label_ok = |l: &str| {
+            (1..=63).contains(&l.len())
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        };
+        // Room under the 253-byte limit for the names searched in it.
+        if name.len() > 200 || !name.split('.').all(label_ok) {
+            return Err(format!("{s:?} is not a DNS domain (labels of letters, digits and hyphens, like cluster.local)"));
+        }
+        Ok(Self(name))
+    }
+}
+
+impl TryFrom<String> for Domain {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<Self, String> {
+        s.parse()
+    }
+}
+
+impl From<Domain> for String {
+    fn from(d: Domain) -> String {
+        d.0
+    }
+}
+
+impl fmt::Display for Domain {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
     Client,
     CoreDns,
+    /// A client with `hostNetwork: true`: the node's namespace, and its own
+    /// resolv.conf (dnsPolicy ClusterFirstWithHostNet).
+    HostClient,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -89,12 +198,27 @@ pub const PODS: [Pod; 4] = [
     },
 ];
 
+/// The hostNetwork client of `lab up --host-network-client`: a log shipper
+/// that looks up cluster names from the node's own network.
+pub const HOST_CLIENT: Pod = Pod {
+    namespace: "logging",
+    name: "fluent-bit-5lq8z",
+    ip4: NODE_UPLINK4,
+    ip6: NODE_UPLINK6,
+    role: Role::HostClient,
+};
+
+/// Every pod of the lab: PODS, and the hostNetwork client if it has one.
+pub fn pods(host_client: bool) -> impl Iterator<Item = &'static Pod> {
+    PODS.iter().chain(host_client.then_some(&HOST_CLIENT))
+}
+
 pub fn coredns_pods() -> impl Iterator<Item = &'static Pod> {
     PODS.iter().filter(|p| p.role == Role::CoreDns)
 }
 
-pub fn client_pods() -> impl Iterator<Item = &'static Pod> {
-    PODS.iter().filter(|p| p.role == Role::Client)
+pub fn client_pods(host_client: bool) -> impl Iterator<Item = &'static Pod> {
+    pods(host_client).filter(|p| p.role != Role::CoreDns)
 }
 
 impl Pod {
@@ -103,7 +227,21 @@ impl Pod {
     }
 
     pub fn netns(&self) -> String {
-        format!("{NS_PREFIX}{}", self.name)
+        match self.role {
+            Role::HostClient => NODE_NS.to_owned(),
+            _ => format!("{NS_PREFIX}{}", self.name),
+        }
+    }
+
+    /// The file the pod sees as /etc/resolv.conf: what `ip netns exec`
+    /// mounts for its namespace, or, sharing the node's, a file of its own.
+    pub fn resolv_conf(&self) -> PathBuf {
+        match self.role {
+            Role::HostClient => Path::new(LAB_DIR).join(format!("{}.resolv.conf", self.name)),
+            _ => Path::new("/etc/netns")
+                .join(self.netns())
+                .join("resolv.conf"),
+        }
     }
 
     /// The node-side veth, named like the bridge CNI plugin's `vethXXXXXXXX`.
@@ -136,12 +274,20 @@ impl Pod {
         }
     }
 
-    pub fn search_list(&self) -> Vec<String> {
-        vec![
-            format!("{}.svc.{CLUSTER_DOMAIN}", self.namespace),
-            format!("svc.{CLUSTER_DOMAIN}"),
-            CLUSTER_DOMAIN.to_owned(),
-        ]
+    /// The kubelet's search list for a ClusterFirst pod: the cluster's,
+    /// then the node's own search domains (`node_search`) not already in it.
+    pub fn search_list(&self, cluster: &Domain, node_search: &[Domain]) -> Vec<String> {
+        let mut list = vec![
+            format!("{}.svc.{cluster}", self.namespace),
+            format!("svc.{cluster}"),
+            cluster.to_string(),
+        ];
+        for d in node_search.iter().map(Domain::to_string) {
+            if !list.contains(&d) {
+                list.push(d);
+            }
+        }
+        list
     }
 }
 
@@ -150,8 +296,7 @@ pub fn find_pod(query: &str) -> Option<&'static Pod> {
     let (namespace, name) = query
         .split_once('/')
         .map_or((None, query), |(ns, n)| (Some(ns), n));
-    PODS.iter()
-        .find(|p| namespace.is_none_or(|ns| ns == p.namespace) && p.name.starts_with(name))
+    pods(true).find(|p| namespace.is_none_or(|ns| ns == p.namespace) && p.name.starts_with(name))
 }
 
 fn hex_digest(s: &str) -> String {
@@ -190,12 +335,34 @@ mod tests {
     #[test]
     fn search_list_is_the_kubelet_one() {
         assert_eq!(
-            PODS[1].search_list(),
+            PODS[1].search_list(&Domain::cluster_default(), &[]),
             vec![
                 "shop.svc.cluster.local",
                 "svc.cluster.local",
                 "cluster.local"
             ]
         );
+    }
+
+    #[test]
+    fn another_cluster_domain_and_node_search_domains_follow_the_kubelet() {
+        let domain: Domain = "Corp.Internal.".parse().unwrap();
+        assert_eq!(domain.to_string(), "corp.internal");
+        let node: Vec<Domain> = ["ec2.internal", "corp.internal"]
+            .iter()
+            .map(|d| d.parse().unwrap())
+            .collect();
+        assert_eq!(
+            PODS[0].search_list(&domain, &node),
+            vec![
+                "default.svc.corp.internal",
+                "svc.corp.internal",
+                "corp.internal",
+                "ec2.internal"
+            ]
+        );
+        for bad in ["", "a..b", "-a.b", "a_b.c", "x y"] {
+            assert!(bad.parse::<Domain>().is_err(), "{bad:?}");
+        }
     }
 }

@@ -2,7 +2,7 @@
 //! NodeLocalDNS and as the "internet" resolver behind the node.
 use std::{net::IpAddr, path::PathBuf};
 
-use super::plan::{self, Pod, BIG_NAME, CLUSTER_DOMAIN, HUGE_NAME, LAB_DIR};
+use super::plan::{self, Domain, NodeLocal, Pod, BIG_NAME, HUGE_NAME, LAB_DIR};
 
 pub fn log_path(name: &str) -> PathBuf {
     PathBuf::from(LAB_DIR)
@@ -14,40 +14,37 @@ pub fn pid_path(name: &str) -> PathBuf {
     PathBuf::from(LAB_DIR).join(format!("{name}.pid"))
 }
 
-/// The cluster.local records CoreDNS's kubernetes plugin would serve.
-fn cluster_records(ipv6: bool) -> Vec<String> {
-    let mut kube_dns = format!(
-        "kube-dns.kube-system.svc.{CLUSTER_DOMAIN},{}",
-        plan::SERVICE4
-    );
+/// The records CoreDNS's kubernetes plugin would serve in `domain`.
+fn cluster_records(ipv6: bool, domain: &Domain) -> Vec<String> {
+    let mut kube_dns = format!("kube-dns.kube-system.svc.{domain},{}", plan::SERVICE4);
     if ipv6 {
         kube_dns += &format!(",{}", plan::SERVICE6);
     }
     let mut records = vec![
-        format!(
-            "kubernetes.default.svc.{CLUSTER_DOMAIN},{}",
-            plan::API_SERVICE4
-        ),
+        format!("kubernetes.default.svc.{domain},{}", plan::API_SERVICE4),
         kube_dns,
     ];
     // A headless service: one A record per ready endpoint.
     for last in 20..23 {
-        records.push(format!("db.default.svc.{CLUSTER_DOMAIN},10.244.0.{last}"));
+        records.push(format!("db.default.svc.{domain},10.244.0.{last}"));
     }
     for pod in &plan::PODS {
         let dashed = pod.ip4.to_string().replace('.', "-");
         records.push(format!(
-            "{dashed}.{}.pod.{CLUSTER_DOMAIN},{}",
+            "{dashed}.{}.pod.{domain},{}",
             pod.namespace, pod.ip4
         ));
     }
     records
 }
 
-/// dnsmasq as CoreDNS: authoritative for cluster.local and the pod PTRs,
+/// dnsmasq's own retries of a query upstream: first after 2 s, none after 5 s.
+pub const FORWARD_TRIES: &str = "--fast-dns-retry=2000,5000";
+
+/// dnsmasq as CoreDNS: authoritative for the cluster domain and the pod PTRs,
 /// everything else forwarded to the servers of its own /etc/resolv.conf
 /// (CoreDNS's `forward . /etc/resolv.conf`), re-read on SIGHUP (a reload).
-pub fn coredns_args(pod: &Pod, ipv6: bool) -> Vec<String> {
+pub fn coredns_args(pod: &Pod, ipv6: bool, domain: &Domain) -> Vec<String> {
     let mut args = vec![
         "--no-hosts".to_owned(),
         "--no-poll".into(),
@@ -56,10 +53,17 @@ pub fn coredns_args(pod: &Pod, ipv6: bool) -> Vec<String> {
         format!("--pid-file={}", pid_path(pod.name).display()),
         "--log-queries".into(),
         format!("--log-facility={}", log_path(pod.name).display()),
-        format!("--local=/{CLUSTER_DOMAIN}/"),
+        format!("--local=/{domain}/"),
         "--local=/10.in-addr.arpa/".into(),
         "--max-cache-ttl=30".into(),
         "--dns-forward-max=1000".into(),
+        // CoreDNS's forward gives each try 2 s (readTimeout) within 5 s
+        // (defaultTimeout). dnsmasq, which leaves retries to its clients,
+        // comes closest with its own: a resend of the same query after 2 s,
+        // then backing off (4 s more, past the 5 s): two tries where
+        // CoreDNS makes three, and silence at the end where CoreDNS answers
+        // SERVFAIL.
+        FORWARD_TRIES.into(),
         // Answers up to 4,096 bytes over UDP, as CoreDNS relays them.
         "--edns-packet-max=4096".into(),
         // CoreDNS caches every type, dnsmasq only addresses unless told:
@@ -67,7 +71,7 @@ pub fn coredns_args(pod: &Pod, ipv6: bool) -> Vec<String> {
         "--cache-rr=TXT".into(),
     ];
     args.extend(
-        cluster_records(ipv6)
+        cluster_records(ipv6, domain)
             .into_iter()
             .map(|r| format!("--host-record={r}")),
     );
@@ -75,12 +79,16 @@ pub fn coredns_args(pod: &Pod, ipv6: bool) -> Vec<String> {
 }
 
 /// unbound as NodeLocalDNS on the node, as its Corefile has it: cluster
-/// names and reverse zones to the kube-dns service over TCP (`force_tcp`),
-/// the rest to the node's nameserver or, with the loop fault, to kube-dns
-/// too; answers cached 30 s at most.
-pub fn nodelocal_conf(looped: bool) -> String {
+/// names and reverse zones to the kube-dns service (kube-dns-upstream in
+/// the NOTRACK mode) over TCP (`force_tcp`), the rest to the node's
+/// nameserver or, with the loop fault, to that service too; answers cached
+/// 30 s at most.
+pub fn nodelocal_conf(mode: NodeLocal, domain: &Domain, looped: bool) -> String {
     let mut c = String::from("server:\n");
-    c += &format!("  interface: {}\n  do-ip6: no\n", plan::NODELOCAL4);
+    for ip in mode.listen() {
+        c += &format!("  interface: {ip}\n");
+    }
+    c += "  do-ip6: no\n";
     c += &unbound_daemon("nodelocaldns");
     c += "  cache-max-ttl: 30\n  cache-max-negative-ttl: 5\n";
     // Else unbound answers the private reverse zones (10.in-addr.arpa...) itself.
@@ -90,12 +98,12 @@ pub fn nodelocal_conf(looped: bool) -> String {
         // again after 376 ms, and each time it would go round once more.
         c += "  unknown-server-time-limit: 20000\n";
     }
-    let cluster = format!("{CLUSTER_DOMAIN}.");
+    let cluster = format!("{domain}.");
     for zone in [cluster.as_str(), "in-addr.arpa.", "ip6.arpa."] {
-        c += &forward_zone(zone, plan::SERVICE4.into(), true);
+        c += &forward_zone(zone, mode.cluster_dns().into(), true);
     }
     let rest = if looped {
-        plan::SERVICE4
+        mode.cluster_dns()
     } else {
         plan::UPSTREAM4
     };
@@ -203,11 +211,15 @@ mod tests {
 
     #[test]
     fn coredns_serves_cluster_names_and_forwards_per_resolv_conf() {
-        let args = coredns_args(&plan::PODS[2], false).join(" ");
+        let args = coredns_args(&plan::PODS[2], false, &Domain::cluster_default()).join(" ");
         assert!(args.contains("--host-record=kubernetes.default.svc.cluster.local,10.96.0.1"));
         assert!(args.contains("--local=/cluster.local/"));
         assert!(args.contains("--resolv-file=/etc/resolv.conf"));
         assert_eq!(args.matches("db.default.svc.cluster.local").count(), 3);
+        assert!(
+            args.contains("--fast-dns-retry=2000,5000"),
+            "a deadline per try"
+        );
     }
 
     #[test]
@@ -216,7 +228,7 @@ mod tests {
             format!("forward-zone:\n  name: \"{name}\"\n  forward-addr: {to}\n  forward-tcp-upstream: {tcp}\n")
         };
         for looped in [false, true] {
-            let conf = nodelocal_conf(looped);
+            let conf = nodelocal_conf(NodeLocal::LinkLocal, &Domain::cluster_default(), looped);
             assert!(conf.contains("interface: 169.254.20.10\n"));
             for name in ["cluster.local.", "in-addr.arpa.", "ip6.arpa."] {
                 assert!(conf.contains(&zone(name, "10.96.0.10", "yes")), "{conf}");
@@ -231,6 +243,25 @@ mod tests {
             assert!(conf.ends_with(&zone(".", rest, "no")), "{conf}");
             assert_eq!(conf.matches("forward-zone:").count(), 4);
         }
+    }
+
+    #[test]
+    fn the_cluster_domain_is_served_and_forwarded_under_its_own_name() {
+        let domain: Domain = "corp.internal".parse().unwrap();
+        let args = coredns_args(&plan::PODS[2], false, &domain).join(" ");
+        assert!(args.contains("--local=/corp.internal/"));
+        assert!(args.contains("--host-record=kube-dns.kube-system.svc.corp.internal,10.96.0.10"));
+        assert!(!args.contains("cluster.local"));
+        let conf = nodelocal_conf(NodeLocal::LinkLocal, &domain, false);
+        assert!(conf.contains("name: \"corp.internal.\""));
+    }
+
+    #[test]
+    fn notrack_nodelocaldns_holds_kube_dns_and_asks_kube_dns_upstream() {
+        let conf = nodelocal_conf(NodeLocal::Notrack, &Domain::cluster_default(), false);
+        assert!(conf.contains("interface: 169.254.20.10\n  interface: 10.96.0.10\n"));
+        assert!(conf.contains("forward-addr: 10.96.0.11\n  forward-tcp-upstream: yes"));
+        assert!(!conf.contains("forward-addr: 10.96.0.10"), "{conf}");
     }
 
     /// The wire size of the answer to `name` TXT, from the zone, with EDNS.
@@ -274,7 +305,8 @@ mod tests {
 
     #[test]
     fn kubelet_resolv_conf() {
-        let rc = pod_resolv_conf("10.96.0.10".parse().unwrap(), &plan::PODS[0].search_list());
+        let search = plan::PODS[0].search_list(&Domain::cluster_default(), &[]);
+        let rc = pod_resolv_conf("10.96.0.10".parse().unwrap(), &search);
         assert_eq!(rc, "nameserver 10.96.0.10\nsearch default.svc.cluster.local svc.cluster.local cluster.local\noptions ndots:5\n");
     }
 }

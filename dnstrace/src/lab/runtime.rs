@@ -9,7 +9,7 @@ use anyhow::{Context as _, Result};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use super::plan::{Pod, LAB_DIR};
+use super::plan::{Pod, Role, LAB_DIR};
 
 /// Which runtime's state layout the lab writes.
 #[derive(clap::ValueEnum, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -43,15 +43,7 @@ pub fn write_sandbox(pod: &Pod, pid: u32) -> Result<()> {
             "io.kubernetes.cri.sandbox-uid": pod.uid(),
             "io.kubernetes.cri.sandbox-log-directory": format!("/var/log/pods/{}_{}_{}", pod.namespace, pod.name, pod.uid()),
         },
-        "linux": {
-            "namespaces": [
-                { "type": "pid" },
-                { "type": "ipc" },
-                { "type": "uts" },
-                { "type": "mount" },
-                { "type": "network", "path": netns_path(&pod.netns()) },
-            ]
-        }
+        "linux": { "namespaces": namespaces(pod) }
     });
     write(
         &dir.join("config.json"),
@@ -75,8 +67,7 @@ pub fn write_crio_sandbox(root: &Path, pod: &Pod, pid: u32) -> Result<()> {
         .join(pod.sandbox_id())
         .join("userdata");
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    // What `ip netns exec` mounts over the pod's /etc/resolv.conf.
-    let resolv = super::netns_etc(&pod.netns()).join("resolv.conf");
+    let resolv = pod.resolv_conf();
     let config = json!({
         "ociVersion": "1.0.2-dev",
         "process": { "args": ["/pause"], "cwd": "/" },
@@ -89,15 +80,7 @@ pub fn write_crio_sandbox(root: &Path, pod: &Pod, pid: u32) -> Result<()> {
             "options": ["ro", "bind", "nodev", "nosuid", "noexec"],
         }],
         "annotations": crio_annotations(pod, &resolv),
-        "linux": {
-            "namespaces": [
-                { "type": "pid" },
-                { "type": "network", "path": netns_path(&pod.netns()) },
-                { "type": "ipc" },
-                { "type": "uts" },
-                { "type": "mount" },
-            ]
-        }
+        "linux": { "namespaces": namespaces(pod) }
     });
     write(
         &dir.join("config.json"),
@@ -128,7 +111,7 @@ fn crio_annotations(pod: &Pod, resolv: &Path) -> Value {
         "io.kubernetes.cri-o.ContainerName": format!("k8s_POD_{}_{}_{uid}_0", pod.name, pod.namespace),
         "io.kubernetes.cri-o.KubeName": pod.name,
         "io.kubernetes.cri-o.Namespace": pod.namespace,
-        "io.kubernetes.cri-o.HostNetwork": "false",
+        "io.kubernetes.cri-o.HostNetwork": (pod.role == Role::HostClient).to_string(),
         "io.kubernetes.cri-o.ResolvPath": resolv,
         "io.kubernetes.cri-o.LogPath": format!("/var/log/pods/{}_{}_{uid}/{id}.log", pod.namespace, pod.name),
         "io.kubernetes.cri-o.Metadata": metadata.to_string(),
@@ -138,6 +121,18 @@ fn crio_annotations(pod: &Pod, resolv: &Path) -> Value {
         all.extend(labels);
     }
     annotations
+}
+
+/// The spec's namespaces; a hostNetwork pod has no network namespace
+/// entry (it keeps the node's).
+fn namespaces(pod: &Pod) -> Vec<Value> {
+    let network = (pod.role != Role::HostClient)
+        .then(|| json!({ "type": "network", "path": netns_path(&pod.netns()) }));
+    ["pid", "ipc", "uts", "mount"]
+        .map(|kind| json!({ "type": kind }))
+        .into_iter()
+        .chain(network)
+        .collect()
 }
 
 pub fn netns_path(name: &str) -> String {
@@ -181,5 +176,33 @@ mod tests {
             );
         }
         assert!(crio_root().starts_with(LAB_DIR));
+    }
+
+    #[test]
+    fn a_host_network_sandbox_has_no_network_namespace_and_its_own_resolv_conf() {
+        let root = TestDir::new();
+        let pod = &crate::lab::plan::HOST_CLIENT;
+        write_crio_sandbox(root.path(), pod, std::process::id()).unwrap();
+        let inv = discover(&RuntimeDirs {
+            containerd: root.path().join("no-containerd"),
+            crio: root.path().to_owned(),
+        });
+        assert_eq!(inv.errors, Vec::<String>::new());
+        assert_eq!(inv.pods.len(), 1);
+        let found = &inv.pods[0];
+        assert_eq!(found.full_name(), "logging/fluent-bit-5lq8z");
+        assert_eq!(found.netns, None, "the node's, through its process");
+        assert_eq!(found.resolv_conf, Some(pod.resolv_conf()));
+        let spec = std::fs::read_to_string(
+            root.path()
+                .join("overlay-containers")
+                .join(pod.sandbox_id())
+                .join("userdata/config.json"),
+        )
+        .unwrap();
+        assert!(
+            spec.contains("\"io.kubernetes.cri-o.HostNetwork\": \"true\""),
+            "{spec}"
+        );
     }
 }

@@ -20,6 +20,7 @@ pub const PROGRAMS: &[(&str, &str)] = &[
     ("ss", "iproute2"),
     ("nft", "nftables"),
     ("conntrack", "conntrack"),
+    ("unshare", "util-linux"),
 ];
 
 pub fn require_programs() -> Result<()> {
@@ -118,17 +119,36 @@ fn feed(ns: &str, program: &str, args: &[&str], input: &str) -> Result<()> {
 /// Starts `program args` in `ns` as a detached, long-running process and
 /// returns its pid (`ip netns exec` execs the program, so the pid is its own).
 pub fn spawn_detached(ns: &str, program: &str, args: &[&str]) -> Result<u32> {
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", ns, program]);
+    spawn_detached_cmd(cmd, args)
+}
+
+/// The same for a command made ready to take `args`; every exec keeps the pid.
+pub fn spawn_detached_cmd(mut cmd: Command, args: &[&str]) -> Result<u32> {
     use std::os::unix::process::CommandExt as _;
-    let child = Command::new("ip")
-        .args(["netns", "exec", ns, program])
+    let what = format!("{cmd:?}");
+    let child = cmd
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .process_group(0)
         .spawn()
-        .with_context(|| format!("starting {program} in {ns}"))?;
+        .with_context(|| format!("starting {what}"))?;
     Ok(child.id())
+}
+
+/// `program args` in `ns` with `resolv` mounted as /etc/resolv.conf, in a
+/// mount namespace of its own: a hostNetwork pod's view of the node.
+pub fn with_resolv_conf(ns: &str, resolv: &Path, program: &str) -> Command {
+    let script = format!("mount --bind \"$0\" /etc/resolv.conf && exec {program} \"$@\"");
+    let mut cmd = Command::new("ip");
+    cmd.args([
+        "netns", "exec", ns, "unshare", "--mount", "sh", "-c", &script,
+    ])
+    .arg(resolv);
+    cmd
 }
 
 /// Running, not a zombie: daemons the lab started are reaped by whoever

@@ -2,21 +2,26 @@
 //! make them, and what each application saw (answer, error, time taken).
 use std::{
     fs::File,
-    io::{Read as _, Write as _},
-    net::{IpAddr, SocketAddr, TcpStream, UdpSocket},
+    io::Write as _,
+    net::{SocketAddr, UdpSocket},
     sync::{mpsc, Arc, Barrier},
     time::{Duration, Instant},
 };
 
 use anyhow::{bail, Context as _, Result};
 use hickory_proto::{
-    op::{Message, MessageType, Query, ResponseCode},
-    rr::{Name, RData, RecordType},
+    op::Message,
+    rr::{Name, RecordType},
 };
 use serde::Serialize;
 
 use super::{
-    plan::{self, Pod},
+    dnswire::{
+        candidates, classify, io_reason, parse_resolv_conf, query, random_id, tcp_ask, Pair,
+        ResolvConf,
+    },
+    libc_clients::{glibc_exchange, musl_candidates, musl_exchange, Glibc},
+    plan::{self, Domain, Pod, Role},
     Fault, LabState,
 };
 use crate::output::Format;
@@ -35,9 +40,13 @@ pub struct TrafficArgs {
     /// Keep going this long (e.g. 30s, 2m); default: each name once per pod.
     #[arg(long, value_parser = humantime::parse_duration)]
     duration: Option<Duration>,
-    /// Who makes the lookups: a glibc-like stub resolver, or dig.
+    /// Who makes the lookups: a glibc-like stub resolver, dig, or the retry
+    /// habits of glibc or musl (see lab/libc_clients.rs).
     #[arg(long, value_enum, default_value_t = Client::Stub)]
     client: Client,
+    /// With `--client glibc`: resolv.conf's `options single-request-reopen`.
+    #[arg(long)]
+    single_request_reopen: bool,
     /// Every query over TCP, as with resolv.conf's `options use-vc` (dig: +tcp).
     #[arg(long)]
     tcp: bool,
@@ -49,6 +58,8 @@ pub struct TrafficArgs {
 enum Client {
     Stub,
     Dig,
+    Glibc,
+    Musl,
 }
 
 /// How each lookup is made.
@@ -58,17 +69,24 @@ struct How {
     /// The `conntrack-race` fault: A and AAAA sent from two CPUs at once.
     race: bool,
     tcp: bool,
+    glibc: Glibc,
 }
 
-const DEFAULT_NAMES: &[&str] = &[
-    "kubernetes.default",
-    "kube-dns.kube-system.svc.cluster.local",
-    "db.default",
-    "www.example.com",
-    "chain.example.com",
-    "many.example.com",
-    "nosuchname.example.com",
-];
+/// A mix of cluster and external names, one fully qualified in `domain`.
+fn default_names(domain: &Domain) -> Vec<String> {
+    let fqdn = format!("kube-dns.kube-system.svc.{domain}");
+    [
+        "kubernetes.default",
+        &fqdn,
+        "db.default",
+        "www.example.com",
+        "chain.example.com",
+        "many.example.com",
+        "nosuchname.example.com",
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
 
 /// At most this many lookups in flight per pod (each may wait 10 s).
 const MAX_IN_FLIGHT: usize = 256;
@@ -90,13 +108,16 @@ pub struct Outcome {
 pub fn run(args: TrafficArgs) -> Result<()> {
     let state = LabState::load()?;
     let pods: Vec<&'static Pod> = if args.pods.is_empty() {
-        plan::client_pods().collect()
+        plan::client_pods(state.host_client).collect()
     } else {
         args.pods
             .iter()
             .map(|p| plan::find_pod(p).with_context(|| format!("no lab pod named {p:?}")))
             .collect::<Result<_>>()?
     };
+    if !state.host_client && pods.iter().any(|p| p.role == Role::HostClient) {
+        bail!("the lab has no hostNetwork client: bring it up with `dnstrace lab up --host-network-client`");
+    }
     if !(args.rate > 0.0 && args.rate <= 10_000.0) {
         bail!(
             "--rate {}: use a number of lookups per second between 0 and 10000",
@@ -104,7 +125,7 @@ pub fn run(args: TrafficArgs) -> Result<()> {
         );
     }
     let names: Vec<String> = if args.names.is_empty() {
-        DEFAULT_NAMES.iter().map(|s| (*s).to_owned()).collect()
+        default_names(&state.cluster_domain)
     } else {
         args.names.clone()
     };
@@ -112,6 +133,11 @@ pub fn run(args: TrafficArgs) -> Result<()> {
         client: args.client,
         race: state.faults.contains(&Fault::ConntrackRace),
         tcp: args.tcp,
+        glibc: if args.single_request_reopen {
+            Glibc::SingleRequestReopen
+        } else {
+            Glibc::Default
+        },
     };
     let (tx, rx) = mpsc::channel();
     let mut drivers = Vec::new();
@@ -213,7 +239,7 @@ fn drive(
         in_flight.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         workers.push(std::thread::spawn(move || {
             let outcome = match how.client {
-                Client::Stub => stub_lookup(pod, &name, how),
+                Client::Stub | Client::Glibc | Client::Musl => stub_lookup(pod, &name, how),
                 Client::Dig => dig_lookup(pod, &name, how.tcp),
             };
             let _ = tx.send(outcome);
@@ -226,78 +252,9 @@ fn drive(
     }
 }
 
-/// The resolver settings glibc reads.
-#[derive(Debug, PartialEq)]
-pub struct ResolvConf {
-    pub nameservers: Vec<IpAddr>,
-    pub search: Vec<String>,
-    pub ndots: usize,
-    pub timeout: Duration,
-    pub attempts: u32,
-}
-
-pub fn parse_resolv_conf(text: &str) -> ResolvConf {
-    let mut rc = ResolvConf {
-        nameservers: Vec::new(),
-        search: Vec::new(),
-        ndots: 1,
-        timeout: Duration::from_secs(5),
-        attempts: 2,
-    };
-    for line in text.lines() {
-        let mut words = line.split_whitespace();
-        match words.next() {
-            Some("nameserver") => rc
-                .nameservers
-                .extend(words.next().and_then(|a| a.parse::<IpAddr>().ok())),
-            Some("search") | Some("domain") => rc.search = words.map(str::to_owned).collect(),
-            Some("options") => {
-                for opt in words {
-                    let (key, value) = opt.split_once(':').unwrap_or((opt, ""));
-                    let n: Option<usize> = value.parse().ok();
-                    match key {
-                        "ndots" => rc.ndots = n.unwrap_or(1).min(15),
-                        "timeout" => {
-                            rc.timeout = Duration::from_secs(n.unwrap_or(5).clamp(1, 30) as u64)
-                        }
-                        "attempts" => rc.attempts = n.unwrap_or(2).clamp(1, 5) as u32,
-                        _ => {}
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-    rc.nameservers.truncate(3);
-    rc
-}
-
-/// The names glibc tries, in order, for `name`.
-pub fn candidates(name: &str, rc: &ResolvConf) -> Vec<String> {
-    if let Some(absolute) = name.strip_suffix('.') {
-        return vec![format!("{absolute}.")];
-    }
-    let searched = rc.search.iter().map(|s| format!("{name}.{s}."));
-    let absolute = format!("{name}.");
-    if name.matches('.').count() >= rc.ndots {
-        std::iter::once(absolute).chain(searched).collect()
-    } else {
-        searched.chain(std::iter::once(absolute)).collect()
-    }
-}
-
-/// How one A+AAAA exchange for one candidate name ended.
-enum Pair {
-    Addresses(Vec<String>),
-    /// NXDOMAIN or no address: glibc moves on to the next candidate.
-    NotHere(&'static str),
-    Failed(String),
-}
-
 fn stub_lookup(pod: &Pod, name: &str, how: How) -> Outcome {
     let start = Instant::now();
-    let rc_text = std::fs::read_to_string(format!("/etc/netns/{}/resolv.conf", pod.netns()))
-        .unwrap_or_default();
+    let rc_text = std::fs::read_to_string(pod.resolv_conf()).unwrap_or_default();
     let rc = parse_resolv_conf(&rc_text);
     let mut outcome = Outcome {
         pod: pod.full_name(),
@@ -310,9 +267,19 @@ fn stub_lookup(pod: &Pod, name: &str, how: How) -> Outcome {
         elapsed_ms: 0.0,
     };
     let mut last_miss = "NXDOMAIN";
-    for cand in candidates(name, &rc) {
+    let names = match how.client {
+        Client::Musl => musl_candidates(name, &rc),
+        _ => candidates(name, &rc),
+    };
+    for cand in names {
         outcome.last_name = cand.clone();
-        match exchange(&rc, &cand, how, &mut outcome.queries) {
+        let queries = &mut outcome.queries;
+        let pair = match how.client {
+            Client::Glibc => glibc_exchange(&rc, &cand, how.glibc, queries),
+            Client::Musl => musl_exchange(&rc, &cand, queries),
+            _ => exchange(&rc, &cand, how, queries),
+        };
+        match pair {
             Pair::Addresses(a) => {
                 outcome.ok = true;
                 outcome.addresses = a;
@@ -422,45 +389,6 @@ fn udp_pair(
     Ok(replies.map(|r| r.expect("both replies present")))
 }
 
-/// What the application sees, in resolver terms.
-fn io_reason(e: std::io::Error) -> String {
-    match e.kind() {
-        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => "timeout".into(),
-        std::io::ErrorKind::ConnectionRefused => "connection refused".into(),
-        _ => e.to_string(),
-    }
-}
-
-fn classify(replies: &[Message; 2]) -> Option<Pair> {
-    if replies.iter().any(|m| {
-        matches!(
-            m.response_code(),
-            ResponseCode::ServFail | ResponseCode::Refused
-        )
-    }) {
-        return None;
-    }
-    let addresses: Vec<String> = replies
-        .iter()
-        .flat_map(|m| m.answers())
-        .filter_map(|r| match r.data() {
-            RData::A(a) => Some(a.to_string()),
-            RData::AAAA(a) => Some(a.to_string()),
-            _ => None,
-        })
-        .collect();
-    if !addresses.is_empty() {
-        Some(Pair::Addresses(addresses))
-    } else if replies
-        .iter()
-        .all(|m| m.response_code() == ResponseCode::NXDomain)
-    {
-        Some(Pair::NotHere("NXDOMAIN"))
-    } else {
-        Some(Pair::NotHere("no address"))
-    }
-}
-
 /// Sends both queries back to back; with the race fault, from two threads
 /// pinned to different CPUs at the same instant.
 fn send_both(sock: &UdpSocket, wire: &[Vec<u8>], race: bool) -> std::io::Result<()> {
@@ -504,48 +432,17 @@ fn num_cpus() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
-/// One query over its own TCP connection: the retry after a truncated
-/// answer, or every query with `--tcp`.
-fn tcp_ask(
-    server: SocketAddr,
-    query: &[u8],
-    wait: Duration,
-    queries: &mut u32,
-) -> Result<Message, String> {
-    *queries += 1;
-    let mut s = TcpStream::connect_timeout(&server, wait).map_err(|e| format!("TCP: {e}"))?;
-    s.set_read_timeout(Some(wait)).map_err(|e| e.to_string())?;
-    let mut framed = (query.len() as u16).to_be_bytes().to_vec();
-    framed.extend_from_slice(query);
-    s.write_all(&framed).map_err(|e| format!("TCP: {e}"))?;
-    let mut len = [0u8; 2];
-    s.read_exact(&mut len).map_err(|e| format!("TCP: {e}"))?;
-    let mut buf = vec![0u8; usize::from(u16::from_be_bytes(len))];
-    s.read_exact(&mut buf).map_err(|e| format!("TCP: {e}"))?;
-    Message::from_vec(&buf).map_err(|e| format!("TCP answer: {e}"))
-}
-
-fn query(id: u16, name: &Name, rtype: RecordType) -> Vec<u8> {
-    let mut m = Message::new();
-    m.set_id(id)
-        .set_message_type(MessageType::Query)
-        .set_recursion_desired(true)
-        .add_query(Query::query(name.clone(), rtype));
-    m.to_vec().unwrap_or_default()
-}
-
-fn random_id() -> u16 {
-    let mut id = [0u8; 2];
-    // SAFETY: getrandom writes at most the buffer's length.
-    unsafe { libc::getrandom(id.as_mut_ptr().cast(), 2, 0) };
-    u16::from_ne_bytes(id)
-}
-
 /// dig in the pod, with the pod's resolv.conf (search list included).
 fn dig_lookup(pod: &Pod, name: &str, tcp: bool) -> Outcome {
     let start = Instant::now();
-    let out = std::process::Command::new("ip")
-        .args(["netns", "exec", &pod.netns(), "dig"])
+    let mut dig = if pod.role == Role::HostClient {
+        super::sys::with_resolv_conf(&pod.netns(), &pod.resolv_conf(), "dig")
+    } else {
+        let mut cmd = std::process::Command::new("ip");
+        cmd.args(["netns", "exec", &pod.netns(), "dig"]);
+        cmd
+    };
+    let out = dig
         .args(tcp.then_some("+tcp"))
         .args(["+search", "+tries=2", "+time=5", name, "A"])
         .output();
@@ -585,6 +482,8 @@ fn dig_lookup(pod: &Pod, name: &str, tcp: bool) -> Outcome {
 
 #[cfg(test)]
 mod tests {
+    use std::net::IpAddr;
+
     use super::*;
 
     fn rc() -> ResolvConf {
