@@ -203,6 +203,9 @@ fn context_of(
         bridge_nf_call_iptables: crate::netns::sysctl(node, "net/bridge/bridge-nf-call-iptables"),
         node_netns: crate::netns::inode(node).unwrap_or(0),
         conntrack: conntrack_at_start(node),
+        node_search: crate::pods::resolv::read_for_node(node)
+            .map(|r| r.search)
+            .unwrap_or_default(),
     }
 }
 

@@ -19,6 +19,10 @@ pub struct Context {
     /// The kfree_skb tracepoint is attached: a DNS packet the kernel drops
     /// shows as a leg, so a loss without one was no drop.
     pub drops_visible: bool,
+    /// The node's own search domains (its resolv.conf), which the kubelet
+    /// appends to ClusterFirst pods' search lists: by design on managed
+    /// clusters (EKS's ec2.internal, GKE's google.internal, ...).
+    pub node_search: Vec<String>,
 }
 
 #[derive(Clone, Debug, Default)]

@@ -14,7 +14,9 @@ const AMPLIFICATION_NS: u64 = 100_000_000;
 
 /// `B.<cluster domain>.` then `B.S.` with S foreign, sent upstream and
 /// failed there: S came from the client's search list, and a
-/// cluster-style name went to the outside world for nothing.
+/// cluster-style name went to the outside world for nothing. Not when S is
+/// one of the node's own search domains, which the kubelet appends by
+/// design.
 pub(super) fn search_leak<'a>(
     j: &'a Journey,
     recent: &[&'a Asked],
@@ -36,6 +38,15 @@ pub(super) fn search_leak<'a>(
             .map(|_| base)
     })?;
     let suffix = j.name[base.len() + 1..].trim_end_matches('.');
+    // The node's own domain, appended by the kubelet: a cost of ndots
+    // (`ndots_amplification`), not a leak.
+    if ctx
+        .node_search
+        .iter()
+        .any(|d| d.trim_end_matches('.') == suffix)
+    {
+        return None;
+    }
     // A and AAAA of each candidate: each once, in the order asked.
     let mut tried: Vec<&str> = Vec::new();
     for a in recent

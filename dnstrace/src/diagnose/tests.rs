@@ -152,6 +152,7 @@ fn ctx() -> Context {
         conntrack: None,
         target: None,
         drops_visible: false,
+        node_search: Vec::new(),
     }
 }
 
@@ -438,9 +439,14 @@ fn asked(id: u64, name: &str, rcode: Rcode, end_ms: u64, ms: u64) -> Journey {
     }
 }
 
-#[test]
-fn a_foreign_search_domain_after_the_cluster_ones_is_a_leak() {
-    let mut d = Diagnoser::new(ctx());
+/// The search list's cluster candidates of `orders`, NXDOMAIN, then
+/// `orders.corp.example.com.` sent upstream and NXDOMAIN there: what the
+/// rules raise of it, on a node whose own search domains are `node_search`.
+fn corp_example_candidate(node_search: &[&str]) -> Vec<Anomaly> {
+    let mut d = Diagnoser::new(Context {
+        node_search: node_search.iter().map(|d| (*d).to_owned()).collect(),
+        ..ctx()
+    });
     let names = KernelNames::default();
     for (i, n) in [
         "orders.default.svc.cluster.local.",
@@ -464,13 +470,27 @@ fn a_foreign_search_domain_after_the_cluster_ones_is_a_leak() {
         answered(Rcode::NXDOMAIN),
         100_000,
     ));
-    let found = d.journey(&leak, &names).raised;
+    d.journey(&leak, &names).raised
+}
+
+#[test]
+fn a_foreign_search_domain_after_the_cluster_ones_is_a_leak() {
+    let found = corp_example_candidate(&[]);
     assert_eq!(
         found.iter().map(|a| a.kind.as_str()).collect::<Vec<_>>(),
         vec!["search_domain_leak"]
     );
     assert!(found[0].summary.contains("corp.example.com"));
     assert!(found[0].evidence[0].contains("orders.cluster.local., then orders.corp.example.com. (sent upstream to 198.51.100.53:53)"), "{:?}", found[0].evidence);
+}
+
+/// Managed clusters' nodes (EKS's ec2.internal, GKE's google.internal)
+/// have search domains the kubelet appends to every pod's list by design.
+#[test]
+fn the_node_s_own_search_domain_is_no_leak() {
+    assert!(corp_example_candidate(&["corp.example.com"]).is_empty());
+    assert!(corp_example_candidate(&["other.example", "corp.example.com."]).is_empty());
+    assert_eq!(corp_example_candidate(&["example.com"]).len(), 1);
 }
 
 #[test]

@@ -85,6 +85,19 @@ pub fn read_for_pid(pid: u32) -> Result<ResolvConf> {
     read(Path::new(&format!("/proc/{pid}/root/etc/resolv.conf")))
 }
 
+/// The node's own resolv.conf, which the kubelet's `--resolv-conf` usually
+/// names and whose search domains it appends to ClusterFirst pods' lists:
+/// for a node namespace `/run/netns/NAME`, `ip netns`'s
+/// `/etc/netns/NAME/resolv.conf` where there is one, else /etc/resolv.conf.
+pub fn read_for_node(node_netns: Option<&Path>) -> Result<ResolvConf> {
+    let named = node_netns
+        .filter(|p| p.parent() == Some(Path::new("/run/netns")))
+        .and_then(Path::file_name)
+        .map(|name| Path::new("/etc/netns").join(name).join("resolv.conf"))
+        .filter(|p| p.exists());
+    read(named.as_deref().unwrap_or(Path::new("/etc/resolv.conf")))
+}
+
 /// A pod's resolv.conf: through its sandbox process, else the node's file
 /// the runtime mounts (CRI-O runs no process by default).
 pub fn read_for_pod(pod: &Pod) -> Result<ResolvConf> {

@@ -111,6 +111,9 @@ pub struct ContextNote {
     /// Absent from recordings made before it was noted: not known, so no.
     #[serde(default)]
     pub drops_visible: bool,
+    /// Absent from recordings made before it was noted: none known.
+    #[serde(default)]
+    pub node_search: Vec<String>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -150,6 +153,7 @@ impl ContextNote {
             }),
             target: c.target.clone(),
             drops_visible: c.drops_visible,
+            node_search: c.node_search.clone(),
         }
     }
 
@@ -165,6 +169,7 @@ impl ContextNote {
             }),
             target: self.target,
             drops_visible: self.drops_visible,
+            node_search: self.node_search,
         }
     }
 }
