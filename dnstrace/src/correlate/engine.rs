@@ -480,7 +480,10 @@ impl Engine {
     }
 
     /// The open journey this query serves, if it was sent by a server that
-    /// a journey for the same question is waiting at.
+    /// a journey for the same name is waiting at. Resolvers that forward do
+    /// not coalesce: each client's query sends its own, in arrival order, so
+    /// it serves the oldest of its type still without one (a retry, the
+    /// oldest of all).
     fn waiting_parent(&self, key: &Key, name: u64, p: &Packet) -> Option<Ref> {
         let places = [
             Some(Place::Addr(p.src.ip())),
@@ -497,7 +500,7 @@ impl Engine {
                     && !o.has(JourneyFlags::ANSWER_SEEN)
                     && o.server_is(p, &self.devices)
             })
-            .min_by_key(|(_, o)| o.started_ns)
+            .min_by_key(|(_, o)| (o.qtype != key.qtype, !o.children.is_empty(), o.started_ns))
             .map(|(slot, o)| Ref::new(slot, o.id))
     }
 

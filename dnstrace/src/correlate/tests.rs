@@ -1373,3 +1373,110 @@ fn a_later_fragment_dropped_ends_the_journey_as_dropped_there() {
         Some((2960, false))
     );
 }
+
+const UPSTREAM: &str = "198.51.100.53:53";
+const POD2_NS: u32 = 101;
+
+/// A resolver's upstream query (`id`, from `from`) sent from `netns`, and
+/// its answer back there 100 µs later.
+fn upstream(ts: u64, netns: u32, from: &'static str, id: u16, qtype: &'static str) -> [Record; 2] {
+    let name = "kubernetes.default.svc.cluster.local.";
+    let out = ev(ts, Hook::DevXmit, netns, 9, from, UPSTREAM);
+    let back = ev(ts + 100_000, Hook::DevReceive, netns, 9, UPSTREAM, from);
+    [
+        rec(&out, msg(id, name, qtype, false), None, None),
+        rec(&back, msg(id, name, qtype, true), None, None),
+    ]
+}
+
+/// `healthy`'s legs asking for the AAAA record.
+fn healthy_aaaa(t0: u64, client: &'static str, id: u16) -> Vec<Record> {
+    healthy(t0, client, CLIENT_NS, id)
+        .into_iter()
+        .map(|mut r| {
+            let Body::Dns(m) = &r.body else {
+                unreachable!("healthy legs are DNS")
+            };
+            let mut m = (**m).clone();
+            m.questions[0].qtype = Qtype::AAAA;
+            r.body = Body::Dns(m.into());
+            r
+        })
+        .collect()
+}
+
+fn sorted(mut recs: Vec<Record>) -> Vec<Record> {
+    recs.sort_by_key(|r| r.packet.ts_ns);
+    recs
+}
+
+/// Each top-level journey's client and type, with its upstream queries' DNS ids.
+fn upstream_ids(js: &[Journey]) -> Vec<(SocketAddr, Qtype, Vec<u16>)> {
+    let mut v: Vec<_> = js
+        .iter()
+        .map(|j| {
+            (
+                j.client,
+                j.qtype,
+                j.upstream.iter().map(|u| u.dns_id).collect(),
+            )
+        })
+        .collect();
+    v.sort_by_key(|(c, q, _)| (*c, q.0));
+    v
+}
+
+/// CoreDNS's forward plugin does not coalesce: two clients asking one name
+/// at once each cause an upstream query, sent in their arrival order.
+#[test]
+fn clients_asking_one_name_at_once_each_get_the_upstream_query_sent_for_them() {
+    let mut recs = healthy(0, "10.244.0.10:4000", CLIENT_NS, 7);
+    recs.extend(healthy(5_000, "10.244.0.11:4001", POD2_NS, 8));
+    recs.extend(upstream(50_000, DNS_NS, "10.244.0.53:5555", 901, "A"));
+    recs.extend(upstream(55_000, DNS_NS, "10.244.0.53:5556", 902, "A"));
+    let (_, js) = run(&sorted(recs), 2_000 * MS);
+    assert_eq!(
+        upstream_ids(&js),
+        [
+            (addr("10.244.0.10:4000"), Qtype::A, vec![901]),
+            (addr("10.244.0.11:4001"), Qtype::A, vec![902]),
+        ]
+    );
+}
+
+/// Once every waiting journey has its upstream query, another (a retry)
+/// goes to the oldest.
+#[test]
+fn an_upstream_retry_goes_to_the_oldest_waiting_journey() {
+    let mut recs = healthy(0, "10.244.0.10:4000", CLIENT_NS, 7);
+    recs.extend(healthy(5_000, "10.244.0.11:4001", POD2_NS, 8));
+    recs.extend(upstream(40_000, DNS_NS, "10.244.0.53:5555", 901, "A"));
+    recs.extend(upstream(45_000, DNS_NS, "10.244.0.53:5556", 902, "A"));
+    recs.extend(upstream(50_000, DNS_NS, "10.244.0.53:5557", 903, "A"));
+    let (_, js) = run(&sorted(recs), 2_000 * MS);
+    assert_eq!(
+        upstream_ids(&js),
+        [
+            (addr("10.244.0.10:4000"), Qtype::A, vec![901, 903]),
+            (addr("10.244.0.11:4001"), Qtype::A, vec![902]),
+        ]
+    );
+}
+
+/// A and AAAA asked at once: each upstream query serves its own type,
+/// whichever the resolver sends first.
+#[test]
+fn an_upstream_query_serves_the_journey_of_its_own_type() {
+    let mut recs = healthy(0, "10.244.0.10:4000", CLIENT_NS, 7);
+    recs.extend(healthy_aaaa(1_000, "10.244.0.10:4000", 8));
+    recs.extend(upstream(50_000, DNS_NS, "10.244.0.53:5556", 902, "AAAA"));
+    recs.extend(upstream(55_000, DNS_NS, "10.244.0.53:5555", 901, "A"));
+    let (_, js) = run(&sorted(recs), 2_000 * MS);
+    assert_eq!(
+        upstream_ids(&js),
+        [
+            (addr("10.244.0.10:4000"), Qtype::A, vec![901]),
+            (addr("10.244.0.10:4000"), Qtype::AAAA, vec![902]),
+        ]
+    );
+}
