@@ -286,6 +286,14 @@ impl Open {
             && self.name.eq_ignore_ascii_case(q.name)
     }
 
+    /// Whether a query leg of it went to `server`.
+    pub(super) fn asked(&self, server: SocketAddr) -> bool {
+        let v6 = self.v6();
+        self.legs
+            .iter()
+            .any(|l| !l.response() && l.dst.unpack(l.flags.has(LegFlags::V6_DST), v6) == server)
+    }
+
     pub(super) fn has(&self, flag: JourneyFlags) -> bool {
         self.flags.has(flag)
     }

@@ -1480,3 +1480,76 @@ fn an_upstream_query_serves_the_journey_of_its_own_type() {
         ]
     );
 }
+
+/// A DNS header answering `id` with `rcode` and no question (QDCOUNT 0),
+/// decoded as the pipeline decodes it.
+fn no_question_answer(id: u16, rcode: u8) -> Body {
+    let [hi, lo] = id.to_be_bytes();
+    crate::decode::parse(&[hi, lo, 0x81, 0x80 | rcode, 0, 0, 0, 0, 0, 0, 0, 0])
+}
+
+/// Some FORMERR and REFUSED answers carry no question: such an answer still
+/// ends its journey, found by client socket and DNS id where it is seen.
+#[test]
+fn an_answer_without_a_question_ends_its_journey_with_its_rcode() {
+    let recs: Vec<Record> = healthy(0, "10.244.0.10:4000", CLIENT_NS, 7)
+        .into_iter()
+        .map(|mut r| {
+            if r.packet.src.port() == 53 {
+                r.body = no_question_answer(7, 5);
+            }
+            r
+        })
+        .collect();
+    let (e, js) = run(&recs, 2_000 * MS);
+    assert_eq!(js.len(), 1);
+    let j = &js[0];
+    assert_eq!(j.legs.len(), 8, "every answer leg joins it");
+    assert!(
+        matches!(&j.outcome, Outcome::Answered { rcode, answers, .. } if *rcode == Rcode::REFUSED && answers.is_empty()),
+        "{:?}",
+        j.outcome
+    );
+    assert_eq!(e.open_count(), 0);
+}
+
+/// One under another id, or from elsewhere than the query went, answers
+/// nothing.
+#[test]
+fn an_answer_without_a_question_joins_only_its_own_journey() {
+    let mut recs = healthy(0, "10.244.0.10:4000", CLIENT_NS, 7);
+    recs.truncate(4);
+    let mut other_id = rec(
+        &ev(
+            100_000,
+            Hook::DevReceive,
+            CLIENT_NS,
+            2,
+            "10.96.0.10:53",
+            "10.244.0.10:4000",
+        ),
+        msg(7, "x.", "A", true),
+        None,
+        None,
+    );
+    other_id.body = no_question_answer(8, 5);
+    let mut elsewhere = rec(
+        &ev(
+            110_000,
+            Hook::DevReceive,
+            CLIENT_NS,
+            2,
+            "10.96.0.99:53",
+            "10.244.0.10:4000",
+        ),
+        msg(7, "x.", "A", true),
+        None,
+        None,
+    );
+    elsewhere.body = no_question_answer(7, 5);
+    recs.extend([other_id, elsewhere]);
+    let (_, js) = run(&recs, 10_000 * MS);
+    assert_eq!(js.len(), 1);
+    assert_eq!(js[0].legs.len(), 4);
+    assert_eq!(js[0].outcome, Outcome::Timeout);
+}
