@@ -1553,3 +1553,110 @@ fn an_answer_without_a_question_joins_only_its_own_journey() {
     assert_eq!(js[0].legs.len(), 4);
     assert_eq!(js[0].outcome, Outcome::Timeout);
 }
+
+/// A hostNetwork client asks a resolver in the node's namespace (over lo);
+/// the resolver's own query, sent from that namespace, serves it.
+#[test]
+fn a_local_resolvers_upstream_query_serves_a_host_network_client() {
+    let name = "kubernetes.default.svc.cluster.local.";
+    let (client, resolver) = ("169.254.20.10:40000", "169.254.20.10:53");
+    let lo = |ts, hook, src, dst, response| {
+        rec(
+            &ev(ts, hook, NODE_NS, 1, src, dst),
+            msg(7, name, "A", response),
+            None,
+            None,
+        )
+    };
+    let mut recs = vec![
+        lo(0, Hook::DevXmit, client, resolver, false),
+        lo(2_000, Hook::DevReceive, client, resolver, false),
+        lo(300_000, Hook::DevXmit, resolver, client, true),
+        lo(302_000, Hook::DevReceive, resolver, client, true),
+    ];
+    recs.extend(upstream(50_000, NODE_NS, "198.51.100.1:5555", 901, "A"));
+    let (_, js) = run(&sorted(recs), 2_000 * MS);
+    assert_eq!(upstream_ids(&js), [(addr(client), Qtype::A, vec![901])]);
+}
+
+/// NodeLocalDNS on the node serves a pod; a hostNetwork client asking it
+/// the same name at once is a journey of its own, not NodeLocalDNS's
+/// upstream query, which goes to the pod's journey.
+#[test]
+fn a_host_network_clients_query_is_not_a_resolvers_upstream_query() {
+    let name = "kubernetes.default.svc.cluster.local.";
+    let (pod, host, resolver) = (
+        "10.244.0.10:4000",
+        "169.254.20.10:40000",
+        "169.254.20.10:53",
+    );
+    let at = |ts, hook, netns, ifindex, src, dst, id, response| {
+        let e = ev(ts, hook, netns, ifindex, src, dst);
+        rec(&e, msg(id, name, "A", response), None, None)
+    };
+    let mut recs = vec![
+        at(0, Hook::DevXmit, CLIENT_NS, 2, pod, resolver, 7, false),
+        at(3_000, Hook::DevReceive, NODE_NS, 5, pod, resolver, 7, false),
+        at(10_000, Hook::DevXmit, NODE_NS, 1, host, resolver, 8, false),
+        at(
+            12_000,
+            Hook::DevReceive,
+            NODE_NS,
+            1,
+            host,
+            resolver,
+            8,
+            false,
+        ),
+        at(300_000, Hook::DevXmit, NODE_NS, 5, resolver, pod, 7, true),
+        at(
+            303_000,
+            Hook::DevReceive,
+            CLIENT_NS,
+            2,
+            resolver,
+            pod,
+            7,
+            true,
+        ),
+        at(310_000, Hook::DevXmit, NODE_NS, 1, resolver, host, 8, true),
+        at(
+            312_000,
+            Hook::DevReceive,
+            NODE_NS,
+            1,
+            resolver,
+            host,
+            8,
+            true,
+        ),
+    ];
+    recs.extend(upstream(50_000, NODE_NS, "198.51.100.1:5555", 901, "A"));
+    let (_, js) = run(&sorted(recs), 2_000 * MS);
+    assert_eq!(
+        upstream_ids(&js),
+        [
+            (addr(pod), Qtype::A, vec![901]),
+            (addr(host), Qtype::A, vec![]),
+        ]
+    );
+}
+
+/// A resolver that forwards to its own pod address, asked through the
+/// service: its query to the address the client's was translated to is
+/// its upstream query (a loop), not another client's.
+#[test]
+fn a_resolver_asking_its_own_address_behind_the_service_is_its_upstream_query() {
+    let name = "kubernetes.default.svc.cluster.local.";
+    let mut recs = healthy(0, "10.244.0.10:4000", CLIENT_NS, 7);
+    let (from, to) = ("10.244.0.53:5555", "10.244.0.53:53");
+    for (ts, hook) in [(50_000, Hook::DevXmit), (51_000, Hook::DevReceive)] {
+        let e = ev(ts, hook, DNS_NS, 1, from, to);
+        recs.push(rec(&e, msg(901, name, "A", false), None, None));
+    }
+    let (_, js) = run(&sorted(recs), 10_000 * MS);
+    assert_eq!(
+        upstream_ids(&js),
+        [(addr("10.244.0.10:4000"), Qtype::A, vec![901])]
+    );
+}
