@@ -60,13 +60,15 @@ pub struct Engine {
     by_key: ByKey,
     /// Unanswered journeys by question and place, TCP journeys by question,
     /// and journeys by client socket, so that finding a parent, a TCP
-    /// retry or a conntrack entry's journeys never scans them all. The
+    /// retry, a conntrack entry's journeys or the journey of an answer
+    /// without a question never scans them all. The
     /// first is keyed by a hash of (name hash, place): a parent found there
     /// is confirmed by its name and `Open::server_is`.
     waiting: Index<u32>,
     tcp_by_name: Index<Box<str>>,
-    /// Keyed by the client socket hashed (4 bytes, not 32), each journey
-    /// found there confirmed by its own key.
+    /// Keyed by the client socket hashed (4 bytes, not 32), and by each
+    /// socket it is known by past a SNAT; each journey found there
+    /// confirmed by its own key.
     by_client: Index<u32>,
     hasher: RandomState,
     /// Journeys, oldest first, for eviction and for the timed-out ones;
