@@ -116,10 +116,26 @@ upstream_timeout() {
     fresh_lab --fault upstream-timeout
     start_trace upstream-timeout
     dig_web @$SERVICE ut.example.com
-    # The stub's retry of a question CoreDNS already forwards is not
-    # forwarded again: unanswered, with no upstream query of its own.
+    # A stub's A and AAAA, and its retry: CoreDNS forwards each, and the
+    # upstream drops them all.
     lab traffic --pod web --name ut2.example.com. >/dev/null
     stop_trace upstream-timeout
+}
+
+# Both CoreDNS pods stopped (SIGSTOP) while a query reaches one: nothing
+# answers or forwards it. They go on once the trace has stopped, so that
+# their late answer is not in the recording.
+stalled_resolver() {
+    fresh_lab
+    local pids
+    pids=$(for pod in coredns-7db6d8ff4d-4xk9m coredns-7db6d8ff4d-vz8lp; do
+        ip netns pids "dtlab-$pod"
+    done)
+    start_trace stalled-resolver
+    kill -STOP $pids
+    dig_web @$SERVICE stalled.example.com
+    stop_trace stalled-resolver
+    kill -CONT $pids
 }
 
 servfail() {
@@ -176,8 +192,8 @@ fragments_dropped() {
 }
 
 ALL=(healthy bridge-nf-off no-dnat forward-loop truncated upstream-timeout
-    servfail slow-search-leak drop loopback-nameserver no-dns-tcp
-    fragments-dropped)
+    stalled-resolver servfail slow-search-leak drop loopback-nameserver
+    no-dns-tcp fragments-dropped)
 for scenario in "${@:-${ALL[@]}}"; do
     "${scenario//-/_}"
 done

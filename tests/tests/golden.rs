@@ -19,6 +19,7 @@ const SCENARIOS: &[&str] = &[
     "forward-loop",
     "truncated",
     "upstream-timeout",
+    "stalled-resolver",
     "servfail",
     "slow-search-leak",
     "drop",

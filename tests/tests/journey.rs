@@ -183,3 +183,28 @@ fn bridge_nf_off_shows_the_unnated_answer_dropped_at_the_client() {
     assert_eq!(j["outcome"]["status"], "dropped");
     assert_eq!(j["outcome"]["reason_name"], "NO_SOCKET");
 }
+
+/// A hostNetwork client (in the node's namespace) asks NodeLocalDNS over
+/// lo; NodeLocalDNS's own query upstream, sent from the node's namespace
+/// under another address, is linked under that lookup.
+#[test]
+fn a_host_network_lookup_through_nodelocaldns_has_its_upstream_journey_linked() {
+    require_root();
+    let lab = Lab::up(&["--nodelocaldns"]);
+    let name = format!("{}.", fresh("hostnet"));
+    let js = journeys(|| {
+        lab.dig(NODE, &format!("@{NODELOCAL} {name}"));
+    });
+    let asked = format!("{NODELOCAL}:53");
+    let found: Vec<&Value> = js
+        .iter()
+        .filter(|j| j["type"] == "journey" && j["name"] == name && j["legs"][0]["dst"] == asked)
+        .collect();
+    assert_eq!(found.len(), 1, "{js:#?}");
+    let up = found[0]["upstream"].as_array().unwrap();
+    assert!(
+        up.iter().any(|u| u["legs"][0]["dst"] == "198.51.100.53:53"),
+        "{:#?}",
+        found[0]
+    );
+}

@@ -1,6 +1,10 @@
 //! The engine: records in, journeys out; what it follows and how it finds
 //! it live in the sibling modules.
-use std::{collections::VecDeque, hash::BuildHasher, net::IpAddr};
+use std::{
+    collections::VecDeque,
+    hash::BuildHasher,
+    net::{IpAddr, SocketAddr},
+};
 
 use dnstrace_common::SampleLevel;
 use foldhash::fast::RandomState;
@@ -17,7 +21,7 @@ use super::{
 };
 use crate::{
     conntrack::CtEvent,
-    decode::{Body, Conntrack, Packet, Qtype, Record, Transport},
+    decode::{Body, Conntrack, DnsMessage, Packet, Qtype, Record, Transport},
 };
 
 /// Loss windows remembered; past this, the two oldest become one.
@@ -56,13 +60,15 @@ pub struct Engine {
     by_key: ByKey,
     /// Unanswered journeys by question and place, TCP journeys by question,
     /// and journeys by client socket, so that finding a parent, a TCP
-    /// retry or a conntrack entry's journeys never scans them all. The
+    /// retry, a conntrack entry's journeys or the journey of an answer
+    /// without a question never scans them all. The
     /// first is keyed by a hash of (name hash, place): a parent found there
     /// is confirmed by its name and `Open::server_is`.
     waiting: Index<u32>,
     tcp_by_name: Index<Box<str>>,
-    /// Keyed by the client socket hashed (4 bytes, not 32), each journey
-    /// found there confirmed by its own key.
+    /// Keyed by the client socket hashed (4 bytes, not 32), and by each
+    /// socket it is known by past a SNAT; each journey found there
+    /// confirmed by its own key.
     by_client: Index<u32>,
     hasher: RandomState,
     /// Journeys, oldest first, for eviction and for the timed-out ones;
@@ -206,35 +212,9 @@ impl Engine {
             Body::Cut(msg) => (msg, true),
             Body::Malformed { .. } => return,
         };
-        let Some(q) = msg.questions.first() else {
-            return;
-        };
         let p = &rec.packet;
-        // Conntrack knows the client's own address even after SNAT.
-        let client = match (&p.ct, msg.response) {
-            (Some(ct), _) => ct.original.src,
-            (None, true) => p.dst,
-            (None, false) => p.src,
-        };
-        let asked = Question {
-            client,
-            dns_id: msg.id,
-            qtype: q.qtype,
-            name: &q.name,
-        };
-        let slot = match self.by_key.find(&self.open, &asked) {
-            Some(slot) => slot,
-            // A reply whose query was never seen starts nothing.
-            None if msg.response => return,
-            None => {
-                let key = Key {
-                    client,
-                    dns_id: msg.id,
-                    name: q.name.to_ascii_lowercase().into(),
-                    qtype: q.qtype,
-                };
-                self.start(key, p)
-            }
+        let Some(slot) = self.journey_of(msg, p) else {
+            return;
         };
         let dev = self.device(p);
         let Some(o) = self.open.get_mut(slot) else {
@@ -276,6 +256,7 @@ impl Engine {
                 .map(|(_, seen)| seen);
         if let Some(alias) = alias.filter(|a| !o.aliases().any(|k| k == a)) {
             o.extra.get_or_insert_default().aliases.push(alias);
+            self.by_client.add(short(self.hasher.hash_one(alias)), slot);
             let name = o.name.clone();
             let q = Question {
                 client: alias,
@@ -288,6 +269,59 @@ impl Engine {
         if let Some((key, lookup)) = truncated {
             self.lookups.note_truncated(key, lookup, p.ts_ns);
         }
+    }
+
+    /// The journey `msg` belongs to, started if it is a new query; none
+    /// for a reply whose query was never seen.
+    fn journey_of(&mut self, msg: &DnsMessage, p: &Packet) -> Option<Slot> {
+        // Conntrack knows the client's own address even after SNAT.
+        let client = match (&p.ct, msg.response) {
+            (Some(ct), _) => ct.original.src,
+            (None, true) => p.dst,
+            (None, false) => p.src,
+        };
+        let Some(q) = msg.questions.first() else {
+            // Some FORMERR and REFUSED answers carry no question.
+            return msg
+                .response
+                .then(|| self.answered(client, msg.id, p))
+                .flatten();
+        };
+        let asked = Question {
+            client,
+            dns_id: msg.id,
+            qtype: q.qtype,
+            name: &q.name,
+        };
+        match self.by_key.find(&self.open, &asked) {
+            Some(slot) => Some(slot),
+            None if msg.response => None,
+            None => {
+                let key = Key {
+                    client,
+                    dns_id: msg.id,
+                    name: q.name.to_ascii_lowercase().into(),
+                    qtype: q.qtype,
+                };
+                Some(self.start(key, p))
+            }
+        }
+    }
+
+    /// The journey an answer without a question ends: the latest one from
+    /// `client` (as known where the answer is seen) under `dns_id` whose
+    /// query went to where the answer comes from.
+    fn answered(&self, client: SocketAddr, dns_id: u16, p: &Packet) -> Option<Slot> {
+        self.by_client
+            .get(&short(self.hasher.hash_one(client)))
+            .filter_map(|slot| Some((slot, self.open.get(slot)?)))
+            .filter(|(_, o)| {
+                o.dns_id == dns_id
+                    && (o.client() == client || o.aliases().any(|a| *a == client))
+                    && o.asked(p.src)
+            })
+            .max_by_key(|(_, o)| o.started_ns)
+            .map(|(slot, _)| slot)
     }
 
     /// A ctnetlink event: where no leg carried the conntrack entry, it still
@@ -491,7 +525,10 @@ impl Engine {
     }
 
     /// The open journey this query serves, if it was sent by a server that
-    /// a journey for the same question is waiting at.
+    /// a journey for the same name is waiting at. Resolvers that forward do
+    /// not coalesce: each client's query sends its own, in arrival order, so
+    /// it serves the oldest of its type still without one (a retry, the
+    /// oldest of all).
     fn waiting_parent(&self, key: &Key, name: u64, p: &Packet) -> Option<Ref> {
         let places = [
             Some(Place::Addr(p.src.ip())),
@@ -508,7 +545,7 @@ impl Engine {
                     && !o.has(JourneyFlags::ANSWER_SEEN)
                     && o.server_is(p, &self.devices)
             })
-            .min_by_key(|(_, o)| o.started_ns)
+            .min_by_key(|(_, o)| (o.qtype != key.qtype, !o.children.is_empty(), o.started_ns))
             .map(|(slot, o)| Ref::new(slot, o.id))
     }
 
@@ -560,6 +597,8 @@ impl Engine {
         self.by_key.unfile(&q, slot);
         for &client in o.aliases() {
             self.by_key.unfile(&Question { client, ..q }, slot);
+            self.by_client
+                .remove(&short(self.hasher.hash_one(client)), slot);
         }
         if o.has(JourneyFlags::TCP) {
             self.tcp_by_name.remove(&o.name, slot);

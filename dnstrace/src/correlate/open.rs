@@ -6,7 +6,7 @@ use std::{
     sync::Arc,
 };
 
-use dnstrace_common::{sample, Hook, SampleLevel};
+use dnstrace_common::{sample, Direction, Hook, SampleLevel};
 
 use super::{devices::Devices, FragmentNote, Gap, Journey, Leg, Outcome};
 use crate::decode::{Conntrack, DnsMessage, Packet, Qtype};
@@ -286,6 +286,14 @@ impl Open {
             && self.name.eq_ignore_ascii_case(q.name)
     }
 
+    /// Whether a query leg of it went to `server`.
+    pub(super) fn asked(&self, server: SocketAddr) -> bool {
+        let v6 = self.v6();
+        self.legs
+            .iter()
+            .any(|l| !l.response() && l.dst.unpack(l.flags.has(LegFlags::V6_DST), v6) == server)
+    }
+
     pub(super) fn has(&self, flag: JourneyFlags) -> bool {
         self.flags.has(flag)
     }
@@ -358,25 +366,53 @@ impl Open {
             return [None, None];
         };
         let netns = devs.get(arrival.dev).netns;
-        let other_netns = netns != 0 && netns != devs.get(self.legs[0].dev).netns;
+        let at_server = netns != 0 && self.reached_server_netns(arrival, devs);
         [
             Some(Place::Addr(self.dst_ip(arrival))),
-            other_netns.then_some(Place::Netns(netns)),
+            at_server.then_some(Place::Netns(netns)),
         ]
     }
 
     /// Was `p` sent from where this journey's query was delivered: the
     /// server's namespace, or (without namespaces) the server's address?
+    /// Not if it asks the very address the client asked and the query
+    /// arrived at: that is another client of the same server (a
+    /// hostNetwork client beside NodeLocalDNS), where a resolver that
+    /// forwards to itself asks the address behind the service.
     pub(super) fn server_is(&self, p: &Packet, devs: &Devices) -> bool {
         let Some(arrival) = self.legs.iter().rev().find(|l| !l.response()) else {
             return false;
         };
         let netns = devs.get(arrival.dev).netns;
         if netns != 0 && p.netns != 0 {
-            netns == p.netns && netns != devs.get(self.legs[0].dev).netns
+            let same_ask = [arrival, &self.legs[0]]
+                .iter()
+                .all(|l| self.dst_ip(l) == p.dst.ip());
+            netns == p.netns && self.reached_server_netns(arrival, devs) && !same_ask
         } else {
             self.dst_ip(arrival) == p.src.ip()
         }
+    }
+
+    /// Whether `arrival` is in a server's namespace, not only the client's:
+    /// another namespace, or the client's own when the query came back in
+    /// there (over lo, to a resolver beside the client, as a hostNetwork
+    /// client's to NodeLocalDNS).
+    #[inline]
+    fn reached_server_netns(&self, arrival: &OpenLeg, devs: &Devices) -> bool {
+        let netns = devs.get(arrival.dev).netns;
+        netns != devs.get(self.legs[0].dev).netns
+            || (arrival.hook.direction() == Direction::Ingress && self.left(netns, devs))
+    }
+
+    /// Whether a query leg left `netns`.
+    #[cold]
+    fn left(&self, netns: u32, devs: &Devices) -> bool {
+        self.legs.iter().any(|l| {
+            !l.response()
+                && l.hook.direction() == Direction::Egress
+                && devs.get(l.dev).netns == netns
+        })
     }
 
     /// Adds `p`, seen at device `dev`.

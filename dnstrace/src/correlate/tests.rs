@@ -1373,3 +1373,290 @@ fn a_later_fragment_dropped_ends_the_journey_as_dropped_there() {
         Some((2960, false))
     );
 }
+
+const UPSTREAM: &str = "198.51.100.53:53";
+const POD2_NS: u32 = 101;
+
+/// A resolver's upstream query (`id`, from `from`) sent from `netns`, and
+/// its answer back there 100 µs later.
+fn upstream(ts: u64, netns: u32, from: &'static str, id: u16, qtype: &'static str) -> [Record; 2] {
+    let name = "kubernetes.default.svc.cluster.local.";
+    let out = ev(ts, Hook::DevXmit, netns, 9, from, UPSTREAM);
+    let back = ev(ts + 100_000, Hook::DevReceive, netns, 9, UPSTREAM, from);
+    [
+        rec(&out, msg(id, name, qtype, false), None, None),
+        rec(&back, msg(id, name, qtype, true), None, None),
+    ]
+}
+
+/// `healthy`'s legs asking for the AAAA record.
+fn healthy_aaaa(t0: u64, client: &'static str, id: u16) -> Vec<Record> {
+    healthy(t0, client, CLIENT_NS, id)
+        .into_iter()
+        .map(|mut r| {
+            let Body::Dns(m) = &r.body else {
+                unreachable!("healthy legs are DNS")
+            };
+            let mut m = (**m).clone();
+            m.questions[0].qtype = Qtype::AAAA;
+            r.body = Body::Dns(m.into());
+            r
+        })
+        .collect()
+}
+
+fn sorted(mut recs: Vec<Record>) -> Vec<Record> {
+    recs.sort_by_key(|r| r.packet.ts_ns);
+    recs
+}
+
+/// Each top-level journey's client and type, with its upstream queries' DNS ids.
+fn upstream_ids(js: &[Journey]) -> Vec<(SocketAddr, Qtype, Vec<u16>)> {
+    let mut v: Vec<_> = js
+        .iter()
+        .map(|j| {
+            (
+                j.client,
+                j.qtype,
+                j.upstream.iter().map(|u| u.dns_id).collect(),
+            )
+        })
+        .collect();
+    v.sort_by_key(|(c, q, _)| (*c, q.0));
+    v
+}
+
+/// CoreDNS's forward plugin does not coalesce: two clients asking one name
+/// at once each cause an upstream query, sent in their arrival order.
+#[test]
+fn clients_asking_one_name_at_once_each_get_the_upstream_query_sent_for_them() {
+    let mut recs = healthy(0, "10.244.0.10:4000", CLIENT_NS, 7);
+    recs.extend(healthy(5_000, "10.244.0.11:4001", POD2_NS, 8));
+    recs.extend(upstream(50_000, DNS_NS, "10.244.0.53:5555", 901, "A"));
+    recs.extend(upstream(55_000, DNS_NS, "10.244.0.53:5556", 902, "A"));
+    let (_, js) = run(&sorted(recs), 2_000 * MS);
+    assert_eq!(
+        upstream_ids(&js),
+        [
+            (addr("10.244.0.10:4000"), Qtype::A, vec![901]),
+            (addr("10.244.0.11:4001"), Qtype::A, vec![902]),
+        ]
+    );
+}
+
+/// Once every waiting journey has its upstream query, another (a retry)
+/// goes to the oldest.
+#[test]
+fn an_upstream_retry_goes_to_the_oldest_waiting_journey() {
+    let mut recs = healthy(0, "10.244.0.10:4000", CLIENT_NS, 7);
+    recs.extend(healthy(5_000, "10.244.0.11:4001", POD2_NS, 8));
+    recs.extend(upstream(40_000, DNS_NS, "10.244.0.53:5555", 901, "A"));
+    recs.extend(upstream(45_000, DNS_NS, "10.244.0.53:5556", 902, "A"));
+    recs.extend(upstream(50_000, DNS_NS, "10.244.0.53:5557", 903, "A"));
+    let (_, js) = run(&sorted(recs), 2_000 * MS);
+    assert_eq!(
+        upstream_ids(&js),
+        [
+            (addr("10.244.0.10:4000"), Qtype::A, vec![901, 903]),
+            (addr("10.244.0.11:4001"), Qtype::A, vec![902]),
+        ]
+    );
+}
+
+/// A and AAAA asked at once: each upstream query serves its own type,
+/// whichever the resolver sends first.
+#[test]
+fn an_upstream_query_serves_the_journey_of_its_own_type() {
+    let mut recs = healthy(0, "10.244.0.10:4000", CLIENT_NS, 7);
+    recs.extend(healthy_aaaa(1_000, "10.244.0.10:4000", 8));
+    recs.extend(upstream(50_000, DNS_NS, "10.244.0.53:5556", 902, "AAAA"));
+    recs.extend(upstream(55_000, DNS_NS, "10.244.0.53:5555", 901, "A"));
+    let (_, js) = run(&sorted(recs), 2_000 * MS);
+    assert_eq!(
+        upstream_ids(&js),
+        [
+            (addr("10.244.0.10:4000"), Qtype::A, vec![901]),
+            (addr("10.244.0.10:4000"), Qtype::AAAA, vec![902]),
+        ]
+    );
+}
+
+/// A DNS header answering `id` with `rcode` and no question (QDCOUNT 0),
+/// decoded as the pipeline decodes it.
+fn no_question_answer(id: u16, rcode: u8) -> Body {
+    let [hi, lo] = id.to_be_bytes();
+    crate::decode::parse(&[hi, lo, 0x81, 0x80 | rcode, 0, 0, 0, 0, 0, 0, 0, 0])
+}
+
+/// Some FORMERR and REFUSED answers carry no question: such an answer still
+/// ends its journey, found by client socket and DNS id where it is seen.
+#[test]
+fn an_answer_without_a_question_ends_its_journey_with_its_rcode() {
+    let recs: Vec<Record> = healthy(0, "10.244.0.10:4000", CLIENT_NS, 7)
+        .into_iter()
+        .map(|mut r| {
+            if r.packet.src.port() == 53 {
+                r.body = no_question_answer(7, 5);
+            }
+            r
+        })
+        .collect();
+    let (e, js) = run(&recs, 2_000 * MS);
+    assert_eq!(js.len(), 1);
+    let j = &js[0];
+    assert_eq!(j.legs.len(), 8, "every answer leg joins it");
+    assert!(
+        matches!(&j.outcome, Outcome::Answered { rcode, answers, .. } if *rcode == Rcode::REFUSED && answers.is_empty()),
+        "{:?}",
+        j.outcome
+    );
+    assert_eq!(e.open_count(), 0);
+}
+
+/// One under another id, or from elsewhere than the query went, answers
+/// nothing.
+#[test]
+fn an_answer_without_a_question_joins_only_its_own_journey() {
+    let mut recs = healthy(0, "10.244.0.10:4000", CLIENT_NS, 7);
+    recs.truncate(4);
+    let mut other_id = rec(
+        &ev(
+            100_000,
+            Hook::DevReceive,
+            CLIENT_NS,
+            2,
+            "10.96.0.10:53",
+            "10.244.0.10:4000",
+        ),
+        msg(7, "x.", "A", true),
+        None,
+        None,
+    );
+    other_id.body = no_question_answer(8, 5);
+    let mut elsewhere = rec(
+        &ev(
+            110_000,
+            Hook::DevReceive,
+            CLIENT_NS,
+            2,
+            "10.96.0.99:53",
+            "10.244.0.10:4000",
+        ),
+        msg(7, "x.", "A", true),
+        None,
+        None,
+    );
+    elsewhere.body = no_question_answer(7, 5);
+    recs.extend([other_id, elsewhere]);
+    let (_, js) = run(&recs, 10_000 * MS);
+    assert_eq!(js.len(), 1);
+    assert_eq!(js[0].legs.len(), 4);
+    assert_eq!(js[0].outcome, Outcome::Timeout);
+}
+
+/// A hostNetwork client asks a resolver in the node's namespace (over lo);
+/// the resolver's own query, sent from that namespace, serves it.
+#[test]
+fn a_local_resolvers_upstream_query_serves_a_host_network_client() {
+    let name = "kubernetes.default.svc.cluster.local.";
+    let (client, resolver) = ("169.254.20.10:40000", "169.254.20.10:53");
+    let lo = |ts, hook, src, dst, response| {
+        rec(
+            &ev(ts, hook, NODE_NS, 1, src, dst),
+            msg(7, name, "A", response),
+            None,
+            None,
+        )
+    };
+    let mut recs = vec![
+        lo(0, Hook::DevXmit, client, resolver, false),
+        lo(2_000, Hook::DevReceive, client, resolver, false),
+        lo(300_000, Hook::DevXmit, resolver, client, true),
+        lo(302_000, Hook::DevReceive, resolver, client, true),
+    ];
+    recs.extend(upstream(50_000, NODE_NS, "198.51.100.1:5555", 901, "A"));
+    let (_, js) = run(&sorted(recs), 2_000 * MS);
+    assert_eq!(upstream_ids(&js), [(addr(client), Qtype::A, vec![901])]);
+}
+
+/// NodeLocalDNS on the node serves a pod; a hostNetwork client asking it
+/// the same name at once is a journey of its own, not NodeLocalDNS's
+/// upstream query, which goes to the pod's journey.
+#[test]
+fn a_host_network_clients_query_is_not_a_resolvers_upstream_query() {
+    let name = "kubernetes.default.svc.cluster.local.";
+    let (pod, host, resolver) = (
+        "10.244.0.10:4000",
+        "169.254.20.10:40000",
+        "169.254.20.10:53",
+    );
+    let at = |ts, hook, netns, ifindex, src, dst, id, response| {
+        let e = ev(ts, hook, netns, ifindex, src, dst);
+        rec(&e, msg(id, name, "A", response), None, None)
+    };
+    let mut recs = vec![
+        at(0, Hook::DevXmit, CLIENT_NS, 2, pod, resolver, 7, false),
+        at(3_000, Hook::DevReceive, NODE_NS, 5, pod, resolver, 7, false),
+        at(10_000, Hook::DevXmit, NODE_NS, 1, host, resolver, 8, false),
+        at(
+            12_000,
+            Hook::DevReceive,
+            NODE_NS,
+            1,
+            host,
+            resolver,
+            8,
+            false,
+        ),
+        at(300_000, Hook::DevXmit, NODE_NS, 5, resolver, pod, 7, true),
+        at(
+            303_000,
+            Hook::DevReceive,
+            CLIENT_NS,
+            2,
+            resolver,
+            pod,
+            7,
+            true,
+        ),
+        at(310_000, Hook::DevXmit, NODE_NS, 1, resolver, host, 8, true),
+        at(
+            312_000,
+            Hook::DevReceive,
+            NODE_NS,
+            1,
+            resolver,
+            host,
+            8,
+            true,
+        ),
+    ];
+    recs.extend(upstream(50_000, NODE_NS, "198.51.100.1:5555", 901, "A"));
+    let (_, js) = run(&sorted(recs), 2_000 * MS);
+    assert_eq!(
+        upstream_ids(&js),
+        [
+            (addr(pod), Qtype::A, vec![901]),
+            (addr(host), Qtype::A, vec![]),
+        ]
+    );
+}
+
+/// A resolver that forwards to its own pod address, asked through the
+/// service: its query to the address the client's was translated to is
+/// its upstream query (a loop), not another client's.
+#[test]
+fn a_resolver_asking_its_own_address_behind_the_service_is_its_upstream_query() {
+    let name = "kubernetes.default.svc.cluster.local.";
+    let mut recs = healthy(0, "10.244.0.10:4000", CLIENT_NS, 7);
+    let (from, to) = ("10.244.0.53:5555", "10.244.0.53:53");
+    for (ts, hook) in [(50_000, Hook::DevXmit), (51_000, Hook::DevReceive)] {
+        let e = ev(ts, hook, DNS_NS, 1, from, to);
+        recs.push(rec(&e, msg(901, name, "A", false), None, None));
+    }
+    let (_, js) = run(&sorted(recs), 10_000 * MS);
+    assert_eq!(
+        upstream_ids(&js),
+        [(addr("10.244.0.10:4000"), Qtype::A, vec![901])]
+    );
+}
