@@ -80,7 +80,7 @@ impl Diagnoser {
         }
         if let Some(t) = &ctx.target {
             found.extend(config::resolv_loopback(t));
-            found.extend(config::resolv_foreign_search(t));
+            found.extend(config::resolv_foreign_search(t, &ctx.node_search));
         }
         self.raised.record(found, now_ns, None).raised
     }

@@ -72,8 +72,12 @@ pub(super) fn resolv_loopback(t: &Target) -> Option<Finding<'_>> {
 }
 
 /// Search domains outside the cluster's in a pod's resolv.conf: every short
-/// name is also asked of whoever serves that domain.
-pub(super) fn resolv_foreign_search(t: &Target) -> Option<Finding<'_>> {
+/// name is also asked of whoever serves that domain. Not the node's own
+/// (`node_search`), which the kubelet appends by design (managed clusters).
+pub(super) fn resolv_foreign_search<'a>(
+    t: &'a Target,
+    node_search: &[String],
+) -> Option<Finding<'a>> {
     let r = t.resolv.as_ref()?;
     // ClusterFirst pods search `<ns>.svc.<cluster>`, `svc.<cluster>`, `<cluster>`.
     let cluster = r.search.iter().find_map(|d| d.strip_prefix("svc."))?;
@@ -82,6 +86,7 @@ pub(super) fn resolv_foreign_search(t: &Target) -> Option<Finding<'_>> {
         .iter()
         .map(|d| d.trim_end_matches('.'))
         .filter(|d| *d != cluster && !d.ends_with(&format!(".{cluster}")))
+        .filter(|d| !node_search.iter().any(|n| n.trim_end_matches('.') == *d))
         .collect();
     if foreign.is_empty() {
         return None;

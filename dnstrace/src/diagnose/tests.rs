@@ -1126,6 +1126,13 @@ fn the_target_pods_resolv_conf_is_checked_at_start() {
         raised[0].summary
     );
     assert!(raised[0].evidence[0].contains("ndots:5"));
+    // The node's own domain, as EKS's ec2.internal: appended by design.
+    let mut d = Diagnoser::new(Context {
+        target: Some(target(leak)),
+        node_search: vec!["corp.example.com".into()],
+        ..ctx()
+    });
+    assert!(d.static_checks(0).is_empty());
 }
 
 // Issue 33: false alarms and wrong causes on real clusters.
