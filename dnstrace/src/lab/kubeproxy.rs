@@ -339,17 +339,27 @@ mod tests {
         nft_table_with(cfg, &[])
     }
 
-    #[test]
-    fn kube_dns_upstream_has_chains_of_its_own_to_the_same_endpoints() {
-        let eps: Vec<IpAddr> = vec!["10.244.0.53".parse().unwrap()];
-        let cfg = NatConfig {
-            proxy: ProxyMode::Iptables,
+    const ONE: [IpAddr; 1] = [IpAddr::V4(std::net::Ipv4Addr::new(10, 244, 0, 53))];
+    const TWO: [IpAddr; 2] = [
+        IpAddr::V4(std::net::Ipv4Addr::new(10, 244, 0, 53)),
+        IpAddr::V4(std::net::Ipv4Addr::new(10, 244, 0, 54)),
+    ];
+
+    /// kube-dns at 10.96.0.10 in `proxy` mode, to `endpoints`, healthy.
+    fn kube_dns(proxy: ProxyMode, endpoints: &[IpAddr]) -> NatConfig<'_> {
+        NatConfig {
+            proxy,
             service: "10.96.0.10".parse().unwrap(),
-            endpoints: &eps,
+            endpoints,
             pod_cidr: "10.244.0.0/16",
             service_jumps: true,
             tcp_port: true,
-        };
+        }
+    }
+
+    #[test]
+    fn kube_dns_upstream_has_chains_of_its_own_to_the_same_endpoints() {
+        let cfg = kube_dns(ProxyMode::Iptables, &ONE);
         let upstream = Service {
             name: UPSTREAM_SERVICE,
             ip: "10.96.0.11".parse().unwrap(),
@@ -380,18 +390,7 @@ mod tests {
 
     #[test]
     fn rules_spread_over_endpoints_and_dnat() {
-        let eps: Vec<IpAddr> = vec![
-            "10.244.0.53".parse().unwrap(),
-            "10.244.0.54".parse().unwrap(),
-        ];
-        let cfg = NatConfig {
-            proxy: ProxyMode::Iptables,
-            service: "10.96.0.10".parse().unwrap(),
-            endpoints: &eps,
-            pod_cidr: "10.244.0.0/16",
-            service_jumps: true,
-            tcp_port: true,
-        };
+        let cfg = kube_dns(ProxyMode::Iptables, &TWO);
         let t = nat_table(&cfg);
         assert!(t.contains("-A KUBE-SERVICES -d 10.96.0.10/32 -p udp -m comment --comment \"kube-system/kube-dns:dns cluster IP\" -m udp --dport 53 -j KUBE-SVC-TCOU7JCQXEZGVUNU"));
         assert!(t.contains("--probability 0.50000000000 -j KUBE-SEP-"));
@@ -409,14 +408,9 @@ mod tests {
 
     #[test]
     fn a_udp_only_service_has_no_tcp_rules() {
-        let eps: Vec<IpAddr> = vec!["10.244.0.53".parse().unwrap()];
         let t = nat_table(&NatConfig {
-            proxy: ProxyMode::Iptables,
-            service: "10.96.0.10".parse().unwrap(),
-            endpoints: &eps,
-            pod_cidr: "10.244.0.0/16",
-            service_jumps: true,
             tcp_port: false,
+            ..kube_dns(ProxyMode::Iptables, &ONE)
         });
         assert!(t.contains("-j KUBE-SVC-TCOU7JCQXEZGVUNU"));
         assert!(!t.contains("dns-tcp") && !t.contains("-p tcp"));
@@ -437,18 +431,7 @@ mod tests {
 
     #[test]
     fn nft_table_sends_service_ips_to_endpoint_chains_that_dnat() {
-        let eps: Vec<IpAddr> = vec![
-            "10.244.0.53".parse().unwrap(),
-            "10.244.0.54".parse().unwrap(),
-        ];
-        let cfg = NatConfig {
-            proxy: ProxyMode::Nftables,
-            service: "10.96.0.10".parse().unwrap(),
-            endpoints: &eps,
-            pod_cidr: "10.244.0.0/16",
-            service_jumps: true,
-            tcp_port: true,
-        };
+        let cfg = kube_dns(ProxyMode::Nftables, &TWO);
         let t = nft_table(&cfg);
         assert!(t.contains("add rule ip kube-proxy services ip daddr . meta l4proto . th dport vmap @service-ips\n"));
         assert!(t.contains(

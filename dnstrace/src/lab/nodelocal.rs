@@ -27,57 +27,35 @@ fn spec(proto: &str, to: bool, ip: Ipv4Addr, port: u16, comment: &str, target: &
     format!("{addr} {ip}/32 -p {proto} -m comment --comment \"{comment}\" -m {proto} {port_opt} {port} -j {target}")
 }
 
+/// node-cache's DNS rules for each local IP, in its order: table, chain,
+/// whether they match the IP as destination, comment and target. The
+/// third raw OUTPUT pair is for queries made on the node (hostNetwork pods).
+const DNS_RULES: [(&str, &str, bool, &str, &str); 5] = [
+    ("raw", "PREROUTING", true, SKIP, "NOTRACK"),
+    ("filter", "INPUT", true, ALLOW, "ACCEPT"),
+    ("raw", "OUTPUT", false, SKIP, "NOTRACK"),
+    ("filter", "OUTPUT", false, ALLOW, "ACCEPT"),
+    ("raw", "OUTPUT", true, SKIP, "NOTRACK"),
+];
+
 /// The rules for one local IP, in node-cache's order.
 fn rules_for(ip: Ipv4Addr) -> Vec<Rule> {
-    let rule = |table, chain, spec| Rule { table, chain, spec };
     let mut rules = Vec::new();
-    for proto in ["tcp", "udp"] {
-        rules.push(rule(
-            "raw",
-            "PREROUTING",
-            spec(proto, true, ip, 53, SKIP, "NOTRACK"),
-        ));
-    }
-    for proto in ["tcp", "udp"] {
-        rules.push(rule(
-            "filter",
-            "INPUT",
-            spec(proto, true, ip, 53, ALLOW, "ACCEPT"),
-        ));
-    }
-    for proto in ["tcp", "udp"] {
-        rules.push(rule(
-            "raw",
-            "OUTPUT",
-            spec(proto, false, ip, 53, SKIP, "NOTRACK"),
-        ));
-    }
-    for proto in ["tcp", "udp"] {
-        rules.push(rule(
-            "filter",
-            "OUTPUT",
-            spec(proto, false, ip, 53, ALLOW, "ACCEPT"),
-        ));
-    }
-    // Locally made queries, from hostNetwork pods.
-    for proto in ["tcp", "udp"] {
-        rules.push(rule(
-            "raw",
-            "OUTPUT",
-            spec(proto, true, ip, 53, SKIP, "NOTRACK"),
-        ));
+    for (table, chain, to, comment, target) in DNS_RULES {
+        for proto in ["tcp", "udp"] {
+            let spec = spec(proto, to, ip, 53, comment, target);
+            rules.push(Rule { table, chain, spec });
+        }
     }
     // The liveness probe to its health plugin.
-    rules.push(rule(
-        "raw",
-        "OUTPUT",
-        spec("tcp", true, ip, HEALTH_PORT, SKIP, "NOTRACK"),
-    ));
-    rules.push(rule(
-        "raw",
-        "OUTPUT",
-        spec("tcp", false, ip, HEALTH_PORT, SKIP, "NOTRACK"),
-    ));
+    for to in [true, false] {
+        let spec = spec("tcp", to, ip, HEALTH_PORT, SKIP, "NOTRACK");
+        rules.push(Rule {
+            table: "raw",
+            chain: "OUTPUT",
+            spec,
+        });
+    }
     rules
 }
 
