@@ -27,16 +27,22 @@ pub(super) fn search_leak<'a>(
     if domains.iter().any(|d| j.name.ends_with(d.as_str())) {
         return None;
     }
-    let base = recent.iter().rev().find_map(|a| {
-        let base = domains
-            .iter()
-            .find_map(|d| a.name.strip_suffix(d.as_str()))?;
-        j.name
-            .strip_prefix(base)?
-            .strip_prefix('.')
-            .filter(|rest| !rest.is_empty())
-            .map(|_| base)
-    })?;
+    // The longest base: for `a.svc.cluster.local` looked up as it is
+    // written, `a.svc.cluster.local.cluster.local.` was asked as well as
+    // `a.svc.cluster.local.`, and the suffix is what follows the longer.
+    let base = recent
+        .iter()
+        .filter_map(|a| {
+            let base = domains
+                .iter()
+                .find_map(|d| a.name.strip_suffix(d.as_str()))?;
+            j.name
+                .strip_prefix(base)?
+                .strip_prefix('.')
+                .filter(|rest| !rest.is_empty())
+                .map(|_| base)
+        })
+        .max_by_key(|base| base.len())?;
     let suffix = j.name[base.len() + 1..].trim_end_matches('.');
     // The node's own domain, appended by the kubelet: a cost of ndots
     // (`ndots_amplification`), not a leak.

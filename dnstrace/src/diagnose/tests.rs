@@ -484,6 +484,55 @@ fn a_foreign_search_domain_after_the_cluster_ones_is_a_leak() {
     assert!(found[0].evidence[0].contains("orders.cluster.local., then orders.corp.example.com. (sent upstream to 198.51.100.53:53)"), "{:?}", found[0].evidence);
 }
 
+/// A name written with the cluster domain but fewer than ndots dots, on a
+/// node with two search domains: the suffix is the node's second domain,
+/// not the cluster domain and it (the lab's `--node-search` run).
+#[test]
+fn a_full_cluster_name_searched_is_no_leak_under_the_node_s_domains() {
+    let full = "kube-dns.kube-system.svc.cluster.local.";
+    let raised = |node_search: &[&str]| {
+        let mut d = Diagnoser::new(Context {
+            node_search: node_search.iter().map(|d| (*d).to_owned()).collect(),
+            ..ctx()
+        });
+        let names = KernelNames::default();
+        // An earlier lookup of the same name, answered as it is.
+        d.journey(&asked(0, full, Rcode::NOERROR, 5, 1), &names);
+        for (i, suffix) in [
+            "shop.svc.cluster.local.",
+            "svc.cluster.local.",
+            "cluster.local.",
+            "ec2.internal.",
+        ]
+        .iter()
+        .enumerate()
+        {
+            let name = format!("{full}{suffix}");
+            d.journey(
+                &asked(1 + i as u64, &name, Rcode::NXDOMAIN, 10 + i as u64, 1),
+                &names,
+            );
+        }
+        let mut last = asked(9, &format!("{full}corp.example."), Rcode::NXDOMAIN, 20, 1);
+        last.upstream.push(upstream(
+            "198.51.100.53:53",
+            answered(Rcode::NXDOMAIN),
+            100_000,
+        ));
+        d.journey(&last, &names).raised
+    };
+    assert!(raised(&["ec2.internal", "corp.example"]).is_empty());
+    let foreign = raised(&["ec2.internal"]);
+    assert_eq!(foreign.len(), 1);
+    assert!(
+        foreign[0]
+            .summary
+            .ends_with("foreign search domain corp.example"),
+        "{}",
+        foreign[0].summary
+    );
+}
+
 /// Managed clusters' nodes (EKS's ec2.internal, GKE's google.internal)
 /// have search domains the kubelet appends to every pod's list by design.
 #[test]
