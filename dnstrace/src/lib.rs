@@ -61,9 +61,11 @@ pub fn main() -> ExitCode {
 /// its command line set (`harness`).
 #[cfg(feature = "harness")]
 pub fn harness_main() -> ExitCode {
-    let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    // The program's name as dnstrace's, for clap's messages (even when
+    // started with none).
+    let mut args: Vec<std::ffi::OsString> = vec!["dnstrace".into()];
+    args.extend(std::env::args_os().skip(1));
     let switches = harness::Switches::take(&mut args);
-    args[0] = "dnstrace".into();
     run(args, |o| switches.apply(o))
 }
 
