@@ -594,6 +594,22 @@ pub const NODE_NETNS: &str = "/run/netns/dtlab-node";
 impl Lab {
     /// `dnstrace trace -o json` over the whole lab node, keeping every
     /// lookup, with `extra`.
+    /// `dnstrace trace -o json --timeout 3s` over the lab node, every
+    /// lookup kept, with `extra`, while `work` runs and 1.5 s after: its
+    /// JSON lines and what it said on stderr.
+    pub fn trace_during(
+        &self,
+        extra: &[&str],
+        work: impl FnOnce(),
+    ) -> (Vec<serde_json::Value>, Vec<String>) {
+        let trace = self.trace_every_lookup(&[&["--timeout", "3s"], extra].concat());
+        work();
+        std::thread::sleep(Duration::from_millis(1500));
+        let (status, out, stderr) = trace.stop(libc::SIGINT).unwrap();
+        assert!(status.success(), "{status}: {stderr:?}");
+        (json_lines(&out), stderr)
+    }
+
     pub fn trace_every_lookup(&self, extra: &[&str]) -> Dnstrace {
         self.trace(Keep::Every, extra)
     }
@@ -746,4 +762,15 @@ impl Drop for CpuLimit {
         }
         let _ = std::fs::remove_dir(&self.dir);
     }
+}
+
+/// The kinds of anomaly in the summary line of `dnstrace trace -o json`.
+pub fn anomaly_kinds(lines: &[serde_json::Value]) -> Vec<String> {
+    let summary = lines.iter().find(|l| l["type"] == "summary").unwrap();
+    summary["anomalies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["kind"].as_str().unwrap().to_owned())
+        .collect()
 }

@@ -10,28 +10,11 @@ use dnstrace_tests::*;
 /// `dnstrace trace -o json` over the lab node while `work` runs: its JSON
 /// lines.
 fn trace(lab: &Lab, work: impl FnOnce()) -> Vec<Value> {
-    trace_with(lab, &[], work)
+    lab.trace_during(&[], work).0
 }
 
 fn trace_with(lab: &Lab, extra: &[&str], work: impl FnOnce()) -> Vec<Value> {
-    let mut args = vec!["--timeout", "3s"];
-    args.extend_from_slice(extra);
-    let trace = lab.trace_every_lookup(&args);
-    work();
-    std::thread::sleep(std::time::Duration::from_millis(1500));
-    let (status, out, stderr) = trace.stop(libc::SIGINT).unwrap();
-    assert!(status.success(), "{status}: {stderr:?}");
-    json_lines(&out)
-}
-
-fn anomaly_kinds(lines: &[Value]) -> Vec<String> {
-    let summary = lines.iter().find(|l| l["type"] == "summary").unwrap();
-    summary["anomalies"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a["kind"].as_str().unwrap().to_owned())
-        .collect()
+    lab.trace_during(extra, work).0
 }
 
 /// The loop plugin's name: two integers under the root.

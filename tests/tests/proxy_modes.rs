@@ -12,44 +12,15 @@ const FOUND: &str = "services from kube-proxy's nftables table: DNS at 10.96.0.1
 
 /// Runs `dnstrace trace -o json` on the lab node while `work` runs;
 /// returns the JSON lines and stderr.
-fn trace(work: impl FnOnce()) -> (Vec<Value>, Vec<String>) {
-    trace_with(&[], work)
-}
-
-fn trace_with(extra: &[&str], work: impl FnOnce()) -> (Vec<Value>, Vec<String>) {
-    let mut args = vec![
-        "trace",
-        "-o",
-        "json",
-        "--timeout",
-        "3s",
-        "--node-netns",
-        NODE_NETNS,
-    ];
-    args.extend_from_slice(extra);
-    let trace = Dnstrace::start_here(Keep::Every, &args).unwrap();
-    work();
-    std::thread::sleep(std::time::Duration::from_millis(1500));
-    let (status, out, stderr) = trace.stop(libc::SIGINT).unwrap();
-    assert!(status.success(), "{status}: {stderr:?}");
-    (json_lines(&out), stderr)
-}
-
-fn anomaly_kinds(lines: &[Value]) -> Vec<String> {
-    let summary = lines.iter().find(|l| l["type"] == "summary").unwrap();
-    summary["anomalies"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a["kind"].as_str().unwrap().to_owned())
-        .collect()
+fn trace(lab: &Lab, work: impl FnOnce()) -> (Vec<Value>, Vec<String>) {
+    lab.trace_during(&[], work)
 }
 
 #[test]
 fn nftables_mode_is_found_and_lookups_go_through_its_dnat_to_coredns() {
     require_root();
     let lab = Lab::up(&[NFTABLES]);
-    let (lines, stderr) = trace(|| {
+    let (lines, stderr) = trace(&lab, || {
         for _ in 0..3 {
             let out = lab.dig(WEB, &format!("@{SERVICE} {KUBERNETES}"));
             assert_eq!(dig_status(&out), "NOERROR", "{out}");
@@ -77,7 +48,7 @@ fn nftables_mode_is_found_and_lookups_go_through_its_dnat_to_coredns() {
 fn nftables_mode_without_its_dnat_is_a_service_not_translated() {
     require_root();
     let lab = Lab::up(&[NFTABLES, "--fault", "no-dnat"]);
-    let (lines, stderr) = trace(|| {
+    let (lines, stderr) = trace(&lab, || {
         lab.dig(WEB, &format!("@{SERVICE} {KUBERNETES}"));
     });
     assert!(stderr.iter().any(|l| l.contains(FOUND)), "{stderr:#?}");
@@ -88,7 +59,7 @@ fn nftables_mode_without_its_dnat_is_a_service_not_translated() {
 fn dual_stack_nftables_mode_answers_over_ipv6_through_the_ip6_table() {
     require_root();
     let lab = Lab::up(&[NFTABLES, "--ipv6"]);
-    let (lines, stderr) = trace(|| {
+    let (lines, stderr) = trace(&lab, || {
         let out = lab.dig(WEB, &format!("@fd00:10:96::a {KUBERNETES}"));
         assert_eq!(dig_status(&out), "NOERROR", "{out}");
     });
@@ -105,8 +76,8 @@ fn dual_stack_nftables_mode_answers_over_ipv6_through_the_ip6_table() {
 #[test]
 fn iptables_mode_names_its_backend_at_start() {
     require_root();
-    let _lab = Lab::up(&[]);
-    let (_, stderr) = trace(|| {});
+    let lab = Lab::up(&[]);
+    let (_, stderr) = trace(&lab, || {});
     assert!(
         stderr
             .iter()
@@ -142,7 +113,7 @@ fn without_proxy_rules_the_pods_nameserver_stands_for_the_service() {
         "--pod",
         "web",
     ];
-    let (lines, stderr) = trace_with(&pod, || {
+    let (lines, stderr) = lab.trace_during(&pod, || {
         lab.dig(WEB, &format!("@{SERVICE} {KUBERNETES}"));
     });
     let fallback = "services: no proxy rules on the node (socket-level balancing?); DNS at 10.96.0.10, from the pods' resolv.conf";
