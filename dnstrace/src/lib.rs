@@ -97,9 +97,14 @@ fn run(
             Some(cli::Command::Pods {
                 query,
                 runtime,
+                cri_socket,
                 node_netns,
                 output,
-            }) => commands::pods::run(&runtime.dirs(), query.as_deref(), node_netns, output),
+            }) => {
+                let dirs = runtime.dirs();
+                let socket = cri_socket.as_deref();
+                commands::pods::run(&dirs, socket, query.as_deref(), node_netns, output).await
+            }
             Some(cli::Command::Replay {
                 file,
                 speed,

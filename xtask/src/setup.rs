@@ -16,8 +16,9 @@ const TOOLCHAIN_PACKAGES: &[&str] = &[
     "libzstd-dev",
     "zlib1g-dev",
 ];
-/// What builds jemalloc, dnstrace's allocator, from its C sources.
-const BUILD_PACKAGES: &[&str] = &["gcc", "make"];
+/// What builds jemalloc, dnstrace's allocator, from its C sources, and
+/// protoc, which the CRI bindings (k8s-cri) are generated with.
+const BUILD_PACKAGES: &[&str] = &["gcc", "make", "protobuf-compiler"];
 /// Real programs the tests and the demo run.
 const TEST_PACKAGES: &[&str] = &[
     "dnsmasq-base",
