@@ -33,6 +33,12 @@ const TEST_PACKAGES: &[&str] = &[
     "bpftool",
     "util-linux",
     "tmux",
+    // A real containerd with its CRI plugin, runc, the CNI plugins, and the
+    // static busybox its pause image is built from (tests/tests/cri.rs).
+    "containerd",
+    "runc",
+    "containernetworking-plugins",
+    "busybox-static",
 ];
 
 pub fn is_root() -> bool {

@@ -21,6 +21,15 @@ use serde::Deserialize;
 use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint, Uri};
 
+#[cfg_attr(
+    not(feature = "harness"),
+    allow(
+        dead_code,
+        reason = "the lab's pods, run through CRI, are only the tests' yet"
+    )
+)]
+pub mod sandbox;
+
 use super::{spec::Spec, workload::Workload, Metadata, Pod, Runtime};
 
 /// Queries answer at once on a healthy runtime.
@@ -113,7 +122,7 @@ impl Cri {
         self.list(Some(PodSandboxState::SandboxReady)).await
     }
 
-    async fn list(&mut self, state: Option<PodSandboxState>) -> Result<Vec<String>> {
+    pub(super) async fn list(&mut self, state: Option<PodSandboxState>) -> Result<Vec<String>> {
         let client = &mut self.client;
         let request = ListPodSandboxRequest {
             filter: Some(PodSandboxFilter {
@@ -144,7 +153,7 @@ impl Cri {
 }
 
 /// `work`, or an error once `limit` has passed.
-async fn deadline<T>(
+pub(super) async fn deadline<T>(
     limit: Duration,
     work: impl std::future::Future<Output = Result<T>>,
 ) -> Result<T> {
