@@ -51,6 +51,11 @@ pub enum Command {
         query: Option<String>,
         #[command(flatten)]
         runtime: RuntimeArgs,
+        /// The runtime's CRI socket, asked for the pods' labels and
+        /// workload (default: containerd's /run/containerd/containerd.sock,
+        /// then CRI-O's /var/run/crio/crio.sock, where they exist).
+        #[arg(long, value_name = "PATH")]
+        cri_socket: Option<PathBuf>,
         /// Network namespace holding the pods' host veths: the node's
         /// (default: the one dnstrace runs in), e.g. /run/netns/NAME.
         #[arg(long, value_name = "PATH")]

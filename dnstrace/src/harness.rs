@@ -2,6 +2,8 @@
 //! `dnstrace-harness` (feature `harness`); the user's command line has
 //! none of them. They come first, before dnstrace's own arguments:
 //! `dnstrace-harness [--probe-reads] [--discard-events] [DNSTRACE ARGS]`.
+pub mod cri_lab;
+
 use std::ffi::OsString;
 
 use crate::commands::trace::TraceOptions;

@@ -65,8 +65,29 @@ pub fn harness_main() -> ExitCode {
     // started with none).
     let mut args: Vec<std::ffi::OsString> = vec!["dnstrace".into()];
     args.extend(std::env::args_os().skip(1));
+    if args.get(1).is_some_and(|a| a == harness::cri_lab::NAME) {
+        return cri_lab(args.split_off(1));
+    }
     let switches = harness::Switches::take(&mut args);
     run(args, |o| switches.apply(o))
+}
+
+/// `dnstrace-harness cri-lab ...` (see `harness::cri_lab`).
+#[cfg(feature = "harness")]
+fn cri_lab(args: Vec<std::ffi::OsString>) -> ExitCode {
+    logging::init();
+    let command = harness::cri_lab::CriLab::parse_from(args);
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return fail(anyhow::anyhow!("cannot start the runtime: {e}")),
+    };
+    match runtime.block_on(command.run()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(e),
+    }
 }
 
 /// The command line `args`, with `tune` applied to what `trace` is asked for.
@@ -97,9 +118,14 @@ fn run(
             Some(cli::Command::Pods {
                 query,
                 runtime,
+                cri_socket,
                 node_netns,
                 output,
-            }) => commands::pods::run(&runtime.dirs(), query.as_deref(), node_netns, output),
+            }) => {
+                let dirs = runtime.dirs();
+                let socket = cri_socket.as_deref();
+                commands::pods::run(&dirs, socket, query.as_deref(), node_netns, output).await
+            }
             Some(cli::Command::Replay {
                 file,
                 speed,

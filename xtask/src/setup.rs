@@ -16,8 +16,9 @@ const TOOLCHAIN_PACKAGES: &[&str] = &[
     "libzstd-dev",
     "zlib1g-dev",
 ];
-/// What builds jemalloc, dnstrace's allocator, from its C sources.
-const BUILD_PACKAGES: &[&str] = &["gcc", "make"];
+/// What builds jemalloc, dnstrace's allocator, from its C sources, and
+/// protoc, which the CRI bindings (k8s-cri) are generated with.
+const BUILD_PACKAGES: &[&str] = &["gcc", "make", "protobuf-compiler"];
 /// Real programs the tests and the demo run.
 const TEST_PACKAGES: &[&str] = &[
     "dnsmasq-base",
@@ -32,6 +33,12 @@ const TEST_PACKAGES: &[&str] = &[
     "bpftool",
     "util-linux",
     "tmux",
+    // A real containerd with its CRI plugin, runc, the CNI plugins, and the
+    // static busybox its pause image is built from (tests/tests/cri.rs).
+    "containerd",
+    "runc",
+    "containernetworking-plugins",
+    "busybox-static",
 ];
 
 pub fn is_root() -> bool {

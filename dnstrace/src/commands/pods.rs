@@ -1,7 +1,8 @@
 //! `dnstrace pods [POD]`: one row per pod on this node, with what its
-//! sandbox says about its network and its resolver.
+//! sandbox says about its network and its resolver, and its workload where
+//! the runtime's CRI socket answers.
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     io::Write as _,
     net::IpAddr,
     path::{Path, PathBuf},
@@ -11,10 +12,10 @@ use anyhow::{anyhow, bail, Result};
 use serde::Serialize;
 
 use crate::pods::{
-    discover,
+    cri_sockets, discover_with_cri,
     net::{inspect, PodNet},
     resolv::{read_for_pod, ResolvConf},
-    select, Pod, RuntimeDirs,
+    searched, select, CriAnswer, Inventory, Metadata, Pod, RuntimeDirs,
 };
 use crate::{naming::Services, output::Format, target::is_coredns};
 
@@ -93,20 +94,48 @@ struct JsonRow<'a> {
     resolv: Option<&'a ResolvConf>,
 }
 
+/// A row with what the CRI said of its pod (empty where it was not asked).
+#[derive(Serialize)]
+struct JsonPod<'a> {
+    #[serde(flatten)]
+    row: JsonRow<'a>,
+    #[serde(flatten)]
+    metadata: &'a Metadata,
+}
+
+static NO_METADATA: Metadata = Metadata {
+    workload: None,
+    labels: BTreeMap::new(),
+    annotations: BTreeMap::new(),
+    ips: Vec::new(),
+};
+
 /// Lists the pods (or the one `query` names) on stdout, and what could not
 /// be read on stderr.
-pub fn run(
+pub async fn run(
     dirs: &RuntimeDirs,
+    cri_socket: Option<&Path>,
     query: Option<&str>,
     node_netns: Option<PathBuf>,
     format: Format,
 ) -> Result<()> {
-    let inventory = discover(dirs);
+    let (inventory, answer) = discover_with_cri(dirs, &cri_sockets(cri_socket)).await;
+    if let CriAnswer::Unanswered(errors) = &answer {
+        log::warn!(
+            "no CRI socket answered ({}): pods from the runtimes' state directories, without labels or workload",
+            errors.join("; ")
+        );
+    }
     for e in &inventory.errors {
         log::warn!("{e}");
     }
     if inventory.pods.is_empty() {
-        check_found_anything(dirs, inventory.errors.len())?;
+        let answered = matches!(answer, CriAnswer::Answered { .. });
+        check_found_anything(dirs, inventory.errors.len(), answered)?;
+        log::warn!(
+            "no running pod found: {}; point dnstrace elsewhere with --containerd-root, --crio-root or --cri-socket",
+            searched(dirs, &answer)
+        );
     }
     let pods = match query {
         Some(query) => std::slice::from_ref(select(&inventory.pods, query)?),
@@ -133,17 +162,24 @@ pub fn run(
                 "IPS",
                 "HOST VETH",
                 "NAMESERVER",
+                "WORKLOAD",
             ];
-            let cells: Vec<[String; 7]> = rows.iter().map(Row::cells).collect();
+            let cells: Vec<[String; 8]> = rows
+                .iter()
+                .map(|row| with_workload(row.cells(), inventory.metadata(row.pod)))
+                .collect();
             write!(out, "{}", table(header, &cells))?;
         }
         Format::Json => {
             for row in &rows {
-                let json = JsonRow {
-                    pod: row.pod,
-                    resolver: row.resolver,
-                    net: row.net.as_ref().ok(),
-                    resolv: row.resolv.as_ref().ok(),
+                let json = JsonPod {
+                    row: JsonRow {
+                        pod: row.pod,
+                        resolver: row.resolver,
+                        net: row.net.as_ref().ok(),
+                        resolv: row.resolv.as_ref().ok(),
+                    },
+                    metadata: metadata_of(&inventory, row.pod),
                 };
                 writeln!(out, "{}", serde_json::to_string(&json)?)?;
             }
@@ -153,8 +189,8 @@ pub fn run(
 }
 
 /// No pods: fine on a node without any, an error where nothing could be
-/// read or no runtime is there at all.
-fn check_found_anything(dirs: &RuntimeDirs, errors: usize) -> Result<()> {
+/// read or no runtime is there at all (no state, and no CRI answered).
+fn check_found_anything(dirs: &RuntimeDirs, errors: usize, cri_answered: bool) -> Result<()> {
     if errors > 0 {
         // SAFETY: no preconditions.
         let hint = if unsafe { libc::geteuid() } != 0 {
@@ -164,14 +200,28 @@ fn check_found_anything(dirs: &RuntimeDirs, errors: usize) -> Result<()> {
         };
         bail!("no pod could be read ({errors} errors above){hint}");
     }
-    if !dirs.containerd.exists() && !dirs.crio.exists() {
+    if !cri_answered && !dirs.containerd.exists() && !dirs.crio.exists() {
         bail!(
-            "no container runtime state at {} or {}: not a Kubernetes node? (see --containerd-root, --crio-root)",
+            "no container runtime state at {} or {}: not a Kubernetes node? (see --containerd-root, --crio-root, --cri-socket)",
             dirs.containerd.display(),
             dirs.crio.display()
         );
     }
     Ok(())
+}
+
+fn metadata_of<'a>(inventory: &'a Inventory, pod: &Pod) -> &'a Metadata {
+    inventory.metadata(pod).unwrap_or(&NO_METADATA)
+}
+
+/// A row's cells and its workload: `Kind/name`, or `-` where the CRI did
+/// not say (or was not asked).
+fn with_workload(cells: [String; 7], metadata: Option<&Metadata>) -> [String; 8] {
+    let workload = metadata
+        .and_then(|m| m.workload.as_ref())
+        .map_or_else(|| "-".to_owned(), ToString::to_string);
+    let [a, b, c, d, e, f, g] = cells;
+    [a, b, c, d, e, f, g, workload]
 }
 
 fn join(ips: &[IpAddr]) -> String {
@@ -278,6 +328,23 @@ mod tests {
         assert!(row.net.is_err());
         assert!(row.resolv.is_err());
         assert_eq!(row.errors().count(), 2);
+    }
+
+    #[test]
+    fn the_workload_is_the_last_cell_and_a_dash_without_the_cri() {
+        let cells = ["a", "b", "c", "d", "e", "f", "g"].map(str::to_owned);
+        let metadata = Metadata {
+            workload: crate::pods::workload::Workload::of(
+                "web-7d9f8c6b5-x2x4k",
+                &BTreeMap::from([("pod-template-hash".to_owned(), "7d9f8c6b5".to_owned())]),
+            ),
+            ..Metadata::default()
+        };
+        assert_eq!(
+            with_workload(cells.clone(), Some(&metadata))[7],
+            "Deployment/web"
+        );
+        assert_eq!(with_workload(cells, None)[7], "-");
     }
 
     #[test]

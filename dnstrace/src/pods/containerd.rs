@@ -29,6 +29,25 @@ pub fn read(root: &Path, inv: &mut Inventory) {
     }
 }
 
+/// What is under `root` where no pod was found: the k8s.io tasks (each a
+/// sandbox or a container), or the top of `root` when there are none
+/// (containerd 1.6 makes `<root>/s/` for its shims whatever its state).
+pub fn describe(root: &Path) -> String {
+    let tasks = root.join(TASKS);
+    match super::sandbox_dirs(&tasks) {
+        Ok(dirs) if !dirs.is_empty() => format!(
+            "containerd state {}: {} k8s.io tasks, none a running pod sandbox",
+            root.display(),
+            dirs.len()
+        ),
+        _ => format!(
+            "containerd state {}: no k8s.io tasks (it {})",
+            root.display(),
+            super::held(root)
+        ),
+    }
+}
+
 /// A task bundle: a pod if it is a sandbox, None for the pod's containers
 /// (and for tasks that are not the CRI plugin's).
 fn read_bundle(dir: &Path) -> Result<Option<Pod>> {

@@ -39,6 +39,22 @@ pub fn read(root: &Path, inv: &mut Inventory) {
     }
 }
 
+/// What is under `root` where no pod was found.
+pub fn describe(root: &Path) -> String {
+    match container_dirs(root) {
+        Ok(dirs) if !dirs.is_empty() => format!(
+            "CRI-O run root {}: {} containers, none a running pod sandbox",
+            root.display(),
+            dirs.len()
+        ),
+        _ => format!(
+            "CRI-O run root {}: no containers (it {})",
+            root.display(),
+            super::held(root)
+        ),
+    }
+}
+
 /// `<root>/<driver>-containers/<id>` for every storage driver's containers.
 fn container_dirs(root: &Path) -> Result<Vec<PathBuf>> {
     let mut dirs = Vec::new();

@@ -1,16 +1,22 @@
 //! The Kubernetes pods on this node, found without the API server: from the
 //! container runtime's own state (each pod is one sandbox), plus what a
-//! pod's sandbox tells about its network and its resolver.
+//! pod's sandbox tells about its network and its resolver. Where the
+//! runtime's CRI socket answers, the pods' labels, annotations and workload
+//! too.
 mod containerd;
+pub mod cri;
 mod crio;
 pub mod net;
 pub mod resolv;
 mod spec;
 #[cfg(test)]
 pub mod testdir;
+pub mod workload;
 
 use std::{
+    collections::BTreeMap,
     io::Read as _,
+    net::IpAddr,
     path::{Path, PathBuf},
 };
 
@@ -46,6 +52,8 @@ pub struct RuntimeDirs {
 
 pub const CONTAINERD_ROOT: &str = "/run/containerd";
 pub const CRIO_ROOT: &str = "/run/containers/storage";
+/// The runtimes' default CRI sockets, asked in this order.
+pub const CRI_SOCKETS: [&str; 2] = ["/run/containerd/containerd.sock", "/var/run/crio/crio.sock"];
 
 impl Default for RuntimeDirs {
     fn default() -> Self {
@@ -98,24 +106,182 @@ impl Pod {
     }
 }
 
+/// What only the CRI API tells about a pod: the state directories keep
+/// no labels.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Metadata {
+    pub workload: Option<workload::Workload>,
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+    /// The addresses the runtime reports (its CNI result).
+    #[serde(rename = "pod_ips")]
+    pub ips: Vec<IpAddr>,
+}
+
 #[derive(Debug, Default)]
 pub struct Inventory {
     /// Running pods, sorted by namespace and name.
     pub pods: Vec<Pod>,
     /// One line per sandbox (or runtime directory) that could not be read.
     pub errors: Vec<String>,
+    /// The CRI's metadata of the pods it answered for, by sandbox id.
+    pub metadata: BTreeMap<String, Metadata>,
+}
+
+impl Inventory {
+    pub fn metadata(&self, pod: &Pod) -> Option<&Metadata> {
+        self.metadata.get(&pod.sandbox_id)
+    }
+
+    /// Drops stopped sandboxes and sorts by namespace and name.
+    fn finish(mut self) -> Self {
+        self.pods.retain(Pod::is_running);
+        self.pods.sort_by(|a, b| {
+            (&a.namespace, &a.name, &a.sandbox_id).cmp(&(&b.namespace, &b.name, &b.sandbox_id))
+        });
+        self
+    }
+
+    /// The CRI's pods replace the state directories' of the same sandbox,
+    /// keeping from those what the CRI did not say; the state directories'
+    /// other pods (another runtime's) stay.
+    fn merge(&mut self, from_cri: Vec<(Pod, Metadata)>) {
+        for (mut pod, metadata) in from_cri {
+            let same = self
+                .pods
+                .iter()
+                .position(|p| p.sandbox_id == pod.sandbox_id);
+            if let Some(state) = same.map(|i| self.pods.swap_remove(i)) {
+                pod.netns = pod.netns.or(state.netns);
+                pod.pid = pod.pid.or(state.pid);
+                pod.resolv_conf = pod.resolv_conf.or(state.resolv_conf);
+            }
+            self.metadata.insert(pod.sandbox_id.clone(), metadata);
+            self.pods.push(pod);
+        }
+    }
 }
 
 /// Every running pod sandbox of both runtimes.
 pub fn discover(dirs: &RuntimeDirs) -> Inventory {
+    read_dirs(dirs).finish()
+}
+
+fn read_dirs(dirs: &RuntimeDirs) -> Inventory {
     let mut inv = Inventory::default();
     containerd::read(&dirs.containerd, &mut inv);
     crio::read(&dirs.crio, &mut inv);
-    inv.pods.retain(Pod::is_running);
-    inv.pods.sort_by(|a, b| {
-        (&a.namespace, &a.name, &a.sandbox_id).cmp(&(&b.namespace, &b.name, &b.sandbox_id))
-    });
     inv
+}
+
+/// What the CRI sockets said.
+#[derive(Debug)]
+pub enum CriAnswer {
+    /// No socket to ask: none given, and no runtime's default is there.
+    NoSocket,
+    Answered {
+        socket: PathBuf,
+        runtime: cri::RuntimeVersion,
+        pods: usize,
+    },
+    /// Every socket asked failed: one line each.
+    Unanswered(Vec<String>),
+}
+
+/// The CRI sockets to ask: the one given, or each runtime's default that
+/// exists (the socket is never required).
+pub fn cri_sockets(given: Option<&Path>) -> Vec<PathBuf> {
+    match given {
+        Some(socket) => vec![socket.to_owned()],
+        None => CRI_SOCKETS
+            .iter()
+            .map(PathBuf::from)
+            .filter(|s| s.exists())
+            .collect(),
+    }
+}
+
+/// The pods of the state directories and, from the first of `sockets` that
+/// answers, the CRI's: its pods and their metadata.
+pub async fn discover_with_cri(dirs: &RuntimeDirs, sockets: &[PathBuf]) -> (Inventory, CriAnswer) {
+    let mut inv = read_dirs(dirs);
+    let mut failures = Vec::new();
+    for socket in sockets {
+        match ask_cri(socket).await {
+            Ok((runtime, pods)) => {
+                let count = pods.len();
+                inv.merge(pods);
+                let answer = CriAnswer::Answered {
+                    socket: socket.clone(),
+                    runtime,
+                    pods: count,
+                };
+                return (inv.finish(), answer);
+            }
+            Err(e) => failures.push(format!("{e:#}")),
+        }
+    }
+    let answer = if failures.is_empty() {
+        CriAnswer::NoSocket
+    } else {
+        CriAnswer::Unanswered(failures)
+    };
+    (inv.finish(), answer)
+}
+
+async fn ask_cri(socket: &Path) -> Result<(cri::RuntimeVersion, Vec<(Pod, Metadata)>)> {
+    let mut cri = cri::Cri::connect(socket).await?;
+    let pods = cri.pods().await?;
+    Ok((cri.version.clone(), pods))
+}
+
+/// Where pods were looked for and what was there, for an empty answer.
+pub fn searched(dirs: &RuntimeDirs, answer: &CriAnswer) -> String {
+    let cri = match answer {
+        CriAnswer::NoSocket => format!("CRI sockets {}: not there", CRI_SOCKETS.join(", ")),
+        CriAnswer::Answered {
+            socket,
+            runtime,
+            pods,
+        } => format!(
+            "CRI socket {} ({runtime}): {pods} ready sandboxes",
+            socket.display()
+        ),
+        CriAnswer::Unanswered(errors) => format!("CRI: {}", errors.join("; ")),
+    };
+    [
+        containerd::describe(&dirs.containerd),
+        crio::describe(&dirs.crio),
+        cri,
+    ]
+    .join("; ")
+}
+
+/// What a directory holds, for a runtime's that yielded no pod: `holds
+/// a, b`, `is empty`, `is not there`.
+fn held(dir: &Path) -> String {
+    const SHOWN: usize = 6;
+    match std::fs::read_dir(dir) {
+        Ok(entries) => {
+            let mut names: Vec<String> = entries
+                .filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect();
+            names.sort();
+            let total = names.len();
+            names.truncate(SHOWN);
+            if total > SHOWN {
+                names.push(format!("and {} more", total - SHOWN));
+            }
+            if total == 0 {
+                "is empty".to_owned()
+            } else {
+                format!("holds {}", names.join(", "))
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => "is not there".to_owned(),
+        Err(e) => format!("cannot be read: {e}"),
+    }
 }
 
 /// The sandbox directories under `dir`; a missing `dir` has none.
