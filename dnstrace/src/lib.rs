@@ -118,12 +118,11 @@ fn run(
             Some(cli::Command::Pods {
                 query,
                 runtime,
-                cri_socket,
                 node_netns,
                 output,
             }) => {
                 let dirs = runtime.dirs();
-                let socket = cri_socket.as_deref();
+                let socket = runtime.cri_socket.as_deref();
                 commands::pods::run(&dirs, socket, query.as_deref(), node_netns, output).await
             }
             Some(cli::Command::Replay {

@@ -238,6 +238,11 @@ impl Names {
         Self { names }
     }
 
+    /// Names given later win over the same addresses' earlier ones.
+    pub fn extend(&mut self, names: &[(IpAddr, String)]) {
+        self.names.extend(names.iter().cloned());
+    }
+
     pub fn get(&self, ip: &IpAddr) -> Option<&str> {
         self.names.get(ip).map(String::as_str)
     }

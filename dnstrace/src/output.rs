@@ -75,6 +75,11 @@ impl Labels {
         self.clock
     }
 
+    /// Addresses named while tracing: a pod started, or re-created.
+    pub fn rename(&mut self, names: &[(std::net::IpAddr, String)]) {
+        self.names.extend(names);
+    }
+
     /// The pod or service at `ip`, if known.
     pub fn name(&self, ip: &std::net::IpAddr) -> Option<&str> {
         self.names.get(ip)
@@ -639,6 +644,9 @@ impl<W: io::Write> Sink for LineSink<W> {
         self.flush()
     }
     fn lost(&mut self, _: u64, _: u64, _: u64) {}
+    fn pods(&mut self, refresh: &crate::target::follow::Refresh) {
+        self.labels.rename(&refresh.names);
+    }
     fn finish(&mut self, _: u64) -> io::Result<()> {
         self.flush()
     }
@@ -656,6 +664,9 @@ impl<W: io::Write> JourneyOut for LineSink<W> {
     }
     fn anomaly(&mut self, a: &Anomaly) -> io::Result<()> {
         self.write_anomaly(a)
+    }
+    fn names(&mut self, names: &[(std::net::IpAddr, String)]) {
+        self.labels.rename(names);
     }
     fn summary(&mut self, all: &[&Anomaly]) -> io::Result<()> {
         self.write_summary(all)

@@ -3,7 +3,12 @@
 //! decode → a sink (packet lines, or journeys as lines or in the live
 //! view). A recording, when asked for, takes each input on the way in, so
 //! a replay feeds the same inputs through the same code.
-use std::{collections::HashSet, fmt, io, net::SocketAddr, sync::Arc};
+use std::{
+    collections::HashSet,
+    fmt, io,
+    net::{IpAddr, SocketAddr},
+    sync::Arc,
+};
 
 use anyhow::{Context as _, Result};
 use tokio::{
@@ -17,7 +22,7 @@ use crate::{
     decode::{Body, Decoder, KernelNames, Packet, Qtype, Record, Transport},
     diagnose::{Anomaly, AnomalyKind, Context, Diagnoser},
     ingest::SampleChange,
-    target,
+    target::{self, follow::Refresh},
 };
 
 /// Where decoded records go.
@@ -48,6 +53,8 @@ pub trait Sink {
     fn lost(&mut self, total: u64, since_ns: u64, now_ns: u64);
     /// The kernel's sampling level changed.
     fn sampling(&mut self, _change: SampleChange) {}
+    /// The node's pods changed: new names, the target's new sandbox.
+    fn pods(&mut self, _refresh: &Refresh) {}
     /// The capture ends: write what is left.
     fn finish(&mut self, now_ns: u64) -> io::Result<()>;
     /// What it counted, for the exit line.
@@ -62,6 +69,8 @@ pub trait JourneyOut {
     fn journey(&mut self, j: Journey, badges: &[(AnomalyKind, String)]) -> io::Result<()>;
     /// An anomaly raised for the first time.
     fn anomaly(&mut self, a: &Anomaly) -> io::Result<()>;
+    /// Addresses named since the start (or named anew).
+    fn names(&mut self, _names: &[(IpAddr, String)]) {}
     /// Every tick: every anomaly so far and the capture's health.
     fn state(&mut self, _all: &[&Anomaly], _health: &Health) -> io::Result<()> {
         Ok(())
@@ -82,10 +91,12 @@ pub struct JourneySink<O: JourneyOut> {
     /// New anomalies not yet taken by `raised`.
     raised: Vec<Anomaly>,
     recording: Option<String>,
-    /// With a target: (its netns, its addresses). The kernel also passes
-    /// its resolvers' upstream queries, which belong to others' lookups
-    /// unless linked under one of the target's journeys.
-    only: Option<(u32, Vec<std::net::IpAddr>)>,
+    /// With a target: its network namespaces and addresses, those of
+    /// every sandbox it has had while tracing (the old one's last journeys
+    /// close after the new one is found). The kernel also passes its
+    /// resolvers' upstream queries, which belong to others' lookups unless
+    /// linked under one of the target's journeys.
+    only: Option<(Vec<u32>, Vec<IpAddr>)>,
     /// Journeys whose diagnosis waits for a sibling still open (see
     /// `Diagnoser::awaits`), oldest first.
     held: Vec<Journey>,
@@ -130,7 +141,7 @@ impl<O: JourneyOut> JourneySink<O> {
 
     /// Keeps only journeys that start from `target`.
     pub fn only_from(mut self, target: Option<&target::Target>) -> Self {
-        self.only = target.map(|t| (t.netns_inode, t.addrs.clone()));
+        self.only = target.map(|t| (vec![t.netns_inode], t.addrs.clone()));
         self
     }
 
@@ -139,7 +150,8 @@ impl<O: JourneyOut> JourneySink<O> {
             return true;
         };
         let origin = j.legs.iter().find(|l| !l.response);
-        addrs.contains(&j.client.ip()) || origin.is_some_and(|o| *netns != 0 && o.netns == *netns)
+        addrs.contains(&j.client.ip())
+            || origin.is_some_and(|o| o.netns != 0 && netns.contains(&o.netns))
     }
 
     fn print(&mut self, journeys: Vec<Journey>) -> io::Result<()> {
@@ -273,6 +285,13 @@ impl<O: JourneyOut> Sink for JourneySink<O> {
     fn sampling(&mut self, change: SampleChange) {
         self.engine.sampling(change);
     }
+    fn pods(&mut self, refresh: &Refresh) {
+        if let (Some((netns, addrs)), Some(moved)) = (&mut self.only, &refresh.target) {
+            netns.push(moved.netns_inode);
+            addrs.extend(&moved.addrs);
+        }
+        self.out.names(&refresh.names);
+    }
     fn finish(&mut self, now_ns: u64) -> io::Result<()> {
         self.close_all(|engine| engine.finish(now_ns))?;
         self.out.summary(&self.diagnoser.summary())?;
@@ -317,6 +336,8 @@ pub enum Input {
     },
     /// The kernel's sampling level changed.
     Sample(SampleChange),
+    /// The node's pods changed (`target::follow`).
+    Pods { now_ns: u64, refresh: Refresh },
     /// Kernel monotonic time has reached `now_ns`.
     Tick(u64),
 }
@@ -496,6 +517,7 @@ impl Pipeline {
                 now_ns,
             } => sink.lost(total, since_ns, now_ns),
             Input::Sample(change) => sink.sampling(change),
+            Input::Pods { refresh, .. } => sink.pods(&refresh),
             Input::Tick(now_ns) => {
                 self.expire(now_ns, sink)?;
                 sink.tick(now_ns)?;

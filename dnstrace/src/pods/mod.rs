@@ -162,7 +162,9 @@ impl Inventory {
     }
 }
 
-/// Every running pod sandbox of both runtimes.
+/// Every running pod sandbox of both runtimes, from their state
+/// directories alone (the commands also ask the CRI: `discover_with_cri`).
+#[cfg(test)]
 pub fn discover(dirs: &RuntimeDirs) -> Inventory {
     read_dirs(dirs).finish()
 }
@@ -227,6 +229,19 @@ pub async fn discover_with_cri(dirs: &RuntimeDirs, sockets: &[PathBuf]) -> (Inve
         CriAnswer::Unanswered(failures)
     };
     (inv.finish(), answer)
+}
+
+impl CriAnswer {
+    /// Says, once, that the pods come without labels or workload because
+    /// no CRI socket answered; nothing when none was there to ask.
+    pub fn warn_if_unanswered(&self) {
+        if let CriAnswer::Unanswered(errors) = self {
+            log::warn!(
+                "no CRI socket answered ({}): pods from the runtimes' state directories, without labels or workload",
+                errors.join("; ")
+            );
+        }
+    }
 }
 
 async fn ask_cri(socket: &Path) -> Result<(cri::RuntimeVersion, Vec<(Pod, Metadata)>)> {

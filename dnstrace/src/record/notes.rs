@@ -17,7 +17,7 @@ use crate::{
         addr,
         journey_json::{boolean, number},
     },
-    target::Target,
+    target::{follow::Refresh, Target},
 };
 
 /// The Private Enterprise Number dnstrace's custom blocks and options are
@@ -63,6 +63,12 @@ pub enum Note {
         now_ns: u64,
         shift: u32,
         seed: u32,
+    },
+    /// The node's pods changed while recording: names, the target's new
+    /// sandbox.
+    Pods {
+        now_ns: u64,
+        refresh: Refresh,
     },
     /// An anomaly as it was raised (the JSON line output's object).
     Anomaly {

@@ -332,6 +332,7 @@ impl<R: Read> Replay<R> {
                     seed,
                 },
             }),
+            Note::Pods { now_ns, refresh } => Input::Pods { now_ns, refresh },
             Note::End { now_ns } => {
                 self.now_ns = self.now_ns.max(now_ns);
                 return None;
@@ -463,6 +464,7 @@ fn time_of(input: &Input) -> Option<u64> {
         | Input::Counters { now_ns, .. }
         | Input::Lost { now_ns, .. }
         | Input::Sample(SampleChange { now_ns, .. })
+        | Input::Pods { now_ns, .. }
         | Input::Tick(now_ns) => Some(*now_ns),
     }
 }
