@@ -125,6 +125,9 @@ fn follow(mut following: Following, tx: &mpsc::Sender<Refresh>, poke: &Notify) {
             if changed && tx.send(update.refresh).await.is_err() {
                 return;
             }
+            // Said once the kernel and the pipeline have been told: what
+            // follows the line is traced as it says.
+            update.said.iter().for_each(|line| log::info!("{line}"));
         }
     });
 }
@@ -217,6 +220,8 @@ pub struct Update {
     pub refresh: Refresh,
     /// The kernel's new watched addresses, when they changed.
     pub watched: Option<Vec<([u8; 16], u8)>>,
+    /// Lines for the log: pods started and stopped, the target followed.
+    pub said: Vec<String>,
 }
 
 impl Pods {
@@ -266,9 +271,9 @@ impl Pods {
     /// What changed since the last read, said as it is found.
     pub fn update(&mut self, now: BTreeMap<String, (Pod, Metadata)>) -> Update {
         let before = std::mem::replace(&mut self.sandboxes, now);
-        self.say_comings_and_goings(&before);
+        let mut said = self.comings_and_goings(&before);
         let names = self.rename();
-        let target = self.follow_target();
+        let target = self.follow_target(&mut said);
         let watched = self.watch_now().filter(|w| *w != self.watched);
         if let Some(w) = &watched {
             self.watched.clone_from(w);
@@ -276,20 +281,23 @@ impl Pods {
         Update {
             refresh: Refresh { names, target },
             watched,
+            said,
         }
     }
 
-    fn say_comings_and_goings(&self, before: &BTreeMap<String, (Pod, Metadata)>) {
-        for (id, (pod, meta)) in &self.sandboxes {
-            if !before.contains_key(id) {
-                log::info!("pod {} started: {}", pod.full_name(), addresses(&meta.ips));
-            }
-        }
-        for (id, (pod, _)) in before {
-            if !self.sandboxes.contains_key(id) {
-                log::info!("pod {} stopped", pod.full_name());
-            }
-        }
+    fn comings_and_goings(&self, before: &BTreeMap<String, (Pod, Metadata)>) -> Vec<String> {
+        let started = self
+            .sandboxes
+            .iter()
+            .filter(|(id, _)| !before.contains_key(*id))
+            .map(|(_, (pod, meta))| {
+                format!("pod {} started: {}", pod.full_name(), addresses(&meta.ips))
+            });
+        let stopped = before
+            .iter()
+            .filter(|(id, _)| !self.sandboxes.contains_key(*id))
+            .map(|(_, (pod, _))| format!("pod {} stopped", pod.full_name()));
+        started.chain(stopped).collect()
     }
 
     /// The addresses whose pod is new.
@@ -309,7 +317,7 @@ impl Pods {
 
     /// The target's new sandbox, when its own is gone and the query
     /// names another; said in one line.
-    fn follow_target(&mut self) -> Option<Moved> {
+    fn follow_target(&mut self, said: &mut Vec<String>) -> Option<Moved> {
         let target = self.target.as_mut()?;
         let query = target.query.as_deref()?;
         let current = target.sandbox_id.as_ref();
@@ -319,10 +327,10 @@ impl Pods {
         let pods: Vec<Pod> = self.sandboxes.values().map(|(p, _)| p.clone()).collect();
         let Ok(pod) = select(&pods, query) else {
             if target.sandbox_id.take().is_some() {
-                log::info!(
+                said.push(format!(
                     "{}: its sandbox is gone; waiting for the next one",
                     target.label
-                );
+                ));
             }
             return None;
         };
@@ -331,13 +339,13 @@ impl Pods {
             .netns_path()
             .and_then(|n| crate::netns::inode(Some(&n)).ok())
             .unwrap_or(0);
-        log::info!(
+        said.push(format!(
             "following pod {} into its new sandbox {}: {} (was {})",
             pod.full_name(),
             short(&pod.sandbox_id),
             addresses(&meta.ips),
             addresses(&target.addrs)
-        );
+        ));
         target.sandbox_id = Some(pod.sandbox_id.clone());
         target.addrs.clone_from(&meta.ips);
         Some(Moved {
