@@ -22,6 +22,7 @@ use crate::{
     diagnose::{Anomaly, AnomalyKind},
     naming::Names,
     pipeline::{JourneyOut, Sink, Tally},
+    target::follow::Refresh,
 };
 use dnstrace_common::Direction;
 use journey_json::{number, JourneyJson, OutcomeJson};
@@ -76,8 +77,8 @@ impl Labels {
     }
 
     /// Addresses named while tracing: a pod started, or re-created.
-    pub fn rename(&mut self, names: &[(std::net::IpAddr, String)]) {
-        self.names.extend(names);
+    pub fn rename(&mut self, refresh: &Refresh) {
+        self.names.extend(&refresh.names, &refresh.workloads);
     }
 
     /// The pod or service at `ip`, if known.
@@ -420,6 +421,7 @@ impl<W: Write> LineSink<W> {
             ),
             _ => (None, None),
         };
+        let names = self.names_of(j);
         JourneyJson {
             time: humantime::format_rfc3339_nanos(self.labels.clock.wall(j.started_ns)),
             j,
@@ -429,7 +431,11 @@ impl<W: Write> LineSink<W> {
                 location_name,
             },
             upstream: j.upstream.iter().map(|u| self.journey_json(u)).collect(),
-            names: self.names_of(j),
+            workloads: names
+                .iter()
+                .filter_map(|(ip, _)| Some((*ip, self.labels.names.workload(ip)?)))
+                .collect(),
+            names,
         }
     }
 
@@ -644,8 +650,8 @@ impl<W: io::Write> Sink for LineSink<W> {
         self.flush()
     }
     fn lost(&mut self, _: u64, _: u64, _: u64) {}
-    fn pods(&mut self, refresh: &crate::target::follow::Refresh) {
-        self.labels.rename(&refresh.names);
+    fn pods(&mut self, refresh: &Refresh) {
+        self.labels.rename(refresh);
     }
     fn finish(&mut self, _: u64) -> io::Result<()> {
         self.flush()
@@ -665,8 +671,8 @@ impl<W: io::Write> JourneyOut for LineSink<W> {
     fn anomaly(&mut self, a: &Anomaly) -> io::Result<()> {
         self.write_anomaly(a)
     }
-    fn names(&mut self, names: &[(std::net::IpAddr, String)]) {
-        self.labels.rename(names);
+    fn pods(&mut self, refresh: &Refresh) {
+        self.labels.rename(refresh);
     }
     fn summary(&mut self, all: &[&Anomaly]) -> io::Result<()> {
         self.write_summary(all)

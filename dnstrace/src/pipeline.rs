@@ -69,8 +69,9 @@ pub trait JourneyOut {
     fn journey(&mut self, j: Journey, badges: &[(AnomalyKind, String)]) -> io::Result<()>;
     /// An anomaly raised for the first time.
     fn anomaly(&mut self, a: &Anomaly) -> io::Result<()>;
-    /// Addresses named since the start (or named anew).
-    fn names(&mut self, _names: &[(IpAddr, String)]) {}
+    /// The node's pods changed: addresses named since the start (or named
+    /// anew), with their workloads.
+    fn pods(&mut self, _refresh: &Refresh) {}
     /// Every tick: every anomaly so far and the capture's health.
     fn state(&mut self, _all: &[&Anomaly], _health: &Health) -> io::Result<()> {
         Ok(())
@@ -290,7 +291,7 @@ impl<O: JourneyOut> Sink for JourneySink<O> {
             netns.push(moved.netns_inode);
             addrs.extend(&moved.addrs);
         }
-        self.out.names(&refresh.names);
+        self.out.pods(refresh);
     }
     fn finish(&mut self, now_ns: u64) -> io::Result<()> {
         self.close_all(|engine| engine.finish(now_ns))?;

@@ -2,7 +2,7 @@
 //! container runtime's state, a network namespace, a process, an address),
 //! resolved to the namespace and addresses the kernel keeps.
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     net::IpAddr,
     path::{Path, PathBuf},
 };
@@ -12,7 +12,7 @@ use dnstrace_common::{TargetFilter, MAX_WATCHED, ROLE_RESOLVER, ROLE_TARGET};
 
 use crate::{
     naming::Services,
-    pods::{self, net::inspect, resolv::ResolvConf, Pod},
+    pods::{self, net::inspect, resolv::ResolvConf, workload::Workload, Pod},
     probes::KernelFilter,
 };
 
@@ -242,6 +242,23 @@ pub fn pod_addresses(args: &Query, inventory: &pods::Inventory) -> Vec<(String, 
             };
             Some((p.full_name(), ips))
         })
+        .collect()
+}
+
+/// The workloads of the pods among `pods` (name and addresses) that the
+/// CRI gave one, by address.
+pub fn workloads(
+    inventory: &pods::Inventory,
+    pods: &[(String, Vec<IpAddr>)],
+) -> BTreeMap<IpAddr, Workload> {
+    let by_name: BTreeMap<String, &Workload> = inventory
+        .pods
+        .iter()
+        .filter_map(|p| Some((p.full_name(), inventory.metadata(p)?.workload.as_ref()?)))
+        .collect();
+    pods.iter()
+        .filter_map(|(name, ips)| Some((by_name.get(name)?, ips)))
+        .flat_map(|(w, ips)| ips.iter().map(|ip| (*ip, (*w).clone())))
         .collect()
 }
 

@@ -300,6 +300,12 @@ fn trace_follows_pods_re_created_restarted_and_started_while_tracing() {
         names(three, &new_dns.ip, "kube-system/coredns-5d78c9869d-bbbbb"),
         "{three:#}"
     );
+    // CoreDNS's workload, from the CRI's labels: known at the start for
+    // the old pod, learnt while tracing for the new one.
+    let coredns = serde_json::json!({ "kind": "Deployment", "name": "coredns" });
+    assert_eq!(one["workloads"][&old_dns.ip], coredns, "{one:#}");
+    assert_eq!(three["workloads"][&new_dns.ip], coredns, "{three:#}");
+    assert!(one["workloads"].get(&web.ip).is_none(), "web is a bare pod");
     // The restarted CoreDNS is watched as a resolver: its query upstream
     // reaches dnstrace and is linked under web's, as the old one's was.
     for (j, dns) in [(one, &old_dns), (three, &new_dns)] {

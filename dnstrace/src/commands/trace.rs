@@ -83,8 +83,9 @@ pub async fn run(args: TraceOptions, view: View) -> Result<()> {
     if args.record.is_some() {
         preload.start();
     }
-    let labels = Labels::new(probes.iface_names(), Clock::now(), kernel)
-        .with_names(Names::new(&services, &pods));
+    let labels = Labels::new(probes.iface_names(), Clock::now(), kernel).with_names(
+        Names::new(&services, &pods).with_workloads(target::workloads(&inventory, &pods)),
+    );
     let drops_visible = probes
         .attachments
         .iter()

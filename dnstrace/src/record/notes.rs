@@ -17,6 +17,7 @@ use crate::{
         addr,
         journey_json::{boolean, number},
     },
+    pods::workload::Workload,
     target::{follow::Refresh, Target},
 };
 
@@ -105,6 +106,10 @@ pub struct LabelsNote {
     pub iface_names: Vec<(u32, String)>,
     pub names: BTreeMap<IpAddr, String>,
     pub drop_reasons: Vec<(u32, String)>,
+    /// The pods' workloads, where the CRI said them; absent from
+    /// recordings made before they were noted.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub workloads: BTreeMap<IpAddr, Workload>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]

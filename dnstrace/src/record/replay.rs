@@ -100,7 +100,8 @@ impl About {
             self.labels.drop_reasons.clone().into_iter().collect(),
             self.locations.clone(),
         );
-        let names = Names::from_entries(self.labels.names.clone());
+        let names = Names::from_entries(self.labels.names.clone())
+            .with_workloads(self.labels.workloads.clone());
         Labels::new(
             self.labels.iface_names.clone().into_iter().collect(),
             Clock::with_offset(offset),

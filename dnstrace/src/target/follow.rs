@@ -22,7 +22,7 @@ use tokio::sync::{mpsc, Notify};
 use super::{resolvers, watched, Target};
 use crate::{
     naming::Services,
-    pods::{cri::Cri, select, Inventory, Metadata, Pod},
+    pods::{cri::Cri, select, workload::Workload, Inventory, Metadata, Pod},
     probes::Watched,
 };
 
@@ -38,6 +38,9 @@ pub struct Refresh {
     /// Addresses named for the first time, or named anew: (address,
     /// `namespace/pod`).
     pub names: Vec<(IpAddr, String)>,
+    /// The workloads of the pods newly named that have one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub workloads: Vec<(IpAddr, Workload)>,
     /// The target's new sandbox, when it moved to one.
     pub target: Option<Moved>,
 }
@@ -272,14 +275,15 @@ impl Pods {
     pub fn update(&mut self, now: BTreeMap<String, (Pod, Metadata)>) -> Update {
         let before = std::mem::replace(&mut self.sandboxes, now);
         let mut said = self.comings_and_goings(&before);
-        let names = self.rename();
-        let target = self.follow_target(&mut said);
+        let mut refresh = Refresh::default();
+        self.rename(&mut refresh);
+        refresh.target = self.follow_target(&mut said);
         let watched = self.watch_now().filter(|w| *w != self.watched);
         if let Some(w) = &watched {
             self.watched.clone_from(w);
         }
         Update {
-            refresh: Refresh { names, target },
+            refresh,
             watched,
             said,
         }
@@ -300,19 +304,19 @@ impl Pods {
         started.chain(stopped).collect()
     }
 
-    /// The addresses whose pod is new.
-    fn rename(&mut self) -> Vec<(IpAddr, String)> {
-        let mut renamed = Vec::new();
+    /// The addresses whose pod is new, and its workload, into `refresh`.
+    fn rename(&mut self, refresh: &mut Refresh) {
         for (pod, meta) in self.sandboxes.values() {
             let name = pod.full_name();
             for ip in &meta.ips {
                 if self.names.get(ip) != Some(&name) {
                     self.names.insert(*ip, name.clone());
-                    renamed.push((*ip, name.clone()));
+                    refresh.names.push((*ip, name.clone()));
+                    let workload = meta.workload.clone().map(|w| (*ip, w));
+                    refresh.workloads.extend(workload);
                 }
             }
         }
-        renamed
     }
 
     /// The target's new sandbox, when its own is gone and the query

@@ -106,9 +106,19 @@ fn the_target_is_followed_into_its_new_sandbox_once_the_old_is_gone() {
 #[test]
 fn a_restarted_resolver_and_a_new_pod_are_named_and_the_resolver_watched() {
     let mut pods = started();
+    let mut coredns = sandbox(
+        "dddd",
+        "kube-system",
+        "coredns-5d78c9869d-x2x2x",
+        "10.245.1.54",
+    );
+    coredns.1 .1.workload = Some(Workload {
+        kind: crate::pods::workload::WorkloadKind::Deployment,
+        name: "coredns".into(),
+    });
     let update = pods.update(now(&[
         sandbox("aaaa", "default", "web", WEB),
-        sandbox("dddd", "kube-system", "coredns-2", "10.245.1.54"),
+        coredns.clone(),
         sandbox("eeee", "default", "late", "10.245.1.9"),
     ]));
     assert_eq!(update.refresh.target, None, "web did not move");
@@ -118,8 +128,16 @@ fn a_restarted_resolver_and_a_new_pod_are_named_and_the_resolver_watched() {
         names,
         [
             (ip("10.245.1.9"), "default/late".into()),
-            (ip("10.245.1.54"), "kube-system/coredns-2".into()),
+            (
+                ip("10.245.1.54"),
+                "kube-system/coredns-5d78c9869d-x2x2x".into()
+            ),
         ]
+    );
+    assert_eq!(
+        update.refresh.workloads,
+        [(ip("10.245.1.54"), coredns.1 .1.workload.unwrap())],
+        "late is a bare pod: no workload"
     );
     let watched = update.watched.expect("the resolver moved");
     assert_eq!(role(&watched, "10.245.1.54"), Some(ROLE_RESOLVER));
