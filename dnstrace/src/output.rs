@@ -37,11 +37,21 @@ pub enum Format {
 
 /// What turns numbers into words: device names, wall time, kernel drop
 /// reasons and locations, pod and service names. Shared by every view.
+#[derive(Clone)]
 pub struct Labels {
     iface_names: HashMap<u32, String>,
     clock: Clock,
     kernel: KernelNames,
     names: Names,
+}
+
+/// Briefly: the view's updates are Debug, and the kernel's names are large.
+impl std::fmt::Debug for Labels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Labels")
+            .field("names", &self.names.entries().len())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Labels {
