@@ -112,6 +112,10 @@ pub enum Command {
         /// `trace --debug-bpf` loads, instead of the usual ones.
         #[arg(long)]
         debug_bpf: bool,
+        /// The runtime's CRI socket to check, as `pods` and `trace` ask
+        /// it (default: each runtime's, where it exists).
+        #[arg(long, value_name = "PATH")]
+        cri_socket: Option<std::path::PathBuf>,
     },
     /// A simulated Kubernetes node in network namespaces, with switchable DNS faults.
     Lab {

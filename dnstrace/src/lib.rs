@@ -112,9 +112,11 @@ fn run(
     let work = async {
         match cli.command {
             Some(cli::Command::Lab { command }) => lab::run(command).await,
-            Some(cli::Command::Check { ifaces, debug_bpf }) => {
-                commands::check::check(ifaces, debug_bpf)
-            }
+            Some(cli::Command::Check {
+                ifaces,
+                debug_bpf,
+                cri_socket,
+            }) => commands::check::check(ifaces, debug_bpf, cri_socket.as_deref()).await,
             Some(cli::Command::Pods {
                 query,
                 runtime,

@@ -336,6 +336,17 @@ fn trace_follows_pods_re_created_restarted_and_started_while_tracing() {
     let two = journey_from(&everything, "two.life.test.", &web2.ip);
     assert!(names(two, &web2.ip, "default/web"), "{two:#}");
 
+    // `check` asks the same socket: three pods are ready (web, CoreDNS, late).
+    let socket = runtime.socket();
+    let out = dnstrace(&["check", "--cri-socket", &socket]);
+    let checked = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{checked}");
+    let said = format!("check: pods' labels and workload: CRI socket {socket} (containerd ");
+    assert!(
+        checked.contains(&said) && checked.contains("): 3 ready sandboxes"),
+        "{checked}"
+    );
+
     runtime.cri_lab("down", &[]);
     assert!(!dir.exists(), "{} is removed", dir.display());
 }
