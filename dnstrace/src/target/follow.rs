@@ -28,6 +28,10 @@ use crate::{
 
 /// How often the pods are read again when nothing pokes sooner.
 const EVERY: Duration = Duration::from_secs(1);
+/// After a poke, the next reads come this much sooner, a few times: a
+/// sandbox is ready a little after its veth appears.
+const SOON: Duration = Duration::from_millis(200);
+const SOON_READS: u32 = 5;
 /// Refreshes waiting for the pipeline at most; past this the follower
 /// waits for it rather than queue more.
 const QUEUE: usize = 16;
@@ -110,11 +114,13 @@ fn follow(mut following: Following, tx: &mpsc::Sender<Refresh>, poke: &Notify) {
     };
     runtime.block_on(async {
         let mut asker = Asker::new(following.socket.clone());
+        let mut soon: u32 = 0;
         loop {
-            tokio::select! {
-                () = tokio::time::sleep(EVERY) => {}
-                () = poke.notified() => {}
-            }
+            let wait = if soon > 0 { SOON } else { EVERY };
+            soon = tokio::select! {
+                () = tokio::time::sleep(wait) => soon.saturating_sub(1),
+                () = poke.notified() => SOON_READS,
+            };
             let Some(now) = asker.read(&following.pods.sandboxes).await else {
                 continue;
             };
