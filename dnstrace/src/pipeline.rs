@@ -92,12 +92,13 @@ pub struct JourneySink<O: JourneyOut> {
     /// New anomalies not yet taken by `raised`.
     raised: Vec<Anomaly>,
     recording: Option<String>,
-    /// With a target: its network namespaces and addresses, those of
-    /// every sandbox it has had while tracing (the old one's last journeys
-    /// close after the new one is found). The kernel also passes its
+    /// With a target: its network namespace, and its addresses with
+    /// those of every sandbox it had before (their last journeys may close
+    /// after the new one is found; a namespace's inode number, unlike an
+    /// address, is soon given to another). The kernel also passes its
     /// resolvers' upstream queries, which belong to others' lookups unless
     /// linked under one of the target's journeys.
-    only: Option<(Vec<u32>, Vec<IpAddr>)>,
+    only: Option<(u32, Vec<IpAddr>)>,
     /// Journeys whose diagnosis waits for a sibling still open (see
     /// `Diagnoser::awaits`), oldest first.
     held: Vec<Journey>,
@@ -142,7 +143,7 @@ impl<O: JourneyOut> JourneySink<O> {
 
     /// Keeps only journeys that start from `target`.
     pub fn only_from(mut self, target: Option<&target::Target>) -> Self {
-        self.only = target.map(|t| (vec![t.netns_inode], t.addrs.clone()));
+        self.only = target.map(|t| (t.netns_inode, t.addrs.clone()));
         self
     }
 
@@ -151,8 +152,7 @@ impl<O: JourneyOut> JourneySink<O> {
             return true;
         };
         let origin = j.legs.iter().find(|l| !l.response);
-        addrs.contains(&j.client.ip())
-            || origin.is_some_and(|o| o.netns != 0 && netns.contains(&o.netns))
+        addrs.contains(&j.client.ip()) || origin.is_some_and(|o| *netns != 0 && o.netns == *netns)
     }
 
     fn print(&mut self, journeys: Vec<Journey>) -> io::Result<()> {
@@ -288,7 +288,7 @@ impl<O: JourneyOut> Sink for JourneySink<O> {
     }
     fn pods(&mut self, refresh: &Refresh) {
         if let (Some((netns, addrs)), Some(moved)) = (&mut self.only, &refresh.target) {
-            netns.push(moved.netns_inode);
+            *netns = moved.netns_inode;
             addrs.extend(&moved.addrs);
         }
         self.out.pods(refresh);
@@ -741,6 +741,46 @@ mod tests {
             );
             assert_eq!(kept.anomalies, [AnomalyKind::ParallelQueryLost]);
         }
+    }
+
+    /// `--pod web` deleted and re-created: the new sandbox's lookups are
+    /// the target's from the refresh that found it.
+    #[test]
+    fn a_target_moved_to_a_new_sandbox_is_shown_from_then_on() {
+        let target = target::Target {
+            label: "pod default/web".into(),
+            netns_inode: 555,
+            addrs: vec!["10.244.0.99".parse().unwrap()],
+            host_veth: None,
+            resolv: None,
+            namespace: None,
+        };
+        let out = Kept {
+            kernel: KernelNames::default(),
+            journeys: vec![],
+            anomalies: vec![],
+        };
+        let mut sink =
+            JourneySink::new(Limits::default(), Context::default(), out).only_from(Some(&target));
+        // web's new sandbox: 10.244.0.10, netns 100 (see `dns_at`).
+        let lookup = |sink: &mut JourneySink<Kept>, ms: u64| {
+            let query = dns_at(ms, Hook::DevXmit, Qtype::A, false, None);
+            sink.record(&query).unwrap();
+            let answer = dns_at(ms + 1, Hook::DevReceive, Qtype::A, true, None);
+            sink.record(&answer).unwrap();
+            sink.tick((ms + 1000) * 1_000_000).unwrap();
+        };
+        lookup(&mut sink, 0);
+        assert!(sink.out.journeys.is_empty(), "not the target's yet");
+        sink.pods(&Refresh {
+            target: Some(target::follow::Moved {
+                netns_inode: 100,
+                addrs: vec!["10.244.0.10".parse().unwrap()],
+            }),
+            ..Refresh::default()
+        });
+        lookup(&mut sink, 2000);
+        assert_eq!(sink.out.journeys.len(), 1);
     }
 
     /// A TCP payload the capture did not hold is no malformed message: an
