@@ -51,11 +51,6 @@ pub enum Command {
         query: Option<String>,
         #[command(flatten)]
         runtime: RuntimeArgs,
-        /// The runtime's CRI socket, asked for the pods' labels and
-        /// workload (default: containerd's /run/containerd/containerd.sock,
-        /// then CRI-O's /var/run/crio/crio.sock, where they exist).
-        #[arg(long, value_name = "PATH")]
-        cri_socket: Option<PathBuf>,
         /// Network namespace holding the pods' host veths: the node's
         /// (default: the one dnstrace runs in), e.g. /run/netns/NAME.
         #[arg(long, value_name = "PATH")]
@@ -117,6 +112,10 @@ pub enum Command {
         /// `trace --debug-bpf` loads, instead of the usual ones.
         #[arg(long)]
         debug_bpf: bool,
+        /// The runtime's CRI socket to check, as `pods` and `trace` ask
+        /// it (default: each runtime's, where it exists).
+        #[arg(long, value_name = "PATH")]
+        cri_socket: Option<std::path::PathBuf>,
     },
     /// A simulated Kubernetes node in network namespaces, with switchable DNS faults.
     Lab {
@@ -249,6 +248,11 @@ pub struct RuntimeArgs {
     /// CRI-O's containers/storage run root (`runroot` in storage.conf).
     #[arg(long, value_name = "PATH", default_value = pods::CRIO_ROOT)]
     pub crio_root: PathBuf,
+    /// The runtime's CRI socket, asked for the pods' labels and
+    /// workload (default: containerd's /run/containerd/containerd.sock,
+    /// then CRI-O's /var/run/crio/crio.sock, where they exist).
+    #[arg(long, value_name = "PATH")]
+    pub cri_socket: Option<PathBuf>,
 }
 
 /// `20` (megabytes, as tcpdump -C), `64k`, `10M`, `1G`.
@@ -300,6 +304,7 @@ impl CaptureArgs {
                 ip: self.ip,
                 node_netns: self.node_netns,
                 runtime: self.runtime.dirs(),
+                cri_socket: self.runtime.cri_socket,
             },
             sample: self.sample,
             record: self.record.map(|path| RecordOptions {

@@ -112,18 +112,19 @@ fn run(
     let work = async {
         match cli.command {
             Some(cli::Command::Lab { command }) => lab::run(command).await,
-            Some(cli::Command::Check { ifaces, debug_bpf }) => {
-                commands::check::check(ifaces, debug_bpf)
-            }
+            Some(cli::Command::Check {
+                ifaces,
+                debug_bpf,
+                cri_socket,
+            }) => commands::check::check(ifaces, debug_bpf, cri_socket.as_deref()).await,
             Some(cli::Command::Pods {
                 query,
                 runtime,
-                cri_socket,
                 node_netns,
                 output,
             }) => {
                 let dirs = runtime.dirs();
-                let socket = cri_socket.as_deref();
+                let socket = runtime.cri_socket.as_deref();
                 commands::pods::run(&dirs, socket, query.as_deref(), node_netns, output).await
             }
             Some(cli::Command::Replay {

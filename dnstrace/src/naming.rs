@@ -15,7 +15,7 @@ use std::{
 
 pub use proxy::ProxyMode;
 
-use crate::netns::in_netns;
+use crate::{netns::in_netns, pods::workload::Workload};
 
 /// The port DNS services listen on.
 const DNS_PORT: u16 = 53;
@@ -218,10 +218,12 @@ fn endpoint_ip(to: &str) -> Option<IpAddr> {
     to.rsplit_once(':').map_or(to, |(ip, _)| ip).parse().ok()
 }
 
-/// Every address dnstrace can name.
+/// Every address dnstrace can name, and the workload of those that are
+/// pods where the CRI said it.
 #[derive(Clone, Debug, Default)]
 pub struct Names {
     names: BTreeMap<IpAddr, String>,
+    workloads: BTreeMap<IpAddr, Workload>,
 }
 
 impl Names {
@@ -235,7 +237,34 @@ impl Names {
                 names.insert(*ip, pod.clone());
             }
         }
-        Self { names }
+        Self {
+            names,
+            workloads: BTreeMap::new(),
+        }
+    }
+
+    /// The pods' workloads, by address.
+    pub fn with_workloads(mut self, workloads: BTreeMap<IpAddr, Workload>) -> Self {
+        self.workloads = workloads;
+        self
+    }
+
+    /// Names given later win over the same addresses' earlier ones.
+    pub fn extend(&mut self, names: &[(IpAddr, String)], workloads: &[(IpAddr, Workload)]) {
+        self.names.extend(names.iter().cloned());
+        // A new pod at an address replaces the old one's workload too.
+        for (ip, _) in names {
+            self.workloads.remove(ip);
+        }
+        self.workloads.extend(workloads.iter().cloned());
+    }
+
+    pub fn workload(&self, ip: &IpAddr) -> Option<&Workload> {
+        self.workloads.get(ip)
+    }
+
+    pub fn workloads(&self) -> &BTreeMap<IpAddr, Workload> {
+        &self.workloads
     }
 
     pub fn get(&self, ip: &IpAddr) -> Option<&str> {
@@ -248,7 +277,10 @@ impl Names {
 
     /// Names as a recording kept them.
     pub fn from_entries(names: BTreeMap<IpAddr, String>) -> Self {
-        Self { names }
+        Self {
+            names,
+            workloads: BTreeMap::new(),
+        }
     }
 }
 

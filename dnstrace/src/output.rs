@@ -22,6 +22,7 @@ use crate::{
     diagnose::{Anomaly, AnomalyKind},
     naming::Names,
     pipeline::{JourneyOut, Sink, Tally},
+    target::follow::Refresh,
 };
 use dnstrace_common::Direction;
 use journey_json::{number, JourneyJson, OutcomeJson};
@@ -36,11 +37,21 @@ pub enum Format {
 
 /// What turns numbers into words: device names, wall time, kernel drop
 /// reasons and locations, pod and service names. Shared by every view.
+#[derive(Clone)]
 pub struct Labels {
     iface_names: HashMap<u32, String>,
     clock: Clock,
     kernel: KernelNames,
     names: Names,
+}
+
+/// Briefly: the view's updates are Debug, and the kernel's names are large.
+impl std::fmt::Debug for Labels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Labels")
+            .field("names", &self.names.entries().len())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Labels {
@@ -73,6 +84,11 @@ impl Labels {
 
     pub fn clock(&self) -> Clock {
         self.clock
+    }
+
+    /// Addresses named while tracing: a pod started, or re-created.
+    pub fn rename(&mut self, refresh: &Refresh) {
+        self.names.extend(&refresh.names, &refresh.workloads);
     }
 
     /// The pod or service at `ip`, if known.
@@ -415,6 +431,7 @@ impl<W: Write> LineSink<W> {
             ),
             _ => (None, None),
         };
+        let names = self.names_of(j);
         JourneyJson {
             time: humantime::format_rfc3339_nanos(self.labels.clock.wall(j.started_ns)),
             j,
@@ -424,7 +441,11 @@ impl<W: Write> LineSink<W> {
                 location_name,
             },
             upstream: j.upstream.iter().map(|u| self.journey_json(u)).collect(),
-            names: self.names_of(j),
+            workloads: names
+                .iter()
+                .filter_map(|(ip, _)| Some((*ip, self.labels.names.workload(ip)?)))
+                .collect(),
+            names,
         }
     }
 
@@ -639,6 +660,9 @@ impl<W: io::Write> Sink for LineSink<W> {
         self.flush()
     }
     fn lost(&mut self, _: u64, _: u64, _: u64) {}
+    fn pods(&mut self, refresh: &Refresh) {
+        self.labels.rename(refresh);
+    }
     fn finish(&mut self, _: u64) -> io::Result<()> {
         self.flush()
     }
@@ -656,6 +680,9 @@ impl<W: io::Write> JourneyOut for LineSink<W> {
     }
     fn anomaly(&mut self, a: &Anomaly) -> io::Result<()> {
         self.write_anomaly(a)
+    }
+    fn pods(&mut self, refresh: &Refresh) {
+        self.labels.rename(refresh);
     }
     fn summary(&mut self, all: &[&Anomaly]) -> io::Result<()> {
         self.write_summary(all)

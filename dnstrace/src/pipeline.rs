@@ -3,7 +3,12 @@
 //! decode → a sink (packet lines, or journeys as lines or in the live
 //! view). A recording, when asked for, takes each input on the way in, so
 //! a replay feeds the same inputs through the same code.
-use std::{collections::HashSet, fmt, io, net::SocketAddr, sync::Arc};
+use std::{
+    collections::HashSet,
+    fmt, io,
+    net::{IpAddr, SocketAddr},
+    sync::Arc,
+};
 
 use anyhow::{Context as _, Result};
 use tokio::{
@@ -17,7 +22,7 @@ use crate::{
     decode::{Body, Decoder, KernelNames, Packet, Qtype, Record, Transport},
     diagnose::{Anomaly, AnomalyKind, Context, Diagnoser},
     ingest::SampleChange,
-    target,
+    target::{self, follow::Refresh},
 };
 
 /// Where decoded records go.
@@ -48,6 +53,8 @@ pub trait Sink {
     fn lost(&mut self, total: u64, since_ns: u64, now_ns: u64);
     /// The kernel's sampling level changed.
     fn sampling(&mut self, _change: SampleChange) {}
+    /// The node's pods changed: new names, the target's new sandbox.
+    fn pods(&mut self, _refresh: &Refresh) {}
     /// The capture ends: write what is left.
     fn finish(&mut self, now_ns: u64) -> io::Result<()>;
     /// What it counted, for the exit line.
@@ -62,6 +69,9 @@ pub trait JourneyOut {
     fn journey(&mut self, j: Journey, badges: &[(AnomalyKind, String)]) -> io::Result<()>;
     /// An anomaly raised for the first time.
     fn anomaly(&mut self, a: &Anomaly) -> io::Result<()>;
+    /// The node's pods changed: addresses named since the start (or named
+    /// anew), with their workloads.
+    fn pods(&mut self, _refresh: &Refresh) {}
     /// Every tick: every anomaly so far and the capture's health.
     fn state(&mut self, _all: &[&Anomaly], _health: &Health) -> io::Result<()> {
         Ok(())
@@ -82,10 +92,13 @@ pub struct JourneySink<O: JourneyOut> {
     /// New anomalies not yet taken by `raised`.
     raised: Vec<Anomaly>,
     recording: Option<String>,
-    /// With a target: (its netns, its addresses). The kernel also passes
-    /// its resolvers' upstream queries, which belong to others' lookups
-    /// unless linked under one of the target's journeys.
-    only: Option<(u32, Vec<std::net::IpAddr>)>,
+    /// With a target: its network namespace, and its addresses with
+    /// those of every sandbox it had before (their last journeys may close
+    /// after the new one is found; a namespace's inode number, unlike an
+    /// address, is soon given to another). The kernel also passes its
+    /// resolvers' upstream queries, which belong to others' lookups unless
+    /// linked under one of the target's journeys.
+    only: Option<(u32, Vec<IpAddr>)>,
     /// Journeys whose diagnosis waits for a sibling still open (see
     /// `Diagnoser::awaits`), oldest first.
     held: Vec<Journey>,
@@ -273,6 +286,13 @@ impl<O: JourneyOut> Sink for JourneySink<O> {
     fn sampling(&mut self, change: SampleChange) {
         self.engine.sampling(change);
     }
+    fn pods(&mut self, refresh: &Refresh) {
+        if let (Some((netns, addrs)), Some(moved)) = (&mut self.only, &refresh.target) {
+            *netns = moved.netns_inode;
+            addrs.extend(&moved.addrs);
+        }
+        self.out.pods(refresh);
+    }
     fn finish(&mut self, now_ns: u64) -> io::Result<()> {
         self.close_all(|engine| engine.finish(now_ns))?;
         self.out.summary(&self.diagnoser.summary())?;
@@ -317,6 +337,8 @@ pub enum Input {
     },
     /// The kernel's sampling level changed.
     Sample(SampleChange),
+    /// The node's pods changed (`target::follow`).
+    Pods { now_ns: u64, refresh: Refresh },
     /// Kernel monotonic time has reached `now_ns`.
     Tick(u64),
 }
@@ -496,6 +518,7 @@ impl Pipeline {
                 now_ns,
             } => sink.lost(total, since_ns, now_ns),
             Input::Sample(change) => sink.sampling(change),
+            Input::Pods { refresh, .. } => sink.pods(&refresh),
             Input::Tick(now_ns) => {
                 self.expire(now_ns, sink)?;
                 sink.tick(now_ns)?;
@@ -718,6 +741,46 @@ mod tests {
             );
             assert_eq!(kept.anomalies, [AnomalyKind::ParallelQueryLost]);
         }
+    }
+
+    /// `--pod web` deleted and re-created: the new sandbox's lookups are
+    /// the target's from the refresh that found it.
+    #[test]
+    fn a_target_moved_to_a_new_sandbox_is_shown_from_then_on() {
+        let target = target::Target {
+            label: "pod default/web".into(),
+            netns_inode: 555,
+            addrs: vec!["10.244.0.99".parse().unwrap()],
+            host_veth: None,
+            resolv: None,
+            namespace: None,
+        };
+        let out = Kept {
+            kernel: KernelNames::default(),
+            journeys: vec![],
+            anomalies: vec![],
+        };
+        let mut sink =
+            JourneySink::new(Limits::default(), Context::default(), out).only_from(Some(&target));
+        // web's new sandbox: 10.244.0.10, netns 100 (see `dns_at`).
+        let lookup = |sink: &mut JourneySink<Kept>, ms: u64| {
+            let query = dns_at(ms, Hook::DevXmit, Qtype::A, false, None);
+            sink.record(&query).unwrap();
+            let answer = dns_at(ms + 1, Hook::DevReceive, Qtype::A, true, None);
+            sink.record(&answer).unwrap();
+            sink.tick((ms + 1000) * 1_000_000).unwrap();
+        };
+        lookup(&mut sink, 0);
+        assert!(sink.out.journeys.is_empty(), "not the target's yet");
+        sink.pods(&Refresh {
+            target: Some(target::follow::Moved {
+                netns_inode: 100,
+                addrs: vec!["10.244.0.10".parse().unwrap()],
+            }),
+            ..Refresh::default()
+        });
+        lookup(&mut sink, 2000);
+        assert_eq!(sink.out.journeys.len(), 1);
     }
 
     /// A TCP payload the capture did not hold is no malformed message: an

@@ -93,6 +93,29 @@ impl Counts {
     }
 }
 
+/// The addresses the programs watch for a target, and their roles.
+pub struct Watched(HashMap<MapData, [u8; 16], u8>);
+
+impl Watched {
+    /// Makes the map hold `watched` and nothing else; the stale go first,
+    /// so that the map's room is never short.
+    pub fn set(&mut self, watched: &[([u8; 16], u8)]) -> Result<()> {
+        let stale: Vec<[u8; 16]> = self
+            .0
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| !watched.iter().any(|(w, _)| w == k))
+            .collect();
+        for key in &stale {
+            self.0.remove(key).context("WATCHED map")?;
+        }
+        for (key, role) in watched {
+            self.0.insert(key, role, 0).context("WATCHED map")?;
+        }
+        Ok(())
+    }
+}
+
 /// The programs; empty in a debug build made without the eBPF toolchain
 /// (build.rs), which can do all but trace.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/dnstrace-ebpf.o"));
@@ -699,6 +722,21 @@ impl Probes {
         };
         let map = aya::maps::Map::from_map_data(MapData::from_fd(fd)?)?;
         Ok(Counts(map.try_into()?))
+    }
+
+    /// A handle of its own on the watched addresses, for whoever follows
+    /// a target that moves while tracing (a pod re-created, a resolver
+    /// restarted). Take it before dropping privileges.
+    pub fn watched(&self) -> Result<Watched> {
+        let map = self.ebpf.map("WATCHED").context("WATCHED map")?;
+        let fd = match map {
+            aya::maps::Map::HashMap(data) => {
+                std::os::fd::AsFd::as_fd(data.fd()).try_clone_to_owned()?
+            }
+            _ => anyhow::bail!("WATCHED is not a hash map"),
+        };
+        let map = aya::maps::Map::from_map_data(MapData::from_fd(fd)?)?;
+        Ok(Watched(map.try_into()?))
     }
 
     /// The programs' log, for the caller to forward once privileges are

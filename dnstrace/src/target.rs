@@ -2,7 +2,7 @@
 //! container runtime's state, a network namespace, a process, an address),
 //! resolved to the namespace and addresses the kernel keeps.
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     net::IpAddr,
     path::{Path, PathBuf},
 };
@@ -12,9 +12,11 @@ use dnstrace_common::{TargetFilter, MAX_WATCHED, ROLE_RESOLVER, ROLE_TARGET};
 
 use crate::{
     naming::Services,
-    pods::{self, net::inspect, resolv::ResolvConf, Pod},
+    pods::{self, net::inspect, resolv::ResolvConf, workload::Workload, Pod},
     probes::KernelFilter,
 };
+
+pub mod follow;
 
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Target {
@@ -39,17 +41,28 @@ pub struct Query {
     /// The node's network namespace (none: the one dnstrace runs in).
     pub node_netns: Option<PathBuf>,
     pub runtime: pods::RuntimeDirs,
+    /// The runtime's CRI socket (none: each runtime's default, if there).
+    pub cri_socket: Option<PathBuf>,
 }
 
-/// The target the arguments name, if any; a name that matches no pod (or
-/// several) is an error listing the candidates.
-pub fn resolve(args: &Query) -> Result<Option<Target>> {
+/// The node's pods, from the runtimes' state and, where it answers, their
+/// CRI socket; what could not be read is said once.
+pub async fn inventory(args: &Query) -> (pods::Inventory, pods::CriAnswer) {
+    let sockets = pods::cri_sockets(args.cri_socket.as_deref());
+    let (inventory, answer) = pods::discover_with_cri(&args.runtime, &sockets).await;
+    answer.warn_if_unanswered();
+    for e in &inventory.errors {
+        log::warn!("{e}");
+    }
+    (inventory, answer)
+}
+
+/// The target the arguments name, if any, a pod among `inventory`'s; a
+/// name that matches no pod (or several) is an error listing the
+/// candidates.
+pub fn resolve(args: &Query, inventory: &pods::Inventory) -> Result<Option<Target>> {
     let node = args.node_netns.as_deref();
     if let Some(query) = &args.pod {
-        let inventory = pods::discover(&args.runtime);
-        for e in &inventory.errors {
-            log::warn!("{e}");
-        }
         let pod = pods::select(&inventory.pods, query)?;
         return of_pod(pod, node).map(Some);
     }
@@ -113,30 +126,12 @@ impl Target {
     /// Keeps the target's own packets (its namespace and addresses) and its
     /// resolvers' queries upstream.
     pub fn kernel_filter(&self, resolvers: &BTreeSet<IpAddr>) -> Result<KernelFilter> {
-        let mut watched: Vec<([u8; 16], u8)> = Vec::new();
-        let roles = self
-            .addrs
-            .iter()
-            .map(|ip| (*ip, ROLE_TARGET))
-            .chain(resolvers.iter().map(|ip| (*ip, ROLE_RESOLVER)));
-        for (ip, role) in roles {
-            let key = key(ip);
-            match watched.iter_mut().find(|(k, _)| *k == key) {
-                Some((_, r)) => *r |= role,
-                None => watched.push((key, role)),
-            }
-        }
-        anyhow::ensure!(
-            watched.len() <= MAX_WATCHED as usize,
-            "{} addresses to watch, more than {MAX_WATCHED}",
-            watched.len()
-        );
         Ok(KernelFilter {
             filter: TargetFilter {
                 enabled: 1,
                 netns: self.netns_inode,
             },
-            watched,
+            watched: watched(&self.addrs, resolvers)?,
         })
     }
 
@@ -175,6 +170,29 @@ impl Target {
     }
 }
 
+/// The kernel's watched addresses: a target's and its resolvers', each
+/// once with its roles.
+fn watched(target: &[IpAddr], resolvers: &BTreeSet<IpAddr>) -> Result<Vec<([u8; 16], u8)>> {
+    let mut watched: Vec<([u8; 16], u8)> = Vec::new();
+    let roles = target
+        .iter()
+        .map(|ip| (*ip, ROLE_TARGET))
+        .chain(resolvers.iter().map(|ip| (*ip, ROLE_RESOLVER)));
+    for (ip, role) in roles {
+        let key = key(ip);
+        match watched.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, r)) => *r |= role,
+            None => watched.push((key, role)),
+        }
+    }
+    anyhow::ensure!(
+        watched.len() <= MAX_WATCHED as usize,
+        "{} addresses to watch, more than {MAX_WATCHED}",
+        watched.len()
+    );
+    Ok(watched)
+}
+
 /// Addresses as the programs store them: IPv4 in the first four bytes.
 fn key(ip: IpAddr) -> [u8; 16] {
     match ip {
@@ -208,17 +226,39 @@ pub fn is_coredns(full_name: &str) -> bool {
         .is_some_and(|n| n.starts_with("coredns") || n.starts_with("kube-dns"))
 }
 
-/// Every running pod's name and addresses, for naming; what cannot be read
+/// Every running pod's name and addresses, for naming: from inside its
+/// namespace, else as its runtime's CRI reported them; what cannot be read
 /// is left out (names are a help, not a requirement).
-pub fn pod_addresses(args: &Query) -> Vec<(String, Vec<IpAddr>)> {
+pub fn pod_addresses(args: &Query, inventory: &pods::Inventory) -> Vec<(String, Vec<IpAddr>)> {
     let node = args.node_netns.as_deref();
-    pods::discover(&args.runtime)
+    inventory
         .pods
         .iter()
         .filter_map(|p| {
-            let net = inspect(&p.netns_path()?, node).ok()?;
-            Some((p.full_name(), net.ips))
+            let inside = p.netns_path().and_then(|n| inspect(&n, node).ok());
+            let ips = match inside {
+                Some(net) => net.ips,
+                None => inventory.metadata(p)?.ips.clone(),
+            };
+            Some((p.full_name(), ips))
         })
+        .collect()
+}
+
+/// The workloads of the pods among `pods` (name and addresses) that the
+/// CRI gave one, by address.
+pub fn workloads(
+    inventory: &pods::Inventory,
+    pods: &[(String, Vec<IpAddr>)],
+) -> BTreeMap<IpAddr, Workload> {
+    let by_name: BTreeMap<String, &Workload> = inventory
+        .pods
+        .iter()
+        .filter_map(|p| Some((p.full_name(), inventory.metadata(p)?.workload.as_ref()?)))
+        .collect();
+    pods.iter()
+        .filter_map(|(name, ips)| Some((by_name.get(name)?, ips)))
+        .flat_map(|(w, ips)| ips.iter().map(|ip| (*ip, (*w).clone())))
         .collect()
 }
 

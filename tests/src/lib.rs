@@ -16,6 +16,8 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 
+pub mod cri;
+
 /// Fails loudly instead of skipping: these tests load eBPF programs.
 pub fn require_root() {
     // SAFETY: geteuid has no preconditions.

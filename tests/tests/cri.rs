@@ -7,90 +7,18 @@
 //! Not the lab: containerd runs in a network namespace of this test's own,
 //! so its bridge and pod subnet (10.245.0.0/24, beside the lab's
 //! 10.244.0.0/16) meet nothing else, and the lab's lock is not needed.
-use std::{
-    collections::BTreeSet,
-    path::{Path, PathBuf},
-    process::Command,
-};
+use std::{collections::BTreeSet, path::Path};
 
 use serde_json::{json, Value};
 
-use dnstrace_tests::*;
+use dnstrace_tests::{
+    cri::{require_containerd, Runtime},
+    *,
+};
 
 const BRIDGE: &str = "dtcri0";
 const SUBNET: &str = "10.245.0.0/24";
 const NAMESERVER: &str = "10.96.0.10";
-/// What the private containerd needs, and the package of each.
-const NEEDS: &[(&str, &str)] = &[
-    ("/usr/bin/containerd", "containerd"),
-    ("/usr/sbin/runc", "runc"),
-    ("/usr/lib/cni/bridge", "containernetworking-plugins"),
-    ("/bin/busybox", "busybox-static"),
-];
-
-fn require_containerd() {
-    for (path, package) in NEEDS {
-        assert!(
-            Path::new(path).exists(),
-            "{path} is missing: apt-get install {package} (cargo xtask setup installs it)"
-        );
-    }
-}
-
-/// The private containerd's directory and network, brought down on drop
-/// if the test did not get that far.
-struct Runtime {
-    dir: PathBuf,
-    node: Netns,
-}
-
-impl Runtime {
-    fn setup_args(&self) -> Vec<String> {
-        [
-            "--dir",
-            self.dir.to_str().unwrap(),
-            "--netns",
-            &self.node.name,
-            "--bridge",
-            BRIDGE,
-            "--subnet",
-            SUBNET,
-        ]
-        .map(str::to_owned)
-        .to_vec()
-    }
-
-    fn socket(&self) -> String {
-        self.dir.join("containerd.sock").display().to_string()
-    }
-
-    /// `dnstrace-harness cri-lab COMMAND <setup> ARGS`: its stdout.
-    fn cri_lab(&self, command: &str, args: &[&str]) -> String {
-        let out = Command::new(harness_bin())
-            .args(["cri-lab", command])
-            .args(self.setup_args())
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "cri-lab {command}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).trim().to_owned()
-    }
-}
-
-impl Drop for Runtime {
-    fn drop(&mut self) {
-        if self.dir.join("containerd.pid").exists() {
-            let _ = Command::new(harness_bin())
-                .args(["cri-lab", "down"])
-                .args(self.setup_args())
-                .status();
-        }
-    }
-}
 
 /// What a runtime can leave on the node.
 #[derive(Debug, PartialEq)]
@@ -206,6 +134,8 @@ fn a_real_containerd_runs_a_pod_that_dnstrace_lists_with_its_workload_and_leaves
     let runtime = Runtime {
         dir: dir.clone(),
         node: Netns::new("cri").unwrap(),
+        bridge: BRIDGE,
+        subnet: SUBNET,
     };
     let before = traces(&dir);
     runtime.cri_lab("up", &[]);

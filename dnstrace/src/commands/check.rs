@@ -1,15 +1,20 @@
 //! `dnstrace check`: whether dnstrace can trace on this node.
+use std::path::Path;
+
 use anyhow::Result;
 
 use crate::{
     naming::Services,
+    pods::{cri_sockets, first_answer, CriAnswer},
     probes::{BpfLog, Load, ProbeOptions, Probes},
 };
 
 /// `dnstrace check`: loads every program, so the kernel's verifier checks
-/// each, attaches what this kernel allows, says so and detaches. With
-/// `debug_bpf`, the programs built to log, at their most detailed.
-pub fn check(ifaces: Vec<String>, debug_bpf: bool) -> Result<()> {
+/// each, attaches what this kernel allows, says so and detaches; then
+/// says what the service proxy's rules and the CRI socket (`cri_socket`,
+/// or the runtimes' defaults) give. With `debug_bpf`, the programs built
+/// to log, at their most detailed.
+pub async fn check(ifaces: Vec<String>, debug_bpf: bool, cri_socket: Option<&Path>) -> Result<()> {
     let options = ProbeOptions {
         ifaces,
         debug_bpf: debug_bpf.then_some(BpfLog::Trace),
@@ -21,7 +26,16 @@ pub fn check(ifaces: Vec<String>, debug_bpf: bool) -> Result<()> {
     drop(probes);
     log::info!("check: {on} attached, {off} off; all detached again");
     log::info!("check: {}", Services::read(None).describe());
+    log::info!(
+        "check: pods' labels and workload: {}",
+        cri(cri_socket).await
+    );
     Ok(())
+}
+
+/// What the first CRI socket that answers says, as `pods` and `trace` ask.
+async fn cri(given: Option<&Path>) -> CriAnswer {
+    first_answer(&cri_sockets(given)).await.1
 }
 
 /// Says what is attached, and what is off and why.

@@ -120,12 +120,7 @@ pub async fn run(
     format: Format,
 ) -> Result<()> {
     let (inventory, answer) = discover_with_cri(dirs, &cri_sockets(cri_socket)).await;
-    if let CriAnswer::Unanswered(errors) = &answer {
-        log::warn!(
-            "no CRI socket answered ({}): pods from the runtimes' state directories, without labels or workload",
-            errors.join("; ")
-        );
-    }
+    answer.warn_if_unanswered();
     for e in &inventory.errors {
         log::warn!("{e}");
     }

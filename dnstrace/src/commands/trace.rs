@@ -1,7 +1,7 @@
 //! Live tracing: find the target, attach the probes, and feed what the
 //! kernel hands over (ring buffer, ctnetlink, conntrack counters, a clock)
 //! through the pipeline into the chosen view, until Ctrl-C, SIGTERM or `q`.
-use std::{collections::VecDeque, io};
+use std::{collections::VecDeque, io, net::IpAddr};
 
 use anyhow::{Context as _, Result};
 use dnstrace_common::{Hook, SampleLevel};
@@ -20,9 +20,13 @@ use crate::{
     naming::{Names, Services},
     output::{Format, Labels},
     pipeline::{Input, Pipeline, Source, Stop, Tap, View},
+    pods::{CriAnswer, Inventory},
     probes::{Load, ProbeOptions, Probes},
     record::{self, RecordOptions, Recorder},
-    target,
+    target::{
+        self,
+        follow::{Follower, Following, Pods, Refresh},
+    },
     view::state::About,
 };
 
@@ -49,9 +53,10 @@ pub async fn run(args: TraceOptions, view: View) -> Result<()> {
     let mut stop = Stop::new()?;
     crate::probes::check_privileges()?;
     let node = args.target.node_netns.as_deref();
-    let target = target::resolve(&args.target)?;
+    let (inventory, cri) = target::inventory(&args.target).await;
+    let target = target::resolve(&args.target, &inventory)?;
     let services = services_for(node, target.as_ref());
-    let pods = target::pod_addresses(&args.target);
+    let pods = target::pod_addresses(&args.target, &inventory);
     let filter = target
         .as_ref()
         .map(|t| t.kernel_filter(&target::resolvers(&services, &pods)))
@@ -78,8 +83,9 @@ pub async fn run(args: TraceOptions, view: View) -> Result<()> {
     if args.record.is_some() {
         preload.start();
     }
-    let labels = Labels::new(probes.iface_names(), Clock::now(), kernel)
-        .with_names(Names::new(&services, &pods));
+    let labels = Labels::new(probes.iface_names(), Clock::now(), kernel).with_names(
+        Names::new(&services, &pods).with_workloads(target::workloads(&inventory, &pods)),
+    );
     let drops_visible = probes
         .attachments
         .iter()
@@ -93,6 +99,13 @@ pub async fn run(args: TraceOptions, view: View) -> Result<()> {
         .record
         .map(|options| Recorder::create(options, record::meta(&labels, &context, limits)))
         .transpose()?;
+    let at_start = AtStart {
+        inventory: &inventory,
+        target: target.as_ref(),
+        services: &services,
+        pods: &pods,
+    };
+    let following = following(&cri, &args.target, &at_start, &probes)?;
     let (ct, stats) = watch_conntrack(node);
     // The namespace of the --iface devices, or the node's.
     let links = LinkWatch::open(if args.probes.ifaces.is_empty() {
@@ -104,6 +117,7 @@ pub async fn run(args: TraceOptions, view: View) -> Result<()> {
     .ok();
     // Everything privileged is open now.
     probes.drop_privileges()?;
+    let follower = following.map(Follower::start).transpose()?;
     if let Some(log) = probes.take_kernel_log() {
         log.forward().context("forwarding the programs' log")?;
     }
@@ -113,7 +127,12 @@ pub async fn run(args: TraceOptions, view: View) -> Result<()> {
     // Loading parsed the kernel's BTF and ELF (tens of MiB, freed): those
     // pages go back within a second, so a long incident starts small.
     return_freed_memory_in_background();
-    let watches = Watches { ct, stats, links };
+    let watches = Watches {
+        ct,
+        stats,
+        links,
+        follower,
+    };
     let ports = args.probes.ports.clone();
     let mut src = LiveSource::new(ingest, &probes, watches, ports, preload, args.sample);
     let mut pipe = Pipeline::recording(recorder.map(|r| Box::new(r) as Box<dyn Tap>));
@@ -179,6 +198,43 @@ fn headline(t: &target::Target) -> String {
     format!("{} ({})", t.label, addrs.join(", "))
 }
 
+/// The node's pods and names as tracing starts.
+struct AtStart<'a> {
+    inventory: &'a Inventory,
+    target: Option<&'a target::Target>,
+    services: &'a Services,
+    pods: &'a [(String, Vec<IpAddr>)],
+}
+
+/// What follows the node's pods while tracing, where a CRI socket
+/// answered; where none did and a pod is the target, that is said once.
+fn following(
+    cri: &CriAnswer,
+    query: &target::Query,
+    start: &AtStart,
+    probes: &Probes,
+) -> Result<Option<Following>> {
+    let CriAnswer::Answered { socket, .. } = cri else {
+        if query.pod.is_some() {
+            log::info!("off: following the pod into a new sandbox (needs a CRI socket)");
+        }
+        return Ok(None);
+    };
+    let watched = start.target.map(|_| probes.watched()).transpose()?;
+    let pods = Pods::new(
+        start.inventory,
+        query.pod.as_deref(),
+        start.target,
+        start.services.clone(),
+        start.pods,
+    );
+    Ok(Some(Following {
+        socket: socket.clone(),
+        pods,
+        watched,
+    }))
+}
+
 /// The node's services; with no proxy rules, the target's nameservers
 /// stand for the DNS service.
 fn services_for(node: Option<&std::path::Path>, target: Option<&target::Target>) -> Services {
@@ -237,11 +293,13 @@ fn watch_conntrack(node: Option<&std::path::Path>) -> (Option<CtWatcher>, Option
     (ct, stats.map(RaceWatch::new))
 }
 
-/// What else the kernel tells while tracing, each optional.
+/// What else the kernel (and the runtime) tells while tracing, each
+/// optional.
 struct Watches {
     ct: Option<CtWatcher>,
     stats: Option<RaceWatch>,
     links: Option<LinkWatch>,
+    follower: Option<Follower>,
 }
 
 /// The kernel's side: ring buffer batches and ticks (with any new losses),
@@ -362,8 +420,15 @@ impl Source for LiveSource<'_> {
                         self.watches.ct = None;
                     }
                 },
+                refresh = pod_changes(&mut self.watches.follower) => {
+                    return Ok(Some(Input::Pods { now_ns: monotonic_now(), refresh }));
+                }
                 said = link_changes(&mut self.watches.links) => match said {
-                    Ok(said) => said.iter().for_each(|s| log::info!("{s}")),
+                    Ok(said) => {
+                        said.iter().for_each(|s| log::info!("{s}"));
+                        // A sandbox comes or goes with its veth.
+                        self.watches.follower.iter().for_each(Follower::poke);
+                    }
                     Err(e) => {
                         log::warn!("link changes stopped: {e}");
                         self.watches.links = None;
@@ -441,6 +506,14 @@ impl RaceWatch {
         }
         self.last = now;
         rose
+    }
+}
+
+/// Waits for the pods to change, or forever without a follower.
+async fn pod_changes(follower: &mut Option<Follower>) -> Refresh {
+    match follower {
+        Some(f) => f.next().await,
+        None => std::future::pending().await,
     }
 }
 

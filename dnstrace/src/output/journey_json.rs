@@ -7,7 +7,10 @@ use std::{io::Write, net::IpAddr};
 use serde::Serialize;
 
 use super::addr;
-use crate::correlate::{Connection, FragmentNote, Journey, Leg, Outcome};
+use crate::{
+    correlate::{Connection, FragmentNote, Journey, Leg, Outcome},
+    pods::workload::Workload,
+};
 
 /// `,"k":` in one copy of a known length; keys are ours, nothing to escape.
 macro_rules! key {
@@ -24,6 +27,8 @@ pub(super) struct JourneyJson<'a> {
     pub upstream: Vec<JourneyJson<'a>>,
     /// Sorted by address, each once.
     pub names: Vec<(IpAddr, &'a str)>,
+    /// The workloads of the named pods that have one, in the same order.
+    pub workloads: Vec<(IpAddr, &'a Workload)>,
 }
 
 #[derive(Serialize)]
@@ -96,7 +101,22 @@ impl JourneyJson<'_> {
             out.push(b':');
             value(out, name)?;
         }
-        out.extend_from_slice(b"}}");
+        out.push(b'}');
+        // Only where the CRI said one: lines without are as they were.
+        if !self.workloads.is_empty() {
+            key!(out, "workloads");
+            out.push(b'{');
+            for (i, (ip, workload)) in self.workloads.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                addr::json_ip(out, ip);
+                out.push(b':');
+                value(out, workload)?;
+            }
+            out.push(b'}');
+        }
+        out.push(b'}');
         Ok(())
     }
 }

@@ -98,13 +98,18 @@ impl Cri {
 
     /// The ready pod sandboxes, each with what its status says.
     pub async fn pods(&mut self) -> Result<Vec<(Pod, Metadata)>> {
-        let runtime = self.runtime()?;
         let mut pods = Vec::new();
         for id in self.ready_sandboxes().await? {
-            let status = self.status(&id).await?;
-            pods.push(pod_of(runtime, &id, status)?);
+            pods.push(self.pod(&id).await?);
         }
         Ok(pods)
+    }
+
+    /// One sandbox, as its status says.
+    pub async fn pod(&mut self, id: &str) -> Result<(Pod, Metadata)> {
+        let runtime = self.runtime()?;
+        let status = self.status(id).await?;
+        pod_of(runtime, id, status)
     }
 
     fn runtime(&self) -> Result<Runtime> {
@@ -118,7 +123,9 @@ impl Cri {
         }
     }
 
-    async fn ready_sandboxes(&mut self) -> Result<Vec<String>> {
+    /// The ids of the ready sandboxes: one cheap call, where `pods` makes
+    /// one more per sandbox.
+    pub async fn ready_sandboxes(&mut self) -> Result<Vec<String>> {
         self.list(Some(PodSandboxState::SandboxReady)).await
     }
 

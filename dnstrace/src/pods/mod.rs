@@ -162,7 +162,9 @@ impl Inventory {
     }
 }
 
-/// Every running pod sandbox of both runtimes.
+/// Every running pod sandbox of both runtimes, from their state
+/// directories alone (the commands also ask the CRI: `discover_with_cri`).
+#[cfg(test)]
 pub fn discover(dirs: &RuntimeDirs) -> Inventory {
     read_dirs(dirs).finish()
 }
@@ -205,18 +207,23 @@ pub fn cri_sockets(given: Option<&Path>) -> Vec<PathBuf> {
 /// answers, the CRI's: its pods and their metadata.
 pub async fn discover_with_cri(dirs: &RuntimeDirs, sockets: &[PathBuf]) -> (Inventory, CriAnswer) {
     let mut inv = read_dirs(dirs);
+    let (pods, answer) = first_answer(sockets).await;
+    inv.merge(pods);
+    (inv.finish(), answer)
+}
+
+/// The pods of the first of `sockets` that answers, and what each said.
+pub async fn first_answer(sockets: &[PathBuf]) -> (Vec<(Pod, Metadata)>, CriAnswer) {
     let mut failures = Vec::new();
     for socket in sockets {
         match ask_cri(socket).await {
             Ok((runtime, pods)) => {
-                let count = pods.len();
-                inv.merge(pods);
                 let answer = CriAnswer::Answered {
                     socket: socket.clone(),
                     runtime,
-                    pods: count,
+                    pods: pods.len(),
                 };
-                return (inv.finish(), answer);
+                return (pods, answer);
             }
             Err(e) => failures.push(format!("{e:#}")),
         }
@@ -226,7 +233,20 @@ pub async fn discover_with_cri(dirs: &RuntimeDirs, sockets: &[PathBuf]) -> (Inve
     } else {
         CriAnswer::Unanswered(failures)
     };
-    (inv.finish(), answer)
+    (Vec::new(), answer)
+}
+
+impl CriAnswer {
+    /// Says, once, that the pods come without labels or workload because
+    /// no CRI socket answered; nothing when none was there to ask.
+    pub fn warn_if_unanswered(&self) {
+        if let CriAnswer::Unanswered(errors) = self {
+            log::warn!(
+                "no CRI socket answered ({}): pods from the runtimes' state directories, without labels or workload",
+                errors.join("; ")
+            );
+        }
+    }
 }
 
 async fn ask_cri(socket: &Path) -> Result<(cri::RuntimeVersion, Vec<(Pod, Metadata)>)> {
@@ -237,24 +257,31 @@ async fn ask_cri(socket: &Path) -> Result<(cri::RuntimeVersion, Vec<(Pod, Metada
 
 /// Where pods were looked for and what was there, for an empty answer.
 pub fn searched(dirs: &RuntimeDirs, answer: &CriAnswer) -> String {
-    let cri = match answer {
-        CriAnswer::NoSocket => format!("CRI sockets {}: not there", CRI_SOCKETS.join(", ")),
-        CriAnswer::Answered {
-            socket,
-            runtime,
-            pods,
-        } => format!(
-            "CRI socket {} ({runtime}): {pods} ready sandboxes",
-            socket.display()
-        ),
-        CriAnswer::Unanswered(errors) => format!("CRI: {}", errors.join("; ")),
-    };
     [
         containerd::describe(&dirs.containerd),
         crio::describe(&dirs.crio),
-        cri,
+        answer.to_string(),
     ]
     .join("; ")
+}
+
+/// `CRI socket PATH (containerd 1.6.20): 3 ready sandboxes`.
+impl std::fmt::Display for CriAnswer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CriAnswer::NoSocket => write!(f, "CRI sockets {}: not there", CRI_SOCKETS.join(", ")),
+            CriAnswer::Answered {
+                socket,
+                runtime,
+                pods,
+            } => write!(
+                f,
+                "CRI socket {} ({runtime}): {pods} ready sandboxes",
+                socket.display()
+            ),
+            CriAnswer::Unanswered(errors) => write!(f, "CRI: {}", errors.join("; ")),
+        }
+    }
 }
 
 /// What a directory holds, for a runtime's that yielded no pod: `holds

@@ -11,7 +11,7 @@
 //! - Job: stamps `batch.kubernetes.io/job-name` (before 1.27: `job-name`).
 use std::collections::BTreeMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 const POD_TEMPLATE_HASH: &str = "pod-template-hash";
 const CONTROLLER_REVISION_HASH: &str = "controller-revision-hash";
@@ -19,7 +19,7 @@ const POD_TEMPLATE_GENERATION: &str = "pod-template-generation";
 const STATEFULSET_POD_NAME: &str = "statefulset.kubernetes.io/pod-name";
 const JOB_NAMES: [&str; 2] = ["batch.kubernetes.io/job-name", "job-name"];
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum WorkloadKind {
     Deployment,
     DaemonSet,
@@ -27,7 +27,7 @@ pub enum WorkloadKind {
     Job,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Workload {
     pub kind: WorkloadKind,
     pub name: String,

@@ -81,6 +81,7 @@ pub fn meta(labels: &Labels, context: &Context, limits: Limits) -> Meta {
             iface_names: labels.iface_names().clone().into_iter().collect(),
             names: labels.names().entries().clone(),
             drop_reasons: labels.kernel().drop_reasons().clone().into_iter().collect(),
+            workloads: labels.names().workloads().clone(),
         },
         context: ContextNote::of(context),
         clock: labels.clock(),

@@ -17,7 +17,8 @@ use crate::{
         addr,
         journey_json::{boolean, number},
     },
-    target::Target,
+    pods::workload::Workload,
+    target::{follow::Refresh, Target},
 };
 
 /// The Private Enterprise Number dnstrace's custom blocks and options are
@@ -64,6 +65,12 @@ pub enum Note {
         shift: u32,
         seed: u32,
     },
+    /// The node's pods changed while recording: names, the target's new
+    /// sandbox.
+    Pods {
+        now_ns: u64,
+        refresh: Refresh,
+    },
     /// An anomaly as it was raised (the JSON line output's object).
     Anomaly {
         anomaly: serde_json::Value,
@@ -99,6 +106,10 @@ pub struct LabelsNote {
     pub iface_names: Vec<(u32, String)>,
     pub names: BTreeMap<IpAddr, String>,
     pub drop_reasons: Vec<(u32, String)>,
+    /// The pods' workloads, where the CRI said them; absent from
+    /// recordings made before they were noted.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub workloads: BTreeMap<IpAddr, Workload>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]

@@ -94,6 +94,10 @@ impl Tap for Recorder {
                 shift: c.level.shift,
                 seed: c.level.seed,
             }),
+            Input::Pods { now_ns, refresh } => self.note(&Note::Pods {
+                now_ns: *now_ns,
+                refresh: refresh.clone(),
+            }),
             Input::Tick(now_ns) => {
                 self.note(&Note::Tick { now_ns: *now_ns });
                 // What a kill -9 can lose: one tick's worth.

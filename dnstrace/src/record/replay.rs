@@ -100,7 +100,8 @@ impl About {
             self.labels.drop_reasons.clone().into_iter().collect(),
             self.locations.clone(),
         );
-        let names = Names::from_entries(self.labels.names.clone());
+        let names = Names::from_entries(self.labels.names.clone())
+            .with_workloads(self.labels.workloads.clone());
         Labels::new(
             self.labels.iface_names.clone().into_iter().collect(),
             Clock::with_offset(offset),
@@ -332,6 +333,7 @@ impl<R: Read> Replay<R> {
                     seed,
                 },
             }),
+            Note::Pods { now_ns, refresh } => Input::Pods { now_ns, refresh },
             Note::End { now_ns } => {
                 self.now_ns = self.now_ns.max(now_ns);
                 return None;
@@ -463,6 +465,7 @@ fn time_of(input: &Input) -> Option<u64> {
         | Input::Counters { now_ns, .. }
         | Input::Lost { now_ns, .. }
         | Input::Sample(SampleChange { now_ns, .. })
+        | Input::Pods { now_ns, .. }
         | Input::Tick(now_ns) => Some(*now_ns),
     }
 }

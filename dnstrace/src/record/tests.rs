@@ -403,6 +403,23 @@ pub fn inputs() -> Vec<crate::pipeline::Input> {
                 seed: 0xdead_beef,
             },
         }),
+        Input::Pods {
+            now_ns: 5_000_800_000,
+            refresh: crate::target::follow::Refresh {
+                names: vec![("10.244.0.11".parse().unwrap(), "default/web".into())],
+                workloads: vec![(
+                    "10.244.0.11".parse().unwrap(),
+                    crate::pods::workload::Workload {
+                        kind: crate::pods::workload::WorkloadKind::Deployment,
+                        name: "web".into(),
+                    },
+                )],
+                target: Some(crate::target::follow::Moved {
+                    netns_inode: 4_026_532_999,
+                    addrs: vec!["10.244.0.11".parse().unwrap()],
+                }),
+            },
+        },
         Input::Tick(5_100_000_000),
     ]
 }

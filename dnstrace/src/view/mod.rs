@@ -37,6 +37,7 @@ use crate::{
     logging::Redirect,
     output::{summary_text, Labels},
     pipeline::{Health, JourneyOut},
+    target::follow::Refresh,
 };
 
 /// Updates waiting for the view; beyond this the capture drops and counts.
@@ -210,6 +211,12 @@ impl JourneyOut for LiveOut {
     fn anomaly(&mut self, _: &Anomaly) -> io::Result<()> {
         // Sent whole, with counts, at the next tick.
         Ok(())
+    }
+
+    fn pods(&mut self, refresh: &Refresh) {
+        // The view's copy is replaced, not written under it: rare.
+        Arc::make_mut(&mut self.labels).rename(refresh);
+        self.send(Update::Labels(self.labels.clone()));
     }
 
     fn state(&mut self, all: &[&Anomaly], health: &Health) -> io::Result<()> {

@@ -23,6 +23,8 @@ pub enum Update {
     Lookup(Box<Lookup>),
     Anomalies(Vec<AnomalyRow>),
     Health(Health),
+    /// Names learnt while tracing (pods started or re-created).
+    Labels(Arc<Labels>),
 }
 
 /// Fixed facts shown in the header.
@@ -250,6 +252,7 @@ impl App {
                 self.health = h;
                 self.stats.refresh(self.health.now_ns / 1_000_000_000);
             }
+            Update::Labels(labels) => self.labels = labels,
         }
     }
 

@@ -603,3 +603,38 @@ fn snapshot_help_paused_and_losing() {
     }));
     insta::assert_snapshot!(render(&app, 80, 24));
 }
+
+/// A pod started while tracing is named in the rows built after, and the
+/// view's own labels (its journey detail) are replaced too.
+#[test]
+fn pods_named_while_tracing_name_the_rows_after() {
+    use crate::pipeline::JourneyOut as _;
+    let (tx, rx) = sync_channel(8);
+    let mut out = LiveOut::new(tx, Arc::new(labels()), Arc::default());
+    let late = a("10.244.0.99:40000");
+    let mut j = journey(1, "a.example.", 0, noerror("A 192.0.2.1"), false);
+    j.client = late;
+    out.journey(j.clone(), &[]).unwrap();
+    out.pods(&crate::target::follow::Refresh {
+        names: vec![(late.ip(), "default/late".into())],
+        ..Default::default()
+    });
+    out.journey(j, &[]).unwrap();
+    let updates: Vec<Update> = rx.try_iter().collect();
+    let pods: Vec<&str> = updates
+        .iter()
+        .filter_map(|u| match u {
+            Update::Lookup(l) => Some(l.pod.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(pods, ["10.244.0.99", "default/late"]);
+    let view_labels = updates.iter().find_map(|u| match u {
+        Update::Labels(l) => Some(l),
+        _ => None,
+    });
+    assert_eq!(
+        view_labels.and_then(|l| l.name(&late.ip())),
+        Some("default/late")
+    );
+}
