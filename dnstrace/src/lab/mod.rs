@@ -12,6 +12,7 @@ mod nodelocal;
 mod plan;
 mod resolvers;
 mod runtime;
+mod socketlb;
 mod sys;
 pub mod traffic;
 
@@ -51,7 +52,9 @@ pub enum LabCommand {
         #[arg(long, value_enum, default_value_t = runtime::Runtime::Containerd)]
         runtime: runtime::Runtime,
         /// Which kube-proxy mode writes the kube-dns rules: iptables (its nat
-        /// table) or nftables (its `ip kube-proxy` table).
+        /// table) or nftables (its `ip kube-proxy` table); or socket-lb, no
+        /// rules but cgroup programs that rewrite kube-dns's address at the
+        /// socket, as Cilium's kube-proxy replacement does (IPv4 only).
         #[arg(long, value_enum, default_value_t = ProxyMode::Iptables)]
         proxy_mode: ProxyMode,
         /// The cluster's DNS domain (the kubelet's clusterDomain): CoreDNS's
@@ -206,6 +209,7 @@ fn require_root() -> Result<()> {
 /// Builds the lab `state` describes, with `faults` on.
 fn up(faults: Vec<Fault>, mut state: LabState) -> Result<()> {
     sys::require_programs()?;
+    check_options(&state, &faults)?;
     if let Ok(state) = LabState::load() {
         if state.pids.values().all(|&p| sys::alive(p)) && !sys::lab_namespaces().is_empty() {
             bail!(
@@ -229,6 +233,24 @@ fn up(faults: Vec<Fault>, mut state: LabState) -> Result<()> {
     }
     state.save()?;
     print_summary(&state);
+    Ok(())
+}
+
+/// Refuses what the socket-lb mode cannot be combined with, before
+/// anything is built.
+fn check_options(state: &LabState, faults: &[Fault]) -> Result<()> {
+    if state.proxy_mode != ProxyMode::SocketLb {
+        return Ok(());
+    }
+    if let Some(why) = faults.iter().find_map(|&f| socketlb::inapplicable(f)) {
+        bail!("{why}");
+    }
+    if state.ipv6 {
+        bail!("--proxy-mode socket-lb balances IPv4 only: leave out --ipv6");
+    }
+    if state.nodelocaldns == Some(NodeLocal::Notrack) {
+        bail!("--nodelocaldns=notrack needs iptables to skip kube-proxy's DNAT; with --proxy-mode socket-lb the balancer would send its queries past it (Cilium needs a Local Redirect Policy for it, which the lab has not)");
+    }
     Ok(())
 }
 
@@ -485,7 +507,25 @@ fn apply_rules(state: &LabState) -> Result<()> {
         sys::restore(UPSTREAM_NS, true, &upstream_filter(state))?;
     }
     sys::restore(UPSTREAM_NS, false, &upstream_filter(state))?;
-    sys::restore(UPSTREAM_NS, false, &upstream_nat(state))
+    sys::restore(UPSTREAM_NS, false, &upstream_nat(state))?;
+    if state.proxy_mode == ProxyMode::SocketLb {
+        socketlb::attach(&balanced(state), &sys::lab_namespaces())?;
+    }
+    Ok(())
+}
+
+/// kube-dns for the socket-level balancer; `no-dnat` leaves it no
+/// backends, so its sockets go out addressed to the service.
+fn balanced(state: &LabState) -> Vec<socketlb::Service> {
+    let backends = if state.has(Fault::NoDnat) {
+        Vec::new()
+    } else {
+        plan::coredns_pods().map(|p| p.ip4).collect()
+    };
+    vec![socketlb::Service {
+        ip: plan::SERVICE4,
+        backends,
+    }]
 }
 
 /// kube-proxy's nat table and the node's filter table, for one family.
@@ -737,6 +777,12 @@ fn set_fault(state: &mut LabState, fault: Fault, on: bool) -> Result<()> {
     if fault == Fault::NodelocaldnsLoop && state.nodelocaldns.is_none() {
         bail!("nodelocaldns-loop needs NodeLocalDNS: bring the lab up with `dnstrace lab up --nodelocaldns`");
     }
+    if let Some(why) = (state.proxy_mode == ProxyMode::SocketLb)
+        .then(|| socketlb::inapplicable(fault))
+        .flatten()
+    {
+        bail!("{why}");
+    }
     if on {
         state.faults.insert(fault);
     } else {
@@ -889,6 +935,7 @@ fn down(loud: bool) -> Result<()> {
                 .for_each(sys::kill);
         }
     }
+    let had_balancer = socketlb::detach()?;
     for ns in &namespaces {
         sys::run("ip", &["netns", "del", ns])?;
         let _ = std::fs::remove_dir_all(netns_etc(ns));
@@ -906,7 +953,7 @@ fn down(loud: bool) -> Result<()> {
         std::fs::remove_dir_all(LAB_DIR).with_context(|| format!("removing {LAB_DIR}"))?;
     }
     if loud {
-        if namespaces.is_empty() && !had_dir {
+        if namespaces.is_empty() && !had_dir && !had_balancer {
             log::info!(target: "lab", "nothing to remove");
         } else {
             log::info!(target: "lab",
@@ -961,12 +1008,21 @@ fn status() -> Result<()> {
 }
 
 fn print_summary(state: &LabState) {
+    let balancing = match state.proxy_mode {
+        ProxyMode::SocketLb => format!(
+            "rewritten to a CoreDNS pod at the socket by the lab's cgroup programs (proxy mode socket-lb, pinned in {})",
+            socketlb::PIN_DIR
+        ),
+        mode => format!(
+            "DNAT to the CoreDNS pods by kube-proxy's {} rules",
+            mode.name()
+        ),
+    };
     log::info!(target: "lab",
-        "up. Node namespace {NODE_NS}: bridge {} {}, kube-dns {} (DNAT to the CoreDNS pods by kube-proxy's {} rules)",
+        "up. Node namespace {NODE_NS}: bridge {} {}, kube-dns {} ({balancing})",
         plan::BRIDGE,
         plan::POD_GW4,
         plan::SERVICE4,
-        state.proxy_mode.name()
     );
     for pod in plan::pods(state.host_client) {
         log::info!(target: "lab",
