@@ -13,7 +13,7 @@ use crate::{
     conntrack::{CtEvent, CtStats, CtWatcher, RACE_COUNTERS},
     correlate::Limits,
     decode::{kernel::Preload, KernelNames, Packet},
-    diagnose::{ConntrackAtStart, Context},
+    diagnose::{ConntrackAtStart, Context, Translation},
     ingest::SampleChange,
     ingest::{Ingest, Read, Ring, SampleMode, Sampler},
     links::LinkWatch,
@@ -198,6 +198,11 @@ fn context_of(
 ) -> Context {
     Context {
         service_ips: services.dns_ips.clone(),
+        translation: if services.from_resolv_conf {
+            Translation::Socket
+        } else {
+            Translation::Dnat
+        },
         target,
         drops_visible,
         bridge_nf_call_iptables: crate::netns::sysctl(node, "net/bridge/bridge-nf-call-iptables"),
