@@ -50,8 +50,8 @@ pub async fn run(args: TraceOptions, view: View) -> Result<()> {
     crate::probes::check_privileges()?;
     let node = args.target.node_netns.as_deref();
     let target = target::resolve(&args.target)?;
-    let services = services_for(node, target.as_ref());
-    let pods = target::pod_addresses(&args.target);
+    let pods = target::node_pods(&args.target);
+    let services = services_for(node, target.as_ref(), &pods);
     let filter = target
         .as_ref()
         .map(|t| t.kernel_filter(&target::resolvers(&services, &pods)))
@@ -79,7 +79,7 @@ pub async fn run(args: TraceOptions, view: View) -> Result<()> {
         preload.start();
     }
     let labels = Labels::new(probes.iface_names(), Clock::now(), kernel)
-        .with_names(Names::new(&services, &pods));
+        .with_names(Names::new(&services, &pods.addresses));
     let drops_visible = probes
         .attachments
         .iter()
@@ -180,12 +180,18 @@ fn headline(t: &target::Target) -> String {
 }
 
 /// The node's services; with no proxy rules, the target's nameservers
-/// stand for the DNS service.
-fn services_for(node: Option<&std::path::Path>, target: Option<&target::Target>) -> Services {
+/// stand for the DNS service, or with no target the ClusterFirst pods'.
+fn services_for(
+    node: Option<&std::path::Path>,
+    target: Option<&target::Target>,
+    pods: &target::NodePods,
+) -> Services {
     let mut services = Services::read(node);
-    if let Some(resolv) = target.and_then(|t| t.resolv.as_ref()) {
-        services.fall_back_to_nameservers(&resolv.nameservers);
-    }
+    let nameservers = match target {
+        Some(t) => t.resolv.as_ref().map_or(&[][..], |r| &r.nameservers),
+        None => &pods.cluster_nameservers,
+    };
+    services.fall_back_to_nameservers(nameservers);
     services
 }
 
