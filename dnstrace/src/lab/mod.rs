@@ -1,7 +1,9 @@
 //! `dnstrace lab`: a simulated Kubernetes node in network namespaces, with the
 //! real DNS path (bridge, kube-proxy DNAT, conntrack, resolvers) and
 //! switchable faults. It touches nothing outside its namespaces, its
-//! /etc/netns entries and its directory under /run.
+//! /etc/netns entries and its directory under /run; in socket-lb mode, also
+//! cgroup programs at the root cgroup that act only on its namespaces'
+//! sockets (`socketlb`).
 mod delay;
 mod dnswire;
 mod faults;
@@ -270,6 +272,7 @@ fn build(state: &mut LabState, forward_retries: bool) -> Result<()> {
     }
     write_resolv_confs(state)?;
     apply_rules(state)?;
+    balance(state)?;
     start_upstream(state)?;
     for pod in plan::coredns_pods() {
         start_coredns(state, pod, forward_retries)?;
@@ -507,11 +510,16 @@ fn apply_rules(state: &LabState) -> Result<()> {
         sys::restore(UPSTREAM_NS, true, &upstream_filter(state))?;
     }
     sys::restore(UPSTREAM_NS, false, &upstream_filter(state))?;
-    sys::restore(UPSTREAM_NS, false, &upstream_nat(state))?;
-    if state.proxy_mode == ProxyMode::SocketLb {
-        socketlb::attach(&balanced(state), &sys::lab_namespaces())?;
+    sys::restore(UPSTREAM_NS, false, &upstream_nat(state))
+}
+
+/// The socket-level balancer in socket-lb mode, attached anew: only at
+/// build and for `no-dnat`, as a new one forgets which sockets it rewrote.
+fn balance(state: &LabState) -> Result<()> {
+    if state.proxy_mode != ProxyMode::SocketLb {
+        return Ok(());
     }
-    Ok(())
+    socketlb::attach(&balanced(state), &sys::lab_namespaces())
 }
 
 /// kube-dns for the socket-level balancer; `no-dnat` leaves it no
@@ -797,9 +805,11 @@ fn set_fault(state: &mut LabState, fault: Fault, on: bool) -> Result<()> {
             }
             Ok(())
         }
-        Fault::NoDnat | Fault::Drop | Fault::UpstreamTimeout | Fault::FragmentsDropped => {
-            apply_rules(state)
+        Fault::NoDnat => {
+            apply_rules(state)?;
+            balance(state)
         }
+        Fault::Drop | Fault::UpstreamTimeout | Fault::FragmentsDropped => apply_rules(state),
         Fault::NoDnsTcp => {
             apply_rules(state)?;
             if on {
