@@ -288,3 +288,53 @@ fn socket_lb_faults_beyond_the_proxy_raise_their_usual_anomalies() {
     });
     assert_eq!(servfail, ["failing_answers"]);
 }
+
+/// A UDP socket connected to kube-dns from network namespace `ns`: the
+/// peer the kernel keeps (its /proc/net/udp row, `0A00600A:0035` for
+/// 10.96.0.10:53) and the one getpeername() tells.
+fn connect_to_kube_dns(ns: &str) -> (String, std::net::SocketAddr) {
+    let file = std::fs::File::open(format!("/run/netns/{ns}")).unwrap();
+    std::thread::spawn(move || {
+        use std::os::fd::AsRawFd;
+        // SAFETY: setns on this thread only, with a namespace fd.
+        let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+        assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
+        let socket = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+        socket.connect((SERVICE, 53)).unwrap();
+        let local = format!(":{:04X}", socket.local_addr().unwrap().port());
+        let table = std::fs::read_to_string("/proc/thread-self/net/udp").unwrap();
+        let row: Vec<&str> = table
+            .lines()
+            .map(|l| l.split_whitespace().collect::<Vec<_>>())
+            .find(|f| f.get(1).is_some_and(|a| a.ends_with(&local)))
+            .unwrap();
+        (row[2].to_owned(), socket.peer_addr().unwrap())
+    })
+    .join()
+    .unwrap()
+}
+
+/// The balancer runs for every socket of the machine (the root cgroup)
+/// but rewrites only those of the lab's namespaces: one made elsewhere
+/// keeps the service as its peer.
+#[cfg(target_endian = "little")]
+#[test]
+fn socket_lb_rewrites_only_sockets_of_the_labs_namespaces() {
+    require_root();
+    let _lab = Lab::up(&[SOCKET_LB]);
+    let (kernel, named) = connect_to_kube_dns(WEB);
+    assert!(
+        ["3500F40A:0035", "3600F40A:0035"].contains(&kernel.as_str()),
+        "connected to a CoreDNS pod: {kernel}"
+    );
+    assert_eq!(
+        named.to_string(),
+        "10.96.0.10:53",
+        "getpeername gives the service"
+    );
+    let outside = Netns::new("slb").unwrap();
+    outside.ip("route add 10.0.0.0/8 dev lo").unwrap();
+    let (kernel, named) = connect_to_kube_dns(&outside.name);
+    assert_eq!(kernel, "0A00600A:0035", "left as it was");
+    assert_eq!(named.to_string(), "10.96.0.10:53");
+}
