@@ -1083,3 +1083,45 @@ pub fn runtime_flags(runtime: runtime::Runtime) -> String {
     };
     format!("--node-netns /run/netns/{NODE_NS} {root} --pod web")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn socket_lb_refuses_what_it_cannot_be_combined_with_before_building() {
+        let socket_lb = || LabState {
+            proxy_mode: ProxyMode::SocketLb,
+            ..LabState::default()
+        };
+        assert!(check_options(&socket_lb(), &[Fault::NoDnat, Fault::Drop]).is_ok());
+        for (state, faults) in [
+            (socket_lb(), vec![Fault::BridgeNfOff]),
+            (socket_lb(), vec![Fault::NoDnsTcp]),
+            (
+                LabState {
+                    ipv6: true,
+                    ..socket_lb()
+                },
+                vec![],
+            ),
+            (
+                LabState {
+                    nodelocaldns: Some(NodeLocal::Notrack),
+                    ..socket_lb()
+                },
+                vec![],
+            ),
+        ] {
+            assert!(
+                check_options(&state, &faults).is_err(),
+                "{state:?} {faults:?}"
+            );
+        }
+        let iptables = LabState {
+            ipv6: true,
+            ..LabState::default()
+        };
+        assert!(check_options(&iptables, &[Fault::BridgeNfOff]).is_ok());
+    }
+}
