@@ -21,7 +21,7 @@ use std::net::IpAddr;
 
 pub use self::{
     anomaly::{Anomaly, Checked},
-    context::{ConntrackAtStart, Context},
+    context::{ConntrackAtStart, Context, Translation},
     kind::{AnomalyKind, Severity},
 };
 use self::{

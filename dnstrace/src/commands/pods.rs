@@ -298,6 +298,7 @@ mod tests {
                 netns_inode: 1,
                 ips: vec!["10.244.0.11".parse().unwrap(), "fd00::11".parse().unwrap()],
                 host_veth: Some(("veth1234abcd".into(), 7)),
+                serves_dns: true,
             }),
             resolv: Err(anyhow!("gone")),
             resolver: true,

@@ -3,13 +3,15 @@ use std::net::IpAddr;
 
 use super::{
     anomaly::{Finding, Words},
-    AnomalyKind, Context,
+    AnomalyKind, Context, Translation,
 };
 use crate::target::Target;
 
 /// Bridged packets skip iptables: kube-proxy's reverse NAT does not run.
+/// A balancer at the socket leaves no NAT to reverse.
 pub(super) fn bridge_nf_off(ctx: &Context) -> Option<Finding<'_>> {
-    (ctx.bridge_nf_call_iptables.as_deref() == Some("0")).then(|| {
+    let off = ctx.bridge_nf_call_iptables.as_deref() == Some("0");
+    (off && ctx.translation == Translation::Dnat).then(|| {
         Finding::new(
             AnomalyKind::BridgeNfCallIptablesOff,
             String::new(),
@@ -26,9 +28,12 @@ pub(super) fn bridge_nf_off(ctx: &Context) -> Option<Finding<'_>> {
 }
 
 /// No bridge sysctls at all: br_netfilter is not loaded. That matters
-/// only on a Kubernetes node (one with kube-proxy's service rules).
+/// only on a Kubernetes node with kube-proxy's service rules, not where
+/// services are balanced at the socket.
 pub(super) fn br_netfilter_not_loaded(ctx: &Context) -> Option<Finding<'_>> {
-    let missing = ctx.bridge_nf_call_iptables.is_none() && !ctx.service_ips.is_empty();
+    let missing = ctx.bridge_nf_call_iptables.is_none()
+        && !ctx.service_ips.is_empty()
+        && ctx.translation == Translation::Dnat;
     missing.then(|| {
         Finding::new(AnomalyKind::BrNetfilterNotLoaded, String::new(), || {
             let summary = "br_netfilter is not loaded on this Kubernetes node".into();

@@ -1,6 +1,8 @@
 //! What the rules know about the node besides journeys.
 use std::{collections::BTreeSet, net::IpAddr};
 
+use serde::{Deserialize, Serialize};
+
 use crate::target::Target;
 
 /// What the rules know about the node besides journeys.
@@ -8,6 +10,8 @@ use crate::target::Target;
 pub struct Context {
     /// Cluster IPs of services with port 53, from kube-proxy's rules.
     pub service_ips: BTreeSet<IpAddr>,
+    /// Who turns those IPs into an endpoint's.
+    pub translation: Translation,
     /// The node's net.bridge.bridge-nf-call-iptables, when it could be read.
     pub bridge_nf_call_iptables: Option<String>,
     /// Inode of the node's network namespace: other namespaces are pods.
@@ -23,6 +27,20 @@ pub struct Context {
     /// appends to ClusterFirst pods' search lists: by design on managed
     /// clusters (EKS's ec2.internal, GKE's google.internal, ...).
     pub node_search: Vec<String>,
+}
+
+/// Who gives a query to a service IP an endpoint's address.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Translation {
+    /// The service proxy's NAT rules on the node (kube-proxy's DNAT).
+    #[default]
+    Dnat,
+    /// No proxy rules on the node: a kube-proxy replacement rewrites the
+    /// address at the socket (Cilium's or Calico's eBPF), so a translated
+    /// query is never seen addressed to the service, and conntrack and
+    /// br_netfilter play no part in it.
+    Socket,
 }
 
 #[derive(Clone, Debug, Default)]

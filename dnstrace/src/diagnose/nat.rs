@@ -6,7 +6,7 @@ use super::{
     conntrack::{trouble, CtSeen},
     legs::{answers_at_client, is_loopback, origin, place},
     loops::is_loop_probe,
-    AnomalyKind, Context,
+    AnomalyKind, Context, Translation,
 };
 use crate::correlate::{Journey, Outcome};
 
@@ -117,7 +117,11 @@ pub(super) fn not_translated<'a>(
     if !j.upstream.is_empty() || local.0.contains(&o.dst.ip()) {
         return None;
     }
-    let trouble = trouble(ctx, ct);
+    // Conntrack does no NAT for a balancer at the socket.
+    let trouble = (ctx.translation == Translation::Dnat)
+        .then(|| trouble(ctx, ct))
+        .flatten();
+    let socket = ctx.translation == Translation::Socket;
     let last = j.legs.iter().rfind(|l| !l.response).unwrap_or(o);
     Some(Finding::new(
         AnomalyKind::ServiceNotTranslated,
@@ -145,8 +149,17 @@ pub(super) fn not_translated<'a>(
                     let cause = format!("conntrack could not track the query, so no NAT ran on it ({t}): a full table drops new flows before kube-proxy's DNAT");
                     Words::new(summary, evidence).cause(cause).fix("raise net.netfilter.nf_conntrack_max (kube-proxy's --conntrack-max-per-core) or shorten UDP timeouts; `conntrack -S` and dmesg (\"nf_conntrack: table full\") confirm it")
                 }
+                None if socket => Words::new(summary, evidence)
+                    .cause(SOCKET_CAUSE.into())
+                    .fix(SOCKET_FIX),
                 None => Words::new(summary, evidence),
             }
         },
     ))
 }
+
+/// Why a query leaves addressed to the service where no proxy rules are:
+/// the balancer at the socket let it through.
+const SOCKET_CAUSE: &str = "the node has no proxy rules, so a kube-proxy replacement is to rewrite the service address at the socket (Cilium's or Calico's eBPF socket load balancing); this query left still addressed to the service: the replacement's programs are not attached over the pod's cgroup, or its service map has no backends for this IP and port";
+
+const SOCKET_FIX: &str = "check the replacement's agent on this node: its service list (`cilium-dbg service list`, `calico-node -bpf nat dump`) should show the IP with its CoreDNS backends, and `bpftool cgroup tree` its connect4 and sendmsg4 programs; restart the agent if either is missing";

@@ -147,6 +147,7 @@ fn upstream(server: &str, outcome: Outcome, total: u64) -> Journey {
 fn ctx() -> Context {
     Context {
         service_ips: ["10.96.0.10".parse().unwrap()].into(),
+        translation: Translation::Dnat,
         bridge_nf_call_iptables: Some("1".into()),
         node_netns: NODE_NS,
         conntrack: None,
@@ -1680,4 +1681,69 @@ fn a_drop_by_a_ruleset_is_a_rules_verdict_not_the_race() {
         vec!["dropped"],
         "an nftables rule (nft_do_chain) dropped it"
     );
+}
+
+/// Where no proxy rules are, the service IP comes from resolv.conf and a
+/// balancer at the socket was to rewrite it: neither kube-proxy nor
+/// conntrack is to blame, and br_netfilter does not matter.
+#[test]
+fn an_untranslated_query_without_proxy_rules_blames_the_socket_balancer() {
+    let socket = Context {
+        translation: Translation::Socket,
+        conntrack: Some(ConntrackAtStart {
+            dropped: vec![],
+            entries: 990,
+            max: Some(1000),
+        }),
+        ..ctx()
+    };
+    let mut j = healthy();
+    j.dnat = None;
+    j.legs.truncate(1);
+    j.outcome = Outcome::Timeout;
+    let found = Diagnoser::new(socket.clone())
+        .journey(&j, &KernelNames::default())
+        .raised;
+    assert_eq!(kinds_of(&found), vec!["service_not_translated"]);
+    let a = &found[0];
+    assert!(
+        a.cause
+            .contains("rewrite the service address at the socket"),
+        "{}",
+        a.cause
+    );
+    assert!(
+        !a.cause.contains("conntrack") && !a.cause.contains("kube-proxy's rules"),
+        "{}",
+        a.cause
+    );
+    assert!(a.fix.contains("service list"), "{}", a.fix);
+    for sysctl in [None, Some("0".to_owned())] {
+        let mut d = Diagnoser::new(Context {
+            bridge_nf_call_iptables: sysctl,
+            conntrack: None,
+            ..socket.clone()
+        });
+        assert!(d.static_checks(0).is_empty());
+    }
+}
+
+/// Journeys that leave already translated (to a CoreDNS pod's IP, no DNAT
+/// on the way) and are answered from it are healthy.
+#[test]
+fn a_query_balanced_at_the_socket_raises_nothing() {
+    let mut d = Diagnoser::new(Context {
+        translation: Translation::Socket,
+        ..ctx()
+    });
+    let mut j = healthy();
+    j.dnat = None;
+    for l in &mut j.legs {
+        if l.response {
+            l.src = a("10.244.0.53:53");
+        } else {
+            l.dst = a("10.244.0.53:53");
+        }
+    }
+    assert!(d.journey(&j, &KernelNames::default()).raised.is_empty());
 }

@@ -1,7 +1,9 @@
 //! `dnstrace lab`: a simulated Kubernetes node in network namespaces, with the
 //! real DNS path (bridge, kube-proxy DNAT, conntrack, resolvers) and
 //! switchable faults. It touches nothing outside its namespaces, its
-//! /etc/netns entries and its directory under /run.
+//! /etc/netns entries and its directory under /run; in socket-lb mode, also
+//! cgroup programs at the root cgroup that act only on its namespaces'
+//! sockets (`socketlb`).
 #[cfg_attr(
     not(feature = "harness"),
     allow(dead_code, reason = "`lab up` runs on it next; only the tests' yet")
@@ -17,6 +19,7 @@ mod nodelocal;
 mod plan;
 mod resolvers;
 mod runtime;
+mod socketlb;
 mod sys;
 pub mod traffic;
 
@@ -56,7 +59,9 @@ pub enum LabCommand {
         #[arg(long, value_enum, default_value_t = runtime::Runtime::Containerd)]
         runtime: runtime::Runtime,
         /// Which kube-proxy mode writes the kube-dns rules: iptables (its nat
-        /// table) or nftables (its `ip kube-proxy` table).
+        /// table) or nftables (its `ip kube-proxy` table); or socket-lb, no
+        /// rules but cgroup programs that rewrite kube-dns's address at the
+        /// socket, as Cilium's kube-proxy replacement does (IPv4 only).
         #[arg(long, value_enum, default_value_t = ProxyMode::Iptables)]
         proxy_mode: ProxyMode,
         /// The cluster's DNS domain (the kubelet's clusterDomain): CoreDNS's
@@ -211,6 +216,7 @@ fn require_root() -> Result<()> {
 /// Builds the lab `state` describes, with `faults` on.
 fn up(faults: Vec<Fault>, mut state: LabState) -> Result<()> {
     sys::require_programs()?;
+    check_options(&state, &faults)?;
     if let Ok(state) = LabState::load() {
         if state.pids.values().all(|&p| sys::alive(p)) && !sys::lab_namespaces().is_empty() {
             bail!(
@@ -237,6 +243,24 @@ fn up(faults: Vec<Fault>, mut state: LabState) -> Result<()> {
     Ok(())
 }
 
+/// Refuses what the socket-lb mode cannot be combined with, before
+/// anything is built.
+fn check_options(state: &LabState, faults: &[Fault]) -> Result<()> {
+    if state.proxy_mode != ProxyMode::SocketLb {
+        return Ok(());
+    }
+    if let Some(why) = faults.iter().find_map(|&f| socketlb::inapplicable(f)) {
+        bail!("{why}");
+    }
+    if state.ipv6 {
+        bail!("--proxy-mode socket-lb balances IPv4 only: leave out --ipv6");
+    }
+    if state.nodelocaldns == Some(NodeLocal::Notrack) {
+        bail!("--nodelocaldns=notrack needs iptables to skip kube-proxy's DNAT; with --proxy-mode socket-lb the balancer would send its queries past it (Cilium needs a Local Redirect Policy for it, which the lab has not)");
+    }
+    Ok(())
+}
+
 /// `forward_retries`: CoreDNS's own retries upstream (see `start_coredns`).
 fn build(state: &mut LabState, forward_retries: bool) -> Result<()> {
     std::fs::create_dir_all(Path::new(LAB_DIR).join("logs"))?;
@@ -253,6 +277,7 @@ fn build(state: &mut LabState, forward_retries: bool) -> Result<()> {
     }
     write_resolv_confs(state)?;
     apply_rules(state)?;
+    balance(state)?;
     start_upstream(state)?;
     for pod in plan::coredns_pods() {
         start_coredns(state, pod, forward_retries)?;
@@ -491,6 +516,29 @@ fn apply_rules(state: &LabState) -> Result<()> {
     }
     sys::restore(UPSTREAM_NS, false, &upstream_filter(state))?;
     sys::restore(UPSTREAM_NS, false, &upstream_nat(state))
+}
+
+/// The socket-level balancer in socket-lb mode, attached anew: only at
+/// build and for `no-dnat`, as a new one forgets which sockets it rewrote.
+fn balance(state: &LabState) -> Result<()> {
+    if state.proxy_mode != ProxyMode::SocketLb {
+        return Ok(());
+    }
+    socketlb::attach(&balanced(state), &sys::lab_namespaces())
+}
+
+/// kube-dns for the socket-level balancer; `no-dnat` leaves it no
+/// backends, so its sockets go out addressed to the service.
+fn balanced(state: &LabState) -> Vec<socketlb::Service> {
+    let backends = if state.has(Fault::NoDnat) {
+        Vec::new()
+    } else {
+        plan::coredns_pods().map(|p| p.ip4).collect()
+    };
+    vec![socketlb::Service {
+        ip: plan::SERVICE4,
+        backends,
+    }]
 }
 
 /// kube-proxy's nat table and the node's filter table, for one family.
@@ -742,6 +790,12 @@ fn set_fault(state: &mut LabState, fault: Fault, on: bool) -> Result<()> {
     if fault == Fault::NodelocaldnsLoop && state.nodelocaldns.is_none() {
         bail!("nodelocaldns-loop needs NodeLocalDNS: bring the lab up with `dnstrace lab up --nodelocaldns`");
     }
+    if let Some(why) = (state.proxy_mode == ProxyMode::SocketLb)
+        .then(|| socketlb::inapplicable(fault))
+        .flatten()
+    {
+        bail!("{why}");
+    }
     if on {
         state.faults.insert(fault);
     } else {
@@ -756,9 +810,11 @@ fn set_fault(state: &mut LabState, fault: Fault, on: bool) -> Result<()> {
             }
             Ok(())
         }
-        Fault::NoDnat | Fault::Drop | Fault::UpstreamTimeout | Fault::FragmentsDropped => {
-            apply_rules(state)
+        Fault::NoDnat => {
+            apply_rules(state)?;
+            balance(state)
         }
+        Fault::Drop | Fault::UpstreamTimeout | Fault::FragmentsDropped => apply_rules(state),
         Fault::NoDnsTcp => {
             apply_rules(state)?;
             if on {
@@ -894,6 +950,7 @@ fn down(loud: bool) -> Result<()> {
                 .for_each(sys::kill);
         }
     }
+    let had_balancer = socketlb::detach()?;
     for ns in &namespaces {
         sys::run("ip", &["netns", "del", ns])?;
         let _ = std::fs::remove_dir_all(netns_etc(ns));
@@ -911,7 +968,7 @@ fn down(loud: bool) -> Result<()> {
         std::fs::remove_dir_all(LAB_DIR).with_context(|| format!("removing {LAB_DIR}"))?;
     }
     if loud {
-        if namespaces.is_empty() && !had_dir {
+        if namespaces.is_empty() && !had_dir && !had_balancer {
             log::info!(target: "lab", "nothing to remove");
         } else {
             log::info!(target: "lab",
@@ -966,12 +1023,21 @@ fn status() -> Result<()> {
 }
 
 fn print_summary(state: &LabState) {
+    let balancing = match state.proxy_mode {
+        ProxyMode::SocketLb => format!(
+            "rewritten to a CoreDNS pod at the socket by the lab's cgroup programs (proxy mode socket-lb, pinned in {})",
+            socketlb::PIN_DIR
+        ),
+        mode => format!(
+            "DNAT to the CoreDNS pods by kube-proxy's {} rules",
+            mode.name()
+        ),
+    };
     log::info!(target: "lab",
-        "up. Node namespace {NODE_NS}: bridge {} {}, kube-dns {} (DNAT to the CoreDNS pods by kube-proxy's {} rules)",
+        "up. Node namespace {NODE_NS}: bridge {} {}, kube-dns {} ({balancing})",
         plan::BRIDGE,
         plan::POD_GW4,
         plan::SERVICE4,
-        state.proxy_mode.name()
     );
     for pod in plan::pods(state.host_client) {
         log::info!(target: "lab",
@@ -1021,4 +1087,46 @@ pub fn runtime_flags(runtime: runtime::Runtime) -> String {
         runtime::Runtime::Crio => format!("--crio-root {}", runtime::crio_root().display()),
     };
     format!("--node-netns /run/netns/{NODE_NS} {root} --pod web")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn socket_lb_refuses_what_it_cannot_be_combined_with_before_building() {
+        let socket_lb = || LabState {
+            proxy_mode: ProxyMode::SocketLb,
+            ..LabState::default()
+        };
+        assert!(check_options(&socket_lb(), &[Fault::NoDnat, Fault::Drop]).is_ok());
+        for (state, faults) in [
+            (socket_lb(), vec![Fault::BridgeNfOff]),
+            (socket_lb(), vec![Fault::NoDnsTcp]),
+            (
+                LabState {
+                    ipv6: true,
+                    ..socket_lb()
+                },
+                vec![],
+            ),
+            (
+                LabState {
+                    nodelocaldns: Some(NodeLocal::Notrack),
+                    ..socket_lb()
+                },
+                vec![],
+            ),
+        ] {
+            assert!(
+                check_options(&state, &faults).is_err(),
+                "{state:?} {faults:?}"
+            );
+        }
+        let iptables = LabState {
+            ipv6: true,
+            ..LabState::default()
+        };
+        assert!(check_options(&iptables, &[Fault::BridgeNfOff]).is_ok());
+    }
 }

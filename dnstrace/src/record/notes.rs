@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::{
     conntrack::{CtEvent, CtEventKind, RACE_COUNTERS},
     decode::{Conntrack, CtTuple, Dropped, Fragment, Packet},
-    diagnose::{ConntrackAtStart, Context},
+    diagnose::{ConntrackAtStart, Context, Translation},
     output::{
         addr,
         journey_json::{boolean, number},
@@ -115,6 +115,10 @@ pub struct LabelsNote {
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct ContextNote {
     pub service_ips: Vec<IpAddr>,
+    /// Absent from recordings made before it was noted, and left out where
+    /// it is kube-proxy's DNAT, as it was then.
+    #[serde(default, skip_serializing_if = "is_dnat")]
+    pub translation: Translation,
     pub bridge_nf_call_iptables: Option<String>,
     pub node_netns: u32,
     pub conntrack: Option<ConntrackNote>,
@@ -134,6 +138,10 @@ pub struct ConntrackNote {
     pub max: Option<u64>,
 }
 
+fn is_dnat(t: &Translation) -> bool {
+    *t == Translation::Dnat
+}
+
 /// A counter's name as the one the rules know, if it is one.
 fn counter(name: &str) -> Option<&'static str> {
     RACE_COUNTERS.iter().copied().find(|n| *n == name)
@@ -151,6 +159,7 @@ impl ContextNote {
     pub fn of(c: &Context) -> Self {
         Self {
             service_ips: c.service_ips.iter().copied().collect(),
+            translation: c.translation,
             bridge_nf_call_iptables: c.bridge_nf_call_iptables.clone(),
             node_netns: c.node_netns,
             conntrack: c.conntrack.as_ref().map(|ct| ConntrackNote {
@@ -171,6 +180,7 @@ impl ContextNote {
     pub fn context(self) -> Context {
         Context {
             service_ips: self.service_ips.into_iter().collect(),
+            translation: self.translation,
             bridge_nf_call_iptables: self.bridge_nf_call_iptables,
             node_netns: self.node_netns,
             conntrack: self.conntrack.map(|ct| ConntrackAtStart {
