@@ -9,6 +9,7 @@ use super::{
     AnomalyKind, Context,
 };
 use crate::correlate::{Journey, Outcome};
+use dnstrace_common::Direction;
 
 pub(super) fn unexpected_source<'a>(j: &'a Journey, ctx: &Context) -> Option<Finding<'a>> {
     let o = origin(j)?;
@@ -118,6 +119,11 @@ pub(super) fn not_translated<'a>(
         return None;
     }
     let trouble = trouble(ctx, ct);
+    // Lost before the node's NAT had its turn, nothing says it would have
+    // failed; conntrack counting lost packets is evidence of its own.
+    if trouble.is_none() && !left_untranslated(j, ctx, o.dst.ip()) {
+        return None;
+    }
     let last = j.legs.iter().rfind(|l| !l.response).unwrap_or(o);
     Some(Finding::new(
         AnomalyKind::ServiceNotTranslated,
@@ -149,4 +155,15 @@ pub(super) fn not_translated<'a>(
             }
         },
     ))
+}
+
+/// The query left a device of the node's namespace still addressed to the
+/// service: DNAT (PREROUTING for pods, OUTPUT for the node) had run by then.
+fn left_untranslated(j: &Journey, ctx: &Context, service: IpAddr) -> bool {
+    j.legs.iter().any(|l| {
+        !l.response
+            && l.netns == ctx.node_netns
+            && l.direction() == Direction::Egress
+            && l.dst.ip() == service
+    })
 }

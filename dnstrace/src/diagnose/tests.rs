@@ -237,10 +237,40 @@ fn a_service_query_without_dnat_is_not_translated() {
     let mut j = healthy();
     j.dnat = None;
     j.legs.truncate(1);
+    // It left the node still addressed to the service: past the DNAT.
+    j.legs.push(leg(
+        40_000,
+        "dev_xmit",
+        NODE_NS,
+        3,
+        "10.244.0.10:4000",
+        "10.96.0.10:53",
+        false,
+    ));
     j.outcome = Outcome::Timeout;
     assert_eq!(kinds(&j), vec!["service_not_translated"]);
     j.legs[0].dst = a("10.244.0.53:53");
     assert_eq!(kinds(&j), vec!["unanswered"], "a pod IP is not a service");
+}
+
+#[test]
+fn a_service_query_lost_before_the_nodes_nat_is_no_evidence_of_missing_rules() {
+    // The first query of a trace, before any through the service was
+    // answered: seen leaving the pod and entering the node, then nothing.
+    let mut j = healthy();
+    j.dnat = None;
+    j.legs.truncate(1);
+    j.legs.push(leg(
+        10_000,
+        "dev_receive",
+        NODE_NS,
+        4,
+        "10.244.0.10:4000",
+        "10.96.0.10:53",
+        false,
+    ));
+    j.outcome = Outcome::Timeout;
+    assert_eq!(kinds(&j), vec!["unanswered"]);
 }
 
 #[test]
