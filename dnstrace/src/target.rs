@@ -2,7 +2,7 @@
 //! container runtime's state, a network namespace, a process, an address),
 //! resolved to the namespace and addresses the kernel keeps.
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     net::IpAddr,
     path::{Path, PathBuf},
 };
@@ -12,7 +12,12 @@ use dnstrace_common::{TargetFilter, MAX_WATCHED, ROLE_RESOLVER, ROLE_TARGET};
 
 use crate::{
     naming::Services,
-    pods::{self, net::inspect, resolv::ResolvConf, Pod},
+    pods::{
+        self,
+        net::{inspect, Attachment},
+        resolv::ResolvConf,
+        Pod,
+    },
     probes::KernelFilter,
 };
 
@@ -208,18 +213,31 @@ pub fn is_coredns(full_name: &str) -> bool {
         .is_some_and(|n| n.starts_with("coredns") || n.starts_with("kube-dns"))
 }
 
-/// Every running pod's name and addresses, for naming; what cannot be read
-/// is left out (names are a help, not a requirement).
-pub fn pod_addresses(args: &Query) -> Vec<(String, Vec<IpAddr>)> {
+/// The node's running pods, as far as their runtimes' state could be read
+/// (names are a help, not a requirement).
+#[derive(Default)]
+pub struct NodePods {
+    /// Each pod's name and addresses, for naming.
+    pub addresses: Vec<(String, Vec<IpAddr>)>,
+    /// Each pod address, with where its pod's host veth sits.
+    pub attachments: BTreeMap<IpAddr, Attachment>,
+}
+
+/// Every running pod that could be inspected; the others are left out.
+pub fn node_pods(args: &Query) -> NodePods {
     let node = args.node_netns.as_deref();
-    pods::discover(&args.runtime)
-        .pods
-        .iter()
-        .filter_map(|p| {
-            let net = inspect(&p.netns_path()?, node).ok()?;
-            Some((p.full_name(), net.ips))
-        })
-        .collect()
+    let mut out = NodePods::default();
+    for p in &pods::discover(&args.runtime).pods {
+        let Some(net) = p.netns_path().and_then(|n| inspect(&n, node).ok()) else {
+            continue;
+        };
+        if let Some(a) = &net.attachment {
+            out.attachments
+                .extend(net.ips.iter().map(|ip| (*ip, a.clone())));
+        }
+        out.addresses.push((p.full_name(), net.ips));
+    }
+    out
 }
 
 #[cfg(test)]

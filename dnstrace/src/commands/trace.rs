@@ -51,10 +51,11 @@ pub async fn run(args: TraceOptions, view: View) -> Result<()> {
     let node = args.target.node_netns.as_deref();
     let target = target::resolve(&args.target)?;
     let services = services_for(node, target.as_ref());
-    let pods = target::pod_addresses(&args.target);
+    let pods = target::node_pods(&args.target);
+    let resolvers = target::resolvers(&services, &pods.addresses);
     let filter = target
         .as_ref()
-        .map(|t| t.kernel_filter(&target::resolvers(&services, &pods)))
+        .map(|t| t.kernel_filter(&resolvers))
         .transpose()?;
     let mut probes = Probes::attach(&args.probes, filter.as_ref(), Load::Attachable)?;
     announce(&probes);
@@ -79,12 +80,19 @@ pub async fn run(args: TraceOptions, view: View) -> Result<()> {
         preload.start();
     }
     let labels = Labels::new(probes.iface_names(), Clock::now(), kernel)
-        .with_names(Names::new(&services, &pods));
+        .with_names(Names::new(&services, &pods.addresses));
     let drops_visible = probes
         .attachments
         .iter()
         .any(|a| a.program == "dns_kfree_skb");
-    let context = context_of(node, &services, target.clone(), drops_visible);
+    let context = context_of(
+        node,
+        &services,
+        target.clone(),
+        drops_visible,
+        pods,
+        resolvers,
+    );
     let limits = match view {
         View::Journeys(l) | View::Live(l) => l,
         View::Packets => Limits::default(),
@@ -195,8 +203,12 @@ fn context_of(
     services: &Services,
     target: Option<target::Target>,
     drops_visible: bool,
+    pods: target::NodePods,
+    resolvers: std::collections::BTreeSet<std::net::IpAddr>,
 ) -> Context {
     Context {
+        attachments: pods.attachments,
+        resolvers,
         service_ips: services.dns_ips.clone(),
         target,
         drops_visible,

@@ -3,6 +3,7 @@ use std::{collections::BTreeSet, net::IpAddr};
 
 use super::{
     anomaly::{Finding, Words},
+    bridged::{between, Way},
     conntrack::{trouble, CtSeen},
     legs::{answers_at_client, is_loopback, origin, place},
     loops::is_loop_probe,
@@ -11,7 +12,7 @@ use super::{
 use crate::correlate::{Journey, Outcome};
 use dnstrace_common::Direction;
 
-pub(super) fn unexpected_source<'a>(j: &'a Journey, ctx: &Context) -> Option<Finding<'a>> {
+pub(super) fn unexpected_source<'a>(j: &'a Journey, ctx: &'a Context) -> Option<Finding<'a>> {
     let o = origin(j)?;
     let wrong = answers_at_client(j).find(|l| l.src != o.dst)?;
     let mut evidence = vec![
@@ -29,6 +30,8 @@ pub(super) fn unexpected_source<'a>(j: &'a Journey, ctx: &Context) -> Option<Fin
             o.dst
         ));
     }
+    let way = between(ctx, j.client.ip(), wrong.src.ip());
+    evidence.extend(way.evidence());
     let sysctl = match ctx.bridge_nf_call_iptables.as_deref() {
         Some(v) => format!(" (the node's net.bridge.bridge-nf-call-iptables is {v} now)"),
         None => String::new(),
@@ -41,6 +44,11 @@ pub(super) fn unexpected_source<'a>(j: &'a Journey, ctx: &Context) -> Option<Fin
                 "answers to queries for {} come back from {} un-NATed",
                 o.dst, wrong.src
             );
+            if way == Way::NotBridged {
+                return Words::new(summary, evidence)
+                    .cause(NOT_BRIDGED_CAUSE.into())
+                    .fix(NOT_BRIDGED_FIX);
+            }
             let cause = format!(
             "the reverse NAT of kube-proxy's DNAT did not run on the reply: br_netfilter not loaded or net.bridge.bridge-nf-call-iptables=0 on the node, so replies bridged between pods skip iptables{sysctl}"
         );
@@ -48,6 +56,11 @@ pub(super) fn unexpected_source<'a>(j: &'a Journey, ctx: &Context) -> Option<Fin
         },
     ))
 }
+
+/// An un-NATed answer between pods that share no bridge: routed, it passed
+/// conntrack, so br_netfilter is not why.
+const NOT_BRIDGED_CAUSE: &str = "the answer missed the conntrack entry of the query's DNAT, so its reverse NAT did not run; the client and the resolver share no bridge on this node (routed pods), so br_netfilter is not why: the answer came back another way than the query went (another node or interface, asymmetric routing), or a rule keeps it from conntrack (NOTRACK)";
+const NOT_BRIDGED_FIX: &str = "follow the answer's legs back to the resolver to see which way it took; `conntrack -L -p udp --orig-dst <service IP>` shows the query's entry, and `iptables -t raw -S` any NOTRACK rule";
 
 pub(super) fn loopback_nameserver<'a>(j: &'a Journey, ctx: &Context) -> Option<Finding<'a>> {
     let o = origin(j)?;

@@ -17,6 +17,7 @@ use crate::{
         addr,
         journey_json::{boolean, number},
     },
+    pods::net::Attachment,
     target::Target,
 };
 
@@ -114,6 +115,11 @@ pub struct ContextNote {
     /// Absent from recordings made before it was noted: none known.
     #[serde(default)]
     pub node_search: Vec<String>,
+    /// Absent from recordings made before it was noted: not known.
+    #[serde(default)]
+    pub attachments: BTreeMap<IpAddr, Attachment>,
+    #[serde(default)]
+    pub resolvers: Vec<IpAddr>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -154,6 +160,8 @@ impl ContextNote {
             target: c.target.clone(),
             drops_visible: c.drops_visible,
             node_search: c.node_search.clone(),
+            attachments: c.attachments.clone(),
+            resolvers: c.resolvers.iter().copied().collect(),
         }
     }
 
@@ -170,6 +178,8 @@ impl ContextNote {
             target: self.target,
             drops_visible: self.drops_visible,
             node_search: self.node_search,
+            attachments: self.attachments,
+            resolvers: self.resolvers.into_iter().collect(),
         }
     }
 }
