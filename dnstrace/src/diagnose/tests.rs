@@ -1429,6 +1429,32 @@ fn a_slow_answer_from_a_resolver_on_another_node_is_not_blamed_on_it() {
 }
 
 #[test]
+fn a_servfail_from_a_resolver_on_another_node_does_not_blame_it_alone() {
+    let mut j = healthy();
+    j.outcome = answered(Rcode::SERVFAIL);
+    // The query leaves the node towards the resolver's node.
+    j.legs[1] = leg(
+        50_000,
+        "dev_xmit",
+        NODE_NS,
+        9,
+        "10.244.0.10:4000",
+        "10.244.1.53:53",
+        false,
+    );
+    let found = Diagnoser::new(ctx())
+        .journey(&j, &KernelNames::default())
+        .raised;
+    assert_eq!(kinds_of(&found), vec!["failing_answers"]);
+    assert!(
+        found[0].cause.contains("out of sight from this node"),
+        "{}",
+        found[0].cause
+    );
+    assert!(found[0].evidence[1].contains("the resolver is on another node"));
+}
+
+#[test]
 fn an_unanswered_upstream_try_counts_until_the_next_try() {
     let mut j = answered_after(healthy(), 850);
     // CoreDNS's first try gets nothing; it tries the next upstream at 500 ms.
