@@ -3,6 +3,7 @@
 //! likely cause and the usual fix. Pure: journeys in, anomalies out.
 //! Repeats of one problem are one anomaly with a rising count.
 mod anomaly;
+mod bridged;
 mod config;
 mod conntrack;
 mod context;

@@ -12,7 +12,13 @@ use dnstrace_common::{TargetFilter, MAX_WATCHED, ROLE_RESOLVER, ROLE_TARGET};
 
 use crate::{
     naming::Services,
-    pods::{self, net::inspect, resolv::ResolvConf, workload::Workload, Pod},
+    pods::{
+        self,
+        net::{inspect, Attachment},
+        resolv::ResolvConf,
+        workload::Workload,
+        Pod,
+    },
     probes::KernelFilter,
 };
 
@@ -217,6 +223,8 @@ pub struct NodePods {
     /// Nameservers of the pods with dnsPolicy ClusterFirst: the cluster's
     /// DNS service, where no proxy rules name it.
     pub cluster_nameservers: Vec<IpAddr>,
+    /// Each pod address, with where its pod's host veth sits.
+    pub attachments: BTreeMap<IpAddr, Attachment>,
 }
 
 /// The resolvers a target's queries reach: the DNS services' endpoints in
@@ -271,6 +279,11 @@ pub fn node_pods(args: &Query, inventory: &pods::Inventory) -> NodePods {
                 None => continue,
             },
         };
+        if let Some(a) = inside.as_ref().and_then(|net| net.attachment.as_ref()) {
+            found
+                .attachments
+                .extend(ips.iter().map(|ip| (*ip, a.clone())));
+        }
         // A hostNetwork pod shares the node's sockets, NodeLocalDNS's too.
         if inside.is_some_and(|net| net.serves_dns && Some(net.netns_inode) != node_inode) {
             found.dns_servers.extend(&ips);

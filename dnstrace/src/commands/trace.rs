@@ -57,9 +57,10 @@ pub async fn run(args: TraceOptions, view: View) -> Result<()> {
     let target = target::resolve(&args.target, &inventory)?;
     let pods = target::node_pods(&args.target, &inventory);
     let services = services_for(node, target.as_ref(), &pods);
+    let resolvers = target::resolvers(&services, &pods);
     let filter = target
         .as_ref()
-        .map(|t| t.kernel_filter(&target::resolvers(&services, &pods)))
+        .map(|t| t.kernel_filter(&resolvers))
         .transpose()?;
     let mut probes = Probes::attach(&args.probes, filter.as_ref(), Load::Attachable)?;
     announce(&probes);
@@ -91,7 +92,14 @@ pub async fn run(args: TraceOptions, view: View) -> Result<()> {
         .attachments
         .iter()
         .any(|a| a.program == "dns_kfree_skb");
-    let context = context_of(node, &services, target.clone(), drops_visible);
+    let context = context_of(
+        node,
+        &services,
+        target.clone(),
+        drops_visible,
+        &pods,
+        resolvers,
+    );
     let limits = match view {
         View::Journeys(l) | View::Live(l) => l,
         View::Packets => Limits::default(),
@@ -258,8 +266,12 @@ fn context_of(
     services: &Services,
     target: Option<target::Target>,
     drops_visible: bool,
+    pods: &target::NodePods,
+    resolvers: std::collections::BTreeSet<std::net::IpAddr>,
 ) -> Context {
     Context {
+        attachments: pods.attachments.clone(),
+        resolvers,
         service_ips: services.dns_ips.clone(),
         translation: if services.from_resolv_conf {
             Translation::Socket

@@ -1,9 +1,12 @@
 //! What the rules know about the node besides journeys.
-use std::{collections::BTreeSet, net::IpAddr};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+};
 
 use serde::{Deserialize, Serialize};
 
-use crate::target::Target;
+use crate::{pods::net::Attachment, target::Target};
 
 /// What the rules know about the node besides journeys.
 #[derive(Clone, Debug, Default)]
@@ -27,6 +30,12 @@ pub struct Context {
     /// appends to ClusterFirst pods' search lists: by design on managed
     /// clusters (EKS's ec2.internal, GKE's google.internal, ...).
     pub node_search: Vec<String>,
+    /// The node's pod addresses, each with where its pod's host veth sits
+    /// (on which bridge, or routed). Empty when the runtimes' state was not
+    /// read: whether pods are bridged is then not known.
+    pub attachments: BTreeMap<IpAddr, Attachment>,
+    /// The cluster's resolvers (DNS services' endpoints, CoreDNS pods).
+    pub resolvers: BTreeSet<IpAddr>,
 }
 
 /// Who gives a query to a service IP an endpoint's address.

@@ -36,7 +36,7 @@ use serde::{Deserialize, Serialize};
 pub use delay::delay_line;
 pub use faults::Fault;
 use kubeproxy::ProxyMode;
-use plan::{Domain, NodeLocal, Pod, Role, LAB_DIR, NODE_NS, UPSTREAM_NS};
+use plan::{Cni, Domain, NodeLocal, Pod, Role, LAB_DIR, NODE_NS, UPSTREAM_NS};
 
 #[derive(clap::Subcommand, Debug)]
 pub enum LabCommand {
@@ -76,6 +76,11 @@ pub enum LabCommand {
         /// node's namespace, resolv.conf as dnsPolicy ClusterFirstWithHostNet.
         #[arg(long)]
         host_network_client: bool,
+        /// How pods are wired to the node: `bridge` (cni0, as the bridge
+        /// plugin and flannel do) or `routed` (no bridge: a /32 route and
+        /// proxy ARP per host veth, as Calico and the ptp plugin do).
+        #[arg(long, value_enum, default_value_t = Cni::Bridge)]
+        cni: Cni,
     },
     /// Remove every namespace, process, rule and file the lab made.
     Down,
@@ -130,6 +135,8 @@ pub struct LabState {
     pub node_search: Vec<Domain>,
     #[serde(default)]
     pub host_client: bool,
+    #[serde(default)]
+    pub cni: Cni,
     /// Long-running processes by name.
     pub pids: BTreeMap<String, u32>,
 }
@@ -176,6 +183,7 @@ pub async fn run(cmd: LabCommand) -> Result<()> {
             cluster_domain,
             node_search,
             host_network_client,
+            cni,
         } => {
             let state = LabState {
                 ipv6,
@@ -187,6 +195,7 @@ pub async fn run(cmd: LabCommand) -> Result<()> {
                 cluster_domain,
                 node_search,
                 host_client: host_network_client,
+                cni,
                 ..LabState::default()
             };
             up(faults, state)
@@ -307,12 +316,9 @@ fn add_netns(ns: &str, ipv6: bool) -> Result<()> {
 
 fn build_node(state: &LabState) -> Result<()> {
     let node = NODE_NS;
-    sys::ip(node, &format!("link add {} type bridge", plan::BRIDGE))?;
-    sys::ip(
-        node,
-        &format!("addr add {}/24 dev {}", plan::POD_GW4, plan::BRIDGE),
-    )?;
-    sys::ip(node, &format!("link set {} up", plan::BRIDGE))?;
+    if state.cni == Cni::Bridge {
+        add_bridge(state.ipv6)?;
+    }
     sys::run(
         "ip",
         &[
@@ -350,14 +356,6 @@ fn build_node(state: &LabState) -> Result<()> {
             node,
             &format!(
                 "-6 addr add {}/64 dev {} nodad",
-                plan::POD_GW6,
-                plan::BRIDGE
-            ),
-        )?;
-        sys::ip(
-            node,
-            &format!(
-                "-6 addr add {}/64 dev {} nodad",
                 plan::NODE_UPLINK6,
                 plan::UPLINK
             ),
@@ -391,6 +389,19 @@ fn build_node(state: &LabState) -> Result<()> {
     Ok(())
 }
 
+/// The node's bridge cni0, the pods' gateway.
+fn add_bridge(ipv6: bool) -> Result<()> {
+    let (node, bridge) = (NODE_NS, plan::BRIDGE);
+    sys::ip(node, &format!("link add {bridge} type bridge"))?;
+    sys::ip(node, &format!("addr add {}/24 dev {bridge}", plan::POD_GW4))?;
+    sys::ip(node, &format!("link set {bridge} up"))?;
+    if ipv6 {
+        let gw = plan::POD_GW6;
+        sys::ip(node, &format!("-6 addr add {gw}/64 dev {bridge} nodad"))?;
+    }
+    Ok(())
+}
+
 fn add_pod(state: &mut LabState, pod: &Pod) -> Result<()> {
     let ns = pod.netns();
     add_netns(&ns, state.ipv6)?;
@@ -402,26 +413,59 @@ fn add_pod(state: &mut LabState, pod: &Pod) -> Result<()> {
             "netns", &ns,
         ],
     )?;
-    sys::ip(
-        NODE_NS,
-        &format!("link set {veth} master {} up", plan::BRIDGE),
-    )?;
-    sys::run(
-        "bridge",
-        &["-n", NODE_NS, "link", "set", "dev", &veth, "hairpin", "on"],
-    )?;
-    sys::ip(&ns, &format!("addr add {}/24 dev eth0", pod.ip4))?;
-    sys::ip(&ns, "link set eth0 up")?;
-    sys::ip(&ns, &format!("route add default via {}", plan::POD_GW4))?;
-    if state.ipv6 {
-        sys::ip(&ns, &format!("-6 addr add {}/64 dev eth0 nodad", pod.ip6))?;
-        sys::ip(&ns, &format!("-6 route add default via {}", plan::POD_GW6))?;
+    match state.cni {
+        Cni::Bridge => bridge_pod(pod, &veth, state.ipv6)?,
+        Cni::Routed => route_pod(pod, &veth, state.ipv6)?,
     }
     std::fs::create_dir_all(netns_etc(&ns))?;
     sys::rewrite(&pod.resolv_conf(), "")?;
     // The sandbox's pause process: what makes the namespace a pod to the node.
     let pid = sys::spawn_detached(&ns, "sleep", &["infinity"])?;
     register_sandbox(state, pod, pid)
+}
+
+/// `pod`'s host veth a port of cni0, its addresses in the bridge's subnets.
+fn bridge_pod(pod: &Pod, veth: &str, ipv6: bool) -> Result<()> {
+    let ns = pod.netns();
+    sys::ip(
+        NODE_NS,
+        &format!("link set {veth} master {} up", plan::BRIDGE),
+    )?;
+    sys::run(
+        "bridge",
+        &["-n", NODE_NS, "link", "set", "dev", veth, "hairpin", "on"],
+    )?;
+    sys::ip(&ns, &format!("addr add {}/24 dev eth0", pod.ip4))?;
+    sys::ip(&ns, "link set eth0 up")?;
+    sys::ip(&ns, &format!("route add default via {}", plan::POD_GW4))?;
+    if ipv6 {
+        sys::ip(&ns, &format!("-6 addr add {}/64 dev eth0 nodad", pod.ip6))?;
+        sys::ip(&ns, &format!("-6 route add default via {}", plan::POD_GW6))?;
+    }
+    Ok(())
+}
+
+/// `pod` routed as Calico does it: a /32 (/128) route to it on its host
+/// veth, which answers ARP for the pod's gateway by proxy.
+fn route_pod(pod: &Pod, veth: &str, ipv6: bool) -> Result<()> {
+    let ns = pod.netns();
+    sys::ip(NODE_NS, &format!("link set {veth} up"))?;
+    sys::sysctl(NODE_NS, &format!("net.ipv4.conf.{veth}.proxy_arp"), "1")?;
+    sys::sysctl(NODE_NS, &format!("net.ipv4.neigh.{veth}.proxy_delay"), "0")?;
+    sys::ip(NODE_NS, &format!("route add {}/32 dev {veth}", pod.ip4))?;
+    sys::ip(&ns, &format!("addr add {}/32 dev eth0", pod.ip4))?;
+    sys::ip(&ns, "link set eth0 up")?;
+    let gw = plan::ROUTED_GW4;
+    sys::ip(&ns, &format!("route add {gw} dev eth0 scope link"))?;
+    sys::ip(&ns, &format!("route add default via {gw} dev eth0"))?;
+    if ipv6 {
+        let gw = plan::ROUTED_GW6;
+        sys::ip(NODE_NS, &format!("-6 addr add {gw}/64 dev {veth} nodad"))?;
+        sys::ip(NODE_NS, &format!("-6 route add {}/128 dev {veth}", pod.ip6))?;
+        sys::ip(&ns, &format!("-6 addr add {}/128 dev eth0 nodad", pod.ip6))?;
+        sys::ip(&ns, &format!("-6 route add default via {gw} dev eth0"))?;
+    }
+    Ok(())
 }
 
 /// A hostNetwork pod: no namespace of its own, and a pause process that
@@ -1005,7 +1049,7 @@ fn status() -> Result<()> {
             }
         );
         println!(
-            "options: ipv6={} nodelocaldns={} proxy-mode={} cluster-domain={} node-search={} host-network-client={}",
+            "options: ipv6={} nodelocaldns={} proxy-mode={} cluster-domain={} node-search={} host-network-client={} cni={}",
             state.ipv6,
             state.nodelocaldns.map_or("no", NodeLocal::name),
             state.proxy_mode.name(),
@@ -1016,13 +1060,21 @@ fn status() -> Result<()> {
                 .map(Domain::to_string)
                 .collect::<Vec<_>>()
                 .join(","),
-            state.host_client
+            state.host_client,
+            state.cni.name()
         );
     }
     Ok(())
 }
 
 fn print_summary(state: &LabState) {
+    let pods = match state.cni {
+        Cni::Bridge => format!("bridge {} {}", plan::BRIDGE, plan::POD_GW4),
+        Cni::Routed => format!(
+            "pods routed (a /32 route each, gateway {} by proxy ARP)",
+            plan::ROUTED_GW4
+        ),
+    };
     let balancing = match state.proxy_mode {
         ProxyMode::SocketLb => format!(
             "rewritten to a CoreDNS pod at the socket by the lab's cgroup programs (proxy mode socket-lb, pinned in {})",
@@ -1034,9 +1086,7 @@ fn print_summary(state: &LabState) {
         ),
     };
     log::info!(target: "lab",
-        "up. Node namespace {NODE_NS}: bridge {} {}, kube-dns {} ({balancing})",
-        plan::BRIDGE,
-        plan::POD_GW4,
+        "up. Node namespace {NODE_NS}: {pods}, kube-dns {} ({balancing})",
         plan::SERVICE4,
     );
     for pod in plan::pods(state.host_client) {

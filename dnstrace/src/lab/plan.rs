@@ -49,6 +49,34 @@ pub const BIG_NAME: &str = "big.example.com";
 /// buffer, it comes over UDP as IP fragments.
 pub const HUGE_NAME: &str = "huge.example.com";
 
+/// The pods' gateway when routed, as Calico has it: an address no device
+/// holds, answered by the host veth's proxy ARP.
+pub const ROUTED_GW4: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
+/// Its IPv6 twin, a link-local address each host veth holds.
+pub const ROUTED_GW6: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
+
+/// How the CNI plugin wires pods to the node.
+#[derive(clap::ValueEnum, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Cni {
+    /// Every pod's host veth is a port of bridge cni0 (the bridge plugin,
+    /// flannel): packets between pods are bridged.
+    #[default]
+    Bridge,
+    /// Each host veth alone, with a /32 route per pod and proxy ARP
+    /// (Calico, the ptp plugin): packets between pods are routed.
+    Routed,
+}
+
+impl Cni {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Bridge => "bridge",
+            Self::Routed => "routed",
+        }
+    }
+}
+
 /// Where NodeLocalDNS listens, as its manifests set it up.
 #[derive(clap::ValueEnum, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 #[serde(rename_all = "kebab-case")]

@@ -10,7 +10,7 @@ use std::{
 };
 
 use anyhow::{bail, Context as _, Result};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::netns::{self, in_netns};
 
@@ -31,6 +31,21 @@ pub struct PodNet {
     /// the pod is a resolver, whatever it is called.
     #[serde(skip)]
     pub serves_dns: bool,
+    /// Where that veth sits; None without one.
+    pub attachment: Option<Attachment>,
+}
+
+/// Where a pod's host veth sits in the node's namespace: what decides
+/// whether packets between two pods are bridged or routed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Attachment {
+    /// A port of this Linux bridge (the CNI bridge plugin, flannel):
+    /// packets between its pods reach iptables only through br_netfilter.
+    Bridge(String),
+    /// On no Linux bridge: the node routes to it (Calico, Cilium, the CNI
+    /// ptp plugin), so its packets always pass conntrack.
+    Routed,
 }
 
 /// Looks into the pod's network namespace at `pod_netns`; the host veth is
@@ -41,18 +56,20 @@ pub fn inspect(pod_netns: &Path, node_netns: Option<&Path>) -> Result<PodNet> {
         Ok((addresses()?, pod_iface()?, serves_dns()))
     })
     .with_context(|| format!("in network namespace {}", pod_netns.display()))?;
-    let host_veth = match eth0
+    let host = match eth0
         .as_ref()
         .and_then(|l| l.veth_peer().map(|p| (l.index, p)))
     {
         Some((eth0, peer)) => host_end(node_netns, eth0, peer)?,
         None => None,
     };
+    let (host_veth, attachment) = host.unzip();
     Ok(PodNet {
         netns_inode,
         ips,
         host_veth,
         serves_dns,
+        attachment,
     })
 }
 
@@ -101,14 +118,35 @@ fn proc_net_ip(hex: &str) -> Option<IpAddr> {
 }
 
 /// The node's end of the veth: interface `peer` there, if it is a veth
-/// whose own peer is the pod's eth0. Indexes are per namespace, so the
-/// check in both directions is what makes it this pod's and not a
-/// namesake in another namespace.
-fn host_end(node_netns: Option<&Path>, eth0: u32, peer: u32) -> Result<Option<(String, u32)>> {
-    let host = in_netns(node_netns, move || get_link(peer)).context("in the node's namespace")?;
-    Ok(host
-        .filter(|h| h.veth_peer() == Some(eth0))
-        .map(|h| (h.name, h.index)))
+/// whose own peer is the pod's eth0, and where it sits. Indexes are per
+/// namespace, so the check in both directions is what makes it this pod's
+/// and not a namesake in another namespace.
+fn host_end(
+    node_netns: Option<&Path>,
+    eth0: u32,
+    peer: u32,
+) -> Result<Option<((String, u32), Attachment)>> {
+    in_netns(node_netns, move || {
+        let Some(host) = get_link(peer)?.filter(|h| h.veth_peer() == Some(eth0)) else {
+            return Ok(None);
+        };
+        let attachment = attachment(host.master)?;
+        Ok(Some(((host.name, host.index), attachment)))
+    })
+    .context("in the node's namespace")
+}
+
+/// A veth enslaved to `master` (IFLA_MASTER) is bridged if that is a
+/// Linux bridge; a bond, VRF or Open vSwitch port is not.
+fn attachment(master: Option<u32>) -> Result<Attachment> {
+    let master = match master {
+        Some(index) => get_link(index)?,
+        None => None,
+    };
+    Ok(match master {
+        Some(m) if m.kind.as_deref() == Some("bridge") => Attachment::Bridge(m.name),
+        _ => Attachment::Routed,
+    })
 }
 
 fn pod_iface() -> Result<Option<Link>> {
@@ -179,6 +217,8 @@ struct Link {
     kind: Option<String>,
     /// IFLA_LINK: for a veth, its peer's index in the peer's namespace.
     link: Option<u32>,
+    /// IFLA_MASTER: the device it is enslaved to (a bridge's port).
+    master: Option<u32>,
 }
 
 impl Link {
@@ -298,11 +338,13 @@ fn parse_link_reply(msg: &[u8]) -> Result<Option<Link>> {
         name: String::new(),
         kind: None,
         link: None,
+        master: None,
     };
     for (kind, value) in attributes(attrs) {
         match kind {
             libc::IFLA_IFNAME => link.name = c_string(value),
             libc::IFLA_LINK => link.link = read_u32(value, 0),
+            libc::IFLA_MASTER => link.master = read_u32(value, 0),
             libc::IFLA_LINKINFO => {
                 link.kind = attributes(value)
                     .find(|(k, _)| *k == libc::IFLA_INFO_KIND)
@@ -389,10 +431,24 @@ mod tests {
                 index: 2,
                 name: "eth0".into(),
                 kind: Some("veth".into()),
-                link: Some(17)
+                link: Some(17),
+                master: None,
             }
         );
         assert_eq!(link.veth_peer(), Some(17));
+    }
+
+    #[test]
+    fn a_bridge_port_names_its_master() {
+        let msg = link_message(
+            9,
+            &[
+                attr(libc::IFLA_IFNAME, b"veth1234abcd\0"),
+                attr(libc::IFLA_MASTER, &3u32.to_ne_bytes()),
+            ],
+        );
+        assert_eq!(parse_link_reply(&msg).unwrap().unwrap().master, Some(3));
+        assert_eq!(attachment(None).unwrap(), Attachment::Routed);
     }
 
     #[test]

@@ -17,7 +17,7 @@ use crate::{
         addr,
         journey_json::{boolean, number},
     },
-    pods::workload::Workload,
+    pods::{net::Attachment, workload::Workload},
     target::{follow::Refresh, Target},
 };
 
@@ -129,6 +129,11 @@ pub struct ContextNote {
     /// Absent from recordings made before it was noted: none known.
     #[serde(default)]
     pub node_search: Vec<String>,
+    /// Absent from recordings made before it was noted: not known.
+    #[serde(default)]
+    pub attachments: BTreeMap<IpAddr, Attachment>,
+    #[serde(default)]
+    pub resolvers: Vec<IpAddr>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -174,6 +179,8 @@ impl ContextNote {
             target: c.target.clone(),
             drops_visible: c.drops_visible,
             node_search: c.node_search.clone(),
+            attachments: c.attachments.clone(),
+            resolvers: c.resolvers.iter().copied().collect(),
         }
     }
 
@@ -191,6 +198,8 @@ impl ContextNote {
             target: self.target,
             drops_visible: self.drops_visible,
             node_search: self.node_search,
+            attachments: self.attachments,
+            resolvers: self.resolvers.into_iter().collect(),
         }
     }
 }
