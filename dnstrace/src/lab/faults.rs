@@ -44,6 +44,11 @@ impl Fault {
             .map(|v| v.get_name().to_owned())
             .unwrap_or_default()
     }
+
+    /// A loop fault: CoreDNS stands for one without the loop plugin.
+    pub fn is_loop(self) -> bool {
+        matches!(self, Self::ForwardLoop | Self::NodelocaldnsLoop)
+    }
 }
 
 /// Delay the `slow-upstream` fault adds to every upstream answer.
