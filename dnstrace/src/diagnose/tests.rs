@@ -1681,3 +1681,34 @@ fn a_drop_by_a_ruleset_is_a_rules_verdict_not_the_race() {
         "an nftables rule (nft_do_chain) dropped it"
     );
 }
+
+/// NodeLocalDNS's query to CoreDNS over TCP, from `port`, `outcome` after
+/// `at_ms`.
+fn over_tcp(port: u16, at_ms: u64, outcome: Outcome) -> Journey {
+    let client = format!("198.51.100.1:{port}");
+    let mut u = upstream("10.244.0.54:53", outcome, 200_000);
+    u.tcp = true;
+    u.client = a(&client);
+    u.started_ns = at_ms * 1_000_000;
+    u.legs[0].src = a(&client);
+    u.legs[0].ts_ns = u.started_ns;
+    u
+}
+
+/// A CoreDNS pod restarted (a rollout) under NodeLocalDNS's open TCP
+/// connection: the next query on it finds no socket, and NodeLocalDNS asks
+/// again on a new connection, answered. The server answers; the old
+/// connection had gone from under it.
+#[test]
+fn a_tcp_query_asked_again_on_a_new_connection_and_answered_is_no_upstream_timeout() {
+    let mut j = healthy();
+    j.upstream.push(over_tcp(40001, 1, Outcome::Timeout));
+    j.upstream
+        .push(over_tcp(40002, 2, answered(Rcode::NXDOMAIN)));
+    assert!(kinds(&j).is_empty(), "{:?}", kinds(&j));
+    // Never answered on any connection: the upstream does not answer.
+    let mut j = healthy();
+    j.upstream.push(over_tcp(40001, 1, Outcome::Timeout));
+    j.upstream.push(over_tcp(40002, 2, Outcome::Timeout));
+    assert_eq!(kinds(&j), vec!["upstream_timeout"]);
+}

@@ -71,6 +71,9 @@ fn answered_too_late(u: &Journey, names: &KernelNames) -> Option<u64> {
 
 fn failed_upstream(j: &Journey, names: &KernelNames, out: &mut Vec<UpstreamFailure>) {
     for u in &j.upstream {
+        if answered_on_a_new_connection(u, &j.upstream) {
+            continue;
+        }
         let drop = match u.outcome {
             Outcome::Answered { .. } => None,
             Outcome::Timeout => Some(None),
@@ -89,6 +92,23 @@ fn failed_upstream(j: &Journey, names: &KernelNames, out: &mut Vec<UpstreamFailu
         }
         failed_upstream(u, names, out);
     }
+}
+
+/// A TCP query its resolver asked again on a new connection and had
+/// answered there: the upstream answers, and what failed was the first
+/// connection (closed under it, as when a CoreDNS pod restarts). TCP itself
+/// resends what is lost on a live connection.
+fn answered_on_a_new_connection(u: &Journey, asked: &[Journey]) -> bool {
+    u.tcp
+        && asked.iter().any(|again| {
+            again.tcp
+                && again.client.ip() == u.client.ip()
+                && again.client != u.client
+                && again.started_ns > u.started_ns
+                && again.name == u.name
+                && again.qtype == u.qtype
+                && matches!(again.outcome, Outcome::Answered { .. })
+        })
 }
 
 /// Upstream queries that got no answer: timed out, or dropped on the way.
