@@ -1712,3 +1712,22 @@ fn a_tcp_query_asked_again_on_a_new_connection_and_answered_is_no_upstream_timeo
     j.upstream.push(over_tcp(40002, 2, Outcome::Timeout));
     assert_eq!(kinds(&j), vec!["upstream_timeout"]);
 }
+
+/// Two pods ask the same name at once and NodeLocalDNS asks CoreDNS once:
+/// its retry on a new connection may be linked to the other pod's lookup,
+/// closed first. Still the connection failed, not the server.
+#[test]
+fn a_tcp_retry_answered_for_another_lookup_is_no_upstream_timeout() {
+    let mut d = Diagnoser::new(ctx());
+    let mut other = healthy();
+    other.id = 10;
+    other.client = a("10.244.0.11:4000");
+    other
+        .upstream
+        .push(over_tcp(40002, 2, answered(Rcode::NXDOMAIN)));
+    assert!(kinds_of(&d.journey(&other, &KernelNames::default()).raised).is_empty());
+    let mut j = healthy();
+    j.upstream.push(over_tcp(40001, 1, Outcome::Timeout));
+    let found = d.journey(&j, &KernelNames::default()).raised;
+    assert!(kinds_of(&found).is_empty(), "{:?}", kinds_of(&found));
+}
