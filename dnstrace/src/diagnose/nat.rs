@@ -5,10 +5,10 @@ use super::{
     anomaly::{Finding, Words},
     conntrack::{trouble, CtSeen},
     legs::{answers_at_client, is_loopback, origin, place},
-    loops::is_loop_probe,
     AnomalyKind, Context,
 };
 use crate::correlate::{Journey, Outcome};
+use dnstrace_common::Hook;
 
 pub(super) fn unexpected_source<'a>(j: &'a Journey, ctx: &Context) -> Option<Finding<'a>> {
     let o = origin(j)?;
@@ -51,10 +51,9 @@ pub(super) fn unexpected_source<'a>(j: &'a Journey, ctx: &Context) -> Option<Fin
 pub(super) fn loopback_nameserver<'a>(j: &'a Journey, ctx: &Context) -> Option<Finding<'a>> {
     let o = origin(j)?;
     let in_pod = o.netns != 0 && o.netns != ctx.node_netns;
-    // CoreDNS's loop plugin asks itself at every start and reload: a
-    // probe answered there is the plugin finding no loop.
-    let answered = matches!(j.outcome, Outcome::Answered { .. });
-    if answered && is_loop_probe(&j.name, j.qtype) {
+    // Answered: something listens there (CoreDNS's loop plugin probing
+    // itself at start, a DNS sidecar). Loops are forwarding_loop's.
+    if matches!(j.outcome, Outcome::Answered { .. }) {
         return None;
     }
     (is_loopback(o.dst.ip()) && in_pod).then(|| {
@@ -99,6 +98,18 @@ impl LocalListeners {
     }
 }
 
+/// Last seen coming into the node's namespace, and neither sent on nor
+/// dropped there (kfree_skb watched): a socket on the node took it, a
+/// listener on the service IP (NodeLocalDNS bound to it, with no answer to
+/// give: its own way to CoreDNS failed).
+fn taken_on_the_node(j: &Journey, ctx: &Context) -> bool {
+    ctx.drops_visible
+        && matches!(j.outcome, Outcome::Timeout)
+        && j.legs
+            .last()
+            .is_some_and(|l| !l.response && l.netns == ctx.node_netns && l.hook == Hook::DevReceive)
+}
+
 pub(super) fn not_translated<'a>(
     j: &'a Journey,
     ctx: &Context,
@@ -114,7 +125,7 @@ pub(super) fn not_translated<'a>(
     // A listener on the service IP took it (it asked upstream, or answered
     // others un-NATed): no DNAT is meant; the rules after this one tell
     // what became of it.
-    if !j.upstream.is_empty() || local.0.contains(&o.dst.ip()) {
+    if !j.upstream.is_empty() || local.0.contains(&o.dst.ip()) || taken_on_the_node(j, ctx) {
         return None;
     }
     let trouble = trouble(ctx, ct);

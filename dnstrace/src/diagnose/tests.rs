@@ -1713,6 +1713,87 @@ fn a_tcp_query_asked_again_on_a_new_connection_and_answered_is_no_upstream_timeo
     assert_eq!(kinds(&j), vec!["upstream_timeout"]);
 }
 
+/// A loopback query answered: something listens there (a DNS sidecar, or a
+/// resolver asking itself). One the capture cut short is no evidence.
+#[test]
+fn a_loopback_query_answered_or_cut_short_is_no_loopback_nameserver() {
+    let mut j = healthy();
+    j.dnat = None;
+    j.legs = vec![
+        leg(
+            0,
+            "dev_xmit",
+            DNS_NS,
+            1,
+            "127.0.0.1:4000",
+            "127.0.0.1:53",
+            false,
+        ),
+        leg(
+            90,
+            "dev_xmit",
+            DNS_NS,
+            1,
+            "127.0.0.1:53",
+            "127.0.0.1:4000",
+            true,
+        ),
+    ];
+    assert!(kinds(&j).is_empty(), "{:?}", kinds(&j));
+    j.legs.truncate(1);
+    j.outcome = Outcome::Timeout;
+    j.incomplete = Some(Gap::Ended);
+    assert!(kinds(&j).is_empty(), "{:?}", kinds(&j));
+    j.incomplete = None;
+    assert_eq!(kinds(&j), vec!["loopback_nameserver"]);
+}
+
+/// NodeLocalDNS's NOTRACK mode: a pod's query to the kube-dns IP is taken
+/// on the node, without DNAT, by design. Unanswered (NodeLocalDNS could not
+/// reach CoreDNS), it is no untranslated service: it arrived in the node's
+/// namespace and went no further, and no drop was seen.
+#[test]
+fn a_query_taken_by_a_listener_on_the_node_is_no_service_not_translated() {
+    let mut j = healthy();
+    j.dnat = None;
+    j.outcome = Outcome::Timeout;
+    j.legs = vec![
+        leg(
+            0,
+            "dev_xmit",
+            CLIENT_NS,
+            2,
+            "10.244.0.10:4000",
+            "10.96.0.10:53",
+            false,
+        ),
+        leg(
+            9,
+            "dev_receive",
+            NODE_NS,
+            2,
+            "10.244.0.10:4000",
+            "10.96.0.10:53",
+            false,
+        ),
+    ];
+    let kinds_with = |drops_visible: bool| {
+        let found = Diagnoser::new(Context {
+            drops_visible,
+            ..ctx()
+        })
+        .journey(&j, &KernelNames::default())
+        .raised;
+        kinds_of(&found)
+    };
+    assert!(!kinds_with(true).contains(&"service_not_translated"));
+    assert_eq!(
+        kinds_with(false),
+        vec!["service_not_translated"],
+        "a drop may have gone unseen"
+    );
+}
+
 /// Two pods ask the same name at once and NodeLocalDNS asks CoreDNS once:
 /// its retry on a new connection may be linked to the other pod's lookup,
 /// closed first. Still the connection failed, not the server.
