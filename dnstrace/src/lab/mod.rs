@@ -746,6 +746,7 @@ fn set_fault(state: &mut LabState, fault: Fault, on: bool) -> Result<()> {
         bail!("nodelocaldns-loop needs NodeLocalDNS: bring the lab up with `dnstrace lab up --nodelocaldns`");
     }
     if on {
+        warn_off_path(state, fault);
         state.faults.insert(fault);
     } else {
         state.faults.remove(&fault);
@@ -759,10 +760,8 @@ fn set_fault(state: &mut LabState, fault: Fault, on: bool) -> Result<()> {
             }
             Ok(())
         }
-        Fault::NoDnat | Fault::Drop | Fault::UpstreamTimeout | Fault::FragmentsDropped => {
-            apply_rules(state)
-        }
-        Fault::NoDnsTcp => {
+        Fault::Drop | Fault::UpstreamTimeout | Fault::FragmentsDropped => apply_rules(state),
+        Fault::NoDnat | Fault::NoDnsTcp => {
             apply_rules(state)?;
             if on {
                 forget_tcp_flows(state);
@@ -789,11 +788,25 @@ fn set_fault(state: &mut LabState, fault: Fault, on: bool) -> Result<()> {
     }
 }
 
-/// Closes what a Service without its TCP port never had: connections to
-/// kube-dns open through the DNAT, which conntrack would keep translating
-/// (NodeLocalDNS keeps its connection open).
+/// Says so when `fault` misses the pods' path in this lab.
+fn warn_off_path(state: &LabState, fault: Fault) {
+    if let (Some(mode), Some(why)) = (state.nodelocaldns, fault.off_nodelocal_path()) {
+        log::warn!(target: "lab",
+            "{} changes nothing on the pods' DNS path with NodeLocalDNS ({}): their queries end on the node and its own start there, so {why}",
+            fault.name(),
+            mode.name()
+        );
+    }
+}
+
+/// Closes connections to kube-dns (and kube-dns-upstream) open through the
+/// DNAT, which conntrack would keep translating: NodeLocalDNS keeps its
+/// connection to CoreDNS open, and a fault on the rules must meet its next.
 fn forget_tcp_flows(state: &LabState) {
     let mut services = vec![("ipv4", plan::SERVICE4.to_string())];
+    if state.nodelocaldns == Some(NodeLocal::Notrack) {
+        services.push(("ipv4", plan::UPSTREAM_SERVICE4.to_string()));
+    }
     if state.ipv6 {
         services.push(("ipv6", plan::SERVICE6.to_string()));
     }
