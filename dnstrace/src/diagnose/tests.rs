@@ -1812,3 +1812,29 @@ fn a_tcp_retry_answered_for_another_lookup_is_no_upstream_timeout() {
     let found = d.journey(&j, &KernelNames::default()).raised;
     assert!(kinds_of(&found).is_empty(), "{:?}", kinds_of(&found));
 }
+
+/// The query reached CoreDNS as it closed the connection (an idle
+/// timeout): its kernel threw it away (TCP_ABORT_ON_DATA), and
+/// NodeLocalDNS asked again on a new connection, judged later.
+#[test]
+fn a_tcp_query_thrown_away_by_a_closing_connection_is_no_upstream_timeout() {
+    let names = KernelNames::new(
+        [(7, "SKB_DROP_REASON_TCP_ABORT_ON_DATA".to_owned())].into(),
+        "".as_bytes(),
+    );
+    let mut j = healthy();
+    j.upstream.push(over_tcp(
+        40001,
+        1,
+        Outcome::Dropped {
+            reason: 7,
+            location: 0,
+        },
+    ));
+    let found = Diagnoser::new(ctx()).journey(&j, &names).raised;
+    assert!(
+        !kinds_of(&found).contains(&"upstream_timeout"),
+        "{:?}",
+        kinds_of(&found)
+    );
+}

@@ -119,6 +119,21 @@ fn answered_too_late(u: &Journey, names: &KernelNames) -> Option<u64> {
         .then(|| leg.ts_ns.saturating_sub(u.started_ns))
 }
 
+/// A TCP query the server's kernel threw away because the connection was
+/// closing or gone there (the server had closed it: an idle timeout, a
+/// restart): the resolver asks again on a new one, which may be judged
+/// later than this.
+fn connection_gone(u: &Journey, names: &KernelNames) -> bool {
+    let Outcome::Dropped { reason, .. } = u.outcome else {
+        return false;
+    };
+    u.tcp
+        && matches!(
+            names.drop_reason(reason).as_str(),
+            "TCP_ABORT_ON_DATA" | "NO_SOCKET"
+        )
+}
+
 fn failed_upstream(
     j: &Journey,
     stats: &Upstreams,
@@ -126,7 +141,7 @@ fn failed_upstream(
     out: &mut Vec<UpstreamFailure>,
 ) {
     for u in &j.upstream {
-        if stats.answered_on_a_new_connection(u) {
+        if stats.answered_on_a_new_connection(u) || connection_gone(u, names) {
             continue;
         }
         let drop = match u.outcome {
