@@ -2030,28 +2030,44 @@ fn a_tcp_retry_answered_for_another_lookup_is_no_upstream_timeout() {
     assert!(kinds_of(&found).is_empty(), "{:?}", kinds_of(&found));
 }
 
-/// The query reached CoreDNS as it closed the connection (an idle
-/// timeout): its kernel threw it away (TCP_ABORT_ON_DATA), and
-/// NodeLocalDNS asked again on a new connection, judged later.
+/// A TCP query to a CoreDNS pod whose end of the connection was closing or
+/// gone (an idle timeout, a restart: no upstream timeout): its kernel threw
+/// the query away (TCP_ABORT_ON_DATA on a closing socket, TCP_FLAGS where a
+/// restarted server's listener got the old connection's data, TCP_CLOSE,
+/// NO_SOCKET), and NodeLocalDNS asked again on a new connection, judged
+/// later. A netfilter drop on the way is the upstream's path failing.
 #[test]
 fn a_tcp_query_thrown_away_by_a_closing_connection_is_no_upstream_timeout() {
+    let reasons = [
+        "TCP_ABORT_ON_DATA",
+        "TCP_FLAGS",
+        "TCP_CLOSE",
+        "NO_SOCKET",
+        "NETFILTER_DROP",
+    ];
     let names = KernelNames::new(
-        [(7, "SKB_DROP_REASON_TCP_ABORT_ON_DATA".to_owned())].into(),
+        (0..)
+            .zip(reasons)
+            .map(|(n, r)| (n, format!("SKB_DROP_REASON_{r}")))
+            .collect(),
         "".as_bytes(),
     );
-    let mut j = healthy();
-    j.upstream.push(over_tcp(
-        40001,
-        1,
-        Outcome::Dropped {
-            reason: 7,
-            location: 0,
-        },
-    ));
-    let found = Diagnoser::new(ctx()).journey(&j, &names).raised;
-    assert!(
-        !kinds_of(&found).contains(&"upstream_timeout"),
-        "{:?}",
-        kinds_of(&found)
-    );
+    for (reason, name) in (0..).zip(reasons) {
+        let mut j = healthy();
+        j.upstream.push(over_tcp(
+            40001,
+            1,
+            Outcome::Dropped {
+                reason,
+                location: 0,
+            },
+        ));
+        let found = Diagnoser::new(ctx()).journey(&j, &names).raised;
+        assert_eq!(
+            kinds_of(&found).contains(&"upstream_timeout"),
+            name == "NETFILTER_DROP",
+            "{name}: {:?}",
+            kinds_of(&found)
+        );
+    }
 }

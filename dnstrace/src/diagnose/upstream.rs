@@ -121,7 +121,8 @@ fn answered_too_late(u: &Journey, names: &KernelNames) -> Option<u64> {
 
 /// A TCP query the server's kernel threw away because the connection was
 /// closing or gone there (the server had closed it: an idle timeout, a
-/// restart): the resolver asks again on a new one, which may be judged
+/// restart, whose new listener refuses the old connection's data with
+/// TCP_FLAGS): the resolver asks again on a new one, which may be judged
 /// later than this.
 fn connection_gone(u: &Journey, names: &KernelNames) -> bool {
     let Outcome::Dropped { reason, .. } = u.outcome else {
@@ -130,7 +131,7 @@ fn connection_gone(u: &Journey, names: &KernelNames) -> bool {
     u.tcp
         && matches!(
             names.drop_reason(reason).as_str(),
-            "TCP_ABORT_ON_DATA" | "NO_SOCKET"
+            "TCP_ABORT_ON_DATA" | "TCP_FLAGS" | "TCP_CLOSE" | "NO_SOCKET"
         )
 }
 
