@@ -83,8 +83,10 @@ impl SetupArgs {
         Setup {
             dir: self.dir.clone(),
             netns: self.netns.clone(),
+            state: self.dir.join("state"),
             bridge: self.bridge.clone(),
             subnet: self.subnet,
+            subnet6: None,
         }
     }
 }
@@ -104,6 +106,7 @@ impl PodArgs {
                 searches: self.dns_searches.clone(),
                 options: self.dns_options.clone(),
             },
+            host_network: false,
             log_directory: setup
                 .dir
                 .join("logs")

@@ -19,7 +19,6 @@ pub const LAB_DIR: &str = "/run/dnstrace-lab";
 
 pub const BRIDGE: &str = "cni0";
 pub const POD_GW4: Ipv4Addr = Ipv4Addr::new(10, 244, 0, 1);
-pub const POD_GW6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x244, 0, 0, 0, 0, 1);
 pub const POD_CIDR4: &str = "10.244.0.0/16";
 pub const POD_CIDR6: &str = "fd00:10:244::/56";
 pub const SERVICE4: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
@@ -244,11 +243,6 @@ impl Pod {
         }
     }
 
-    /// The node-side veth, named like the bridge CNI plugin's `vethXXXXXXXX`.
-    pub fn host_veth(&self) -> String {
-        format!("veth{}", &hex_digest(&self.full_name())[..8])
-    }
-
     /// A stable pod uid and sandbox id, as a runtime would hand out.
     pub fn uid(&self) -> String {
         let h = hex_digest(&format!("uid/{}", self.full_name()));
@@ -313,12 +307,11 @@ mod tests {
     #[test]
     fn names_are_stable_and_fit_linux_limits() {
         for pod in &PODS {
-            assert_eq!(pod.host_veth().len(), 12, "IFNAMSIZ is 16");
             assert_eq!(pod.sandbox_id().len(), 64);
             assert_eq!(pod.uid().len(), 36);
         }
-        assert_eq!(PODS[0].host_veth(), PODS[0].host_veth());
-        assert_ne!(PODS[0].host_veth(), PODS[1].host_veth());
+        assert_eq!(PODS[0].sandbox_id(), PODS[0].sandbox_id());
+        assert_ne!(PODS[0].sandbox_id(), PODS[1].sandbox_id());
     }
 
     #[test]
