@@ -1,8 +1,8 @@
 //! A real containerd (Debian's 1.6, with its CRI plugin), started privately:
-//! its own root, state, socket, config and CNI network under one directory,
-//! never the machine's own containerd. Pods are run in it through the CRI
-//! API as the kubelet does, on the real CNI `bridge` plugin with
-//! `host-local` addresses. No registry is reachable, so the sandbox (pause)
+//! its own root, state, socket, config and CNI network under its directories,
+//! never the machine's own containerd. `lab up` runs the lab's pods in it
+//! (`sandboxes`) through the CRI API as the kubelet does, on the real CNI
+//! `bridge` plugin with `host-local` addresses. No registry is reachable, so the sandbox (pause)
 //! image is built here from busybox-static and imported.
 //!
 //! Facts of containerd 1.6 this follows:
@@ -13,10 +13,10 @@
 //!   says, and CNI caches results under `/var/lib/cni/results/`: `stop`
 //!   removes those directories where they are left empty;
 //! - the bridge plugin never deletes its bridge: `stop` does;
-//! - its CRI plugin reloads the CNI config when the file changes, and
-//!   is renamed in place, and says what it loaded in its verbose status
-//!   (`cniconfig`): `run_pod_at`
-//!   pins a pod's addresses with host-local's own range limits that way.
+//! - its CRI plugin reloads the CNI config when a file is renamed in its
+//!   directory, and says what it loaded in its verbose status
+//!   (`cniconfig`): `run_pod_at` pins a pod's addresses that way, with
+//!   host-local's own range limits.
 use std::{
     fs::File,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
