@@ -1,6 +1,7 @@
 //! Builds the eBPF programs (crate `dnstrace-ebpf`) for the bpf target and
 //! leaves the objects in OUT_DIR, where `probes.rs` embeds them: the
-//! programs, and the same built to log why they skip packets (`--debug-bpf`).
+//! programs, and the same built to log why they skip packets (`--debug-bpf`);
+//! and the lab's socket-level balancer, which `lab::socketlb` embeds.
 //!
 //! Two toolchains work: Debian's rustc with its precompiled core for
 //! `bpfel-unknown-none` (`cargo xtask setup` installs it), or a rustup
@@ -46,15 +47,20 @@ fn build() -> Result<(), String> {
     };
     // The same programs twice: as they run, and logging why they skip
     // packets (`--debug-bpf`), so that the first carry no logging code.
-    for (features, name) in OBJECTS {
-        let obj = build_object(toolchain, root, &target_dir, features)?;
+    for (features, bin, name) in OBJECTS {
+        let obj = build_object(toolchain, root, &target_dir, features)?.join(bin);
         std::fs::copy(&obj, out.join(name)).map_err(|e| format!("copy {}: {e}", obj.display()))?;
     }
     Ok(())
 }
 
-/// The objects `probes.rs` embeds, by the eBPF crate's features.
-const OBJECTS: [(&str, &str); 2] = [("", "dnstrace-ebpf.o"), ("log", "dnstrace-ebpf-log.o")];
+/// The objects embedded, by the eBPF crate's features and bin. Cargo
+/// builds each feature set once, so the balancer costs no build of its own.
+const OBJECTS: [(&str, &str, &str); 3] = [
+    ("", "dnstrace", "dnstrace-ebpf.o"),
+    ("log", "dnstrace", "dnstrace-ebpf-log.o"),
+    ("", "socketlb", "socketlb.o"),
+];
 
 const NO_TOOLCHAIN: &str = "no eBPF toolchain: run `cargo xtask setup` to install it";
 
@@ -64,7 +70,7 @@ fn stub(out: &Path) -> Result<(), String> {
     if env::var("PROFILE").as_deref() == Ok("release") {
         return Err(NO_TOOLCHAIN.into());
     }
-    for (_, name) in OBJECTS {
+    for (_, _, name) in OBJECTS {
         let path = out.join(name);
         // Written once: a new file each run would rebuild the crate each run.
         if std::fs::metadata(&path).map_or(true, |m| m.len() != 0) {
@@ -124,7 +130,7 @@ fn has_bpf_linker() -> bool {
     env::split_paths(&path_with_cargo_bin()).any(|dir| dir.join("bpf-linker").is_file())
 }
 
-/// Builds the eBPF crate with `features`; returns where the object is.
+/// Builds the eBPF crate's bins with `features`; returns where they are.
 fn build_object(
     toolchain: Toolchain,
     root: &Path,
@@ -167,7 +173,7 @@ fn build_object(
             "{cmd:?} exited with {status}; run `cargo xtask setup` to install the eBPF toolchain"
         ));
     }
-    Ok(target_dir.join(TARGET).join("release").join("dnstrace"))
+    Ok(target_dir.join(TARGET).join("release"))
 }
 
 fn toolchain_command(toolchain: Toolchain) -> Command {

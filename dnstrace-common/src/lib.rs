@@ -9,6 +9,7 @@ pub mod filter;
 pub mod iface;
 pub mod ports;
 pub mod sample;
+pub mod socketlb;
 pub mod wakeup;
 
 pub use event::*;

@@ -3,6 +3,7 @@
 //! likely cause and the usual fix. Pure: journeys in, anomalies out.
 //! Repeats of one problem are one anomaly with a rising count.
 mod anomaly;
+mod bridged;
 mod config;
 mod conntrack;
 mod context;
@@ -21,7 +22,7 @@ use std::net::IpAddr;
 
 pub use self::{
     anomaly::{Anomaly, Checked},
-    context::{ConntrackAtStart, Context},
+    context::{ConntrackAtStart, Context, Translation},
     kind::{AnomalyKind, Severity},
 };
 use self::{

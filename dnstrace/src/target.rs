@@ -12,7 +12,13 @@ use dnstrace_common::{TargetFilter, MAX_WATCHED, ROLE_RESOLVER, ROLE_TARGET};
 
 use crate::{
     naming::Services,
-    pods::{self, net::inspect, resolv::ResolvConf, workload::Workload, Pod},
+    pods::{
+        self,
+        net::{inspect, Attachment},
+        resolv::ResolvConf,
+        workload::Workload,
+        Pod,
+    },
     probes::KernelFilter,
 };
 
@@ -205,10 +211,29 @@ fn key(ip: IpAddr) -> [u8; 16] {
     }
 }
 
+/// The node's running pods, as the runtime's state and their namespaces
+/// tell.
+#[derive(Debug, Default)]
+pub struct NodePods {
+    /// Each pod's `namespace/name` and addresses, for naming.
+    pub addresses: Vec<(String, Vec<IpAddr>)>,
+    /// Addresses of pods with a socket on port 53: resolvers, whatever
+    /// they are called.
+    pub dns_servers: BTreeSet<IpAddr>,
+    /// Nameservers of the pods with dnsPolicy ClusterFirst: the cluster's
+    /// DNS service, where no proxy rules name it.
+    pub cluster_nameservers: Vec<IpAddr>,
+    /// Each pod address, with where its pod's host veth sits.
+    pub attachments: BTreeMap<IpAddr, Attachment>,
+}
+
 /// The resolvers a target's queries reach: the DNS services' endpoints in
-/// kube-proxy's rules, and CoreDNS pods by name.
-pub fn resolvers(services: &Services, pods: &[(String, Vec<IpAddr>)]) -> BTreeSet<IpAddr> {
+/// kube-proxy's rules, CoreDNS pods by name, and pods serving port 53. The
+/// last holds where the first two fail: with no proxy rules (a balancer
+/// at the socket) and a resolver named otherwise (OpenShift's dns-default).
+pub fn resolvers(services: &Services, pods: &NodePods) -> BTreeSet<IpAddr> {
     let coredns = pods
+        .addresses
         .iter()
         .filter(|(name, _)| is_coredns(name))
         .flat_map(|(_, ips)| ips.iter().copied());
@@ -216,7 +241,19 @@ pub fn resolvers(services: &Services, pods: &[(String, Vec<IpAddr>)]) -> BTreeSe
         .dns_endpoints()
         .into_iter()
         .chain(coredns)
+        .chain(pods.dns_servers.iter().copied())
         .collect()
+}
+
+/// The kubelet's resolv.conf for dnsPolicy ClusterFirst (and
+/// ClusterFirstWithHostNet): the search list starts with the pod's own
+/// namespace's service domain, `NAMESPACE.svc.DOMAIN`. A resolver's own
+/// (dnsPolicy Default) is the node's, without it.
+fn is_cluster_first(r: &ResolvConf, namespace: &str) -> bool {
+    r.search.first().is_some_and(|s| {
+        s.strip_prefix(namespace)
+            .is_some_and(|rest| rest.starts_with(".svc."))
+    })
 }
 
 /// `kube-system/coredns-...` or `kube-system/kube-dns-...`.
@@ -226,23 +263,45 @@ pub fn is_coredns(full_name: &str) -> bool {
         .is_some_and(|n| n.starts_with("coredns") || n.starts_with("kube-dns"))
 }
 
-/// Every running pod's name and addresses, for naming: from inside its
-/// namespace, else as its runtime's CRI reported them; what cannot be read
-/// is left out (names are a help, not a requirement).
-pub fn pod_addresses(args: &Query, inventory: &pods::Inventory) -> Vec<(String, Vec<IpAddr>)> {
+/// Every running pod's name and addresses (from inside its namespace,
+/// else as its runtime's CRI reported them), and which serve DNS; what
+/// cannot be read is left out (names are a help, not a requirement).
+pub fn node_pods(args: &Query, inventory: &pods::Inventory) -> NodePods {
     let node = args.node_netns.as_deref();
-    inventory
-        .pods
-        .iter()
-        .filter_map(|p| {
-            let inside = p.netns_path().and_then(|n| inspect(&n, node).ok());
-            let ips = match inside {
-                Some(net) => net.ips,
-                None => inventory.metadata(p)?.ips.clone(),
-            };
-            Some((p.full_name(), ips))
-        })
-        .collect()
+    let node_inode = crate::netns::inode(node).ok();
+    let mut found = NodePods::default();
+    for p in &inventory.pods {
+        let inside = p.netns_path().and_then(|path| inspect(&path, node).ok());
+        let ips = match &inside {
+            Some(net) => net.ips.clone(),
+            None => match inventory.metadata(p) {
+                Some(meta) => meta.ips.clone(),
+                None => continue,
+            },
+        };
+        if let Some(a) = inside.as_ref().and_then(|net| net.attachment.as_ref()) {
+            found
+                .attachments
+                .extend(ips.iter().map(|ip| (*ip, a.clone())));
+        }
+        // A hostNetwork pod shares the node's sockets, NodeLocalDNS's too.
+        if inside.is_some_and(|net| net.serves_dns && Some(net.netns_inode) != node_inode) {
+            found.dns_servers.extend(&ips);
+        }
+        if let Some(r) = pods::resolv::read_for_pod(p)
+            .ok()
+            .filter(|r| is_cluster_first(r, &p.namespace))
+        {
+            let new: Vec<IpAddr> = r
+                .nameservers
+                .into_iter()
+                .filter(|ip| !found.cluster_nameservers.contains(ip))
+                .collect();
+            found.cluster_nameservers.extend(new);
+        }
+        found.addresses.push((p.full_name(), ips));
+    }
+    found
 }
 
 /// The workloads of the pods among `pods` (name and addresses) that the
@@ -306,10 +365,48 @@ mod tests {
         assert!(is_coredns("kube-system/coredns-7db6d8ff4d-4xk9m"));
         assert!(!is_coredns("default/coredns-lookalike"));
         let services = Services::parse("-A KUBE-SERVICES -d 10.96.0.10/32 -p udp -m comment --comment \"kube-system/kube-dns:dns cluster IP\" -m udp --dport 53 -j KUBE-SVC-X\n-A KUBE-SEP-Y -p udp -m comment --comment \"kube-system/kube-dns:dns\" -m udp -j DNAT --to-destination 10.244.0.54:53\n");
-        let pods = [("kube-system/coredns-a".to_owned(), vec![ip("10.244.0.53")])];
+        let pods = NodePods {
+            addresses: vec![("kube-system/coredns-a".to_owned(), vec![ip("10.244.0.53")])],
+            ..NodePods::default()
+        };
         assert_eq!(
             resolvers(&services, &pods),
             [ip("10.244.0.53"), ip("10.244.0.54")].into()
+        );
+    }
+
+    #[test]
+    fn cluster_first_pods_are_known_by_their_search_list() {
+        let r = |text: &str| crate::pods::resolv::parse(text);
+        let client = r("search shop.svc.cluster.local svc.cluster.local cluster.local\nnameserver 10.96.0.10\n");
+        assert!(is_cluster_first(&client, "shop"));
+        assert!(
+            !is_cluster_first(&client, "sho"),
+            "another namespace's list"
+        );
+        let coredns = r("nameserver 198.51.100.53\nsearch ec2.internal\n");
+        assert!(!is_cluster_first(&coredns, "kube-system"));
+        assert!(!is_cluster_first(&r("nameserver 10.96.0.10\n"), "default"));
+    }
+
+    /// No proxy rules and a resolver not named CoreDNS: it is known by
+    /// the socket it serves DNS on.
+    #[test]
+    fn pods_serving_port_53_are_resolvers_without_rules_or_names() {
+        let pods = NodePods {
+            addresses: vec![
+                (
+                    "openshift-dns/dns-default-x".to_owned(),
+                    vec![ip("10.128.0.5")],
+                ),
+                ("default/web".to_owned(), vec![ip("10.128.0.9")]),
+            ],
+            dns_servers: [ip("10.128.0.5")].into(),
+            ..NodePods::default()
+        };
+        assert_eq!(
+            resolvers(&Services::default(), &pods),
+            [ip("10.128.0.5")].into()
         );
     }
 }

@@ -278,6 +278,7 @@ fn node_search_domains_end_the_pods_search_lists_as_the_kubelet_appends_them() {
 }
 
 const CONTAINERD: &str = "/run/dnstrace-lab/containerd";
+const KUBERNETES: &str = "kubernetes.default.svc.cluster.local";
 
 #[test]
 fn a_host_network_client_asks_cluster_dns_from_the_nodes_namespace() {
@@ -419,4 +420,69 @@ fn notrack_nodelocaldns_in_nftables_mode_answers_pods_and_the_host_network_clien
         "NodeLocalDNS asked kube-dns-upstream"
     );
     healthy_traffic(&lab, &["--rate", "20", "--duration", "2s"]);
+}
+
+/// A trace that knows the lab's pods (and so their host veths): what
+/// the bridge findings need.
+const KNOWN_PODS: [&str; 2] = ["--containerd-root", CONTAINERD];
+
+/// With routed pods (`--cni routed`, as Calico or the ptp plugin wire
+/// them) replies pass conntrack: bridge-nf-call-iptables=0 breaks nothing,
+/// and nothing blames it.
+#[test]
+fn bridge_nf_off_on_routed_pods_breaks_no_lookup_and_raises_nothing() {
+    require_root();
+    let lab = Lab::up(&["--cni", "routed", "--fault", "bridge-nf-off"]);
+    let veth = in_node("ip", &["-d", "link", "show", "veth0cf73899"]);
+    assert!(!veth.contains("master"), "{veth}");
+    let lines = trace_with(&lab, &KNOWN_PODS, || {
+        for name in [KUBERNETES, "www.example.com"] {
+            let out = lab.dig(WEB, &format!("@{SERVICE} {name}"));
+            assert_eq!(dig_status(&out), "NOERROR", "{out}");
+        }
+    });
+    assert_eq!(anomaly_kinds(&lines), Vec::<String>::new());
+}
+
+/// The same fault on bridged pods, with the pods known: the finding names
+/// the bridge a client and a resolver share.
+#[test]
+fn bridge_nf_off_on_bridged_pods_names_their_bridge() {
+    require_root();
+    let lab = Lab::up(&["--fault", "bridge-nf-off"]);
+    let lines = trace_with(&lab, &KNOWN_PODS, || {
+        lab.dig(WEB, &format!("@{SERVICE} {KUBERNETES}"));
+    });
+    let kinds = anomaly_kinds(&lines);
+    assert!(
+        kinds.contains(&"bridge_nf_call_iptables_off".to_owned()),
+        "{kinds:?}"
+    );
+    let summary = lines.iter().find(|l| l["type"] == "summary").unwrap();
+    let off = summary["anomalies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["kind"] == "bridge_nf_call_iptables_off")
+        .unwrap();
+    assert!(
+        off["evidence"].to_string().contains("ports of bridge cni0"),
+        "{off}"
+    );
+}
+
+/// Routed pods keep the rest of the lab: NOTRACK NodeLocalDNS answers
+/// every client, and kube-proxy's missing DNAT is still found.
+#[test]
+fn routed_pods_keep_nodelocaldns_and_the_faults() {
+    require_root();
+    let lab = Lab::up(&["--cni", "routed", "--nodelocaldns=notrack"]);
+    let kinds = healthy_traffic(&lab, &["--rate", "20", "--duration", "2s"]);
+    assert_eq!(kinds, Vec::<String>::new());
+    drop(lab);
+    let lab = Lab::up(&["--cni", "routed", "--fault", "no-dnat"]);
+    let lines = trace(&lab, || {
+        lab.dig(WEB, &format!("@{SERVICE} {KUBERNETES}"));
+    });
+    assert_eq!(anomaly_kinds(&lines), ["service_not_translated"]);
 }

@@ -263,6 +263,7 @@ fn table<const N: usize>(header: [&str; N], rows: &[[String; N]]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pods::net::Attachment;
     use crate::pods::Runtime;
 
     fn pod(name: &str) -> Pod {
@@ -298,6 +299,8 @@ mod tests {
                 netns_inode: 1,
                 ips: vec!["10.244.0.11".parse().unwrap(), "fd00::11".parse().unwrap()],
                 host_veth: Some(("veth1234abcd".into(), 7)),
+                serves_dns: true,
+                attachment: Some(Attachment::Bridge("cni0".into())),
             }),
             resolv: Err(anyhow!("gone")),
             resolver: true,

@@ -1,7 +1,7 @@
 //! Live tracing: find the target, attach the probes, and feed what the
 //! kernel hands over (ring buffer, ctnetlink, conntrack counters, a clock)
 //! through the pipeline into the chosen view, until Ctrl-C, SIGTERM or `q`.
-use std::{collections::VecDeque, io, net::IpAddr};
+use std::{collections::VecDeque, io};
 
 use anyhow::{Context as _, Result};
 use dnstrace_common::{Hook, SampleLevel};
@@ -13,7 +13,7 @@ use crate::{
     conntrack::{CtEvent, CtStats, CtWatcher, RACE_COUNTERS},
     correlate::Limits,
     decode::{kernel::Preload, KernelNames, Packet},
-    diagnose::{ConntrackAtStart, Context},
+    diagnose::{ConntrackAtStart, Context, Translation},
     ingest::SampleChange,
     ingest::{Ingest, Read, Ring, SampleMode, Sampler},
     links::LinkWatch,
@@ -55,11 +55,12 @@ pub async fn run(args: TraceOptions, view: View) -> Result<()> {
     let node = args.target.node_netns.as_deref();
     let (inventory, cri) = target::inventory(&args.target).await;
     let target = target::resolve(&args.target, &inventory)?;
-    let services = services_for(node, target.as_ref());
-    let pods = target::pod_addresses(&args.target, &inventory);
+    let pods = target::node_pods(&args.target, &inventory);
+    let services = services_for(node, target.as_ref(), &pods);
+    let resolvers = target::resolvers(&services, &pods);
     let filter = target
         .as_ref()
-        .map(|t| t.kernel_filter(&target::resolvers(&services, &pods)))
+        .map(|t| t.kernel_filter(&resolvers))
         .transpose()?;
     let mut probes = Probes::attach(&args.probes, filter.as_ref(), Load::Attachable)?;
     announce(&probes);
@@ -84,13 +85,21 @@ pub async fn run(args: TraceOptions, view: View) -> Result<()> {
         preload.start();
     }
     let labels = Labels::new(probes.iface_names(), Clock::now(), kernel).with_names(
-        Names::new(&services, &pods).with_workloads(target::workloads(&inventory, &pods)),
+        Names::new(&services, &pods.addresses)
+            .with_workloads(target::workloads(&inventory, &pods.addresses)),
     );
     let drops_visible = probes
         .attachments
         .iter()
         .any(|a| a.program == "dns_kfree_skb");
-    let context = context_of(node, &services, target.clone(), drops_visible);
+    let context = context_of(
+        node,
+        &services,
+        target.clone(),
+        drops_visible,
+        &pods,
+        resolvers,
+    );
     let limits = match view {
         View::Journeys(l) | View::Live(l) => l,
         View::Packets => Limits::default(),
@@ -203,7 +212,7 @@ struct AtStart<'a> {
     inventory: &'a Inventory,
     target: Option<&'a target::Target>,
     services: &'a Services,
-    pods: &'a [(String, Vec<IpAddr>)],
+    pods: &'a target::NodePods,
 }
 
 /// What follows the node's pods while tracing, where a CRI socket
@@ -236,12 +245,18 @@ fn following(
 }
 
 /// The node's services; with no proxy rules, the target's nameservers
-/// stand for the DNS service.
-fn services_for(node: Option<&std::path::Path>, target: Option<&target::Target>) -> Services {
+/// stand for the DNS service, or with no target the ClusterFirst pods'.
+fn services_for(
+    node: Option<&std::path::Path>,
+    target: Option<&target::Target>,
+    pods: &target::NodePods,
+) -> Services {
     let mut services = Services::read(node);
-    if let Some(resolv) = target.and_then(|t| t.resolv.as_ref()) {
-        services.fall_back_to_nameservers(&resolv.nameservers);
-    }
+    let nameservers = match target {
+        Some(t) => t.resolv.as_ref().map_or(&[][..], |r| &r.nameservers),
+        None => &pods.cluster_nameservers,
+    };
+    services.fall_back_to_nameservers(nameservers);
     services
 }
 
@@ -251,9 +266,18 @@ fn context_of(
     services: &Services,
     target: Option<target::Target>,
     drops_visible: bool,
+    pods: &target::NodePods,
+    resolvers: std::collections::BTreeSet<std::net::IpAddr>,
 ) -> Context {
     Context {
+        attachments: pods.attachments.clone(),
+        resolvers,
         service_ips: services.dns_ips.clone(),
+        translation: if services.from_resolv_conf {
+            Translation::Socket
+        } else {
+            Translation::Dnat
+        },
         target,
         drops_visible,
         bridge_nf_call_iptables: crate::netns::sysctl(node, "net/bridge/bridge-nf-call-iptables"),

@@ -142,7 +142,13 @@ impl Connections {
             return;
         };
         t.last_ns = p.ts_ns;
-        let to_client = p.ct.map_or(p.dst == t.conn.client, |ct| ct.is_reply);
+        // Without conntrack (where a routed pod's reply enters the node),
+        // the client shows under its SNAT alias; only on the client's side,
+        // not where the server sends it.
+        let aliased = self.aliases.get(&p.dst) == Some(&t.conn.client);
+        let on_client_side = aliased && p.netns == t.place.netns;
+        let to_client =
+            p.ct.map_or(p.dst == t.conn.client || on_client_side, |ct| ct.is_reply);
         // Once set up, a socket's queues are freed at close as drops too:
         // only the set-up's are news.
         if p.hook == Hook::Drop && !t.conn.established() {

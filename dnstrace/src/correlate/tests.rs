@@ -1242,6 +1242,34 @@ fn a_syn_never_answered_fails_after_the_timeout_counted_once_past_a_snat() {
     assert!(e.failed_connections().is_empty(), "each is said once");
 }
 
+/// A node process (NodeLocalDNS) to a service, masqueraded to another
+/// port, its SYN-ACK seen only where it enters the node from a routed pod:
+/// before conntrack, so addressed to the masqueraded port.
+#[test]
+fn a_syn_ack_to_the_masqueraded_port_without_conntrack_sets_the_connection_up() {
+    let (client, svc) = ("198.51.100.1:4700", "10.96.0.11:53");
+    let (endpoint, masq) = ("10.244.0.53:53", "198.51.100.1:17961");
+    let nat = Conntrack {
+        original: CtTuple {
+            src: addr(client),
+            dst: addr(svc),
+        },
+        reply: CtTuple {
+            src: addr(endpoint),
+            dst: addr(masq),
+        },
+        status: 0,
+        is_reply: false,
+    };
+    let mut e = Engine::new(Limits::default());
+    let syn = ev(0, Hook::DevXmit, NODE_NS, 5, masq, endpoint);
+    e.segment(&seg(&syn, 5, SYN, 0, Some(nat)));
+    let back = ev(MS, Hook::DevReceive, NODE_NS, 5, endpoint, masq);
+    e.segment(&seg(&back, 9, SYN_ACK, 0, None));
+    e.tick(10_000 * MS);
+    assert!(e.failed_connections().is_empty());
+}
+
 #[test]
 fn a_reset_syn_fails_at_once_and_a_new_syn_from_the_port_starts_again() {
     let (client, svc) = ("10.244.0.10:4500", "10.96.0.10:53");

@@ -3,22 +3,28 @@ use std::net::IpAddr;
 
 use super::{
     anomaly::{Finding, Words},
-    AnomalyKind, Context,
+    bridged::{any_bridged, Way},
+    AnomalyKind, Context, Translation,
 };
 use crate::target::Target;
 
 /// Bridged packets skip iptables: kube-proxy's reverse NAT does not run.
+/// A balancer at the socket leaves no NAT to reverse; routed pods (no
+/// client on a resolver's bridge) are not concerned.
 pub(super) fn bridge_nf_off(ctx: &Context) -> Option<Finding<'_>> {
-    (ctx.bridge_nf_call_iptables.as_deref() == Some("0")).then(|| {
+    let way = any_bridged(ctx);
+    let off = ctx.bridge_nf_call_iptables.as_deref() == Some("0");
+    (off && ctx.translation == Translation::Dnat && way != Way::NotBridged).then(|| {
         Finding::new(
             AnomalyKind::BridgeNfCallIptablesOff,
             String::new(),
             move || {
                 let summary = "net.bridge.bridge-nf-call-iptables is 0 on the node".into();
-                let evidence = vec![
+                let mut evidence = vec![
                     "sysctl net.bridge.bridge-nf-call-iptables = 0 in the node's network namespace"
                         .into(),
                 ];
+                evidence.extend(way.evidence());
                 Words::new(summary, evidence)
             },
         )
@@ -26,16 +32,22 @@ pub(super) fn bridge_nf_off(ctx: &Context) -> Option<Finding<'_>> {
 }
 
 /// No bridge sysctls at all: br_netfilter is not loaded. That matters
-/// only on a Kubernetes node (one with kube-proxy's service rules).
+/// only on a Kubernetes node with kube-proxy's service rules (not where
+/// services are balanced at the socket) whose clients share a bridge with
+/// a resolver.
 pub(super) fn br_netfilter_not_loaded(ctx: &Context) -> Option<Finding<'_>> {
-    let missing = ctx.bridge_nf_call_iptables.is_none() && !ctx.service_ips.is_empty();
-    missing.then(|| {
-        Finding::new(AnomalyKind::BrNetfilterNotLoaded, String::new(), || {
+    let way = any_bridged(ctx);
+    let missing = ctx.bridge_nf_call_iptables.is_none()
+        && !ctx.service_ips.is_empty()
+        && ctx.translation == Translation::Dnat;
+    (missing && way != Way::NotBridged).then(|| {
+        Finding::new(AnomalyKind::BrNetfilterNotLoaded, String::new(), move || {
             let summary = "br_netfilter is not loaded on this Kubernetes node".into();
-            let evidence = vec![
+            let mut evidence = vec![
                 "/proc/sys/net/bridge/bridge-nf-call-iptables does not exist in the node's network namespace"
                     .into(),
             ];
+            evidence.extend(way.evidence());
             Words::new(summary, evidence)
         })
     })

@@ -1,13 +1,20 @@
 //! What the rules know about the node besides journeys.
-use std::{collections::BTreeSet, net::IpAddr};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+};
 
-use crate::target::Target;
+use serde::{Deserialize, Serialize};
+
+use crate::{pods::net::Attachment, target::Target};
 
 /// What the rules know about the node besides journeys.
 #[derive(Clone, Debug, Default)]
 pub struct Context {
     /// Cluster IPs of services with port 53, from kube-proxy's rules.
     pub service_ips: BTreeSet<IpAddr>,
+    /// Who turns those IPs into an endpoint's.
+    pub translation: Translation,
     /// The node's net.bridge.bridge-nf-call-iptables, when it could be read.
     pub bridge_nf_call_iptables: Option<String>,
     /// Inode of the node's network namespace: other namespaces are pods.
@@ -23,6 +30,26 @@ pub struct Context {
     /// appends to ClusterFirst pods' search lists: by design on managed
     /// clusters (EKS's ec2.internal, GKE's google.internal, ...).
     pub node_search: Vec<String>,
+    /// The node's pod addresses, each with where its pod's host veth sits
+    /// (on which bridge, or routed). Empty when the runtimes' state was not
+    /// read: whether pods are bridged is then not known.
+    pub attachments: BTreeMap<IpAddr, Attachment>,
+    /// The cluster's resolvers (DNS services' endpoints, CoreDNS pods).
+    pub resolvers: BTreeSet<IpAddr>,
+}
+
+/// Who gives a query to a service IP an endpoint's address.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Translation {
+    /// The service proxy's NAT rules on the node (kube-proxy's DNAT).
+    #[default]
+    Dnat,
+    /// No proxy rules on the node: a kube-proxy replacement rewrites the
+    /// address at the socket (Cilium's or Calico's eBPF), so a translated
+    /// query is never seen addressed to the service, and conntrack and
+    /// br_netfilter play no part in it.
+    Socket,
 }
 
 #[derive(Clone, Debug, Default)]

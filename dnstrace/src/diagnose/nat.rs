@@ -3,14 +3,16 @@ use std::{collections::BTreeSet, net::IpAddr};
 
 use super::{
     anomaly::{Finding, Words},
+    bridged::{between, Way},
     conntrack::{trouble, CtSeen},
     legs::{answers_at_client, is_loopback, origin, place},
     loops::is_loop_probe,
-    AnomalyKind, Context,
+    AnomalyKind, Context, Translation,
 };
 use crate::correlate::{Journey, Outcome};
+use dnstrace_common::Direction;
 
-pub(super) fn unexpected_source<'a>(j: &'a Journey, ctx: &Context) -> Option<Finding<'a>> {
+pub(super) fn unexpected_source<'a>(j: &'a Journey, ctx: &'a Context) -> Option<Finding<'a>> {
     let o = origin(j)?;
     let wrong = answers_at_client(j).find(|l| l.src != o.dst)?;
     let mut evidence = vec![
@@ -28,6 +30,8 @@ pub(super) fn unexpected_source<'a>(j: &'a Journey, ctx: &Context) -> Option<Fin
             o.dst
         ));
     }
+    let way = between(ctx, j.client.ip(), wrong.src.ip());
+    evidence.extend(way.evidence());
     let sysctl = match ctx.bridge_nf_call_iptables.as_deref() {
         Some(v) => format!(" (the node's net.bridge.bridge-nf-call-iptables is {v} now)"),
         None => String::new(),
@@ -40,6 +44,11 @@ pub(super) fn unexpected_source<'a>(j: &'a Journey, ctx: &Context) -> Option<Fin
                 "answers to queries for {} come back from {} un-NATed",
                 o.dst, wrong.src
             );
+            if way == Way::NotBridged {
+                return Words::new(summary, evidence)
+                    .cause(NOT_BRIDGED_CAUSE.into())
+                    .fix(NOT_BRIDGED_FIX);
+            }
             let cause = format!(
             "the reverse NAT of kube-proxy's DNAT did not run on the reply: br_netfilter not loaded or net.bridge.bridge-nf-call-iptables=0 on the node, so replies bridged between pods skip iptables{sysctl}"
         );
@@ -47,6 +56,11 @@ pub(super) fn unexpected_source<'a>(j: &'a Journey, ctx: &Context) -> Option<Fin
         },
     ))
 }
+
+/// An un-NATed answer between pods that share no bridge: routed, it passed
+/// conntrack, so br_netfilter is not why.
+const NOT_BRIDGED_CAUSE: &str = "the answer missed the conntrack entry of the query's DNAT, so its reverse NAT did not run; the client and the resolver share no bridge on this node (routed pods), so br_netfilter is not why: the answer came back another way than the query went (another node or interface, asymmetric routing), or a rule keeps it from conntrack (NOTRACK)";
+const NOT_BRIDGED_FIX: &str = "follow the answer's legs back to the resolver to see which way it took; `conntrack -L -p udp --orig-dst <service IP>` shows the query's entry, and `iptables -t raw -S` any NOTRACK rule";
 
 pub(super) fn loopback_nameserver<'a>(j: &'a Journey, ctx: &Context) -> Option<Finding<'a>> {
     let o = origin(j)?;
@@ -117,7 +131,16 @@ pub(super) fn not_translated<'a>(
     if !j.upstream.is_empty() || local.0.contains(&o.dst.ip()) {
         return None;
     }
-    let trouble = trouble(ctx, ct);
+    // Conntrack does no NAT for a balancer at the socket.
+    let trouble = (ctx.translation == Translation::Dnat)
+        .then(|| trouble(ctx, ct))
+        .flatten();
+    // Lost before the node's NAT had its turn, nothing says it would have
+    // failed; conntrack counting lost packets is evidence of its own.
+    if trouble.is_none() && !left_untranslated(j, ctx, o.dst.ip()) {
+        return None;
+    }
+    let socket = ctx.translation == Translation::Socket;
     let last = j.legs.iter().rfind(|l| !l.response).unwrap_or(o);
     Some(Finding::new(
         AnomalyKind::ServiceNotTranslated,
@@ -145,8 +168,28 @@ pub(super) fn not_translated<'a>(
                     let cause = format!("conntrack could not track the query, so no NAT ran on it ({t}): a full table drops new flows before kube-proxy's DNAT");
                     Words::new(summary, evidence).cause(cause).fix("raise net.netfilter.nf_conntrack_max (kube-proxy's --conntrack-max-per-core) or shorten UDP timeouts; `conntrack -S` and dmesg (\"nf_conntrack: table full\") confirm it")
                 }
+                None if socket => Words::new(summary, evidence)
+                    .cause(SOCKET_CAUSE.into())
+                    .fix(SOCKET_FIX),
                 None => Words::new(summary, evidence),
             }
         },
     ))
+}
+
+/// Why a query leaves addressed to the service where no proxy rules are:
+/// the balancer at the socket let it through.
+const SOCKET_CAUSE: &str = "the node has no proxy rules, so a kube-proxy replacement is to rewrite the service address at the socket (Cilium's or Calico's eBPF socket load balancing); this query left still addressed to the service: the replacement's programs are not attached over the pod's cgroup, or its service map has no backends for this IP and port";
+
+const SOCKET_FIX: &str = "check the replacement's agent on this node: its service list (`cilium-dbg service list`, `calico-node -bpf nat dump`) should show the IP with its CoreDNS backends, and `bpftool cgroup tree` its connect4 and sendmsg4 programs; restart the agent if either is missing";
+
+/// The query left a device of the node's namespace still addressed to the
+/// service: DNAT (PREROUTING for pods, OUTPUT for the node) had run by then.
+fn left_untranslated(j: &Journey, ctx: &Context, service: IpAddr) -> bool {
+    j.legs.iter().any(|l| {
+        !l.response
+            && l.netns == ctx.node_netns
+            && l.direction() == Direction::Egress
+            && l.dst.ip() == service
+    })
 }

@@ -85,6 +85,8 @@ pub(super) fn failing_answer(j: &Journey) -> Option<Finding<'_>> {
         Outcome::Answered { rcode: r, .. } if r == rcode => u.legs.first().map(|l| l.dst),
         _ => None,
     });
+    // A resolver on another node asks its upstream out of sight.
+    let unseen_upstream = upstream_said.is_none() && !resolver_here(j);
     let key = format!("{rcode}:{}", upstream_said.unwrap_or(server));
     Some(Finding::new(AnomalyKind::FailingAnswers, key, move || {
         let mut evidence = vec![format!(
@@ -96,6 +98,9 @@ pub(super) fn failing_answer(j: &Journey) -> Option<Finding<'_>> {
                 "the upstream {up} answered {rcode} first: the failure comes from upstream"
             ));
         }
+        if unseen_upstream {
+            evidence.push("the resolver is on another node: whether its upstream answered so first is not visible from here".into());
+        }
         let summary = format!(
             "{rcode} answers {}",
             upstream_said.map_or_else(
@@ -105,6 +110,8 @@ pub(super) fn failing_answer(j: &Journey) -> Option<Finding<'_>> {
         );
         let cause = if upstream_said.is_some() {
             "the upstream resolver fails to resolve (its own upstreams unreachable, DNSSEC failure, or it refuses the client)"
+        } else if unseen_upstream {
+            "the resolver or its upstream failed or refused the query; which one is out of sight from this node"
         } else {
             "the resolver failed or refused the query"
         };

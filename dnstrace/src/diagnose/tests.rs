@@ -12,6 +12,7 @@ use super::{
     *,
 };
 use crate::decode::{Qtype, Rcode};
+use crate::pods::net::Attachment;
 use crate::{
     correlate::{Connection, FragmentNote, Gap, Journey, Leg, Outcome, Reset},
     decode::Seen,
@@ -147,12 +148,15 @@ fn upstream(server: &str, outcome: Outcome, total: u64) -> Journey {
 fn ctx() -> Context {
     Context {
         service_ips: ["10.96.0.10".parse().unwrap()].into(),
+        translation: Translation::Dnat,
         bridge_nf_call_iptables: Some("1".into()),
         node_netns: NODE_NS,
         conntrack: None,
         target: None,
         drops_visible: false,
         node_search: Vec::new(),
+        attachments: Default::default(),
+        resolvers: Default::default(),
     }
 }
 
@@ -237,10 +241,40 @@ fn a_service_query_without_dnat_is_not_translated() {
     let mut j = healthy();
     j.dnat = None;
     j.legs.truncate(1);
+    // It left the node still addressed to the service: past the DNAT.
+    j.legs.push(leg(
+        40_000,
+        "dev_xmit",
+        NODE_NS,
+        3,
+        "10.244.0.10:4000",
+        "10.96.0.10:53",
+        false,
+    ));
     j.outcome = Outcome::Timeout;
     assert_eq!(kinds(&j), vec!["service_not_translated"]);
     j.legs[0].dst = a("10.244.0.53:53");
     assert_eq!(kinds(&j), vec!["unanswered"], "a pod IP is not a service");
+}
+
+#[test]
+fn a_service_query_lost_before_the_nodes_nat_is_no_evidence_of_missing_rules() {
+    // The first query of a trace, before any through the service was
+    // answered: seen leaving the pod and entering the node, then nothing.
+    let mut j = healthy();
+    j.dnat = None;
+    j.legs.truncate(1);
+    j.legs.push(leg(
+        10_000,
+        "dev_receive",
+        NODE_NS,
+        4,
+        "10.244.0.10:4000",
+        "10.96.0.10:53",
+        false,
+    ));
+    j.outcome = Outcome::Timeout;
+    assert_eq!(kinds(&j), vec!["unanswered"]);
 }
 
 #[test]
@@ -663,6 +697,90 @@ fn br_netfilter_missing_matters_only_on_a_kubernetes_node() {
         ..ctx()
     });
     assert!(plain_host.static_checks(0).is_empty());
+}
+
+/// The healthy client 10.244.0.10 and the resolver 10.244.0.53, their
+/// host veths each on `client` and `resolver` (None: a bridge port).
+fn pods_on(client: Option<&str>, resolver: Option<&str>) -> Context {
+    let at = |bridge: Option<&str>| match bridge {
+        Some(b) => Attachment::Bridge(b.into()),
+        None => Attachment::Routed,
+    };
+    Context {
+        attachments: [
+            ("10.244.0.10".parse().unwrap(), at(client)),
+            ("10.244.0.53".parse().unwrap(), at(resolver)),
+        ]
+        .into(),
+        resolvers: ["10.244.0.53".parse().unwrap()].into(),
+        ..ctx()
+    }
+}
+
+fn static_kinds(c: Context) -> Vec<&'static str> {
+    kinds_of(&Diagnoser::new(c).static_checks(0))
+}
+
+#[test]
+fn bridge_findings_need_a_client_and_a_resolver_on_one_bridge() {
+    let unloaded = |c: Context| Context {
+        bridge_nf_call_iptables: None,
+        ..c
+    };
+    let off = |c: Context| Context {
+        bridge_nf_call_iptables: Some("0".into()),
+        ..c
+    };
+    let cni0 = || pods_on(Some("cni0"), Some("cni0"));
+    assert_eq!(static_kinds(unloaded(cni0())), ["br_netfilter_not_loaded"]);
+    assert_eq!(static_kinds(off(cni0())), ["bridge_nf_call_iptables_off"]);
+    let found = Diagnoser::new(off(cni0())).static_checks(0);
+    assert!(
+        found[0].evidence[1]
+            .contains("10.244.0.10 and of the resolver 10.244.0.53 are ports of bridge cni0"),
+        "{:?}",
+        found[0].evidence
+    );
+    // Routed pods (Calico, Cilium, ptp), or two bridges: replies pass
+    // conntrack either way.
+    for c in [pods_on(None, None), pods_on(Some("cni0"), Some("cni1"))] {
+        assert!(static_kinds(unloaded(c.clone())).is_empty(), "{c:?}");
+        assert!(static_kinds(off(c.clone())).is_empty(), "{c:?}");
+    }
+}
+
+/// An answer that reached the client from the resolver's own address.
+fn unnated_answer() -> Journey {
+    let mut j = healthy();
+    j.legs[3].src = a("10.244.0.53:53");
+    j
+}
+
+#[test]
+fn an_unnated_answer_between_routed_pods_does_not_blame_br_netfilter() {
+    let raised = |c: Context| {
+        Diagnoser::new(c)
+            .journey(&unnated_answer(), &KernelNames::default())
+            .raised
+    };
+    let routed = raised(pods_on(None, None));
+    assert_eq!(kinds_of(&routed), ["reply_from_unexpected_source"]);
+    assert!(
+        !routed[0].cause.contains("br_netfilter not loaded") && !routed[0].fix.contains("modprobe"),
+        "{:?}",
+        routed[0]
+    );
+    assert!(
+        routed[0].cause.contains("share no bridge"),
+        "{}",
+        routed[0].cause
+    );
+    let bridged = raised(pods_on(Some("cni0"), Some("cni0")));
+    assert!(bridged[0].cause.contains("br_netfilter not loaded"));
+    assert!(bridged[0]
+        .evidence
+        .iter()
+        .any(|e| e.contains("ports of bridge cni0")));
 }
 
 /// The answered AAAA of a parallel A/AAAA pair from the healthy client.
@@ -1312,6 +1430,32 @@ fn a_slow_answer_from_a_resolver_on_another_node_is_not_blamed_on_it() {
 }
 
 #[test]
+fn a_servfail_from_a_resolver_on_another_node_does_not_blame_it_alone() {
+    let mut j = healthy();
+    j.outcome = answered(Rcode::SERVFAIL);
+    // The query leaves the node towards the resolver's node.
+    j.legs[1] = leg(
+        50_000,
+        "dev_xmit",
+        NODE_NS,
+        9,
+        "10.244.0.10:4000",
+        "10.244.1.53:53",
+        false,
+    );
+    let found = Diagnoser::new(ctx())
+        .journey(&j, &KernelNames::default())
+        .raised;
+    assert_eq!(kinds_of(&found), vec!["failing_answers"]);
+    assert!(
+        found[0].cause.contains("out of sight from this node"),
+        "{}",
+        found[0].cause
+    );
+    assert!(found[0].evidence[1].contains("the resolver is on another node"));
+}
+
+#[test]
 fn an_unanswered_upstream_try_counts_until_the_next_try() {
     let mut j = answered_after(healthy(), 850);
     // CoreDNS's first try gets nothing; it tries the next upstream at 500 ms.
@@ -1680,4 +1824,79 @@ fn a_drop_by_a_ruleset_is_a_rules_verdict_not_the_race() {
         vec!["dropped"],
         "an nftables rule (nft_do_chain) dropped it"
     );
+}
+
+/// Where no proxy rules are, the service IP comes from resolv.conf and a
+/// balancer at the socket was to rewrite it: neither kube-proxy nor
+/// conntrack is to blame, and br_netfilter does not matter.
+#[test]
+fn an_untranslated_query_without_proxy_rules_blames_the_socket_balancer() {
+    let socket = Context {
+        translation: Translation::Socket,
+        conntrack: Some(ConntrackAtStart {
+            dropped: vec![],
+            entries: 990,
+            max: Some(1000),
+        }),
+        ..ctx()
+    };
+    let mut j = healthy();
+    j.dnat = None;
+    j.legs.truncate(1);
+    // It left the node still addressed to the service.
+    j.legs.push(leg(
+        40_000,
+        "dev_xmit",
+        NODE_NS,
+        3,
+        "10.244.0.10:4000",
+        "10.96.0.10:53",
+        false,
+    ));
+    j.outcome = Outcome::Timeout;
+    let found = Diagnoser::new(socket.clone())
+        .journey(&j, &KernelNames::default())
+        .raised;
+    assert_eq!(kinds_of(&found), vec!["service_not_translated"]);
+    let a = &found[0];
+    assert!(
+        a.cause
+            .contains("rewrite the service address at the socket"),
+        "{}",
+        a.cause
+    );
+    assert!(
+        !a.cause.contains("conntrack") && !a.cause.contains("kube-proxy's rules"),
+        "{}",
+        a.cause
+    );
+    assert!(a.fix.contains("service list"), "{}", a.fix);
+    for sysctl in [None, Some("0".to_owned())] {
+        let mut d = Diagnoser::new(Context {
+            bridge_nf_call_iptables: sysctl,
+            conntrack: None,
+            ..socket.clone()
+        });
+        assert!(d.static_checks(0).is_empty());
+    }
+}
+
+/// Journeys that leave already translated (to a CoreDNS pod's IP, no DNAT
+/// on the way) and are answered from it are healthy.
+#[test]
+fn a_query_balanced_at_the_socket_raises_nothing() {
+    let mut d = Diagnoser::new(Context {
+        translation: Translation::Socket,
+        ..ctx()
+    });
+    let mut j = healthy();
+    j.dnat = None;
+    for l in &mut j.legs {
+        if l.response {
+            l.src = a("10.244.0.53:53");
+        } else {
+            l.dst = a("10.244.0.53:53");
+        }
+    }
+    assert!(d.journey(&j, &KernelNames::default()).raised.is_empty());
 }

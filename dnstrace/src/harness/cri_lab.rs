@@ -6,7 +6,7 @@ use std::{collections::BTreeMap, net::IpAddr, path::PathBuf};
 use anyhow::{Context as _, Result};
 
 use crate::{
-    lab::containerd::{self, Setup, Subnet},
+    lab::containerd::{self, CniPlugin, Setup, Subnet},
     pods::cri::sandbox::{Dns, SandboxRequest},
 };
 
@@ -84,6 +84,7 @@ impl SetupArgs {
             dir: self.dir.clone(),
             netns: self.netns.clone(),
             state: self.dir.join("state"),
+            plugin: CniPlugin::Bridge,
             bridge: self.bridge.clone(),
             subnet: self.subnet,
             subnet6: None,

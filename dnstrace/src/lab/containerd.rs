@@ -44,6 +44,7 @@ const NEEDS: &[(&str, &str)] = &[
     ("/usr/bin/ctr", "containerd"),
     ("/usr/sbin/runc", "runc"),
     ("/usr/lib/cni/bridge", "containernetworking-plugins"),
+    ("/usr/lib/cni/ptp", "containernetworking-plugins"),
     ("/usr/lib/cni/host-local", "containernetworking-plugins"),
     ("/usr/lib/cni/loopback", "containernetworking-plugins"),
     ("/bin/busybox", "busybox-static"),
@@ -75,7 +76,10 @@ pub struct Setup {
     /// The network namespace (its name under /run/netns) containerd, so
     /// its CNI bridge, runs in: the node's; None for this process's own.
     pub netns: Option<String>,
-    /// The CNI bridge's name, and the pods' IPv4 subnet on it.
+    /// How pods are wired to the node.
+    pub plugin: CniPlugin,
+    /// The CNI network's name (and the bridge's, with `CniPlugin::Bridge`),
+    /// and the pods' IPv4 subnet on it.
     pub bridge: String,
     pub subnet: Subnet,
     /// The pods' IPv6 subnet, for a dual-stack network.
@@ -105,6 +109,16 @@ impl std::fmt::Display for Subnet {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}/{}", self.base, self.prefix)
     }
+}
+
+/// The CNI plugin that wires pods to the node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CniPlugin {
+    /// `bridge`: each pod's host veth a port of one bridge, its gateway.
+    Bridge,
+    /// `ptp`: each host veth alone, holding the gateway's address, with a
+    /// route to its pod: packets between pods are routed.
+    Ptp,
 }
 
 /// An IPv6 subnet, `fd00:10:244::/64`.
@@ -345,10 +359,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     )
 }
 
-/// The pods' network: the bridge plugin, the node side the gateway, with
-/// host-local addresses kept under `dir` (not /var/lib/cni), from the whole
-/// subnets or only from `at`. No masquerade: that would leave iptables
-/// chains on the node.
+/// The pods' network: the bridge or ptp plugin, the node side the gateway,
+/// with host-local addresses kept under `dir` (not /var/lib/cni), from the
+/// whole subnets or only from `at`. No masquerade: that would leave
+/// iptables chains on the node.
 fn cni_network(setup: &Setup, at: Option<Addresses>) -> serde_json::Value {
     let pinned = |range: &mut serde_json::Value, ip: Option<String>| {
         if let Some(ip) = ip {
@@ -366,22 +380,27 @@ fn cni_network(setup: &Setup, at: Option<Addresses>) -> serde_json::Value {
         ranges.push(json!([v6]));
         routes.push(json!({ "dst": "::/0" }));
     }
-    json!({
-        "cniVersion": "0.4.0",
-        "name": setup.bridge,
-        "plugins": [{
+    let ipam = json!({
+        "type": "host-local",
+        "ranges": ranges,
+        "routes": routes,
+        "dataDir": setup.dir.join("ipam"),
+    });
+    let plugin = match setup.plugin {
+        CniPlugin::Bridge => json!({
             "type": "bridge",
             "bridge": setup.bridge,
             "isGateway": true,
             "ipMasq": false,
             "hairpinMode": true,
-            "ipam": {
-                "type": "host-local",
-                "ranges": ranges,
-                "routes": routes,
-                "dataDir": setup.dir.join("ipam"),
-            }
-        }]
+            "ipam": ipam,
+        }),
+        CniPlugin::Ptp => json!({ "type": "ptp", "ipMasq": false, "ipam": ipam }),
+    };
+    json!({
+        "cniVersion": "0.4.0",
+        "name": setup.bridge,
+        "plugins": [plugin]
     })
 }
 
@@ -583,6 +602,32 @@ fn remove_bridge(setup: &Setup) -> Result<()> {
     Ok(())
 }
 
+/// Where containerd 1.6 puts the socket of the shim of task `id` in the
+/// CRI's namespace: named by the SHA-256 of `<address>/k8s.io/<id>`.
+pub fn shim_socket(setup: &Setup, id: &str) -> PathBuf {
+    let key = format!("{}/k8s.io/{id}", setup.socket().display());
+    let hex: String = Sha256::digest(key.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    Path::new(MADE_OUTSIDE[0]).join(hex)
+}
+
+/// libcni's cached results of sandbox `id`: its network's and loopback's.
+pub fn cni_results(setup: &Setup, id: &str) -> [PathBuf; 2] {
+    let dir = Path::new(MADE_OUTSIDE[2]);
+    [
+        dir.join(format!("{}-{id}-eth0", setup.bridge)),
+        dir.join(format!("cni-loopback-{id}-lo")),
+    ]
+}
+
+/// Removes what containerd made outside its directories, where it is left
+/// empty.
+pub fn remove_outside() {
+    remove_empty_dirs(MADE_OUTSIDE);
+}
+
 /// Removes each of `dirs` that is empty: one still holding something is
 /// another runtime's, and stays.
 fn remove_empty_dirs(dirs: &[&str]) {
@@ -623,6 +668,7 @@ mod tests {
             dir: "/run/dnstrace-lab/cri".into(),
             state: "/run/dnstrace-lab/cri/state".into(),
             netns: Some("dtlab-node".into()),
+            plugin: CniPlugin::Bridge,
             bridge: "cni0".into(),
             subnet: "10.244.0.0/16".parse().unwrap(),
             subnet6: None,

@@ -19,13 +19,15 @@ pub struct Service {
     pub ip: IpAddr,
 }
 
-/// Which of kube-proxy's proxiers writes the service rules.
+/// Which of kube-proxy's proxiers writes the service rules, or none: a
+/// kube-proxy replacement balancing at the socket (`lab::socketlb`).
 #[derive(clap::ValueEnum, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum ProxyMode {
     #[default]
     Iptables,
     Nftables,
+    SocketLb,
 }
 
 impl ProxyMode {
@@ -33,6 +35,7 @@ impl ProxyMode {
         match self {
             Self::Iptables => "iptables",
             Self::Nftables => "nftables",
+            Self::SocketLb => "socket-lb",
         }
     }
 }

@@ -1,7 +1,9 @@
 //! `dnstrace lab`: a simulated Kubernetes node in network namespaces, with the
 //! real DNS path (bridge, kube-proxy DNAT, conntrack, resolvers) and
 //! switchable faults. It touches nothing outside its namespaces, its
-//! /etc/netns entries and its directory under /run.
+//! /etc/netns entries and its directory under /run (its containerd's
+//! included); in socket-lb mode, also cgroup programs at the root cgroup
+//! that act only on its namespaces' sockets (`socketlb`).
 pub mod containerd;
 mod delay;
 mod dnswire;
@@ -14,6 +16,7 @@ mod plan;
 mod resolvers;
 mod runtime;
 mod sandboxes;
+mod socketlb;
 mod sys;
 pub mod traffic;
 
@@ -30,7 +33,7 @@ use serde::{Deserialize, Serialize};
 pub use delay::delay_line;
 pub use faults::Fault;
 use kubeproxy::ProxyMode;
-use plan::{Domain, NodeLocal, Pod, Role, LAB_DIR, NODE_NS, UPSTREAM_NS};
+use plan::{Cni, Domain, NodeLocal, Pod, Role, LAB_DIR, NODE_NS, UPSTREAM_NS};
 
 use crate::pods::cri::sandbox::Dns;
 
@@ -56,7 +59,9 @@ pub enum LabCommand {
         #[arg(long, value_enum, default_value_t = runtime::Runtime::Containerd)]
         runtime: runtime::Runtime,
         /// Which kube-proxy mode writes the kube-dns rules: iptables (its nat
-        /// table) or nftables (its `ip kube-proxy` table).
+        /// table) or nftables (its `ip kube-proxy` table); or socket-lb, no
+        /// rules but cgroup programs that rewrite kube-dns's address at the
+        /// socket, as Cilium's kube-proxy replacement does (IPv4 only).
         #[arg(long, value_enum, default_value_t = ProxyMode::Iptables)]
         proxy_mode: ProxyMode,
         /// The cluster's DNS domain (the kubelet's clusterDomain): CoreDNS's
@@ -71,6 +76,11 @@ pub enum LabCommand {
         /// node's namespace, resolv.conf as dnsPolicy ClusterFirstWithHostNet.
         #[arg(long)]
         host_network_client: bool,
+        /// How pods are wired to the node: `bridge` (cni0, the CNI bridge
+        /// plugin, as flannel does) or `routed` (no bridge: the CNI ptp
+        /// plugin's /32 route and gateway address per host veth, as Calico).
+        #[arg(long, value_enum, default_value_t = Cni::Bridge)]
+        cni: Cni,
     },
     /// Remove every namespace, process, rule and file the lab made.
     Down,
@@ -125,6 +135,8 @@ pub struct LabState {
     pub node_search: Vec<Domain>,
     #[serde(default)]
     pub host_client: bool,
+    #[serde(default)]
+    pub cni: Cni,
     /// The pods' CRI sandboxes, by namespace/name.
     #[serde(default)]
     pub sandboxes: BTreeMap<String, sandboxes::Sandbox>,
@@ -174,6 +186,7 @@ pub async fn run(cmd: LabCommand) -> Result<()> {
             cluster_domain,
             node_search,
             host_network_client,
+            cni,
         } => {
             let state = LabState {
                 ipv6,
@@ -185,6 +198,7 @@ pub async fn run(cmd: LabCommand) -> Result<()> {
                 cluster_domain,
                 node_search,
                 host_client: host_network_client,
+                cni,
                 ..LabState::default()
             };
             up(faults, state).await
@@ -214,6 +228,7 @@ fn require_root() -> Result<()> {
 /// Builds the lab `state` describes, with `faults` on.
 async fn up(faults: Vec<Fault>, mut state: LabState) -> Result<()> {
     sys::require_programs()?;
+    check_options(&state, &faults)?;
     if let Ok(state) = LabState::load() {
         if state.pids.values().all(|&p| sys::alive(p)) && !sys::lab_namespaces().is_empty() {
             bail!(
@@ -240,6 +255,24 @@ async fn up(faults: Vec<Fault>, mut state: LabState) -> Result<()> {
     Ok(())
 }
 
+/// Refuses what the socket-lb mode cannot be combined with, before
+/// anything is built.
+fn check_options(state: &LabState, faults: &[Fault]) -> Result<()> {
+    if state.proxy_mode != ProxyMode::SocketLb {
+        return Ok(());
+    }
+    if let Some(why) = faults.iter().find_map(|&f| socketlb::inapplicable(f)) {
+        bail!("{why}");
+    }
+    if state.ipv6 {
+        bail!("--proxy-mode socket-lb balances IPv4 only: leave out --ipv6");
+    }
+    if state.nodelocaldns == Some(NodeLocal::Notrack) {
+        bail!("--nodelocaldns=notrack needs iptables to skip kube-proxy's DNAT; with --proxy-mode socket-lb the balancer would send its queries past it (Cilium needs a Local Redirect Policy for it, which the lab has not)");
+    }
+    Ok(())
+}
+
 /// `forward_retries`: CoreDNS's own retries upstream (see `start_coredns`).
 async fn build(state: &mut LabState, forward_retries: bool) -> Result<()> {
     std::fs::create_dir_all(Path::new(LAB_DIR).join("logs"))?;
@@ -250,6 +283,7 @@ async fn build(state: &mut LabState, forward_retries: bool) -> Result<()> {
     add_pods(state).await?;
     write_resolv_confs(state)?;
     apply_rules(state)?;
+    balance(state)?;
     start_upstream(state)?;
     for pod in plan::coredns_pods() {
         start_coredns(state, pod, forward_retries)?;
@@ -278,7 +312,8 @@ fn add_netns(ns: &str, ipv6: bool) -> Result<()> {
 }
 
 fn build_node(state: &LabState) -> Result<()> {
-    // The pods' bridge is the CNI bridge plugin's, made with the first pod.
+    // The pods' bridge (`--cni bridge`) is the CNI bridge plugin's, made
+    // with the first pod.
     let node = NODE_NS;
     sys::run(
         "ip",
@@ -357,7 +392,7 @@ async fn add_pods(state: &mut LabState) -> Result<()> {
     let pods: Vec<_> = plan::pods(state.host_client)
         .map(|pod| (pod, pod_dns(state, pod)))
         .collect();
-    state.sandboxes = sandboxes::run_all(&pods, state.ipv6).await?;
+    state.sandboxes = sandboxes::run_all(&pods, state.ipv6, state.cni).await?;
     if state.runtime == runtime::Runtime::Crio {
         for (pod, _) in pods {
             let pid = state.sandboxes[&pod.full_name()].pid;
@@ -457,6 +492,29 @@ fn apply_rules(state: &LabState) -> Result<()> {
     }
     sys::restore(UPSTREAM_NS, false, &upstream_filter(state))?;
     sys::restore(UPSTREAM_NS, false, &upstream_nat(state))
+}
+
+/// The socket-level balancer in socket-lb mode, attached anew: only at
+/// build and for `no-dnat`, as a new one forgets which sockets it rewrote.
+fn balance(state: &LabState) -> Result<()> {
+    if state.proxy_mode != ProxyMode::SocketLb {
+        return Ok(());
+    }
+    socketlb::attach(&balanced(state), &sys::lab_namespaces())
+}
+
+/// kube-dns for the socket-level balancer; `no-dnat` leaves it no
+/// backends, so its sockets go out addressed to the service.
+fn balanced(state: &LabState) -> Vec<socketlb::Service> {
+    let backends = if state.has(Fault::NoDnat) {
+        Vec::new()
+    } else {
+        plan::coredns_pods().map(|p| p.ip4).collect()
+    };
+    vec![socketlb::Service {
+        ip: plan::SERVICE4,
+        backends,
+    }]
 }
 
 /// kube-proxy's nat table and the node's filter table, for one family.
@@ -708,6 +766,12 @@ fn set_fault(state: &mut LabState, fault: Fault, on: bool) -> Result<()> {
     if fault == Fault::NodelocaldnsLoop && state.nodelocaldns.is_none() {
         bail!("nodelocaldns-loop needs NodeLocalDNS: bring the lab up with `dnstrace lab up --nodelocaldns`");
     }
+    if let Some(why) = (state.proxy_mode == ProxyMode::SocketLb)
+        .then(|| socketlb::inapplicable(fault))
+        .flatten()
+    {
+        bail!("{why}");
+    }
     if on {
         state.faults.insert(fault);
     } else {
@@ -722,9 +786,11 @@ fn set_fault(state: &mut LabState, fault: Fault, on: bool) -> Result<()> {
             }
             Ok(())
         }
-        Fault::NoDnat | Fault::Drop | Fault::UpstreamTimeout | Fault::FragmentsDropped => {
-            apply_rules(state)
+        Fault::NoDnat => {
+            apply_rules(state)?;
+            balance(state)
         }
+        Fault::Drop | Fault::UpstreamTimeout | Fault::FragmentsDropped => apply_rules(state),
         Fault::NoDnsTcp => {
             apply_rules(state)?;
             if on {
@@ -847,14 +913,16 @@ fn set_delay_line(state: &mut LabState, on: bool) -> Result<()> {
 
 /// Removes everything; `loud` reports what was there.
 async fn down(loud: bool) -> Result<()> {
+    let mut sandboxes = Vec::new();
     if let Ok(state) = LabState::load() {
         for &pid in state.pids.values() {
             sys::kill(pid);
         }
+        sandboxes.extend(state.sandboxes.into_values());
     }
     // Before the namespaces' processes go: containerd and its shims run
     // in the node's.
-    let had_runtime = match sandboxes::remove_all().await {
+    let had_runtime = match sandboxes::remove_all(&sandboxes).await {
         Ok(had) => had,
         Err(e) => {
             log::warn!(target: "lab", "removing the pods through CRI failed: {e:#}");
@@ -869,6 +937,7 @@ async fn down(loud: bool) -> Result<()> {
                 .for_each(sys::kill);
         }
     }
+    let had_balancer = socketlb::detach()?;
     for ns in &namespaces {
         sys::run("ip", &["netns", "del", ns])?;
         let _ = std::fs::remove_dir_all(netns_etc(ns));
@@ -886,7 +955,7 @@ async fn down(loud: bool) -> Result<()> {
         std::fs::remove_dir_all(LAB_DIR).with_context(|| format!("removing {LAB_DIR}"))?;
     }
     if loud {
-        if namespaces.is_empty() && !had_dir && !had_runtime {
+        if namespaces.is_empty() && !had_dir && !had_runtime && !had_balancer {
             log::info!(target: "lab", "nothing to remove");
         } else {
             log::info!(target: "lab",
@@ -924,7 +993,7 @@ fn status() -> Result<()> {
             }
         );
         println!(
-            "options: ipv6={} nodelocaldns={} proxy-mode={} cluster-domain={} node-search={} host-network-client={}",
+            "options: ipv6={} nodelocaldns={} proxy-mode={} cluster-domain={} node-search={} host-network-client={} cni={}",
             state.ipv6,
             state.nodelocaldns.map_or("no", NodeLocal::name),
             state.proxy_mode.name(),
@@ -935,7 +1004,8 @@ fn status() -> Result<()> {
                 .map(Domain::to_string)
                 .collect::<Vec<_>>()
                 .join(","),
-            state.host_client
+            state.host_client,
+            state.cni.name()
         );
     }
     Ok(())
@@ -971,12 +1041,26 @@ fn print_sandboxes(state: &LabState) {
 }
 
 fn print_summary(state: &LabState) {
+    let pods = match state.cni {
+        Cni::Bridge => format!("bridge {} {}", plan::BRIDGE, plan::POD_GW4),
+        Cni::Routed => format!(
+            "pods routed by the CNI ptp plugin (a /32 route each, gateway {} on each host veth)",
+            plan::POD_GW4
+        ),
+    };
+    let balancing = match state.proxy_mode {
+        ProxyMode::SocketLb => format!(
+            "rewritten to a CoreDNS pod at the socket by the lab's cgroup programs (proxy mode socket-lb, pinned in {})",
+            socketlb::PIN_DIR
+        ),
+        mode => format!(
+            "DNAT to the CoreDNS pods by kube-proxy's {} rules",
+            mode.name()
+        ),
+    };
     log::info!(target: "lab",
-        "up. Node namespace {NODE_NS}: bridge {} {}, kube-dns {} (DNAT to the CoreDNS pods by kube-proxy's {} rules)",
-        plan::BRIDGE,
-        plan::POD_GW4,
+        "up. Node namespace {NODE_NS}: {pods}, kube-dns {} ({balancing})",
         plan::SERVICE4,
-        state.proxy_mode.name()
     );
     for pod in plan::pods(state.host_client) {
         log::info!(target: "lab",
@@ -1027,4 +1111,46 @@ pub fn runtime_flags(runtime: runtime::Runtime) -> String {
         runtime::Runtime::Crio => format!("--crio-root {}", runtime::crio_root().display()),
     };
     format!("--node-netns /run/netns/{NODE_NS} {root} --pod web")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn socket_lb_refuses_what_it_cannot_be_combined_with_before_building() {
+        let socket_lb = || LabState {
+            proxy_mode: ProxyMode::SocketLb,
+            ..LabState::default()
+        };
+        assert!(check_options(&socket_lb(), &[Fault::NoDnat, Fault::Drop]).is_ok());
+        for (state, faults) in [
+            (socket_lb(), vec![Fault::BridgeNfOff]),
+            (socket_lb(), vec![Fault::NoDnsTcp]),
+            (
+                LabState {
+                    ipv6: true,
+                    ..socket_lb()
+                },
+                vec![],
+            ),
+            (
+                LabState {
+                    nodelocaldns: Some(NodeLocal::Notrack),
+                    ..socket_lb()
+                },
+                vec![],
+            ),
+        ] {
+            assert!(
+                check_options(&state, &faults).is_err(),
+                "{state:?} {faults:?}"
+            );
+        }
+        let iptables = LabState {
+            ipv6: true,
+            ..LabState::default()
+        };
+        assert!(check_options(&iptables, &[Fault::BridgeNfOff]).is_ok());
+    }
 }

@@ -48,6 +48,29 @@ pub const BIG_NAME: &str = "big.example.com";
 /// buffer, it comes over UDP as IP fragments.
 pub const HUGE_NAME: &str = "huge.example.com";
 
+/// How the CNI plugin wires pods to the node.
+#[derive(clap::ValueEnum, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Cni {
+    /// Every pod's host veth is a port of bridge cni0 (the bridge plugin,
+    /// flannel): packets between pods are bridged.
+    #[default]
+    Bridge,
+    /// Each host veth alone, holding the gateway's address, with a /32
+    /// route per pod (the CNI ptp plugin; Calico alike): packets between
+    /// pods are routed.
+    Routed,
+}
+
+impl Cni {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Bridge => "bridge",
+            Self::Routed => "routed",
+        }
+    }
+}
+
 /// Where NodeLocalDNS listens, as its manifests set it up.
 #[derive(clap::ValueEnum, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 #[serde(rename_all = "kebab-case")]

@@ -15,8 +15,8 @@ use anyhow::{Context as _, Result};
 use serde::{Deserialize, Serialize};
 
 use super::{
-    containerd::{self, Addresses, Setup, Subnet6},
-    plan::{self, Pod, Role, LAB_DIR, NODE_NS},
+    containerd::{self, Addresses, CniPlugin, Setup, Subnet6},
+    plan::{self, Cni, Pod, Role, LAB_DIR, NODE_NS},
     sys,
 };
 use crate::pods::cri::sandbox::{Dns, SandboxRequest};
@@ -45,9 +45,13 @@ pub fn state_dir() -> PathBuf {
 }
 
 /// The lab's containerd: config, socket, root and IPAM under LAB_DIR/cri,
-/// run in the node's namespace.
-pub fn setup(ipv6: bool) -> Setup {
+/// run in the node's namespace, its pods wired as `cni` says.
+pub fn setup(ipv6: bool, cni: Cni) -> Setup {
     Setup {
+        plugin: match cni {
+            Cni::Bridge => CniPlugin::Bridge,
+            Cni::Routed => CniPlugin::Ptp,
+        },
         dir: Path::new(LAB_DIR).join("cri"),
         state: state_dir(),
         netns: Some(NODE_NS.to_owned()),
@@ -62,13 +66,17 @@ pub fn setup(ipv6: bool) -> Setup {
 
 /// The lab's CRI socket: what `--cri-socket` takes.
 pub fn socket() -> PathBuf {
-    setup(false).socket()
+    setup(false, Cni::default()).socket()
 }
 
 /// Starts the lab's containerd and runs `pods` in it, in order, each on
 /// its planned addresses and with its DNS config; the sandboxes by pod.
-pub async fn run_all(pods: &[(&Pod, Dns)], ipv6: bool) -> Result<BTreeMap<String, Sandbox>> {
-    let setup = setup(ipv6);
+pub async fn run_all(
+    pods: &[(&Pod, Dns)],
+    ipv6: bool,
+    cni: Cni,
+) -> Result<BTreeMap<String, Sandbox>> {
+    let setup = setup(ipv6, cni);
     let mut runtime = containerd::start(&setup).await?;
     let mut sandboxes = BTreeMap::new();
     for (pod, dns) in pods {
@@ -98,17 +106,66 @@ pub async fn run_all(pods: &[(&Pod, Dns)], ipv6: bool) -> Result<BTreeMap<String
 }
 
 /// Removes the pods through CRI and stops the lab's containerd, if it runs;
-/// whether it did.
-pub async fn remove_all() -> Result<bool> {
-    let setup = setup(false);
+/// whether there was one. A containerd that no longer answers (killed) has
+/// its leftovers removed by hand: its processes, the mounts under the lab's
+/// directory, and what `sandboxes` had outside it.
+pub async fn remove_all(sandboxes: &[Sandbox]) -> Result<bool> {
+    let setup = setup(false, Cni::default());
     if !setup.dir.join("containerd.pid").exists() {
         return Ok(false);
     }
-    let runtime = containerd::attach(&setup)
-        .await
-        .context("the lab's containerd does not answer")?;
-    runtime.stop().await?;
+    match containerd::attach(&setup).await {
+        Ok(runtime) => runtime.stop().await?,
+        Err(e) => {
+            log::warn!(target: "lab", "the lab's containerd does not answer ({e:#}): removing what it left");
+            remove_left(&setup, sandboxes)?;
+        }
+    }
     Ok(true)
+}
+
+/// What a dead containerd leaves: its shims (which name its socket) and
+/// their sockets, the mounts under the lab's directory (deepest first),
+/// and the sandboxes' namespaces and cached CNI results.
+fn remove_left(setup: &Setup, sandboxes: &[Sandbox]) -> Result<()> {
+    let socket = setup.socket().display().to_string();
+    for entry in std::fs::read_dir("/proc")?.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        if String::from_utf8_lossy(&cmdline).contains(&socket) {
+            sys::kill(pid);
+        }
+    }
+    // /var/run is /run: mountinfo says the latter.
+    let netns: Vec<PathBuf> = sandboxes
+        .iter()
+        .filter_map(|s| s.netns.as_ref()?.file_name())
+        .map(|name| Path::new("/run/netns").join(name))
+        .collect();
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")?;
+    let mut mounts: Vec<PathBuf> = mountinfo
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(PathBuf::from)
+        .filter(|m| m.starts_with(LAB_DIR) || netns.contains(m))
+        .collect();
+    mounts.sort_by_key(|m| std::cmp::Reverse(m.components().count()));
+    for mount in &mounts {
+        sys::unmount(mount)?;
+    }
+    for path in &netns {
+        let _ = std::fs::remove_file(path);
+    }
+    for sandbox in sandboxes {
+        let _ = std::fs::remove_file(containerd::shim_socket(setup, &sandbox.id));
+        for cached in containerd::cni_results(setup, &sandbox.id) {
+            let _ = std::fs::remove_file(cached);
+        }
+    }
+    containerd::remove_outside();
+    Ok(())
 }
 
 /// `pod` as the kubelet asks for it.
@@ -212,13 +269,14 @@ mod tests {
 
     #[test]
     fn the_lab_runtime_lives_under_the_lab_directory_on_the_bridge_subnets() {
-        let dual = setup(true);
+        let dual = setup(true, Cni::Bridge);
         assert!(dual.dir.starts_with(LAB_DIR) && dual.state.starts_with(LAB_DIR));
         assert_eq!(dual.subnet.to_string(), SUBNET4);
         assert_eq!(
             dual.subnet6.map(|s| s.to_string()).as_deref(),
             Some("fd00:10:244::/64")
         );
-        assert!(setup(false).subnet6.is_none());
+        assert!(setup(false, Cni::Bridge).subnet6.is_none());
+        assert_eq!(setup(false, Cni::Routed).plugin, CniPlugin::Ptp);
     }
 }

@@ -10,7 +10,7 @@ use std::{
 };
 
 use anyhow::{bail, Context as _, Result};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::netns::{self, in_netns};
 
@@ -27,37 +27,126 @@ pub struct PodNet {
     /// The node-side veth of the pod's eth0: its name and ifindex in the
     /// node's namespace; None where eth0 is not a veth into it.
     pub host_veth: Option<(String, u32)>,
+    /// A UDP socket bound to port 53 on a pod address (or all of them):
+    /// the pod is a resolver, whatever it is called.
+    #[serde(skip)]
+    pub serves_dns: bool,
+    /// Where that veth sits; None without one.
+    pub attachment: Option<Attachment>,
+}
+
+/// Where a pod's host veth sits in the node's namespace: what decides
+/// whether packets between two pods are bridged or routed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Attachment {
+    /// A port of this Linux bridge (the CNI bridge plugin, flannel):
+    /// packets between its pods reach iptables only through br_netfilter.
+    Bridge(String),
+    /// On no Linux bridge: the node routes to it (Calico, Cilium, the CNI
+    /// ptp plugin), so its packets always pass conntrack.
+    Routed,
 }
 
 /// Looks into the pod's network namespace at `pod_netns`; the host veth is
 /// looked up in `node_netns` (None: dnstrace's own).
 pub fn inspect(pod_netns: &Path, node_netns: Option<&Path>) -> Result<PodNet> {
     let netns_inode = netns::inode(Some(pod_netns))?;
-    let (ips, eth0) = in_netns(Some(pod_netns), || Ok((addresses()?, pod_iface()?)))
-        .with_context(|| format!("in network namespace {}", pod_netns.display()))?;
-    let host_veth = match eth0
+    let (ips, eth0, serves_dns) = in_netns(Some(pod_netns), || {
+        Ok((addresses()?, pod_iface()?, serves_dns()))
+    })
+    .with_context(|| format!("in network namespace {}", pod_netns.display()))?;
+    let host = match eth0
         .as_ref()
         .and_then(|l| l.veth_peer().map(|p| (l.index, p)))
     {
         Some((eth0, peer)) => host_end(node_netns, eth0, peer)?,
         None => None,
     };
+    let (host_veth, attachment) = host.unzip();
     Ok(PodNet {
         netns_inode,
         ips,
         host_veth,
+        serves_dns,
+        attachment,
     })
 }
 
+/// Whether the calling thread's namespace has a UDP socket on port 53 that
+/// is not loopback-only (a stub of the pod's own serves only the pod).
+fn serves_dns() -> bool {
+    ["udp", "udp6"].iter().any(|table| {
+        std::fs::read_to_string(Path::new("/proc/thread-self/net").join(table))
+            .is_ok_and(|text| binds_dns(&text))
+    })
+}
+
+/// Whether a /proc/net/udp{,6} table has a socket bound to port 53 on an
+/// address that is not loopback (`0100007F:0035` is 127.0.0.1:53 on a
+/// little-endian host).
+fn binds_dns(table: &str) -> bool {
+    table.lines().skip(1).any(|line| {
+        let local = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|l| l.split_once(':'));
+        local.is_some_and(|(addr, port)| {
+            port == "0035" && proc_net_ip(addr).is_some_and(|ip| !ip.is_loopback())
+        })
+    })
+}
+
+/// An address as /proc/net prints it: 32-bit words in hex, each the
+/// kernel's bytes read as a number of this host.
+fn proc_net_ip(hex: &str) -> Option<IpAddr> {
+    let word = |i: usize| {
+        let w = u32::from_str_radix(hex.get(i * 8..i * 8 + 8)?, 16).ok()?;
+        Some(w.to_ne_bytes())
+    };
+    match hex.len() {
+        8 => Some(Ipv4Addr::from(word(0)?).into()),
+        32 => {
+            let mut bytes = [0u8; 16];
+            for (i, chunk) in bytes.chunks_mut(4).enumerate() {
+                chunk.copy_from_slice(&word(i)?);
+            }
+            Some(Ipv6Addr::from(bytes).into())
+        }
+        _ => None,
+    }
+}
+
 /// The node's end of the veth: interface `peer` there, if it is a veth
-/// whose own peer is the pod's eth0. Indexes are per namespace, so the
-/// check in both directions is what makes it this pod's and not a
-/// namesake in another namespace.
-fn host_end(node_netns: Option<&Path>, eth0: u32, peer: u32) -> Result<Option<(String, u32)>> {
-    let host = in_netns(node_netns, move || get_link(peer)).context("in the node's namespace")?;
-    Ok(host
-        .filter(|h| h.veth_peer() == Some(eth0))
-        .map(|h| (h.name, h.index)))
+/// whose own peer is the pod's eth0, and where it sits. Indexes are per
+/// namespace, so the check in both directions is what makes it this pod's
+/// and not a namesake in another namespace.
+fn host_end(
+    node_netns: Option<&Path>,
+    eth0: u32,
+    peer: u32,
+) -> Result<Option<((String, u32), Attachment)>> {
+    in_netns(node_netns, move || {
+        let Some(host) = get_link(peer)?.filter(|h| h.veth_peer() == Some(eth0)) else {
+            return Ok(None);
+        };
+        let attachment = attachment(host.master)?;
+        Ok(Some(((host.name, host.index), attachment)))
+    })
+    .context("in the node's namespace")
+}
+
+/// A veth enslaved to `master` (IFLA_MASTER) is bridged if that is a
+/// Linux bridge; a bond, VRF or Open vSwitch port is not.
+fn attachment(master: Option<u32>) -> Result<Attachment> {
+    let master = match master {
+        Some(index) => get_link(index)?,
+        None => None,
+    };
+    Ok(match master {
+        Some(m) if m.kind.as_deref() == Some("bridge") => Attachment::Bridge(m.name),
+        _ => Attachment::Routed,
+    })
 }
 
 fn pod_iface() -> Result<Option<Link>> {
@@ -128,6 +217,8 @@ struct Link {
     kind: Option<String>,
     /// IFLA_LINK: for a veth, its peer's index in the peer's namespace.
     link: Option<u32>,
+    /// IFLA_MASTER: the device it is enslaved to (a bridge's port).
+    master: Option<u32>,
 }
 
 impl Link {
@@ -247,11 +338,13 @@ fn parse_link_reply(msg: &[u8]) -> Result<Option<Link>> {
         name: String::new(),
         kind: None,
         link: None,
+        master: None,
     };
     for (kind, value) in attributes(attrs) {
         match kind {
             libc::IFLA_IFNAME => link.name = c_string(value),
             libc::IFLA_LINK => link.link = read_u32(value, 0),
+            libc::IFLA_MASTER => link.master = read_u32(value, 0),
             libc::IFLA_LINKINFO => {
                 link.kind = attributes(value)
                     .find(|(k, _)| *k == libc::IFLA_INFO_KIND)
@@ -338,10 +431,24 @@ mod tests {
                 index: 2,
                 name: "eth0".into(),
                 kind: Some("veth".into()),
-                link: Some(17)
+                link: Some(17),
+                master: None,
             }
         );
         assert_eq!(link.veth_peer(), Some(17));
+    }
+
+    #[test]
+    fn a_bridge_port_names_its_master() {
+        let msg = link_message(
+            9,
+            &[
+                attr(libc::IFLA_IFNAME, b"veth1234abcd\0"),
+                attr(libc::IFLA_MASTER, &3u32.to_ne_bytes()),
+            ],
+        );
+        assert_eq!(parse_link_reply(&msg).unwrap().unwrap().master, Some(3));
+        assert_eq!(attachment(None).unwrap(), Attachment::Routed);
     }
 
     #[test]
@@ -408,6 +515,36 @@ mod tests {
         assert!(
             net.ips.windows(2).all(|w| w[0] < w[1]),
             "sorted, no repeats"
+        );
+    }
+
+    /// dnsmasq as the lab's CoreDNS binds 0.0.0.0:53 and its pod address;
+    /// a stub of the pod's own binds loopback only. Words as a
+    /// little-endian host prints them.
+    #[cfg(target_endian = "little")]
+    #[test]
+    fn a_resolver_is_a_udp_socket_on_port_53_off_loopback() {
+        let head = "   sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode ref pointer drops\n";
+        let row = |local: &str| {
+            format!("{head}  1: {local} 00000000:0000 07 00000000:00000000 00:00000000 00000000     0        0 1 2 0000000000000000 0\n")
+        };
+        assert!(binds_dns(&row("00000000:0035")));
+        assert!(binds_dns(&row("3500F40A:0035")), "10.244.0.53:53");
+        assert!(!binds_dns(&row("0100007F:0035")), "127.0.0.1:53");
+        assert!(!binds_dns(&row("3500007F:0035")), "127.0.0.53:53");
+        assert!(!binds_dns(&row("3500F40A:14E9")), "port 5353");
+        assert!(!binds_dns(head));
+        assert!(
+            binds_dns(&row("00000000000000000000000000000000:0035")),
+            "[::]:53"
+        );
+        assert!(
+            !binds_dns(&row("00000000000000000000000001000000:0035")),
+            "[::1]:53"
+        );
+        assert_eq!(
+            proc_net_ip("0000FEFD000000000000000011000000"),
+            Some("fdfe::11".parse().unwrap())
         );
     }
 }

@@ -12,12 +12,12 @@ use serde::{Deserialize, Serialize};
 use crate::{
     conntrack::{CtEvent, CtEventKind, RACE_COUNTERS},
     decode::{Conntrack, CtTuple, Dropped, Fragment, Packet},
-    diagnose::{ConntrackAtStart, Context},
+    diagnose::{ConntrackAtStart, Context, Translation},
     output::{
         addr,
         journey_json::{boolean, number},
     },
-    pods::workload::Workload,
+    pods::{net::Attachment, workload::Workload},
     target::{follow::Refresh, Target},
 };
 
@@ -115,6 +115,10 @@ pub struct LabelsNote {
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct ContextNote {
     pub service_ips: Vec<IpAddr>,
+    /// Absent from recordings made before it was noted, and left out where
+    /// it is kube-proxy's DNAT, as it was then.
+    #[serde(default, skip_serializing_if = "is_dnat")]
+    pub translation: Translation,
     pub bridge_nf_call_iptables: Option<String>,
     pub node_netns: u32,
     pub conntrack: Option<ConntrackNote>,
@@ -125,6 +129,11 @@ pub struct ContextNote {
     /// Absent from recordings made before it was noted: none known.
     #[serde(default)]
     pub node_search: Vec<String>,
+    /// Absent from recordings made before it was noted: not known.
+    #[serde(default)]
+    pub attachments: BTreeMap<IpAddr, Attachment>,
+    #[serde(default)]
+    pub resolvers: Vec<IpAddr>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -132,6 +141,10 @@ pub struct ConntrackNote {
     pub dropped: Vec<(String, u64)>,
     pub entries: u64,
     pub max: Option<u64>,
+}
+
+fn is_dnat(t: &Translation) -> bool {
+    *t == Translation::Dnat
 }
 
 /// A counter's name as the one the rules know, if it is one.
@@ -151,6 +164,7 @@ impl ContextNote {
     pub fn of(c: &Context) -> Self {
         Self {
             service_ips: c.service_ips.iter().copied().collect(),
+            translation: c.translation,
             bridge_nf_call_iptables: c.bridge_nf_call_iptables.clone(),
             node_netns: c.node_netns,
             conntrack: c.conntrack.as_ref().map(|ct| ConntrackNote {
@@ -165,12 +179,15 @@ impl ContextNote {
             target: c.target.clone(),
             drops_visible: c.drops_visible,
             node_search: c.node_search.clone(),
+            attachments: c.attachments.clone(),
+            resolvers: c.resolvers.iter().copied().collect(),
         }
     }
 
     pub fn context(self) -> Context {
         Context {
             service_ips: self.service_ips.into_iter().collect(),
+            translation: self.translation,
             bridge_nf_call_iptables: self.bridge_nf_call_iptables,
             node_netns: self.node_netns,
             conntrack: self.conntrack.map(|ct| ConntrackAtStart {
@@ -181,6 +198,8 @@ impl ContextNote {
             target: self.target,
             drops_visible: self.drops_visible,
             node_search: self.node_search,
+            attachments: self.attachments,
+            resolvers: self.resolvers.into_iter().collect(),
         }
     }
 }

@@ -19,7 +19,7 @@ use std::{
 use anyhow::{Context as _, Result};
 use tokio::sync::{mpsc, Notify};
 
-use super::{resolvers, watched, Target};
+use super::{resolvers, watched, NodePods, Target};
 use crate::{
     naming::Services,
     pods::{cri::Cri, select, workload::Workload, Inventory, Metadata, Pod},
@@ -208,6 +208,9 @@ pub struct Pods {
     sandboxes: BTreeMap<String, (Pod, Metadata)>,
     names: BTreeMap<IpAddr, String>,
     services: Services,
+    /// The pods seen serving DNS at the start (sockets are read from inside
+    /// namespaces, which the follower can no longer enter).
+    dns_servers: BTreeSet<IpAddr>,
     target: Option<Followed>,
     /// What the kernel watches now.
     watched: Vec<([u8; 16], u8)>,
@@ -242,7 +245,7 @@ impl Pods {
         query: Option<&str>,
         target: Option<&Target>,
         services: Services,
-        names: &[(String, Vec<IpAddr>)],
+        start: &NodePods,
     ) -> Self {
         let sandboxes: BTreeMap<String, (Pod, Metadata)> = inventory
             .pods
@@ -262,7 +265,8 @@ impl Pods {
                 .map(|p| p.sandbox_id.clone()),
             addrs: t.addrs.clone(),
         });
-        let names = names
+        let names = start
+            .addresses
             .iter()
             .flat_map(|(name, ips)| ips.iter().map(move |ip| (*ip, name.clone())))
             .collect();
@@ -270,6 +274,7 @@ impl Pods {
             sandboxes,
             names,
             services,
+            dns_servers: start.dns_servers.clone(),
             target,
             watched: Vec::new(),
         };
@@ -368,11 +373,15 @@ impl Pods {
     /// keeps them; None where there is no target or they are too many.
     fn watch_now(&self) -> Option<Vec<([u8; 16], u8)>> {
         let target = self.target.as_ref()?;
-        let pods: Vec<(String, Vec<IpAddr>)> = self
-            .sandboxes
-            .values()
-            .map(|(p, m)| (p.full_name(), m.ips.clone()))
-            .collect();
+        let pods = NodePods {
+            addresses: self
+                .sandboxes
+                .values()
+                .map(|(p, m)| (p.full_name(), m.ips.clone()))
+                .collect(),
+            dns_servers: self.dns_servers.clone(),
+            ..NodePods::default()
+        };
         let resolvers: BTreeSet<IpAddr> = resolvers(&self.services, &pods);
         watched(&target.addrs, &resolvers)
             .map_err(|e| log::warn!("following pods: {e:#}"))

@@ -55,16 +55,19 @@ fn started() -> Pods {
         resolv: None,
         namespace: Some("default".into()),
     };
-    let names = [
-        ("default/web".to_owned(), vec![ip(WEB)]),
-        ("kube-system/coredns-1".to_owned(), vec![ip(DNS)]),
-    ];
+    let start = NodePods {
+        addresses: vec![
+            ("default/web".to_owned(), vec![ip(WEB)]),
+            ("kube-system/coredns-1".to_owned(), vec![ip(DNS)]),
+        ],
+        ..NodePods::default()
+    };
     Pods::new(
         &inventory,
         Some("web"),
         Some(&target),
         Services::default(),
-        &names,
+        &start,
     )
 }
 
