@@ -594,8 +594,6 @@ pub const HUGE_NAME: &str = "huge.example.com";
 pub const NODE_NETNS: &str = "/run/netns/dtlab-node";
 
 impl Lab {
-    /// `dnstrace trace -o json` over the whole lab node, keeping every
-    /// lookup, with `extra`.
     /// `dnstrace trace -o json --timeout 3s` over the lab node, every
     /// lookup kept, with `extra`, while `work` runs and 1.5 s after: its
     /// JSON lines and what it said on stderr.
@@ -604,7 +602,21 @@ impl Lab {
         extra: &[&str],
         work: impl FnOnce(),
     ) -> (Vec<serde_json::Value>, Vec<String>) {
-        let trace = self.trace_every_lookup(&[&["--timeout", "3s"], extra].concat());
+        self.trace_during_with(dnstrace_bin(), extra, work)
+    }
+
+    /// `trace_during` with the dnstrace binary `bin` (the release build
+    /// keeps up with more lookups).
+    pub fn trace_during_with(
+        &self,
+        bin: &Path,
+        extra: &[&str],
+        work: impl FnOnce(),
+    ) -> (Vec<serde_json::Value>, Vec<String>) {
+        let mut args = vec!["trace", "-o", "json", "--node-netns", NODE_NETNS];
+        args.extend_from_slice(&["--timeout", "3s"]);
+        args.extend_from_slice(extra);
+        let trace = Dnstrace::start_binary(bin, Keep::Every, &args).unwrap();
         work();
         std::thread::sleep(Duration::from_millis(1500));
         let (status, out, stderr) = trace.stop(libc::SIGINT).unwrap();
@@ -612,6 +624,8 @@ impl Lab {
         (json_lines(&out), stderr)
     }
 
+    /// `dnstrace trace -o json` over the whole lab node, keeping every
+    /// lookup, with `extra`.
     pub fn trace_every_lookup(&self, extra: &[&str]) -> Dnstrace {
         self.trace(Keep::Every, extra)
     }
@@ -647,6 +661,17 @@ impl Lab {
         assert!(
             out.status.success(),
             "lab fault {name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// `lab restart coredns`: each CoreDNS pod's resolver stopped and
+    /// started again, as a rollout does.
+    pub fn restart_coredns(&self) {
+        let out = dnstrace(&["lab", "restart", "coredns"]);
+        assert!(
+            out.status.success(),
+            "lab restart coredns: {}",
             String::from_utf8_lossy(&out.stderr)
         );
     }

@@ -6,7 +6,6 @@ use super::{
     bridged::{between, Way},
     conntrack::{trouble, CtSeen},
     legs::{answers_at_client, is_loopback, origin, place},
-    loops::is_loop_probe,
     AnomalyKind, Context, Translation,
 };
 use crate::correlate::{Journey, Outcome};
@@ -65,10 +64,9 @@ const NOT_BRIDGED_FIX: &str = "follow the answer's legs back to the resolver to 
 pub(super) fn loopback_nameserver<'a>(j: &'a Journey, ctx: &Context) -> Option<Finding<'a>> {
     let o = origin(j)?;
     let in_pod = o.netns != 0 && o.netns != ctx.node_netns;
-    // CoreDNS's loop plugin asks itself at every start and reload: a
-    // probe answered there is the plugin finding no loop.
-    let answered = matches!(j.outcome, Outcome::Answered { .. });
-    if answered && is_loop_probe(&j.name, j.qtype) {
+    // Answered: something listens there (CoreDNS's loop plugin probing
+    // itself at start, a DNS sidecar). Loops are forwarding_loop's.
+    if matches!(j.outcome, Outcome::Answered { .. }) {
         return None;
     }
     (is_loopback(o.dst.ip()) && in_pod).then(|| {

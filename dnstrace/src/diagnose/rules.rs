@@ -43,7 +43,7 @@ pub(super) fn findings<'a>(j: &'a Journey, known: &Known<'a>) -> Vec<Finding<'a>
     let seen_all = j.incomplete.is_none();
     let specific = [
         unexpected_source(j, ctx),
-        loopback_nameserver(j, ctx),
+        seen_all.then(|| loopback_nameserver(j, ctx)).flatten(),
         seen_all
             .then(|| not_translated(j, ctx, local, ct))
             .flatten(),

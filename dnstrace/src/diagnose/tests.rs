@@ -1900,3 +1900,158 @@ fn a_query_balanced_at_the_socket_raises_nothing() {
     }
     assert!(d.journey(&j, &KernelNames::default()).raised.is_empty());
 }
+
+/// NodeLocalDNS's query to CoreDNS over TCP, from `port`, `outcome` after
+/// `at_ms`.
+fn over_tcp(port: u16, at_ms: u64, outcome: Outcome) -> Journey {
+    let client = format!("198.51.100.1:{port}");
+    let mut u = upstream("10.244.0.54:53", outcome, 200_000);
+    u.tcp = true;
+    u.client = a(&client);
+    u.started_ns = at_ms * 1_000_000;
+    u.legs[0].src = a(&client);
+    u.legs[0].ts_ns = u.started_ns;
+    u
+}
+
+/// A CoreDNS pod restarted (a rollout) under NodeLocalDNS's open TCP
+/// connection: the next query on it finds no socket, and NodeLocalDNS asks
+/// again on a new connection, answered. The server answers; the old
+/// connection had gone from under it.
+#[test]
+fn a_tcp_query_asked_again_on_a_new_connection_and_answered_is_no_upstream_timeout() {
+    let mut j = healthy();
+    j.upstream.push(over_tcp(40001, 1, Outcome::Timeout));
+    j.upstream
+        .push(over_tcp(40002, 2, answered(Rcode::NXDOMAIN)));
+    assert!(kinds(&j).is_empty(), "{:?}", kinds(&j));
+    // Never answered on any connection: the upstream does not answer.
+    let mut j = healthy();
+    j.upstream.push(over_tcp(40001, 1, Outcome::Timeout));
+    j.upstream.push(over_tcp(40002, 2, Outcome::Timeout));
+    assert_eq!(kinds(&j), vec!["upstream_timeout"]);
+}
+
+/// A loopback query answered: something listens there (a DNS sidecar, or a
+/// resolver asking itself). One the capture cut short is no evidence.
+#[test]
+fn a_loopback_query_answered_or_cut_short_is_no_loopback_nameserver() {
+    let mut j = healthy();
+    j.dnat = None;
+    j.legs = vec![
+        leg(
+            0,
+            "dev_xmit",
+            DNS_NS,
+            1,
+            "127.0.0.1:4000",
+            "127.0.0.1:53",
+            false,
+        ),
+        leg(
+            90,
+            "dev_xmit",
+            DNS_NS,
+            1,
+            "127.0.0.1:53",
+            "127.0.0.1:4000",
+            true,
+        ),
+    ];
+    assert!(kinds(&j).is_empty(), "{:?}", kinds(&j));
+    j.legs.truncate(1);
+    j.outcome = Outcome::Timeout;
+    j.incomplete = Some(Gap::Ended);
+    assert!(kinds(&j).is_empty(), "{:?}", kinds(&j));
+    j.incomplete = None;
+    assert_eq!(kinds(&j), vec!["loopback_nameserver"]);
+}
+
+/// NodeLocalDNS's NOTRACK mode: a pod's query to the kube-dns IP is taken
+/// on the node, without DNAT, by design. Unanswered (NodeLocalDNS could not
+/// reach CoreDNS), it is no untranslated service: it arrived in the node's
+/// namespace and went no further, never seen leaving it untranslated,
+/// whether drops are watched or not.
+#[test]
+fn a_query_taken_by_a_listener_on_the_node_is_no_service_not_translated() {
+    let mut j = healthy();
+    j.dnat = None;
+    j.outcome = Outcome::Timeout;
+    j.legs = vec![
+        leg(
+            0,
+            "dev_xmit",
+            CLIENT_NS,
+            2,
+            "10.244.0.10:4000",
+            "10.96.0.10:53",
+            false,
+        ),
+        leg(
+            9,
+            "dev_receive",
+            NODE_NS,
+            2,
+            "10.244.0.10:4000",
+            "10.96.0.10:53",
+            false,
+        ),
+    ];
+    let kinds_with = |drops_visible: bool| {
+        let found = Diagnoser::new(Context {
+            drops_visible,
+            ..ctx()
+        })
+        .journey(&j, &KernelNames::default())
+        .raised;
+        kinds_of(&found)
+    };
+    for drops_visible in [true, false] {
+        assert!(!kinds_with(drops_visible).contains(&"service_not_translated"));
+    }
+}
+
+/// Two pods ask the same name at once and NodeLocalDNS asks CoreDNS once:
+/// its retry on a new connection may be linked to the other pod's lookup,
+/// closed first. Still the connection failed, not the server.
+#[test]
+fn a_tcp_retry_answered_for_another_lookup_is_no_upstream_timeout() {
+    let mut d = Diagnoser::new(ctx());
+    let mut other = healthy();
+    other.id = 10;
+    other.client = a("10.244.0.11:4000");
+    other
+        .upstream
+        .push(over_tcp(40002, 2, answered(Rcode::NXDOMAIN)));
+    assert!(kinds_of(&d.journey(&other, &KernelNames::default()).raised).is_empty());
+    let mut j = healthy();
+    j.upstream.push(over_tcp(40001, 1, Outcome::Timeout));
+    let found = d.journey(&j, &KernelNames::default()).raised;
+    assert!(kinds_of(&found).is_empty(), "{:?}", kinds_of(&found));
+}
+
+/// The query reached CoreDNS as it closed the connection (an idle
+/// timeout): its kernel threw it away (TCP_ABORT_ON_DATA), and
+/// NodeLocalDNS asked again on a new connection, judged later.
+#[test]
+fn a_tcp_query_thrown_away_by_a_closing_connection_is_no_upstream_timeout() {
+    let names = KernelNames::new(
+        [(7, "SKB_DROP_REASON_TCP_ABORT_ON_DATA".to_owned())].into(),
+        "".as_bytes(),
+    );
+    let mut j = healthy();
+    j.upstream.push(over_tcp(
+        40001,
+        1,
+        Outcome::Dropped {
+            reason: 7,
+            location: 0,
+        },
+    ));
+    let found = Diagnoser::new(ctx()).journey(&j, &names).raised;
+    assert!(
+        !kinds_of(&found).contains(&"upstream_timeout"),
+        "{:?}",
+        kinds_of(&found)
+    );
+}

@@ -1,7 +1,8 @@
 //! Upstream servers: how each has answered so far, and those that do not.
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, VecDeque},
     net::{IpAddr, SocketAddr},
+    sync::Arc,
 };
 
 use super::{
@@ -10,7 +11,7 @@ use super::{
 };
 use crate::{
     correlate::{Journey, Outcome},
-    decode::KernelNames,
+    decode::{KernelNames, Qtype},
 };
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -21,9 +22,26 @@ struct UpstreamStats {
     total_ns: u64,
 }
 
-/// What each upstream server did so far, by its address.
+/// What each upstream server did so far, by its address; and the TCP
+/// queries answered lately.
 #[derive(Default)]
-pub(super) struct Upstreams(BTreeMap<SocketAddr, UpstreamStats>);
+pub(super) struct Upstreams {
+    servers: BTreeMap<SocketAddr, UpstreamStats>,
+    tcp_answers: VecDeque<TcpAnswer>,
+}
+
+/// A TCP query to an upstream that was answered: the resolver's socket,
+/// the question, when it was sent.
+struct TcpAnswer {
+    from: SocketAddr,
+    name: Arc<str>,
+    qtype: Qtype,
+    started_ns: u64,
+}
+
+/// Answered TCP queries kept: a retry comes within a millisecond or so of
+/// the failed query, judged a timeout (3 s) later.
+const TCP_ANSWERS_KEPT: usize = 4096;
 
 impl Upstreams {
     /// Counts the upstream queries of `j` and of theirs.
@@ -32,12 +50,15 @@ impl Upstreams {
             let Some(server) = u.legs.first().map(|l| l.dst) else {
                 continue;
             };
-            let s = self.0.entry(server).or_default();
+            let s = self.servers.entry(server).or_default();
             s.queries += 1;
             match u.outcome {
                 Outcome::Answered { .. } => {
                     s.answers += 1;
                     s.total_ns += u.total_ns();
+                    if u.tcp {
+                        self.remember_tcp(u);
+                    }
                 }
                 // Cut off or missing legs: no evidence of a timeout.
                 Outcome::Timeout if u.incomplete.is_none() => s.timeouts += 1,
@@ -45,6 +66,35 @@ impl Upstreams {
             }
             self.count(u);
         }
+    }
+
+    fn remember_tcp(&mut self, u: &Journey) {
+        if self.tcp_answers.len() == TCP_ANSWERS_KEPT {
+            self.tcp_answers.pop_front();
+        }
+        self.tcp_answers.push_back(TcpAnswer {
+            from: u.client,
+            name: u.name.clone(),
+            qtype: u.qtype,
+            started_ns: u.started_ns,
+        });
+    }
+
+    /// `u`, a TCP query, was asked again by its resolver on a new
+    /// connection and answered there (for the same client or another
+    /// asking the same): the upstream answers, and what failed was the
+    /// first connection (closed under it, as when a CoreDNS pod restarts
+    /// or drops an idle connection). TCP itself resends what is lost on a
+    /// live one.
+    fn answered_on_a_new_connection(&self, u: &Journey) -> bool {
+        u.tcp
+            && self.tcp_answers.iter().any(|a| {
+                a.from.ip() == u.client.ip()
+                    && a.from != u.client
+                    && a.started_ns > u.started_ns
+                    && a.name == u.name
+                    && a.qtype == u.qtype
+            })
     }
 }
 
@@ -69,8 +119,31 @@ fn answered_too_late(u: &Journey, names: &KernelNames) -> Option<u64> {
         .then(|| leg.ts_ns.saturating_sub(u.started_ns))
 }
 
-fn failed_upstream(j: &Journey, names: &KernelNames, out: &mut Vec<UpstreamFailure>) {
+/// A TCP query the server's kernel threw away because the connection was
+/// closing or gone there (the server had closed it: an idle timeout, a
+/// restart): the resolver asks again on a new one, which may be judged
+/// later than this.
+fn connection_gone(u: &Journey, names: &KernelNames) -> bool {
+    let Outcome::Dropped { reason, .. } = u.outcome else {
+        return false;
+    };
+    u.tcp
+        && matches!(
+            names.drop_reason(reason).as_str(),
+            "TCP_ABORT_ON_DATA" | "NO_SOCKET"
+        )
+}
+
+fn failed_upstream(
+    j: &Journey,
+    stats: &Upstreams,
+    names: &KernelNames,
+    out: &mut Vec<UpstreamFailure>,
+) {
     for u in &j.upstream {
+        if stats.answered_on_a_new_connection(u) || connection_gone(u, names) {
+            continue;
+        }
         let drop = match u.outcome {
             Outcome::Answered { .. } => None,
             Outcome::Timeout => Some(None),
@@ -87,7 +160,7 @@ fn failed_upstream(j: &Journey, names: &KernelNames, out: &mut Vec<UpstreamFailu
                 });
             }
         }
-        failed_upstream(u, names, out);
+        failed_upstream(u, stats, names, out);
     }
 }
 
@@ -98,7 +171,7 @@ pub(super) fn upstream_failures<'a>(
     names: &KernelNames,
 ) -> Vec<Finding<'a>> {
     let mut found = Vec::new();
-    failed_upstream(j, names, &mut found);
+    failed_upstream(j, stats, names, &mut found);
     found
         .into_iter()
         .map(|f| match f.late_ns {
@@ -138,7 +211,7 @@ fn no_answer<'a>(
         drop,
         ..
     } = f;
-    let s = stats.0.get(&server).copied().unwrap_or_default();
+    let s = stats.servers.get(&server).copied().unwrap_or_default();
     let mean = if s.answers > 0 {
         format!(
             ", mean answer {:.1} ms",

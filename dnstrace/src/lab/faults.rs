@@ -44,6 +44,23 @@ impl Fault {
             .map(|v| v.get_name().to_owned())
             .unwrap_or_default()
     }
+
+    /// Why the fault changes nothing on the pods' DNS path with NodeLocalDNS,
+    /// if it does not: the pods' queries end on the node and NodeLocalDNS's
+    /// start there, so nothing of DNS is bridged or forwarded between pods.
+    pub fn off_nodelocal_path(self) -> Option<&'static str> {
+        match self {
+            Self::BridgeNfOff => Some("no DNS reply is bridged between pods"),
+            Self::Drop => Some("no DNS query to a CoreDNS pod goes through the node's FORWARD chain"),
+            Self::FragmentsDropped => Some("NodeLocalDNS answers over UDP in at most 1,232 bytes, asks CoreDNS over TCP and the upstream with a 1,232-byte buffer: no answer comes in fragments"),
+            _ => None,
+        }
+    }
+
+    /// A loop fault: CoreDNS stands for one without the loop plugin.
+    pub fn is_loop(self) -> bool {
+        matches!(self, Self::ForwardLoop | Self::NodelocaldnsLoop)
+    }
 }
 
 /// Delay the `slow-upstream` fault adds to every upstream answer.

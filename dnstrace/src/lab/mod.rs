@@ -14,6 +14,7 @@ mod loopprobe;
 mod nodelocal;
 mod plan;
 mod resolvers;
+mod restart;
 mod runtime;
 mod sandboxes;
 mod socketlb;
@@ -98,6 +99,13 @@ pub enum LabCommand {
     /// Reload CoreDNS, as a Corefile change does: each CoreDNS pod re-reads
     /// its resolv.conf and sends the loop plugin's probe again.
     Reload,
+    /// Restart CoreDNS, as a rollout or a crash does: each pod's resolver
+    /// stops and starts again (an empty cache, a new loop probe), one pod
+    /// after the other.
+    Restart {
+        #[arg(value_enum)]
+        target: restart::Target,
+    },
     /// (internal) a delay line in front of the upstream resolver.
     #[command(hide = true)]
     DelayLine {
@@ -208,6 +216,7 @@ pub async fn run(cmd: LabCommand) -> Result<()> {
         LabCommand::Fault { fault, state } => switch_fault(fault, state == Switch::On),
         LabCommand::Traffic(args) => traffic::run(args),
         LabCommand::Reload => reload_coredns(&LabState::load()?),
+        LabCommand::Restart { target } => restart(&mut LabState::load()?, target),
         LabCommand::LoopProbe => loopprobe::run(),
         LabCommand::DelayLine {
             listen,
@@ -240,9 +249,7 @@ async fn up(faults: Vec<Fault>, mut state: LabState) -> Result<()> {
         log::info!(target: "lab", "cleaning up what an earlier lab left behind");
         down(false).await?;
     }
-    let looped = faults
-        .iter()
-        .any(|f| matches!(f, Fault::ForwardLoop | Fault::NodelocaldnsLoop));
+    let looped = faults.iter().any(|f| f.is_loop());
     if let Err(e) = build(&mut state, !looped).await {
         let _ = down(false).await;
         return Err(e.context("building the lab failed; everything it made was removed"));
@@ -731,16 +738,17 @@ fn wait_listening(state: &LabState) -> Result<()> {
     if state.nodelocaldns.is_some() {
         namespaces.push(NODE_NS.to_owned());
     }
-    for ns in namespaces {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while !sys::in_ns(&ns, "ss", &["-Hlun", "sport", "=", ":53"])
-            .is_ok_and(|o| !o.trim().is_empty())
-        {
-            if Instant::now() > deadline {
-                bail!("the resolver in {ns} is not listening on port 53");
-            }
-            std::thread::sleep(Duration::from_millis(20));
+    namespaces.iter().try_for_each(|ns| wait_listening_in(ns))
+}
+
+fn wait_listening_in(ns: &str) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !sys::in_ns(ns, "ss", &["-Hlun", "sport", "=", ":53"]).is_ok_and(|o| !o.trim().is_empty())
+    {
+        if Instant::now() > deadline {
+            bail!("the resolver in {ns} is not listening on port 53");
         }
+        std::thread::sleep(Duration::from_millis(20));
     }
     Ok(())
 }
@@ -773,6 +781,7 @@ fn set_fault(state: &mut LabState, fault: Fault, on: bool) -> Result<()> {
         bail!("{why}");
     }
     if on {
+        warn_off_path(state, fault);
         state.faults.insert(fault);
     } else {
         state.faults.remove(&fault);
@@ -786,12 +795,12 @@ fn set_fault(state: &mut LabState, fault: Fault, on: bool) -> Result<()> {
             }
             Ok(())
         }
-        Fault::NoDnat => {
-            apply_rules(state)?;
-            balance(state)
-        }
         Fault::Drop | Fault::UpstreamTimeout | Fault::FragmentsDropped => apply_rules(state),
-        Fault::NoDnsTcp => {
+        Fault::NoDnat | Fault::NoDnsTcp => {
+            apply_rules(state)?;
+            if fault == Fault::NoDnat {
+                balance(state)?;
+            }
             apply_rules(state)?;
             if on {
                 forget_tcp_flows(state);
@@ -818,11 +827,25 @@ fn set_fault(state: &mut LabState, fault: Fault, on: bool) -> Result<()> {
     }
 }
 
-/// Closes what a Service without its TCP port never had: connections to
-/// kube-dns open through the DNAT, which conntrack would keep translating
-/// (NodeLocalDNS keeps its connection open).
+/// Says so when `fault` misses the pods' path in this lab.
+fn warn_off_path(state: &LabState, fault: Fault) {
+    if let (Some(mode), Some(why)) = (state.nodelocaldns, fault.off_nodelocal_path()) {
+        log::warn!(target: "lab",
+            "{} changes nothing on the pods' DNS path with NodeLocalDNS ({}): their queries end on the node and its own start there, so {why}",
+            fault.name(),
+            mode.name()
+        );
+    }
+}
+
+/// Closes connections to kube-dns (and kube-dns-upstream) open through the
+/// DNAT, which conntrack would keep translating: NodeLocalDNS keeps its
+/// connection to CoreDNS open, and a fault on the rules must meet its next.
 fn forget_tcp_flows(state: &LabState) {
     let mut services = vec![("ipv4", plan::SERVICE4.to_string())];
+    if state.nodelocaldns == Some(NodeLocal::Notrack) {
+        services.push(("ipv4", plan::UPSTREAM_SERVICE4.to_string()));
+    }
     if state.ipv6 {
         services.push(("ipv6", plan::SERVICE6.to_string()));
     }
@@ -856,11 +879,15 @@ const PROBE_WAIT: Duration = Duration::from_secs(3);
 /// stand for a CoreDNS without the plugin: with it, CoreDNS would exit at
 /// start ("Loop ... detected").
 fn loop_probes(state: &LabState) -> Result<()> {
-    if state.has(Fault::ForwardLoop) || state.has(Fault::NodelocaldnsLoop) {
+    loop_probes_from(state, plan::coredns_pods())
+}
+
+fn loop_probes_from<'a>(state: &LabState, pods: impl Iterator<Item = &'a Pod>) -> Result<()> {
+    if state.faults.iter().any(|f| f.is_loop()) {
         return Ok(());
     }
     let exe = std::env::current_exe().context("finding the dnstrace binary")?;
-    let probes: Vec<u32> = plan::coredns_pods()
+    let probes: Vec<u32> = pods
         .map(|pod| {
             sys::spawn_detached(&pod.netns(), &exe.to_string_lossy(), &["lab", "loop-probe"])
         })
@@ -869,6 +896,40 @@ fn loop_probes(state: &LabState) -> Result<()> {
     while probes.iter().any(|&p| sys::alive(p)) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(10));
     }
+    Ok(())
+}
+
+/// Kills every process of `pod` but its sandbox's, as a container's end
+/// does: the resolver, and what it left running (dnsmasq's TCP children
+/// hold port 53 too).
+fn stop_container(state: &mut LabState, pod: &Pod) -> Result<()> {
+    stop(state, pod.name);
+    let pause = state.sandboxes.get(&pod.full_name()).map(|s| s.pid);
+    let pids = sys::run("ip", &["netns", "pids", &pod.netns()])?;
+    for pid in pids
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .filter(|&p| Some(p) != pause)
+    {
+        sys::kill(pid);
+        wait_gone(pid);
+    }
+    Ok(())
+}
+
+/// `lab restart`: the steps of `restart::plan`, the new pids kept.
+fn restart(state: &mut LabState, target: restart::Target) -> Result<()> {
+    let forward_retries = !state.faults.iter().any(|f| f.is_loop());
+    for step in restart::plan(target) {
+        match step {
+            restart::Step::Stop(pod) => stop_container(state, pod)?,
+            restart::Step::Start(pod) => start_coredns(state, pod, forward_retries)?,
+            restart::Step::WaitListening(pod) => wait_listening_in(&pod.netns())?,
+            restart::Step::Probe(pod) => loop_probes_from(state, std::iter::once(pod))?,
+        }
+        state.save()?;
+    }
+    log::info!(target: "lab", "CoreDNS restarted");
     Ok(())
 }
 

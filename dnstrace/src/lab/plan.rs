@@ -176,7 +176,7 @@ pub enum Role {
     HostClient,
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Pod {
     pub namespace: &'static str,
     pub name: &'static str,
