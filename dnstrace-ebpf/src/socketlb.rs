@@ -73,7 +73,7 @@ fn in_lab(ctx: &SockAddrContext) -> Result<(), Skip> {
     // SAFETY: the helper takes the program's own context.
     let cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
     // SAFETY: a plain value is read.
-    match unsafe { LAB_NETNS.get(&cookie) } {
+    match unsafe { LAB_NETNS.get(cookie) } {
         Some(_) => Ok(()),
         None => Err(Skip::OtherNetns),
     }
@@ -89,7 +89,7 @@ fn try_forward(ctx: &SockAddrContext) -> Result<(), Skip> {
         port: sa.user_port,
     };
     // SAFETY: a plain value is read.
-    let backends = unsafe { SERVICES.get(&service) }.ok_or(Skip::NotService)?;
+    let backends = unsafe { SERVICES.get(service) }.ok_or(Skip::NotService)?;
     let count = backends.count as usize;
     if count == 0 {
         return Err(Skip::NoBackend);
@@ -107,7 +107,7 @@ fn try_forward(ctx: &SockAddrContext) -> Result<(), Skip> {
             port: service.port,
         },
     };
-    REV_NAT.insert(&key, &service, 0).map_err(|_| Skip::Full)?;
+    REV_NAT.insert(key, service, 0).map_err(|_| Skip::Full)?;
     sa.user_ip4 = ip;
     Ok(())
 }
@@ -126,7 +126,7 @@ fn try_reverse(ctx: &SockAddrContext) -> Result<(), Skip> {
         },
     };
     // SAFETY: a plain value is read.
-    let service = unsafe { REV_NAT.get(&key) }.ok_or(Skip::NotService)?;
+    let service = unsafe { REV_NAT.get(key) }.ok_or(Skip::NotService)?;
     sa.user_ip4 = service.ip;
     sa.user_port = service.port;
     Ok(())
