@@ -197,3 +197,122 @@ fn the_next_start_removes_filters_and_qdisc_a_sigkill_left() {
 fn the_next_start_removes_only_the_filters_from_an_existing_qdisc() {
     next_start_removes_what_sigkill_left(true);
 }
+
+/// What of the lab a machine shows: its namespaces (`dtlab-*` and its
+/// sandboxes' `cni-*`), mounts, links in this namespace, and live processes.
+#[derive(Debug, PartialEq)]
+struct Trace {
+    namespaces: Vec<String>,
+    mounts: Vec<String>,
+    links: Vec<String>,
+    processes: Vec<u32>,
+}
+
+const LAB_DIR: &str = "/run/dnstrace-lab";
+
+/// The lab's part of the machine; `sandbox_netns` and `pids` are the lab's
+/// own (other tests run containerd pods meanwhile, with namespaces alike).
+fn lab_trace(sandbox_netns: &[String], pids: &[u32]) -> Trace {
+    let ours = |s: &str| {
+        s.contains("dtlab-") || s.contains(LAB_DIR) || sandbox_netns.iter().any(|n| s.contains(n))
+    };
+    let namespaces = std::fs::read_dir("/run/netns")
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| ours(n))
+                .collect()
+        })
+        .unwrap_or_default();
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|m| ours(m))
+        .map(str::to_owned)
+        .collect();
+    let links = run(Command::new("ip").args(["-o", "link", "show"]))
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split(": ").nth(1))
+        .map(str::to_owned)
+        .collect();
+    let processes = pids.iter().copied().filter(|&p| running(p)).collect();
+    Trace {
+        namespaces,
+        mounts,
+        links,
+        processes,
+    }
+}
+
+/// Alive and not a zombie (PID 1 reaps the shims late here).
+fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rsplit_once(") ")
+            .is_some_and(|(_, r)| !r.starts_with('Z'))
+    })
+}
+
+/// The lab's sandbox namespaces and processes while it is up: its
+/// resolvers, containerd, the shims and the pause processes.
+fn lab_parts() -> (Vec<String>, Vec<u32>) {
+    let state: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(format!("{LAB_DIR}/state.json")).unwrap())
+            .unwrap();
+    let sandboxes = state["sandboxes"].as_object().unwrap();
+    let netns = sandboxes
+        .values()
+        .filter_map(|s| s["netns"].as_str())
+        .map(|p| p.rsplit('/').next().unwrap().to_owned())
+        .collect();
+    let mut pids: Vec<u32> = sandboxes
+        .values()
+        .chain(state["pids"].as_object().unwrap().values())
+        .filter_map(|v| v.get("pid").unwrap_or(v).as_u64())
+        .map(|p| p as u32)
+        .collect();
+    let containerd = std::fs::read_to_string(format!("{LAB_DIR}/cri/containerd.pid")).unwrap();
+    pids.push(containerd.trim().parse().unwrap());
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        if String::from_utf8_lossy(&cmdline).contains(LAB_DIR) {
+            pids.extend(entry.file_name().to_string_lossy().parse::<u32>().ok());
+        }
+    }
+    (netns, pids)
+}
+
+#[test]
+fn lab_down_leaves_no_namespace_mount_link_process_or_file() {
+    require_root();
+    // Holds the lab lock; its own `lab down` on drop finds nothing.
+    let _lab = Lab::up(&[]);
+    assert!(dnstrace(&["lab", "down"]).status.success());
+    let before = lab_trace(&[], &[]);
+    let up = dnstrace(&["lab", "up", "--ipv6", "--host-network-client"]);
+    assert!(
+        up.status.success(),
+        "{}",
+        String::from_utf8_lossy(&up.stderr)
+    );
+    let (netns, pids) = lab_parts();
+    assert_eq!(netns.len(), 4, "a namespace per pod sandbox: {netns:?}");
+    let during = lab_trace(&netns, &pids);
+    assert!(
+        during.namespaces.len() > before.namespaces.len() && !during.mounts.is_empty(),
+        "{during:?}"
+    );
+    assert!(during.processes.len() >= 8, "{during:?}");
+    assert!(dnstrace(&["lab", "down"]).status.success());
+    assert_eq!(lab_trace(&netns, &pids), before);
+    assert!(!std::path::Path::new(LAB_DIR).exists());
+    let left_in_etc = std::fs::read_dir("/etc/netns")
+        .map(|d| {
+            d.flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with("dtlab-"))
+                .count()
+        })
+        .unwrap_or(0);
+    assert_eq!(left_in_etc, 0, "/etc/netns entries");
+}

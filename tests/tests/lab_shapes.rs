@@ -433,7 +433,20 @@ const KNOWN_PODS: [&str; 2] = ["--containerd-root", CONTAINERD];
 fn bridge_nf_off_on_routed_pods_breaks_no_lookup_and_raises_nothing() {
     require_root();
     let lab = Lab::up(&["--cni", "routed", "--fault", "bridge-nf-off"]);
-    let veth = in_node("ip", &["-d", "link", "show", "veth0cf73899"]);
+    // The CNI plugin names the host veth: dnstrace finds it.
+    let out = dnstrace(&[
+        "pods",
+        "-o",
+        "json",
+        "--node-netns",
+        NODE_NETNS,
+        KNOWN_PODS[0],
+        KNOWN_PODS[1],
+        "web",
+    ]);
+    let web = json_lines(&String::from_utf8_lossy(&out.stdout));
+    let name = web[0]["net"]["host_veth"][0].as_str().unwrap().to_owned();
+    let veth = in_node("ip", &["-d", "link", "show", &name]);
     assert!(!veth.contains("master"), "{veth}");
     let lines = trace_with(&lab, &KNOWN_PODS, || {
         for name in [KUBERNETES, "www.example.com"] {

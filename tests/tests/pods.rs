@@ -278,3 +278,54 @@ fn trace_while_both_ask(lab: &Lab, flag: &str, value: &str, label: &str) -> Vec<
         .filter(|l| l["type"] == "journey")
         .collect()
 }
+
+/// The lab's pods are CRI sandboxes of its own containerd: its socket
+/// alone lists them, with their workload and labels, on their planned
+/// addresses, in namespaces of the runtime's own naming.
+#[test]
+fn the_lab_cri_socket_alone_lists_its_pods_with_their_workload() {
+    require_root();
+    let _lab = Lab::up(&["--host-network-client"]);
+    let (ok, all, stderr) = pods(&[
+        "--cri-socket",
+        "/run/dnstrace-lab/cri/containerd.sock",
+        "--containerd-root",
+        "/nonexistent",
+    ]);
+    assert!(ok, "{stderr}");
+    let found: BTreeSet<(String, String)> = all
+        .iter()
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap().to_owned(),
+                p["workload"].to_string(),
+            )
+        })
+        .collect();
+    let want = |name: &str, kind: &str, owner: &str| {
+        let workload = serde_json::json!({ "kind": kind, "name": owner }).to_string();
+        (name.to_owned(), workload)
+    };
+    let expected: BTreeSet<_> = [
+        want("web-7d9f8c6b5-x2x4k", "Deployment", "web"),
+        want("checkout-5f6d7c9b8-q7w2e", "Deployment", "checkout"),
+        want(COREDNS_A, "Deployment", "coredns"),
+        want(COREDNS_B, "Deployment", "coredns"),
+        want("fluent-bit-5lq8z", "DaemonSet", "fluent-bit"),
+    ]
+    .into();
+    assert_eq!(found, expected, "{all:#?}");
+    let web = all
+        .iter()
+        .find(|p| p["name"] == "web-7d9f8c6b5-x2x4k")
+        .unwrap();
+    check_web(web, "containerd");
+    assert_eq!(web["labels"]["pod-template-hash"], "7d9f8c6b5");
+    assert!(
+        web["netns"]
+            .as_str()
+            .unwrap()
+            .starts_with("/var/run/netns/cni-"),
+        "{web}"
+    );
+}

@@ -25,7 +25,7 @@ pub fn run() -> Result<()> {
     step("removing the lab");
     dnstrace(&bin, &["lab", "down"])?;
     if result.is_ok() {
-        step("next, the live view, in a terminal: `target/release/dnstrace lab up --fault bridge-nf-off`, then `target/release/dnstrace trace --node-netns /run/netns/dtlab-node --containerd-root /run/dnstrace-lab/containerd --pod web` and, from another terminal, `target/release/dnstrace lab traffic --pod web`; ? lists the keys, q quits, `lab down` removes the lab");
+        step("next, the live view, in a terminal: `target/release/dnstrace lab up --fault bridge-nf-off`, then `target/release/dnstrace trace --node-netns /run/netns/dtlab-node --containerd-root /run/dnstrace-lab/containerd --cri-socket /run/dnstrace-lab/cri/containerd.sock --pod web` and, from another terminal, `target/release/dnstrace lab traffic --pod web`; ? lists the keys, q quits, `lab down` removes the lab");
     }
     result
 }

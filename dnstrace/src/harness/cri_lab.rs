@@ -6,7 +6,7 @@ use std::{collections::BTreeMap, net::IpAddr, path::PathBuf};
 use anyhow::{Context as _, Result};
 
 use crate::{
-    lab::containerd::{self, Setup, Subnet},
+    lab::containerd::{self, CniPlugin, Setup, Subnet},
     pods::cri::sandbox::{Dns, SandboxRequest},
 };
 
@@ -83,8 +83,11 @@ impl SetupArgs {
         Setup {
             dir: self.dir.clone(),
             netns: self.netns.clone(),
+            state: self.dir.join("state"),
+            plugin: CniPlugin::Bridge,
             bridge: self.bridge.clone(),
             subnet: self.subnet,
+            subnet6: None,
         }
     }
 }
@@ -104,6 +107,7 @@ impl PodArgs {
                 searches: self.dns_searches.clone(),
                 options: self.dns_options.clone(),
             },
+            host_network: false,
             log_directory: setup
                 .dir
                 .join("logs")

@@ -1,8 +1,8 @@
 //! A real containerd (Debian's 1.6, with its CRI plugin), started privately:
-//! its own root, state, socket, config and CNI network under one directory,
-//! never the machine's own containerd. Pods are run in it through the CRI
-//! API as the kubelet does, on the real CNI `bridge` plugin with
-//! `host-local` addresses. No registry is reachable, so the sandbox (pause)
+//! its own root, state, socket, config and CNI network under its directories,
+//! never the machine's own containerd. `lab up` runs the lab's pods in it
+//! (`sandboxes`) through the CRI API as the kubelet does, on the real CNI
+//! `bridge` plugin with `host-local` addresses. No registry is reachable, so the sandbox (pause)
 //! image is built here from busybox-static and imported.
 //!
 //! Facts of containerd 1.6 this follows:
@@ -12,10 +12,14 @@
 //! - the shims' sockets go under `/run/containerd/s/` whatever `state`
 //!   says, and CNI caches results under `/var/lib/cni/results/`: `stop`
 //!   removes those directories where they are left empty;
-//! - the bridge plugin never deletes its bridge: `stop` does.
+//! - the bridge plugin never deletes its bridge: `stop` does;
+//! - its CRI plugin reloads the CNI config when a file is renamed in its
+//!   directory, and says what it loaded in its verbose status
+//!   (`cniconfig`): `run_pod_at` pins a pod's addresses that way, with
+//!   host-local's own range limits.
 use std::{
     fs::File,
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     os::{fd::AsRawFd as _, unix::process::CommandExt as _},
     path::{Path, PathBuf},
     process::{Command, Stdio},
@@ -27,7 +31,10 @@ use serde_json::json;
 use sha2::{Digest as _, Sha256};
 
 use super::sys;
-use crate::pods::cri::{sandbox::SandboxRequest, Cri};
+use crate::pods::{
+    cri::{sandbox::SandboxRequest, Cri},
+    Metadata, Pod,
+};
 
 /// The sandbox image, built and imported at start.
 const PAUSE_IMAGE: &str = "dnstrace.local/pause:lab";
@@ -37,6 +44,7 @@ const NEEDS: &[(&str, &str)] = &[
     ("/usr/bin/ctr", "containerd"),
     ("/usr/sbin/runc", "runc"),
     ("/usr/lib/cni/bridge", "containernetworking-plugins"),
+    ("/usr/lib/cni/ptp", "containernetworking-plugins"),
     ("/usr/lib/cni/host-local", "containernetworking-plugins"),
     ("/usr/lib/cni/loopback", "containernetworking-plugins"),
     ("/bin/busybox", "busybox-static"),
@@ -52,6 +60,9 @@ const MADE_OUTSIDE: &[&str] = &[
     "/var/lib/cni",
 ];
 const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// The CRI plugin reloads a changed CNI config within milliseconds.
+const RELOAD_TIMEOUT: Duration = Duration::from_secs(10);
+const NETWORK_FILE: &str = "10-dnstrace.conflist";
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Where and how the private containerd runs.
@@ -59,12 +70,20 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct Setup {
     /// Everything of this containerd lives here; `stop` removes it.
     pub dir: PathBuf,
+    /// Its state directory (the shims' task bundles, which `dnstrace pods`
+    /// reads): under `dir` or beside it; `stop` removes it too.
+    pub state: PathBuf,
     /// The network namespace (its name under /run/netns) containerd, so
     /// its CNI bridge, runs in: the node's; None for this process's own.
     pub netns: Option<String>,
-    /// The CNI bridge's name, and the pods' IPv4 subnet on it.
+    /// How pods are wired to the node.
+    pub plugin: CniPlugin,
+    /// The CNI network's name (and the bridge's, with `CniPlugin::Bridge`),
+    /// and the pods' IPv4 subnet on it.
     pub bridge: String,
     pub subnet: Subnet,
+    /// The pods' IPv6 subnet, for a dual-stack network.
+    pub subnet6: Option<Subnet6>,
 }
 
 /// An IPv4 subnet, `10.245.0.0/24`.
@@ -90,6 +109,36 @@ impl std::fmt::Display for Subnet {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}/{}", self.base, self.prefix)
     }
+}
+
+/// The CNI plugin that wires pods to the node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CniPlugin {
+    /// `bridge`: each pod's host veth a port of one bridge, its gateway.
+    Bridge,
+    /// `ptp`: each host veth alone, holding the gateway's address, with a
+    /// route to its pod: packets between pods are routed.
+    Ptp,
+}
+
+/// An IPv6 subnet, `fd00:10:244::/64`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Subnet6 {
+    pub base: Ipv6Addr,
+    pub prefix: u8,
+}
+
+impl std::fmt::Display for Subnet6 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.base, self.prefix)
+    }
+}
+
+/// The addresses a pod is to get: host-local's range pinned to them.
+#[derive(Clone, Copy, Debug)]
+pub struct Addresses {
+    pub v4: Ipv4Addr,
+    pub v6: Option<Ipv6Addr>,
 }
 
 impl Setup {
@@ -153,12 +202,81 @@ impl Containerd {
         self.cri.run_pod(request).await
     }
 
+    #[cfg_attr(
+        not(feature = "harness"),
+        allow(dead_code, reason = "the tests' cri-lab removes one pod")
+    )]
     pub async fn remove_pod(&mut self, id: &str) -> Result<()> {
         self.cri.remove_pod(id).await
     }
 
+    /// Runs a pod sandbox on `addresses`: the CNI config is rewritten with
+    /// host-local's range limited to them, and used once the CRI plugin
+    /// says it has loaded it. Its id, and the pod as the CRI sees it.
+    pub async fn run_pod_at(
+        &mut self,
+        request: &SandboxRequest,
+        addresses: Addresses,
+    ) -> Result<(String, Pod, Metadata)> {
+        if !request.host_network {
+            self.use_network(&cni_network(&self.setup, Some(addresses)))
+                .await?;
+        }
+        let id = self.run_pod(request).await?;
+        let (pod, metadata) = self.cri.pod(&id).await?;
+        let wanted = IpAddr::V4(addresses.v4);
+        if !request.host_network && !metadata.ips.contains(&wanted) {
+            bail!(
+                "{}/{} got {:?}, not {wanted}",
+                request.namespace,
+                request.name,
+                metadata.ips
+            );
+        }
+        Ok((id, pod, metadata))
+    }
+
+    /// Replaces the CNI config with `network` and waits until the CRI
+    /// plugin has loaded it. It reloads on a rename in its directory (not
+    /// on a file created there), and reads only `.conf*` and `.json` files.
+    async fn use_network(&mut self, network: &serde_json::Value) -> Result<()> {
+        let next = self.setup.cni_conf_dir().join("network.next");
+        write(&next, &serde_json::to_string_pretty(network)?)?;
+        let path = self.setup.cni_conf_dir().join(NETWORK_FILE);
+        std::fs::rename(&next, &path).with_context(|| format!("replacing {}", path.display()))?;
+        let asked = Instant::now();
+        while !self.loaded(network).await? {
+            if asked.elapsed() > RELOAD_TIMEOUT {
+                let loaded = self.cri.status_info("cniconfig").await?;
+                bail!(
+                    "containerd did not load the new {} within {RELOAD_TIMEOUT:?}; it has {loaded:?}",
+                    path.display()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Ok(())
+    }
+
+    /// The CRI plugin's loaded networks include `network`.
+    async fn loaded(&mut self, network: &serde_json::Value) -> Result<bool> {
+        let Some(text) = self.cri.status_info("cniconfig").await? else {
+            return Ok(false);
+        };
+        let config: serde_json::Value =
+            serde_json::from_str(&text).context("containerd's cniconfig status")?;
+        let loaded = config["Networks"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|n| n["Config"]["Source"].as_str())
+            .filter_map(|source| serde_json::from_str::<serde_json::Value>(source).ok())
+            .any(|source| &source == network);
+        Ok(loaded)
+    }
+
     /// Removes every pod left, stops containerd, and removes what it
-    /// leaves: the bridge, the shims' socket directory, and `dir`.
+    /// leaves: the bridge, the shims' socket directory, `state` and `dir`.
     pub async fn stop(mut self) -> Result<()> {
         for id in self.cri.sandbox_ids().await? {
             self.cri.remove_pod(&id).await?;
@@ -167,6 +285,9 @@ impl Containerd {
         stop_process(&self.setup.pid_file()).await?;
         remove_bridge(&self.setup)?;
         remove_empty_dirs(MADE_OUTSIDE);
+        if self.setup.state.exists() {
+            remove_dir(&self.setup.state)?;
+        }
         remove_dir(&self.setup.dir)
     }
 }
@@ -187,14 +308,15 @@ fn write_files(setup: &Setup) -> Result<()> {
     std::fs::create_dir_all(&conf_dir)
         .with_context(|| format!("creating {}", conf_dir.display()))?;
     write(&setup.config(), &config_toml(setup))?;
-    let network = serde_json::to_string_pretty(&cni_network(setup))?;
-    write(&conf_dir.join("10-dnstrace.conflist"), &network)
+    let network = serde_json::to_string_pretty(&cni_network(setup, None))?;
+    write(&conf_dir.join(NETWORK_FILE), &network)
 }
 
 /// containerd's config: everything under `dir`, the CRI plugin on the
 /// pause image and the CNI network of its own.
 fn config_toml(setup: &Setup) -> String {
     let dir = setup.dir.display();
+    let state = setup.state.display();
     let socket = setup.socket();
     let socket = socket.display();
     let conf_dir = setup.cni_conf_dir();
@@ -202,7 +324,7 @@ fn config_toml(setup: &Setup) -> String {
     format!(
         r#"version = 2
 root = "{dir}/root"
-state = "{dir}/state"
+state = "{state}"
 disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs"]
 
 [grpc]
@@ -237,26 +359,48 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     )
 }
 
-/// The pods' network: the bridge plugin, the node side the gateway, with
-/// host-local addresses kept under `dir` (not /var/lib/cni). No masquerade:
-/// that would leave iptables chains on the node.
-fn cni_network(setup: &Setup) -> serde_json::Value {
-    json!({
-        "cniVersion": "0.4.0",
-        "name": setup.bridge,
-        "plugins": [{
+/// The pods' network: the bridge or ptp plugin, the node side the gateway,
+/// with host-local addresses kept under `dir` (not /var/lib/cni), from the
+/// whole subnets or only from `at`. No masquerade: that would leave
+/// iptables chains on the node.
+fn cni_network(setup: &Setup, at: Option<Addresses>) -> serde_json::Value {
+    let pinned = |range: &mut serde_json::Value, ip: Option<String>| {
+        if let Some(ip) = ip {
+            range["rangeStart"] = json!(ip);
+            range["rangeEnd"] = json!(ip);
+        }
+    };
+    let mut v4 = json!({ "subnet": setup.subnet.to_string() });
+    pinned(&mut v4, at.map(|a| a.v4.to_string()));
+    let mut ranges = vec![json!([v4])];
+    let mut routes = vec![json!({ "dst": "0.0.0.0/0" })];
+    if let Some(subnet6) = setup.subnet6 {
+        let mut v6 = json!({ "subnet": subnet6.to_string() });
+        pinned(&mut v6, at.and_then(|a| a.v6).map(|ip| ip.to_string()));
+        ranges.push(json!([v6]));
+        routes.push(json!({ "dst": "::/0" }));
+    }
+    let ipam = json!({
+        "type": "host-local",
+        "ranges": ranges,
+        "routes": routes,
+        "dataDir": setup.dir.join("ipam"),
+    });
+    let plugin = match setup.plugin {
+        CniPlugin::Bridge => json!({
             "type": "bridge",
             "bridge": setup.bridge,
             "isGateway": true,
             "ipMasq": false,
             "hairpinMode": true,
-            "ipam": {
-                "type": "host-local",
-                "ranges": [[{ "subnet": setup.subnet.to_string() }]],
-                "routes": [{ "dst": "0.0.0.0/0" }],
-                "dataDir": setup.dir.join("ipam"),
-            }
-        }]
+            "ipam": ipam,
+        }),
+        CniPlugin::Ptp => json!({ "type": "ptp", "ipMasq": false, "ipam": ipam }),
+    };
+    json!({
+        "cniVersion": "0.4.0",
+        "name": setup.bridge,
+        "plugins": [plugin]
     })
 }
 
@@ -458,6 +602,32 @@ fn remove_bridge(setup: &Setup) -> Result<()> {
     Ok(())
 }
 
+/// Where containerd 1.6 puts the socket of the shim of task `id` in the
+/// CRI's namespace: named by the SHA-256 of `<address>/k8s.io/<id>`.
+pub fn shim_socket(setup: &Setup, id: &str) -> PathBuf {
+    let key = format!("{}/k8s.io/{id}", setup.socket().display());
+    let hex: String = Sha256::digest(key.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    Path::new(MADE_OUTSIDE[0]).join(hex)
+}
+
+/// libcni's cached results of sandbox `id`: its network's and loopback's.
+pub fn cni_results(setup: &Setup, id: &str) -> [PathBuf; 2] {
+    let dir = Path::new(MADE_OUTSIDE[2]);
+    [
+        dir.join(format!("{}-{id}-eth0", setup.bridge)),
+        dir.join(format!("cni-loopback-{id}-lo")),
+    ]
+}
+
+/// Removes what containerd made outside its directories, where it is left
+/// empty.
+pub fn remove_outside() {
+    remove_empty_dirs(MADE_OUTSIDE);
+}
+
 /// Removes each of `dirs` that is empty: one still holding something is
 /// another runtime's, and stays.
 fn remove_empty_dirs(dirs: &[&str]) {
@@ -496,9 +666,12 @@ mod tests {
     fn setup() -> Setup {
         Setup {
             dir: "/run/dnstrace-lab/cri".into(),
+            state: "/run/dnstrace-lab/cri/state".into(),
             netns: Some("dtlab-node".into()),
+            plugin: CniPlugin::Bridge,
             bridge: "cni0".into(),
             subnet: "10.244.0.0/16".parse().unwrap(),
+            subnet6: None,
         }
     }
 
@@ -524,11 +697,39 @@ mod tests {
         }
         assert!(config.contains("restrict_oom_score_adj = true"));
         assert!(config.contains(&format!("sandbox_image = \"{PAUSE_IMAGE}\"")));
-        let network = cni_network(&setup());
+        let network = cni_network(&setup(), None);
         let bridge = &network["plugins"][0];
         assert_eq!(bridge["bridge"], "cni0");
         assert_eq!(bridge["ipMasq"], false, "no iptables rules left behind");
         assert_eq!(bridge["ipam"]["ranges"][0][0]["subnet"], "10.244.0.0/16");
         assert_eq!(bridge["ipam"]["dataDir"], "/run/dnstrace-lab/cri/ipam");
+    }
+
+    #[test]
+    fn a_pinned_network_limits_each_range_to_the_pod_addresses() {
+        let mut dual = setup();
+        dual.subnet6 = Some(Subnet6 {
+            base: "fd00:10:244::".parse().unwrap(),
+            prefix: 64,
+        });
+        let at = Addresses {
+            v4: Ipv4Addr::new(10, 244, 0, 53),
+            v6: Some("fd00:10:244::53".parse().unwrap()),
+        };
+        let network = cni_network(&dual, Some(at));
+        let ipam = &network["plugins"][0]["ipam"];
+        let v4 = &ipam["ranges"][0][0];
+        assert_eq!(
+            (&v4["rangeStart"], &v4["rangeEnd"]),
+            (&json!("10.244.0.53"), &json!("10.244.0.53"))
+        );
+        let v6 = &ipam["ranges"][1][0];
+        assert_eq!(v6["subnet"], "fd00:10:244::/64");
+        assert_eq!(v6["rangeEnd"], "fd00:10:244::53");
+        assert_eq!(ipam["routes"][1]["dst"], "::/0");
+        let free = cni_network(&dual, None);
+        assert!(free["plugins"][0]["ipam"]["ranges"][0][0]
+            .get("rangeStart")
+            .is_none());
     }
 }

@@ -1,13 +1,9 @@
 //! `dnstrace lab`: a simulated Kubernetes node in network namespaces, with the
 //! real DNS path (bridge, kube-proxy DNAT, conntrack, resolvers) and
 //! switchable faults. It touches nothing outside its namespaces, its
-//! /etc/netns entries and its directory under /run; in socket-lb mode, also
-//! cgroup programs at the root cgroup that act only on its namespaces'
-//! sockets (`socketlb`).
-#[cfg_attr(
-    not(feature = "harness"),
-    allow(dead_code, reason = "`lab up` runs on it next; only the tests' yet")
-)]
+//! /etc/netns entries and its directory under /run (its containerd's
+//! included); in socket-lb mode, also cgroup programs at the root cgroup
+//! that act only on its namespaces' sockets (`socketlb`).
 pub mod containerd;
 mod delay;
 mod dnswire;
@@ -20,6 +16,7 @@ mod plan;
 mod resolvers;
 mod restart;
 mod runtime;
+mod sandboxes;
 mod socketlb;
 mod sys;
 pub mod traffic;
@@ -39,6 +36,8 @@ pub use faults::Fault;
 use kubeproxy::ProxyMode;
 use plan::{Cni, Domain, NodeLocal, Pod, Role, LAB_DIR, NODE_NS, UPSTREAM_NS};
 
+use crate::pods::cri::sandbox::Dns;
+
 #[derive(clap::Subcommand, Debug)]
 pub enum LabCommand {
     /// Build the lab: a node, two client pods, two CoreDNS pods, an upstream resolver.
@@ -55,8 +54,9 @@ pub enum LabCommand {
         /// Dual-stack: IPv6 pod addresses, service IP and ip6tables rules too.
         #[arg(long)]
         ipv6: bool,
-        /// Whose runtime state the pods leave, for `dnstrace pods` and `--pod`
-        /// (under /run/dnstrace-lab/containerd or /run/dnstrace-lab/crio).
+        /// The pods always run in the lab's own containerd; `crio` also
+        /// writes CRI-O's state layout for them under /run/dnstrace-lab/crio
+        /// (there is no real CRI-O here), for `--crio-root`.
         #[arg(long, value_enum, default_value_t = runtime::Runtime::Containerd)]
         runtime: runtime::Runtime,
         /// Which kube-proxy mode writes the kube-dns rules: iptables (its nat
@@ -77,9 +77,9 @@ pub enum LabCommand {
         /// node's namespace, resolv.conf as dnsPolicy ClusterFirstWithHostNet.
         #[arg(long)]
         host_network_client: bool,
-        /// How pods are wired to the node: `bridge` (cni0, as the bridge
-        /// plugin and flannel do) or `routed` (no bridge: a /32 route and
-        /// proxy ARP per host veth, as Calico and the ptp plugin do).
+        /// How pods are wired to the node: `bridge` (cni0, the CNI bridge
+        /// plugin, as flannel does) or `routed` (no bridge: the CNI ptp
+        /// plugin's /32 route and gateway address per host veth, as Calico).
         #[arg(long, value_enum, default_value_t = Cni::Bridge)]
         cni: Cni,
     },
@@ -145,6 +145,9 @@ pub struct LabState {
     pub host_client: bool,
     #[serde(default)]
     pub cni: Cni,
+    /// The pods' CRI sandboxes, by namespace/name.
+    #[serde(default)]
+    pub sandboxes: BTreeMap<String, sandboxes::Sandbox>,
     /// Long-running processes by name.
     pub pids: BTreeMap<String, u32>,
 }
@@ -206,9 +209,9 @@ pub async fn run(cmd: LabCommand) -> Result<()> {
                 cni,
                 ..LabState::default()
             };
-            up(faults, state)
+            up(faults, state).await
         }
-        LabCommand::Down => down(true),
+        LabCommand::Down => down(true).await,
         LabCommand::Status => status(),
         LabCommand::Fault { fault, state } => switch_fault(fault, state == Switch::On),
         LabCommand::Traffic(args) => traffic::run(args),
@@ -232,7 +235,7 @@ fn require_root() -> Result<()> {
 }
 
 /// Builds the lab `state` describes, with `faults` on.
-fn up(faults: Vec<Fault>, mut state: LabState) -> Result<()> {
+async fn up(faults: Vec<Fault>, mut state: LabState) -> Result<()> {
     sys::require_programs()?;
     check_options(&state, &faults)?;
     if let Ok(state) = LabState::load() {
@@ -244,11 +247,11 @@ fn up(faults: Vec<Fault>, mut state: LabState) -> Result<()> {
     }
     if !sys::lab_namespaces().is_empty() || Path::new(LAB_DIR).exists() {
         log::info!(target: "lab", "cleaning up what an earlier lab left behind");
-        down(false)?;
+        down(false).await?;
     }
     let looped = faults.iter().any(|f| f.is_loop());
-    if let Err(e) = build(&mut state, !looped) {
-        let _ = down(false);
+    if let Err(e) = build(&mut state, !looped).await {
+        let _ = down(false).await;
         return Err(e.context("building the lab failed; everything it made was removed"));
     }
     for fault in faults {
@@ -278,19 +281,13 @@ fn check_options(state: &LabState, faults: &[Fault]) -> Result<()> {
 }
 
 /// `forward_retries`: CoreDNS's own retries upstream (see `start_coredns`).
-fn build(state: &mut LabState, forward_retries: bool) -> Result<()> {
+async fn build(state: &mut LabState, forward_retries: bool) -> Result<()> {
     std::fs::create_dir_all(Path::new(LAB_DIR).join("logs"))?;
     for ns in [NODE_NS, UPSTREAM_NS] {
         add_netns(ns, state.ipv6)?;
     }
     build_node(state)?;
-    for pod in plan::pods(state.host_client) {
-        if pod.role == Role::HostClient {
-            add_host_pod(state, pod)?;
-        } else {
-            add_pod(state, pod)?;
-        }
-    }
+    add_pods(state).await?;
     write_resolv_confs(state)?;
     apply_rules(state)?;
     balance(state)?;
@@ -322,10 +319,9 @@ fn add_netns(ns: &str, ipv6: bool) -> Result<()> {
 }
 
 fn build_node(state: &LabState) -> Result<()> {
+    // The pods' bridge (`--cni bridge`) is the CNI bridge plugin's, made
+    // with the first pod.
     let node = NODE_NS;
-    if state.cni == Cni::Bridge {
-        add_bridge(state.ipv6)?;
-    }
     sys::run(
         "ip",
         &[
@@ -396,102 +392,21 @@ fn build_node(state: &LabState) -> Result<()> {
     Ok(())
 }
 
-/// The node's bridge cni0, the pods' gateway.
-fn add_bridge(ipv6: bool) -> Result<()> {
-    let (node, bridge) = (NODE_NS, plan::BRIDGE);
-    sys::ip(node, &format!("link add {bridge} type bridge"))?;
-    sys::ip(node, &format!("addr add {}/24 dev {bridge}", plan::POD_GW4))?;
-    sys::ip(node, &format!("link set {bridge} up"))?;
-    if ipv6 {
-        let gw = plan::POD_GW6;
-        sys::ip(node, &format!("-6 addr add {gw}/64 dev {bridge} nodad"))?;
+/// Runs every pod in the lab's containerd, through CRI, in plan order (so
+/// each gets its planned addresses); with `--runtime crio`, writes CRI-O's
+/// layout for them too.
+async fn add_pods(state: &mut LabState) -> Result<()> {
+    let pods: Vec<_> = plan::pods(state.host_client)
+        .map(|pod| (pod, pod_dns(state, pod)))
+        .collect();
+    state.sandboxes = sandboxes::run_all(&pods, state.ipv6, state.cni).await?;
+    if state.runtime == runtime::Runtime::Crio {
+        for (pod, _) in pods {
+            let pid = state.sandboxes[&pod.full_name()].pid;
+            runtime::write_crio_sandbox(&runtime::crio_root(), pod, pid)?;
+        }
     }
     Ok(())
-}
-
-fn add_pod(state: &mut LabState, pod: &Pod) -> Result<()> {
-    let ns = pod.netns();
-    add_netns(&ns, state.ipv6)?;
-    let veth = pod.host_veth();
-    sys::run(
-        "ip",
-        &[
-            "link", "add", &veth, "netns", NODE_NS, "type", "veth", "peer", "name", "eth0",
-            "netns", &ns,
-        ],
-    )?;
-    match state.cni {
-        Cni::Bridge => bridge_pod(pod, &veth, state.ipv6)?,
-        Cni::Routed => route_pod(pod, &veth, state.ipv6)?,
-    }
-    std::fs::create_dir_all(netns_etc(&ns))?;
-    sys::rewrite(&pod.resolv_conf(), "")?;
-    // The sandbox's pause process: what makes the namespace a pod to the node.
-    let pid = sys::spawn_detached(&ns, "sleep", &["infinity"])?;
-    register_sandbox(state, pod, pid)
-}
-
-/// `pod`'s host veth a port of cni0, its addresses in the bridge's subnets.
-fn bridge_pod(pod: &Pod, veth: &str, ipv6: bool) -> Result<()> {
-    let ns = pod.netns();
-    sys::ip(
-        NODE_NS,
-        &format!("link set {veth} master {} up", plan::BRIDGE),
-    )?;
-    sys::run(
-        "bridge",
-        &["-n", NODE_NS, "link", "set", "dev", veth, "hairpin", "on"],
-    )?;
-    sys::ip(&ns, &format!("addr add {}/24 dev eth0", pod.ip4))?;
-    sys::ip(&ns, "link set eth0 up")?;
-    sys::ip(&ns, &format!("route add default via {}", plan::POD_GW4))?;
-    if ipv6 {
-        sys::ip(&ns, &format!("-6 addr add {}/64 dev eth0 nodad", pod.ip6))?;
-        sys::ip(&ns, &format!("-6 route add default via {}", plan::POD_GW6))?;
-    }
-    Ok(())
-}
-
-/// `pod` routed as Calico does it: a /32 (/128) route to it on its host
-/// veth, which answers ARP for the pod's gateway by proxy.
-fn route_pod(pod: &Pod, veth: &str, ipv6: bool) -> Result<()> {
-    let ns = pod.netns();
-    sys::ip(NODE_NS, &format!("link set {veth} up"))?;
-    sys::sysctl(NODE_NS, &format!("net.ipv4.conf.{veth}.proxy_arp"), "1")?;
-    sys::sysctl(NODE_NS, &format!("net.ipv4.neigh.{veth}.proxy_delay"), "0")?;
-    sys::ip(NODE_NS, &format!("route add {}/32 dev {veth}", pod.ip4))?;
-    sys::ip(&ns, &format!("addr add {}/32 dev eth0", pod.ip4))?;
-    sys::ip(&ns, "link set eth0 up")?;
-    let gw = plan::ROUTED_GW4;
-    sys::ip(&ns, &format!("route add {gw} dev eth0 scope link"))?;
-    sys::ip(&ns, &format!("route add default via {gw} dev eth0"))?;
-    if ipv6 {
-        let gw = plan::ROUTED_GW6;
-        sys::ip(NODE_NS, &format!("-6 addr add {gw}/64 dev {veth} nodad"))?;
-        sys::ip(NODE_NS, &format!("-6 route add {}/128 dev {veth}", pod.ip6))?;
-        sys::ip(&ns, &format!("-6 addr add {}/128 dev eth0 nodad", pod.ip6))?;
-        sys::ip(&ns, &format!("-6 route add default via {gw} dev eth0"))?;
-    }
-    Ok(())
-}
-
-/// A hostNetwork pod: no namespace of its own, and a pause process that
-/// sees the pod's resolv.conf, as the runtime's bind mount has it.
-fn add_host_pod(state: &mut LabState, pod: &Pod) -> Result<()> {
-    let resolv = pod.resolv_conf();
-    sys::rewrite(&resolv, "")?;
-    let pause = sys::with_resolv_conf(NODE_NS, &resolv, "sleep");
-    let pid = sys::spawn_detached_cmd(pause, &["infinity"])?;
-    register_sandbox(state, pod, pid)
-}
-
-/// Leaves the runtime's state of `pod`, whose sandbox process is `pid`.
-fn register_sandbox(state: &mut LabState, pod: &Pod, pid: u32) -> Result<()> {
-    state.pids.insert(format!("pause/{}", pod.full_name()), pid);
-    match state.runtime {
-        runtime::Runtime::Containerd => runtime::write_sandbox(pod, pid),
-        runtime::Runtime::Crio => runtime::write_crio_sandbox(&runtime::crio_root(), pod, pid),
-    }
 }
 
 /// `ip netns exec NS` bind-mounts the files here over /etc.
@@ -512,6 +427,23 @@ fn nameserver_for(state: &LabState, pod: &Pod) -> IpAddr {
         }
         Role::Client | Role::HostClient => plan::SERVICE4.into(),
     }
+}
+
+/// The DNS config the kubelet gives `pod` (its dnsPolicy's), before faults.
+fn pod_dns(state: &LabState, pod: &Pod) -> Dns {
+    let server = nameserver_for(state, pod);
+    match pod.role {
+        Role::CoreDns => sandboxes::dns(server, node_search(state), false),
+        Role::Client | Role::HostClient => sandboxes::dns(
+            server,
+            pod.search_list(&state.cluster_domain, &state.node_search),
+            true,
+        ),
+    }
+}
+
+fn node_search(state: &LabState) -> Vec<String> {
+    state.node_search.iter().map(Domain::to_string).collect()
 }
 
 fn node_nameserver(state: &LabState) -> IpAddr {
@@ -972,10 +904,7 @@ fn loop_probes_from<'a>(state: &LabState, pods: impl Iterator<Item = &'a Pod>) -
 /// hold port 53 too).
 fn stop_container(state: &mut LabState, pod: &Pod) -> Result<()> {
     stop(state, pod.name);
-    let pause = state
-        .pids
-        .get(&format!("pause/{}", pod.full_name()))
-        .copied();
+    let pause = state.sandboxes.get(&pod.full_name()).map(|s| s.pid);
     let pids = sys::run("ip", &["netns", "pids", &pod.netns()])?;
     for pid in pids
         .split_whitespace()
@@ -1044,12 +973,23 @@ fn set_delay_line(state: &mut LabState, on: bool) -> Result<()> {
 }
 
 /// Removes everything; `loud` reports what was there.
-fn down(loud: bool) -> Result<()> {
+async fn down(loud: bool) -> Result<()> {
+    let mut sandboxes = Vec::new();
     if let Ok(state) = LabState::load() {
         for &pid in state.pids.values() {
             sys::kill(pid);
         }
+        sandboxes.extend(state.sandboxes.into_values());
     }
+    // Before the namespaces' processes go: containerd and its shims run
+    // in the node's.
+    let had_runtime = match sandboxes::remove_all(&sandboxes).await {
+        Ok(had) => had,
+        Err(e) => {
+            log::warn!(target: "lab", "removing the pods through CRI failed: {e:#}");
+            true
+        }
+    };
     let namespaces = sys::lab_namespaces();
     for ns in &namespaces {
         if let Ok(pids) = sys::run("ip", &["netns", "pids", ns]) {
@@ -1076,11 +1016,11 @@ fn down(loud: bool) -> Result<()> {
         std::fs::remove_dir_all(LAB_DIR).with_context(|| format!("removing {LAB_DIR}"))?;
     }
     if loud {
-        if namespaces.is_empty() && !had_dir && !had_balancer {
+        if namespaces.is_empty() && !had_dir && !had_runtime && !had_balancer {
             log::info!(target: "lab", "nothing to remove");
         } else {
             log::info!(target: "lab",
-                "removed {} namespaces, their processes and rules, and {LAB_DIR}",
+                "removed the pods (through CRI) and the lab's containerd, {} namespaces, their processes and rules, and {LAB_DIR}",
                 namespaces.len()
             );
         }
@@ -1097,6 +1037,7 @@ fn status() -> Result<()> {
     }
     println!("namespaces: {}", namespaces.join(" "));
     if let Some(state) = state {
+        print_sandboxes(&state);
         for (name, pid) in &state.pids {
             println!(
                 "process {name}: pid {pid} {}",
@@ -1131,12 +1072,41 @@ fn status() -> Result<()> {
     Ok(())
 }
 
+/// Each pod's sandbox, addresses, and the namespace the lab and the
+/// runtime know it by.
+fn print_sandboxes(state: &LabState) {
+    println!(
+        "pods: CRI sandboxes of the lab's containerd (socket {})",
+        sandboxes::socket().display()
+    );
+    for pod in plan::pods(state.host_client) {
+        let Some(sandbox) = state.sandboxes.get(&pod.full_name()) else {
+            println!("pod {}: no sandbox", pod.full_name());
+            continue;
+        };
+        let ips = if state.ipv6 && pod.role != Role::HostClient {
+            format!("{} {}", pod.ip4, pod.ip6)
+        } else {
+            pod.ip4.to_string()
+        };
+        let netns = sandbox.netns.as_ref().map_or_else(
+            || "the node's (hostNetwork)".to_owned(),
+            |n| format!("{} (lab name {})", n.display(), pod.netns()),
+        );
+        println!(
+            "pod {}: sandbox {} ips {ips} netns {netns}",
+            pod.full_name(),
+            &sandbox.id[..12.min(sandbox.id.len())]
+        );
+    }
+}
+
 fn print_summary(state: &LabState) {
     let pods = match state.cni {
         Cni::Bridge => format!("bridge {} {}", plan::BRIDGE, plan::POD_GW4),
         Cni::Routed => format!(
-            "pods routed (a /32 route each, gateway {} by proxy ARP)",
-            plan::ROUTED_GW4
+            "pods routed by the CNI ptp plugin (a /32 route each, gateway {} on each host veth)",
+            plan::POD_GW4
         ),
     };
     let balancing = match state.proxy_mode {
@@ -1155,15 +1125,14 @@ fn print_summary(state: &LabState) {
     );
     for pod in plan::pods(state.host_client) {
         log::info!(target: "lab",
-            "  {:<40} {:<12} netns {:<36} veth {}",
+            "  {:<40} {:<12} netns {:<36} sandbox {}",
             pod.full_name(),
             pod.ip4.to_string(),
             pod.netns(),
-            if pod.role == Role::HostClient {
-                "none (hostNetwork)".to_owned()
-            } else {
-                pod.host_veth()
-            }
+            state
+                .sandboxes
+                .get(&pod.full_name())
+                .map_or("", |s| &s.id[..12.min(s.id.len())])
         );
     }
     log::info!(target: "lab",
@@ -1195,9 +1164,11 @@ fn print_summary(state: &LabState) {
 /// The flags that point dnstrace at the lab's node and runtime state.
 pub fn runtime_flags(runtime: runtime::Runtime) -> String {
     let root = match runtime {
-        runtime::Runtime::Containerd => {
-            format!("--containerd-root {}", runtime::containerd_root().display())
-        }
+        runtime::Runtime::Containerd => format!(
+            "--containerd-root {} --cri-socket {}",
+            sandboxes::state_dir().display(),
+            sandboxes::socket().display()
+        ),
         runtime::Runtime::Crio => format!("--crio-root {}", runtime::crio_root().display()),
     };
     format!("--node-netns /run/netns/{NODE_NS} {root} --pod web")

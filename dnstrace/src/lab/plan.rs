@@ -19,7 +19,6 @@ pub const LAB_DIR: &str = "/run/dnstrace-lab";
 
 pub const BRIDGE: &str = "cni0";
 pub const POD_GW4: Ipv4Addr = Ipv4Addr::new(10, 244, 0, 1);
-pub const POD_GW6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x244, 0, 0, 0, 0, 1);
 pub const POD_CIDR4: &str = "10.244.0.0/16";
 pub const POD_CIDR6: &str = "fd00:10:244::/56";
 pub const SERVICE4: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
@@ -49,12 +48,6 @@ pub const BIG_NAME: &str = "big.example.com";
 /// buffer, it comes over UDP as IP fragments.
 pub const HUGE_NAME: &str = "huge.example.com";
 
-/// The pods' gateway when routed, as Calico has it: an address no device
-/// holds, answered by the host veth's proxy ARP.
-pub const ROUTED_GW4: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
-/// Its IPv6 twin, a link-local address each host veth holds.
-pub const ROUTED_GW6: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
-
 /// How the CNI plugin wires pods to the node.
 #[derive(clap::ValueEnum, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
@@ -63,8 +56,9 @@ pub enum Cni {
     /// flannel): packets between pods are bridged.
     #[default]
     Bridge,
-    /// Each host veth alone, with a /32 route per pod and proxy ARP
-    /// (Calico, the ptp plugin): packets between pods are routed.
+    /// Each host veth alone, holding the gateway's address, with a /32
+    /// route per pod (the CNI ptp plugin; Calico alike): packets between
+    /// pods are routed.
     Routed,
 }
 
@@ -272,11 +266,6 @@ impl Pod {
         }
     }
 
-    /// The node-side veth, named like the bridge CNI plugin's `vethXXXXXXXX`.
-    pub fn host_veth(&self) -> String {
-        format!("veth{}", &hex_digest(&self.full_name())[..8])
-    }
-
     /// A stable pod uid and sandbox id, as a runtime would hand out.
     pub fn uid(&self) -> String {
         let h = hex_digest(&format!("uid/{}", self.full_name()));
@@ -341,12 +330,11 @@ mod tests {
     #[test]
     fn names_are_stable_and_fit_linux_limits() {
         for pod in &PODS {
-            assert_eq!(pod.host_veth().len(), 12, "IFNAMSIZ is 16");
             assert_eq!(pod.sandbox_id().len(), 64);
             assert_eq!(pod.uid().len(), 36);
         }
-        assert_eq!(PODS[0].host_veth(), PODS[0].host_veth());
-        assert_ne!(PODS[0].host_veth(), PODS[1].host_veth());
+        assert_eq!(PODS[0].sandbox_id(), PODS[0].sandbox_id());
+        assert_ne!(PODS[0].sandbox_id(), PODS[1].sandbox_id());
     }
 
     #[test]

@@ -1,8 +1,8 @@
-//! The lab's pods as a container runtime leaves them on a node: containerd's
-//! task bundles for the k8s.io namespace, whose OCI config carries the CRI
-//! annotations and the network namespace path, or CRI-O's containers/storage
-//! run directories (see `crate::pods` for both layouts). Written under the
-//! lab's own directory, never the node's real runtime state.
+//! Which runtime's state the lab's pods leave. They always run in the lab's
+//! real containerd (`sandboxes`); there is no real CRI-O here, so with
+//! `--runtime crio` the lab also writes CRI-O's containers/storage run
+//! directories for the same sandboxes (see `crate::pods` for the layout),
+//! under the lab's own directory, never the node's real runtime state.
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result};
@@ -11,45 +11,13 @@ use serde_json::{json, Value};
 
 use super::plan::{Pod, Role, LAB_DIR};
 
-/// Which runtime's state layout the lab writes.
+/// Which runtime's state layout the lab leaves for `dnstrace pods`.
 #[derive(clap::ValueEnum, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[serde(rename_all = "kebab-case")]
 pub enum Runtime {
     #[default]
     Containerd,
     Crio,
-}
-
-/// The lab's stand-in for /run/containerd.
-pub fn containerd_root() -> PathBuf {
-    PathBuf::from(LAB_DIR).join("containerd")
-}
-
-pub fn write_sandbox(pod: &Pod, pid: u32) -> Result<()> {
-    let dir = containerd_root()
-        .join("io.containerd.runtime.v2.task/k8s.io")
-        .join(pod.sandbox_id());
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let config = json!({
-        "ociVersion": "1.1.0",
-        "process": { "args": ["/pause"], "cwd": "/" },
-        "root": { "path": "rootfs", "readonly": true },
-        "hostname": pod.name,
-        "annotations": {
-            "io.kubernetes.cri.container-type": "sandbox",
-            "io.kubernetes.cri.sandbox-id": pod.sandbox_id(),
-            "io.kubernetes.cri.sandbox-name": pod.name,
-            "io.kubernetes.cri.sandbox-namespace": pod.namespace,
-            "io.kubernetes.cri.sandbox-uid": pod.uid(),
-            "io.kubernetes.cri.sandbox-log-directory": format!("/var/log/pods/{}_{}_{}", pod.namespace, pod.name, pod.uid()),
-        },
-        "linux": { "namespaces": namespaces(pod) }
-    });
-    write(
-        &dir.join("config.json"),
-        &serde_json::to_string_pretty(&config)?,
-    )?;
-    write(&dir.join("init.pid"), &pid.to_string())
 }
 
 /// The lab's stand-in for CRI-O's run root, /run/containers/storage.

@@ -198,3 +198,15 @@ pub fn rewrite(path: &Path, text: &str) -> Result<()> {
     f.write_all(text.as_bytes())?;
     Ok(())
 }
+
+/// Detaches the mount at `path` (lazily: a busy one goes when unused).
+pub fn unmount(path: &Path) -> Result<()> {
+    use std::os::unix::ffi::OsStrExt as _;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())?;
+    // SAFETY: a NUL-terminated path; no other preconditions.
+    if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } != 0 {
+        let e = std::io::Error::last_os_error();
+        bail!("unmounting {}: {e}", path.display());
+    }
+    Ok(())
+}

@@ -21,13 +21,6 @@ use serde::Deserialize;
 use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint, Uri};
 
-#[cfg_attr(
-    not(feature = "harness"),
-    allow(
-        dead_code,
-        reason = "the lab's pods, run through CRI, are only the tests' yet"
-    )
-)]
 pub mod sandbox;
 
 use super::{spec::Spec, workload::Workload, Metadata, Pod, Runtime};

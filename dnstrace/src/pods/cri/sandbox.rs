@@ -9,8 +9,9 @@ use std::{
 
 use anyhow::{Context as _, Result};
 use k8s_cri::v1::{
-    DnsConfig, PodSandboxConfig, PodSandboxMetadata, RemovePodSandboxRequest, RunPodSandboxRequest,
-    StopPodSandboxRequest,
+    DnsConfig, LinuxPodSandboxConfig, LinuxSandboxSecurityContext, NamespaceMode, NamespaceOption,
+    PodSandboxConfig, PodSandboxMetadata, RemovePodSandboxRequest, RunPodSandboxRequest,
+    StatusRequest, StopPodSandboxRequest,
 };
 
 use super::{deadline, Cri};
@@ -28,6 +29,8 @@ pub struct SandboxRequest {
     pub labels: BTreeMap<String, String>,
     pub annotations: BTreeMap<String, String>,
     pub dns: Dns,
+    /// `hostNetwork: true`: the node's network namespace, no CNI.
+    pub host_network: bool,
     /// Where the runtime writes the pod's logs (created by the caller).
     pub log_directory: PathBuf,
 }
@@ -60,6 +63,21 @@ impl Cri {
         .await
         .context("RunPodSandbox")
         .map(|answer| answer.pod_sandbox_id)
+    }
+
+    /// The runtime's verbose status entry `key` (containerd's `cniconfig`:
+    /// the CNI networks its CRI plugin has loaded).
+    pub async fn status_info(&mut self, key: &str) -> Result<Option<String>> {
+        let client = &mut self.client;
+        let answer = super::deadline(super::QUERY_TIMEOUT, async {
+            Ok(client
+                .status(StatusRequest { verbose: true })
+                .await?
+                .into_inner())
+        })
+        .await
+        .context("Status")?;
+        Ok(answer.info.get(key).cloned())
     }
 
     /// Stops a sandbox (its process, its network) and removes it.
@@ -100,6 +118,27 @@ fn sandbox_config(request: &SandboxRequest) -> PodSandboxConfig {
         }),
         labels: map(&request.labels),
         annotations: map(&request.annotations),
+        linux: Some(linux_config(request.host_network)),
         ..PodSandboxConfig::default()
+    }
+}
+
+/// The kubelet's namespace options: a hostNetwork pod shares the node's.
+fn linux_config(host_network: bool) -> LinuxPodSandboxConfig {
+    let network = if host_network {
+        NamespaceMode::Node
+    } else {
+        NamespaceMode::Pod
+    };
+    LinuxPodSandboxConfig {
+        security_context: Some(LinuxSandboxSecurityContext {
+            namespace_options: Some(NamespaceOption {
+                network: network as i32,
+                pid: NamespaceMode::Container as i32,
+                ..NamespaceOption::default()
+            }),
+            ..LinuxSandboxSecurityContext::default()
+        }),
+        ..LinuxPodSandboxConfig::default()
     }
 }
