@@ -114,7 +114,7 @@ pub fn fragments(data: &[u8]) {
                 "a datagram not all there read as whole"
             ),
             Body::Cut(m) => assert!(m.answers.is_empty(), "a cut message has answers"),
-            Body::Malformed { .. } => {}
+            Body::Malformed { .. } | Body::Gap { .. } => {}
         }
         // Only reassembly makes packets that are no fragment here.
         if r.packet.frag.is_none() {
@@ -721,7 +721,7 @@ mod tests {
                 .map(|r| match &r.body {
                     Body::Dns(m) => format!("dns {}", m.answers.len()),
                     Body::Cut(_) => format!("cut {:?}", r.missing.as_ref().map(|m| m.offset)),
-                    Body::Malformed { .. } => "malformed".into(),
+                    Body::Malformed { .. } | Body::Gap { .. } => "malformed".into(),
                 })
                 .collect::<Vec<_>>()
         };

@@ -474,6 +474,7 @@ impl<W: Write> LineSink<W> {
             Body::Dns(m) => line += &format!(" {}", dns_text(m)),
             Body::Cut(m) => line += &format!(" {} CUT", dns_text(m)),
             Body::Malformed { reason, len } => line += &format!(" MALFORMED {len} bytes: {reason}"),
+            Body::Gap { reason } => line += &format!(" GAP: {reason}"),
         }
         if let Some(m) = &rec.missing {
             line += &self.missing_text(m);

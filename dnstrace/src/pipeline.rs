@@ -567,6 +567,7 @@ impl Pipeline {
             match rec.body {
                 Body::Dns(_) => self.counts.messages += 1,
                 Body::Cut(_) => self.counts.cut += 1,
+                Body::Gap { .. } => self.counts.cut += 1,
                 Body::Malformed { .. } if rec.packet.truncated => self.counts.cut += 1,
                 Body::Malformed { .. } => self.counts.malformed += 1,
             }

@@ -211,6 +211,7 @@ impl Engine {
             Body::Dns(msg) => (msg, false),
             Body::Cut(msg) => (msg, true),
             Body::Malformed { .. } => return,
+            Body::Gap { .. } => return self.missed_answers(&rec.packet),
         };
         let p = &rec.packet;
         let Some(slot) = self.journey_of(msg, p) else {
@@ -268,6 +269,21 @@ impl Engine {
         }
         if let Some((key, lookup)) = truncated {
             self.lookups.note_truncated(key, lookup, p.ts_ns);
+        }
+    }
+
+    /// The capture missed bytes of a TCP stream toward `p.dst`: the
+    /// journeys of that socket still waiting may have lost their answers
+    /// there, so their silence is no evidence.
+    fn missed_answers(&mut self, p: &Packet) {
+        let client = p.dst;
+        for slot in self.by_client.get(&short(self.hasher.hash_one(client))) {
+            if let Some(o) = self.open.get_mut(slot) {
+                let own = o.client() == client || o.aliases().any(|a| *a == client);
+                if own && o.has(JourneyFlags::TCP) && !o.has(JourneyFlags::ANSWER_SEEN) {
+                    o.incomplete.get_or_insert(Gap::Missed);
+                }
+            }
         }
     }
 

@@ -132,6 +132,8 @@ pub enum Gap {
     Lost,
     /// The capture or recording ended before it could finish.
     Ended,
+    /// The capture missed part of its TCP stream, where its answer may be.
+    Missed,
 }
 
 impl Gap {
@@ -139,6 +141,7 @@ impl Gap {
         match self {
             Gap::Lost => "kernel events were lost while it was open",
             Gap::Ended => "the capture ended before it could finish",
+            Gap::Missed => "the capture missed part of its TCP stream, where its answer may be",
         }
     }
 }

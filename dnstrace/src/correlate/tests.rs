@@ -1146,6 +1146,42 @@ fn a_tcp_journey_shows_its_connection_set_up_retransmission_and_end() {
     assert_eq!(c.reset, None);
 }
 
+/// A gap in the server's stream toward a socket: its queries still
+/// waiting lost nothing anyone saw, so they are not timeouts; the answered
+/// one, another socket's, and one asked after the gap are whole.
+#[test]
+fn a_gap_toward_a_tcp_socket_leaves_its_waiting_journeys_unseen() {
+    let (client, other, svc) = ("10.244.0.1:4200", "10.244.0.1:4201", "10.244.0.53:53");
+    let mut e = Engine::new(Limits::default());
+    let ask = |e: &mut Engine, ts: u64, from: &'static str, id: u16| {
+        let at = ev(ts, Hook::DevXmit, NODE_NS, 4, from, svc);
+        e.push(&tcp(
+            rec(&at, msg(id, "a.example.", "A", false), None, None),
+            1,
+        ));
+    };
+    ask(&mut e, 0, client, 1);
+    ask(&mut e, MS, client, 2);
+    ask(&mut e, MS, other, 3);
+    let back = ev(2 * MS, Hook::DevReceive, NODE_NS, 4, svc, client);
+    e.push(&tcp(
+        rec(&back, msg(1, "a.example.", "A", true), None, None),
+        1,
+    ));
+    let mut gap = tcp(rec(&back, msg(0, "x.", "A", true), None, None), 50);
+    gap.body = Body::Gap {
+        reason: "14 bytes missed".into(),
+    };
+    e.push(&gap);
+    ask(&mut e, 3 * MS, client, 4);
+    let js = e.finish(10_000 * MS);
+    let gaps: Vec<(u16, Option<Gap>)> = js.iter().map(|j| (j.dns_id, j.incomplete)).collect();
+    assert_eq!(
+        gaps,
+        [(1, None), (2, Some(Gap::Missed)), (3, None), (4, None)]
+    );
+}
+
 #[test]
 fn a_tcp_retry_after_a_truncated_answer_is_the_same_lookup() {
     let name = "big.example.com.";

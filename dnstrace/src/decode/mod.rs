@@ -30,6 +30,9 @@ pub enum Body {
     Cut(Arc<DnsMessage>),
     /// Not a DNS message: why, and how many bytes there were.
     Malformed { reason: String, len: usize },
+    /// Bytes of a TCP stream the capture missed or cut, in the direction
+    /// of `packet`: the messages in them are lost.
+    Gap { reason: String },
 }
 
 /// One decoded DNS message (or malformed payload) with the packet that carried it.
@@ -195,10 +198,7 @@ impl Decoder {
         for piece in self.tcp.push(&packet) {
             let body = match piece {
                 tcp::Piece::Message(msg) => parse(&msg),
-                tcp::Piece::Gap(reason) => Body::Malformed {
-                    reason,
-                    len: packet.payload_len as usize,
-                },
+                tcp::Piece::Gap(reason) => Body::Gap { reason },
             };
             out.push(Record {
                 packet: packet.without_payload(),

@@ -35,7 +35,8 @@ impl Default for Limits {
 #[derive(Debug, PartialEq, Eq)]
 pub enum Piece {
     Message(Bytes),
-    /// Bytes of the stream are missing; its messages are lost until it reconnects.
+    /// Bytes of the stream the capture missed or cut: the messages in them
+    /// are lost, and those after them until a segment starts with one.
     Gap(String),
 }
 
@@ -148,9 +149,6 @@ impl Reassembler {
 
 impl Stream {
     fn segment(&mut self, p: &Packet, seq: u32, limits: Limits, out: &mut Vec<Piece>) {
-        if self.broken {
-            return;
-        }
         if p.truncated {
             let reason = format!(
                 "TCP segment cut at {} of {} bytes by the capture",
@@ -159,8 +157,18 @@ impl Stream {
             );
             return self.give_up(reason, out);
         }
+        if self.broken {
+            if !whole_messages(&p.payload) {
+                return;
+            }
+            self.broken = false;
+            self.next = Some(seq);
+        }
         let next = *self.next.get_or_insert(seq);
         let rel = seq.wrapping_sub(next) as i32;
+        if rel > 0 && whole_messages(&p.payload) {
+            return self.resync(seq, rel, &p.payload, out);
+        }
         if rel > 0 {
             if self.pending.len() >= limits.max_pending {
                 return self.give_up("too much out-of-order TCP data".into(), out);
@@ -169,6 +177,12 @@ impl Stream {
             return;
         }
         self.append(next, rel, &p.payload);
+        self.drain_pending();
+        self.messages(out);
+    }
+
+    /// Appends the held segments that now follow on.
+    fn drain_pending(&mut self) {
         while let Some(i) = self
             .pending
             .iter()
@@ -178,6 +192,22 @@ impl Stream {
             let next = self.next.unwrap_or(s);
             self.append(next, s.wrapping_sub(next) as i32, &data);
         }
+    }
+
+    /// Picks the stream up again at `seq`, `missed` bytes past what was
+    /// expected, whose segment holds whole messages. One segment each way
+    /// is one message for most servers and clients, so a segment the
+    /// capture missed costs its own messages, not the connection's.
+    fn resync(&mut self, seq: u32, missed: i32, data: &Bytes, out: &mut Vec<Piece>) {
+        out.push(Piece::Gap(format!(
+            "{missed} bytes of the stream before this segment were not captured; \
+             picked up again at its whole messages"
+        )));
+        self.buf.clear();
+        self.pending.retain(|(s, _)| s.wrapping_sub(seq) as i32 > 0);
+        self.next = Some(seq);
+        self.append(seq, 0, data);
+        self.drain_pending();
         self.messages(out);
     }
 
@@ -207,9 +237,24 @@ impl Stream {
         self.buf.clear();
         self.pending.clear();
         out.push(Piece::Gap(format!(
-            "{reason}; this stream's messages are lost until it reconnects"
+            "{reason}; this stream's messages are lost until a segment starts with one"
         )));
     }
+}
+
+/// `data` is one or more whole length-prefixed messages, each at least a
+/// DNS header long, and nothing else: it can be read on its own.
+fn whole_messages(data: &[u8]) -> bool {
+    const HEADER: usize = 12;
+    let mut rest = data;
+    while let Some((len, after)) = rest.split_first_chunk::<2>() {
+        let len = usize::from(u16::from_be_bytes(*len));
+        if len < HEADER || after.len() < len {
+            return false;
+        }
+        rest = &after[len..];
+    }
+    rest.is_empty() && !data.is_empty()
 }
 
 #[cfg(test)]
@@ -292,20 +337,56 @@ mod tests {
         );
     }
 
+    /// A DNS message's worth of bytes: at least a header.
+    fn msg(tag: u8) -> Vec<u8> {
+        vec![tag; 12]
+    }
+
     #[test]
-    fn cut_segment_is_a_gap_then_silence_until_reconnect() {
+    fn cut_segment_is_a_gap_then_silence_until_a_segment_starts_a_message() {
         let mut r = Reassembler::new(Limits::default());
         r.push(&seg(0, SYN, b""));
-        let mut cut = seg(1, 0, &framed(b"abc")[..2]);
+        let first = framed(&msg(1));
+        let mut cut = seg(1, 0, &first[..2]);
         cut.truncated = true;
-        cut.payload_len = 5;
+        cut.payload_len = first.len() as u32;
         assert!(matches!(r.push(&cut)[..], [Piece::Gap(_)]));
-        assert!(r.push(&seg(3, 0, b"c")).is_empty());
+        assert!(r.push(&seg(3, 0, &first[2..])).is_empty());
+        assert_eq!(messages(r.push(&seg(15, 0, &framed(&msg(2))))), [msg(2)]);
         r.push(&seg(50, SYN, b""));
+        assert_eq!(messages(r.push(&seg(51, 0, &framed(&msg(3))))), [msg(3)]);
+    }
+
+    /// A segment the capture missed costs its own message: the next one
+    /// that holds whole messages is read, and so is what follows it.
+    #[test]
+    fn a_missed_segment_is_a_gap_and_the_stream_goes_on() {
+        let mut r = Reassembler::new(Limits::default());
+        r.push(&seg(0, SYN, b""));
+        let [a, c] = [1, 3].map(|t| framed(&msg(t)));
+        assert_eq!(messages(r.push(&seg(1, 0, &a))), [msg(1)]);
+        // The second message (14 bytes at 15) is missed; c follows it.
+        let after = r.push(&seg(29, 0, &c));
+        assert!(matches!(&after[..], [Piece::Gap(why), Piece::Message(m)]
+            if why.starts_with("14 bytes") && m[..] == msg(3)[..]));
+        let d = framed(&msg(4));
         assert_eq!(
-            messages(r.push(&seg(51, 0, &framed(b"x")))),
-            vec![b"x".to_vec()]
+            messages(r.push(&seg(43, 0, &d[..5]))),
+            Vec::<Vec<u8>>::new()
         );
+        assert_eq!(messages(r.push(&seg(48, 0, &d[5..]))), [msg(4)]);
+    }
+
+    /// Only whole messages pick a stream up: a segment ahead that starts
+    /// or ends inside one waits for what is missing, as before.
+    #[test]
+    fn whole_messages_and_nothing_else() {
+        let two = [framed(&msg(1)), framed(&msg(2))].concat();
+        assert!(whole_messages(&two));
+        assert!(!whole_messages(&two[..two.len() - 1]));
+        assert!(!whole_messages(&two[1..]));
+        assert!(!whole_messages(&framed(b"short")));
+        assert!(!whole_messages(b""));
     }
 
     #[test]
