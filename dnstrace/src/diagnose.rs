@@ -31,6 +31,7 @@ use self::{
     memory::Recent,
     nat::LocalListeners,
     rules::Known,
+    search::MissCosts,
     transport::Pending,
     upstream::Upstreams,
 };
@@ -44,6 +45,7 @@ pub struct Diagnoser {
     raised: Raised,
     upstream: Upstreams,
     recent: Recent,
+    miss_costs: MissCosts,
     truncated: Pending,
     local: LocalListeners,
     ct: CtSeen,
@@ -58,6 +60,7 @@ impl Diagnoser {
             raised: Raised::default(),
             upstream: Upstreams::default(),
             recent: Recent::default(),
+            miss_costs: MissCosts::default(),
             truncated: Pending::default(),
             local: LocalListeners::default(),
             ct: CtSeen::default(),
@@ -114,6 +117,7 @@ impl Diagnoser {
         self.truncated.await_tcp_retry(j);
         let backed = self.ct.journey(j, names);
         let recent = self.recent.of(j);
+        self.miss_costs.count(j, &recent);
         let known = Known {
             ctx: &self.ctx,
             upstream: &self.upstream,
@@ -121,6 +125,7 @@ impl Diagnoser {
             names,
             local: &self.local,
             ct: &self.ct,
+            miss_costs: &self.miss_costs,
         };
         let mut found = rules::findings(j, &known);
         found.extend(backed);

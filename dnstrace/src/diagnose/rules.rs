@@ -6,7 +6,7 @@ use super::{
     memory::Asked,
     nat::{loopback_nameserver, not_translated, unexpected_source, LocalListeners},
     outcome::{dropped, failing_answer, slow, unanswered},
-    search::{ndots_amplification, search_leak},
+    search::{ndots_amplification, search_leak, MissCosts},
     transport::fragment_lost,
     upstream::{upstream_failures, Upstreams},
     Context,
@@ -23,6 +23,7 @@ pub(super) struct Known<'a> {
     /// Service IPs answered on without DNAT.
     pub(super) local: &'a LocalListeners,
     pub(super) ct: &'a CtSeen,
+    pub(super) miss_costs: &'a MissCosts,
 }
 
 /// Every rule, in order; a rule that explains a journey silences the
@@ -37,6 +38,7 @@ pub(super) fn findings<'a>(j: &'a Journey, known: &Known<'a>) -> Vec<Finding<'a>
         names,
         local,
         ct,
+        miss_costs,
     } = *known;
     let mut out = Vec::new();
     // Rules that conclude from what is missing (no DNAT, no answer).
@@ -67,6 +69,6 @@ pub(super) fn findings<'a>(j: &'a Journey, known: &Known<'a>) -> Vec<Finding<'a>
     }
     out.extend(slow(j));
     out.extend(search_leak(j, recent, ctx));
-    out.extend(ndots_amplification(j, recent));
+    out.extend(ndots_amplification(j, recent, miss_costs));
     out
 }

@@ -1,5 +1,8 @@
 //! Search domains and ndots: leaks to the outside, and the cost of misses.
-use std::net::SocketAddr;
+use std::{
+    collections::BTreeMap,
+    net::{IpAddr, SocketAddr},
+};
 
 use super::{
     anomaly::{Finding, Words},
@@ -135,11 +138,87 @@ fn under(name: &str, stem: &str) -> bool {
         .is_some_and(|rest| rest.starts_with('.'))
 }
 
-/// An answer that came only after several search-list NXDOMAINs that cost
-/// real time: the price of ndots:5 for names outside the cluster.
-/// A cost rule: journeys that lost events are left out, as their times are
-/// no evidence.
-pub(super) fn ndots_amplification<'a>(j: &'a Journey, recent: &[&'a Asked]) -> Option<Finding<'a>> {
+/// A client's lookups that went through the search list in its current
+/// minute: how many, and how many paid for their misses, from when to when.
+#[derive(Clone, Copy, Debug)]
+struct Window {
+    since_ns: u64,
+    lookups: u32,
+    costly: u32,
+    first_costly_ns: u64,
+    last_costly_ns: u64,
+}
+
+/// How long a client's window runs before it starts again.
+const WINDOW_NS: u64 = 60_000_000_000;
+
+/// Costly lookups must recur at least this many times over at least this
+/// long: a restart or a stalled machine slows a burst of lookups once.
+const HABIT_LOOKUPS: u32 = 3;
+const HABIT_SPAN_NS: u64 = 10_000_000_000;
+
+/// Clients remembered, as for their questions.
+const CLIENTS: usize = 4096;
+
+/// What each client's lookups pay for search-list misses: amplification is
+/// a habit of a client's configuration, not one slow lookup.
+#[derive(Default)]
+pub(super) struct MissCosts(BTreeMap<IpAddr, Window>);
+
+impl MissCosts {
+    /// Counts `j` if it was answered after search-list misses.
+    pub(super) fn count(&mut self, j: &Journey, recent: &[&Asked]) {
+        let Some(cost) = miss_cost(j, recent) else {
+            return;
+        };
+        let at = j.started_ns;
+        if !self.0.contains_key(&j.client.ip()) && self.0.len() >= CLIENTS {
+            // Forget the client whose window is oldest.
+            let oldest = self.0.iter().min_by_key(|(_, w)| w.since_ns);
+            if let Some(ip) = oldest.map(|(ip, _)| *ip) {
+                self.0.remove(&ip);
+            }
+        }
+        let w = self.0.entry(j.client.ip()).or_insert(Window::new(at));
+        if at.saturating_sub(w.since_ns) > WINDOW_NS {
+            *w = Window::new(at);
+        }
+        w.lookups += 1;
+        if cost >= AMPLIFICATION_NS {
+            if w.costly == 0 {
+                w.first_costly_ns = at;
+            }
+            w.costly += 1;
+            w.last_costly_ns = w.last_costly_ns.max(at);
+        }
+    }
+
+    /// `client`'s window, if most of its lookups through the search list
+    /// paid for their misses, again and again.
+    fn habit(&self, client: IpAddr) -> Option<Window> {
+        let w = *self.0.get(&client)?;
+        let recurs = w.costly >= HABIT_LOOKUPS
+            && w.last_costly_ns.saturating_sub(w.first_costly_ns) >= HABIT_SPAN_NS;
+        (recurs && 2 * w.costly >= w.lookups).then_some(w)
+    }
+}
+
+impl Window {
+    fn new(since_ns: u64) -> Self {
+        Self {
+            since_ns,
+            lookups: 0,
+            costly: 0,
+            first_costly_ns: 0,
+            last_costly_ns: 0,
+        }
+    }
+}
+
+/// What `j`'s search-list misses cost its client, if it was answered after
+/// at least three of them. Journeys that lost events are left out, as
+/// their times are no evidence.
+fn miss_cost(j: &Journey, recent: &[&Asked]) -> Option<u64> {
     let Outcome::Answered { rcode, answers, .. } = &j.outcome else {
         return None;
     };
@@ -147,10 +226,20 @@ pub(super) fn ndots_amplification<'a>(j: &'a Journey, recent: &[&'a Asked]) -> O
         return None;
     }
     let misses = search_misses(j, recent);
-    let cost = time_covered(&misses);
-    if misses.len() < 3 || cost < AMPLIFICATION_NS {
-        return None;
-    }
+    (misses.len() >= 3).then(|| time_covered(&misses))
+}
+
+/// An answer that came only after several search-list NXDOMAINs that cost
+/// real time, for a client whose lookups mostly pay so: the price of
+/// ndots:5 for names outside the cluster.
+pub(super) fn ndots_amplification<'a>(
+    j: &'a Journey,
+    recent: &[&'a Asked],
+    costs: &MissCosts,
+) -> Option<Finding<'a>> {
+    let cost = miss_cost(j, recent).filter(|&c| c >= AMPLIFICATION_NS)?;
+    let w = costs.habit(j.client.ip())?;
+    let misses = search_misses(j, recent);
     let mut tried: Vec<&str> = Vec::new();
     for m in &misses {
         if !tried.contains(&&*m.name) {
@@ -162,11 +251,16 @@ pub(super) fn ndots_amplification<'a>(j: &'a Journey, recent: &[&'a Asked]) -> O
         String::new(),
         move || {
             let summary = format!("lookups pay for search-list misses: {} NXDOMAINs ({:.0} ms) before {} was answered", misses.len(), cost as f64 / 1e6, j.name);
-            let evidence = vec![format!(
-                "{} asked {} first",
-                j.client.ip(),
-                tried.join(", ")
-            )];
+            let evidence = vec![
+                format!("{} asked {} first", j.client.ip(), tried.join(", ")),
+                format!(
+                    "{} of its {} answers after search-list misses waited {} ms or more for them, over {:.0} s",
+                    w.costly,
+                    w.lookups,
+                    AMPLIFICATION_NS / 1_000_000,
+                    w.last_costly_ns.saturating_sub(w.first_costly_ns) as f64 / 1e9
+                ),
+            ];
             Words::new(summary, evidence)
         },
     ))

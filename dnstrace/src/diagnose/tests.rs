@@ -606,31 +606,73 @@ const WWW_MISSES: [&str; 3] = [
     "www.example.com.cluster.local.",
 ];
 
-#[test]
-fn costly_search_list_misses_before_an_answer_are_amplification() {
+/// A lookup of www.example.com that starts at `start_ms` with its
+/// search-list misses, one after the other, each asked as `qtypes` at once
+/// and answered in `ms`: the ndots_amplification summaries it raised.
+fn www_lookup(
+    d: &mut Diagnoser,
+    id: &mut u64,
+    start_ms: u64,
+    ms: u64,
+    qtypes: &[Qtype],
+    incomplete: bool,
+) -> Vec<String> {
     let names = KernelNames::default();
-    // Misses that lost events have times that are no evidence.
-    for (ms, incomplete, expect) in [(1, false, 0), (60, false, 1), (60, true, 0)] {
-        let mut d = Diagnoser::new(ctx());
-        for (i, n) in WWW_MISSES.iter().enumerate() {
-            let mut miss = asked(i as u64, n, Rcode::NXDOMAIN, 100 * (i as u64 + 1), ms);
+    for (i, n) in WWW_MISSES.iter().enumerate() {
+        for &qtype in qtypes {
+            *id += 1;
+            let mut miss = Journey {
+                qtype,
+                ..asked(*id, n, Rcode::NXDOMAIN, start_ms + ms * (i as u64 + 1), ms)
+            };
             miss.incomplete = incomplete.then_some(Gap::Lost);
             d.journey(&miss, &names);
         }
-        let found = d
-            .journey(
-                &asked(9, "www.example.com.", Rcode::NOERROR, 500, 1),
-                &names,
-            )
-            .raised;
+    }
+    *id += 1;
+    let end = start_ms + 3 * ms + 1;
+    let answer = asked(*id, "www.example.com.", Rcode::NOERROR, end, 1);
+    d.journey(&answer, &names)
+        .raised
+        .into_iter()
+        .filter(|a| a.kind.as_str() == "ndots_amplification")
+        .map(|a| a.summary)
+        .collect()
+}
+
+/// Lookups at these times (ms): three, ten seconds apart from first to last.
+const HABIT_MS: [u64; 3] = [0, 5_000, 10_000];
+
+#[test]
+fn costly_search_list_misses_lookup_after_lookup_are_amplification() {
+    // Misses that lost events have times that are no evidence.
+    for (ms, incomplete, expect) in [(1, false, 0), (60, false, 1), (60, true, 0)] {
+        let (mut d, mut id) = (Diagnoser::new(ctx()), 0);
+        let raised: Vec<usize> = HABIT_MS
+            .iter()
+            .map(|&at| www_lookup(&mut d, &mut id, at, ms, &[Qtype::A], incomplete).len())
+            .collect();
+        // The third lookup makes the habit.
         assert_eq!(
-            found
-                .iter()
-                .filter(|a| a.kind.as_str() == "ndots_amplification")
-                .count(),
-            expect,
+            raised,
+            [0, 0, expect],
             "{ms} ms per miss, incomplete {incomplete}"
         );
+    }
+}
+
+/// A restarted CoreDNS or a stalled machine makes a burst of lookups pay
+/// once; a few slow lookups among many quick ones are no habit either.
+#[test]
+fn a_burst_or_a_few_costly_lookups_are_no_amplification() {
+    let (mut d, mut id) = (Diagnoser::new(ctx()), 0);
+    for at in [0, 300, 600, 900, 1_200] {
+        assert!(www_lookup(&mut d, &mut id, at, 60, &[Qtype::A], false).is_empty());
+    }
+    let (mut d, mut id) = (Diagnoser::new(ctx()), 0);
+    for at in (0..=10_000).step_by(500) {
+        let ms = if HABIT_MS.contains(&at) { 60 } else { 1 };
+        assert!(www_lookup(&mut d, &mut id, at, ms, &[Qtype::A], false).is_empty());
     }
 }
 
@@ -639,44 +681,21 @@ fn costly_search_list_misses_before_an_answer_are_amplification() {
 /// one's.
 #[test]
 fn parallel_misses_cost_their_wall_time_not_their_sum() {
-    let names = KernelNames::default();
     // Pairs of 20 ms (120 ms summed, 60 ms waited), then of 40 ms.
     for (ms, expect) in [(20, None), (40, Some("6 NXDOMAINs (120 ms)"))] {
-        let mut d = Diagnoser::new(ctx());
-        let mut id = 0;
-        for round in [0, 1000] {
-            for (i, n) in WWW_MISSES.iter().enumerate() {
-                for qtype in [Qtype::A, Qtype::AAAA] {
-                    id += 1;
-                    let end = round + ms * (i as u64 + 1);
-                    d.journey(
-                        &Journey {
-                            qtype,
-                            ..asked(id, n, Rcode::NXDOMAIN, end, ms)
-                        },
-                        &names,
-                    );
-                }
-            }
-        }
-        let end = 1000 + 3 * ms + 1;
-        let found = d
-            .journey(
-                &asked(99, "www.example.com.", Rcode::NOERROR, end, 1),
-                &names,
-            )
-            .raised;
-        let summary = found
+        let (mut d, mut id) = (Diagnoser::new(ctx()), 0);
+        let pair = [Qtype::A, Qtype::AAAA];
+        let summaries: Vec<String> = HABIT_MS
             .iter()
-            .find(|a| a.kind.as_str() == "ndots_amplification")
-            .map(|a| a.summary.clone());
+            .flat_map(|&at| www_lookup(&mut d, &mut id, at, ms, &pair, false))
+            .collect();
         assert_eq!(
-            summary.is_some(),
-            expect.is_some(),
-            "{ms} ms per pair: {summary:?}"
+            summaries.len(),
+            usize::from(expect.is_some()),
+            "{ms} ms per pair: {summaries:?}"
         );
-        if let (Some(s), Some(e)) = (summary, expect) {
-            assert!(s.contains(e), "{s}");
+        if let Some(e) = expect {
+            assert!(summaries[0].contains(e), "{}", summaries[0]);
         }
     }
 }
@@ -1203,6 +1222,7 @@ fn repeats_of_a_raised_anomaly_are_counted_without_evidence() {
             names: &names,
             local: &d.local,
             ct: &d.ct,
+            miss_costs: &d.miss_costs,
         };
         let found = rules::findings(&again, &known);
         assert_eq!(found[0].kind.as_str(), "unanswered");
