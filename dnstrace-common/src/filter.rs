@@ -2,20 +2,17 @@
 //! belongs to its journeys, so user space is not flooded with the rest.
 
 /// Set by user space before loading; `enabled == 0` keeps everything.
+/// The target's network namespace is in the TARGET_NETNS map, which
+/// changes when the target's pod is re-created.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TargetFilter {
     pub enabled: u32,
-    /// Inode of the target's network namespace: everything seen there is kept
-    /// (loopback nameservers included). 0 for none.
-    pub netns: u32,
 }
 
 impl TargetFilter {
-    pub const OFF: Self = Self {
-        enabled: 0,
-        netns: 0,
-    };
+    pub const OFF: Self = Self { enabled: 0 };
+    pub const ON: Self = Self { enabled: 1 };
 }
 
 /// Roles of watched addresses (bits of the WATCHED map's values).

@@ -114,6 +114,12 @@ static WATCHED: HashMap<[u32; 4], u8> = HashMap::with_max_entries(MAX_WATCHED, 0
 #[unsafe(no_mangle)]
 static FILTER: TargetFilter = TargetFilter::OFF;
 
+/// Inode of the target's network namespace: everything seen there is kept
+/// (loopback nameservers included). 0 for none. A map, not a global: a
+/// pod re-created while tracing is followed into its new namespace.
+#[map]
+static TARGET_NETNS: Array<u32> = Array::with_max_entries(1, 0);
+
 #[inline(always)]
 fn role(addr: &[u8; 16]) -> u8 {
     // SAFETY: every address in the meta is 4-byte aligned (asserted in
@@ -129,7 +135,11 @@ fn role(addr: &[u8; 16]) -> u8 {
 pub fn wanted(m: &PacketMeta) -> bool {
     // SAFETY: a global user space patches before load (see `offsets`).
     let f = unsafe { core::ptr::read_volatile(&FILTER) };
-    if f.enabled == 0 || (f.netns != 0 && m.netns == f.netns) {
+    if f.enabled == 0 {
+        return true;
+    }
+    let netns = TARGET_NETNS.get(0).copied().unwrap_or(0);
+    if netns != 0 && m.netns == netns {
         return true;
     }
     let (src, dst) = (role(&m.saddr), role(&m.daddr));

@@ -69,7 +69,7 @@ pub enum AttachMode {
 
 /// The kernel side of a target: its namespace and watched addresses.
 pub struct KernelFilter {
-    pub filter: TargetFilter,
+    pub netns: u32,
     pub watched: Vec<([u8; 16], u8)>,
 }
 
@@ -93,24 +93,33 @@ impl Counts {
     }
 }
 
-/// The addresses the programs watch for a target, and their roles.
-pub struct Watched(HashMap<MapData, [u8; 16], u8>);
+/// The addresses the programs watch for a target, and their roles; and
+/// the target's network namespace.
+pub struct Watched {
+    addrs: HashMap<MapData, [u8; 16], u8>,
+    netns: Array<MapData, u32>,
+}
 
 impl Watched {
+    /// Keeps everything seen in the network namespace `inode` (0: none).
+    pub fn follow_netns(&mut self, inode: u32) -> Result<()> {
+        self.netns.set(0, inode, 0).context("TARGET_NETNS map")
+    }
+
     /// Makes the map hold `watched` and nothing else; the stale go first,
     /// so that the map's room is never short.
     pub fn set(&mut self, watched: &[([u8; 16], u8)]) -> Result<()> {
         let stale: Vec<[u8; 16]> = self
-            .0
+            .addrs
             .keys()
             .filter_map(Result::ok)
             .filter(|k| !watched.iter().any(|(w, _)| w == k))
             .collect();
         for key in &stale {
-            self.0.remove(key).context("WATCHED map")?;
+            self.addrs.remove(key).context("WATCHED map")?;
         }
         for (key, role) in watched {
-            self.0.insert(key, role, 0).context("WATCHED map")?;
+            self.addrs.insert(key, role, 0).context("WATCHED map")?;
         }
         Ok(())
     }
@@ -310,7 +319,7 @@ impl Probes {
             .override_global("TC_L2_LEN", &tc_l2_len(&ifaces), true)
             .override_global(
                 "FILTER",
-                &target.map_or(TargetFilter::OFF, |t| t.filter),
+                &target.map_or(TargetFilter::OFF, |_| TargetFilter::ON),
                 true,
             )
             .load(object)
@@ -337,7 +346,9 @@ impl Probes {
         };
         probes.configure(&args.ports, &ifaces)?;
         if let Some(t) = target {
-            probes.watch(&t.watched)?;
+            let mut watched = probes.watched()?;
+            watched.set(&t.watched)?;
+            watched.follow_netns(t.netns)?;
         }
         if ifaces.is_empty() {
             let btf = aya::Btf::from_sys_fs().context("reading the kernel's BTF")?;
@@ -503,19 +514,6 @@ impl Probes {
             .program_mut(name)
             .ok_or_else(|| anyhow!("program {name} missing from the eBPF object"))?;
         Ok(prog.try_into()?)
-    }
-
-    /// The target's addresses and its resolvers' for the kernel's filter.
-    fn watch(&mut self, watched: &[([u8; 16], u8)]) -> Result<()> {
-        let mut map: HashMap<_, [u8; 16], u8> = self
-            .ebpf
-            .map_mut("WATCHED")
-            .context("WATCHED map")?
-            .try_into()?;
-        for (addr, role) in watched {
-            map.insert(addr, role, 0)?;
-        }
-        Ok(())
     }
 
     fn configure(&mut self, ports: &[u16], ifaces: &[Iface]) -> Result<()> {
@@ -728,15 +726,21 @@ impl Probes {
     /// a target that moves while tracing (a pod re-created, a resolver
     /// restarted). Take it before dropping privileges.
     pub fn watched(&self) -> Result<Watched> {
-        let map = self.ebpf.map("WATCHED").context("WATCHED map")?;
-        let fd = match map {
-            aya::maps::Map::HashMap(data) => {
-                std::os::fd::AsFd::as_fd(data.fd()).try_clone_to_owned()?
-            }
-            _ => anyhow::bail!("WATCHED is not a hash map"),
+        Ok(Watched {
+            addrs: self.own_map("WATCHED")?.try_into()?,
+            netns: self.own_map("TARGET_NETNS")?.try_into()?,
+        })
+    }
+
+    /// A handle of its own on map `name`.
+    fn own_map(&self, name: &str) -> Result<aya::maps::Map> {
+        let map = self.ebpf.map(name).with_context(|| format!("{name} map"))?;
+        let data = match map {
+            aya::maps::Map::HashMap(data) | aya::maps::Map::Array(data) => data,
+            _ => anyhow::bail!("{name} is not a hash map or an array"),
         };
-        let map = aya::maps::Map::from_map_data(MapData::from_fd(fd)?)?;
-        Ok(Watched(map.try_into()?))
+        let fd = std::os::fd::AsFd::as_fd(data.fd()).try_clone_to_owned()?;
+        Ok(aya::maps::Map::from_map_data(MapData::from_fd(fd)?)?)
     }
 
     /// The programs' log, for the caller to forward once privileges are

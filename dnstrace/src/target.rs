@@ -8,7 +8,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result};
-use dnstrace_common::{TargetFilter, MAX_WATCHED, ROLE_RESOLVER, ROLE_TARGET};
+use dnstrace_common::{MAX_WATCHED, ROLE_RESOLVER, ROLE_TARGET};
 
 use crate::{
     naming::Services,
@@ -133,10 +133,7 @@ impl Target {
     /// resolvers' queries upstream.
     pub fn kernel_filter(&self, resolvers: &BTreeSet<IpAddr>) -> Result<KernelFilter> {
         Ok(KernelFilter {
-            filter: TargetFilter {
-                enabled: 1,
-                netns: self.netns_inode,
-            },
+            netns: self.netns_inode,
             watched: watched(&self.addrs, resolvers)?,
         })
     }
@@ -341,13 +338,7 @@ mod tests {
         };
         let resolvers = [ip("10.244.0.53"), ip("10.244.0.10")].into();
         let k = t.kernel_filter(&resolvers).unwrap();
-        assert_eq!(
-            k.filter,
-            TargetFilter {
-                enabled: 1,
-                netns: 42
-            }
-        );
+        assert_eq!(k.netns, 42);
         let role = |s: &str| {
             k.watched
                 .iter()

@@ -254,6 +254,15 @@ fn trace_follows_pods_re_created_restarted_and_started_while_tracing() {
         .unwrap();
     let followed_in = recreated.elapsed();
     assert!(dig(&web2.netns, &old_dns.ip, "two.life.test."));
+    // A resolver on the new sandbox's loopback: its packets carry no
+    // address of web's, only its namespace says they are web's.
+    let loopback = dnsmasq_at(
+        &web2.netns,
+        "127.0.0.1",
+        &[&format!("--address=/life.test/{ANSWER}")],
+    );
+    assert!(dig(&web2.netns, "127.0.0.1", "local.life.test."));
+    drop(loopback);
 
     // CoreDNS restarted: a new sandbox at a new address.
     drop(old_dns_proc);
@@ -294,6 +303,8 @@ fn trace_follows_pods_re_created_restarted_and_started_while_tracing() {
     );
     let two = journey(&journeys, "two.life.test.");
     assert_eq!(client(two), (web2.ip.clone(), "default/web".into()));
+    let local = journey(&journeys, "local.life.test.");
+    assert_eq!(client(local).0, "127.0.0.1", "{local:#}");
     let three = journey(&journeys, "three.life.test.");
     assert_eq!(client(three), (web2.ip.clone(), "default/web".into()));
     assert!(

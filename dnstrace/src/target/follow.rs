@@ -125,10 +125,8 @@ fn follow(mut following: Following, tx: &mpsc::Sender<Refresh>, poke: &Notify) {
                 continue;
             };
             let update = following.pods.update(now);
-            if let (Some(map), Some(w)) = (&mut following.watched, &update.watched) {
-                if let Err(e) = map.set(w) {
-                    log::warn!("following pods: the kernel's watched addresses: {e:#}");
-                }
+            if let Some(map) = &mut following.watched {
+                tell_kernel(map, &update);
             }
             let changed = update.refresh != Refresh::default();
             if changed && tx.send(update.refresh).await.is_err() {
@@ -386,6 +384,20 @@ impl Pods {
         watched(&target.addrs, &resolvers)
             .map_err(|e| log::warn!("following pods: {e:#}"))
             .ok()
+    }
+}
+
+/// The target's new addresses and namespace, into the kernel's filter.
+fn tell_kernel(map: &mut Watched, update: &Update) {
+    if let Some(w) = &update.watched {
+        if let Err(e) = map.set(w) {
+            log::warn!("following pods: the kernel's watched addresses: {e:#}");
+        }
+    }
+    if let Some(moved) = &update.refresh.target {
+        if let Err(e) = map.follow_netns(moved.netns_inode) {
+            log::warn!("following pods: the kernel's target namespace: {e:#}");
+        }
     }
 }
 
