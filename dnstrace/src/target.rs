@@ -263,12 +263,17 @@ pub fn is_coredns(full_name: &str) -> bool {
 /// Every running pod's name and addresses (from inside its namespace,
 /// else as its runtime's CRI reported them), and which serve DNS; what
 /// cannot be read is left out (names are a help, not a requirement).
+/// A hostNetwork pod names no address: the node's are every such pod's,
+/// and the node's own processes'.
 pub fn node_pods(args: &Query, inventory: &pods::Inventory) -> NodePods {
     let node = args.node_netns.as_deref();
     let node_inode = crate::netns::inode(node).ok();
     let mut found = NodePods::default();
     for p in &inventory.pods {
         let inside = p.netns_path().and_then(|path| inspect(&path, node).ok());
+        let host_network = inside
+            .as_ref()
+            .is_some_and(|net| Some(net.netns_inode) == node_inode);
         let ips = match &inside {
             Some(net) => net.ips.clone(),
             None => match inventory.metadata(p) {
@@ -282,7 +287,7 @@ pub fn node_pods(args: &Query, inventory: &pods::Inventory) -> NodePods {
                 .extend(ips.iter().map(|ip| (*ip, a.clone())));
         }
         // A hostNetwork pod shares the node's sockets, NodeLocalDNS's too.
-        if inside.is_some_and(|net| net.serves_dns && Some(net.netns_inode) != node_inode) {
+        if inside.is_some_and(|net| net.serves_dns) && !host_network {
             found.dns_servers.extend(&ips);
         }
         if let Some(r) = pods::resolv::read_for_pod(p)
@@ -296,7 +301,9 @@ pub fn node_pods(args: &Query, inventory: &pods::Inventory) -> NodePods {
                 .collect();
             found.cluster_nameservers.extend(new);
         }
-        found.addresses.push((p.full_name(), ips));
+        if !host_network {
+            found.addresses.push((p.full_name(), ips));
+        }
     }
     found
 }

@@ -335,6 +335,14 @@ fn a_host_network_client_asks_cluster_dns_from_the_nodes_namespace() {
         lines.iter().any(|j| j["type"] == "journey" && j["name"] == "kubernetes.default.svc.cluster.local."),
         "{lines:#?}"
     );
+    // The node's addresses are every hostNetwork pod's and the node's own
+    // processes': none is named after the one pod.
+    let named_after_it = lines
+        .iter()
+        .filter(|j| j["type"] == "journey")
+        .flat_map(|j| j["names"].as_object().into_iter().flatten())
+        .find(|(_, name)| name.as_str().is_some_and(|n| n.contains("fluent-bit")));
+    assert!(named_after_it.is_none(), "{named_after_it:?}");
     let kinds = anomaly_kinds(&lines);
     let summary = lines.iter().find(|l| l["type"] == "summary").unwrap();
     eprintln!(
