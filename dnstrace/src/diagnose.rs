@@ -38,6 +38,7 @@ use self::{
 use crate::{
     correlate::{Connection, Journey},
     decode::{KernelNames, Qtype},
+    pods::resolv::ResolvConf,
 };
 
 pub struct Diagnoser {
@@ -82,10 +83,23 @@ impl Diagnoser {
             found.extend(conntrack::conntrack_drops_before_start(ct));
             found.extend(conntrack::conntrack_table_full(ct));
         }
-        if let Some(t) = &ctx.target {
-            found.extend(config::resolv_loopback(t));
-            found.extend(config::resolv_foreign_search(t, &ctx.node_search));
+        found.extend(target_checks(ctx));
+        self.raised.record(found, now_ns, None).raised
+    }
+
+    /// The target's pod was re-created: its new sandbox is judged from
+    /// now on, its resolv.conf too where it was read; returns what that
+    /// raises.
+    pub fn retarget(&mut self, to: Retarget, now_ns: u64) -> Vec<Anomaly> {
+        let Some(t) = &mut self.ctx.target else {
+            return Vec::new();
+        };
+        t.netns_inode = to.netns_inode;
+        t.addrs = to.addrs;
+        if to.resolv.is_some() {
+            t.resolv = to.resolv;
         }
+        let found = target_checks(&self.ctx);
         self.raised.record(found, now_ns, None).raised
     }
 
@@ -184,6 +198,27 @@ impl Diagnoser {
         all.sort_by(|a, b| b.severity.cmp(&a.severity).then(b.count.cmp(&a.count)));
         all
     }
+}
+
+/// Where the target's pod went when it was re-created.
+pub struct Retarget {
+    pub netns_inode: u32,
+    pub addrs: Vec<IpAddr>,
+    pub resolv: Option<ResolvConf>,
+}
+
+/// What the target's resolv.conf says, before any traffic.
+fn target_checks(ctx: &Context) -> Vec<Finding<'_>> {
+    let Some(t) = &ctx.target else {
+        return Vec::new();
+    };
+    [
+        config::resolv_loopback(t),
+        config::resolv_foreign_search(t, &ctx.node_search),
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
 }
 
 #[cfg(test)]

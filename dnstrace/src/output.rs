@@ -661,8 +661,9 @@ impl<W: io::Write> Sink for LineSink<W> {
         self.flush()
     }
     fn lost(&mut self, _: u64, _: u64, _: u64) {}
-    fn pods(&mut self, refresh: &Refresh) {
+    fn pods(&mut self, refresh: &Refresh, _: u64) -> io::Result<()> {
         self.labels.rename(refresh);
+        Ok(())
     }
     fn finish(&mut self, _: u64) -> io::Result<()> {
         self.flush()

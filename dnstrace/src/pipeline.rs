@@ -20,7 +20,7 @@ use crate::{
     conntrack::CtEvent,
     correlate::{Engine, Journey, Limits, CLOSE_BATCH},
     decode::{Body, Decoder, KernelNames, Packet, Qtype, Record, Transport},
-    diagnose::{Anomaly, AnomalyKind, Context, Diagnoser},
+    diagnose::{Anomaly, AnomalyKind, Context, Diagnoser, Retarget},
     ingest::SampleChange,
     target::{self, follow::Refresh},
 };
@@ -54,7 +54,9 @@ pub trait Sink {
     /// The kernel's sampling level changed.
     fn sampling(&mut self, _change: SampleChange) {}
     /// The node's pods changed: new names, the target's new sandbox.
-    fn pods(&mut self, _refresh: &Refresh) {}
+    fn pods(&mut self, _refresh: &Refresh, _now_ns: u64) -> io::Result<()> {
+        Ok(())
+    }
     /// The capture ends: write what is left.
     fn finish(&mut self, now_ns: u64) -> io::Result<()>;
     /// What it counted, for the exit line.
@@ -286,12 +288,24 @@ impl<O: JourneyOut> Sink for JourneySink<O> {
     fn sampling(&mut self, change: SampleChange) {
         self.engine.sampling(change);
     }
-    fn pods(&mut self, refresh: &Refresh) {
-        if let (Some((netns, addrs)), Some(moved)) = (&mut self.only, &refresh.target) {
+    fn pods(&mut self, refresh: &Refresh, now_ns: u64) -> io::Result<()> {
+        self.out.pods(refresh);
+        let Some(moved) = &refresh.target else {
+            return Ok(());
+        };
+        if let Some((netns, addrs)) = &mut self.only {
             *netns = moved.netns_inode;
             addrs.extend(&moved.addrs);
         }
-        self.out.pods(refresh);
+        let retarget = Retarget {
+            netns_inode: moved.netns_inode,
+            addrs: moved.addrs.clone(),
+            resolv: moved.resolv.clone(),
+        };
+        for a in self.diagnoser.retarget(retarget, now_ns) {
+            self.out.anomaly(&a)?;
+        }
+        Ok(())
     }
     fn finish(&mut self, now_ns: u64) -> io::Result<()> {
         self.close_all(|engine| engine.finish(now_ns))?;
@@ -518,7 +532,7 @@ impl Pipeline {
                 now_ns,
             } => sink.lost(total, since_ns, now_ns),
             Input::Sample(change) => sink.sampling(change),
-            Input::Pods { refresh, .. } => sink.pods(&refresh),
+            Input::Pods { now_ns, refresh } => sink.pods(&refresh, now_ns)?,
             Input::Tick(now_ns) => {
                 self.expire(now_ns, sink)?;
                 sink.tick(now_ns)?;
@@ -773,13 +787,18 @@ mod tests {
         };
         lookup(&mut sink, 0);
         assert!(sink.out.journeys.is_empty(), "not the target's yet");
-        sink.pods(&Refresh {
-            target: Some(target::follow::Moved {
-                netns_inode: 100,
-                addrs: vec!["10.244.0.10".parse().unwrap()],
-            }),
-            ..Refresh::default()
-        });
+        sink.pods(
+            &Refresh {
+                target: Some(target::follow::Moved {
+                    netns_inode: 100,
+                    addrs: vec!["10.244.0.10".parse().unwrap()],
+                    resolv: None,
+                }),
+                ..Refresh::default()
+            },
+            1_500_000_000,
+        )
+        .unwrap();
         lookup(&mut sink, 2000);
         assert_eq!(sink.out.journeys.len(), 1);
     }

@@ -1322,6 +1322,37 @@ fn the_target_pods_resolv_conf_is_checked_at_start() {
     assert!(d.static_checks(0).is_empty());
 }
 
+/// `--pod web` re-created with dnsPolicy Default on a node whose resolver
+/// is systemd-resolved's stub: its new resolv.conf is judged when it is
+/// followed there; a sandbox whose file could not be read keeps the last.
+#[test]
+fn a_target_re_created_is_judged_by_its_new_resolv_conf() {
+    let healthy = "nameserver 10.96.0.10\nsearch default.svc.cluster.local svc.cluster.local cluster.local\noptions ndots:5\n";
+    let mut d = Diagnoser::new(Context {
+        target: Some(crate::target::Target {
+            label: "pod default/web".into(),
+            netns_inode: 7,
+            addrs: vec![],
+            host_veth: None,
+            resolv: Some(crate::pods::resolv::parse(healthy)),
+            namespace: Some("default".into()),
+        }),
+        ..ctx()
+    });
+    assert!(d.static_checks(0).is_empty());
+    let to = |resolv: Option<&str>| Retarget {
+        netns_inode: 8,
+        addrs: vec!["10.244.0.12".parse().unwrap()],
+        resolv: resolv.map(crate::pods::resolv::parse),
+    };
+    assert!(d.retarget(to(None), 1).is_empty());
+    let raised = d.retarget(to(Some("nameserver 127.0.0.53\n")), 2);
+    assert_eq!(raised.len(), 1);
+    assert_eq!(raised[0].kind.as_str(), "loopback_nameserver");
+    let t = d.ctx.target.as_ref().unwrap();
+    assert_eq!((t.netns_inode, t.addrs.len()), (8, 1));
+}
+
 // Issue 33: false alarms and wrong causes on real clusters.
 
 /// Kernel names for the drops these tests make: 3 NETFILTER_DROP, 5

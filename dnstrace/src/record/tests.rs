@@ -417,6 +417,12 @@ pub fn inputs() -> Vec<crate::pipeline::Input> {
                 target: Some(crate::target::follow::Moved {
                     netns_inode: 4_026_532_999,
                     addrs: vec!["10.244.0.11".parse().unwrap()],
+                    resolv: Some(crate::pods::resolv::ResolvConf {
+                        nameservers: vec!["10.96.0.10".parse().unwrap()],
+                        search: vec!["default.svc.cluster.local".into()],
+                        ndots: 5,
+                        options: vec![],
+                    }),
                 }),
             },
         },

@@ -22,7 +22,7 @@ use tokio::sync::{mpsc, Notify};
 use super::{resolvers, watched, NodePods, Target};
 use crate::{
     naming::Services,
-    pods::{cri::Cri, select, workload::Workload, Inventory, Metadata, Pod},
+    pods::{cri::Cri, resolv::ResolvConf, select, workload::Workload, Inventory, Metadata, Pod},
     probes::Watched,
 };
 
@@ -49,12 +49,14 @@ pub struct Refresh {
     pub target: Option<Moved>,
 }
 
-/// Where the target went: its new sandbox's network namespace and
-/// addresses.
+/// Where the target went: its new sandbox's network namespace, addresses
+/// and resolv.conf (when it could be read).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Moved {
     pub netns_inode: u32,
     pub addrs: Vec<IpAddr>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolv: Option<ResolvConf>,
 }
 
 /// The pods as they were when tracing started, and what follows them.
@@ -364,6 +366,7 @@ impl Pods {
         Some(Moved {
             netns_inode,
             addrs: meta.ips.clone(),
+            resolv: crate::pods::resolv::read_for_pod(pod).ok(),
         })
     }
 
