@@ -342,8 +342,9 @@ pub enum Input {
         now_ns: u64,
         moved: Vec<(&'static str, u64)>,
     },
-    /// The kernel has lost `total` events so far, some of them since
-    /// `since_ns` (the last look).
+    /// The kernel has lost `total` events so far (the ring full), or
+    /// skipped runs of the programs; some of either since `since_ns` (the
+    /// last look).
     Lost {
         since_ns: u64,
         now_ns: u64,

@@ -3,6 +3,7 @@
 mod btf;
 mod kernel_log;
 mod leftovers;
+mod misses;
 mod netlink;
 mod offsets;
 
@@ -701,6 +702,12 @@ impl Probes {
     /// TCP payloads the perf buffers had no room for.
     pub fn apart_lost(&self) -> Result<u64> {
         self.count(COUNT_APART_LOST)
+    }
+
+    /// Runs of the programs the kernel skipped (one already running on
+    /// that CPU): packets not seen, though no event was lost.
+    pub fn skipped_runs(&self) -> u64 {
+        misses::skipped_runs(&self.ebpf)
     }
 
     fn count(&self, counter: u32) -> Result<u64> {

@@ -23,6 +23,9 @@ pub struct ExitReport {
     pub one_in: u32,
     /// TCP payloads left cut: no room on their perf buffer.
     pub apart_lost: u64,
+    /// Runs of the programs the kernel skipped: one was already running on
+    /// that CPU, and the packet went unseen.
+    pub skipped_runs: u64,
     pub evicted_streams: u64,
     /// Fragmented datagrams given up at a hook point: timed out or
     /// inconsistent, and evicted.
@@ -86,6 +89,13 @@ impl ExitReport {
             ),
         );
         say(
+            self.skipped_runs,
+            format!(
+                "the kernel skipped {} runs of the programs (one already running on that CPU): those packets were not seen",
+                self.skipped_runs
+            ),
+        );
+        say(
             self.evicted_streams,
             format!(
                 "{} TCP streams dropped from reassembly (too many open at once)",
@@ -144,6 +154,7 @@ mod tests {
             sampled_out: 40,
             one_in: 4,
             apart_lost: 0,
+            skipped_runs: 2,
             evicted_streams: 0,
             incomplete_datagrams: 0,
             evicted_datagrams: 0,
@@ -161,6 +172,7 @@ mod tests {
             [
                 "dnstrace: 8 DNS packets, 8 messages, 1 malformed, 2 journeys, 0 evicted (too many open at once), 1 anomalies; 3 events lost; detached from vs",
                 "dnstrace: sampling left out 40 packets (1 lookup in 4 kept at the end)",
+                "dnstrace: the kernel skipped 2 runs of the programs (one already running on that CPU): those packets were not seen",
             ]
         );
     }
@@ -180,6 +192,7 @@ mod tests {
         assert_eq!(json["lost"], 3);
         assert_eq!(json["sampled_out"], 40);
         assert_eq!(json["one_in"], 4);
+        assert_eq!(json["skipped_runs"], 2);
         assert_eq!(json["detached_from"][0], "vs");
     }
 

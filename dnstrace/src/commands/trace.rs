@@ -177,6 +177,7 @@ pub async fn run(args: TraceOptions, view: View) -> Result<()> {
         lost: probes.lost_events().unwrap_or(0),
         sampled_out: probes.shed_events().unwrap_or(0),
         apart_lost: probes.apart_lost().unwrap_or(0),
+        skipped_runs: probes.skipped_runs(),
         one_in: src.level.one_in(),
         detached_from: probes.targets(),
         bad_events: src.ingest.bad_events(),
@@ -335,7 +336,9 @@ struct LiveSource<'a> {
     ports: Vec<u16>,
     stats_tick: Interval,
     lost_seen: u64,
-    /// When the loss counter was last read.
+    /// Runs of the programs the kernel skipped, so far.
+    skipped_seen: u64,
+    /// When the loss counters were last read.
     looked_ns: u64,
     queued: VecDeque<Input>,
     preload: Preload,
@@ -361,6 +364,7 @@ impl<'a> LiveSource<'a> {
             preload,
             stats_tick: interval(Duration::from_secs(1)),
             lost_seen: 0,
+            skipped_seen: 0,
             looked_ns: monotonic_now(),
             queued: VecDeque::new(),
             level: SampleLevel::default(),
@@ -397,15 +401,23 @@ impl<'a> LiveSource<'a> {
         Input::Packets(batch)
     }
 
-    /// New kernel losses since the last look, said once on stderr.
+    /// New kernel losses since the last look, said once on stderr: events
+    /// the ring had no room for, and runs of the programs the kernel
+    /// skipped. Either makes what was open then incomplete.
     fn lost(&mut self) -> Option<Input> {
         let total = self.probes.lost_events().unwrap_or(0);
+        let skipped = self.probes.skipped_runs();
         let since_ns = std::mem::replace(&mut self.looked_ns, monotonic_now());
-        if total <= self.lost_seen {
+        if total <= self.lost_seen && skipped <= self.skipped_seen {
             return None;
         }
-        log::warn!("{total} events lost so far (ring buffer full; raise --ring-buffer-mib)");
-        self.lost_seen = total;
+        if total > self.lost_seen {
+            log::warn!("{total} events lost so far (ring buffer full; raise --ring-buffer-mib)");
+        }
+        if skipped > self.skipped_seen {
+            log::warn!("the kernel skipped {skipped} runs of the programs so far (one already running on that CPU): those packets were not seen");
+        }
+        (self.lost_seen, self.skipped_seen) = (total, skipped);
         Some(Input::Lost {
             since_ns,
             now_ns: self.looked_ns,
