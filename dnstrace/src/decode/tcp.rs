@@ -159,7 +159,10 @@ impl Stream {
         }
         if self.broken {
             if !whole_messages(&p.payload) {
-                return;
+                // Unread, so what waits on it is unseen, not unanswered.
+                return out.push(Piece::Gap(
+                    "TCP segment not read: the stream lost its message boundaries before it".into(),
+                ));
             }
             self.broken = false;
             self.next = Some(seq);
@@ -351,7 +354,10 @@ mod tests {
         cut.truncated = true;
         cut.payload_len = first.len() as u32;
         assert!(matches!(r.push(&cut)[..], [Piece::Gap(_)]));
-        assert!(r.push(&seg(3, 0, &first[2..])).is_empty());
+        assert!(matches!(
+            r.push(&seg(3, 0, &first[2..]))[..],
+            [Piece::Gap(_)]
+        ));
         assert_eq!(messages(r.push(&seg(15, 0, &framed(&msg(2))))), [msg(2)]);
         r.push(&seg(50, SYN, b""));
         assert_eq!(messages(r.push(&seg(51, 0, &framed(&msg(3))))), [msg(3)]);
