@@ -141,8 +141,14 @@ impl Drop for Proc {
 
 /// dnsmasq serving `args` (e.g. `--host-record=...`) on the server side.
 pub fn dnsmasq(ns: &Netns, args: &[&str]) -> Result<Proc> {
-    let child = ns
-        .cmd("dnsmasq")
+    dnsmasq_in(&ns.name, &[Pair::SERVER4, Pair::SERVER6], args)
+}
+
+/// dnsmasq in the namespace `netns` (a name under /run/netns) on the
+/// addresses `listen`, serving `args`; returns once it listens on the first.
+pub fn dnsmasq_in(netns: &str, listen: &[&str], args: &[&str]) -> Result<Proc> {
+    let child = Command::new("ip")
+        .args(["netns", "exec", netns, "dnsmasq"])
         .args([
             "--keep-in-foreground",
             "--no-resolv",
@@ -151,27 +157,23 @@ pub fn dnsmasq(ns: &Netns, args: &[&str]) -> Result<Proc> {
             "--user=root",
             "--pid-file",
         ])
-        .args([
-            "--listen-address",
-            Pair::SERVER4,
-            "--listen-address",
-            Pair::SERVER6,
-        ])
+        .args(listen.iter().flat_map(|a| ["--listen-address", a]))
         .args(args)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .context("starting dnsmasq (apt-get install dnsmasq-base)")?;
     let proc = Proc(child);
+    let first = format!("{}:53", listen.first().context("no address to listen on")?);
     wait_for(|| {
         let ok = Command::new("ip")
-            .args(["netns", "exec", &ns.name, "ss", "-lun", "sport", "=", ":53"])
+            .args(["netns", "exec", netns, "ss", "-lun", "sport", "=", ":53"])
             .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).contains(Pair::SERVER4))
+            .map(|o| String::from_utf8_lossy(&o.stdout).contains(&first))
             .unwrap_or(false);
         ok.then_some(())
     })
-    .context("dnsmasq did not start listening")?;
+    .with_context(|| format!("dnsmasq did not start listening on {first} in {netns}"))?;
     Ok(proc)
 }
 

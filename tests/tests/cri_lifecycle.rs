@@ -9,7 +9,7 @@
 //! dnstrace has said it saw the change, so nothing depends on timing.
 use std::{
     path::Path,
-    process::{Command, Stdio},
+    process::Command,
     time::{Duration, Instant},
 };
 
@@ -76,30 +76,10 @@ fn run_pod(runtime: &Runtime, namespace: &str, name: &str, uid: &str, labels: &[
 }
 
 /// dnsmasq in the namespace `netns` (a name under /run/netns), on
-/// `listen`, with `args`; waits until it answers.
+/// `listen`, with `args`, caching nothing.
 fn dnsmasq_at(netns: &str, listen: &str, args: &[&str]) -> Proc {
-    let child = Command::new("ip")
-        .args(["netns", "exec", netns, "dnsmasq"])
-        .args([
-            "--keep-in-foreground",
-            "--no-resolv",
-            "--no-hosts",
-            "--bind-interfaces",
-            "--user=root",
-            "--pid-file",
-            "--cache-size=0",
-            "--listen-address",
-            listen,
-        ])
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("starting dnsmasq (apt-get install dnsmasq-base)");
-    let proc = Proc(child);
-    wait_for(|| dig(netns, listen, "ready.life.test").then_some(()))
-        .unwrap_or_else(|_| panic!("dnsmasq on {listen} in {netns} does not answer"));
-    proc
+    let args = [&["--cache-size=0"], args].concat();
+    dnsmasq_in(netns, &[listen], &args).unwrap()
 }
 
 /// Looks `name` up at `server` from the namespace `netns`: whether the
