@@ -290,7 +290,13 @@ fn lab_down_leaves_no_namespace_mount_link_process_or_file() {
     let _lab = Lab::up(&[]);
     assert!(dnstrace(&["lab", "down"]).status.success());
     let before = lab_trace(&[], &[]);
-    let up = dnstrace(&["lab", "up", "--ipv6", "--host-network-client"]);
+    let up = dnstrace(&[
+        "lab",
+        "up",
+        "--ipv6",
+        "--host-network-client",
+        "--nodelocaldns",
+    ]);
     assert!(
         up.status.success(),
         "{}",

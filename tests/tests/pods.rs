@@ -281,11 +281,12 @@ fn trace_while_both_ask(lab: &Lab, flag: &str, value: &str, label: &str) -> Vec<
 
 /// The lab's pods are CRI sandboxes of its own containerd: its socket
 /// alone lists them, with their workload and labels, on their planned
-/// addresses, in namespaces of the runtime's own naming.
+/// addresses, in namespaces of the runtime's own naming; NodeLocalDNS's
+/// and the log shipper's are hostNetwork DaemonSet pods.
 #[test]
 fn the_lab_cri_socket_alone_lists_its_pods_with_their_workload() {
     require_root();
-    let _lab = Lab::up(&["--host-network-client"]);
+    let _lab = Lab::up(&["--host-network-client", "--nodelocaldns=notrack"]);
     let (ok, all, stderr) = pods(&[
         "--cri-socket",
         "/run/dnstrace-lab/cri/containerd.sock",
@@ -312,6 +313,7 @@ fn the_lab_cri_socket_alone_lists_its_pods_with_their_workload() {
         want(COREDNS_A, "Deployment", "coredns"),
         want(COREDNS_B, "Deployment", "coredns"),
         want("fluent-bit-5lq8z", "DaemonSet", "fluent-bit"),
+        want("node-local-dns-7qx4m", "DaemonSet", "node-local-dns"),
     ]
     .into();
     assert_eq!(found, expected, "{all:#?}");
@@ -320,6 +322,16 @@ fn the_lab_cri_socket_alone_lists_its_pods_with_their_workload() {
         .find(|p| p["name"] == "web-7d9f8c6b5-x2x4k")
         .unwrap();
     check_web(web, "containerd");
+    let node_local = all
+        .iter()
+        .find(|p| p["name"] == "node-local-dns-7qx4m")
+        .unwrap();
+    let node = std::fs::metadata(format!("/run/netns/{NODE}")).unwrap();
+    assert_eq!(
+        node_local["net"]["netns_inode"].as_u64(),
+        Some(std::os::unix::fs::MetadataExt::ino(&node)),
+        "the node's network: {node_local:#}"
+    );
     assert_eq!(web["labels"]["pod-template-hash"], "7d9f8c6b5");
     assert!(
         web["netns"]

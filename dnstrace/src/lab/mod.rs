@@ -23,6 +23,7 @@ pub mod traffic;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
+    io::Write as _,
     net::IpAddr,
     path::{Path, PathBuf},
     time::{Duration, Instant},
@@ -396,7 +397,7 @@ fn build_node(state: &LabState) -> Result<()> {
 /// each gets its planned addresses); with `--runtime crio`, writes CRI-O's
 /// layout for them too.
 async fn add_pods(state: &mut LabState) -> Result<()> {
-    let pods: Vec<_> = plan::pods(state.host_client)
+    let pods: Vec<_> = plan::pods(state.host_client, state.nodelocaldns.is_some())
         .map(|pod| (pod, pod_dns(state, pod)))
         .collect();
     state.sandboxes = sandboxes::run_all(&pods, state.ipv6, state.cni).await?;
@@ -416,8 +417,8 @@ fn netns_etc(ns: &str) -> PathBuf {
 
 fn nameserver_for(state: &LabState, pod: &Pod) -> IpAddr {
     match pod.role {
-        // dnsPolicy Default: CoreDNS inherits the node's resolv.conf.
-        Role::CoreDns => node_nameserver(state),
+        // dnsPolicy Default: CoreDNS and NodeLocalDNS inherit the node's resolv.conf.
+        Role::CoreDns | Role::NodeLocalDns => node_nameserver(state),
         Role::Client if state.has(Fault::LoopbackNameserver) && pod.name == plan::PODS[0].name => {
             plan::RESOLVED_STUB.into()
         }
@@ -433,7 +434,7 @@ fn nameserver_for(state: &LabState, pod: &Pod) -> IpAddr {
 fn pod_dns(state: &LabState, pod: &Pod) -> Dns {
     let server = nameserver_for(state, pod);
     match pod.role {
-        Role::CoreDns => sandboxes::dns(server, node_search(state), false),
+        Role::CoreDns | Role::NodeLocalDns => sandboxes::dns(server, node_search(state), false),
         Role::Client | Role::HostClient => sandboxes::dns(
             server,
             pod.search_list(&state.cluster_domain, &state.node_search),
@@ -455,13 +456,15 @@ fn node_nameserver(state: &LabState) -> IpAddr {
 }
 
 fn write_resolv_confs(state: &LabState) -> Result<()> {
-    for pod in plan::pods(state.host_client) {
+    for pod in plan::pods(state.host_client, state.nodelocaldns.is_some()) {
         let text = match pod.role {
             Role::CoreDns if state.has(Fault::ForwardLoop) && pod.name == plan::PODS[2].name => {
                 // The node's systemd-resolved stub, inherited: in the pod it is CoreDNS itself.
                 format!("nameserver {}\n", plan::RESOLVED_STUB)
             }
-            Role::CoreDns => node_resolv_conf(state, nameserver_for(state, pod)),
+            Role::CoreDns | Role::NodeLocalDns => {
+                node_resolv_conf(state, nameserver_for(state, pod))
+            }
             Role::Client | Role::HostClient => {
                 let mut search = pod.search_list(&state.cluster_domain, &state.node_search);
                 if state.has(Fault::SearchLeak) {
@@ -1028,24 +1031,48 @@ async fn down(loud: bool) -> Result<()> {
     Ok(())
 }
 
+/// A line into the String `out`.
+macro_rules! say {
+    ($out:expr, $($arg:tt)*) => {{
+        $out.push_str(&format!($($arg)*));
+        $out.push('\n');
+    }};
+}
+
+/// `lab status`: what is up, as lines on stdout (a reader that goes away,
+/// `| head`, ends it quietly).
 fn status() -> Result<()> {
+    let text = status_text();
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(()),
+    }
+}
+
+fn status_text() -> String {
+    let mut out = String::new();
     let namespaces = sys::lab_namespaces();
     let state = LabState::load().ok();
     if namespaces.is_empty() && state.is_none() {
-        println!("the lab is down");
-        return Ok(());
+        return "the lab is down\n".to_owned();
     }
-    println!("namespaces: {}", namespaces.join(" "));
+    say!(out, "namespaces: {}", namespaces.join(" "));
     if let Some(state) = state {
-        print_sandboxes(&state);
+        print_sandboxes(&state, &mut out);
         for (name, pid) in &state.pids {
-            println!(
+            say!(
+                out,
                 "process {name}: pid {pid} {}",
                 if sys::alive(*pid) { "running" } else { "GONE" }
             );
         }
         let faults: Vec<String> = state.faults.iter().map(|f| f.name()).collect();
-        println!(
+        say!(
+            out,
             "faults: {}",
             if faults.is_empty() {
                 "none".to_owned()
@@ -1053,7 +1080,7 @@ fn status() -> Result<()> {
                 faults.join(" ")
             }
         );
-        println!(
+        say!(out,
             "options: ipv6={} nodelocaldns={} proxy-mode={} cluster-domain={} node-search={} host-network-client={} cni={}",
             state.ipv6,
             state.nodelocaldns.map_or("no", NodeLocal::name),
@@ -1069,22 +1096,23 @@ fn status() -> Result<()> {
             state.cni.name()
         );
     }
-    Ok(())
+    out
 }
 
 /// Each pod's sandbox, addresses, and the namespace the lab and the
 /// runtime know it by.
-fn print_sandboxes(state: &LabState) {
-    println!(
+fn print_sandboxes(state: &LabState, out: &mut String) {
+    say!(
+        out,
         "pods: CRI sandboxes of the lab's containerd (socket {})",
         sandboxes::socket().display()
     );
-    for pod in plan::pods(state.host_client) {
+    for pod in plan::pods(state.host_client, state.nodelocaldns.is_some()) {
         let Some(sandbox) = state.sandboxes.get(&pod.full_name()) else {
-            println!("pod {}: no sandbox", pod.full_name());
+            say!(out, "pod {}: no sandbox", pod.full_name());
             continue;
         };
-        let ips = if state.ipv6 && pod.role != Role::HostClient {
+        let ips = if state.ipv6 && !pod.role.host_network() {
             format!("{} {}", pod.ip4, pod.ip6)
         } else {
             pod.ip4.to_string()
@@ -1093,7 +1121,8 @@ fn print_sandboxes(state: &LabState) {
             || "the node's (hostNetwork)".to_owned(),
             |n| format!("{} (lab name {})", n.display(), pod.netns()),
         );
-        println!(
+        say!(
+            out,
             "pod {}: sandbox {} ips {ips} netns {netns}",
             pod.full_name(),
             &sandbox.id[..12.min(sandbox.id.len())]
@@ -1123,7 +1152,7 @@ fn print_summary(state: &LabState) {
         "up. Node namespace {NODE_NS}: {pods}, kube-dns {} ({balancing})",
         plan::SERVICE4,
     );
-    for pod in plan::pods(state.host_client) {
+    for pod in plan::pods(state.host_client, state.nodelocaldns.is_some()) {
         log::info!(target: "lab",
             "  {:<40} {:<12} netns {:<36} sandbox {}",
             pod.full_name(),

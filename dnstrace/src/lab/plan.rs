@@ -174,6 +174,16 @@ pub enum Role {
     /// A client with `hostNetwork: true`: the node's namespace, and its own
     /// resolv.conf (dnsPolicy ClusterFirstWithHostNet).
     HostClient,
+    /// NodeLocalDNS's DaemonSet pod: `hostNetwork: true`, dnsPolicy
+    /// Default; its cache runs in the node's namespace.
+    NodeLocalDns,
+}
+
+impl Role {
+    /// Whether its pods share the node's network namespace.
+    pub fn host_network(self) -> bool {
+        matches!(self, Role::HostClient | Role::NodeLocalDns)
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -230,9 +240,21 @@ pub const HOST_CLIENT: Pod = Pod {
     role: Role::HostClient,
 };
 
-/// Every pod of the lab: PODS, and the hostNetwork client if it has one.
-pub fn pods(host_client: bool) -> impl Iterator<Item = &'static Pod> {
-    PODS.iter().chain(host_client.then_some(&HOST_CLIENT))
+/// NodeLocalDNS's pod of `lab up --nodelocaldns`, as its DaemonSet names it.
+pub const NODE_LOCAL_DNS: Pod = Pod {
+    namespace: "kube-system",
+    name: "node-local-dns-7qx4m",
+    ip4: NODE_UPLINK4,
+    ip6: NODE_UPLINK6,
+    role: Role::NodeLocalDns,
+};
+
+/// Every pod of the lab: PODS, and the hostNetwork client and
+/// NodeLocalDNS's pod where it has them.
+pub fn pods(host_client: bool, nodelocal: bool) -> impl Iterator<Item = &'static Pod> {
+    PODS.iter()
+        .chain(host_client.then_some(&HOST_CLIENT))
+        .chain(nodelocal.then_some(&NODE_LOCAL_DNS))
 }
 
 pub fn coredns_pods() -> impl Iterator<Item = &'static Pod> {
@@ -240,7 +262,7 @@ pub fn coredns_pods() -> impl Iterator<Item = &'static Pod> {
 }
 
 pub fn client_pods(host_client: bool) -> impl Iterator<Item = &'static Pod> {
-    pods(host_client).filter(|p| p.role != Role::CoreDns)
+    pods(host_client, false).filter(|p| matches!(p.role, Role::Client | Role::HostClient))
 }
 
 impl Pod {
@@ -249,20 +271,22 @@ impl Pod {
     }
 
     pub fn netns(&self) -> String {
-        match self.role {
-            Role::HostClient => NODE_NS.to_owned(),
-            _ => format!("{NS_PREFIX}{}", self.name),
+        if self.role.host_network() {
+            NODE_NS.to_owned()
+        } else {
+            format!("{NS_PREFIX}{}", self.name)
         }
     }
 
     /// The file the pod sees as /etc/resolv.conf: what `ip netns exec`
     /// mounts for its namespace, or, sharing the node's, a file of its own.
     pub fn resolv_conf(&self) -> PathBuf {
-        match self.role {
-            Role::HostClient => Path::new(LAB_DIR).join(format!("{}.resolv.conf", self.name)),
-            _ => Path::new("/etc/netns")
+        if self.role.host_network() {
+            Path::new(LAB_DIR).join(format!("{}.resolv.conf", self.name))
+        } else {
+            Path::new("/etc/netns")
                 .join(self.netns())
-                .join("resolv.conf"),
+                .join("resolv.conf")
         }
     }
 
@@ -313,7 +337,8 @@ pub fn find_pod(query: &str) -> Option<&'static Pod> {
     let (namespace, name) = query
         .split_once('/')
         .map_or((None, query), |(ns, n)| (Some(ns), n));
-    pods(true).find(|p| namespace.is_none_or(|ns| ns == p.namespace) && p.name.starts_with(name))
+    pods(true, false)
+        .find(|p| namespace.is_none_or(|ns| ns == p.namespace) && p.name.starts_with(name))
 }
 
 fn hex_digest(s: &str) -> String {

@@ -9,7 +9,7 @@ use anyhow::{Context as _, Result};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use super::plan::{Pod, Role, LAB_DIR};
+use super::plan::{Pod, LAB_DIR};
 
 /// Which runtime's state layout the lab leaves for `dnstrace pods`.
 #[derive(clap::ValueEnum, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -79,7 +79,7 @@ fn crio_annotations(pod: &Pod, resolv: &Path) -> Value {
         "io.kubernetes.cri-o.ContainerName": format!("k8s_POD_{}_{}_{uid}_0", pod.name, pod.namespace),
         "io.kubernetes.cri-o.KubeName": pod.name,
         "io.kubernetes.cri-o.Namespace": pod.namespace,
-        "io.kubernetes.cri-o.HostNetwork": (pod.role == Role::HostClient).to_string(),
+        "io.kubernetes.cri-o.HostNetwork": pod.role.host_network().to_string(),
         "io.kubernetes.cri-o.ResolvPath": resolv,
         "io.kubernetes.cri-o.LogPath": format!("/var/log/pods/{}_{}_{uid}/{id}.log", pod.namespace, pod.name),
         "io.kubernetes.cri-o.Metadata": metadata.to_string(),
@@ -94,7 +94,7 @@ fn crio_annotations(pod: &Pod, resolv: &Path) -> Value {
 /// The spec's namespaces; a hostNetwork pod has no network namespace
 /// entry (it keeps the node's).
 fn namespaces(pod: &Pod) -> Vec<Value> {
-    let network = (pod.role != Role::HostClient)
+    let network = (!pod.role.host_network())
         .then(|| json!({ "type": "network", "path": netns_path(&pod.netns()) }));
     ["pid", "ipc", "uts", "mount"]
         .map(|kind| json!({ "type": kind }))

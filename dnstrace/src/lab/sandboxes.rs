@@ -92,7 +92,7 @@ pub async fn run_all(
         let pid = found
             .pid
             .with_context(|| format!("{}: no sandbox process", pod.full_name()))?;
-        if pod.role != Role::HostClient {
+        if !pod.role.host_network() {
             sys::run("ip", &["netns", "attach", &pod.netns(), &pid.to_string()])?;
         }
         let resolv = found
@@ -171,7 +171,7 @@ fn remove_left(setup: &Setup, sandboxes: &[Sandbox]) -> Result<()> {
 /// `pod` as the kubelet asks for it.
 fn request(setup: &Setup, pod: &Pod, dns: &Dns) -> SandboxRequest {
     let uid = pod.uid();
-    let host_network = pod.role == Role::HostClient;
+    let host_network = pod.role.host_network();
     SandboxRequest {
         namespace: pod.namespace.to_owned(),
         name: pod.name.to_owned(),
@@ -208,7 +208,7 @@ fn labels(pod: &Pod) -> BTreeMap<String, String> {
             vec![("k8s-app", "kube-dns"), ("pod-template-hash", hash)]
         }
         (Role::Client, Some((app, hash))) => vec![("app", app), ("pod-template-hash", hash)],
-        (Role::HostClient, _) => vec![
+        (Role::HostClient | Role::NodeLocalDns, _) => vec![
             ("k8s-app", owner),
             ("controller-revision-hash", "6b8d4f7c9"),
             ("pod-template-generation", "1"),
@@ -252,7 +252,7 @@ mod tests {
 
     #[test]
     fn the_pods_carry_their_controllers_labels() {
-        let workloads: Vec<Option<String>> = plan::pods(true).map(workload).collect();
+        let workloads: Vec<Option<String>> = plan::pods(true, true).map(workload).collect();
         assert_eq!(
             workloads,
             [
@@ -261,6 +261,7 @@ mod tests {
                 "Deployment/coredns",
                 "Deployment/coredns",
                 "DaemonSet/fluent-bit",
+                "DaemonSet/node-local-dns",
             ]
             .map(|w| Some(w.to_owned()))
         );
