@@ -131,7 +131,7 @@ impl Diagnoser {
         self.truncated.await_tcp_retry(j);
         let backed = self.ct.journey(j, names);
         let recent = self.recent.of(j);
-        self.miss_costs.count(j, &recent);
+        let miss_cost = self.miss_costs.count(j, &recent);
         let known = Known {
             ctx: &self.ctx,
             upstream: &self.upstream,
@@ -140,6 +140,7 @@ impl Diagnoser {
             local: &self.local,
             ct: &self.ct,
             miss_costs: &self.miss_costs,
+            miss_cost,
         };
         let mut found = rules::findings(j, &known);
         found.extend(backed);

@@ -24,6 +24,8 @@ pub(super) struct Known<'a> {
     pub(super) local: &'a LocalListeners,
     pub(super) ct: &'a CtSeen,
     pub(super) miss_costs: &'a MissCosts,
+    /// What the journey's search-list misses cost it, if it had any.
+    pub(super) miss_cost: Option<u64>,
 }
 
 /// Every rule, in order; a rule that explains a journey silences the
@@ -39,6 +41,7 @@ pub(super) fn findings<'a>(j: &'a Journey, known: &Known<'a>) -> Vec<Finding<'a>
         local,
         ct,
         miss_costs,
+        miss_cost,
     } = *known;
     let mut out = Vec::new();
     // Rules that conclude from what is missing (no DNAT, no answer).
@@ -69,6 +72,6 @@ pub(super) fn findings<'a>(j: &'a Journey, known: &Known<'a>) -> Vec<Finding<'a>
     }
     out.extend(slow(j));
     out.extend(search_leak(j, recent, ctx));
-    out.extend(ndots_amplification(j, recent, miss_costs));
+    out.extend(ndots_amplification(j, recent, miss_cost, miss_costs));
     out
 }

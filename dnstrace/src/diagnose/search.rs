@@ -166,11 +166,10 @@ const CLIENTS: usize = 4096;
 pub(super) struct MissCosts(BTreeMap<IpAddr, Window>);
 
 impl MissCosts {
-    /// Counts `j` if it was answered after search-list misses.
-    pub(super) fn count(&mut self, j: &Journey, recent: &[&Asked]) {
-        let Some(cost) = miss_cost(j, recent) else {
-            return;
-        };
+    /// Counts `j` if it was answered after search-list misses; returns
+    /// what they cost it.
+    pub(super) fn count(&mut self, j: &Journey, recent: &[&Asked]) -> Option<u64> {
+        let cost = miss_cost(j, recent)?;
         let at = j.started_ns;
         if !self.0.contains_key(&j.client.ip()) && self.0.len() >= CLIENTS {
             // Forget the client whose window is oldest.
@@ -191,6 +190,7 @@ impl MissCosts {
             w.costly += 1;
             w.last_costly_ns = w.last_costly_ns.max(at);
         }
+        Some(cost)
     }
 
     /// `client`'s window, if most of its lookups through the search list
@@ -230,14 +230,15 @@ fn miss_cost(j: &Journey, recent: &[&Asked]) -> Option<u64> {
 }
 
 /// An answer that came only after several search-list NXDOMAINs that cost
-/// real time, for a client whose lookups mostly pay so: the price of
-/// ndots:5 for names outside the cluster.
+/// real time (`cost`, as `MissCosts::count` found it), for a client whose
+/// lookups mostly pay so: the price of ndots:5 for names outside the cluster.
 pub(super) fn ndots_amplification<'a>(
     j: &'a Journey,
     recent: &[&'a Asked],
+    cost: Option<u64>,
     costs: &MissCosts,
 ) -> Option<Finding<'a>> {
-    let cost = miss_cost(j, recent).filter(|&c| c >= AMPLIFICATION_NS)?;
+    let cost = cost.filter(|&c| c >= AMPLIFICATION_NS)?;
     let w = costs.habit(j.client.ip())?;
     let misses = search_misses(j, recent);
     let mut tried: Vec<&str> = Vec::new();

@@ -1223,6 +1223,7 @@ fn repeats_of_a_raised_anomaly_are_counted_without_evidence() {
             local: &d.local,
             ct: &d.ct,
             miss_costs: &d.miss_costs,
+            miss_cost: None,
         };
         let found = rules::findings(&again, &known);
         assert_eq!(found[0].kind.as_str(), "unanswered");
@@ -1372,6 +1373,18 @@ fn kinds_of(found: &[Anomaly]) -> Vec<&'static str> {
     found.iter().map(|a| a.kind.as_str()).collect()
 }
 
+/// A leg on the CoreDNS pod's loopback at `ts`: the query from port 4000
+/// to its own port 53, or the answer back.
+fn on_lo(ts: u64, hook: &'static str, response: bool) -> Leg {
+    let (query, answer) = ("127.0.0.1:4000", "127.0.0.1:53");
+    let (src, dst) = if response {
+        (answer, query)
+    } else {
+        (query, answer)
+    };
+    leg(ts, hook, DNS_NS, 1, src, dst, response)
+}
+
 #[test]
 fn coredns_answering_its_own_loop_probe_is_no_loopback_nameserver() {
     let probe = |outcome: Outcome| {
@@ -1380,42 +1393,10 @@ fn coredns_answering_its_own_loop_probe_is_no_loopback_nameserver() {
         j.qtype = Qtype::HINFO;
         j.dnat = None;
         j.legs = vec![
-            leg(
-                0,
-                "dev_xmit",
-                DNS_NS,
-                1,
-                "127.0.0.1:4000",
-                "127.0.0.1:53",
-                false,
-            ),
-            leg(
-                10,
-                "dev_receive",
-                DNS_NS,
-                1,
-                "127.0.0.1:4000",
-                "127.0.0.1:53",
-                false,
-            ),
-            leg(
-                90,
-                "dev_xmit",
-                DNS_NS,
-                1,
-                "127.0.0.1:53",
-                "127.0.0.1:4000",
-                true,
-            ),
-            leg(
-                99,
-                "dev_receive",
-                DNS_NS,
-                1,
-                "127.0.0.1:53",
-                "127.0.0.1:4000",
-                true,
-            ),
+            on_lo(0, "dev_xmit", false),
+            on_lo(10, "dev_receive", false),
+            on_lo(90, "dev_xmit", true),
+            on_lo(99, "dev_receive", true),
         ];
         j.outcome = outcome;
         j
@@ -1989,26 +1970,7 @@ fn a_tcp_query_asked_again_on_a_new_connection_and_answered_is_no_upstream_timeo
 fn a_loopback_query_answered_or_cut_short_is_no_loopback_nameserver() {
     let mut j = healthy();
     j.dnat = None;
-    j.legs = vec![
-        leg(
-            0,
-            "dev_xmit",
-            DNS_NS,
-            1,
-            "127.0.0.1:4000",
-            "127.0.0.1:53",
-            false,
-        ),
-        leg(
-            90,
-            "dev_xmit",
-            DNS_NS,
-            1,
-            "127.0.0.1:53",
-            "127.0.0.1:4000",
-            true,
-        ),
-    ];
+    j.legs = vec![on_lo(0, "dev_xmit", false), on_lo(90, "dev_xmit", true)];
     assert!(kinds(&j).is_empty(), "{:?}", kinds(&j));
     j.legs.truncate(1);
     j.outcome = Outcome::Timeout;

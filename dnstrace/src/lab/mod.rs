@@ -804,7 +804,6 @@ fn set_fault(state: &mut LabState, fault: Fault, on: bool) -> Result<()> {
             if fault == Fault::NoDnat {
                 balance(state)?;
             }
-            apply_rules(state)?;
             if on {
                 forget_tcp_flows(state);
             }
@@ -1062,7 +1061,7 @@ fn status_text() -> String {
     }
     say!(out, "namespaces: {}", namespaces.join(" "));
     if let Some(state) = state {
-        print_sandboxes(&state, &mut out);
+        sandbox_lines(&state, &mut out);
         for (name, pid) in &state.pids {
             say!(
                 out,
@@ -1101,7 +1100,7 @@ fn status_text() -> String {
 
 /// Each pod's sandbox, addresses, and the namespace the lab and the
 /// runtime know it by.
-fn print_sandboxes(state: &LabState, out: &mut String) {
+fn sandbox_lines(state: &LabState, out: &mut String) {
     say!(
         out,
         "pods: CRI sandboxes of the lab's containerd (socket {})",
