@@ -1990,26 +1990,17 @@ fn a_query_taken_by_a_listener_on_the_node_is_no_service_not_translated() {
     let mut j = healthy();
     j.dnat = None;
     j.outcome = Outcome::Timeout;
-    j.legs = vec![
-        leg(
-            0,
-            "dev_xmit",
-            CLIENT_NS,
-            2,
-            "10.244.0.10:4000",
-            "10.96.0.10:53",
-            false,
-        ),
-        leg(
-            9,
-            "dev_receive",
-            NODE_NS,
-            2,
-            "10.244.0.10:4000",
-            "10.96.0.10:53",
-            false,
-        ),
-    ];
+    // The client's query (healthy's first leg), then the node's receive.
+    j.legs.truncate(1);
+    j.legs.push(leg(
+        9,
+        "dev_receive",
+        NODE_NS,
+        2,
+        "10.244.0.10:4000",
+        "10.96.0.10:53",
+        false,
+    ));
     let kinds_with = |drops_visible: bool| {
         let found = Diagnoser::new(Context {
             drops_visible,
