@@ -264,6 +264,7 @@ impl Engine {
                 dns_id: o.dns_id,
                 qtype: o.qtype,
                 name: &name,
+                tcp: o.has(JourneyFlags::TCP),
             };
             self.by_key.file(&self.open, &q, slot);
         }
@@ -296,11 +297,12 @@ impl Engine {
             (None, true) => p.dst,
             (None, false) => p.src,
         };
+        let tcp = matches!(p.transport, Transport::Tcp { .. });
         let Some(q) = msg.questions.first() else {
             // Some FORMERR and REFUSED answers carry no question.
             return msg
                 .response
-                .then(|| self.answered(client, msg.id, p))
+                .then(|| self.answered(client, msg.id, tcp, p))
                 .flatten();
         };
         let asked = Question {
@@ -308,6 +310,7 @@ impl Engine {
             dns_id: msg.id,
             qtype: q.qtype,
             name: &q.name,
+            tcp,
         };
         match self.by_key.find(&self.open, &asked) {
             Some(slot) => Some(slot),
@@ -327,12 +330,13 @@ impl Engine {
     /// The journey an answer without a question ends: the latest one from
     /// `client` (as known where the answer is seen) under `dns_id` whose
     /// query went to where the answer comes from.
-    fn answered(&self, client: SocketAddr, dns_id: u16, p: &Packet) -> Option<Slot> {
+    fn answered(&self, client: SocketAddr, dns_id: u16, tcp: bool, p: &Packet) -> Option<Slot> {
         self.by_client
             .get(&short(self.hasher.hash_one(client)))
             .filter_map(|slot| Some((slot, self.open.get(slot)?)))
             .filter(|(_, o)| {
                 o.dns_id == dns_id
+                    && o.has(JourneyFlags::TCP) == tcp
                     && (o.client() == client || o.aliases().any(|a| *a == client))
                     && o.asked(p.src)
             })
@@ -353,8 +357,10 @@ impl Engine {
             return;
         };
         let client = ev.original.src;
+        let tcp = ev.proto == libc::IPPROTO_TCP as u8;
         for slot in self.by_client.get(&short(self.hasher.hash_one(client))) {
-            if let Some(o) = self.open.get_mut(slot).filter(|o| o.client() == client) {
+            let same = |o: &&mut Open| o.client() == client && o.has(JourneyFlags::TCP) == tcp;
+            if let Some(o) = self.open.get_mut(slot).filter(same) {
                 o.extra.get_or_insert_default().dnat.get_or_insert(dnat);
             }
         }

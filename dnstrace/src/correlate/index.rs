@@ -93,7 +93,7 @@ impl Hash for AnyCase<'_> {
     }
 }
 
-/// Open journeys by the hash of client socket, DNS id, type and name (in
+/// Open journeys by the hash of client socket, transport, DNS id, type and name (in
 /// any case, hashed lowercase without a copy): a busy socket reuses its
 /// ids within a timeout, for other names, and each would otherwise share a
 /// slot. Each found is confirmed against its own keys. An entry is 8
@@ -114,7 +114,7 @@ impl ByKey {
     fn key(&self, q: &Question<'_>) -> u32 {
         short(
             self.hasher
-                .hash_one((q.client, q.dns_id, q.qtype, AnyCase(q.name))),
+                .hash_one((q.client, q.dns_id, q.qtype, q.tcp, AnyCase(q.name))),
         )
     }
 

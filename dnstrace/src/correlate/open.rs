@@ -135,13 +135,16 @@ pub(super) struct Extra {
     v6: Vec<SocketAddrV6>,
 }
 
-/// A question as a packet asks it: the name in any case.
+/// A question as a packet asks it: the name in any case. Over TCP or UDP:
+/// a TCP and a UDP socket may share a port (a truncated answer's TCP retry
+/// may get the UDP socket's), and are two sockets.
 #[derive(Clone, Copy)]
 pub(super) struct Question<'a> {
     pub(super) client: SocketAddr,
     pub(super) dns_id: u16,
     pub(super) qtype: Qtype,
     pub(super) name: &'a str,
+    pub(super) tcp: bool,
 }
 
 /// Where a query was delivered, as a server's own queries show it: sent
@@ -282,6 +285,7 @@ impl Open {
     pub(super) fn known_as(&self, q: &Question<'_>) -> bool {
         self.dns_id == q.dns_id
             && self.qtype == q.qtype
+            && self.has(JourneyFlags::TCP) == q.tcp
             && (self.client() == q.client || self.aliases().any(|a| *a == q.client))
             && self.name.eq_ignore_ascii_case(q.name)
     }
@@ -310,6 +314,7 @@ impl Open {
             dns_id: self.dns_id,
             qtype: self.qtype,
             name: &self.name,
+            tcp: self.has(JourneyFlags::TCP),
         }
     }
 

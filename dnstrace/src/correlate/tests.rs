@@ -1220,6 +1220,44 @@ fn a_tcp_retry_after_a_truncated_answer_is_the_same_lookup() {
     );
 }
 
+/// A socket-level balancer picks a backend per socket: the TCP retry may
+/// go to another one, from a TCP port equal to the UDP socket's. Its legs
+/// are its own journey's, never the UDP query's answers.
+#[test]
+fn a_tcp_retry_from_the_udp_sockets_port_is_a_journey_of_its_own() {
+    let name = "many.example.com.";
+    let (client, a, b) = ("10.244.0.11:47102", "10.244.0.53:53", "10.244.0.54:53");
+    let mut e = Engine::new(Limits::default());
+    e.push(&rec(
+        &ev(0, Hook::DevXmit, CLIENT_NS, 2, client, a),
+        msg(7, name, "A", false),
+        None,
+        None,
+    ));
+    let mut tc = msg(7, name, "A", true);
+    tc.flags.tc = true;
+    e.push(&rec(
+        &ev(MS, Hook::DevReceive, CLIENT_NS, 2, a, client),
+        tc,
+        None,
+        None,
+    ));
+    let retry = ev(2 * MS, Hook::DevXmit, CLIENT_NS, 2, client, b);
+    e.push(&tcp(rec(&retry, msg(7, name, "A", false), None, None), 1));
+    let answer = ev(3 * MS, Hook::DevReceive, CLIENT_NS, 2, b, client);
+    e.push(&tcp(rec(&answer, msg(7, name, "A", true), None, None), 1));
+    let js = e.finish(10 * MS);
+    assert_eq!(js.len(), 2, "{js:#?}");
+    let udp = js.iter().find(|j| !j.tcp).unwrap();
+    let over_tcp = js.iter().find(|j| j.tcp).unwrap();
+    assert!(udp
+        .legs
+        .iter()
+        .all(|l| l.src == addr(a) || l.dst == addr(a)));
+    assert_eq!(over_tcp.legs.len(), 2);
+    assert_eq!(over_tcp.lookup, udp.lookup, "the retry is the same lookup");
+}
+
 #[test]
 fn a_syn_never_answered_fails_after_the_timeout_counted_once_past_a_snat() {
     let (client, svc, masq) = ("10.244.0.10:4400", "10.96.0.10:53", "198.51.100.1:40000");
