@@ -4,8 +4,10 @@ use std::path::PathBuf;
 use clap::Parser;
 
 use crate::{
-    commands::trace::TraceOptions,
+    commands::{agent::AgentOptions, trace::TraceOptions},
+    correlate::Limits,
     ingest::SampleMode,
+    metrics::MetricsOptions,
     output::Format,
     pods,
     probes::{AttachMode, BpfLog, ProbeOptions},
@@ -117,6 +119,11 @@ pub enum Command {
         #[arg(long, value_name = "PATH")]
         cri_socket: Option<std::path::PathBuf>,
     },
+    /// Trace the whole node until stopped, with no terminal, as a
+    /// DaemonSet runs it: Prometheus metrics of every lookup and health
+    /// endpoints over HTTP. Every flag can be set by its environment
+    /// variable.
+    Agent(Box<AgentArgs>),
     /// A simulated Kubernetes node in network namespaces, with switchable DNS faults.
     Lab {
         #[command(subcommand)]
@@ -219,6 +226,144 @@ pub struct CaptureArgs {
     /// the qdisc (filters `tc filter show` lists, as older tools expect).
     #[arg(long, value_enum, value_name = "MODE", default_value_t = TcAttach::Auto)]
     pub tc_attach: TcAttach,
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct AgentArgs {
+    /// This node's name, in the metrics (default: the host name).
+    #[arg(long, env = "NODE_NAME", value_name = "NAME")]
+    pub node_name: Option<String>,
+
+    /// Where `/metrics`, `/healthz` and `/readyz` are served. 9355 is taken
+    /// by no common DNS, CNI or node component.
+    #[arg(
+        long,
+        env = "DNSTRACE_METRICS_ADDR",
+        value_name = "ADDR:PORT",
+        default_value = "0.0.0.0:9355"
+    )]
+    pub metrics_addr: std::net::SocketAddr,
+
+    /// Log lines on stderr as text, or one JSON object each.
+    #[arg(long, env = "DNSTRACE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
+    /// Series of all metrics together; past it, observations are counted
+    /// in `_overflow` series (`dnstrace_metric_series_overflow_total`).
+    #[arg(long, env = "DNSTRACE_MAX_SERIES", value_name = "N", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(16..=1_000_000))]
+    pub max_series: u64,
+
+    /// A series not observed for this long is dropped (a pod gone).
+    #[arg(long, env = "DNSTRACE_SERIES_TTL", value_parser = humantime::parse_duration, default_value = "15m")]
+    pub series_ttl: std::time::Duration,
+
+    /// Add the query name as a label of `dnstrace_lookups_total`: one
+    /// series per name asked, within --max-series; it shows what pods
+    /// look up.
+    #[arg(long, env = "DNSTRACE_METRICS_QUERY_NAMES")]
+    pub metrics_query_names: bool,
+
+    /// Port treated as DNS (repeatable; replaces the default 53).
+    #[arg(
+        short,
+        long = "port",
+        env = "DNSTRACE_PORTS",
+        value_delimiter = ',',
+        value_name = "PORT",
+        default_value = "53"
+    )]
+    pub ports: Vec<u16>,
+
+    /// Network namespace of the node (conntrack, service rules, host
+    /// veths): default the one dnstrace runs in.
+    #[arg(long, env = "DNSTRACE_NODE_NETNS", value_name = "PATH")]
+    pub node_netns: Option<PathBuf>,
+
+    #[command(flatten)]
+    pub runtime: RuntimeArgs,
+
+    /// Kernel ring buffer size in MiB (a power of two).
+    #[arg(long, env = "DNSTRACE_RING_BUFFER_MIB", value_name = "MIB", default_value_t = 16, value_parser = parse_ring_mib)]
+    pub ring_buffer_mib: u32,
+
+    /// Keep 1 lookup in N. The default, 1, keeps every lookup so that the
+    /// counts are exact; events the ring had no room for are counted
+    /// (`dnstrace_events_lost_total`) and their lookups are UNKNOWN.
+    #[arg(long, env = "DNSTRACE_SAMPLE", value_name = "auto|N", default_value = "1", value_parser = parse_sample)]
+    pub sample: SampleMode,
+
+    /// A query without an answer is given up after this long.
+    #[arg(long, env = "DNSTRACE_TIMEOUT", value_parser = humantime::parse_duration, default_value = "5500ms")]
+    pub timeout: std::time::Duration,
+
+    /// Queries followed at once before the oldest are evicted.
+    #[arg(long, env = "DNSTRACE_MAX_OPEN", default_value_t = 65_536)]
+    pub max_open: usize,
+
+    /// Once every hook is attached, write a JSON object here; removed at exit.
+    #[arg(long, value_name = "PATH")]
+    pub ready_file: Option<PathBuf>,
+}
+
+/// The kernel's host name: a node's name unless the kubelet was told
+/// another (then NODE_NAME, from the downward API, says it).
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_default()
+}
+
+/// `--log-format`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+impl AgentArgs {
+    /// What the agent is asked for, in the options of the layers.
+    pub fn agent_options(self) -> AgentOptions {
+        let node = self.node_name.unwrap_or_else(hostname);
+        AgentOptions {
+            trace: TraceOptions {
+                probes: ProbeOptions {
+                    ports: self.ports,
+                    ring_buffer_mib: self.ring_buffer_mib,
+                    ..ProbeOptions::default()
+                },
+                target: target::Query {
+                    pod: None,
+                    netns: None,
+                    pid: None,
+                    ip: None,
+                    node_netns: self.node_netns,
+                    runtime: self.runtime.dirs(),
+                    cri_socket: self.runtime.cri_socket,
+                },
+                sample: self.sample,
+                record: None,
+                discard_events: false,
+                format: match self.log_format {
+                    LogFormat::Text => Format::Text,
+                    LogFormat::Json => Format::Json,
+                },
+                log_file: None,
+                ready_file: self.ready_file,
+            },
+            limits: Limits {
+                timeout_ns: self.timeout.as_nanos() as u64,
+                max_open: self.max_open,
+                ..Limits::default()
+            },
+            listen: self.metrics_addr,
+            metrics: MetricsOptions {
+                max_series: self.max_series as usize,
+                series_ttl_ns: self.series_ttl.as_nanos() as u64,
+                query_names: self.metrics_query_names,
+                node,
+            },
+        }
+    }
 }
 
 /// `--tc-attach`, the probes' AttachMode.

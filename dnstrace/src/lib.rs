@@ -22,6 +22,7 @@ mod ingest;
 mod lab;
 mod links;
 mod logging;
+mod metrics;
 mod naming;
 mod netlink;
 mod netns;
@@ -111,6 +112,12 @@ fn run(
     };
     let work = async {
         match cli.command {
+            Some(cli::Command::Agent(args)) => {
+                if args.log_format == cli::LogFormat::Json {
+                    logging::json_lines();
+                }
+                commands::agent::run(args.agent_options()).await
+            }
             Some(cli::Command::Lab { command }) => lab::run(command).await,
             Some(cli::Command::Check {
                 ifaces,

@@ -14,6 +14,8 @@ use std::{
     path::Path,
 };
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use anyhow::{Context as _, Result};
 use log::{Level, LevelFilter, Log, Metadata, Record};
 
@@ -31,6 +33,13 @@ pub fn init() {
 
 struct Stderr;
 
+/// Log lines as JSON objects (`--log-format json`), for a log collector.
+static JSON: AtomicBool = AtomicBool::new(false);
+
+pub fn json_lines() {
+    JSON.store(true, Ordering::Relaxed);
+}
+
 impl Log for Stderr {
     fn enabled(&self, meta: &Metadata) -> bool {
         ours(meta.target()) || log::max_level() >= Level::Debug
@@ -47,9 +56,20 @@ impl Log for Stderr {
     fn flush(&self) {}
 }
 
-/// `dnstrace: …`, `lab: …` (a target of its own), `aya: …`.
+/// `dnstrace: …`, `lab: …` (a target of its own), `aya: …`; or a JSON
+/// object with the time, level, target and message.
 fn line(record: &Record) -> String {
     let name = record.target().split("::").next().unwrap_or_default();
+    if JSON.load(Ordering::Relaxed) {
+        let time = humantime::format_rfc3339_millis(std::time::SystemTime::now());
+        return serde_json::json!({
+            "time": time.to_string(),
+            "level": record.level().as_str().to_ascii_lowercase(),
+            "target": name,
+            "message": record.args().to_string(),
+        })
+        .to_string();
+    }
     match record.level() {
         Level::Error => format!("{name}: error: {}", record.args()),
         Level::Warn => format!("{name}: warning: {}", record.args()),

@@ -63,7 +63,7 @@ const LAYERS: &[Layer] = &[
     },
     Layer {
         name: "sinks",
-        modules: &["output", "record", "view"],
+        modules: &["output", "record", "view", "metrics"],
     },
     Layer {
         name: "commands",

@@ -1,4 +1,5 @@
 //! The commands: each wires the layers below for one thing a user asks.
+pub mod agent;
 pub mod check;
 mod exit;
 pub mod pods;

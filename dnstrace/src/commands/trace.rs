@@ -17,9 +17,10 @@ use crate::{
     ingest::SampleChange,
     ingest::{Ingest, Read, Ring, SampleMode, Sampler},
     links::LinkWatch,
+    metrics::Stats,
     naming::{Names, Services},
     output::{Format, Labels},
-    pipeline::{Input, Pipeline, Source, Stop, Tap, View},
+    pipeline::{Input, Pipeline, Source, Stop, Tally, Tap, View},
     pods::{CriAnswer, Inventory},
     probes::{Load, ProbeOptions, Probes},
     record::{self, RecordOptions, Recorder},
@@ -50,6 +51,68 @@ pub struct TraceOptions {
 }
 
 pub async fn run(args: TraceOptions, view: View) -> Result<()> {
+    let limits = match view {
+        View::Journeys(l) | View::Live(l) => l,
+        View::Packets => Limits::default(),
+    };
+    capture(args, limits, Views(view)).await
+}
+
+/// What runs a live capture's pipeline once every hook is attached: the
+/// views of `trace`, or the agent.
+pub(super) trait Consume {
+    #[allow(async_fn_in_trait)]
+    async fn run(
+        self,
+        pipe: &mut Pipeline,
+        src: &mut LiveSource<'_>,
+        stop: &mut Stop,
+        started: Started,
+    ) -> Result<Option<Tally>>;
+}
+
+/// What a capture knows once it has started.
+pub(super) struct Started {
+    pub format: Format,
+    pub labels: Labels,
+    pub context: Context,
+    pub target: Option<target::Target>,
+    pub about: About,
+    pub log_file: Option<std::path::PathBuf>,
+}
+
+/// `trace`'s views: lines of packets or journeys, or the live view.
+struct Views(View);
+
+impl Consume for Views {
+    async fn run(
+        self,
+        pipe: &mut Pipeline,
+        src: &mut LiveSource<'_>,
+        stop: &mut Stop,
+        s: Started,
+    ) -> Result<Option<Tally>> {
+        let show = Show {
+            view: self.0,
+            format: s.format,
+            labels: s.labels,
+            context: s.context,
+            target: s.target,
+            about: s.about,
+            log: s.log_file,
+            hold: false,
+        };
+        show.run(pipe, src, stop).await
+    }
+}
+
+/// Finds the target, attaches the probes, and runs `consumer` on what the
+/// kernel hands over, until it ends or is stopped; detaches and reports.
+pub(super) async fn capture(
+    args: TraceOptions,
+    limits: Limits,
+    consumer: impl Consume,
+) -> Result<()> {
     let mut stop = Stop::new()?;
     crate::probes::check_privileges()?;
     let node = args.target.node_netns.as_deref();
@@ -100,10 +163,6 @@ pub async fn run(args: TraceOptions, view: View) -> Result<()> {
         &pods,
         resolvers,
     );
-    let limits = match view {
-        View::Journeys(l) | View::Live(l) => l,
-        View::Packets => Limits::default(),
-    };
     let recorder = args
         .record
         .map(|options| Recorder::create(options, record::meta(&labels, &context, limits)))
@@ -157,17 +216,15 @@ pub async fn run(args: TraceOptions, view: View) -> Result<()> {
         hooks: probes.attachments.len(),
         log: None,
     };
-    let show = Show {
-        view,
+    let started = Started {
         format: args.format,
         labels,
         context,
         target,
         about,
-        log: args.log_file,
-        hold: false,
+        log_file: args.log_file,
     };
-    let result = show.run(&mut pipe, &mut src, &mut stop).await;
+    let result = consumer.run(&mut pipe, &mut src, &mut stop, started).await;
     let exit = ExitReport {
         counts: std::mem::take(&mut pipe.counts),
         evicted_streams: pipe.decoder.evicted_streams(),
@@ -329,7 +386,7 @@ struct Watches {
 
 /// The kernel's side: ring buffer batches and ticks (with any new losses),
 /// ctnetlink events, conntrack counters each second.
-struct LiveSource<'a> {
+pub(super) struct LiveSource<'a> {
     ingest: Ingest,
     probes: &'a Probes,
     watches: Watches,
@@ -399,6 +456,22 @@ impl<'a> LiveSource<'a> {
             self.preload.start();
         }
         Input::Packets(batch)
+    }
+
+    /// The capture's own counters now, for the agent's metrics.
+    pub(super) fn stats(&self) -> Stats {
+        Stats {
+            lost: self.probes.lost_events().unwrap_or(0),
+            sampled_out: self.probes.shed_events().unwrap_or(0),
+            skipped_runs: self.probes.skipped_runs(),
+            bad_events: self.ingest.bad_events(),
+            conntrack: self
+                .watches
+                .stats
+                .as_ref()
+                .map(RaceWatch::totals)
+                .unwrap_or_default(),
+        }
     }
 
     /// New kernel losses since the last look, said once on stderr: events
@@ -521,6 +594,15 @@ impl RaceWatch {
         RACE_COUNTERS
             .iter()
             .map(|n| all.get(*n).copied().unwrap_or(0))
+            .collect()
+    }
+
+    /// The counters as last read.
+    fn totals(&self) -> Vec<(&'static str, u64)> {
+        RACE_COUNTERS
+            .iter()
+            .copied()
+            .zip(self.last.iter().copied())
             .collect()
     }
 

@@ -10,6 +10,15 @@ pub enum Severity {
     Critical,
 }
 
+impl Severity {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Warning => "warning",
+            Self::Critical => "critical",
+        }
+    }
+}
+
 /// Every kind of anomaly the rules raise: the one list of them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum AnomalyKind {

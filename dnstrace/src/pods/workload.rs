@@ -27,6 +27,17 @@ pub enum WorkloadKind {
     Job,
 }
 
+impl WorkloadKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Deployment => "Deployment",
+            Self::DaemonSet => "DaemonSet",
+            Self::StatefulSet => "StatefulSet",
+            Self::Job => "Job",
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Workload {
     pub kind: WorkloadKind,

@@ -1,0 +1,185 @@
+//! `dnstrace agent`: the node traced whole, with no terminal, until
+//! stopped, as a DaemonSet runs it. The pipeline is `trace`'s; its
+//! journeys feed Prometheus metrics served over HTTP with health endpoints.
+mod http;
+
+use std::{
+    net::SocketAddr,
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc, Mutex, MutexGuard, PoisonError,
+    },
+};
+
+use anyhow::{Context as _, Result};
+
+use super::trace::{self, Consume, LiveSource, Started, TraceOptions};
+use crate::{
+    clock::monotonic_now,
+    correlate::{Journey, Limits},
+    decode::KernelNames,
+    diagnose::{Anomaly, AnomalyKind},
+    metrics::{Metrics, MetricsOptions},
+    output::Labels,
+    pipeline::{Health, Input, JourneyOut, JourneySink, Pipeline, Source, Stop, Tally},
+    target::follow::Refresh,
+};
+
+/// What `dnstrace agent` was asked for.
+pub struct AgentOptions {
+    pub trace: TraceOptions,
+    pub limits: Limits,
+    /// Where `/metrics`, `/healthz` and `/readyz` are served.
+    pub listen: SocketAddr,
+    pub metrics: MetricsOptions,
+}
+
+/// What the pipeline and the HTTP endpoints share.
+pub(crate) struct Shared {
+    metrics: Mutex<Metrics>,
+    /// Every hook attached and the ring being read.
+    ready: AtomicBool,
+    /// Kernel monotonic time of the pipeline's last tick.
+    ticked_ns: AtomicU64,
+}
+
+impl Shared {
+    fn metrics(&self) -> MutexGuard<'_, Metrics> {
+        // A panic while counting leaves numbers, never a broken invariant.
+        self.metrics.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+pub async fn run(o: AgentOptions) -> Result<()> {
+    // Before anything is attached: a port in use is said at once.
+    let listener = tokio::net::TcpListener::bind(o.listen)
+        .await
+        .with_context(|| format!("cannot listen on {} (--metrics-addr)", o.listen))?;
+    let shared = Arc::new(Shared {
+        metrics: Mutex::new(Metrics::new(o.metrics)),
+        ready: AtomicBool::new(false),
+        ticked_ns: AtomicU64::new(monotonic_now()),
+    });
+    let server = tokio::spawn(http::serve(listener, shared.clone()));
+    log::info!(
+        "serving metrics on http://{}/metrics, health on /healthz and /readyz",
+        o.listen
+    );
+    let agent = Agent {
+        shared,
+        limits: o.limits,
+    };
+    let result = trace::capture(o.trace, o.limits, agent).await;
+    server.abort();
+    result
+}
+
+struct Agent {
+    shared: Arc<Shared>,
+    limits: Limits,
+}
+
+impl Consume for Agent {
+    async fn run(
+        self,
+        pipe: &mut Pipeline,
+        src: &mut LiveSource<'_>,
+        stop: &mut Stop,
+        s: Started,
+    ) -> Result<Option<Tally>> {
+        let out = MetricsOut {
+            shared: self.shared.clone(),
+            labels: s.labels,
+        };
+        let mut sink = JourneySink::new(self.limits, s.context, out);
+        self.shared.ready.store(true, Ordering::Relaxed);
+        let mut src = Counted {
+            src,
+            shared: &self.shared,
+            read_ns: 0,
+        };
+        let result = pipe.drive(&mut src, &mut sink, stop).await;
+        self.shared.ready.store(false, Ordering::Relaxed);
+        result
+    }
+}
+
+/// The live source, with the capture's own counters read into the
+/// metrics each second and each tick noted for `/healthz`.
+struct Counted<'s, 'a> {
+    src: &'s mut LiveSource<'a>,
+    shared: &'s Shared,
+    read_ns: u64,
+}
+
+impl Source for Counted<'_, '_> {
+    fn now(&self) -> u64 {
+        self.src.now()
+    }
+
+    async fn next(&mut self) -> Result<Option<Input>> {
+        let input = self.src.next().await?;
+        if let Some(Input::Tick(now_ns)) = &input {
+            self.shared.ticked_ns.store(*now_ns, Ordering::Relaxed);
+            if now_ns.saturating_sub(self.read_ns) >= 1_000_000_000 {
+                self.read_ns = *now_ns;
+                let stats = self.src.stats();
+                self.shared.metrics().stats(&stats);
+            }
+        }
+        Ok(input)
+    }
+
+    fn rest(&mut self) -> Vec<Input> {
+        self.src.rest()
+    }
+}
+
+/// Journeys and anomalies into the metrics; anomalies also as log lines.
+struct MetricsOut {
+    shared: Arc<Shared>,
+    labels: Labels,
+}
+
+impl JourneyOut for MetricsOut {
+    fn kernel(&self) -> &KernelNames {
+        self.labels.kernel()
+    }
+
+    fn journey(&mut self, j: Journey, badges: &[(AnomalyKind, String)]) -> std::io::Result<()> {
+        let (names, kernel) = (self.labels.names(), self.labels.kernel());
+        self.shared
+            .metrics()
+            .journey(&j, badges, names, kernel, j.ended_ns);
+        Ok(())
+    }
+
+    fn anomaly(&mut self, a: &Anomaly) -> std::io::Result<()> {
+        self.shared.metrics().anomaly(a, a.last_ns);
+        log::warn!(
+            "anomaly {} ({}): {}",
+            a.kind,
+            a.severity.as_str(),
+            a.summary
+        );
+        Ok(())
+    }
+
+    fn pods(&mut self, refresh: &Refresh) {
+        self.labels.rename(refresh);
+    }
+
+    fn state(&mut self, _all: &[&Anomaly], health: &Health) -> std::io::Result<()> {
+        self.shared.metrics().health(health);
+        Ok(())
+    }
+
+    fn summary(&mut self, all: &[&Anomaly]) -> std::io::Result<()> {
+        log::info!("{} anomalies raised while running", all.len());
+        Ok(())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}

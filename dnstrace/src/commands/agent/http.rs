@@ -1,0 +1,104 @@
+//! The agent's HTTP endpoints: `/metrics` (Prometheus's text format),
+//! `/healthz` (the pipeline still ticks) and `/readyz` (every hook
+//! attached). Connections are few (a scraper, a kubelet's probes): at most
+//! `MAX_CONNECTIONS` at once, each with a deadline for its request.
+use std::{
+    convert::Infallible,
+    sync::{atomic::Ordering, Arc},
+    time::Duration,
+};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::{
+    body::Incoming, server::conn::http1, service::service_fn, Method, Request, Response, StatusCode,
+};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::{net::TcpListener, sync::Semaphore};
+
+use super::Shared;
+use crate::clock::monotonic_now;
+
+const MAX_CONNECTIONS: usize = 16;
+const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// The pipeline ticks every 50 ms; this long without one, it is stuck.
+const STUCK_NS: u64 = 30_000_000_000;
+/// Prometheus's text exposition format.
+const TEXT_FORMAT: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+pub(super) async fn serve(listener: TcpListener, shared: Arc<Shared>) {
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let Ok(permit) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                log::warn!("metrics endpoint: accepting a connection: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let service = service_fn(|req| {
+                let response = respond(&req, &shared);
+                async move { Ok::<_, Infallible>(response) }
+            });
+            let _ = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+            drop(permit);
+        });
+    }
+}
+
+fn respond(req: &Request<Incoming>, shared: &Shared) -> Response<Full<Bytes>> {
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        return plain(StatusCode::METHOD_NOT_ALLOWED, "GET only\n".into());
+    }
+    match req.uri().path() {
+        "/metrics" => {
+            let mut page = String::with_capacity(64 * 1024);
+            shared.metrics().render(&mut page);
+            let mut r = Response::new(Full::new(Bytes::from(page)));
+            r.headers_mut().insert(
+                hyper::header::CONTENT_TYPE,
+                TEXT_FORMAT.parse().expect("a valid header"),
+            );
+            r
+        }
+        "/healthz" => {
+            let quiet_ns = monotonic_now().saturating_sub(shared.ticked_ns.load(Ordering::Relaxed));
+            if quiet_ns > STUCK_NS {
+                let s = quiet_ns / 1_000_000_000;
+                plain(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("the pipeline has not ticked for {s} s\n"),
+                )
+            } else {
+                plain(StatusCode::OK, "ok\n".into())
+            }
+        }
+        "/readyz" if shared.ready.load(Ordering::Relaxed) => {
+            plain(StatusCode::OK, "ready\n".into())
+        }
+        "/readyz" => plain(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: the hooks are not all attached yet\n".into(),
+        ),
+        _ => plain(
+            StatusCode::NOT_FOUND,
+            "/metrics, /healthz or /readyz\n".into(),
+        ),
+    }
+}
+
+fn plain(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    r
+}

@@ -1,0 +1,415 @@
+//! Prometheus metrics of the journeys, for `dnstrace agent`: lookups and
+//! their latency as each client pod saw them, the queries resolvers sent
+//! upstream, anomalies, the kernel's drops, and the capture's own health.
+//! Label names follow CoreDNS's where they mean the same (`type`, `rcode`,
+//! `proto`, `family`, `server`, `to`), so its dashboards port by the
+//! metric's name. Query names are labels only when asked for.
+//!
+//! Every journey the pipeline closes is counted, whatever the view; what
+//! the kernel left out is counted apart (`dnstrace_sampled_out_total`), so
+//! that a count is never silently short.
+pub mod family;
+
+use std::{fmt::Write as _, net::IpAddr};
+
+use family::{single, Budget, Family, Histogram};
+
+use crate::{
+    correlate::{Journey, Leg, Outcome},
+    decode::KernelNames,
+    diagnose::{Anomaly, AnomalyKind},
+    naming::Names,
+    pipeline::Health,
+};
+use dnstrace_common::Direction;
+
+/// What the metrics are asked for.
+#[derive(Clone, Debug)]
+pub struct MetricsOptions {
+    /// Series of all metrics together; past it, observations go to an
+    /// overflow series (`_overflow` labels) and are counted.
+    pub max_series: usize,
+    /// A series not observed for this long goes (a pod gone).
+    pub series_ttl_ns: u64,
+    /// The query name as a label of `dnstrace_lookups_total`.
+    pub query_names: bool,
+    /// The node, in `dnstrace_build_info`.
+    pub node: String,
+}
+
+impl Default for MetricsOptions {
+    fn default() -> Self {
+        Self {
+            max_series: 10_000,
+            series_ttl_ns: 15 * 60 * 1_000_000_000,
+            query_names: false,
+            node: String::new(),
+        }
+    }
+}
+
+const CLIENT: [&str; 4] = ["namespace", "pod", "workload", "workload_kind"];
+const LOOKUP_LABELS: &[&str] = &[
+    CLIENT[0], CLIENT[1], CLIENT[2], CLIENT[3], "server", "type", "rcode", "proto", "family",
+];
+const NAMED_LOOKUP_LABELS: &[&str] = &[
+    CLIENT[0], CLIENT[1], CLIENT[2], CLIENT[3], "server", "type", "rcode", "proto", "family",
+    "name",
+];
+const DURATION_LABELS: &[&str] = &[
+    CLIENT[0], CLIENT[1], CLIENT[2], CLIENT[3], "server", "rcode",
+];
+
+/// The capture's own counters, read each second where the kernel keeps
+/// them (not through the pipeline).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Events the ring buffer had no room for.
+    pub lost: u64,
+    /// Packets left out by the kernel's sampling.
+    pub sampled_out: u64,
+    /// Runs of the programs the kernel skipped.
+    pub skipped_runs: u64,
+    /// Events that failed their checks.
+    pub bad_events: u64,
+    /// The node's conntrack race counters (`conntrack -S`), by name.
+    pub conntrack: Vec<(&'static str, u64)>,
+}
+
+/// Every metric the agent serves.
+pub struct Metrics {
+    options: MetricsOptions,
+    budget: Budget,
+    lookups: Family<u64>,
+    lookup_seconds: Family<Histogram>,
+    upstream: Family<u64>,
+    upstream_seconds: Family<Histogram>,
+    anomalies: Family<u64>,
+    drops: Family<u64>,
+    health: Health,
+    stats: Stats,
+    journeys: u64,
+    incomplete: u64,
+    last_expiry_ns: u64,
+}
+
+/// A client as its labels: namespace, pod, workload and its kind.
+struct Client {
+    namespace: String,
+    pod: String,
+    workload: String,
+    kind: &'static str,
+}
+
+impl Client {
+    fn of(ip: IpAddr, names: &Names) -> Self {
+        let (namespace, pod) = names
+            .get(&ip)
+            .and_then(|n| n.split_once('/'))
+            .map_or((String::new(), String::new()), |(ns, pod)| {
+                (ns.to_owned(), pod.to_owned())
+            });
+        let (workload, kind) = names
+            .workload(&ip)
+            .map_or((String::new(), ""), |w| (w.name.clone(), w.kind.as_str()));
+        Self {
+            namespace,
+            pod,
+            workload,
+            kind,
+        }
+    }
+}
+
+impl Metrics {
+    pub fn new(options: MetricsOptions) -> Self {
+        let lookup_labels = if options.query_names {
+            NAMED_LOOKUP_LABELS
+        } else {
+            LOOKUP_LABELS
+        };
+        Self {
+            budget: Budget::new(options.max_series),
+            lookups: Family::new(
+                "dnstrace_lookups_total",
+                "DNS queries clients sent, by the client pod, the server it asked, and how it ended (rcode, or TIMEOUT, DROPPED, UNKNOWN where the capture missed part of it). A retry is another query.",
+                lookup_labels,
+            ),
+            lookup_seconds: Family::new(
+                "dnstrace_lookup_duration_seconds",
+                "Time from a client's query to its answer, as the client's own interface saw them (answered queries only).",
+                DURATION_LABELS,
+            ),
+            upstream: Family::new(
+                "dnstrace_upstream_queries_total",
+                "Queries a resolver on this node sent on for a client's query, by resolver pod and the server it sent to.",
+                &["resolver_namespace", "resolver", "to", "type", "rcode", "proto"],
+            ),
+            upstream_seconds: Family::new(
+                "dnstrace_upstream_duration_seconds",
+                "Time from a resolver's upstream query to its answer (answered queries only).",
+                &["resolver_namespace", "resolver", "to", "rcode"],
+            ),
+            anomalies: Family::new(
+                "dnstrace_anomalies_total",
+                "Journeys that showed an anomaly of this kind; an anomaly of the node (no journey) counts once when raised.",
+                &["kind", "severity"],
+            ),
+            drops: Family::new(
+                "dnstrace_kernel_drops_total",
+                "DNS packets the kernel dropped, by its drop reason.",
+                &["reason"],
+            ),
+            health: Health::default(),
+            stats: Stats::default(),
+            journeys: 0,
+            incomplete: 0,
+            last_expiry_ns: 0,
+            options,
+        }
+    }
+
+    /// Counts a closed journey, its upstream queries, drops and anomalies.
+    pub fn journey(
+        &mut self,
+        j: &Journey,
+        badges: &[(AnomalyKind, String)],
+        names: &Names,
+        kernel: &KernelNames,
+        now_ns: u64,
+    ) {
+        self.journeys += 1;
+        self.incomplete += u64::from(j.incomplete.is_some());
+        let client = Client::of(j.client.ip(), names);
+        let server = origin(j).map(|o| o.dst.to_string()).unwrap_or_default();
+        let rcode = rcode(j);
+        let (qtype, proto, family) = (j.qtype.name(), proto(j), family(j.client.ip()));
+        let mut values = vec![
+            &*client.namespace,
+            &*client.pod,
+            &*client.workload,
+            client.kind,
+            &server,
+            qtype,
+            rcode,
+            proto,
+            family,
+        ];
+        if self.options.query_names {
+            values.push(&j.name);
+        }
+        *self.lookups.at(&values, &mut self.budget, now_ns) += 1;
+        if let Some(s) = answered_in(j) {
+            let values = [
+                &*client.namespace,
+                &*client.pod,
+                &*client.workload,
+                client.kind,
+                &server,
+                rcode,
+            ];
+            self.lookup_seconds
+                .at(&values, &mut self.budget, now_ns)
+                .observe(s);
+        }
+        for u in &j.upstream {
+            self.upstream_query(u, names, now_ns);
+        }
+        self.drops_of(j, kernel, now_ns);
+        let mut kinds: Vec<AnomalyKind> = badges.iter().map(|(k, _)| *k).collect();
+        kinds.dedup();
+        for k in kinds {
+            self.anomaly_kind(k, now_ns);
+        }
+        self.expire(now_ns);
+    }
+
+    /// An anomaly raised for the first time: counted here when no journey
+    /// carries it (the node's own).
+    pub fn anomaly(&mut self, a: &Anomaly, now_ns: u64) {
+        if a.journeys.is_empty() {
+            self.anomaly_kind(a.kind, now_ns);
+        }
+    }
+
+    pub fn health(&mut self, h: &Health) {
+        self.health = h.clone();
+    }
+
+    pub fn stats(&mut self, s: &Stats) {
+        self.stats = s.clone();
+    }
+
+    fn anomaly_kind(&mut self, k: AnomalyKind, now_ns: u64) {
+        let severity = k.severity().as_str();
+        *self
+            .anomalies
+            .at(&[k.as_str(), severity], &mut self.budget, now_ns) += 1;
+    }
+
+    fn upstream_query(&mut self, u: &Journey, names: &Names, now_ns: u64) {
+        let resolver = Client::of(u.client.ip(), names);
+        let to = origin(u).map(|o| o.dst.to_string()).unwrap_or_default();
+        let rcode = rcode(u);
+        let values = [
+            &*resolver.namespace,
+            &*resolver.pod,
+            &to,
+            u.qtype.name(),
+            rcode,
+            proto(u),
+        ];
+        *self.upstream.at(&values, &mut self.budget, now_ns) += 1;
+        if let Some(s) = answered_in(u) {
+            let values = [&*resolver.namespace, &*resolver.pod, &to, rcode];
+            self.upstream_seconds
+                .at(&values, &mut self.budget, now_ns)
+                .observe(s);
+        }
+        for deeper in &u.upstream {
+            self.upstream_query(deeper, names, now_ns);
+        }
+    }
+
+    fn drops_of(&mut self, j: &Journey, kernel: &KernelNames, now_ns: u64) {
+        for (reason, _) in j.legs.iter().filter_map(|l| l.drop.as_deref()) {
+            let name = kernel.drop_reason(*reason);
+            *self.drops.at(&[&name], &mut self.budget, now_ns) += 1;
+        }
+        for u in &j.upstream {
+            self.drops_of(u, kernel, now_ns);
+        }
+    }
+
+    /// Series quiet past the time to live go, at most once a minute.
+    fn expire(&mut self, now_ns: u64) {
+        const EVERY_NS: u64 = 60_000_000_000;
+        if now_ns.saturating_sub(self.last_expiry_ns) < EVERY_NS {
+            return;
+        }
+        self.last_expiry_ns = now_ns;
+        let before = now_ns.saturating_sub(self.options.series_ttl_ns);
+        let b = &mut self.budget;
+        self.lookups.expire(before, b);
+        self.lookup_seconds.expire(before, b);
+        self.upstream.expire(before, b);
+        self.upstream_seconds.expire(before, b);
+        self.anomalies.expire(before, b);
+        self.drops.expire(before, b);
+    }
+
+    /// The page `/metrics` serves.
+    pub fn render(&self, out: &mut String) {
+        for f in [&self.lookups, &self.upstream, &self.anomalies, &self.drops] {
+            f.write(out);
+        }
+        self.lookup_seconds.write(out);
+        self.upstream_seconds.write(out);
+        self.render_health(out);
+    }
+
+    fn render_health(&self, out: &mut String) {
+        let (h, s) = (&self.health, &self.stats);
+        let counters: [(&str, &str, u64); 8] = [
+            ("dnstrace_journeys_total", "Journeys closed (lookups and the upstream queries not linked under one).", self.journeys),
+            ("dnstrace_journeys_incomplete_total", "Journeys that may miss legs or their answer (events lost, capture ended, TCP bytes missed).", self.incomplete),
+            ("dnstrace_journeys_evicted_total", "Journeys evicted because too many were open at once.", h.evicted),
+            ("dnstrace_events_lost_total", "Kernel events lost because the ring buffer was full.", s.lost),
+            ("dnstrace_sampled_out_total", "Packets the kernel left out by sampling (whole lookups, never counted above).", s.sampled_out),
+            ("dnstrace_skipped_runs_total", "Runs of the eBPF programs the kernel skipped (one already running on that CPU).", s.skipped_runs),
+            ("dnstrace_bad_events_total", "Kernel events that failed their checks and were not decoded.", s.bad_events),
+            ("dnstrace_metric_series_overflow_total", "Observations counted in an _overflow series because the series limit was reached.", self.budget.overflowed),
+        ];
+        for (name, help, v) in counters {
+            single(out, name, "counter", help, v);
+        }
+        let gauges: [(&str, &str, u64); 4] = [
+            (
+                "dnstrace_journeys_open",
+                "Journeys being followed now.",
+                h.open as u64,
+            ),
+            (
+                "dnstrace_sampling_one_in",
+                "The sampling level: 1 lookup in this many is followed (1: every one).",
+                u64::from(h.one_in.max(1)),
+            ),
+            (
+                "dnstrace_metric_series",
+                "Series of the metrics above.",
+                self.budget.used() as u64,
+            ),
+            (
+                "dnstrace_metric_series_limit",
+                "The most series kept (--max-series).",
+                self.budget.limit() as u64,
+            ),
+        ];
+        for (name, help, v) in gauges {
+            single(out, name, "gauge", help, v);
+        }
+        if !s.conntrack.is_empty() {
+            let _ = writeln!(out, "# HELP dnstrace_conntrack_stat_total The node's conntrack statistics that move when inserts race or fail (conntrack -S).\n# TYPE dnstrace_conntrack_stat_total counter");
+            for (name, v) in &s.conntrack {
+                let _ = writeln!(out, "dnstrace_conntrack_stat_total{{stat=\"{name}\"}} {v}");
+            }
+        }
+        let _ = writeln!(
+            out,
+            "# HELP dnstrace_build_info dnstrace's version, and the node it runs on.\n# TYPE dnstrace_build_info gauge\ndnstrace_build_info{{version=\"{}\",node=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION"),
+            self.options.node.replace(['\\', '"', '\n'], "_"),
+        );
+    }
+}
+
+/// The client's first query leg: where it asked.
+fn origin(j: &Journey) -> Option<&Leg> {
+    j.legs.iter().find(|l| !l.response)
+}
+
+/// Seconds from the client's query to the answer on the same interface,
+/// for an answered journey.
+fn answered_in(j: &Journey) -> Option<f64> {
+    if !matches!(j.outcome, Outcome::Answered { .. }) {
+        return None;
+    }
+    let o = origin(j)?;
+    let back = j.legs.iter().find(|l| {
+        l.response
+            && l.netns == o.netns
+            && l.ifindex == o.ifindex
+            && l.direction() != o.direction()
+            && l.direction() != Direction::Drop
+    })?;
+    Some(back.ts_ns.saturating_sub(o.ts_ns) as f64 / 1e9)
+}
+
+fn rcode(j: &Journey) -> &'static str {
+    match (&j.outcome, j.incomplete) {
+        (Outcome::Answered { rcode, .. }, _) => rcode.name(),
+        (Outcome::Dropped { .. }, _) => "DROPPED",
+        (Outcome::Timeout, Some(_)) => "UNKNOWN",
+        (Outcome::Timeout, None) => "TIMEOUT",
+    }
+}
+
+fn proto(j: &Journey) -> &'static str {
+    if j.tcp {
+        "tcp"
+    } else {
+        "udp"
+    }
+}
+
+/// CoreDNS's `family`: 1 for IPv4, 2 for IPv6.
+fn family(ip: IpAddr) -> &'static str {
+    if ip.is_ipv4() {
+        "1"
+    } else {
+        "2"
+    }
+}
+
+#[cfg(test)]
+mod tests;

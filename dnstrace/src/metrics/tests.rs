@@ -1,0 +1,260 @@
+use std::collections::{BTreeMap, HashMap};
+
+use dnstrace_common::Hook;
+
+use super::*;
+use crate::{
+    correlate::Gap,
+    decode::{Qtype, Rcode},
+    pods::workload::{Workload, WorkloadKind},
+};
+
+const POD_NS: u32 = 4026532246;
+const MS: u64 = 1_000_000;
+
+fn leg(ts_ns: u64, hook: Hook, src: &str, dst: &str, response: bool) -> Leg {
+    Leg {
+        ts_ns,
+        since_prev_ns: 0,
+        hook,
+        iface: Some("eth0".into()),
+        ifindex: 2,
+        netns: POD_NS,
+        src: src.parse().unwrap(),
+        dst: dst.parse().unwrap(),
+        response,
+        dnat: None,
+        snat: None,
+        drop: None,
+        fragment: None,
+    }
+}
+
+/// A lookup of `web` through the service: asked at 0, answered at `ms`.
+fn lookup(outcome: Outcome, ms: u64) -> Journey {
+    let (client, svc) = ("10.244.0.10:40000", "10.96.0.10:53");
+    let mut legs = vec![leg(0, Hook::DevXmit, client, svc, false)];
+    if matches!(outcome, Outcome::Answered { .. }) {
+        legs.push(leg(ms * MS, Hook::DevReceive, svc, client, true));
+    }
+    Journey {
+        id: 1,
+        lookup: 1,
+        client: client.parse().unwrap(),
+        dns_id: 7,
+        name: "kubernetes.default.svc.cluster.local.".into(),
+        qtype: Qtype::A,
+        tcp: false,
+        started_ns: 0,
+        ended_ns: ms * MS,
+        outcome,
+        dnat: None,
+        legs,
+        upstream: Vec::new(),
+        incomplete: None,
+        sampled: Default::default(),
+        connection: None,
+    }
+}
+
+fn answered(rcode: Rcode) -> Outcome {
+    Outcome::Answered {
+        rcode,
+        answers: Vec::new(),
+        truncated: false,
+    }
+}
+
+fn names() -> Names {
+    let mut pods = BTreeMap::new();
+    pods.insert(
+        "10.244.0.10".parse().unwrap(),
+        "default/web-7d9f8c6b5-x2x4k".to_owned(),
+    );
+    pods.insert(
+        "10.244.0.53".parse().unwrap(),
+        "kube-system/coredns-a".to_owned(),
+    );
+    let mut workloads = BTreeMap::new();
+    workloads.insert(
+        "10.244.0.10".parse().unwrap(),
+        Workload {
+            kind: WorkloadKind::Deployment,
+            name: "web".into(),
+        },
+    );
+    Names::from_entries(pods).with_workloads(workloads)
+}
+
+fn kernel() -> KernelNames {
+    KernelNames::recorded(
+        HashMap::from([(2, "NOT_SPECIFIED".into()), (7, "NETFILTER_DROP".into())]),
+        HashMap::new(),
+    )
+}
+
+fn page(m: &Metrics) -> String {
+    let mut out = String::new();
+    m.render(&mut out);
+    out
+}
+
+const WEB: &str = "namespace=\"default\",pod=\"web-7d9f8c6b5-x2x4k\",workload=\"web\",workload_kind=\"Deployment\",server=\"10.96.0.10:53\"";
+
+#[test]
+fn a_lookup_counts_by_pod_workload_server_type_rcode_proto_and_family() {
+    let mut m = Metrics::new(MetricsOptions::default());
+    for outcome in [
+        answered(Rcode::NOERROR),
+        answered(Rcode::NOERROR),
+        answered(Rcode::NXDOMAIN),
+        Outcome::Timeout,
+    ] {
+        m.journey(&lookup(outcome, 3), &[], &names(), &kernel(), 0);
+    }
+    let out = page(&m);
+    for line in [
+        format!("dnstrace_lookups_total{{{WEB},type=\"A\",rcode=\"NOERROR\",proto=\"udp\",family=\"1\"}} 2\n"),
+        format!("dnstrace_lookups_total{{{WEB},type=\"A\",rcode=\"NXDOMAIN\",proto=\"udp\",family=\"1\"}} 1\n"),
+        format!("dnstrace_lookups_total{{{WEB},type=\"A\",rcode=\"TIMEOUT\",proto=\"udp\",family=\"1\"}} 1\n"),
+        format!("dnstrace_lookup_duration_seconds_bucket{{{WEB},rcode=\"NOERROR\",le=\"0.005\"}} 2\n"),
+        format!("dnstrace_lookup_duration_seconds_count{{{WEB},rcode=\"NOERROR\"}} 2\n"),
+        "dnstrace_journeys_total 4\n".to_owned(),
+    ] {
+        assert!(out.contains(&line), "{line} not in\n{out}");
+    }
+    assert!(
+        !out.contains("rcode=\"TIMEOUT\",le="),
+        "timeouts have no latency:\n{out}"
+    );
+}
+
+#[test]
+fn a_lookup_whose_legs_may_be_missing_is_unknown_not_a_timeout() {
+    let mut m = Metrics::new(MetricsOptions::default());
+    let mut j = lookup(Outcome::Timeout, 0);
+    j.incomplete = Some(Gap::Lost);
+    m.journey(&j, &[], &names(), &kernel(), 0);
+    let out = page(&m);
+    assert!(out.contains("rcode=\"UNKNOWN\""), "{out}");
+    assert!(
+        out.contains("dnstrace_journeys_incomplete_total 1\n"),
+        "{out}"
+    );
+}
+
+#[test]
+fn upstream_queries_count_by_resolver_and_drops_by_reason() {
+    let mut m = Metrics::new(MetricsOptions::default());
+    let mut j = lookup(answered(Rcode::SERVFAIL), 40);
+    let mut up = lookup(
+        Outcome::Dropped {
+            reason: 7,
+            location: 0,
+        },
+        0,
+    );
+    up.client = "10.244.0.53:5353".parse().unwrap();
+    let mut drop = leg(MS, Hook::Drop, "10.244.0.53:5353", "192.0.2.1:53", false);
+    drop.drop = Some(Box::new((7, 0)));
+    up.legs = vec![
+        leg(0, Hook::DevXmit, "10.244.0.53:5353", "192.0.2.1:53", false),
+        drop,
+    ];
+    j.upstream.push(up);
+    m.journey(
+        &j,
+        &[(AnomalyKind::Dropped, "x".into())],
+        &names(),
+        &kernel(),
+        0,
+    );
+    let out = page(&m);
+    for line in [
+        "dnstrace_upstream_queries_total{resolver_namespace=\"kube-system\",resolver=\"coredns-a\",to=\"192.0.2.1:53\",type=\"A\",rcode=\"DROPPED\",proto=\"udp\"} 1\n",
+        "dnstrace_kernel_drops_total{reason=\"NETFILTER_DROP\"} 1\n",
+        "dnstrace_anomalies_total{kind=\"dropped\",severity=\"critical\"} 1\n",
+    ] {
+        assert!(out.contains(line), "{line} not in\n{out}");
+    }
+}
+
+#[test]
+fn query_names_are_labels_only_when_asked_for() {
+    let mut m = Metrics::new(MetricsOptions::default());
+    m.journey(
+        &lookup(answered(Rcode::NOERROR), 1),
+        &[],
+        &names(),
+        &kernel(),
+        0,
+    );
+    assert!(!page(&m).contains("kubernetes.default"));
+    let mut m = Metrics::new(MetricsOptions {
+        query_names: true,
+        ..MetricsOptions::default()
+    });
+    m.journey(
+        &lookup(answered(Rcode::NOERROR), 1),
+        &[],
+        &names(),
+        &kernel(),
+        0,
+    );
+    assert!(page(&m).contains(",name=\"kubernetes.default.svc.cluster.local.\"} 1\n"));
+}
+
+/// With the series budget spent, counts go on in `_overflow` series: the
+/// sum over a family stays the number of lookups. (Two series: the first
+/// lookup and its latency; three lookups and three latencies overflow.)
+#[test]
+fn past_the_series_limit_every_lookup_is_still_counted() {
+    let mut m = Metrics::new(MetricsOptions {
+        max_series: 2,
+        ..MetricsOptions::default()
+    });
+    for rcode in [
+        Rcode::NOERROR,
+        Rcode::NXDOMAIN,
+        Rcode::SERVFAIL,
+        Rcode::REFUSED,
+    ] {
+        m.journey(&lookup(answered(rcode), 1), &[], &names(), &kernel(), 0);
+    }
+    let out = page(&m);
+    let total: u64 = out
+        .lines()
+        .filter(|l| l.starts_with("dnstrace_lookups_total{"))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(total, 4, "{out}");
+    assert!(
+        out.contains("dnstrace_metric_series_overflow_total 6\n"),
+        "{out}"
+    );
+    assert!(out.contains("dnstrace_metric_series 2\n"), "{out}");
+}
+
+#[test]
+fn a_pod_gone_quiet_past_the_ttl_loses_its_series() {
+    let mut m = Metrics::new(MetricsOptions {
+        series_ttl_ns: 60_000 * MS,
+        ..MetricsOptions::default()
+    });
+    m.journey(
+        &lookup(answered(Rcode::NOERROR), 1),
+        &[],
+        &names(),
+        &kernel(),
+        0,
+    );
+    let mut other = lookup(answered(Rcode::NOERROR), 1);
+    other.client = "10.244.0.99:40000".parse().unwrap();
+    m.journey(&other, &[], &names(), &kernel(), 200_000 * MS);
+    let out = page(&m);
+    assert!(!out.contains("web-7d9f8c6b5-x2x4k"), "{out}");
+    assert!(
+        out.contains("dnstrace_lookups_total{namespace=\"\",pod=\"\""),
+        "{out}"
+    );
+}

@@ -1,0 +1,119 @@
+//! A real Prometheus (Debian's `prometheus`), run for a test: its own
+//! configuration, storage and port on loopback, scraping one target every
+//! second; asked through its HTTP API with curl.
+use std::{
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context as _, Result};
+use serde_json::Value;
+
+pub struct Prometheus {
+    child: Child,
+    dir: PathBuf,
+    pub port: u16,
+}
+
+/// A free port on loopback, as the kernel gives one.
+pub fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("binding a port on loopback");
+    l.local_addr().expect("a bound address").port()
+}
+
+impl Prometheus {
+    /// Starts Prometheus scraping `target` (`host:port`) every second and
+    /// waits until it is ready.
+    pub fn scraping(target: &str) -> Result<Self> {
+        let port = free_port();
+        let dir =
+            std::env::temp_dir().join(format!("dnstrace-prometheus-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        let config = dir.join("prometheus.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n  - job_name: dnstrace\n    static_configs:\n      - targets: ['{target}']\n"
+            ),
+        )?;
+        let child = Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .arg("--log.level=warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting prometheus (Debian's `prometheus` package)")?;
+        let p = Self { child, dir, port };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if p.get("/-/ready").is_ok_and(|body| body.contains("Ready")) {
+                return Ok(p);
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        bail!("prometheus did not become ready on port {port}")
+    }
+
+    fn get(&self, path: &str) -> Result<String> {
+        let out = Command::new("curl")
+            .args(["-sf", &format!("http://127.0.0.1:{}{path}", self.port)])
+            .output()?;
+        if !out.status.success() {
+            bail!("GET {path}: curl {}", out.status);
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// An instant query: its result vector, `[{metric, value: [t, "v"]}]`.
+    pub fn query(&self, promql: &str) -> Result<Vec<Value>> {
+        let out = Command::new("curl")
+            .args(["-sf", "--get", "--data-urlencode"])
+            .arg(format!("query={promql}"))
+            .arg(format!("http://127.0.0.1:{}/api/v1/query", self.port))
+            .output()?;
+        let v: Value = serde_json::from_slice(&out.stdout)
+            .with_context(|| format!("query {promql}: {}", String::from_utf8_lossy(&out.stderr)))?;
+        if v["status"] != "success" {
+            bail!("query {promql}: {v}");
+        }
+        Ok(v["data"]["result"].as_array().cloned().unwrap_or_default())
+    }
+
+    /// The one number an instant query gives, if it gives one.
+    pub fn scalar(&self, promql: &str) -> Option<f64> {
+        let result = self.query(promql).ok()?;
+        result.first()?["value"][1].as_str()?.parse().ok()
+    }
+
+    /// Polls `promql` until `done` holds for its value, or `wait` passes;
+    /// returns the last value.
+    pub fn wait_for(
+        &self,
+        promql: &str,
+        wait: Duration,
+        done: impl Fn(f64) -> bool,
+    ) -> Option<f64> {
+        let deadline = Instant::now() + wait;
+        loop {
+            let v = self.scalar(promql);
+            if v.is_some_and(&done) || Instant::now() >= deadline {
+                return v;
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
