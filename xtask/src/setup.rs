@@ -39,6 +39,10 @@ const TEST_PACKAGES: &[&str] = &[
     "runc",
     "containernetworking-plugins",
     "busybox-static",
+    // A real Prometheus scrapes the agent (tests/tests/agent.rs), asked
+    // through its HTTP API with curl; promtool checks the page.
+    "prometheus",
+    "curl",
 ];
 
 pub fn is_root() -> bool {
