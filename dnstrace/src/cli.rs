@@ -8,6 +8,7 @@ use crate::{
     correlate::Limits,
     ingest::SampleMode,
     metrics::MetricsOptions,
+    otlp::{OtlpOptions, Protocol},
     output::Format,
     pods,
     probes::{AttachMode, BpfLog, ProbeOptions},
@@ -303,6 +304,29 @@ pub struct AgentArgs {
     /// Once every hook is attached, write a JSON object here; removed at exit.
     #[arg(long, value_name = "PATH")]
     pub ready_file: Option<PathBuf>,
+
+    /// Send each journey as a trace and each anomaly as a log record to
+    /// this OTLP collector: http://HOST:4317 (gRPC) or http://HOST:4318
+    /// (HTTP/protobuf, with --otlp-protocol).
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT", value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
+
+    /// OTLP's transport: `grpc` or `http/protobuf`.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_PROTOCOL", value_name = "PROTOCOL", default_value = "grpc", value_parser = parse_otlp_protocol)]
+    pub otlp_protocol: Protocol,
+
+    /// Traces and log records waiting for the collector, at most; past it
+    /// they are dropped and counted (`dnstrace_otlp_dropped_total`).
+    #[arg(long, env = "DNSTRACE_OTLP_QUEUE", value_name = "N", default_value_t = 8192, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub otlp_queue: u64,
+}
+
+fn parse_otlp_protocol(s: &str) -> Result<Protocol, String> {
+    match s {
+        "grpc" => Ok(Protocol::Grpc),
+        "http/protobuf" => Ok(Protocol::HttpProtobuf),
+        _ => Err(format!("{s:?}: `grpc` or `http/protobuf`")),
+    }
 }
 
 /// The kernel's host name: a node's name unless the kubelet was told
@@ -356,6 +380,13 @@ impl AgentArgs {
                 ..Limits::default()
             },
             listen: self.metrics_addr,
+            otlp: self.otlp_endpoint.map(|endpoint| OtlpOptions {
+                endpoint,
+                protocol: self.otlp_protocol,
+                node: node.clone(),
+                queue: self.otlp_queue as usize,
+                batch: 512,
+            }),
             metrics: MetricsOptions {
                 max_series: self.max_series as usize,
                 series_ttl_ns: self.series_ttl.as_nanos() as u64,

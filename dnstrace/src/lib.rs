@@ -26,6 +26,7 @@ mod metrics;
 mod naming;
 mod netlink;
 mod netns;
+mod otlp;
 mod output;
 mod pipeline;
 mod pods;

@@ -17,6 +17,7 @@ use std::{
 use anyhow::{bail, Context, Result};
 
 pub mod cri;
+pub mod otlp;
 pub mod prometheus;
 
 /// Fails loudly instead of skipping: these tests load eBPF programs.

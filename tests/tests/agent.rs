@@ -4,7 +4,7 @@
 //! passes `promtool check metrics`.
 use std::{collections::BTreeMap, process::Command, time::Duration};
 
-use dnstrace_tests::{prometheus::*, *};
+use dnstrace_tests::{otlp, prometheus::*, *};
 
 /// How long counts may take to settle: a journey closes once answered or
 /// past the agent's timeout (5.5 s), then the next scrape (1 s) shows it.
@@ -107,4 +107,218 @@ fn prometheus_scrapes_the_agent_and_its_counts_match_the_traffic() {
 
     let (status, _, stderr) = agent.stop(libc::SIGTERM).unwrap();
     assert!(status.success(), "{status}: {stderr:?}");
+}
+
+/// Traces and logs to a receiver built on the OpenTelemetry protos: one
+/// trace per lookup with its spans and attributes, anomalies as logs tied
+/// to a trace, and a collector that goes away and comes back loses only
+/// what the queue could not hold, counted.
+#[test]
+fn journeys_reach_an_otlp_collector_as_traces_and_anomalies_as_logs() {
+    require_root();
+    let lab = Lab::up(&[]);
+    let mut collector = otlp::Receiver::start(0);
+    let listen = format!("127.0.0.1:{}", free_port());
+    let endpoint = format!("http://{}", collector.addr);
+    let agent = Dnstrace::start_here(
+        Keep::Sampled,
+        &[
+            "agent",
+            "--node-netns",
+            NODE_NETNS,
+            "--metrics-addr",
+            &listen,
+            "--node-name",
+            "lab-node",
+            "--otlp-endpoint",
+            &endpoint,
+            "--otlp-queue",
+            "16",
+        ],
+    )
+    .unwrap();
+    let metric = |name: &str| scrape(&listen, name);
+
+    let lookups = lab.traffic(&["--pod", "web", "--rate", "10", "--duration", "2s"]);
+    let queries: u64 = lookups.iter().map(|l| l["queries"].as_u64().unwrap()).sum();
+    let pod = lookups[0]["pod"]
+        .as_str()
+        .unwrap()
+        .split_once('/')
+        .unwrap()
+        .1
+        .to_owned();
+    let roots_of_web = || {
+        collector.received(|r| {
+            r.spans
+                .iter()
+                .filter(|(_, s)| {
+                    s.parent_span_id.is_empty()
+                        && otlp::attr(&s.attributes, "k8s.pod.name") == Some(&pod)
+                })
+                .count() as u64
+        })
+    };
+    wait_until(SETTLE, || roots_of_web() >= queries);
+    assert_eq!(roots_of_web(), queries, "one trace per query of {pod}");
+    collector.received(|r| check_traces(r, &pod));
+
+    // The collector away: what the queue (16) cannot hold is dropped and
+    // counted; what it held, and the batch being retried, arrive after.
+    collector.stop();
+    lab.traffic(&["--pod", "checkout", "--rate", "20", "--duration", "3s"]);
+    std::thread::sleep(Duration::from_secs(8));
+    collector.restart();
+    let roots = || {
+        collector.received(|r| {
+            r.spans
+                .iter()
+                .filter(|(_, s)| s.parent_span_id.is_empty())
+                .count() as f64
+        })
+    };
+    let accounted = || {
+        let (journeys, dropped) = (
+            metric("dnstrace_journeys_total"),
+            metric("dnstrace_otlp_dropped_total{signal=\"traces\"}"),
+        );
+        (journeys, roots() + dropped, dropped)
+    };
+    wait_until(SETTLE, || {
+        let (journeys, sent_or_dropped, _) = accounted();
+        journeys == sent_or_dropped && metric("dnstrace_otlp_queued") == 0.0
+    });
+    let (journeys, sent_or_dropped, dropped) = accounted();
+    assert_eq!(
+        journeys, sent_or_dropped,
+        "every journey exported or counted as dropped"
+    );
+    assert!(
+        dropped > 0.0,
+        "the queue of 16 held the outage's journeys: nothing dropped"
+    );
+    assert!(metric("dnstrace_otlp_failures_total") > 0.0);
+
+    lab.fault("drop", true);
+    for _ in 0..30 {
+        if dig_status(&lab.dig(WEB, &format!("@{SERVICE} {KUBERNETES}"))) == "timeout" {
+            break;
+        }
+    }
+    let dropped_log = || {
+        collector.received(|r| {
+            r.logs
+                .iter()
+                .find(|(_, l)| {
+                    otlp::attr(&l.attributes, "dnstrace.anomaly.kind") == Some("dropped")
+                })
+                .map(|(_, l)| l.clone())
+        })
+    };
+    wait_until(SETTLE, || dropped_log().is_some());
+    let log = dropped_log().expect("the dropped anomaly as a log record");
+    assert_eq!(log.severity_number, 17, "critical is ERROR");
+    for key in [
+        "dnstrace.anomaly.evidence",
+        "dnstrace.anomaly.cause",
+        "dnstrace.anomaly.fix",
+    ] {
+        assert!(
+            otlp::has(&log.attributes, key),
+            "{key} in {:?}",
+            log.attributes
+        );
+    }
+    let traced = collector.received(|r| r.spans.iter().any(|(_, s)| s.trace_id == log.trace_id));
+    assert!(
+        log.trace_id.len() == 16 && traced,
+        "the log's trace id is a trace the collector has"
+    );
+
+    let (status, _, stderr) = agent.stop(libc::SIGTERM).unwrap();
+    assert!(status.success(), "{status}: {stderr:?}");
+}
+
+/// Each root span of `pod` carries the conventions' attributes; the trace
+/// of an external name has the service, the resolver and its upstream
+/// query under it, legs as events.
+fn check_traces(r: &otlp::Received, pod: &str) {
+    let roots: Vec<_> = r
+        .spans
+        .iter()
+        .filter(|(_, s)| {
+            s.parent_span_id.is_empty() && otlp::attr(&s.attributes, "k8s.pod.name") == Some(pod)
+        })
+        .collect();
+    let ids: std::collections::BTreeSet<_> = roots.iter().map(|(_, s)| &s.trace_id).collect();
+    assert_eq!(ids.len(), roots.len(), "two lookups share a trace id");
+    for (resource, s) in &roots {
+        assert_eq!(
+            otlp::attr(&resource.attributes, "k8s.node.name"),
+            Some("lab-node")
+        );
+        for key in [
+            "dns.question.name",
+            "k8s.namespace.name",
+            "client.address",
+            "server.address",
+            "network.transport",
+            "network.type",
+        ] {
+            assert!(otlp::has(&s.attributes, key), "{key} missing on {}", s.name);
+        }
+        assert!(
+            s.events
+                .iter()
+                .all(|e| otlp::has(&e.attributes, "dnstrace.hook")),
+            "legs as events"
+        );
+    }
+    let external = roots
+        .iter()
+        .find(|(_, s)| {
+            otlp::attr(&s.attributes, "dns.question.name")
+                .is_some_and(|n| n.starts_with("www.example.com"))
+        })
+        .map(|(_, s)| s)
+        .expect("a lookup of www.example.com");
+    let trace: Vec<&str> = r
+        .spans
+        .iter()
+        .filter(|(_, s)| s.trace_id == external.trace_id)
+        .map(|(_, s)| s.name.as_str())
+        .collect();
+    assert!(
+        trace.iter().any(|n| n.starts_with("service 10.96.0.10:53")),
+        "{trace:?}"
+    );
+    assert!(
+        trace
+            .iter()
+            .any(|n| n.starts_with("resolver kube-system/coredns")),
+        "{trace:?}"
+    );
+    assert!(
+        trace.iter().any(|n| n.starts_with("upstream ")),
+        "{trace:?}"
+    );
+}
+
+/// One sample of the agent's `/metrics` page (0 when absent).
+fn scrape(listen: &str, series: &str) -> f64 {
+    let page = Command::new("curl")
+        .args(["-sf", &format!("http://{listen}/metrics")])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&page.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+fn wait_until(wait: Duration, done: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + wait;
+    while !done() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(500));
+    }
 }

@@ -63,7 +63,7 @@ const LAYERS: &[Layer] = &[
     },
     Layer {
         name: "sinks",
-        modules: &["output", "record", "view", "metrics"],
+        modules: &["output", "record", "view", "metrics", "otlp"],
     },
     Layer {
         name: "commands",

@@ -1,13 +1,14 @@
 //! `dnstrace agent`: the node traced whole, with no terminal, until
 //! stopped, as a DaemonSet runs it. The pipeline is `trace`'s; its
-//! journeys feed Prometheus metrics served over HTTP with health endpoints.
+//! journeys feed Prometheus metrics served over HTTP with health endpoints,
+//! and, with an endpoint, traces and logs over OTLP.
 mod http;
 
 use std::{
     net::SocketAddr,
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
-        Arc, Mutex, MutexGuard, PoisonError,
+        Arc, Mutex, MutexGuard, OnceLock, PoisonError,
     },
 };
 
@@ -20,6 +21,7 @@ use crate::{
     decode::KernelNames,
     diagnose::{Anomaly, AnomalyKind},
     metrics::{Metrics, MetricsOptions},
+    otlp::{self, Otlp, OtlpOptions},
     output::Labels,
     pipeline::{Health, Input, JourneyOut, JourneySink, Pipeline, Source, Stop, Tally},
     target::follow::Refresh,
@@ -32,6 +34,8 @@ pub struct AgentOptions {
     /// Where `/metrics`, `/healthz` and `/readyz` are served.
     pub listen: SocketAddr,
     pub metrics: MetricsOptions,
+    /// Traces and logs to an OTLP collector, when asked for.
+    pub otlp: Option<OtlpOptions>,
 }
 
 /// What the pipeline and the HTTP endpoints share.
@@ -41,6 +45,8 @@ pub(crate) struct Shared {
     ready: AtomicBool,
     /// Kernel monotonic time of the pipeline's last tick.
     ticked_ns: AtomicU64,
+    /// The OTLP exporter's counters, once it runs.
+    otlp: OnceLock<Arc<otlp::Counts>>,
 }
 
 impl Shared {
@@ -59,6 +65,7 @@ pub async fn run(o: AgentOptions) -> Result<()> {
         metrics: Mutex::new(Metrics::new(o.metrics)),
         ready: AtomicBool::new(false),
         ticked_ns: AtomicU64::new(monotonic_now()),
+        otlp: OnceLock::new(),
     });
     let server = tokio::spawn(http::serve(listener, shared.clone()));
     log::info!(
@@ -68,6 +75,7 @@ pub async fn run(o: AgentOptions) -> Result<()> {
     let agent = Agent {
         shared,
         limits: o.limits,
+        otlp: o.otlp,
     };
     let result = trace::capture(o.trace, o.limits, agent).await;
     server.abort();
@@ -77,6 +85,7 @@ pub async fn run(o: AgentOptions) -> Result<()> {
 struct Agent {
     shared: Arc<Shared>,
     limits: Limits,
+    otlp: Option<OtlpOptions>,
 }
 
 impl Consume for Agent {
@@ -87,9 +96,24 @@ impl Consume for Agent {
         stop: &mut Stop,
         s: Started,
     ) -> Result<Option<Tally>> {
+        let otlp = self
+            .otlp
+            .map(|o| {
+                log::info!(
+                    "exporting traces and logs over OTLP ({:?}) to {}",
+                    o.protocol,
+                    o.endpoint
+                );
+                Otlp::start(o, s.labels.clock())
+            })
+            .transpose()?;
+        if let Some(o) = &otlp {
+            let _ = self.shared.otlp.set(o.counts());
+        }
         let out = MetricsOut {
             shared: self.shared.clone(),
             labels: s.labels,
+            otlp,
         };
         let mut sink = JourneySink::new(self.limits, s.context, out);
         self.shared.ready.store(true, Ordering::Relaxed);
@@ -135,10 +159,12 @@ impl Source for Counted<'_, '_> {
     }
 }
 
-/// Journeys and anomalies into the metrics; anomalies also as log lines.
+/// Journeys and anomalies into the metrics and the OTLP export;
+/// anomalies also as log lines.
 struct MetricsOut {
     shared: Arc<Shared>,
     labels: Labels,
+    otlp: Option<Otlp>,
 }
 
 impl JourneyOut for MetricsOut {
@@ -148,6 +174,9 @@ impl JourneyOut for MetricsOut {
 
     fn journey(&mut self, j: Journey, badges: &[(AnomalyKind, String)]) -> std::io::Result<()> {
         let (names, kernel) = (self.labels.names(), self.labels.kernel());
+        if let Some(o) = &mut self.otlp {
+            o.journey(&j, names, kernel);
+        }
         self.shared
             .metrics()
             .journey(&j, badges, names, kernel, j.ended_ns);
@@ -156,6 +185,9 @@ impl JourneyOut for MetricsOut {
 
     fn anomaly(&mut self, a: &Anomaly) -> std::io::Result<()> {
         self.shared.metrics().anomaly(a, a.last_ns);
+        if let Some(o) = &mut self.otlp {
+            o.anomaly(a);
+        }
         log::warn!(
             "anomaly {} ({}): {}",
             a.kind,

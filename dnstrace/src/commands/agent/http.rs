@@ -64,6 +64,9 @@ fn respond(req: &Request<Incoming>, shared: &Shared) -> Response<Full<Bytes>> {
         "/metrics" => {
             let mut page = String::with_capacity(64 * 1024);
             shared.metrics().render(&mut page);
+            if let Some(otlp) = shared.otlp.get() {
+                otlp.render(&mut page);
+            }
             let mut r = Response::new(Full::new(Bytes::from(page)));
             r.headers_mut().insert(
                 hyper::header::CONTENT_TYPE,
