@@ -1,5 +1,5 @@
 //! Command-line interface.
-use std::path::PathBuf;
+use std::{path::PathBuf, sync::Arc};
 
 use clap::Parser;
 
@@ -12,7 +12,7 @@ use crate::{
     output::Format,
     pods,
     probes::{AttachMode, BpfLog, ProbeOptions},
-    record::RecordOptions,
+    record::{flight::FlightOptions, RecordOptions},
     target,
 };
 
@@ -319,6 +319,39 @@ pub struct AgentArgs {
     /// they are dropped and counted (`dnstrace_otlp_dropped_total`).
     #[arg(long, env = "DNSTRACE_OTLP_QUEUE", value_name = "N", default_value_t = 8192, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub otlp_queue: u64,
+
+    /// Memory for the flight recorder: the most recent DNS packets and
+    /// pipeline inputs, written to --flight-dir when an anomaly is first
+    /// raised (a number of megabytes, or bytes with k, M or G). 32M holds
+    /// minutes of a node doing hundreds of lookups a second.
+    #[arg(long, env = "DNSTRACE_FLIGHT_RECORDER", value_name = "SIZE", default_value = "32M", value_parser = parse_size)]
+    pub flight_recorder: u64,
+
+    /// No flight recorder.
+    #[arg(long, env = "DNSTRACE_NO_FLIGHT_RECORDER")]
+    pub no_flight_recorder: bool,
+
+    /// Where flight recordings go (pcapng, mode 0600, read by `dnstrace
+    /// replay` and `report`).
+    #[arg(
+        long,
+        env = "DNSTRACE_FLIGHT_DIR",
+        value_name = "DIR",
+        default_value = "/var/lib/dnstrace/flights"
+    )]
+    pub flight_dir: PathBuf,
+
+    /// At most this much before the anomaly is kept (within the memory).
+    #[arg(long, env = "DNSTRACE_FLIGHT_BEFORE", value_parser = humantime::parse_duration, default_value = "5m")]
+    pub flight_before: std::time::Duration,
+
+    /// How long a flight recording goes on after its anomaly.
+    #[arg(long, env = "DNSTRACE_FLIGHT_AFTER", value_parser = humantime::parse_duration, default_value = "2m")]
+    pub flight_after: std::time::Duration,
+
+    /// Flight recordings kept in --flight-dir; the oldest go.
+    #[arg(long, env = "DNSTRACE_FLIGHT_FILES", value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    pub flight_files: u64,
 }
 
 fn parse_otlp_protocol(s: &str) -> Result<Protocol, String> {
@@ -366,6 +399,15 @@ impl AgentArgs {
                 },
                 sample: self.sample,
                 record: None,
+                flight: (!self.no_flight_recorder).then(|| FlightOptions {
+                    dir: self.flight_dir,
+                    bytes: self.flight_recorder as usize,
+                    before_ns: self.flight_before.as_nanos() as u64,
+                    after_ns: self.flight_after.as_nanos() as u64,
+                    files: self.flight_files as usize,
+                    node: node.clone(),
+                    latest: Arc::default(),
+                }),
                 discard_events: false,
                 format: match self.log_format {
                     LogFormat::Text => Format::Text,
@@ -488,6 +530,7 @@ impl CaptureArgs {
                 max_bytes: self.record_size,
                 files: self.record_files,
             }),
+            flight: None,
             discard_events: false,
             format: self.output.unwrap_or(Format::Text),
             log_file: self.log_file,

@@ -6,6 +6,7 @@ mod export;
 
 use std::{
     collections::{HashMap, VecDeque},
+    path::Path,
     sync::Arc,
 };
 
@@ -47,8 +48,7 @@ pub struct Otlp {
     queue: Queue,
     clock: Clock,
     node: String,
-    /// Anomalies raised, waiting for the journey that raised them (which
-    /// is handed on right after) to give their log record its trace id.
+    /// Anomalies raised since the last `flush`.
     waiting: Vec<Anomaly>,
     /// Trace ids of recent journeys, by journey id.
     traces: HashMap<u64, [u8; 16]>,
@@ -81,18 +81,17 @@ impl Otlp {
             self.remember(j.id, id);
         }
         self.queue.offer(Item::Trace(spans));
-        self.send_waiting();
     }
 
-    /// Sent once the journey behind it is known, or at once when none is.
+    /// Held until `flush`: by then the journey that raised it has been
+    /// handed on (its trace id known) and any flight recording started.
     pub fn anomaly(&mut self, a: &Anomaly) {
         self.waiting.push(a.clone());
-        if a.journeys.is_empty() {
-            self.send_waiting();
-        }
     }
 
-    fn send_waiting(&mut self) {
+    /// Sends the anomalies held, naming `flight`, the recording that has
+    /// them, if there is one.
+    pub fn flush(&mut self, flight: Option<&Path>) {
         for a in std::mem::take(&mut self.waiting) {
             let trace = a
                 .journeys
@@ -100,8 +99,8 @@ impl Otlp {
                 .rev()
                 .find_map(|id| self.traces.get(id))
                 .copied();
-            self.queue
-                .offer(Item::Log(convert::log_record(&a, trace, self.clock)));
+            let record = convert::log_record(&a, trace, flight, self.clock);
+            self.queue.offer(Item::Log(record));
         }
     }
 

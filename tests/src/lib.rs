@@ -596,6 +596,14 @@ pub const BIG_NAME: &str = "big.example.com";
 pub const HUGE_NAME: &str = "huge.example.com";
 /// The lab node's network namespace, as `--node-netns` takes it.
 pub const NODE_NETNS: &str = "/run/netns/dtlab-node";
+/// The flags that point dnstrace at the lab's containerd: its state and
+/// its CRI socket (labels, workloads).
+pub const LAB_RUNTIME: [&str; 4] = [
+    "--containerd-root",
+    "/run/dnstrace-lab/containerd",
+    "--cri-socket",
+    "/run/dnstrace-lab/cri/containerd.sock",
+];
 
 impl Lab {
     /// `dnstrace trace -o json --timeout 3s` over the lab node, every

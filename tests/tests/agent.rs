@@ -2,7 +2,9 @@
 //! per pod match what `lab traffic` sent, the latency histogram gives a
 //! quantile, a fault shows in the anomaly and drop counters, and the page
 //! passes `promtool check metrics`.
-use std::{collections::BTreeMap, process::Command, time::Duration};
+use std::{
+    collections::BTreeMap, os::unix::fs::PermissionsExt as _, process::Command, time::Duration,
+};
 
 use dnstrace_tests::{otlp, prometheus::*, *};
 
@@ -18,8 +20,10 @@ fn prometheus_scrapes_the_agent_and_its_counts_match_the_traffic() {
     let lab = Lab::up(&[]);
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
-    let agent = Dnstrace::start_here(
-        Keep::Sampled,
+    let flights = std::env::temp_dir().join(format!("dnstrace-flights-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&flights);
+    let flight_dir = flights.display().to_string();
+    let args = [
         &[
             "agent",
             "--node-netns",
@@ -28,9 +32,12 @@ fn prometheus_scrapes_the_agent_and_its_counts_match_the_traffic() {
             &listen,
             "--node-name",
             "lab-node",
-        ],
-    )
-    .unwrap();
+        ][..],
+        &["--flight-dir", &flight_dir, "--flight-after", "3s"],
+        &LAB_RUNTIME,
+    ]
+    .concat();
+    let agent = Dnstrace::start_here(Keep::Sampled, &args).unwrap();
     let prom = Prometheus::scraping(&listen).unwrap();
 
     let lookups = lab.traffic(&["--rate", "20", "--duration", "5s"]);
@@ -105,6 +112,47 @@ fn prometheus_scrapes_the_agent_and_its_counts_match_the_traffic() {
     let lost = prom.scalar("dnstrace_events_lost_total");
     assert_eq!(lost, Some(0.0), "events lost");
 
+    // The flight recorder wrote the minutes around the first anomaly: a
+    // replay has the healthy lookups from before the fault, and the fault.
+    let recording = prom
+        .query("dnstrace_flight_recording_info")
+        .unwrap()
+        .first()
+        .and_then(|r| r["metric"]["file"].as_str().map(str::to_owned))
+        .expect("a flight recording named in the metrics");
+    assert!(recording.starts_with(&flight_dir), "{recording}");
+    std::thread::sleep(Duration::from_secs(4));
+    let mode = std::fs::metadata(&recording).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "{recording}");
+    let replay = dnstrace(&["replay", "-o", "json", &recording]);
+    assert!(
+        replay.status.success(),
+        "{}",
+        String::from_utf8_lossy(&replay.stderr)
+    );
+    let lines = json_lines(&String::from_utf8_lossy(&replay.stdout));
+    let healthy = lines
+        .iter()
+        .filter(|l| {
+            l["type"] == "journey"
+                && l["outcome"]["status"] == "answered"
+                && l["outcome"]["rcode"] == "NOERROR"
+        })
+        .count();
+    assert!(
+        healthy > 10,
+        "{healthy} answered lookups from before the fault in the flight recording"
+    );
+    let summary = lines
+        .iter()
+        .find(|l| l["type"] == "summary")
+        .expect("a summary");
+    assert!(
+        summary.to_string().contains("\"dropped\""),
+        "the fault in the flight recording: {summary}"
+    );
+    let _ = std::fs::remove_dir_all(&flights);
+
     let (status, _, stderr) = agent.stop(libc::SIGTERM).unwrap();
     assert!(status.success(), "{status}: {stderr:?}");
 }
@@ -120,8 +168,7 @@ fn journeys_reach_an_otlp_collector_as_traces_and_anomalies_as_logs() {
     let mut collector = otlp::Receiver::start(0);
     let listen = format!("127.0.0.1:{}", free_port());
     let endpoint = format!("http://{}", collector.addr);
-    let agent = Dnstrace::start_here(
-        Keep::Sampled,
+    let args = [
         &[
             "agent",
             "--node-netns",
@@ -130,13 +177,18 @@ fn journeys_reach_an_otlp_collector_as_traces_and_anomalies_as_logs() {
             &listen,
             "--node-name",
             "lab-node",
+        ][..],
+        &[
             "--otlp-endpoint",
             &endpoint,
             "--otlp-queue",
             "16",
+            "--no-flight-recorder",
         ],
-    )
-    .unwrap();
+        &LAB_RUNTIME,
+    ]
+    .concat();
+    let agent = Dnstrace::start_here(Keep::Sampled, &args).unwrap();
     let metric = |name: &str| scrape(&listen, name);
 
     let lookups = lab.traffic(&["--pod", "web", "--rate", "10", "--duration", "2s"]);

@@ -24,6 +24,7 @@ use crate::{
     otlp::{self, Otlp, OtlpOptions},
     output::Labels,
     pipeline::{Health, Input, JourneyOut, JourneySink, Pipeline, Source, Stop, Tally},
+    record::flight::Flight,
     target::follow::Refresh,
 };
 
@@ -47,12 +48,22 @@ pub(crate) struct Shared {
     ticked_ns: AtomicU64,
     /// The OTLP exporter's counters, once it runs.
     otlp: OnceLock<Arc<otlp::Counts>>,
+    /// The flight recorder's latest recording, when it is on.
+    flight: Option<Arc<Mutex<Option<Flight>>>>,
 }
 
 impl Shared {
     fn metrics(&self) -> MutexGuard<'_, Metrics> {
         // A panic while counting leaves numbers, never a broken invariant.
         self.metrics.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn flight(&self) -> Option<Flight> {
+        let latest = self.flight.as_ref()?;
+        latest
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 }
 
@@ -66,6 +77,7 @@ pub async fn run(o: AgentOptions) -> Result<()> {
         ready: AtomicBool::new(false),
         ticked_ns: AtomicU64::new(monotonic_now()),
         otlp: OnceLock::new(),
+        flight: o.trace.flight.as_ref().map(|f| f.latest.clone()),
     });
     let server = tokio::spawn(http::serve(listener, shared.clone()));
     log::info!(
@@ -167,6 +179,15 @@ struct MetricsOut {
     otlp: Option<Otlp>,
 }
 
+impl MetricsOut {
+    fn flush_anomalies(&mut self) {
+        if let Some(o) = &mut self.otlp {
+            let flight = self.shared.flight();
+            o.flush(flight.as_ref().and_then(|f| f.path.as_deref()));
+        }
+    }
+}
+
 impl JourneyOut for MetricsOut {
     fn kernel(&self) -> &KernelNames {
         self.labels.kernel()
@@ -203,10 +224,12 @@ impl JourneyOut for MetricsOut {
 
     fn state(&mut self, _all: &[&Anomaly], health: &Health) -> std::io::Result<()> {
         self.shared.metrics().health(health);
+        self.flush_anomalies();
         Ok(())
     }
 
     fn summary(&mut self, all: &[&Anomaly]) -> std::io::Result<()> {
+        self.flush_anomalies();
         log::info!("{} anomalies raised while running", all.len());
         Ok(())
     }

@@ -23,7 +23,11 @@ use crate::{
     pipeline::{Input, Pipeline, Source, Stop, Tally, Tap, View},
     pods::{CriAnswer, Inventory},
     probes::{Load, ProbeOptions, Probes},
-    record::{self, RecordOptions, Recorder},
+    record::{
+        self,
+        flight::{FlightOptions, FlightRecorder},
+        RecordOptions, Recorder,
+    },
     target::{
         self,
         follow::{Follower, Following, Pods, Refresh},
@@ -41,6 +45,8 @@ pub struct TraceOptions {
     pub target: target::Query,
     pub sample: SampleMode,
     pub record: Option<RecordOptions>,
+    /// The agent's flight recorder, when there is no `record`.
+    pub flight: Option<FlightOptions>,
     /// Events read off the ring and dropped undecoded: what the kernel
     /// side costs on its own (set by the bench, through the harness).
     pub discard_events: bool,
@@ -144,7 +150,7 @@ pub(super) async fn capture(
     let mut preload = kernel.preload();
     // A recording names a drop's location as it writes the packet, in the
     // pipeline: kallsyms is read now rather than waited for then.
-    if args.record.is_some() {
+    if args.record.is_some() || args.flight.is_some() {
         preload.start();
     }
     let labels = Labels::new(probes.iface_names(), Clock::now(), kernel).with_names(
@@ -163,10 +169,18 @@ pub(super) async fn capture(
         &pods,
         resolvers,
     );
-    let recorder = args
-        .record
-        .map(|options| Recorder::create(options, record::meta(&labels, &context, limits)))
-        .transpose()?;
+    let recorder: Option<Box<dyn Tap>> = match (args.record, args.flight) {
+        (Some(options), _) => Some(Box::new(Recorder::create(
+            options,
+            record::meta(&labels, &context, limits),
+        )?)),
+        (None, Some(flight)) => Some(Box::new(FlightRecorder::new(
+            flight,
+            record::meta(&labels, &context, limits),
+            labels.clock(),
+        ))),
+        (None, None) => None,
+    };
     let at_start = AtStart {
         inventory: &inventory,
         target: target.as_ref(),
@@ -203,7 +217,7 @@ pub(super) async fn capture(
     };
     let ports = args.probes.ports.clone();
     let mut src = LiveSource::new(ingest, &probes, watches, ports, preload, args.sample);
-    let mut pipe = Pipeline::recording(recorder.map(|r| Box::new(r) as Box<dyn Tap>));
+    let mut pipe = Pipeline::recording(recorder);
     let ports: Vec<String> = args.probes.ports.iter().map(u16::to_string).collect();
     log::info!("capturing DNS on port {}; Ctrl-C to stop", ports.join(","));
     let ready = Ready::new(&probes.attachments, &args.probes.ports);

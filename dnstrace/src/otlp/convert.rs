@@ -308,27 +308,37 @@ impl Builder<'_> {
 
 /// An anomaly as a log record, tied to the trace of a journey behind it
 /// when there is one.
-pub fn log_record(a: &Anomaly, trace: Option<[u8; 16]>, clock: Clock) -> LogRecord {
+pub fn log_record(
+    a: &Anomaly,
+    trace: Option<[u8; 16]>,
+    flight: Option<&std::path::Path>,
+    clock: Clock,
+) -> LogRecord {
     let (number, text) = match a.severity {
         Severity::Warning => (SeverityNumber::Warn, "WARN"),
         Severity::Critical => (SeverityNumber::Error, "ERROR"),
     };
     let evidence: Vec<AnyValue> = a.evidence.iter().map(|e| s(e)).collect();
     let time = wall_ns(clock, a.last_ns);
+    let mut attributes = vec![
+        kv("dnstrace.anomaly.kind", s(a.kind.as_str())),
+        kv("dnstrace.anomaly.severity", s(a.severity.as_str())),
+        kv("dnstrace.anomaly.evidence", array(evidence)),
+        kv("dnstrace.anomaly.cause", s(&a.cause)),
+        kv("dnstrace.anomaly.fix", s(a.fix)),
+        kv("dnstrace.anomaly.count", i(a.count as i64)),
+    ];
+    if let Some(path) = flight {
+        let path = path.display().to_string();
+        attributes.push(kv("dnstrace.flight_recording", s(&path)));
+    }
     LogRecord {
         time_unix_nano: time,
         observed_time_unix_nano: time,
         severity_number: number as i32,
         severity_text: text.to_owned(),
         body: Some(s(&a.summary)),
-        attributes: vec![
-            kv("dnstrace.anomaly.kind", s(a.kind.as_str())),
-            kv("dnstrace.anomaly.severity", s(a.severity.as_str())),
-            kv("dnstrace.anomaly.evidence", array(evidence)),
-            kv("dnstrace.anomaly.cause", s(&a.cause)),
-            kv("dnstrace.anomaly.fix", s(a.fix)),
-            kv("dnstrace.anomaly.count", i(a.count as i64)),
-        ],
+        attributes,
         trace_id: trace.map(|t| t.to_vec()).unwrap_or_default(),
         event_name: "dnstrace.anomaly".to_owned(),
         ..LogRecord::default()

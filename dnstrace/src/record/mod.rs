@@ -1,6 +1,7 @@
 //! Recordings: pcapng files that Wireshark opens as they are, with
 //! dnstrace's own notes in custom blocks and options; replay of them (and
 //! of plain tcpdump captures) through the same pipeline; a report.
+pub mod flight;
 pub mod frame;
 pub mod notes;
 pub mod pcapng;
@@ -26,6 +27,7 @@ use crate::{
 };
 
 /// What every file of a recording starts with, and what its packets need.
+#[derive(Clone)]
 pub struct Meta {
     section: SectionInfo,
     header: Header,

@@ -570,7 +570,7 @@ fn records_of(inputs: Vec<crate::pipeline::Input>) -> Vec<crate::decode::Record>
 }
 
 /// Every input replayed from `path`.
-fn replayed(path: &Path) -> Vec<crate::pipeline::Input> {
+pub(crate) fn replayed(path: &Path) -> Vec<crate::pipeline::Input> {
     use super::replay::{About, Replay, Speed};
     let about = About::read(path).unwrap();
     let mut replay = Replay::open(path, &about, vec![53], Speed::Fast).unwrap();

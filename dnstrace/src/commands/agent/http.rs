@@ -17,7 +17,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::{net::TcpListener, sync::Semaphore};
 
 use super::Shared;
-use crate::clock::monotonic_now;
+use crate::{clock::monotonic_now, record::flight::Flight};
 
 const MAX_CONNECTIONS: usize = 16;
 const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
@@ -67,6 +67,9 @@ fn respond(req: &Request<Incoming>, shared: &Shared) -> Response<Full<Bytes>> {
             if let Some(otlp) = shared.otlp.get() {
                 otlp.render(&mut page);
             }
+            if shared.flight.is_some() {
+                flights(&mut page, shared.flight());
+            }
             let mut r = Response::new(Full::new(Bytes::from(page)));
             r.headers_mut().insert(
                 hyper::header::CONTENT_TYPE,
@@ -97,6 +100,17 @@ fn respond(req: &Request<Incoming>, shared: &Shared) -> Response<Full<Bytes>> {
             StatusCode::NOT_FOUND,
             "/metrics, /healthz or /readyz\n".into(),
         ),
+    }
+}
+
+/// How many flight recordings were started, and the latest written.
+fn flights(out: &mut String, latest: Option<Flight>) {
+    use std::fmt::Write as _;
+    let count = latest.as_ref().map_or(0, |f| f.count);
+    let _ = writeln!(out, "# HELP dnstrace_flight_recordings_total Flight recordings started, each for an anomaly first raised (a recording already being written takes later ones).\n# TYPE dnstrace_flight_recordings_total counter\ndnstrace_flight_recordings_total {count}");
+    if let Some((f, path)) = latest.as_ref().and_then(|f| Some((f, f.path.as_ref()?))) {
+        let file = path.display().to_string().replace(['\\', '"', '\n'], "_");
+        let _ = writeln!(out, "# HELP dnstrace_flight_recording_info The latest flight recording and the anomaly that started it.\n# TYPE dnstrace_flight_recording_info gauge\ndnstrace_flight_recording_info{{file=\"{file}\",kind=\"{}\"}} 1", f.kind);
     }
 }
 
