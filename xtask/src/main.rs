@@ -1,4 +1,4 @@
-//! Developer tasks: `cargo xtask setup | test | layers | demo | bench | fuzz`.
+//! Developer tasks: `cargo xtask setup | test | layers | demo | bench | fuzz | image`.
 mod bench;
 mod demo;
 mod fuzz;
@@ -10,7 +10,7 @@ use std::process::{Command, ExitCode};
 
 use anyhow::{bail, Context, Result};
 
-const USAGE: &str = "usage: cargo xtask <setup | test | layers | demo | bench | fuzz>
+const USAGE: &str = "usage: cargo xtask <setup | test | layers | demo | bench | fuzz | image>
   setup   install what building and testing need (idempotent)
   test    the layer check, setup, then formatting, lints and the whole test suite
           (as root), every test binary even when one fails, and a tally of them all
@@ -20,7 +20,10 @@ const USAGE: &str = "usage: cargo xtask <setup | test | layers | demo | bench | 
   bench   setup, build, then measure dnstrace's cost on the lab (--quick, --markdown PATH)
   fuzz    setup, then each fuzz target for 10 million runs (cargo-fuzz, nightly)
           [--runs N] [--target dns|tcp_stream|fragments|event|recording] [--max-time SECONDS]
-          [--sanitizer none|address]";
+          [--sanitizer none|address]
+  image   setup, build, then the agent's container image with podman, no registry and no
+          network (deploy/image.sh), and its archive target/dnstrace-image.tar for
+          `ctr -n k8s.io images import`";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -35,6 +38,7 @@ fn main() -> ExitCode {
         "demo" => setup::run().and_then(|()| demo::run()),
         "bench" => setup::run().and_then(|()| bench::run(&args[1..])),
         "fuzz" => setup::run().and_then(|()| fuzz::run(&args[1..])),
+        "image" => setup::run().and_then(|()| image()),
         _ => {
             eprintln!("{USAGE}");
             return ExitCode::from(2);
@@ -47,6 +51,21 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The agent's image, tagged with the version, and its OCI archive.
+fn image() -> Result<()> {
+    cargo(&["build", "--release", "--quiet", "--package", "dnstrace"])?;
+    let root = workspace_root();
+    let tag = format!("localhost/dnstrace:{}", env!("CARGO_PKG_VERSION"));
+    check(
+        Command::new(root.join("deploy/image.sh"))
+            .arg(root.join("target/release/dnstrace"))
+            .arg(&tag)
+            .arg(root.join("target/dnstrace-image.tar")),
+    )?;
+    eprintln!("xtask: built {tag} and target/dnstrace-image.tar; deploy/dnstrace.yaml runs it on every node");
+    Ok(())
 }
 
 /// cargo, in the workspace root.

@@ -43,6 +43,8 @@ const TEST_PACKAGES: &[&str] = &[
     // through its HTTP API with curl; promtool checks the page.
     "prometheus",
     "curl",
+    // The agent's image is built and run with podman (tests/tests/image.rs).
+    "podman",
 ];
 
 pub fn is_root() -> bool {
