@@ -28,6 +28,7 @@ use anyhow::{anyhow, bail, Context as _, Result};
 use crate::{cargo_cmd, setup, workspace_root};
 
 mod against;
+mod agent;
 mod bpf;
 mod dns;
 mod kernel_cost;
@@ -78,7 +79,7 @@ const USAGE: &str =
   --quick          short runs (seconds instead of minutes) for trying things
   --only FIGURE    measure only this figure (repeatable): startup, iperf,
                    capacity, against, zero-loss, tcpdump, outputs, overload,
-                   defaults, pipeline, memory
+                   defaults, pipeline, memory, agent
   --against REV    also measure the figure `against`: tracing's cost under UDP
                    DNS load, the dnstrace of git revision REV and this tree's
                    in alternating rounds (`--only against` for it alone)
@@ -140,6 +141,11 @@ const FIGURES: &[(&str, &str, Stage)] = &[
         Bench::pipeline,
     ),
     ("memory", "memory with lookups in flight", Bench::memory),
+    (
+        "agent",
+        "dnstrace agent: capacity, exact counts, CPU, memory, scrapes",
+        Bench::agent,
+    ),
 ];
 
 /// The figures `--only` names, in run order, with what they need: the
@@ -163,7 +169,10 @@ fn selected(only: &[String], against: bool) -> Result<Vec<&'static str>> {
         }
         only.is_empty()
             || only.iter().any(|o| o == n)
-            || (n == "capacity" && only.iter().any(|o| o == "zero-loss" || o == "overload"))
+            || (n == "capacity"
+                && only
+                    .iter()
+                    .any(|o| o == "zero-loss" || o == "overload" || o == "agent"))
     };
     Ok(names.into_iter().filter(|n| wanted(n)).collect())
 }
