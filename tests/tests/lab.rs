@@ -463,7 +463,13 @@ fn conntrack_race_makes_parallel_a_and_aaaa_clash() {
 fn up_and_down_twice_leave_the_machine_as_before() {
     require_root();
     let snapshot = || {
-        let root_rules = run(&mut Command::new("iptables-save")).unwrap_or_default();
+        // Without its comments, which hold the time of the dump.
+        let root_rules: String = run(&mut Command::new("iptables-save"))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(|l| format!("{l}\n"))
+            .collect();
         let root_links = run(Command::new("ip").args(["-o", "link"])).unwrap();
         let netns = run(Command::new("ip").args(["netns", "list"])).unwrap();
         let etc = std::fs::read_dir("/etc/netns")
