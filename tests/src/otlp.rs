@@ -100,14 +100,16 @@ impl Receiver {
             rt.block_on(async move {
                 let listener = tokio::net::TcpListener::from_std(listener).unwrap();
                 let incoming = tonic::transport::server::TcpIncoming::from(listener);
-                tonic::transport::Server::builder()
+                let serving = tonic::transport::Server::builder()
                     .add_service(TraceServiceServer::new(served.clone()))
                     .add_service(LogsServiceServer::new(served))
-                    .serve_with_incoming_shutdown(incoming, async {
-                        let _ = stopped.await;
-                    })
-                    .await
-                    .unwrap();
+                    .serve_with_incoming(incoming);
+                // Not a graceful shutdown, which would wait for the agent
+                // to close its connection: dropping the runtime cuts them.
+                tokio::select! {
+                    r = serving => r.unwrap(),
+                    _ = stopped => {}
+                }
             });
         });
         Self {

@@ -191,7 +191,10 @@ fn journeys_reach_an_otlp_collector_as_traces_and_anomalies_as_logs() {
     let agent = Dnstrace::start_here(Keep::Sampled, &args).unwrap();
     let metric = |name: &str| scrape(&listen, name);
 
-    let lookups = lab.traffic(&["--pod", "web", "--rate", "10", "--duration", "2s"]);
+    let mut lookups = lab.traffic(&["--pod", "web", "--rate", "10", "--duration", "2s"]);
+    // A name no cache holds: CoreDNS asks upstream.
+    let fresh = format!("otlp-{}.example.com", std::process::id());
+    lookups.extend(lab.traffic(&["--pod", "web", "--name", &fresh]));
     let queries: u64 = lookups.iter().map(|l| l["queries"].as_u64().unwrap()).sum();
     let pod = lookups[0]["pod"]
         .as_str()
@@ -213,7 +216,7 @@ fn journeys_reach_an_otlp_collector_as_traces_and_anomalies_as_logs() {
     };
     wait_until(SETTLE, || roots_of_web() >= queries);
     assert_eq!(roots_of_web(), queries, "one trace per query of {pod}");
-    collector.received(|r| check_traces(r, &pod));
+    collector.received(|r| check_traces(r, &pod, &fresh));
 
     // The collector away: what the queue (16) cannot hold is dropped and
     // counted; what it held, and the batch being retried, arrive after.
@@ -292,9 +295,9 @@ fn journeys_reach_an_otlp_collector_as_traces_and_anomalies_as_logs() {
 }
 
 /// Each root span of `pod` carries the conventions' attributes; the trace
-/// of an external name has the service, the resolver and its upstream
-/// query under it, legs as events.
-fn check_traces(r: &otlp::Received, pod: &str) {
+/// of `fresh`, a name no cache held, has the service, the resolver and its
+/// upstream query under it, legs as events.
+fn check_traces(r: &otlp::Received, pod: &str, fresh: &str) {
     let roots: Vec<_> = r
         .spans
         .iter()
@@ -326,34 +329,27 @@ fn check_traces(r: &otlp::Received, pod: &str) {
             "legs as events"
         );
     }
-    let external = roots
+    // Its search-list tries end at CoreDNS; the name itself goes upstream.
+    let absolute = format!("{fresh}.");
+    let traces: Vec<Vec<&str>> = roots
         .iter()
-        .find(|(_, s)| {
-            otlp::attr(&s.attributes, "dns.question.name")
-                .is_some_and(|n| n.starts_with("www.example.com"))
+        .filter(|(_, s)| otlp::attr(&s.attributes, "dns.question.name") == Some(&absolute))
+        .map(|(_, root)| {
+            r.spans
+                .iter()
+                .filter(|(_, s)| s.trace_id == root.trace_id)
+                .map(|(_, s)| s.name.as_str())
+                .collect()
         })
-        .map(|(_, s)| s)
-        .expect("a lookup of www.example.com");
-    let trace: Vec<&str> = r
-        .spans
-        .iter()
-        .filter(|(_, s)| s.trace_id == external.trace_id)
-        .map(|(_, s)| s.name.as_str())
         .collect();
-    assert!(
-        trace.iter().any(|n| n.starts_with("service 10.96.0.10:53")),
-        "{trace:?}"
-    );
-    assert!(
-        trace
-            .iter()
-            .any(|n| n.starts_with("resolver kube-system/coredns")),
-        "{trace:?}"
-    );
-    assert!(
-        trace.iter().any(|n| n.starts_with("upstream ")),
-        "{trace:?}"
-    );
+    let whole = |trace: &Vec<&str>| {
+        trace.iter().any(|n| n.starts_with("service 10.96.0.10:53"))
+            && trace
+                .iter()
+                .any(|n| n.starts_with("resolver kube-system/coredns"))
+            && trace.iter().any(|n| n.starts_with("upstream "))
+    };
+    assert!(traces.iter().any(whole), "{absolute}: {traces:?}");
 }
 
 /// One sample of the agent's `/metrics` page (0 when absent).

@@ -139,6 +139,7 @@ fn the_image_runs_as_the_daemonset_would_and_traces_the_lab() {
     let ready = || {
         Command::new("curl")
             .args(["-sf", &format!("http://{listen}/readyz")])
+            .stdout(std::process::Stdio::null())
             .status()
             .is_ok_and(|s| s.success())
     };
@@ -151,6 +152,8 @@ fn the_image_runs_as_the_daemonset_would_and_traces_the_lab() {
         "the agent in the container never became ready:\n{}",
         logs()
     );
+    // The image's own iptables-save read kube-proxy's rules.
+    assert!(logs().contains("services from iptables"), "{}", logs());
 
     let prom = Prometheus::scraping(&listen).unwrap();
     let lookups = lab.traffic(&["--rate", "10", "--duration", "3s"]);

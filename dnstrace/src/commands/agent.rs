@@ -14,7 +14,10 @@ use std::{
 
 use anyhow::{Context as _, Result};
 
-use super::trace::{self, Consume, LiveSource, Started, TraceOptions};
+use super::{
+    exit::ExitReport,
+    trace::{self, Consume, LiveSource, Started, TraceOptions},
+};
 use crate::{
     clock::monotonic_now,
     correlate::{Journey, Limits},
@@ -137,6 +140,10 @@ impl Consume for Agent {
         let result = pipe.drive(&mut src, &mut sink, stop).await;
         self.shared.ready.store(false, Ordering::Relaxed);
         result
+    }
+
+    fn exit(report: &ExitReport, _json: bool) {
+        report.log();
     }
 }
 

@@ -59,6 +59,13 @@ impl ExitReport {
         eprintln!("{}", said.join("\n"));
     }
 
+    /// As log records: the agent's stderr is its log, JSON or not.
+    pub fn log(&self) {
+        for line in self.lines() {
+            log::info!("{}", line.strip_prefix("dnstrace: ").unwrap_or(&line));
+        }
+    }
+
     /// The text: a line of counts, and one for each kind of loss seen.
     fn lines(&self) -> Vec<String> {
         let c = &self.counts;

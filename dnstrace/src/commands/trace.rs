@@ -75,6 +75,11 @@ pub(super) trait Consume {
         stop: &mut Stop,
         started: Started,
     ) -> Result<Option<Tally>>;
+
+    /// What the capture saw and lost, said at its end.
+    fn exit(report: &ExitReport, json: bool) {
+        report.print(json);
+    }
 }
 
 /// What a capture knows once it has started.
@@ -114,10 +119,10 @@ impl Consume for Views {
 
 /// Finds the target, attaches the probes, and runs `consumer` on what the
 /// kernel hands over, until it ends or is stopped; detaches and reports.
-pub(super) async fn capture(
+pub(super) async fn capture<C: Consume>(
     args: TraceOptions,
     limits: Limits,
-    consumer: impl Consume,
+    consumer: C,
 ) -> Result<()> {
     let mut stop = Stop::new()?;
     crate::probes::check_privileges()?;
@@ -238,6 +243,7 @@ pub(super) async fn capture(
         about,
         log_file: args.log_file,
     };
+    let json = args.format == Format::Json;
     let result = consumer.run(&mut pipe, &mut src, &mut stop, started).await;
     let exit = ExitReport {
         counts: std::mem::take(&mut pipe.counts),
@@ -258,7 +264,7 @@ pub(super) async fn capture(
     drop(src);
     // Detach before saying so.
     drop(probes);
-    exit.print(args.format == Format::Json);
+    C::exit(&exit, json);
     result.map(drop)
 }
 
