@@ -45,6 +45,8 @@ const TEST_PACKAGES: &[&str] = &[
     "curl",
     // The agent's image is built and run with podman (tests/tests/image.rs).
     "podman",
+    // Load for the agent's exact counts (tests/tests/agent.rs).
+    "dnsperf",
 ];
 
 pub fn is_root() -> bool {

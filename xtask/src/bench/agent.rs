@@ -64,7 +64,9 @@ impl Bench {
             let t = dnsperf(&self.queries(), secs, None)?;
             // Every journey closed: past the timeout and a tick.
             pause(Duration::from_millis(7_000))?;
-            let counted = lookups_of(&scrape(&listen)?, WEB);
+            // The pod's name; WEB is its network namespace's.
+            let pod = WEB.strip_prefix("dtlab-").unwrap_or(WEB);
+            let counted = lookups_of(&scrape(&listen)?, pod);
             let exit = agent.stop()?;
             eprintln!(
                 "bench: agent round {}: {t}; counted {counted} of {} sent; {exit}",
