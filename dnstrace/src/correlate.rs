@@ -23,4 +23,6 @@ mod table;
 
 pub use connections::{Connection, Reset};
 pub use engine::{Engine, Limits, CLOSE_BATCH};
+#[cfg(test)]
+pub use journey::fixtures;
 pub use journey::{FragmentNote, Gap, Journey, Leg, Outcome};

@@ -605,6 +605,19 @@ pub const LAB_RUNTIME: [&str; 4] = [
     "/run/dnstrace-lab/cri/containerd.sock",
 ];
 
+/// `dnstrace agent` on the lab's node as `lab-node`, serving on `listen`,
+/// with `extra`.
+pub fn agent_args<'a>(listen: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let node = ["--node-netns", NODE_NETNS, "--node-name", "lab-node"];
+    [
+        &["agent", "--metrics-addr", listen][..],
+        &node,
+        extra,
+        &LAB_RUNTIME,
+    ]
+    .concat()
+}
+
 impl Lab {
     /// `dnstrace trace -o json --timeout 3s` over the lab node, every
     /// lookup kept, with `extra`, while `work` runs and 1.5 s after: its

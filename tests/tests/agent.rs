@@ -23,20 +23,10 @@ fn prometheus_scrapes_the_agent_and_its_counts_match_the_traffic() {
     let flights = std::env::temp_dir().join(format!("dnstrace-flights-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&flights);
     let flight_dir = flights.display().to_string();
-    let args = [
-        &[
-            "agent",
-            "--node-netns",
-            NODE_NETNS,
-            "--metrics-addr",
-            &listen,
-            "--node-name",
-            "lab-node",
-        ][..],
+    let args = agent_args(
+        &listen,
         &["--flight-dir", &flight_dir, "--flight-after", "3s"],
-        &LAB_RUNTIME,
-    ]
-    .concat();
+    );
     let agent = Dnstrace::start_here(Keep::Sampled, &args).unwrap();
     let prom = Prometheus::scraping(&listen).unwrap();
 
@@ -168,16 +158,8 @@ fn journeys_reach_an_otlp_collector_as_traces_and_anomalies_as_logs() {
     let mut collector = otlp::Receiver::start(0);
     let listen = format!("127.0.0.1:{}", free_port());
     let endpoint = format!("http://{}", collector.addr);
-    let args = [
-        &[
-            "agent",
-            "--node-netns",
-            NODE_NETNS,
-            "--metrics-addr",
-            &listen,
-            "--node-name",
-            "lab-node",
-        ][..],
+    let args = agent_args(
+        &listen,
         &[
             "--otlp-endpoint",
             &endpoint,
@@ -185,9 +167,7 @@ fn journeys_reach_an_otlp_collector_as_traces_and_anomalies_as_logs() {
             "16",
             "--no-flight-recorder",
         ],
-        &LAB_RUNTIME,
-    ]
-    .concat();
+    );
     let agent = Dnstrace::start_here(Keep::Sampled, &args).unwrap();
     let metric = |name: &str| scrape(&listen, name);
 
@@ -352,13 +332,18 @@ fn check_traces(r: &otlp::Received, pod: &str, fresh: &str) {
     assert!(traces.iter().any(whole), "{absolute}: {traces:?}");
 }
 
-/// One sample of the agent's `/metrics` page (0 when absent).
-fn scrape(listen: &str, series: &str) -> f64 {
+/// The agent's `/metrics` page.
+fn page(listen: &str) -> String {
     let page = Command::new("curl")
         .args(["-sf", &format!("http://{listen}/metrics")])
         .output()
         .unwrap();
-    String::from_utf8_lossy(&page.stdout)
+    String::from_utf8_lossy(&page.stdout).into_owned()
+}
+
+/// One sample of the agent's `/metrics` page (0 when absent).
+fn scrape(listen: &str, series: &str) -> f64 {
+    page(listen)
         .lines()
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
         .unwrap_or(0.0)
@@ -379,20 +364,7 @@ fn counts_stay_exact_under_load() {
     require_root();
     let _lab = Lab::up(&[]);
     let listen = format!("127.0.0.1:{}", free_port());
-    let args = [
-        &[
-            "agent",
-            "--node-netns",
-            NODE_NETNS,
-            "--metrics-addr",
-            &listen,
-            "--node-name",
-            "lab-node",
-        ][..],
-        &["--no-flight-recorder"],
-        &LAB_RUNTIME,
-    ]
-    .concat();
+    let args = agent_args(&listen, &["--no-flight-recorder"]);
     let agent = Dnstrace::start_binary(dnstrace_release_bin(), Keep::Sampled, &args).unwrap();
     let queries = std::env::temp_dir().join(format!("dnstrace-load-{}.txt", std::process::id()));
     std::fs::write(
@@ -424,11 +396,7 @@ fn counts_stay_exact_under_load() {
     let pod = WEB.strip_prefix("dtlab-").unwrap();
     let web = format!("pod=\"{pod}\"");
     let counted = || {
-        let page = Command::new("curl")
-            .args(["-sf", &format!("http://{listen}/metrics")])
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&page.stdout)
+        page(&listen)
             .lines()
             .filter(|l| l.starts_with("dnstrace_lookups_total{") && l.contains(&web))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())

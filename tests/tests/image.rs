@@ -117,16 +117,7 @@ fn the_image_runs_as_the_daemonset_would_and_traces_the_lab() {
         run.extend(["-v".into(), mount.into()]);
     }
     run.extend(["--tmpfs".into(), "/var/lib/dnstrace".into(), TAG.into()]);
-    let agent = [
-        "agent",
-        "--node-netns",
-        NODE_NETNS,
-        "--metrics-addr",
-        &listen,
-        "--node-name",
-        "lab-node",
-    ];
-    run.extend(agent.iter().chain(&LAB_RUNTIME).map(|a| a.to_string()));
+    run.extend(agent_args(&listen, &[]).into_iter().map(String::from));
     let run: Vec<&str> = run.iter().map(String::as_str).collect();
     let started = podman(&run);
     assert!(

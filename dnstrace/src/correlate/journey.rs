@@ -157,3 +157,60 @@ impl Journey {
         self.ended_ns.saturating_sub(self.started_ns)
     }
 }
+
+/// Legs and journeys for the tests of what reads them (metrics, OTLP).
+#[cfg(test)]
+pub mod fixtures {
+    use dnstrace_common::Hook;
+
+    use super::{Journey, Leg, Outcome};
+    use crate::decode::{Qtype, Rcode};
+
+    pub fn leg(ts_ns: u64, hook: Hook, netns: u32, src: &str, dst: &str, response: bool) -> Leg {
+        Leg {
+            ts_ns,
+            since_prev_ns: 0,
+            hook,
+            iface: Some("eth0".into()),
+            ifindex: 2,
+            netns,
+            src: src.parse().unwrap(),
+            dst: dst.parse().unwrap(),
+            response,
+            dnat: None,
+            snat: None,
+            drop: None,
+            fragment: None,
+        }
+    }
+
+    /// An A query for `name` from `client`, from its first leg to its last.
+    pub fn journey(client: &str, name: &str, legs: Vec<Leg>, outcome: Outcome) -> Journey {
+        Journey {
+            id: 1,
+            lookup: 1,
+            client: client.parse().unwrap(),
+            dns_id: 7,
+            name: name.into(),
+            qtype: Qtype::A,
+            tcp: false,
+            started_ns: legs.first().map_or(0, |l| l.ts_ns),
+            ended_ns: legs.last().map_or(0, |l| l.ts_ns),
+            outcome,
+            dnat: None,
+            legs,
+            upstream: Vec::new(),
+            incomplete: None,
+            sampled: Default::default(),
+            connection: None,
+        }
+    }
+
+    pub fn answered(rcode: Rcode, answers: &[&str]) -> Outcome {
+        Outcome::Answered {
+            rcode,
+            answers: answers.iter().map(|a| (*a).to_owned()).collect(),
+            truncated: false,
+        }
+    }
+}

@@ -4,65 +4,34 @@ use dnstrace_common::Hook;
 
 use super::*;
 use crate::{
-    correlate::Gap,
-    decode::{Qtype, Rcode},
+    correlate::{
+        fixtures::{self, journey, leg},
+        Gap,
+    },
+    decode::Rcode,
     pods::workload::{Workload, WorkloadKind},
 };
 
 const POD_NS: u32 = 4026532246;
 const MS: u64 = 1_000_000;
 
-fn leg(ts_ns: u64, hook: Hook, src: &str, dst: &str, response: bool) -> Leg {
-    Leg {
-        ts_ns,
-        since_prev_ns: 0,
-        hook,
-        iface: Some("eth0".into()),
-        ifindex: 2,
-        netns: POD_NS,
-        src: src.parse().unwrap(),
-        dst: dst.parse().unwrap(),
-        response,
-        dnat: None,
-        snat: None,
-        drop: None,
-        fragment: None,
-    }
-}
-
 /// A lookup of `web` through the service: asked at 0, answered at `ms`.
 fn lookup(outcome: Outcome, ms: u64) -> Journey {
     let (client, svc) = ("10.244.0.10:40000", "10.96.0.10:53");
-    let mut legs = vec![leg(0, Hook::DevXmit, client, svc, false)];
+    let mut legs = vec![leg(0, Hook::DevXmit, POD_NS, client, svc, false)];
     if matches!(outcome, Outcome::Answered { .. }) {
-        legs.push(leg(ms * MS, Hook::DevReceive, svc, client, true));
+        legs.push(leg(ms * MS, Hook::DevReceive, POD_NS, svc, client, true));
     }
-    Journey {
-        id: 1,
-        lookup: 1,
-        client: client.parse().unwrap(),
-        dns_id: 7,
-        name: "kubernetes.default.svc.cluster.local.".into(),
-        qtype: Qtype::A,
-        tcp: false,
-        started_ns: 0,
-        ended_ns: ms * MS,
-        outcome,
-        dnat: None,
+    journey(
+        client,
+        "kubernetes.default.svc.cluster.local.",
         legs,
-        upstream: Vec::new(),
-        incomplete: None,
-        sampled: Default::default(),
-        connection: None,
-    }
+        outcome,
+    )
 }
 
 fn answered(rcode: Rcode) -> Outcome {
-    Outcome::Answered {
-        rcode,
-        answers: Vec::new(),
-        truncated: false,
-    }
+    fixtures::answered(rcode, &[])
 }
 
 fn names() -> Names {
@@ -93,6 +62,11 @@ fn kernel() -> KernelNames {
     )
 }
 
+/// `j` counted, with no anomaly, at `now_ns`.
+fn count(m: &mut Metrics, j: &Journey, now_ns: u64) {
+    m.journey(j, &[], &names(), &kernel(), now_ns);
+}
+
 fn page(m: &Metrics) -> String {
     let mut out = String::new();
     m.render(&mut out);
@@ -110,7 +84,7 @@ fn a_lookup_counts_by_pod_workload_server_type_rcode_proto_and_family() {
         answered(Rcode::NXDOMAIN),
         Outcome::Timeout,
     ] {
-        m.journey(&lookup(outcome, 3), &[], &names(), &kernel(), 0);
+        count(&mut m, &lookup(outcome, 3), 0);
     }
     let out = page(&m);
     for line in [
@@ -134,7 +108,7 @@ fn a_lookup_whose_legs_may_be_missing_is_unknown_not_a_timeout() {
     let mut m = Metrics::new(MetricsOptions::default());
     let mut j = lookup(Outcome::Timeout, 0);
     j.incomplete = Some(Gap::Lost);
-    m.journey(&j, &[], &names(), &kernel(), 0);
+    count(&mut m, &j, 0);
     let out = page(&m);
     assert!(out.contains("rcode=\"UNKNOWN\""), "{out}");
     assert!(
@@ -155,10 +129,24 @@ fn upstream_queries_count_by_resolver_and_drops_by_reason() {
         0,
     );
     up.client = "10.244.0.53:5353".parse().unwrap();
-    let mut drop = leg(MS, Hook::Drop, "10.244.0.53:5353", "192.0.2.1:53", false);
+    let mut drop = leg(
+        MS,
+        Hook::Drop,
+        POD_NS,
+        "10.244.0.53:5353",
+        "192.0.2.1:53",
+        false,
+    );
     drop.drop = Some(Box::new((7, 0)));
     up.legs = vec![
-        leg(0, Hook::DevXmit, "10.244.0.53:5353", "192.0.2.1:53", false),
+        leg(
+            0,
+            Hook::DevXmit,
+            POD_NS,
+            "10.244.0.53:5353",
+            "192.0.2.1:53",
+            false,
+        ),
         drop,
     ];
     j.upstream.push(up);
@@ -182,25 +170,13 @@ fn upstream_queries_count_by_resolver_and_drops_by_reason() {
 #[test]
 fn query_names_are_labels_only_when_asked_for() {
     let mut m = Metrics::new(MetricsOptions::default());
-    m.journey(
-        &lookup(answered(Rcode::NOERROR), 1),
-        &[],
-        &names(),
-        &kernel(),
-        0,
-    );
+    count(&mut m, &lookup(answered(Rcode::NOERROR), 1), 0);
     assert!(!page(&m).contains("kubernetes.default"));
     let mut m = Metrics::new(MetricsOptions {
         query_names: true,
         ..MetricsOptions::default()
     });
-    m.journey(
-        &lookup(answered(Rcode::NOERROR), 1),
-        &[],
-        &names(),
-        &kernel(),
-        0,
-    );
+    count(&mut m, &lookup(answered(Rcode::NOERROR), 1), 0);
     assert!(page(&m).contains(",name=\"kubernetes.default.svc.cluster.local.\"} 1\n"));
 }
 
@@ -219,7 +195,7 @@ fn past_the_series_limit_every_lookup_is_still_counted() {
         Rcode::SERVFAIL,
         Rcode::REFUSED,
     ] {
-        m.journey(&lookup(answered(rcode), 1), &[], &names(), &kernel(), 0);
+        count(&mut m, &lookup(answered(rcode), 1), 0);
     }
     let out = page(&m);
     let total: u64 = out
@@ -241,16 +217,10 @@ fn a_pod_gone_quiet_past_the_ttl_loses_its_series() {
         series_ttl_ns: 60_000 * MS,
         ..MetricsOptions::default()
     });
-    m.journey(
-        &lookup(answered(Rcode::NOERROR), 1),
-        &[],
-        &names(),
-        &kernel(),
-        0,
-    );
+    count(&mut m, &lookup(answered(Rcode::NOERROR), 1), 0);
     let mut other = lookup(answered(Rcode::NOERROR), 1);
     other.client = "10.244.0.99:40000".parse().unwrap();
-    m.journey(&other, &[], &names(), &kernel(), 200_000 * MS);
+    count(&mut m, &other, 200_000 * MS);
     let out = page(&m);
     assert!(!out.contains("web-7d9f8c6b5-x2x4k"), "{out}");
     assert!(

@@ -440,57 +440,18 @@ mod tests {
     use dnstrace_common::Hook;
 
     use super::*;
-    use crate::decode::Qtype;
+    use crate::correlate::fixtures::{self, leg};
 
     const MS: u64 = 1_000_000;
 
-    fn leg(ts_ns: u64, hook: Hook, netns: u32, src: &str, dst: &str, response: bool) -> Leg {
-        Leg {
-            ts_ns,
-            since_prev_ns: 0,
-            hook,
-            iface: Some("eth0".into()),
-            ifindex: 2,
-            netns,
-            src: src.parse().unwrap(),
-            dst: dst.parse().unwrap(),
-            response,
-            dnat: None,
-            snat: None,
-            drop: None,
-            fragment: None,
-        }
-    }
-
     fn journey(client: &str, legs: Vec<Leg>, outcome: Outcome) -> Journey {
-        Journey {
-            id: 1,
-            lookup: 1,
-            client: client.parse().unwrap(),
-            dns_id: 7,
-            name: "www.example.com.".into(),
-            qtype: Qtype::A,
-            tcp: false,
-            started_ns: legs.first().map_or(0, |l| l.ts_ns),
-            ended_ns: legs.last().map_or(0, |l| l.ts_ns),
-            outcome,
-            dnat: None,
-            legs,
-            upstream: Vec::new(),
-            incomplete: None,
-            sampled: Default::default(),
-            connection: None,
-        }
+        fixtures::journey(client, "www.example.com.", legs, outcome)
     }
 
     /// web asks the service, DNATed to coredns-a, which asks 192.0.2.1.
     fn through_the_service() -> Journey {
         let (web, svc, dns) = ("10.244.0.10:40000", "10.96.0.10:53", "10.244.0.53:53");
-        let answered = Outcome::Answered {
-            rcode: Rcode::NOERROR,
-            answers: vec!["A 93.184.216.34".into()],
-            truncated: false,
-        };
+        let answered = fixtures::answered(Rcode::NOERROR, &["A 93.184.216.34"]);
         let mut j = journey(
             web,
             vec![
@@ -622,13 +583,8 @@ mod tests {
         assert!(
             matches!(attr(root, "error.type"), Some(any_value::Value::StringValue(e)) if e == "timeout")
         );
-        let nx = Outcome::Answered {
-            rcode: Rcode::NXDOMAIN,
-            answers: Vec::new(),
-            truncated: false,
-        };
         let mut j = timeout.clone();
-        j.outcome = nx;
+        j.outcome = fixtures::answered(Rcode::NXDOMAIN, &[]);
         assert_eq!(
             spans_of(&j, "n")[0].status.as_ref().unwrap().code,
             StatusCode::Unset as i32
