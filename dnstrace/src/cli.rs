@@ -349,6 +349,11 @@ pub struct AgentArgs {
     #[arg(long, env = "DNSTRACE_FLIGHT_AFTER", value_parser = humantime::parse_duration, default_value = "2m")]
     pub flight_after: std::time::Duration,
 
+    /// How often the service proxy's rules are read again, for the names
+    /// of services made since (pods' come from the CRI as they change).
+    #[arg(long, env = "DNSTRACE_REREAD_SERVICES", value_parser = humantime::parse_duration, default_value = "60s")]
+    pub reread_services: std::time::Duration,
+
     /// Flight recordings kept in --flight-dir; the oldest go.
     #[arg(long, env = "DNSTRACE_FLIGHT_FILES", value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=1000))]
     pub flight_files: u64,
@@ -422,6 +427,7 @@ impl AgentArgs {
                 ..Limits::default()
             },
             listen: self.metrics_addr,
+            services_every: self.reread_services,
             otlp: self.otlp_endpoint.map(|endpoint| OtlpOptions {
                 endpoint,
                 protocol: self.otlp_protocol,

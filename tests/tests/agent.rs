@@ -23,11 +23,16 @@ fn prometheus_scrapes_the_agent_and_its_counts_match_the_traffic() {
     let flights = std::env::temp_dir().join(format!("dnstrace-flights-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&flights);
     let flight_dir = flights.display().to_string();
-    let args = agent_args(
-        &listen,
-        &["--flight-dir", &flight_dir, "--flight-after", "3s"],
-    );
-    let agent = Dnstrace::start_here(Keep::Sampled, &args).unwrap();
+    let extra = [
+        "--flight-dir",
+        &flight_dir,
+        "--flight-after",
+        "3s",
+        "--reread-services",
+        "1s",
+    ];
+    let args = agent_args(&listen, &extra);
+    let mut agent = Dnstrace::start_here(Keep::Sampled, &args).unwrap();
     let prom = Prometheus::scraping(&listen).unwrap();
 
     let lookups = lab.traffic(&["--rate", "20", "--duration", "5s"]);
@@ -142,6 +147,43 @@ fn prometheus_scrapes_the_agent_and_its_counts_match_the_traffic() {
         "the fault in the flight recording: {summary}"
     );
     let _ = std::fs::remove_dir_all(&flights);
+
+    // A service made while it runs is named from kube-proxy's rules.
+    let added = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            NODE,
+            "iptables",
+            "-t",
+            "nat",
+            "-A",
+            "KUBE-SERVICES",
+        ])
+        .args([
+            "-d",
+            "10.96.7.7/32",
+            "-p",
+            "tcp",
+            "-m",
+            "comment",
+            "--comment",
+        ])
+        .args([
+            "default/new-svc:http cluster IP",
+            "-m",
+            "tcp",
+            "--dport",
+            "80",
+            "-j",
+            "RETURN",
+        ])
+        .status()
+        .unwrap();
+    assert!(added.success());
+    agent
+        .wait_stderr_for("new: default/new-svc", Duration::from_secs(10))
+        .unwrap();
 
     let (status, _, stderr) = agent.stop(libc::SIGTERM).unwrap();
     assert!(status.success(), "{status}: {stderr:?}");

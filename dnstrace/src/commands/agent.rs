@@ -5,11 +5,13 @@
 mod http;
 
 use std::{
-    net::SocketAddr,
+    net::{IpAddr, SocketAddr},
+    path::PathBuf,
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
-        Arc, Mutex, MutexGuard, OnceLock, PoisonError,
+        mpsc, Arc, Mutex, MutexGuard, OnceLock, PoisonError,
     },
+    time::Duration,
 };
 
 use anyhow::{Context as _, Result};
@@ -24,6 +26,7 @@ use crate::{
     decode::KernelNames,
     diagnose::{Anomaly, AnomalyKind},
     metrics::{Metrics, MetricsOptions},
+    naming::Services,
     otlp::{self, Otlp, OtlpOptions},
     output::Labels,
     pipeline::{Health, Input, JourneyOut, JourneySink, Pipeline, Source, Stop, Tally},
@@ -40,10 +43,12 @@ pub struct AgentOptions {
     pub metrics: MetricsOptions,
     /// Traces and logs to an OTLP collector, when asked for.
     pub otlp: Option<OtlpOptions>,
+    /// How often the service proxy's rules are read again.
+    pub services_every: Duration,
 }
 
 /// What the pipeline and the HTTP endpoints share.
-pub(crate) struct Shared {
+struct Shared {
     metrics: Mutex<Metrics>,
     /// Every hook attached and the ring being read.
     ready: AtomicBool,
@@ -83,6 +88,9 @@ pub async fn run(o: AgentOptions) -> Result<()> {
         flight: o.trace.flight.as_ref().map(|f| f.latest.clone()),
     });
     let server = tokio::spawn(http::serve(listener, shared.clone()));
+    // Started while privileged: threads keep what they start with.
+    let services = watch_services(o.trace.target.node_netns.clone(), o.services_every)
+        .context("starting to watch the node's services")?;
     log::info!(
         "serving metrics on http://{}/metrics, health on /healthz and /readyz",
         o.listen
@@ -91,6 +99,7 @@ pub async fn run(o: AgentOptions) -> Result<()> {
         shared,
         limits: o.limits,
         otlp: o.otlp,
+        services,
     };
     let result = trace::capture(o.trace, o.limits, agent).await;
     server.abort();
@@ -101,6 +110,7 @@ struct Agent {
     shared: Arc<Shared>,
     limits: Limits,
     otlp: Option<OtlpOptions>,
+    services: mpsc::Receiver<Vec<(IpAddr, String)>>,
 }
 
 impl Consume for Agent {
@@ -136,6 +146,8 @@ impl Consume for Agent {
             src,
             shared: &self.shared,
             read_ns: 0,
+            services: &self.services,
+            pending: None,
         };
         let result = pipe.drive(&mut src, &mut sink, stop).await;
         self.shared.ready.store(false, Ordering::Relaxed);
@@ -148,11 +160,14 @@ impl Consume for Agent {
 }
 
 /// The live source, with the capture's own counters read into the
-/// metrics each second and each tick noted for `/healthz`.
+/// metrics each second, each tick noted for `/healthz`, and the services'
+/// new names handed on as pods' are.
 struct Counted<'s, 'a> {
     src: &'s mut LiveSource<'a>,
     shared: &'s Shared,
     read_ns: u64,
+    services: &'s mpsc::Receiver<Vec<(IpAddr, String)>>,
+    pending: Option<Input>,
 }
 
 impl Source for Counted<'_, '_> {
@@ -161,9 +176,23 @@ impl Source for Counted<'_, '_> {
     }
 
     async fn next(&mut self) -> Result<Option<Input>> {
+        if let Some(input) = self.pending.take() {
+            return Ok(Some(input));
+        }
         let input = self.src.next().await?;
         if let Some(Input::Tick(now_ns)) = &input {
             self.shared.ticked_ns.store(*now_ns, Ordering::Relaxed);
+            if let Ok(names) = self.services.try_recv() {
+                let refresh = Refresh {
+                    names,
+                    workloads: Vec::new(),
+                    target: None,
+                };
+                self.pending = Some(Input::Pods {
+                    now_ns: *now_ns,
+                    refresh,
+                });
+            }
             if now_ns.saturating_sub(self.read_ns) >= 1_000_000_000 {
                 self.read_ns = *now_ns;
                 let stats = self.src.stats();
@@ -174,8 +203,54 @@ impl Source for Counted<'_, '_> {
     }
 
     fn rest(&mut self) -> Vec<Input> {
-        self.src.rest()
+        let mut rest: Vec<Input> = self.pending.take().into_iter().collect();
+        rest.extend(self.src.rest());
+        rest
     }
+}
+
+/// Reads the node's services again every `every` on a thread of
+/// its own, started while privileged (iptables-save needs CAP_NET_ADMIN,
+/// entering the node's namespace CAP_SYS_ADMIN); sends the names of their
+/// cluster IPs when they changed. Endpoints keep their pods' names.
+fn watch_services(
+    node: Option<PathBuf>,
+    every: Duration,
+) -> std::io::Result<mpsc::Receiver<Vec<(IpAddr, String)>>> {
+    let (tx, rx) = mpsc::sync_channel(1);
+    std::thread::Builder::new()
+        .name("services".into())
+        .spawn(move || {
+            let mut last = Services::read(node.as_deref());
+            loop {
+                std::thread::sleep(every);
+                let now = Services::read(node.as_deref());
+                if now.cluster_ips == last.cluster_ips {
+                    continue;
+                }
+                let new: Vec<&str> = now
+                    .cluster_ips
+                    .iter()
+                    .filter(|(ip, _)| !last.cluster_ips.contains_key(ip))
+                    .map(|(_, n)| n.as_str())
+                    .collect();
+                log::info!(
+                    "services changed: {} cluster IPs named, new: {}",
+                    now.cluster_ips.len(),
+                    new.join(", ")
+                );
+                let names = now
+                    .cluster_ips
+                    .iter()
+                    .map(|(ip, n)| (*ip, n.clone()))
+                    .collect();
+                if tx.send(names).is_err() {
+                    return;
+                }
+                last = now;
+            }
+        })?;
+    Ok(rx)
 }
 
 /// Journeys and anomalies into the metrics and the OTLP export;
