@@ -5,9 +5,9 @@
 //! `proto`, `family`, `server`, `to`), so its dashboards port by the
 //! metric's name. Query names are labels only when asked for.
 //!
-//! Every journey the pipeline closes is counted, whatever the view; what
-//! the kernel left out is counted apart (`dnstrace_sampled_out_total`), so
-//! that a count is never silently short.
+//! Every journey the pipeline closes is counted; what the kernel left out
+//! by sampling or lost is counted apart (`dnstrace_sampled_out_total`,
+//! `dnstrace_events_lost_total`), so that a count is never silently short.
 pub mod family;
 
 use std::{fmt::Write as _, net::IpAddr};
@@ -217,6 +217,7 @@ impl Metrics {
         }
         self.drops_of(j, kernel, now_ns);
         let mut kinds: Vec<AnomalyKind> = badges.iter().map(|(k, _)| *k).collect();
+        kinds.sort_unstable_by_key(|k| k.as_str());
         kinds.dedup();
         for k in kinds {
             self.anomaly_kind(k, now_ns);

@@ -228,3 +228,27 @@ fn a_pod_gone_quiet_past_the_ttl_loses_its_series() {
         "{out}"
     );
 }
+
+/// A journey counts once for each kind it showed, however its badges fall.
+#[test]
+fn a_journey_counts_once_per_anomaly_kind() {
+    let mut m = Metrics::new(MetricsOptions::default());
+    let badges = [
+        (AnomalyKind::Dropped, "a".to_owned()),
+        (AnomalyKind::UpstreamTimeout, "b".to_owned()),
+        (AnomalyKind::Dropped, "c".to_owned()),
+    ];
+    let j = lookup(Outcome::Timeout, 0);
+    m.journey(&j, &badges, &names(), &kernel(), 0);
+    let out = page(&m);
+    assert!(
+        out.contains("dnstrace_anomalies_total{kind=\"dropped\",severity=\"critical\"} 1\n"),
+        "{out}"
+    );
+    assert!(
+        out.contains(
+            "dnstrace_anomalies_total{kind=\"upstream_timeout\",severity=\"critical\"} 1\n"
+        ),
+        "{out}"
+    );
+}

@@ -98,11 +98,12 @@ impl Queue {
     pub(super) fn offer(&self, item: Item) {
         let is_trace = matches!(item, Item::Trace(_));
         let Some(tx) = &self.tx else { return };
+        // Counted before it is sent: the exporter may take it at once.
+        self.counts.queued.fetch_add(1, Ordering::Relaxed);
         match tx.try_send(item) {
-            Ok(()) => {
-                self.counts.queued.fetch_add(1, Ordering::Relaxed);
-            }
+            Ok(()) => {}
             Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+                self.counts.queued.fetch_sub(1, Ordering::Relaxed);
                 let dropped = if is_trace {
                     &self.counts.traces_dropped
                 } else {
@@ -164,7 +165,8 @@ async fn run(o: OtlpOptions, rx: Receiver<Item>, counts: Arc<Counts>) {
                 .send_until_taken(batch, &resource, &counts, ended_at)
                 .await;
         }
-        if ended && rx.try_recv().is_err() {
+        // The sender is gone and the queue empty.
+        if ended {
             return;
         }
     }
