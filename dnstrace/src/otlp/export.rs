@@ -390,3 +390,120 @@ async fn post(base: &hyper::Uri, path: &str, body: Vec<u8>) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use hyper::{body::Incoming, server::conn::http1, service::service_fn, Request, Response};
+    use hyper_util::rt::TokioIo;
+
+    use super::*;
+
+    /// What a collector on loopback was POSTed: (path, content type, body).
+    type Posted = Arc<Mutex<Vec<(String, String, Vec<u8>)>>>;
+
+    async fn collector() -> (String, Posted) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let posted = Posted::default();
+        let kept = posted.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let kept = kept.clone();
+                tokio::spawn(async move {
+                    let service = service_fn(move |req: Request<Incoming>| {
+                        let kept = kept.clone();
+                        async move {
+                            let path = req.uri().path().to_owned();
+                            let kind = req.headers()[hyper::header::CONTENT_TYPE]
+                                .to_str()
+                                .unwrap()
+                                .to_owned();
+                            let body = req.into_body().collect().await.unwrap().to_bytes().to_vec();
+                            kept.lock().unwrap().push((path, kind, body));
+                            Ok::<_, std::convert::Infallible>(Response::new(
+                                Full::new(Bytes::new()),
+                            ))
+                        }
+                    });
+                    let _ = http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        (url, posted)
+    }
+
+    /// OTLP/HTTP: each signal POSTed to its path as binary protobuf, which
+    /// decodes to what was sent.
+    #[tokio::test]
+    async fn http_protobuf_posts_each_signal_to_its_path() {
+        let (url, posted) = collector().await;
+        let o = OtlpOptions {
+            endpoint: url,
+            protocol: Protocol::HttpProtobuf,
+            node: "node-1".into(),
+            queue: 4,
+            batch: 4,
+        };
+        let mut client = Client::new(&o).unwrap();
+        let span = Span {
+            name: "lookup A".into(),
+            trace_id: vec![1; 16],
+            span_id: vec![2; 8],
+            ..Span::default()
+        };
+        let record = LogRecord {
+            severity_text: "ERROR".into(),
+            ..LogRecord::default()
+        };
+        client
+            .send(
+                std::slice::from_ref(&span),
+                std::slice::from_ref(&record),
+                &resource("node-1"),
+            )
+            .await
+            .unwrap();
+        let posted = posted.lock().unwrap();
+        assert_eq!(posted.len(), 2);
+        let (path, kind, body) = &posted[0];
+        assert_eq!(
+            (path.as_str(), kind.as_str()),
+            ("/v1/traces", "application/x-protobuf")
+        );
+        let traces = ExportTraceServiceRequest::decode(body.as_slice()).unwrap();
+        let rs = &traces.resource_spans[0];
+        assert_eq!(rs.scope_spans[0].spans, [span]);
+        let node = &rs.resource.as_ref().unwrap().attributes[2];
+        assert_eq!(node.key, "k8s.node.name");
+        let (path, _, body) = &posted[1];
+        assert_eq!(path, "/v1/logs");
+        let logs = ExportLogsServiceRequest::decode(body.as_slice()).unwrap();
+        assert_eq!(logs.resource_logs[0].scope_logs[0].log_records, [record]);
+    }
+
+    /// A collector that refuses: an error, for the caller to retry.
+    #[tokio::test]
+    async fn an_absent_collector_is_an_error_not_a_hang() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let o = OtlpOptions {
+            endpoint: format!("http://127.0.0.1:{port}"),
+            protocol: Protocol::HttpProtobuf,
+            node: "n".into(),
+            queue: 1,
+            batch: 1,
+        };
+        let mut client = Client::new(&o).unwrap();
+        assert!(client
+            .send(&[Span::default()], &[], &resource("n"))
+            .await
+            .is_err());
+    }
+}
