@@ -224,6 +224,8 @@ fn endpoint_ip(to: &str) -> Option<IpAddr> {
 pub struct Names {
     names: BTreeMap<IpAddr, String>,
     workloads: BTreeMap<IpAddr, Workload>,
+    /// Pods' UIDs, by address.
+    uids: BTreeMap<IpAddr, String>,
 }
 
 impl Names {
@@ -240,7 +242,18 @@ impl Names {
         Self {
             names,
             workloads: BTreeMap::new(),
+            uids: BTreeMap::new(),
         }
+    }
+
+    /// The pods' UIDs, by address.
+    pub fn with_uids(mut self, uids: BTreeMap<IpAddr, String>) -> Self {
+        self.uids = uids;
+        self
+    }
+
+    pub fn uid(&self, ip: &IpAddr) -> Option<&str> {
+        self.uids.get(ip).map(String::as_str)
     }
 
     /// The pods' workloads, by address.
@@ -250,13 +263,20 @@ impl Names {
     }
 
     /// Names given later win over the same addresses' earlier ones.
-    pub fn extend(&mut self, names: &[(IpAddr, String)], workloads: &[(IpAddr, Workload)]) {
+    pub fn extend(
+        &mut self,
+        names: &[(IpAddr, String)],
+        workloads: &[(IpAddr, Workload)],
+        uids: &[(IpAddr, String)],
+    ) {
         self.names.extend(names.iter().cloned());
-        // A new pod at an address replaces the old one's workload too.
+        // A new pod at an address replaces the old one's workload and UID too.
         for (ip, _) in names {
             self.workloads.remove(ip);
+            self.uids.remove(ip);
         }
         self.workloads.extend(workloads.iter().cloned());
+        self.uids.extend(uids.iter().cloned());
     }
 
     pub fn workload(&self, ip: &IpAddr) -> Option<&Workload> {
@@ -280,6 +300,7 @@ impl Names {
         Self {
             names,
             workloads: BTreeMap::new(),
+            uids: BTreeMap::new(),
         }
     }
 }

@@ -88,7 +88,8 @@ impl Labels {
 
     /// Addresses named while tracing: a pod started, or re-created.
     pub fn rename(&mut self, refresh: &Refresh) {
-        self.names.extend(&refresh.names, &refresh.workloads);
+        self.names
+            .extend(&refresh.names, &refresh.workloads, &refresh.uids);
     }
 
     /// The pod or service at `ip`, if known.

@@ -325,6 +325,23 @@ pub fn workloads(
         .collect()
 }
 
+/// The UID of each pod's addresses, from the runtime's state.
+pub fn uids(
+    inventory: &pods::Inventory,
+    pods: &[(String, Vec<IpAddr>)],
+) -> BTreeMap<IpAddr, String> {
+    let by_name: BTreeMap<String, &str> = inventory
+        .pods
+        .iter()
+        .filter(|p| !p.uid.is_empty())
+        .map(|p| (p.full_name(), p.uid.as_str()))
+        .collect();
+    pods.iter()
+        .filter_map(|(name, ips)| Some((*by_name.get(name)?, ips)))
+        .flat_map(|(uid, ips)| ips.iter().map(move |ip| (*ip, uid.to_owned())))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -337,6 +337,7 @@ fn check_traces(r: &otlp::Received, pod: &str, fresh: &str) {
         for key in [
             "dns.question.name",
             "k8s.namespace.name",
+            "k8s.pod.uid",
             "client.address",
             "server.address",
             "network.transport",

@@ -185,8 +185,7 @@ impl Source for Counted<'_, '_> {
             if let Ok(names) = self.services.try_recv() {
                 let refresh = Refresh {
                     names,
-                    workloads: Vec::new(),
-                    target: None,
+                    ..Refresh::default()
                 };
                 self.pending = Some(Input::Pods {
                     now_ns: *now_ns,

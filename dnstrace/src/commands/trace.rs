@@ -160,7 +160,8 @@ pub(super) async fn capture<C: Consume>(
     }
     let labels = Labels::new(probes.iface_names(), Clock::now(), kernel).with_names(
         Names::new(&services, &pods.addresses)
-            .with_workloads(target::workloads(&inventory, &pods.addresses)),
+            .with_workloads(target::workloads(&inventory, &pods.addresses))
+            .with_uids(target::uids(&inventory, &pods.addresses)),
     );
     let drops_visible = probes
         .attachments

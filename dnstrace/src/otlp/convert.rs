@@ -345,7 +345,8 @@ pub fn log_record(
     }
 }
 
-/// `k8s.namespace.name` and `k8s.pod.name` of the pod at `ip`, if known.
+/// `k8s.namespace.name`, `k8s.pod.name`, `k8s.pod.uid` and the workload's
+/// name of the pod at `ip`, where known.
 fn pod(ip: IpAddr, names: &Names, prefix: &str) -> Vec<KeyValue> {
     let Some((ns, pod)) = names.get(&ip).and_then(|n| n.split_once('/')) else {
         return Vec::new();
@@ -354,6 +355,9 @@ fn pod(ip: IpAddr, names: &Names, prefix: &str) -> Vec<KeyValue> {
         kv(&format!("{prefix}.namespace.name"), s(ns)),
         kv(&format!("{prefix}.pod.name"), s(pod)),
     ];
+    if let Some(uid) = names.uid(&ip) {
+        attrs.push(kv(&format!("{prefix}.pod.uid"), s(uid)));
+    }
     if let Some(w) = names.workload(&ip) {
         let kind = w.kind.as_str().to_ascii_lowercase();
         attrs.push(kv(&format!("{prefix}.{kind}.name"), s(&w.name)));
@@ -486,7 +490,8 @@ mod tests {
             "10.96.0.10".parse().unwrap(),
             "kube-system/kube-dns".to_owned(),
         );
-        Names::from_entries(n)
+        let uid = "0b7e3f52-6a1d-4c8e-9f2b-5d4a3c2b1e0f".to_owned();
+        Names::from_entries(n).with_uids(BTreeMap::from([("10.244.0.10".parse().unwrap(), uid)]))
     }
 
     fn spans_of(j: &Journey, node: &str) -> Vec<Span> {
@@ -540,6 +545,10 @@ mod tests {
         assert_eq!(text(attr(root, "dns.question.name")), "www.example.com.");
         assert_eq!(text(attr(root, "k8s.pod.name")), "web");
         assert_eq!(text(attr(root, "k8s.namespace.name")), "default");
+        assert_eq!(
+            text(attr(root, "k8s.pod.uid")),
+            "0b7e3f52-6a1d-4c8e-9f2b-5d4a3c2b1e0f"
+        );
         assert_eq!(text(attr(root, "server.address")), "10.96.0.10");
         assert_eq!(text(attr(root, "network.transport")), "udp");
         assert_eq!(text(attr(root, "network.type")), "ipv4");

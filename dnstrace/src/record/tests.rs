@@ -414,6 +414,10 @@ pub fn inputs() -> Vec<crate::pipeline::Input> {
                         name: "web".into(),
                     },
                 )],
+                uids: vec![(
+                    "10.244.0.11".parse().unwrap(),
+                    "0b7e3f52-6a1d-4c8e-9f2b-5d4a3c2b1e0f".into(),
+                )],
                 target: Some(crate::target::follow::Moved {
                     netns_inode: 4_026_532_999,
                     addrs: vec!["10.244.0.11".parse().unwrap()],

@@ -45,6 +45,9 @@ pub struct Refresh {
     /// The workloads of the pods newly named that have one.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub workloads: Vec<(IpAddr, Workload)>,
+    /// The pods' UIDs, for the pods newly named.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub uids: Vec<(IpAddr, String)>,
     /// The target's new sandbox, when it moved to one.
     pub target: Option<Moved>,
 }
@@ -315,7 +318,7 @@ impl Pods {
         started.chain(stopped).collect()
     }
 
-    /// The addresses whose pod is new, and its workload, into `refresh`.
+    /// The addresses whose pod is new, its workload and UID, into `refresh`.
     fn rename(&mut self, refresh: &mut Refresh) {
         for (pod, meta) in self.sandboxes.values() {
             let name = pod.full_name();
@@ -325,6 +328,9 @@ impl Pods {
                     refresh.names.push((*ip, name.clone()));
                     let workload = meta.workload.clone().map(|w| (*ip, w));
                     refresh.workloads.extend(workload);
+                    if !pod.uid.is_empty() {
+                        refresh.uids.push((*ip, pod.uid.clone()));
+                    }
                 }
             }
         }
