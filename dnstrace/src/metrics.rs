@@ -15,13 +15,12 @@ use std::{fmt::Write as _, net::IpAddr};
 use family::{single, Budget, Family, Histogram};
 
 use crate::{
-    correlate::{Journey, Leg, Outcome},
+    correlate::{Journey, Outcome},
     decode::KernelNames,
     diagnose::{Anomaly, AnomalyKind},
     naming::Names,
     pipeline::Health,
 };
-use dnstrace_common::Direction;
 
 /// What the metrics are asked for.
 #[derive(Clone, Debug)]
@@ -93,25 +92,24 @@ pub struct Metrics {
     last_expiry_ns: u64,
 }
 
-/// A client as its labels: namespace, pod, workload and its kind.
-struct Client {
-    namespace: String,
-    pod: String,
-    workload: String,
+/// A client as its labels: namespace, pod, workload and its kind, as
+/// `Names` has them (empty where unknown).
+struct Client<'a> {
+    namespace: &'a str,
+    pod: &'a str,
+    workload: &'a str,
     kind: &'static str,
 }
 
-impl Client {
-    fn of(ip: IpAddr, names: &Names) -> Self {
+impl<'a> Client<'a> {
+    fn of(ip: IpAddr, names: &'a Names) -> Self {
         let (namespace, pod) = names
             .get(&ip)
             .and_then(|n| n.split_once('/'))
-            .map_or((String::new(), String::new()), |(ns, pod)| {
-                (ns.to_owned(), pod.to_owned())
-            });
+            .unwrap_or_default();
         let (workload, kind) = names
             .workload(&ip)
-            .map_or((String::new(), ""), |w| (w.name.clone(), w.kind.as_str()));
+            .map_or(("", ""), |w| (w.name.as_str(), w.kind.as_str()));
         Self {
             namespace,
             pod,
@@ -181,13 +179,13 @@ impl Metrics {
         self.journeys += 1;
         self.incomplete += u64::from(j.incomplete.is_some());
         let client = Client::of(j.client.ip(), names);
-        let server = origin(j).map(|o| o.dst.to_string()).unwrap_or_default();
+        let server = j.origin().map(|o| o.dst.to_string()).unwrap_or_default();
         let rcode = rcode(j);
         let (qtype, proto, family) = (j.qtype.name(), proto(j), family(j.client.ip()));
         let mut values = vec![
-            &*client.namespace,
-            &*client.pod,
-            &*client.workload,
+            client.namespace,
+            client.pod,
+            client.workload,
             client.kind,
             &server,
             qtype,
@@ -201,9 +199,9 @@ impl Metrics {
         *self.lookups.at(&values, &mut self.budget, now_ns) += 1;
         if let Some(s) = answered_in(j) {
             let values = [
-                &*client.namespace,
-                &*client.pod,
-                &*client.workload,
+                client.namespace,
+                client.pod,
+                client.workload,
                 client.kind,
                 &server,
                 rcode,
@@ -250,11 +248,11 @@ impl Metrics {
 
     fn upstream_query(&mut self, u: &Journey, names: &Names, now_ns: u64) {
         let resolver = Client::of(u.client.ip(), names);
-        let to = origin(u).map(|o| o.dst.to_string()).unwrap_or_default();
+        let to = u.origin().map(|o| o.dst.to_string()).unwrap_or_default();
         let rcode = rcode(u);
         let values = [
-            &*resolver.namespace,
-            &*resolver.pod,
+            resolver.namespace,
+            resolver.pod,
             &to,
             u.qtype.name(),
             rcode,
@@ -262,7 +260,7 @@ impl Metrics {
         ];
         *self.upstream.at(&values, &mut self.budget, now_ns) += 1;
         if let Some(s) = answered_in(u) {
-            let values = [&*resolver.namespace, &*resolver.pod, &to, rcode];
+            let values = [resolver.namespace, resolver.pod, &to, rcode];
             self.upstream_seconds
                 .at(&values, &mut self.budget, now_ns)
                 .observe(s);
@@ -364,26 +362,10 @@ impl Metrics {
     }
 }
 
-/// The client's first query leg: where it asked.
-fn origin(j: &Journey) -> Option<&Leg> {
-    j.legs.iter().find(|l| !l.response)
-}
-
-/// Seconds from the client's query to the answer on the same interface,
-/// for an answered journey.
+/// Seconds from the client's query to its answer, for an answered journey.
 fn answered_in(j: &Journey) -> Option<f64> {
-    if !matches!(j.outcome, Outcome::Answered { .. }) {
-        return None;
-    }
-    let o = origin(j)?;
-    let back = j.legs.iter().find(|l| {
-        l.response
-            && l.netns == o.netns
-            && l.ifindex == o.ifindex
-            && l.direction() != o.direction()
-            && l.direction() != Direction::Drop
-    })?;
-    Some(back.ts_ns.saturating_sub(o.ts_ns) as f64 / 1e9)
+    let answered = matches!(j.outcome, Outcome::Answered { .. });
+    Some(j.answered_in_ns().filter(|_| answered)? as f64 / 1e9)
 }
 
 fn rcode(j: &Journey) -> &'static str {

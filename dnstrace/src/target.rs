@@ -308,21 +308,12 @@ pub fn node_pods(args: &Query, inventory: &pods::Inventory) -> NodePods {
     found
 }
 
-/// The workloads of the pods among `pods` (name and addresses) that the
-/// CRI gave one, by address.
+/// The workload of each pod's addresses, where the CRI said it.
 pub fn workloads(
     inventory: &pods::Inventory,
     pods: &[(String, Vec<IpAddr>)],
 ) -> BTreeMap<IpAddr, Workload> {
-    let by_name: BTreeMap<String, &Workload> = inventory
-        .pods
-        .iter()
-        .filter_map(|p| Some((p.full_name(), inventory.metadata(p)?.workload.as_ref()?)))
-        .collect();
-    pods.iter()
-        .filter_map(|(name, ips)| Some((by_name.get(name)?, ips)))
-        .flat_map(|(w, ips)| ips.iter().map(|ip| (*ip, (*w).clone())))
-        .collect()
+    by_address(inventory, pods, |p| inventory.metadata(p)?.workload.clone())
 }
 
 /// The UID of each pod's addresses, from the runtime's state.
@@ -330,15 +321,25 @@ pub fn uids(
     inventory: &pods::Inventory,
     pods: &[(String, Vec<IpAddr>)],
 ) -> BTreeMap<IpAddr, String> {
-    let by_name: BTreeMap<String, &str> = inventory
+    by_address(inventory, pods, |p| {
+        Some(p.uid.clone()).filter(|u| !u.is_empty())
+    })
+}
+
+/// What `of` says of each pod in `pods` (by name), for each of its addresses.
+fn by_address<T: Clone>(
+    inventory: &pods::Inventory,
+    pods: &[(String, Vec<IpAddr>)],
+    of: impl Fn(&pods::Pod) -> Option<T>,
+) -> BTreeMap<IpAddr, T> {
+    let by_name: BTreeMap<String, T> = inventory
         .pods
         .iter()
-        .filter(|p| !p.uid.is_empty())
-        .map(|p| (p.full_name(), p.uid.as_str()))
+        .filter_map(|p| Some((p.full_name(), of(p)?)))
         .collect();
     pods.iter()
-        .filter_map(|(name, ips)| Some((*by_name.get(name)?, ips)))
-        .flat_map(|(uid, ips)| ips.iter().map(move |ip| (*ip, uid.to_owned())))
+        .filter_map(|(name, ips)| Some((by_name.get(name)?, ips)))
+        .flat_map(|(v, ips)| ips.iter().map(|ip| (*ip, v.clone())))
         .collect()
 }
 

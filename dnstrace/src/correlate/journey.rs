@@ -156,6 +156,31 @@ impl Journey {
     pub fn total_ns(&self) -> u64 {
         self.ended_ns.saturating_sub(self.started_ns)
     }
+
+    /// The first query leg: where the client sent it.
+    pub fn origin(&self) -> Option<&Leg> {
+        self.legs.iter().find(|l| !l.response)
+    }
+
+    /// Answers that came back through the place the query left.
+    pub fn answers_at_client(&self) -> impl Iterator<Item = &Leg> {
+        let o = self.origin();
+        self.legs.iter().filter(move |l| {
+            l.response
+                && o.is_some_and(|o| {
+                    l.netns == o.netns
+                        && l.ifindex == o.ifindex
+                        && l.direction() != o.direction()
+                        && l.direction() != Direction::Drop
+                })
+        })
+    }
+
+    /// From the client's query to the first answer back where it left.
+    pub fn answered_in_ns(&self) -> Option<u64> {
+        let (o, a) = (self.origin()?, self.answers_at_client().next()?);
+        Some(a.ts_ns.saturating_sub(o.ts_ns))
+    }
 }
 
 /// Legs and journeys for the tests of what reads them (metrics, OTLP).

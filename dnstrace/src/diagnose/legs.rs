@@ -2,7 +2,6 @@
 use std::net::IpAddr;
 
 use crate::correlate::{Journey, Leg};
-use dnstrace_common::Direction;
 
 /// `the answer 10.244.0.53:53 → 10.244.0.10:4000 (name A)`: the message a
 /// leg saw.
@@ -19,25 +18,6 @@ pub(super) fn the_message(j: &Journey, leg: &Leg) -> String {
 
 pub(super) fn place(l: &Leg) -> String {
     format!("{}@{}", l.iface.as_deref().unwrap_or("?"), l.netns)
-}
-
-/// The first query leg: where the client sent it.
-pub(super) fn origin(j: &Journey) -> Option<&Leg> {
-    j.legs.iter().find(|l| !l.response)
-}
-
-/// Answers that came back through the place the query left.
-pub(super) fn answers_at_client(j: &Journey) -> impl Iterator<Item = &Leg> {
-    let o = origin(j);
-    j.legs.iter().filter(move |l| {
-        l.response
-            && o.is_some_and(|o| {
-                l.netns == o.netns
-                    && l.ifindex == o.ifindex
-                    && l.direction() != o.direction()
-                    && l.direction() != Direction::Drop
-            })
-    })
 }
 
 pub(super) fn is_loopback(ip: IpAddr) -> bool {

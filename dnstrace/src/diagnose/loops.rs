@@ -3,7 +3,7 @@ use std::net::IpAddr;
 
 use super::{
     anomaly::{Finding, Words},
-    legs::{is_loopback, origin},
+    legs::is_loopback,
     AnomalyKind,
 };
 use crate::correlate::{Journey, Outcome};
@@ -36,7 +36,7 @@ pub(super) fn forwarding_loop(j: &Journey) -> Option<Finding<'_>> {
         }
         None
     }
-    let first = origin(j)?.dst.ip();
+    let first = j.origin()?.dst.ip();
     let mut path = vec![first];
     if let Some(endpoint) = j.dnat.as_deref().map(|(_, to)| to.ip()) {
         path.push(endpoint);

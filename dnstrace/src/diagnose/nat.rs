@@ -5,15 +5,15 @@ use super::{
     anomaly::{Finding, Words},
     bridged::{between, Way},
     conntrack::{trouble, CtSeen},
-    legs::{answers_at_client, is_loopback, origin, place},
+    legs::{is_loopback, place},
     AnomalyKind, Context, Translation,
 };
 use crate::correlate::{Journey, Outcome};
 use dnstrace_common::Direction;
 
 pub(super) fn unexpected_source<'a>(j: &'a Journey, ctx: &'a Context) -> Option<Finding<'a>> {
-    let o = origin(j)?;
-    let wrong = answers_at_client(j).find(|l| l.src != o.dst)?;
+    let o = j.origin()?;
+    let wrong = j.answers_at_client().find(|l| l.src != o.dst)?;
     let mut evidence = vec![
         format!("the query {} → {} left {}", j.client, o.dst, place(o)),
         format!(
@@ -62,7 +62,7 @@ const NOT_BRIDGED_CAUSE: &str = "the answer missed the conntrack entry of the qu
 const NOT_BRIDGED_FIX: &str = "follow the answer's legs back to the resolver to see which way it took; `conntrack -L -p udp --orig-dst <service IP>` shows the query's entry, and `iptables -t raw -S` any NOTRACK rule";
 
 pub(super) fn loopback_nameserver<'a>(j: &'a Journey, ctx: &Context) -> Option<Finding<'a>> {
-    let o = origin(j)?;
+    let o = j.origin()?;
     let in_pod = o.netns != 0 && o.netns != ctx.node_netns;
     // Answered: something listens there (CoreDNS's loop plugin probing
     // itself at start, a DNS sidecar). Loops are forwarding_loop's.
@@ -100,11 +100,11 @@ pub(super) struct LocalListeners(BTreeSet<IpAddr>);
 impl LocalListeners {
     /// Notes the service IP `j` asked if an answer came from it un-NATed.
     pub(super) fn note(&mut self, j: &Journey, ctx: &Context) {
-        let Some(o) = origin(j) else {
+        let Some(o) = j.origin() else {
             return;
         };
         let service = o.dst.ip();
-        let from_it = || answers_at_client(j).any(|l| l.src == o.dst);
+        let from_it = || j.answers_at_client().any(|l| l.src == o.dst);
         if j.dnat.is_none() && ctx.service_ips.contains(&service) && from_it() {
             self.0.insert(service);
         }
@@ -117,7 +117,7 @@ pub(super) fn not_translated<'a>(
     local: &LocalListeners,
     ct: &CtSeen,
 ) -> Option<Finding<'a>> {
-    let o = origin(j)?;
+    let o = j.origin()?;
     let unanswered = !matches!(j.outcome, Outcome::Answered { .. });
     let asked_service = ctx.service_ips.contains(&o.dst.ip());
     if !(unanswered && asked_service && j.dnat.is_none()) {

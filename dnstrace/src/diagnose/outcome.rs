@@ -3,7 +3,7 @@ use std::collections::BTreeSet;
 
 use super::{
     anomaly::{Finding, Words},
-    legs::{origin, place, the_message},
+    legs::{place, the_message},
     memory::Asked,
     AnomalyKind,
 };
@@ -80,7 +80,7 @@ pub(super) fn failing_answer(j: &Journey) -> Option<Finding<'_>> {
     if ![Rcode::SERVFAIL, Rcode::REFUSED].contains(rcode) {
         return None;
     }
-    let server = origin(j)?.dst;
+    let server = j.origin()?.dst;
     let upstream_said = j.upstream.iter().find_map(|u| match &u.outcome {
         Outcome::Answered { rcode: r, .. } if r == rcode => u.legs.first().map(|l| l.dst),
         _ => None,
@@ -123,7 +123,7 @@ pub(super) fn unanswered<'a>(j: &'a Journey, recent: &'a [&'a Asked]) -> Option<
     if j.outcome != Outcome::Timeout {
         return None;
     }
-    let o = origin(j)?;
+    let o = j.origin()?;
     let last = j.legs.last()?;
     Some(Finding::new(
         AnomalyKind::Unanswered,

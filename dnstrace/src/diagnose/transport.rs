@@ -7,7 +7,7 @@ use std::{
 
 use super::{
     anomaly::{Finding, Words},
-    legs::{origin, place, the_message},
+    legs::{place, the_message},
     memory::Asked,
     AnomalyKind,
 };
@@ -95,7 +95,7 @@ impl Pending {
                 ..
             }
         );
-        let Some(o) = origin(j).filter(|_| truncated) else {
+        let Some(o) = j.origin().filter(|_| truncated) else {
             return;
         };
         if self.0.len() == MAX_PENDING {

@@ -87,7 +87,7 @@ pub fn spans(j: &Journey, cx: &Context) -> Vec<Span> {
     let server = j
         .dnat
         .as_ref()
-        .map_or_else(|| origin(j).map(|o| o.dst), |d| Some(d.1));
+        .map_or_else(|| j.origin().map(|o| o.dst), |d| Some(d.1));
     if let Some(server) = server {
         let resolver = b.resolver(j, &parent, server);
         for u in &j.upstream {
@@ -143,7 +143,7 @@ impl Builder<'_> {
             kv("dnstrace.journey.id", i(j.id as i64)),
             kv("dnstrace.lookup.id", i(j.lookup as i64)),
         ];
-        if let Some(o) = origin(j) {
+        if let Some(o) = j.origin() {
             attrs.push(kv("server.address", s(&o.dst.ip().to_string())));
             attrs.push(kv("server.port", i(i64::from(o.dst.port()))));
         }
@@ -235,7 +235,7 @@ impl Builder<'_> {
             kv("network.transport", s(if u.tcp { "tcp" } else { "udp" })),
             kv("dnstrace.outcome", s(outcome(u))),
         ];
-        if let Some(o) = origin(u) {
+        if let Some(o) = u.origin() {
             attrs.push(kv("server.address", s(&o.dst.ip().to_string())));
             attrs.push(kv("server.port", i(i64::from(o.dst.port()))));
         }
@@ -244,7 +244,7 @@ impl Builder<'_> {
         }
         let events = self.events(&u.legs);
         let (code, message) = status(u);
-        let to = origin(u).map_or_else(String::new, |o| o.dst.to_string());
+        let to = u.origin().map_or_else(String::new, |o| o.dst.to_string());
         let span = self.span(
             format!("upstream {to}"),
             SpanKind::Client,
@@ -365,22 +365,9 @@ fn pod(ip: IpAddr, names: &Names, prefix: &str) -> Vec<KeyValue> {
     attrs
 }
 
-fn origin(j: &Journey) -> Option<&Leg> {
-    j.legs.iter().find(|l| !l.response)
-}
-
 /// When the answer came back where the query left, if it did.
 fn answered_at(j: &Journey) -> Option<u64> {
-    let o = origin(j)?;
-    j.legs
-        .iter()
-        .find(|l| {
-            l.response
-                && l.netns == o.netns
-                && l.ifindex == o.ifindex
-                && l.direction() != o.direction()
-        })
-        .map(|l| l.ts_ns)
+    Some(j.origin()?.ts_ns + j.answered_in_ns()?)
 }
 
 fn outcome(j: &Journey) -> &'static str {
