@@ -7,6 +7,7 @@
 pub mod event;
 pub mod filter;
 pub mod iface;
+pub mod lookups;
 pub mod ports;
 pub mod sample;
 pub mod socketlb;

@@ -4,6 +4,7 @@
 #![no_main]
 
 mod debug;
+mod lookups;
 mod maps;
 mod parse;
 mod skb;

@@ -134,8 +134,7 @@ fn role(addr: &[u8; 16]) -> u8 {
 #[inline(always)]
 pub fn wanted(m: &PacketMeta) -> bool {
     // SAFETY: a global user space patches before load (see `offsets`).
-    let f = unsafe { core::ptr::read_volatile(&FILTER) };
-    if f.enabled == 0 {
+    if !filtered() {
         return true;
     }
     let netns = TARGET_NETNS.get(0).copied().unwrap_or(0);
@@ -182,6 +181,8 @@ pub fn offset(field: impl Fn(&KernelOffsets) -> &u32) -> u32 {
 pub struct Scratch {
     pub meta: PacketMeta,
     pub payload: [u8; PAYLOAD_MAX],
+    /// A UDP payload's first bytes, read before the rest is (`skb::udp_head`).
+    pub head: [u8; 32],
     /// A conntrack entry's tuples and status, as the kernel lays them out;
     /// in words, so that its fields are read a word at a time (`skb::at`).
     pub ct_span: [u64; CT_SPAN_MAX / 8],
@@ -232,25 +233,38 @@ pub fn is_dns_port(port: u16) -> bool {
     PORTS.get(word).is_some_and(|w| w & bit != 0)
 }
 
-const IPPROTO_UDP: u8 = 17;
-
-/// Whether the sampling level keeps this packet's lookup (see
-/// `dnstrace_common::sample`); always, at level 0 and over TCP.
+/// Whether the sampling level keeps the lookup of a UDP packet whose
+/// payload starts with `head`, `valid` bytes of it the packet's (see
+/// `dnstrace_common::sample`); always at level 0.
 #[inline(always)]
-fn sampled_in(s: &Scratch, cap: usize) -> bool {
+pub fn sampled_in(head: &[u8; 32], valid: u32) -> bool {
     let Some(level) = SAMPLE.get(0).copied() else {
         return true;
     };
-    if level.shift == 0 || s.meta.l4_proto != IPPROTO_UDP {
+    if level.shift == 0 {
         return true;
     }
-    let Some(head) = s.payload[sample::QNAME_AT..].first_chunk::<{ sample::HEAD }>() else {
+    let Some(name) = head[sample::QNAME_AT..].first_chunk::<{ sample::HEAD }>() else {
         return true;
     };
     level.keeps(sample::label_hash(
-        head,
-        cap.saturating_sub(sample::QNAME_AT),
+        name,
+        (valid as usize).saturating_sub(sample::QNAME_AT),
     ))
+}
+
+/// Counts a packet left out by the sampling level; its error.
+#[inline(always)]
+pub fn shed() -> i64 {
+    count(COUNT_SHED);
+    skip(Why::Sampled, 0)
+}
+
+/// Whether only a target's packets are wanted.
+#[inline(always)]
+pub fn filtered() -> bool {
+    // SAFETY: a global user space patches before load (see `offsets`).
+    unsafe { core::ptr::read_volatile(&FILTER.enabled) != 0 }
 }
 
 /// Sends the payload of `skb` apart, on this CPU's perf buffer: `start`
@@ -305,13 +319,9 @@ fn count(counter: u32) {
 }
 
 /// Stamps the header and time and queues the event with `cap` payload
-/// bytes, unless the sampling level leaves its lookup out.
+/// bytes.
 #[inline(always)]
 pub fn send(s: &mut Scratch, cap: usize) -> Result<(), i64> {
-    if !sampled_in(s, cap) {
-        count(COUNT_SHED);
-        return Err(skip(Why::Sampled, 0));
-    }
     let size = PACKET_META_SIZE + if cap > PAYLOAD_MAX { PAYLOAD_MAX } else { cap };
     s.meta.header = EventHeader {
         kind: EventKind::Packet as u16,

@@ -4,11 +4,16 @@
 use aya_ebpf::helpers::{
     bpf_probe_read_kernel, generated::bpf_probe_read_kernel as probe_read_raw,
 };
-use dnstrace_common::{CtTuple, Hook, KernelOffsets, APART_MAX, CT_SPAN_MAX, FLAG_CONNTRACK};
+use dnstrace_common::{
+    lookups::QUESTION_READ, CtTuple, Hook, KernelOffsets, APART_MAX, CT_SPAN_MAX, FLAG_CONNTRACK,
+};
 
 use crate::{
     debug::{skip, unreadable, Why},
-    maps::{offset, offsets, scratch, send, send_apart, wanted, Scratch},
+    lookups::{self, Device, Udp},
+    maps::{
+        filtered, offset, offsets, sampled_in, scratch, send, send_apart, shed, wanted, Scratch,
+    },
     parse::{
         copy_payload, dns_headers, helper_result, transport, Reader, ETH_P_IP, ETH_P_IPV6, L4,
     },
@@ -92,6 +97,7 @@ impl Kernel for Untyped {
 }
 
 const IPPROTO_TCP: u8 = 6;
+const IPPROTO_UDP: u8 = 17;
 
 /// `APART`: the program may send a TCP payload in the skb's pages apart
 /// (`bpf_skb_output`, for BTF tracepoints only; kprobes cannot call it).
@@ -126,6 +132,15 @@ pub fn try_capture<K: Kernel, const APART: bool>(
     } else {
         dev
     };
+    // Counted, then perhaps left out by sampling, before the reads only
+    // an event needs: at a high sampling level most packets stop here.
+    let head = udp_head(&r, &l4, s);
+    if let Some(valid) = head {
+        count_lookup::<K>(&r, &l4, valid, dev, hook, &o, s);
+        if !filtered() && !sampled_in(&s.head, valid) {
+            return Err(shed());
+        }
+    }
     device::<K>(dev, &o, s)?;
     s.meta.wire_len = wire_len;
     s.meta.hook = hook as u8;
@@ -135,11 +150,99 @@ pub fn try_capture<K: Kernel, const APART: bool>(
     if !wanted(&s.meta) {
         return Err(skip(Why::NotTarget, s.meta.netns));
     }
+    if let Some(valid) = head {
+        if filtered() && !sampled_in(&s.head, valid) {
+            return Err(shed());
+        }
+    }
     let cap = copy_payload(&r, &l4, s)?;
     if APART && s.meta.l4_proto == IPPROTO_TCP && (cap as u32) < l4.payload_len() {
         apart(skb, &r, &l4, data, wire_len, s);
     }
     send(s, cap)
+}
+
+/// Reads a UDP payload's first bytes (a DNS header and the start of its
+/// question, or a later fragment's data) into `s.head`; how many are the
+/// packet's.
+#[inline(always)]
+fn udp_head(r: &Linear, l4: &L4, s: &mut Scratch) -> Option<u32> {
+    if s.meta.l4_proto != IPPROTO_UDP {
+        return None;
+    }
+    let in_packet = r.len.saturating_sub(l4.offset());
+    r.copy(l4.offset(), s.head.as_mut_ptr(), s.head.len() as u32)
+        .ok()?;
+    Some(in_packet.min(l4.payload_len()))
+}
+
+/// Follows the lookup this packet belongs to, when the agent counts them.
+#[inline(always)]
+fn count_lookup<K: Kernel>(
+    r: &Linear,
+    l4: &L4,
+    valid: u32,
+    dev: *const u8,
+    hook: Hook,
+    o: &KernelOffsets,
+    s: &mut Scratch,
+) {
+    if !lookups::enabled() || s.meta.frag_offset != 0 {
+        return;
+    }
+    let Scratch {
+        meta,
+        payload,
+        head,
+        ..
+    } = s;
+    let p = Udp {
+        saddr: words(&meta.saddr),
+        daddr: words(&meta.daddr),
+        sport: meta.sport,
+        dport: meta.dport,
+        ip_version: meta.ip_version,
+        head,
+        valid,
+    };
+    let Some(buf) = payload.first_chunk_mut::<QUESTION_READ>() else {
+        return;
+    };
+    lookups::follow(&p, hook, r, l4.offset(), buf, || device_id::<K>(dev, o));
+}
+
+/// An address of the meta as words.
+#[inline(always)]
+fn words(addr: &[u8; 16]) -> [u32; 4] {
+    // SAFETY: every address in the meta is 4-byte aligned (asserted in
+    // dnstrace-common); 16 plain bytes either way.
+    unsafe { (&raw const *addr).cast::<[u32; 4]>().read() }
+}
+
+/// The device's namespace and index, or zeros where they cannot be read.
+#[inline(always)]
+fn device_id<K: Kernel>(dev: *const u8, o: &KernelOffsets) -> Device {
+    let read = || -> Result<Device, i64> {
+        let net: *const u8 = K::read(dev, o.dev_nd_net)?;
+        Ok(Device {
+            ifindex: K::read(dev, o.dev_ifindex)?,
+            netns: if net.is_null() {
+                0
+            } else {
+                K::read(net, o.net_ns_inum)?
+            },
+        })
+    };
+    match dev.is_null() {
+        true => Device {
+            netns: 0,
+            ifindex: 0,
+        },
+        false => read().unwrap_or(Device {
+            netns: 0,
+            ifindex: 0,
+        }),
+    }
 }
 
 /// A TCP payload beyond the linear data (in the skb's pages, where a

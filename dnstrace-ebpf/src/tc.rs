@@ -6,10 +6,11 @@ use dnstrace_common::{Hook, L2_LEN_MIXED};
 
 use crate::{
     debug::{skip, unreadable, Why},
-    maps::{iface, scratch, send, tc_l2_len, wanted},
+    maps::{iface, sampled_in, scratch, send, shed, tc_l2_len, wanted},
     parse::{copy_payload, dns_headers, helper_result, transport, Reader},
 };
 
+const IPPROTO_UDP: u8 = 17;
 const ETH_P_8021Q: u16 = 0x8100;
 const ETH_P_8021AD: u16 = 0x88a8;
 /// Offsets read directly from the linear data stay below this, a bound the
@@ -77,6 +78,12 @@ pub fn try_capture(ctx: &TcContext, hook: Hook) -> Result<(), i64> {
         return Err(skip(Why::NotTarget, s.meta.netns));
     }
     let cap = copy_payload(&r, &l4, s)?;
+    if s.meta.l4_proto == IPPROTO_UDP {
+        let head = s.payload.first_chunk::<32>().copied().unwrap_or([0; 32]);
+        if !sampled_in(&head, cap as u32) {
+            return Err(shed());
+        }
+    }
     send(s, cap)
 }
 

@@ -287,10 +287,10 @@ pub struct AgentArgs {
     #[arg(long, env = "DNSTRACE_RING_BUFFER_MIB", value_name = "MIB", default_value_t = 16, value_parser = parse_ring_mib)]
     pub ring_buffer_mib: u32,
 
-    /// Keep 1 lookup in N. The default, 1, keeps every lookup so that the
-    /// counts are exact; events the ring had no room for are counted
-    /// (`dnstrace_events_lost_total`) and their lookups are UNKNOWN.
-    #[arg(long, env = "DNSTRACE_SAMPLE", value_name = "auto|N", default_value = "1", value_parser = parse_sample)]
+    /// Follow 1 lookup in N whole (traces, anomalies). The default, auto,
+    /// follows every one, fewer while the pipeline falls behind. Lookup
+    /// counts are the kernel's and exact whatever this is.
+    #[arg(long, env = "DNSTRACE_SAMPLE", value_name = "auto|N", default_value = "auto", value_parser = parse_sample)]
     pub sample: SampleMode,
 
     /// A query without an answer is given up after this long.
@@ -391,6 +391,7 @@ impl AgentArgs {
                 probes: ProbeOptions {
                     ports: self.ports,
                     ring_buffer_mib: self.ring_buffer_mib,
+                    count_lookups: true,
                     ..ProbeOptions::default()
                 },
                 target: target::Query {

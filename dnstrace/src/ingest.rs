@@ -8,6 +8,7 @@ use tokio::sync::mpsc;
 use crate::decode::{packet::IfNames, Packet};
 
 mod apart;
+pub mod lookups;
 mod reader;
 mod ring;
 mod sampler;

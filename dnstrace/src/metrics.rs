@@ -5,12 +5,14 @@
 //! `proto`, `family`, `server`, `to`), so its dashboards port by the
 //! metric's name. Query names are labels only when asked for.
 //!
-//! Every journey the pipeline closes is counted; what the kernel left out
-//! by sampling or lost is counted apart (`dnstrace_sampled_out_total`,
-//! `dnstrace_events_lost_total`), so that a count is never silently short.
+//! Lookups over UDP, and resolvers' queries upstream, are counted where
+//! the kernel counted them (`ingest::lookups`), before the ring: exact
+//! whatever is sampled out or lost. Lookups over TCP, which sampling
+//! never leaves out, are counted from their journeys, as are anomalies,
+//! drops and, when asked for, lookups by name.
 pub mod family;
 
-use std::{fmt::Write as _, net::IpAddr};
+use std::{collections::BTreeSet, fmt::Write as _, net::IpAddr};
 
 use family::{single, Budget, Family, Histogram};
 
@@ -18,8 +20,10 @@ use crate::{
     correlate::{Journey, Outcome},
     decode::KernelNames,
     diagnose::{Anomaly, AnomalyKind},
+    ingest::lookups::{CountStats, Counted, Ended},
     naming::Names,
     pipeline::Health,
+    target::is_coredns,
 };
 
 /// What the metrics are asked for.
@@ -30,7 +34,7 @@ pub struct MetricsOptions {
     pub max_series: usize,
     /// A series not observed for this long goes (a pod gone).
     pub series_ttl_ns: u64,
-    /// The query name as a label of `dnstrace_lookups_total`.
+    /// Followed lookups by query name (`dnstrace_lookup_names_total`).
     pub query_names: bool,
     /// The node, in `dnstrace_build_info`.
     pub node: String,
@@ -51,10 +55,7 @@ const CLIENT: [&str; 4] = ["namespace", "pod", "workload", "workload_kind"];
 const LOOKUP_LABELS: &[&str] = &[
     CLIENT[0], CLIENT[1], CLIENT[2], CLIENT[3], "server", "type", "rcode", "proto", "family",
 ];
-const NAMED_LOOKUP_LABELS: &[&str] = &[
-    CLIENT[0], CLIENT[1], CLIENT[2], CLIENT[3], "server", "type", "rcode", "proto", "family",
-    "name",
-];
+const NAME_LABELS: &[&str] = &["namespace", "pod", "name", "type", "rcode"];
 const DURATION_LABELS: &[&str] = &[
     CLIENT[0], CLIENT[1], CLIENT[2], CLIENT[3], "server", "rcode",
 ];
@@ -73,6 +74,8 @@ pub struct Stats {
     pub bad_events: u64,
     /// The node's conntrack race counters (`conntrack -S`), by name.
     pub conntrack: Vec<(&'static str, u64)>,
+    /// The kernel's counting of lookups: what its tables had no room for.
+    pub counting: CountStats,
 }
 
 /// Every metric the agent serves.
@@ -80,6 +83,7 @@ pub struct Metrics {
     options: MetricsOptions,
     budget: Budget,
     lookups: Family<u64>,
+    names: Family<u64>,
     lookup_seconds: Family<Histogram>,
     upstream: Family<u64>,
     upstream_seconds: Family<Histogram>,
@@ -121,17 +125,17 @@ impl<'a> Client<'a> {
 
 impl Metrics {
     pub fn new(options: MetricsOptions) -> Self {
-        let lookup_labels = if options.query_names {
-            NAMED_LOOKUP_LABELS
-        } else {
-            LOOKUP_LABELS
-        };
         Self {
             budget: Budget::new(options.max_series),
             lookups: Family::new(
                 "dnstrace_lookups_total",
-                "DNS queries clients sent, by the client pod, the server it asked, and how it ended (rcode, or TIMEOUT, DROPPED, UNKNOWN where the capture missed part of it). A retry is another query.",
-                lookup_labels,
+                "DNS queries clients sent, by the client pod, the server it asked, and how it ended (rcode, or TIMEOUT, DROPPED, UNKNOWN where the capture missed part of a TCP one). A retry is another query.",
+                LOOKUP_LABELS,
+            ),
+            names: Family::new(
+                "dnstrace_lookup_names_total",
+                "Lookups followed whole, by query name (--metrics-query-names): under sampling, the followed share only (dnstrace_sampling_one_in).",
+                NAME_LABELS,
             ),
             lookup_seconds: Family::new(
                 "dnstrace_lookup_duration_seconds",
@@ -167,7 +171,9 @@ impl Metrics {
         }
     }
 
-    /// Counts a closed journey, its upstream queries, drops and anomalies.
+    /// Counts a closed journey: a lookup over TCP and its upstream
+    /// queries over TCP (the kernel counts UDP), its name when asked for,
+    /// its drops and anomalies.
     pub fn journey(
         &mut self,
         j: &Journey,
@@ -179,10 +185,37 @@ impl Metrics {
         self.journeys += 1;
         self.incomplete += u64::from(j.incomplete.is_some());
         let client = Client::of(j.client.ip(), names);
+        if j.tcp {
+            self.tcp_lookup(j, &client, now_ns);
+        }
+        if self.options.query_names {
+            let values = [
+                client.namespace,
+                client.pod,
+                &j.name,
+                j.qtype.name(),
+                rcode(j),
+            ];
+            *self.names.at(&values, &mut self.budget, now_ns) += 1;
+        }
+        for u in j.upstream.iter().filter(|u| u.tcp) {
+            self.upstream_query(u, names, now_ns);
+        }
+        self.drops_of(j, kernel, now_ns);
+        let mut kinds: Vec<AnomalyKind> = badges.iter().map(|(k, _)| *k).collect();
+        kinds.sort_unstable_by_key(|k| k.as_str());
+        kinds.dedup();
+        for k in kinds {
+            self.anomaly_kind(k, now_ns);
+        }
+        self.expire(now_ns);
+    }
+
+    fn tcp_lookup(&mut self, j: &Journey, client: &Client, now_ns: u64) {
         let server = j.origin().map(|o| o.dst.to_string()).unwrap_or_default();
         let rcode = rcode(j);
-        let (qtype, proto, family) = (j.qtype.name(), proto(j), family(j.client.ip()));
-        let mut values = vec![
+        let (qtype, family) = (j.qtype.name(), family(j.client.ip()));
+        let values = [
             client.namespace,
             client.pod,
             client.workload,
@@ -190,12 +223,9 @@ impl Metrics {
             &server,
             qtype,
             rcode,
-            proto,
+            "tcp",
             family,
         ];
-        if self.options.query_names {
-            values.push(&j.name);
-        }
         *self.lookups.at(&values, &mut self.budget, now_ns) += 1;
         if let Some(s) = answered_in(j) {
             let values = [
@@ -210,15 +240,62 @@ impl Metrics {
                 .at(&values, &mut self.budget, now_ns)
                 .observe(s);
         }
-        for u in &j.upstream {
-            self.upstream_query(u, names, now_ns);
-        }
-        self.drops_of(j, kernel, now_ns);
-        let mut kinds: Vec<AnomalyKind> = badges.iter().map(|(k, _)| *k).collect();
-        kinds.sort_unstable_by_key(|k| k.as_str());
-        kinds.dedup();
-        for k in kinds {
-            self.anomaly_kind(k, now_ns);
+    }
+
+    /// Lookups the kernel counted: a resolver's are its queries upstream.
+    pub fn counted(
+        &mut self,
+        c: &Counted,
+        names: &Names,
+        resolvers: &BTreeSet<IpAddr>,
+        now_ns: u64,
+    ) {
+        let client = Client::of(c.client, names);
+        let server = c.server.to_string();
+        let rcode = ended(c.ended);
+        let latency = Histogram::from_buckets(&c.buckets, c.answered, c.sum_ns as f64 / 1e9);
+        if resolvers.contains(&c.client) || is_coredns(names.get(&c.client).unwrap_or_default()) {
+            let values = [
+                client.namespace,
+                client.pod,
+                &server,
+                c.qtype.name(),
+                rcode,
+                "udp",
+            ];
+            *self.upstream.at(&values, &mut self.budget, now_ns) += c.count;
+            if c.answered > 0 {
+                let values = [client.namespace, client.pod, &server, rcode];
+                self.upstream_seconds
+                    .at(&values, &mut self.budget, now_ns)
+                    .merge(&latency);
+            }
+        } else {
+            let values = [
+                client.namespace,
+                client.pod,
+                client.workload,
+                client.kind,
+                &server,
+                c.qtype.name(),
+                rcode,
+                "udp",
+                family(c.client),
+            ];
+            *self.lookups.at(&values, &mut self.budget, now_ns) += c.count;
+            if c.answered > 0 {
+                let values = [
+                    client.namespace,
+                    client.pod,
+                    client.workload,
+                    client.kind,
+                    &server,
+                    rcode,
+                ];
+                self.lookup_seconds
+                    .at(&values, &mut self.budget, now_ns)
+                    .merge(&latency);
+            }
         }
         self.expire(now_ns);
     }
@@ -290,6 +367,7 @@ impl Metrics {
         let before = now_ns.saturating_sub(self.options.series_ttl_ns);
         let b = &mut self.budget;
         self.lookups.expire(before, b);
+        self.names.expire(before, b);
         self.lookup_seconds.expire(before, b);
         self.upstream.expire(before, b);
         self.upstream_seconds.expire(before, b);
@@ -299,7 +377,13 @@ impl Metrics {
 
     /// The page `/metrics` serves.
     pub fn render(&self, out: &mut String) {
-        for f in [&self.lookups, &self.upstream, &self.anomalies, &self.drops] {
+        for f in [
+            &self.lookups,
+            &self.names,
+            &self.upstream,
+            &self.anomalies,
+            &self.drops,
+        ] {
             f.write(out);
         }
         self.lookup_seconds.write(out);
@@ -309,7 +393,7 @@ impl Metrics {
 
     fn render_health(&self, out: &mut String) {
         let (h, s) = (&self.health, &self.stats);
-        let counters: [(&str, &str, u64); 8] = [
+        let counters: [(&str, &str, u64); 10] = [
             ("dnstrace_journeys_total", "Journeys closed (lookups and the upstream queries not linked under one).", self.journeys),
             ("dnstrace_journeys_incomplete_total", "Journeys that may miss legs or their answer (events lost, capture ended, TCP bytes missed).", self.incomplete),
             ("dnstrace_journeys_evicted_total", "Journeys evicted because too many were open at once.", h.evicted),
@@ -317,6 +401,8 @@ impl Metrics {
             ("dnstrace_sampled_out_total", "Packets the kernel left out by sampling (whole lookups, never counted above).", s.sampled_out),
             ("dnstrace_skipped_runs_total", "Runs of the eBPF programs the kernel skipped (one already running on that CPU).", s.skipped_runs),
             ("dnstrace_bad_events_total", "Kernel events that failed their checks and were not decoded.", s.bad_events),
+            ("dnstrace_lookups_unfollowed_total", "UDP queries the kernel could not follow to their answer: its table of pending queries was full (not in dnstrace_lookups_total).", s.counting.pending_full),
+            ("dnstrace_lookups_uncounted_total", "UDP lookups the kernel could not count: its table of counts was full (not in dnstrace_lookups_total).", s.counting.counts_full),
             ("dnstrace_metric_series_overflow_total", "Observations counted in an _overflow series because the series limit was reached.", self.budget.overflowed),
         ];
         for (name, help, v) in counters {
@@ -359,6 +445,15 @@ impl Metrics {
             env!("CARGO_PKG_VERSION"),
             self.options.node.replace(['\\', '"', '\n'], "_"),
         );
+    }
+}
+
+/// How a lookup the kernel counted ended, as `rcode` says it.
+fn ended(e: Ended) -> &'static str {
+    match e {
+        Ended::Answered(rcode) => rcode.name(),
+        Ended::Timeout => "TIMEOUT",
+        Ended::Dropped => "DROPPED",
     }
 }
 

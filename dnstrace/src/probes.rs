@@ -11,7 +11,7 @@ use std::fmt::Write as _;
 
 use anyhow::{anyhow, bail, Context as _, Result};
 use aya::{
-    maps::{perf::PerfEventArray, Array, HashMap, MapData, PerCpuArray},
+    maps::{perf::PerfEventArray, Array, HashMap, MapData, PerCpuArray, PerCpuHashMap},
     programs::{
         tc::{NlOptions, SchedClassifierLink, TcAttachOptions},
         BtfTracePoint, KProbe, LinkOrder, Program, ProgramError, ProgramType, SchedClassifier,
@@ -22,6 +22,7 @@ use aya::{
 pub use kernel_log::{BpfLog, KernelLog};
 
 use dnstrace_common::{
+    lookups::{LookupCount, LookupKey, Pending, PendingKey},
     port_slot, IfaceConfig, KernelOffsets, SampleLevel, TargetFilter, COUNT_APART_LOST, COUNT_LOST,
     COUNT_SHED, L2_LEN_MIXED, PORT_WORDS,
 };
@@ -44,6 +45,8 @@ pub struct ProbeOptions {
     /// The programs log why they skip packets; without it they are loaded
     /// without their logging code.
     pub debug_bpf: Option<BpfLog>,
+    /// Count every UDP lookup in the kernel, before the ring (the agent).
+    pub count_lookups: bool,
 }
 
 impl Default for ProbeOptions {
@@ -55,6 +58,7 @@ impl Default for ProbeOptions {
             attach: AttachMode::Auto,
             probe_reads: false,
             debug_bpf: None,
+            count_lookups: false,
         }
     }
 }
@@ -79,6 +83,13 @@ pub struct KernelFilter {
 pub struct EventMaps {
     pub ring: MapData,
     pub payloads: PerfEventArray<MapData>,
+}
+
+/// Where the kernel counts lookups (`dnstrace_common::lookups`).
+pub struct LookupMaps {
+    pub pending: HashMap<MapData, PendingKey, Pending>,
+    pub counts: PerCpuHashMap<MapData, LookupKey, LookupCount>,
+    pub stats: PerCpuArray<MapData, u64>,
 }
 
 /// Where user space sets the programs' sampling level.
@@ -318,6 +329,7 @@ impl Probes {
             .override_global("WAKE_BYTES", &wake_bytes(ring_bytes), true)
             .override_global("OFFSETS", &offsets, true)
             .override_global("TC_L2_LEN", &tc_l2_len(&ifaces), true)
+            .override_global("COUNT_LOOKUPS", &u32::from(args.count_lookups), true)
             .override_global(
                 "FILTER",
                 &target.map_or(TargetFilter::OFF, |_| TargetFilter::ON),
@@ -754,6 +766,20 @@ impl Probes {
     /// dropped; `None` unless asked for.
     pub fn take_kernel_log(&mut self) -> Option<KernelLog> {
         self.kernel_log.take()
+    }
+
+    /// The maps where the kernel counts lookups (`count_lookups`).
+    pub fn take_lookup_maps(&mut self) -> Result<LookupMaps> {
+        let mut take = |name: &str| {
+            self.ebpf
+                .take_map(name)
+                .with_context(|| format!("{name} map"))
+        };
+        Ok(LookupMaps {
+            pending: take("PENDING")?.try_into()?,
+            counts: take("LOOKUPS")?.try_into()?,
+            stats: take("LOOKUP_STATS")?.try_into()?,
+        })
     }
 
     /// The sampling level the programs read, for the ring's reader to set.

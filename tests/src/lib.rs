@@ -405,12 +405,19 @@ impl Dnstrace {
         bail!("no {needle:?} on stderr; got {:?}", self.stderr_lines)
     }
 
-    /// Kernel ids of the programs dnstrace reported attaching.
     /// The process id (`ip netns exec` runs dnstrace in its own place).
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
 
+    /// Sends `signal` (SIGSTOP, SIGCONT…) to dnstrace.
+    pub fn signal(&self, signal: libc::c_int) {
+        // SAFETY: kill(2) on our own child.
+        let rc = unsafe { libc::kill(self.pid() as libc::pid_t, signal) };
+        assert_eq!(rc, 0, "kill: {}", std::io::Error::last_os_error());
+    }
+
+    /// Kernel ids of the programs dnstrace reported attaching.
     pub fn prog_ids(&self) -> Vec<u32> {
         self.ready["prog_ids"]
             .as_array()

@@ -5,6 +5,7 @@
 mod http;
 
 use std::{
+    collections::BTreeSet,
     net::{IpAddr, SocketAddr},
     path::PathBuf,
     sync::{
@@ -25,6 +26,7 @@ use crate::{
     correlate::{Journey, Limits},
     decode::KernelNames,
     diagnose::{Anomaly, AnomalyKind},
+    ingest::lookups::Counted,
     metrics::{Metrics, MetricsOptions},
     naming::Services,
     otlp::{self, Otlp, OtlpOptions},
@@ -58,20 +60,24 @@ struct Shared {
     otlp: OnceLock<Arc<otlp::Counts>>,
     /// The flight recorder's latest recording, when it is on.
     flight: Option<Arc<Mutex<Option<Flight>>>>,
+    /// What the kernel counted since the pipeline's last tick, for the
+    /// metrics to name by who holds each address then.
+    counted: Mutex<Vec<Counted>>,
+}
+
+/// A panic while counting leaves numbers, never a broken invariant.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Shared {
     fn metrics(&self) -> MutexGuard<'_, Metrics> {
-        // A panic while counting leaves numbers, never a broken invariant.
-        self.metrics.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.metrics)
     }
 
     fn flight(&self) -> Option<Flight> {
         let latest = self.flight.as_ref()?;
-        latest
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        lock(latest).clone()
     }
 }
 
@@ -86,6 +92,7 @@ pub async fn run(o: AgentOptions) -> Result<()> {
         ticked_ns: AtomicU64::new(monotonic_now()),
         otlp: OnceLock::new(),
         flight: o.trace.flight.as_ref().map(|f| f.latest.clone()),
+        counted: Mutex::new(Vec::new()),
     });
     let server = tokio::spawn(http::serve(listener, shared.clone()));
     // Started while privileged: threads keep what they start with.
@@ -138,11 +145,12 @@ impl Consume for Agent {
         let out = MetricsOut {
             shared: self.shared.clone(),
             labels: s.labels,
+            resolvers: s.context.resolvers.clone(),
             otlp,
         };
         let mut sink = JourneySink::new(self.limits, s.context, out);
         self.shared.ready.store(true, Ordering::Relaxed);
-        let mut src = Counted {
+        let mut src = Watched {
             src,
             shared: &self.shared,
             read_ns: 0,
@@ -162,7 +170,7 @@ impl Consume for Agent {
 /// The live source, with the capture's own counters read into the
 /// metrics each second, each tick noted for `/healthz`, and the services'
 /// new names handed on as pods' are.
-struct Counted<'s, 'a> {
+struct Watched<'s, 'a> {
     src: &'s mut LiveSource<'a>,
     shared: &'s Shared,
     read_ns: u64,
@@ -170,7 +178,7 @@ struct Counted<'s, 'a> {
     pending: Option<Input>,
 }
 
-impl Source for Counted<'_, '_> {
+impl Source for Watched<'_, '_> {
     fn now(&self) -> u64 {
         self.src.now()
     }
@@ -194,6 +202,8 @@ impl Source for Counted<'_, '_> {
             }
             if now_ns.saturating_sub(self.read_ns) >= 1_000_000_000 {
                 self.read_ns = *now_ns;
+                let counted = self.src.counted(*now_ns);
+                lock(&self.shared.counted).extend(counted);
                 let stats = self.src.stats();
                 self.shared.metrics().stats(&stats);
             }
@@ -257,6 +267,8 @@ fn watch_services(
 struct MetricsOut {
     shared: Arc<Shared>,
     labels: Labels,
+    /// Clients whose lookups are queries upstream.
+    resolvers: BTreeSet<IpAddr>,
     otlp: Option<Otlp>,
 }
 
@@ -304,7 +316,14 @@ impl JourneyOut for MetricsOut {
     }
 
     fn state(&mut self, _all: &[&Anomaly], health: &Health) -> std::io::Result<()> {
-        self.shared.metrics().health(health);
+        let counted = std::mem::take(&mut *lock(&self.shared.counted));
+        let mut metrics = self.shared.metrics();
+        let now_ns = monotonic_now();
+        for c in &counted {
+            metrics.counted(c, self.labels.names(), &self.resolvers, now_ns);
+        }
+        metrics.health(health);
+        drop(metrics);
         self.flush_anomalies();
         Ok(())
     }

@@ -15,7 +15,10 @@ use crate::{
     decode::{kernel::Preload, KernelNames, Packet},
     diagnose::{ConntrackAtStart, Context, Translation},
     ingest::SampleChange,
-    ingest::{Ingest, Read, Ring, SampleMode, Sampler},
+    ingest::{
+        lookups::{Counted, LookupCounter},
+        Ingest, Read, Ring, SampleMode, Sampler,
+    },
     links::LinkWatch,
     metrics::Stats,
     naming::{Names, Services},
@@ -143,6 +146,13 @@ pub(super) async fn capture<C: Consume>(
     }
     log::info!("{}", services.describe());
     let ring = Ring::open(probes.take_events()?)?;
+    let lookups = match args.probes.count_lookups {
+        true => Some(LookupCounter::new(
+            probes.take_lookup_maps()?,
+            limits.timeout_ns,
+        )),
+        false => None,
+    };
     let sampler = Sampler::new(probes.take_sample_level()?, probes.counts()?, args.sample);
     // Root reads real addresses from kallsyms; drop locations need them.
     // Opened now, while privileged; read once a drop is seen, or now when
@@ -222,7 +232,15 @@ pub(super) async fn capture<C: Consume>(
         follower,
     };
     let ports = args.probes.ports.clone();
-    let mut src = LiveSource::new(ingest, &probes, watches, ports, preload, args.sample);
+    let mut src = LiveSource::new(
+        ingest,
+        &probes,
+        watches,
+        ports,
+        preload,
+        args.sample,
+        lookups,
+    );
     let mut pipe = Pipeline::recording(recorder);
     let ports: Vec<String> = args.probes.ports.iter().map(u16::to_string).collect();
     log::info!("capturing DNS on port {}; Ctrl-C to stop", ports.join(","));
@@ -423,6 +441,8 @@ pub(super) struct LiveSource<'a> {
     /// The sampling level now, and how it is chosen.
     level: SampleLevel,
     mode: SampleMode,
+    /// The lookups the kernel counts, when it does (the agent).
+    lookups: Option<LookupCounter>,
 }
 
 impl<'a> LiveSource<'a> {
@@ -433,6 +453,7 @@ impl<'a> LiveSource<'a> {
         ports: Vec<u16>,
         preload: Preload,
         mode: SampleMode,
+        lookups: Option<LookupCounter>,
     ) -> Self {
         Self {
             ingest,
@@ -447,7 +468,19 @@ impl<'a> LiveSource<'a> {
             queued: VecDeque::new(),
             level: SampleLevel::default(),
             mode,
+            lookups,
         }
+    }
+
+    /// What the kernel counted since the last call; nothing unless it counts.
+    pub(super) fn counted(&mut self, now_ns: u64) -> Vec<Counted> {
+        let Some(lookups) = &mut self.lookups else {
+            return Vec::new();
+        };
+        lookups.read(now_ns).unwrap_or_else(|e| {
+            log::warn!("reading the kernel's lookup counts: {e:#}");
+            Vec::new()
+        })
     }
 
     /// A change of the sampling level, said on stderr (a new seed alone
@@ -491,6 +524,11 @@ impl<'a> LiveSource<'a> {
                 .stats
                 .as_ref()
                 .map(RaceWatch::totals)
+                .unwrap_or_default(),
+            counting: self
+                .lookups
+                .as_ref()
+                .map(LookupCounter::stats)
                 .unwrap_or_default(),
         }
     }

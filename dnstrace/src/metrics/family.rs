@@ -66,6 +66,24 @@ pub struct Histogram {
 }
 
 impl Histogram {
+    /// Counted elsewhere: `count` observations summing to `sum`, per
+    /// bucket (past the last bound in none).
+    pub fn from_buckets(buckets: &[u64; BOUNDS.len()], count: u64, sum: f64) -> Self {
+        Self {
+            buckets: *buckets,
+            count,
+            sum,
+        }
+    }
+
+    pub fn merge(&mut self, other: &Self) {
+        for (a, b) in self.buckets.iter_mut().zip(other.buckets) {
+            *a += b;
+        }
+        self.count += other.count;
+        self.sum += other.sum;
+    }
+
     pub fn observe(&mut self, seconds: f64) {
         if let Some(i) = BOUNDS.iter().position(|&b| seconds <= b) {
             self.buckets[i] += 1;

@@ -1,4 +1,4 @@
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use dnstrace_common::Hook;
 
@@ -15,19 +15,22 @@ use crate::{
 const POD_NS: u32 = 4026532246;
 const MS: u64 = 1_000_000;
 
-/// A lookup of `web` through the service: asked at 0, answered at `ms`.
+/// A lookup of `web` over TCP through the service (the kernel counts
+/// those over UDP): asked at 0, answered at `ms`.
 fn lookup(outcome: Outcome, ms: u64) -> Journey {
     let (client, svc) = ("10.244.0.10:40000", "10.96.0.10:53");
     let mut legs = vec![leg(0, Hook::DevXmit, POD_NS, client, svc, false)];
     if matches!(outcome, Outcome::Answered { .. }) {
         legs.push(leg(ms * MS, Hook::DevReceive, POD_NS, svc, client, true));
     }
-    journey(
+    let mut j = journey(
         client,
         "kubernetes.default.svc.cluster.local.",
         legs,
         outcome,
-    )
+    );
+    j.tcp = true;
+    j
 }
 
 fn answered(rcode: Rcode) -> Outcome {
@@ -88,9 +91,9 @@ fn a_lookup_counts_by_pod_workload_server_type_rcode_proto_and_family() {
     }
     let out = page(&m);
     for line in [
-        format!("dnstrace_lookups_total{{{WEB},type=\"A\",rcode=\"NOERROR\",proto=\"udp\",family=\"1\"}} 2\n"),
-        format!("dnstrace_lookups_total{{{WEB},type=\"A\",rcode=\"NXDOMAIN\",proto=\"udp\",family=\"1\"}} 1\n"),
-        format!("dnstrace_lookups_total{{{WEB},type=\"A\",rcode=\"TIMEOUT\",proto=\"udp\",family=\"1\"}} 1\n"),
+        format!("dnstrace_lookups_total{{{WEB},type=\"A\",rcode=\"NOERROR\",proto=\"tcp\",family=\"1\"}} 2\n"),
+        format!("dnstrace_lookups_total{{{WEB},type=\"A\",rcode=\"NXDOMAIN\",proto=\"tcp\",family=\"1\"}} 1\n"),
+        format!("dnstrace_lookups_total{{{WEB},type=\"A\",rcode=\"TIMEOUT\",proto=\"tcp\",family=\"1\"}} 1\n"),
         format!("dnstrace_lookup_duration_seconds_bucket{{{WEB},rcode=\"NOERROR\",le=\"0.005\"}} 2\n"),
         format!("dnstrace_lookup_duration_seconds_count{{{WEB},rcode=\"NOERROR\"}} 2\n"),
         "dnstrace_journeys_total 4\n".to_owned(),
@@ -129,6 +132,7 @@ fn upstream_queries_count_by_resolver_and_drops_by_reason() {
         0,
     );
     up.client = "10.244.0.53:5353".parse().unwrap();
+    up.tcp = true;
     let mut drop = leg(
         MS,
         Hook::Drop,
@@ -159,7 +163,7 @@ fn upstream_queries_count_by_resolver_and_drops_by_reason() {
     );
     let out = page(&m);
     for line in [
-        "dnstrace_upstream_queries_total{resolver_namespace=\"kube-system\",resolver=\"coredns-a\",to=\"192.0.2.1:53\",type=\"A\",rcode=\"DROPPED\",proto=\"udp\"} 1\n",
+        "dnstrace_upstream_queries_total{resolver_namespace=\"kube-system\",resolver=\"coredns-a\",to=\"192.0.2.1:53\",type=\"A\",rcode=\"DROPPED\",proto=\"tcp\"} 1\n",
         "dnstrace_kernel_drops_total{reason=\"NETFILTER_DROP\"} 1\n",
         "dnstrace_anomalies_total{kind=\"dropped\",severity=\"critical\"} 1\n",
     ] {
@@ -176,8 +180,77 @@ fn query_names_are_labels_only_when_asked_for() {
         query_names: true,
         ..MetricsOptions::default()
     });
-    count(&mut m, &lookup(answered(Rcode::NOERROR), 1), 0);
-    assert!(page(&m).contains(",name=\"kubernetes.default.svc.cluster.local.\"} 1\n"));
+    let mut udp = lookup(answered(Rcode::NOERROR), 1);
+    udp.tcp = false;
+    count(&mut m, &udp, 0);
+    assert!(page(&m).contains("dnstrace_lookup_names_total{namespace=\"default\",pod=\"web-7d9f8c6b5-x2x4k\",name=\"kubernetes.default.svc.cluster.local.\",type=\"A\",rcode=\"NOERROR\"} 1\n"));
+}
+
+/// What the kernel counted over UDP: by pod, with its latency, and a
+/// resolver's as its queries upstream.
+fn kernel_counted(client: &str, server: &str, ended: Ended, count: u64) -> Counted {
+    let mut buckets = [0; family::BOUNDS.len()];
+    buckets[1] = count;
+    let answered = matches!(ended, Ended::Answered(_));
+    Counted {
+        client: client.parse().unwrap(),
+        server: server.parse().unwrap(),
+        qtype: crate::decode::Qtype::AAAA,
+        ended,
+        count,
+        buckets: if answered {
+            buckets
+        } else {
+            [0; family::BOUNDS.len()]
+        },
+        answered: if answered { count } else { 0 },
+        sum_ns: if answered { count * 7 * MS } else { 0 },
+    }
+}
+
+#[test]
+fn kernel_counts_are_lookups_or_a_resolvers_queries_upstream() {
+    let mut m = Metrics::new(MetricsOptions::default());
+    let resolvers = BTreeSet::new();
+    let web = "10.244.0.10";
+    for c in [
+        kernel_counted(web, "10.96.0.10", Ended::Answered(Rcode::NOERROR), 5),
+        kernel_counted(web, "10.96.0.10", Ended::Answered(Rcode::NOERROR), 2),
+        kernel_counted(web, "10.96.0.10", Ended::Timeout, 1),
+        kernel_counted(web, "10.96.0.10", Ended::Dropped, 1),
+        kernel_counted(
+            "10.244.0.53",
+            "192.0.2.1",
+            Ended::Answered(Rcode::SERVFAIL),
+            3,
+        ),
+    ] {
+        m.counted(&c, &names(), &resolvers, 0);
+    }
+    // A journey over UDP is the kernel's to count, not counted again.
+    let mut udp = lookup(answered(Rcode::NOERROR), 1);
+    udp.tcp = false;
+    count(&mut m, &udp, 0);
+    let out = page(&m);
+    let web = "namespace=\"default\",pod=\"web-7d9f8c6b5-x2x4k\",workload=\"web\",workload_kind=\"Deployment\",server=\"10.96.0.10\"";
+    for line in [
+        format!("dnstrace_lookups_total{{{web},type=\"AAAA\",rcode=\"NOERROR\",proto=\"udp\",family=\"1\"}} 7\n"),
+        format!("dnstrace_lookups_total{{{web},type=\"AAAA\",rcode=\"TIMEOUT\",proto=\"udp\",family=\"1\"}} 1\n"),
+        format!("dnstrace_lookups_total{{{web},type=\"AAAA\",rcode=\"DROPPED\",proto=\"udp\",family=\"1\"}} 1\n"),
+        format!("dnstrace_lookup_duration_seconds_bucket{{{web},rcode=\"NOERROR\",le=\"0.005\"}} 0\n"),
+        format!("dnstrace_lookup_duration_seconds_bucket{{{web},rcode=\"NOERROR\",le=\"0.01\"}} 7\n"),
+        format!("dnstrace_lookup_duration_seconds_sum{{{web},rcode=\"NOERROR\"}} 0.049\n"),
+        "dnstrace_upstream_queries_total{resolver_namespace=\"kube-system\",resolver=\"coredns-a\",to=\"192.0.2.1\",type=\"AAAA\",rcode=\"SERVFAIL\",proto=\"udp\"} 3\n".to_owned(),
+    ] {
+        assert!(out.contains(&line), "{line} not in\n{out}");
+    }
+    let total: u64 = out
+        .lines()
+        .filter(|l| l.starts_with("dnstrace_lookups_total{"))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(total, 9, "{out}");
+    assert!(!out.contains("rcode=\"TIMEOUT\",le="), "{out}");
 }
 
 /// With the series budget spent, counts go on in `_overflow` series: the

@@ -1,0 +1,240 @@
+//! Lookups counted where they happen, for `dnstrace agent` (see
+//! `dnstrace_common::lookups`): each UDP query from where it is first
+//! sent to its answer on the same device, counted before the ring and its
+//! sampling. Off unless user space sets `COUNT_LOOKUPS`.
+use aya_ebpf::{
+    bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST},
+    helpers::bpf_ktime_get_ns,
+    macros::map,
+    maps::{HashMap, PerCpuArray, PerCpuHashMap},
+};
+use dnstrace_common::{
+    lookups::{
+        bucket, question_type, LookupCount, LookupKey, Pending, PendingKey, BOUNDS_NS,
+        OUTCOME_DROPPED, OUTCOME_TIMEOUT, QUESTION_READ, STATS, STAT_COUNTS_FULL,
+        STAT_PENDING_FULL,
+    },
+    Hook,
+};
+
+use crate::{maps::is_dns_port, parse::Reader};
+
+/// Set by user space before loading: 1 to count lookups.
+#[unsafe(no_mangle)]
+static COUNT_LOOKUPS: u32 = 0;
+
+#[map]
+static PENDING: HashMap<PendingKey, Pending> = HashMap::with_max_entries(32768, 0);
+
+#[map]
+static LOOKUPS: PerCpuHashMap<LookupKey, LookupCount> =
+    PerCpuHashMap::with_max_entries(16384, BPF_F_NO_PREALLOC);
+
+/// A new key's first value, from global data: too large for the stack.
+static ZERO: LookupCount = LookupCount {
+    count: 0,
+    answered: 0,
+    sum_ns: 0,
+    buckets: [0; BOUNDS_NS.len()],
+};
+
+#[map]
+static LOOKUP_STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(STATS, 0);
+
+/// A UDP packet to or from a DNS port, as the counting needs it.
+pub struct Udp<'a> {
+    pub saddr: [u32; 4],
+    pub daddr: [u32; 4],
+    pub sport: u16,
+    pub dport: u16,
+    pub ip_version: u8,
+    /// The DNS header and what follows, of which `valid` bytes are the
+    /// message's.
+    pub head: &'a [u8; 32],
+    pub valid: u32,
+}
+
+/// The device a packet is on: its namespace's inode and its index.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Device {
+    pub netns: u32,
+    pub ifindex: u32,
+}
+
+#[inline(always)]
+pub fn enabled() -> bool {
+    // SAFETY: a global user space patches before load (see `maps::offsets`).
+    unsafe { core::ptr::read_volatile(&COUNT_LOOKUPS) != 0 }
+}
+
+/// Follows a lookup through this sighting of one of its packets: a query
+/// first sent (or sent again by its client), a query dropped, or the
+/// answer on the device its query left from. `read` reads the question
+/// at `question_at` into `buf`; `device` is asked only where it matters.
+#[inline(always)]
+pub fn follow<R: Reader>(
+    p: &Udp,
+    hook: Hook,
+    r: &R,
+    question_at: u32,
+    buf: &mut [u8; QUESTION_READ],
+    device: impl FnOnce() -> Device,
+) {
+    if p.valid < 12 {
+        return;
+    }
+    let id = u16::from_be_bytes([p.head[0], p.head[1]]);
+    let answer = p.head[2] & 0x80 != 0;
+    match (answer, hook) {
+        (false, Hook::DevXmit) if is_dns_port(p.dport) => {
+            query_sent(p, id, device(), r, question_at, buf);
+        }
+        (false, Hook::Drop) if is_dns_port(p.dport) => query_dropped(p, id),
+        (true, Hook::DevReceive) if is_dns_port(p.sport) => answer_received(p, id, device()),
+        _ => {}
+    }
+}
+
+/// The first time a query is sent it is pending; the same query sent
+/// again from the same device is a retry, and the one before it ended
+/// unanswered. Later hops of the query leave it as it is.
+#[inline(always)]
+fn query_sent<R: Reader>(
+    p: &Udp,
+    id: u16,
+    dev: Device,
+    r: &R,
+    question_at: u32,
+    buf: &mut [u8; QUESTION_READ],
+) {
+    let key = PendingKey {
+        client: p.saddr,
+        port: p.sport,
+        id,
+    };
+    // SAFETY: map lookup; the value is copied out.
+    if let Some(before) = unsafe { PENDING.get(key) }.copied() {
+        if before.netns != dev.netns || before.ifindex != dev.ifindex {
+            return;
+        }
+        if PENDING.remove(key).is_ok() {
+            let outcome = if before.dropped != 0 {
+                OUTCOME_DROPPED
+            } else {
+                OUTCOME_TIMEOUT
+            };
+            count(&key_of(&key, &before, outcome), None);
+        }
+    }
+    let qtype = match r.copy(question_at, buf.as_mut_ptr(), QUESTION_READ as u32) {
+        Ok(()) => question_type(buf, p.valid as usize),
+        Err(_) => 0,
+    };
+    let pending = Pending {
+        // SAFETY: plain helper call.
+        start_ns: unsafe { bpf_ktime_get_ns() },
+        server: p.daddr,
+        netns: dev.netns,
+        ifindex: dev.ifindex,
+        server_port: p.dport,
+        qtype,
+        ip_version: p.ip_version,
+        dropped: 0,
+        _pad: [0; 2],
+    };
+    // EEXIST: another CPU sent the same query first; anything else: full.
+    if let Err(e) = PENDING.insert(key, pending, u64::from(BPF_NOEXIST)) {
+        if e != -17 {
+            stat(STAT_PENDING_FULL);
+        }
+    }
+}
+
+#[inline(always)]
+fn query_dropped(p: &Udp, id: u16) {
+    let key = PendingKey {
+        client: p.saddr,
+        port: p.sport,
+        id,
+    };
+    if let Some(pending) = PENDING.get_ptr_mut(key) {
+        // SAFETY: a map value; a byte store races with nothing that matters.
+        unsafe { (*pending).dropped = 1 };
+    }
+}
+
+/// An answer counts on the device its query left from, from where the
+/// query went (what the client's socket accepts), once.
+#[inline(always)]
+fn answer_received(p: &Udp, id: u16, dev: Device) {
+    let key = PendingKey {
+        client: p.daddr,
+        port: p.dport,
+        id,
+    };
+    // SAFETY: map lookup; the value is copied out.
+    let Some(pending) = (unsafe { PENDING.get(key) }).copied() else {
+        return;
+    };
+    if pending.netns != dev.netns
+        || pending.ifindex != dev.ifindex
+        || pending.server != p.saddr
+        || pending.server_port != p.sport
+    {
+        return;
+    }
+    if PENDING.remove(key).is_err() {
+        return;
+    }
+    // SAFETY: plain helper call.
+    let took = unsafe { bpf_ktime_get_ns() }.saturating_sub(pending.start_ns);
+    count(&key_of(&key, &pending, p.head[3] & 0x0f), Some(took));
+}
+
+#[inline(always)]
+fn key_of(key: &PendingKey, p: &Pending, outcome: u8) -> LookupKey {
+    LookupKey {
+        client: key.client,
+        server: p.server,
+        qtype: p.qtype,
+        outcome,
+        ip_version: p.ip_version,
+    }
+}
+
+#[inline(always)]
+fn count(key: &LookupKey, took: Option<u64>) {
+    if LOOKUPS.get_ptr_mut(key).is_none() {
+        if LOOKUPS.insert(key, &ZERO, u64::from(BPF_NOEXIST)).is_err()
+            && LOOKUPS.get_ptr_mut(key).is_none()
+        {
+            stat(STAT_COUNTS_FULL);
+            return;
+        }
+    }
+    if let Some(c) = LOOKUPS.get_ptr_mut(key) {
+        // SAFETY: this CPU's value. Counting runs only on a device's send
+        // and receive, both with bottom halves off: neither interrupts the
+        // other on a CPU, and the kernel skips a program's nested run.
+        unsafe { add(&mut *c, took) };
+    }
+}
+
+#[inline(always)]
+fn add(c: &mut LookupCount, took: Option<u64>) {
+    c.count += 1;
+    let Some(ns) = took else { return };
+    c.answered += 1;
+    c.sum_ns += ns;
+    if let Some(b) = bucket(ns).and_then(|i| c.buckets.get_mut(i)) {
+        *b += 1;
+    }
+}
+
+#[inline(always)]
+fn stat(index: u32) {
+    if let Some(n) = LOOKUP_STATS.get_ptr_mut(index) {
+        // SAFETY: per-CPU slot, no concurrent writer.
+        unsafe { *n += 1 };
+    }
+}

@@ -1,0 +1,270 @@
+//! The lookups the kernel counted (`dnstrace_common::lookups`), read as
+//! what changed since the last read: the kernel's counts only grow, so a
+//! change is a difference, named by whoever holds the address now. Queries
+//! pending past the timeout are taken out here, each once (the kernel's
+//! answer and this sweep race on removing it), and counted unanswered.
+use std::{
+    collections::HashMap as StdHashMap,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+};
+
+use anyhow::Result;
+use dnstrace_common::lookups::{
+    LookupCount, LookupKey, PendingKey, BOUNDS_NS, OUTCOME_DROPPED, OUTCOME_TIMEOUT,
+    STAT_COUNTS_FULL, STAT_PENDING_FULL,
+};
+
+use crate::{
+    decode::{Qtype, Rcode},
+    probes::LookupMaps,
+};
+
+/// How a counted lookup ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Ended {
+    Answered(Rcode),
+    /// No answer reached the client's device before the timeout or a retry.
+    Timeout,
+    /// As `Timeout`, and the kernel dropped the query on its way.
+    Dropped,
+}
+
+/// Lookups of one client, server, type and ending since the last read.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Counted {
+    pub client: IpAddr,
+    pub server: IpAddr,
+    pub qtype: Qtype,
+    pub ended: Ended,
+    pub count: u64,
+    /// The answered ones' latency: per bucket of `BOUNDS_NS` (past the
+    /// last in none), their number and their sum.
+    pub buckets: [u64; BOUNDS_NS.len()],
+    pub answered: u64,
+    pub sum_ns: u64,
+}
+
+/// The counting's own losses, since the start.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CountStats {
+    /// Queries not followed: the table of pending queries was full.
+    pub pending_full: u64,
+    /// Lookups not counted: the table of counts was full.
+    pub counts_full: u64,
+}
+
+/// A key whose counts stay the same this long is removed from the
+/// kernel's table, to make room for new clients: an increment in the
+/// moment between its last read and its removal would go uncounted.
+const IDLE_NS: u64 = 10 * 60 * 1_000_000_000;
+
+pub struct LookupCounter {
+    maps: LookupMaps,
+    /// Each key's counts summed over CPUs at the last read, and when they
+    /// last changed.
+    last: StdHashMap<LookupKey, (LookupCount, u64)>,
+    timeout_ns: u64,
+}
+
+impl LookupCounter {
+    pub fn new(maps: LookupMaps, timeout_ns: u64) -> Self {
+        Self {
+            maps,
+            last: StdHashMap::new(),
+            timeout_ns,
+        }
+    }
+
+    /// What was counted since the last read, and the queries unanswered
+    /// at `now_ns` (kernel monotonic time).
+    pub fn read(&mut self, now_ns: u64) -> Result<Vec<Counted>> {
+        let mut out = self.unanswered(now_ns)?;
+        let mut idle = Vec::new();
+        for entry in self.maps.counts.iter() {
+            let (key, per_cpu) = entry?;
+            let total = per_cpu.iter().fold(LookupCount::default(), sum);
+            let (before, changed_ns) = self.last.get(&key).copied().unwrap_or_default();
+            if total.count > before.count {
+                out.push(counted(&key, &difference(&total, &before)));
+                self.last.insert(key, (total, now_ns));
+            } else if now_ns.saturating_sub(changed_ns) > IDLE_NS {
+                idle.push(key);
+            }
+        }
+        for key in idle {
+            self.last.remove(&key);
+            let _ = self.maps.counts.remove(&key);
+        }
+        Ok(out)
+    }
+
+    pub fn stats(&self) -> CountStats {
+        let stat = |i: u32| {
+            self.maps
+                .stats
+                .get(&i, 0)
+                .map_or(0, |v| v.iter().sum::<u64>())
+        };
+        CountStats {
+            pending_full: stat(STAT_PENDING_FULL),
+            counts_full: stat(STAT_COUNTS_FULL),
+        }
+    }
+
+    /// Removes the queries pending past the timeout; those this removal
+    /// took (not an answer just before it) count as unanswered.
+    fn unanswered(&mut self, now_ns: u64) -> Result<Vec<Counted>> {
+        let before = now_ns.saturating_sub(self.timeout_ns);
+        let stale: Vec<(PendingKey, _)> = self
+            .maps
+            .pending
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(_, p)| p.start_ns < before)
+            .collect();
+        let mut out = Vec::new();
+        for (key, p) in stale {
+            if self.maps.pending.remove(&key).is_err() {
+                continue;
+            }
+            let outcome = if p.dropped != 0 {
+                OUTCOME_DROPPED
+            } else {
+                OUTCOME_TIMEOUT
+            };
+            let key = LookupKey {
+                client: key.client,
+                server: p.server,
+                qtype: p.qtype,
+                outcome,
+                ip_version: p.ip_version,
+            };
+            let one = LookupCount {
+                count: 1,
+                ..LookupCount::default()
+            };
+            out.push(counted(&key, &one));
+        }
+        Ok(out)
+    }
+}
+
+fn sum(mut a: LookupCount, b: &LookupCount) -> LookupCount {
+    a.count += b.count;
+    a.answered += b.answered;
+    a.sum_ns += b.sum_ns;
+    for (x, y) in a.buckets.iter_mut().zip(b.buckets) {
+        *x += y;
+    }
+    a
+}
+
+fn difference(now: &LookupCount, before: &LookupCount) -> LookupCount {
+    let mut d = LookupCount {
+        count: now.count.saturating_sub(before.count),
+        answered: now.answered.saturating_sub(before.answered),
+        sum_ns: now.sum_ns.saturating_sub(before.sum_ns),
+        buckets: now.buckets,
+    };
+    for (x, y) in d.buckets.iter_mut().zip(before.buckets) {
+        *x = x.saturating_sub(y);
+    }
+    d
+}
+
+fn counted(key: &LookupKey, c: &LookupCount) -> Counted {
+    let ended = match key.outcome {
+        OUTCOME_TIMEOUT => Ended::Timeout,
+        OUTCOME_DROPPED => Ended::Dropped,
+        rcode => Ended::Answered(Rcode(rcode.into())),
+    };
+    Counted {
+        client: address(key.client, key.ip_version),
+        server: address(key.server, key.ip_version),
+        qtype: Qtype(key.qtype),
+        ended,
+        count: c.count,
+        buckets: c.buckets,
+        answered: c.answered,
+        sum_ns: c.sum_ns,
+    }
+}
+
+/// An address as the kernel stores it: in words, IPv4 in the first.
+fn address(words: [u32; 4], ip_version: u8) -> IpAddr {
+    // SAFETY: 16 plain bytes either way.
+    let bytes = unsafe { std::mem::transmute::<[u32; 4], [u8; 16]>(words) };
+    if ip_version == 6 {
+        IpAddr::V6(Ipv6Addr::from(bytes))
+    } else {
+        IpAddr::V4(Ipv4Addr::new(bytes[0], bytes[1], bytes[2], bytes[3]))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn words(ip: IpAddr) -> [u32; 4] {
+        let mut b = [0u8; 16];
+        match ip {
+            IpAddr::V4(v4) => b[..4].copy_from_slice(&v4.octets()),
+            IpAddr::V6(v6) => b = v6.octets(),
+        }
+        // SAFETY: 16 plain bytes either way.
+        unsafe { std::mem::transmute::<[u8; 16], [u32; 4]>(b) }
+    }
+
+    #[test]
+    fn addresses_read_as_the_kernel_stores_them() {
+        for ip in ["10.244.0.11", "fd00:10:244::b"] {
+            let ip: IpAddr = ip.parse().unwrap();
+            let v = if ip.is_ipv4() { 4 } else { 6 };
+            assert_eq!(address(words(ip), v), ip);
+        }
+    }
+
+    #[test]
+    fn a_read_gives_what_changed_since_the_last() {
+        let mut now = LookupCount {
+            count: 10,
+            answered: 9,
+            sum_ns: 900,
+            ..LookupCount::default()
+        };
+        now.buckets[0] = 9;
+        let mut before = now;
+        before.count = 4;
+        before.answered = 3;
+        before.sum_ns = 300;
+        before.buckets[0] = 3;
+        let d = difference(&now, &before);
+        assert_eq!(
+            (d.count, d.answered, d.sum_ns, d.buckets[0]),
+            (6, 6, 600, 6)
+        );
+        let cpus = [now, before];
+        let total = cpus.iter().fold(LookupCount::default(), sum);
+        assert_eq!((total.count, total.buckets[0]), (14, 12));
+    }
+
+    #[test]
+    fn an_outcome_names_how_it_ended() {
+        let key = |outcome| LookupKey {
+            client: words("10.244.0.11".parse().unwrap()),
+            server: words("10.96.0.10".parse().unwrap()),
+            qtype: 28,
+            outcome,
+            ip_version: 4,
+        };
+        let one = LookupCount::default();
+        assert_eq!(
+            counted(&key(3), &one).ended,
+            Ended::Answered(Rcode::NXDOMAIN)
+        );
+        assert_eq!(counted(&key(OUTCOME_TIMEOUT), &one).ended, Ended::Timeout);
+        assert_eq!(counted(&key(OUTCOME_DROPPED), &one).ended, Ended::Dropped);
+        assert_eq!(counted(&key(0), &one).qtype, Qtype::AAAA);
+        assert_eq!(counted(&key(0), &one).server.to_string(), "10.96.0.10");
+    }
+}
