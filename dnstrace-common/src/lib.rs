@@ -17,5 +17,5 @@ pub use event::*;
 pub use filter::*;
 pub use iface::*;
 pub use ports::*;
-pub use sample::{SampleLevel, COUNTERS, COUNT_APART_LOST, COUNT_LOST, COUNT_SHED};
+pub use sample::{SampleLevel, COUNTERS, COUNT_APART_LOST, COUNT_LOST, COUNT_SHED, COUNT_STARTED};
 pub use wakeup::*;

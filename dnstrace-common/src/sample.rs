@@ -59,7 +59,9 @@ pub const COUNT_SHED: u32 = 1;
 /// TCP payloads in an skb's pages that could not be sent apart (the perf
 /// buffer was full): their events go with the bytes the linear data holds.
 pub const COUNT_APART_LOST: u32 = 2;
-pub const COUNTERS: u32 = 3;
+/// Lookups the kernel started to follow (`lookups`, when it counts them).
+pub const COUNT_STARTED: u32 = 3;
+pub const COUNTERS: u32 = 4;
 
 /// Bytes of the first label that are hashed, with its length: enough to
 /// tell names apart, and read as two words with no loop for the verifier

@@ -14,10 +14,13 @@ use dnstrace_common::{
         OUTCOME_DROPPED, OUTCOME_TIMEOUT, QUESTION_READ, STATS, STAT_COUNTS_FULL,
         STAT_PENDING_FULL,
     },
-    Hook,
+    Hook, COUNT_STARTED,
 };
 
-use crate::{maps::is_dns_port, parse::Reader};
+use crate::{
+    maps::{self, is_dns_port},
+    parse::Reader,
+};
 
 /// Set by user space before loading: 1 to count lookups.
 #[unsafe(no_mangle)]
@@ -143,10 +146,10 @@ fn query_sent<R: Reader>(
         _pad: [0; 2],
     };
     // EEXIST: another CPU sent the same query first; anything else: full.
-    if let Err(e) = PENDING.insert(key, pending, u64::from(BPF_NOEXIST)) {
-        if e != -17 {
-            stat(STAT_PENDING_FULL);
-        }
+    match PENDING.insert(key, pending, u64::from(BPF_NOEXIST)) {
+        Ok(()) => maps::count(COUNT_STARTED),
+        Err(-17) => {}
+        Err(_) => stat(STAT_PENDING_FULL),
     }
 }
 
@@ -204,20 +207,24 @@ fn key_of(key: &PendingKey, p: &Pending, outcome: u8) -> LookupKey {
 
 #[inline(always)]
 fn count(key: &LookupKey, took: Option<u64>) {
-    if LOOKUPS.get_ptr_mut(key).is_none() {
-        if LOOKUPS.insert(key, &ZERO, u64::from(BPF_NOEXIST)).is_err()
-            && LOOKUPS.get_ptr_mut(key).is_none()
-        {
-            stat(STAT_COUNTS_FULL);
-            return;
+    let c = match LOOKUPS.get_ptr_mut(key) {
+        Some(c) => c,
+        None => {
+            // EEXIST if another CPU's program just made it: taken below.
+            // By reference: by value would copy it to the stack.
+            #[allow(clippy::needless_borrows_for_generic_args)]
+            let _ = LOOKUPS.insert(key, &ZERO, u64::from(BPF_NOEXIST));
+            let Some(c) = LOOKUPS.get_ptr_mut(key) else {
+                stat(STAT_COUNTS_FULL);
+                return;
+            };
+            c
         }
-    }
-    if let Some(c) = LOOKUPS.get_ptr_mut(key) {
-        // SAFETY: this CPU's value. Counting runs only on a device's send
-        // and receive, both with bottom halves off: neither interrupts the
-        // other on a CPU, and the kernel skips a program's nested run.
-        unsafe { add(&mut *c, took) };
-    }
+    };
+    // SAFETY: this CPU's value. Counting runs only on a device's send and
+    // receive, both with bottom halves off: neither interrupts the other
+    // on a CPU, and the kernel skips a program's nested run.
+    unsafe { add(&mut *c, took) };
 }
 
 #[inline(always)]

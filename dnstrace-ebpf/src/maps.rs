@@ -311,7 +311,7 @@ pub fn send_apart(skb: *const u8, s: &mut Scratch, start: u32, len: u32) {
 }
 
 #[inline(always)]
-fn count(counter: u32) {
+pub fn count(counter: u32) {
     if let Some(n) = COUNTS.get_ptr_mut(counter) {
         // SAFETY: per-CPU slot, no concurrent writer.
         unsafe { *n += 1 };

@@ -293,6 +293,17 @@ pub struct AgentArgs {
     #[arg(long, env = "DNSTRACE_SAMPLE", value_name = "auto|N", default_value = "auto", value_parser = parse_sample)]
     pub sample: SampleMode,
 
+    /// With `--sample auto`, follow at most this many lookups a second
+    /// whole; past it, about this many, each whole (0: no limit). What the
+    /// agent costs stays bounded whatever the node's rate.
+    #[arg(
+        long,
+        env = "DNSTRACE_FOLLOW_MAX",
+        value_name = "N",
+        default_value_t = 1000
+    )]
+    pub follow_max: u32,
+
     /// A query without an answer is given up after this long.
     #[arg(long, env = "DNSTRACE_TIMEOUT", value_parser = humantime::parse_duration, default_value = "5500ms")]
     pub timeout: std::time::Duration,
@@ -404,6 +415,7 @@ impl AgentArgs {
                     cri_socket: self.runtime.cri_socket,
                 },
                 sample: self.sample,
+                follow_max: self.follow_max,
                 record: None,
                 flight: (!self.no_flight_recorder).then(|| FlightOptions {
                     dir: self.flight_dir,
@@ -532,6 +544,7 @@ impl CaptureArgs {
                 cri_socket: self.runtime.cri_socket,
             },
             sample: self.sample,
+            follow_max: 0,
             record: self.record.map(|path| RecordOptions {
                 path,
                 max_bytes: self.record_size,

@@ -24,7 +24,7 @@ pub use kernel_log::{BpfLog, KernelLog};
 use dnstrace_common::{
     lookups::{LookupCount, LookupKey, Pending, PendingKey},
     port_slot, IfaceConfig, KernelOffsets, SampleLevel, TargetFilter, COUNT_APART_LOST, COUNT_LOST,
-    COUNT_SHED, L2_LEN_MIXED, PORT_WORDS,
+    COUNT_SHED, COUNT_STARTED, L2_LEN_MIXED, PORT_WORDS,
 };
 
 /// What to attach, and how: the probes' own options, which the command
@@ -102,6 +102,11 @@ impl Counts {
     /// Events the ring could not take, so far.
     pub fn lost(&self) -> Result<u64> {
         Ok(self.0.get(&COUNT_LOST, 0)?.iter().sum())
+    }
+
+    /// Lookups the kernel started to follow, so far (when it counts them).
+    pub fn started(&self) -> Result<u64> {
+        Ok(self.0.get(&COUNT_STARTED, 0)?.iter().sum())
     }
 }
 

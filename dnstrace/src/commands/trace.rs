@@ -47,6 +47,9 @@ pub struct TraceOptions {
     pub probes: ProbeOptions,
     pub target: target::Query,
     pub sample: SampleMode,
+    /// Lookups a second followed whole at most, with `SampleMode::Auto`
+    /// (0: no limit); the agent's, whose counts are the kernel's.
+    pub follow_max: u32,
     pub record: Option<RecordOptions>,
     /// The agent's flight recorder, when there is no `record`.
     pub flight: Option<FlightOptions>,
@@ -153,7 +156,8 @@ pub(super) async fn capture<C: Consume>(
         )),
         false => None,
     };
-    let sampler = Sampler::new(probes.take_sample_level()?, probes.counts()?, args.sample);
+    let sampler = Sampler::new(probes.take_sample_level()?, probes.counts()?, args.sample)
+        .with_budget(args.follow_max);
     // Root reads real addresses from kallsyms; drop locations need them.
     // Opened now, while privileged; read once a drop is seen, or now when
     // recording.
@@ -496,6 +500,8 @@ impl<'a> LiveSource<'a> {
         };
         if self.mode != SampleMode::Auto {
             log::info!("sampling: keeping {keeping} (--sample)");
+        } else if change.budget {
+            log::info!("sampling: following {keeping}, about --follow-max a second at most");
         } else if change.level.shift > was.shift {
             log::warn!("falling behind the kernel: keeping {keeping} from now on (--sample 1 keeps every one, losing events instead)");
         } else {

@@ -121,6 +121,7 @@ mod tests {
             since_ns: ms * MS,
             now_ns: ms * MS + MS,
             level: level(shift),
+            budget: false,
         };
         sampling.change(c);
     }

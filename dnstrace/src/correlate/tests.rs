@@ -1023,6 +1023,7 @@ fn a_rise_leaves_out_whole_the_journeys_it_may_have_cut() {
         since_ns: 100_000,
         now_ns: 110_000,
         level,
+        budget: false,
     });
     for r in &kept_legs[4..] {
         e.push(r);
@@ -1053,6 +1054,7 @@ fn journeys_under_one_level_are_all_shown() {
         since_ns: 2000 * MS,
         now_ns: 2000 * MS,
         level,
+        budget: false,
     });
     let after = healthy_named(
         3000 * MS,

@@ -337,6 +337,7 @@ impl<R: Records + AsRawFd> Reader<R> {
             lost: g.sampler.lost_more(),
             current: self.stale.is_none(),
         };
+        g.sampler.measure(now_ns);
         if g.sampler.governor.tick(now_ns, fill).is_some() {
             let change = g.sampler.apply();
             if change.is_some() {

@@ -17,6 +17,8 @@ pub struct SampleChange {
     pub since_ns: u64,
     pub now_ns: u64,
     pub level: SampleLevel,
+    /// Set by the budget of lookups followed, not by overload.
+    pub budget: bool,
 }
 
 /// How the level is chosen (`--sample`).
@@ -90,11 +92,17 @@ pub struct Governor {
     changed_ns: u64,
     /// When the seed was drawn (or the level last changed).
     seeded_ns: u64,
+    /// The last change was the budget's.
+    by_budget: bool,
     calm_since_ns: u64,
     calm_ns: u64,
     /// When the level last fell, while a rise soon after means it fell
     /// too early.
     lowered_ns: Option<u64>,
+    /// Lookups a second to follow whole at most, if any (`with_budget`).
+    budget: Option<u32>,
+    /// Lookups a second starting now, as last measured (`rate`).
+    rate: f64,
 }
 
 impl Governor {
@@ -110,14 +118,46 @@ impl Governor {
             ring: 0.0,
             changed_ns: now_ns,
             seeded_ns: now_ns,
+            by_budget: false,
             calm_since_ns: now_ns,
             calm_ns: CALM_NS,
             lowered_ns: None,
+            budget: None,
+            rate: 0.0,
         }
+    }
+
+    /// In `Auto`, follows at most `per_s` lookups a second whole: past it
+    /// the level keeps about that many, whatever the load (0: no limit).
+    pub fn with_budget(mut self, per_s: u32) -> Self {
+        self.budget = (per_s > 0).then_some(per_s);
+        self
+    }
+
+    /// The lookups a second starting now, as measured by the caller.
+    pub fn rate(&mut self, per_s: f64) {
+        self.rate = per_s;
+    }
+
+    /// The lowest level that keeps the budget at the rate measured.
+    fn budget_shift(&self) -> u32 {
+        let Some(budget) = self.budget else {
+            return 0;
+        };
+        let mut shift = 0;
+        while shift < MAX_SHIFT && self.rate > f64::from(budget) * f64::from(1u32 << shift) {
+            shift += 1;
+        }
+        shift
     }
 
     pub fn level(&self) -> SampleLevel {
         self.level
+    }
+
+    /// Whether the level is the budget's (its last change was).
+    pub fn by_budget(&self) -> bool {
+        self.by_budget
     }
 
     /// At a tick: the new level, if it changes (or only its seed).
@@ -140,13 +180,21 @@ impl Governor {
         }
     }
 
-    /// A new level, if `fill` calls for one: a rise only when events are
-    /// lost, or the ring has been filling for `HIGH_TICKS`.
+    /// A new level, if `fill` or the budget calls for one: a rise at once
+    /// to what the budget needs, else only when events are lost or the ring
+    /// has been filling for `HIGH_TICKS`; a fall, a step at a time, after
+    /// a calm, never below what the budget needs.
     fn govern(&mut self, now_ns: u64, fill: Fill) -> Option<SampleLevel> {
         let filling = fill.filling(std::mem::replace(&mut self.ring, fill.ring));
         self.high_ticks = if filling { self.high_ticks + 1 } else { 0 };
         if !fill.calm() {
             self.calm_since_ns = now_ns;
+        }
+        let floor = self.budget_shift();
+        if floor > self.level.shift {
+            let level = self.set(floor, now_ns);
+            self.by_budget = true;
+            return Some(level);
         }
         let since_change = now_ns.saturating_sub(self.changed_ns);
         if (fill.lost || self.high_ticks >= HIGH_TICKS)
@@ -162,7 +210,7 @@ impl Governor {
             return Some(self.set(self.level.shift + 1, now_ns));
         }
         let calm_for = now_ns.saturating_sub(self.calm_since_ns);
-        if self.level.shift > 0 && calm_for >= self.calm_ns && since_change >= self.calm_ns {
+        if self.level.shift > floor && calm_for >= self.calm_ns && since_change >= self.calm_ns {
             self.lowered_ns = Some(now_ns);
             if self.level.shift == 1 {
                 self.calm_ns = CALM_NS;
@@ -173,6 +221,7 @@ impl Governor {
     }
 
     fn set(&mut self, shift: u32, now_ns: u64) -> SampleLevel {
+        self.by_budget = false;
         self.level.shift = shift;
         self.changed_ns = now_ns;
         self.seeded_ns = now_ns;
@@ -189,6 +238,8 @@ pub struct Sampler {
     map: SampleMap,
     counts: Counts,
     lost: u64,
+    /// Lookups the kernel had started following, and when it was read.
+    started: (u64, u64),
 }
 
 impl Sampler {
@@ -198,8 +249,31 @@ impl Sampler {
             governor: Governor::new(mode, seed, monotonic_now()),
             map,
             lost: counts.lost().unwrap_or(0),
+            started: (counts.started().unwrap_or(0), monotonic_now()),
             counts,
         }
+    }
+
+    /// Follows at most `per_s` lookups a second whole (`Governor::with_budget`).
+    pub fn with_budget(mut self, per_s: u32) -> Self {
+        self.governor = self.governor.with_budget(per_s);
+        self
+    }
+
+    /// Measures the rate of lookups starting, over 200 ms at least (a
+    /// surge is met before it fills the ring), for the governor's budget.
+    pub fn measure(&mut self, now_ns: u64) {
+        let (before, at_ns) = self.started;
+        let span_ns = now_ns.saturating_sub(at_ns);
+        if span_ns < 200_000_000 {
+            return;
+        }
+        let Ok(started) = self.counts.started() else {
+            return;
+        };
+        let per_s = started.saturating_sub(before) as f64 * 1e9 / span_ns as f64;
+        self.governor.rate(per_s);
+        self.started = (started, now_ns);
     }
 
     /// Whether the kernel lost events since the last call.
@@ -223,6 +297,7 @@ impl Sampler {
             since_ns,
             now_ns: monotonic_now(),
             level,
+            budget: self.governor.by_budget(),
         })
     }
 }
@@ -407,6 +482,27 @@ mod tests {
         let mut all = Governor::new(SampleMode::Fixed(0), 1, 0);
         assert_eq!(all.level().shift, 0);
         assert_eq!(all.tick(100 * S, EMPTY), None, "nothing to reseed");
+    }
+
+    /// With a budget, the level keeps about that many lookups a second
+    /// at once, and falls back, a step per calm, as the rate does.
+    #[test]
+    fn a_budget_holds_the_lookups_followed_near_it() {
+        let mut g = Governor::new(SampleMode::Auto, 1, 0).with_budget(1_000);
+        g.rate(900.0);
+        assert!(run(&mut g, S, 2_000, EMPTY).is_empty());
+        g.rate(5_000.0);
+        assert_eq!(run(&mut g, 3 * S, 2_000, EMPTY), vec![3]);
+        g.rate(20_000.0);
+        assert_eq!(run(&mut g, 5 * S, 2_000, EMPTY), vec![5]);
+        // Calm, at a rate that still needs 1 in 4: down to 2 and no lower.
+        g.rate(3_500.0);
+        assert_eq!(run(&mut g, 7 * S, 40_000, EMPTY), vec![4, 3, 2]);
+        // Overload on top of the budget still raises.
+        assert_eq!(run(&mut g, 50 * S, 100, FULL), vec![3]);
+        let mut none = Governor::new(SampleMode::Auto, 1, 0).with_budget(0);
+        none.rate(1e6);
+        assert!(run(&mut none, S, 2_000, EMPTY).is_empty());
     }
 
     #[test]

@@ -332,6 +332,7 @@ impl<R: Read> Replay<R> {
                     shift: shift.min(MAX_SHIFT),
                     seed,
                 },
+                budget: false,
             }),
             Note::Pods { now_ns, refresh } => Input::Pods { now_ns, refresh },
             Note::End { now_ns } => {

@@ -402,6 +402,7 @@ pub fn inputs() -> Vec<crate::pipeline::Input> {
                 shift: 3,
                 seed: 0xdead_beef,
             },
+            budget: false,
         }),
         Input::Pods {
             now_ns: 5_000_800_000,
