@@ -283,8 +283,9 @@ pub struct AgentArgs {
     #[command(flatten)]
     pub runtime: RuntimeArgs,
 
-    /// Kernel ring buffer size in MiB (a power of two).
-    #[arg(long, env = "DNSTRACE_RING_BUFFER_MIB", value_name = "MIB", default_value_t = 16, value_parser = parse_ring_mib)]
+    /// Kernel ring buffer size in MiB (a power of two). The lookups
+    /// followed are bounded (--follow-max), and so is what the ring holds.
+    #[arg(long, env = "DNSTRACE_RING_BUFFER_MIB", value_name = "MIB", default_value_t = 4, value_parser = parse_ring_mib)]
     pub ring_buffer_mib: u32,
 
     /// Follow 1 lookup in N whole (traces, anomalies). The default, auto,
@@ -333,9 +334,10 @@ pub struct AgentArgs {
 
     /// Memory for the flight recorder: the most recent DNS packets and
     /// pipeline inputs, written to --flight-dir when an anomaly is first
-    /// raised (a number of megabytes, or bytes with k, M or G). 32M holds
-    /// minutes of a node doing hundreds of lookups a second.
-    #[arg(long, env = "DNSTRACE_FLIGHT_RECORDER", value_name = "SIZE", default_value = "32M", value_parser = parse_size)]
+    /// raised (a number of megabytes, or bytes with k, M or G). 16M holds
+    /// about 5,000 lookups (8 packets each): a minute of a node doing 100
+    /// lookups a second.
+    #[arg(long, env = "DNSTRACE_FLIGHT_RECORDER", value_name = "SIZE", default_value = "16M", value_parser = parse_size)]
     pub flight_recorder: u64,
 
     /// No flight recorder.

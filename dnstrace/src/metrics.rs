@@ -254,15 +254,14 @@ impl Metrics {
         let server = c.server.to_string();
         let rcode = ended(c.ended);
         let latency = Histogram::from_buckets(&c.buckets, c.answered, c.sum_ns as f64 / 1e9);
+        // 0: the kernel could not read past the name.
+        let qtype = if c.qtype.0 == 0 {
+            "other"
+        } else {
+            c.qtype.name()
+        };
         if resolvers.contains(&c.client) || is_coredns(names.get(&c.client).unwrap_or_default()) {
-            let values = [
-                client.namespace,
-                client.pod,
-                &server,
-                c.qtype.name(),
-                rcode,
-                "udp",
-            ];
+            let values = [client.namespace, client.pod, &server, qtype, rcode, "udp"];
             *self.upstream.at(&values, &mut self.budget, now_ns) += c.count;
             if c.answered > 0 {
                 let values = [client.namespace, client.pod, &server, rcode];
@@ -277,7 +276,7 @@ impl Metrics {
                 client.workload,
                 client.kind,
                 &server,
-                c.qtype.name(),
+                qtype,
                 rcode,
                 "udp",
                 family(c.client),

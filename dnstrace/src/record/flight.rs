@@ -11,6 +11,7 @@ use std::{
 use super::{Meta, RecordOptions, Recorder};
 use crate::{
     clock::Clock,
+    decode::Packet,
     diagnose::Anomaly,
     pipeline::{Input, Tap},
 };
@@ -166,13 +167,23 @@ impl FlightRecorder {
     }
 }
 
-/// Bytes an input holds, near enough: payloads and a fixed cost each.
+/// Bytes an input holds in memory, allocations included: what the bound
+/// is kept in.
 fn size_of(input: &Input) -> usize {
-    const EACH: usize = 160;
+    use std::mem::size_of;
+    /// What an allocator adds to each allocation, about.
+    const ALLOC: usize = 16;
+    let each = size_of::<(u64, Input)>() + ALLOC;
     match input {
-        Input::Packets(batch) => batch.iter().map(|p| p.payload.len() + EACH).sum(),
-        Input::Conntrack { events, .. } => events.len() * EACH + EACH,
-        _ => EACH,
+        Input::Packets(batch) => {
+            let packets: usize = batch
+                .iter()
+                .map(|p| size_of::<Packet>() + p.payload.len() + ALLOC)
+                .sum();
+            each + packets
+        }
+        Input::Conntrack { events, .. } => each + std::mem::size_of_val(events.as_slice()),
+        _ => each,
     }
 }
 
@@ -318,7 +329,14 @@ mod tests {
     #[test]
     fn an_anomaly_writes_the_recent_past_and_what_follows_for_a_while() {
         let dir = TestDir::new();
-        let mut f = flight_recorder(dir.path(), 4 * (40 + 160) + 4 * 160);
+        // Room for 4 packets and their ticks.
+        let one = Input::Packets(vec![packet(
+            "10.244.0.10:4000",
+            "10.96.0.10:53",
+            Transport::Udp,
+            &[0u8; 40],
+        )]);
+        let mut f = flight_recorder(dir.path(), 4 * (size_of(&one) + size_of(&Input::Tick(0))));
         f.start(0);
         (1..=10).for_each(|s| feed(&mut f, s * S));
         f.anomaly(&anomaly(10 * S));
