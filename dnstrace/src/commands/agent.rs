@@ -1,7 +1,8 @@
 //! `dnstrace agent`: the node traced whole, with no terminal, until
-//! stopped, as a DaemonSet runs it. The pipeline is `trace`'s; its
-//! journeys feed Prometheus metrics served over HTTP with health endpoints,
-//! and, with an endpoint, traces and logs over OTLP.
+//! stopped, as a DaemonSet runs it. The pipeline is `trace`'s, following
+//! up to `--follow-max` lookups a second whole; the kernel counts every
+//! lookup. Both feed Prometheus metrics served over HTTP with health
+//! endpoints, and the journeys, with an endpoint, traces and logs over OTLP.
 mod http;
 
 use std::{
@@ -167,9 +168,10 @@ impl Consume for Agent {
     }
 }
 
-/// The live source, with the capture's own counters read into the
-/// metrics each second, each tick noted for `/healthz`, and the services'
-/// new names handed on as pods' are.
+/// The live source, with the capture's own counters and the lookups the
+/// kernel counted read each second (the counts for the sink to name at
+/// its next tick), each tick noted for `/healthz`, and the services' new
+/// names handed on as pods' are.
 struct Watched<'s, 'a> {
     src: &'s mut LiveSource<'a>,
     shared: &'s Shared,
