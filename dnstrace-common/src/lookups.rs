@@ -6,7 +6,9 @@
 //! to its answer received on that same device, from the address and port
 //! it was sent to (what the client's socket accepts). The kernel counts
 //! the answered ones and the retries that replace an unanswered one; user
-//! space counts those that stay unanswered past the timeout.
+//! space counts those that stay unanswered past the timeout. A query first
+//! seen arriving on a device came from another node, whose agent counts
+//! it: here it is only marked, so that its later hops are not counted.
 
 /// A query waiting for its answer: the client's socket and the DNS id.
 #[repr(C)]
@@ -32,7 +34,9 @@ pub struct Pending {
     pub ip_version: u8,
     /// The kernel dropped the query somewhere on its way.
     pub dropped: u8,
-    pub _pad: [u8; 2],
+    /// First seen arriving: another node's client's, not counted here.
+    pub foreign: u8,
+    pub _pad: u8,
 }
 
 /// How a counted lookup ended: its rcode (0 to 15) when answered.
@@ -45,10 +49,12 @@ pub const OUTCOME_DROPPED: u8 = 17;
 pub struct LookupKey {
     pub client: [u32; 4],
     pub server: [u32; 4],
+    pub server_port: u16,
     pub qtype: u16,
     /// An rcode, or `OUTCOME_*`.
     pub outcome: u8,
     pub ip_version: u8,
+    pub _pad: [u8; 2],
 }
 
 /// The `dns.lookup.duration` bucket boundaries (OpenTelemetry), in ns.
@@ -195,4 +201,4 @@ mod pod {
 
 const _: () = assert!(core::mem::size_of::<PendingKey>() == 20);
 const _: () = assert!(core::mem::size_of::<Pending>() == 40);
-const _: () = assert!(core::mem::size_of::<LookupKey>() == 36);
+const _: () = assert!(core::mem::size_of::<LookupKey>() == 40);

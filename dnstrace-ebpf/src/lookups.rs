@@ -64,6 +64,14 @@ pub struct Device {
     pub ifindex: u32,
 }
 
+impl Device {
+    /// No device, or one that could not be read.
+    pub const NONE: Self = Self {
+        netns: 0,
+        ifindex: 0,
+    };
+}
+
 #[inline(always)]
 pub fn enabled() -> bool {
     // SAFETY: a global user space patches before load (see `maps::offsets`).
@@ -72,8 +80,9 @@ pub fn enabled() -> bool {
 
 /// Follows a lookup through this sighting of one of its packets: a query
 /// first sent (or sent again by its client), a query dropped, or the
-/// answer on the device its query left from. `read` reads the question
-/// at `question_at` into `buf`; `device` is asked only where it matters.
+/// answer on the device its query left from. A query's question is read
+/// from `r` at `question_at` into `buf`; `device` is asked only where it
+/// matters.
 #[inline(always)]
 pub fn follow<R: Reader>(
     p: &Udp,
@@ -92,6 +101,7 @@ pub fn follow<R: Reader>(
         (false, Hook::DevXmit) if is_dns_port(p.dport) => {
             query_sent(p, id, device(), r, question_at, buf);
         }
+        (false, Hook::DevReceive) if is_dns_port(p.dport) => query_arrived(p, id),
         (false, Hook::Drop) if is_dns_port(p.dport) => query_dropped(p, id),
         (true, Hook::DevReceive) if is_dns_port(p.sport) => answer_received(p, id, device()),
         _ => {}
@@ -143,7 +153,8 @@ fn query_sent<R: Reader>(
         qtype,
         ip_version: p.ip_version,
         dropped: 0,
-        _pad: [0; 2],
+        foreign: 0,
+        _pad: 0,
     };
     // EEXIST: another CPU sent the same query first; anything else: full.
     match PENDING.insert(key, pending, u64::from(BPF_NOEXIST)) {
@@ -151,6 +162,34 @@ fn query_sent<R: Reader>(
         Err(-17) => {}
         Err(_) => stat(STAT_PENDING_FULL),
     }
+}
+
+/// A query received before this node sent it: another node's client's,
+/// marked so that its hops here are not counted as a lookup.
+#[inline(always)]
+fn query_arrived(p: &Udp, id: u16) {
+    let key = PendingKey {
+        client: p.saddr,
+        port: p.sport,
+        id,
+    };
+    if PENDING.get_ptr(key).is_some() {
+        return;
+    }
+    let marker = Pending {
+        // SAFETY: plain helper call.
+        start_ns: unsafe { bpf_ktime_get_ns() },
+        server: p.daddr,
+        netns: 0,
+        ifindex: 0,
+        server_port: p.dport,
+        qtype: 0,
+        ip_version: p.ip_version,
+        dropped: 0,
+        foreign: 1,
+        _pad: 0,
+    };
+    let _ = PENDING.insert(key, marker, u64::from(BPF_NOEXIST));
 }
 
 #[inline(always)]
@@ -167,7 +206,8 @@ fn query_dropped(p: &Udp, id: u16) {
 }
 
 /// An answer counts on the device its query left from, from where the
-/// query went (what the client's socket accepts), once.
+/// query went (what the client's socket accepts), once. Another node's
+/// query ends, uncounted, with its answer's first arrival here.
 #[inline(always)]
 fn answer_received(p: &Udp, id: u16, dev: Device) {
     let key = PendingKey {
@@ -179,6 +219,12 @@ fn answer_received(p: &Udp, id: u16, dev: Device) {
     let Some(pending) = (unsafe { PENDING.get(key) }).copied() else {
         return;
     };
+    if pending.foreign != 0 {
+        if pending.server == p.saddr && pending.server_port == p.sport {
+            let _ = PENDING.remove(key);
+        }
+        return;
+    }
     if pending.netns != dev.netns
         || pending.ifindex != dev.ifindex
         || pending.server != p.saddr
@@ -199,9 +245,11 @@ fn key_of(key: &PendingKey, p: &Pending, outcome: u8) -> LookupKey {
     LookupKey {
         client: key.client,
         server: p.server,
+        server_port: p.server_port,
         qtype: p.qtype,
         outcome,
         ip_version: p.ip_version,
+        _pad: [0; 2],
     }
 }
 

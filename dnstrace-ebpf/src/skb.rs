@@ -208,7 +208,9 @@ fn count_lookup<K: Kernel>(
     let Some(buf) = payload.first_chunk_mut::<QUESTION_READ>() else {
         return;
     };
-    lookups::follow(&p, hook, r, l4.offset(), buf, || device_id::<K>(dev, o));
+    lookups::follow(&p, hook, r, l4.offset(), buf, || {
+        device_of::<K>(dev, o).unwrap_or(Device::NONE)
+    });
 }
 
 /// An address of the meta as words.
@@ -219,30 +221,21 @@ fn words(addr: &[u8; 16]) -> [u32; 4] {
     unsafe { (&raw const *addr).cast::<[u32; 4]>().read() }
 }
 
-/// The device's namespace and index, or zeros where they cannot be read.
+/// The device's namespace and index (zeros for none).
 #[inline(always)]
-fn device_id<K: Kernel>(dev: *const u8, o: &KernelOffsets) -> Device {
-    let read = || -> Result<Device, i64> {
-        let net: *const u8 = K::read(dev, o.dev_nd_net)?;
-        Ok(Device {
-            ifindex: K::read(dev, o.dev_ifindex)?,
-            netns: if net.is_null() {
-                0
-            } else {
-                K::read(net, o.net_ns_inum)?
-            },
-        })
-    };
-    match dev.is_null() {
-        true => Device {
-            netns: 0,
-            ifindex: 0,
-        },
-        false => read().unwrap_or(Device {
-            netns: 0,
-            ifindex: 0,
-        }),
+fn device_of<K: Kernel>(dev: *const u8, o: &KernelOffsets) -> Result<Device, i64> {
+    if dev.is_null() {
+        return Ok(Device::NONE);
     }
+    let net: *const u8 = K::read(dev, o.dev_nd_net)?;
+    Ok(Device {
+        ifindex: K::read(dev, o.dev_ifindex)?,
+        netns: if net.is_null() {
+            0
+        } else {
+            K::read(net, o.net_ns_inum)?
+        },
+    })
 }
 
 /// A TCP payload beyond the linear data (in the skb's pages, where a
@@ -295,22 +288,16 @@ fn linear_len<K: Kernel>(
 
 #[inline(always)]
 fn device<K: Kernel>(dev: *const u8, o: &KernelOffsets, s: &mut Scratch) -> Result<(), i64> {
+    let d = device_of::<K>(dev, o)?;
+    s.meta.ifindex = d.ifindex;
+    s.meta.netns = d.netns;
     if dev.is_null() {
-        s.meta.ifindex = 0;
-        s.meta.netns = 0;
         return Ok(());
     }
-    s.meta.ifindex = K::read(dev, o.dev_ifindex)?;
     // Two words: a load is at most 8 bytes.
     let name: [u64; 2] = [K::read(dev, o.dev_name)?, K::read(dev, o.dev_name + 8)?];
     // SAFETY: 16 plain bytes either way.
     s.meta.ifname = unsafe { core::mem::transmute::<[u64; 2], [u8; 16]>(name) };
-    let net: *const u8 = K::read(dev, o.dev_nd_net)?;
-    s.meta.netns = if net.is_null() {
-        0
-    } else {
-        K::read(net, o.net_ns_inum)?
-    };
     Ok(())
 }
 

@@ -35,7 +35,8 @@ pub fn run(cmd: &mut Command) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-fn sh(line: &str) -> Result<String> {
+/// Runs a command line split at whitespace (no shell); its stdout.
+pub fn sh(line: &str) -> Result<String> {
     let args: Vec<&str> = line.split_whitespace().collect();
     run(Command::new(args[0]).args(&args[1..]))
 }

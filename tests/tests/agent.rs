@@ -487,3 +487,194 @@ fn counts_stay_exact_under_load_and_lost_events() {
     let (status, _, stderr) = agent.stop(libc::SIGTERM).unwrap();
     assert!(status.success(), "{status}: {stderr:?}");
 }
+
+/// A query from another node's pod arrives on a device (here a tun device
+/// in the lab's node, written to as a remote node would send it, with the
+/// DNAT done there) and is answered by a CoreDNS pod here: that node's
+/// agent counts it, not this one. A lookup of web's, meanwhile, counts.
+#[test]
+fn another_nodes_query_is_not_counted_here() {
+    require_root();
+    let lab = Lab::up(&[]);
+    let listen = format!("127.0.0.1:{}", free_port());
+    let args = agent_args(&listen, &["--no-flight-recorder"]);
+    let agent = Dnstrace::start_binary(dnstrace_release_bin(), Keep::Sampled, &args).unwrap();
+    let pod = WEB.strip_prefix("dtlab-").unwrap();
+    let sum = |filter: &str| {
+        page(&listen)
+            .lines()
+            .filter(|l| l.starts_with("dnstrace_lookups_total{") && l.contains(filter))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum::<u64>()
+    };
+    let web = format!("pod=\"{pod}\"");
+    let (web_before, unnamed_before) = (sum(&web), sum("pod=\"\""));
+    let tun = remote_node::Tun::open(NODE).unwrap();
+    let answer = tun.ask(&query_bytes(
+        0x5eed,
+        "kubernetes.default.svc.cluster.local",
+        1,
+    ));
+    assert_eq!(
+        &answer[..2],
+        &[0x5e, 0xed],
+        "CoreDNS answered the remote query"
+    );
+    let out = lab.dig(
+        WEB,
+        &format!("@{SERVICE} kubernetes.default.svc.cluster.local"),
+    );
+    assert_eq!(dig_status(&out), "NOERROR", "{out}");
+    wait_until(SETTLE, || sum(&web) > web_before);
+    assert_eq!(sum(&web), web_before + 1);
+    assert_eq!(sum("pod=\"\""), unnamed_before, "{}", page(&listen));
+    drop(tun);
+    let (status, _, stderr) = agent.stop(libc::SIGTERM).unwrap();
+    assert!(status.success(), "{status}: {stderr:?}");
+}
+
+/// What another node sends: IPv4 packets written to a tun device in the
+/// lab's node, arriving as from the wire (no device sent them here).
+mod remote_node {
+    use std::{
+        fs::File,
+        io::{Read as _, Write as _},
+        os::fd::{AsRawFd as _, FromRawFd as _},
+        time::{Duration, Instant},
+    };
+
+    use anyhow::{bail, Context as _, Result};
+
+    /// The remote pod's address: a documentation range, routed only
+    /// inside the lab's node, to the tun device.
+    const REMOTE: [u8; 4] = [198, 18, 0, 7];
+    const COREDNS: [u8; 4] = [10, 244, 0, 53];
+    const PORT: u16 = 40_000;
+    const NAME: &str = "dttun0";
+
+    pub struct Tun {
+        file: File,
+        node: String,
+    }
+
+    impl Tun {
+        /// A tun device in network namespace `node`, up, with the remote
+        /// pods' range routed to it.
+        pub fn open(node: &str) -> Result<Self> {
+            let path = format!("/run/netns/{node}");
+            let ns = File::open(&path).with_context(|| path.clone())?;
+            let file = std::thread::spawn(move || -> Result<File> {
+                // SAFETY: setns on this thread only, with a valid namespace fd.
+                if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                    bail!("setns: {}", std::io::Error::last_os_error());
+                }
+                tun()
+            })
+            .join()
+            .map_err(|_| anyhow::anyhow!("the tun thread panicked"))??;
+            let tun = Self {
+                file,
+                node: node.to_owned(),
+            };
+            for args in [
+                format!("link set {NAME} up"),
+                format!("route add 198.18.0.0/24 dev {NAME}"),
+            ] {
+                dnstrace_tests::sh(&format!("ip -n {node} {args}"))?;
+            }
+            Ok(tun)
+        }
+
+        /// Sends `query` from the remote pod to CoreDNS's pod and returns
+        /// the DNS answer that comes back out of the tun device.
+        pub fn ask(&self, query: &[u8]) -> Vec<u8> {
+            (&self.file)
+                .write_all(&packet(query))
+                .expect("writing to the tun device");
+            let deadline = Instant::now() + Duration::from_secs(5);
+            let mut buf = [0u8; 2048];
+            while Instant::now() < deadline {
+                let n = match (&self.file).read(&mut buf) {
+                    Ok(n) => n,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        std::thread::sleep(Duration::from_millis(20));
+                        continue;
+                    }
+                    Err(e) => panic!("reading the tun device: {e}"),
+                };
+                let p = &buf[..n];
+                let to_us = p.len() > 28 && p[0] >> 4 == 4 && p[9] == 17 && p[16..20] == REMOTE;
+                if to_us && u16::from_be_bytes([p[22], p[23]]) == PORT {
+                    return p[28..].to_vec();
+                }
+            }
+            panic!("no answer came back out of the tun device");
+        }
+    }
+
+    impl Drop for Tun {
+        fn drop(&mut self) {
+            let _ = dnstrace_tests::sh(&format!("ip -n {} route del 198.18.0.0/24", self.node));
+        }
+    }
+
+    /// A non-blocking tun device named `NAME`, without packet information.
+    fn tun() -> Result<File> {
+        const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
+        #[repr(C)]
+        struct IfReq {
+            name: [u8; 16],
+            flags: libc::c_short,
+            _pad: [u8; 22],
+        }
+        // SAFETY: open(2) of a device path, checked below.
+        let fd = unsafe {
+            libc::open(
+                c"/dev/net/tun".as_ptr(),
+                libc::O_RDWR | libc::O_NONBLOCK | libc::O_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            bail!("opening /dev/net/tun: {}", std::io::Error::last_os_error());
+        }
+        // SAFETY: a descriptor just opened and owned from here.
+        let file = unsafe { File::from_raw_fd(fd) };
+        let mut req = IfReq {
+            name: [0; 16],
+            flags: (libc::IFF_TUN | libc::IFF_NO_PI) as libc::c_short,
+            _pad: [0; 22],
+        };
+        req.name[..NAME.len()].copy_from_slice(NAME.as_bytes());
+        // SAFETY: TUNSETIFF with an ifreq that outlives the call.
+        if unsafe { libc::ioctl(fd, TUNSETIFF, &mut req) } != 0 {
+            bail!("TUNSETIFF: {}", std::io::Error::last_os_error());
+        }
+        Ok(file)
+    }
+
+    /// IPv4 and UDP (no checksum, which IPv4 allows) around `payload`.
+    fn packet(payload: &[u8]) -> Vec<u8> {
+        let total = (20 + 8 + payload.len()) as u16;
+        let mut p = vec![0x45, 0, 0, 0, 0x12, 0x34, 0x40, 0, 64, 17, 0, 0];
+        p[2..4].copy_from_slice(&total.to_be_bytes());
+        p.extend_from_slice(&REMOTE);
+        p.extend_from_slice(&COREDNS);
+        let sum = checksum(&p);
+        p[10..12].copy_from_slice(&sum.to_be_bytes());
+        p.extend_from_slice(&PORT.to_be_bytes());
+        p.extend_from_slice(&53u16.to_be_bytes());
+        p.extend_from_slice(&(total - 20).to_be_bytes());
+        p.extend_from_slice(&[0, 0]);
+        p.extend_from_slice(payload);
+        p
+    }
+
+    fn checksum(header: &[u8]) -> u16 {
+        let sum: u32 = header
+            .chunks(2)
+            .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
+            .sum();
+        let folded = (sum & 0xffff) + (sum >> 16);
+        !((folded & 0xffff) + (folded >> 16)) as u16
+    }
+}

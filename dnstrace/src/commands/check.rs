@@ -15,9 +15,12 @@ use crate::{
 /// or the runtimes' defaults) give. With `debug_bpf`, the programs built
 /// to log, at their most detailed.
 pub async fn check(ifaces: Vec<String>, debug_bpf: bool, cri_socket: Option<&Path>) -> Result<()> {
+    // With the agent's counting on, its code is verified too (off, the
+    // verifier prunes it as dead).
     let options = ProbeOptions {
         ifaces,
         debug_bpf: debug_bpf.then_some(BpfLog::Trace),
+        count_lookups: true,
         ..ProbeOptions::default()
     };
     let probes = Probes::attach(&options, None, Load::All)?;

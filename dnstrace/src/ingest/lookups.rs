@@ -2,10 +2,11 @@
 //! what changed since the last read: the kernel's counts only grow, so a
 //! change is a difference, named by whoever holds the address now. Queries
 //! pending past the timeout are taken out here, each once (the kernel's
-//! answer and this sweep race on removing it), and counted unanswered.
+//! answer and this sweep race on removing it), and counted unanswered;
+//! other nodes' queries are only taken out.
 use std::{
     collections::HashMap as StdHashMap,
-    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
 };
 
 use anyhow::Result;
@@ -33,7 +34,8 @@ pub enum Ended {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Counted {
     pub client: IpAddr,
-    pub server: IpAddr,
+    /// Where the query was sent: what the client asked.
+    pub server: SocketAddr,
     pub qtype: Qtype,
     pub ended: Ended,
     pub count: u64,
@@ -124,7 +126,7 @@ impl LookupCounter {
             .collect();
         let mut out = Vec::new();
         for (key, p) in stale {
-            if self.maps.pending.remove(&key).is_err() {
+            if self.maps.pending.remove(&key).is_err() || p.foreign != 0 {
                 continue;
             }
             let outcome = if p.dropped != 0 {
@@ -135,9 +137,11 @@ impl LookupCounter {
             let key = LookupKey {
                 client: key.client,
                 server: p.server,
+                server_port: p.server_port,
                 qtype: p.qtype,
                 outcome,
                 ip_version: p.ip_version,
+                _pad: [0; 2],
             };
             let one = LookupCount {
                 count: 1,
@@ -180,7 +184,7 @@ fn counted(key: &LookupKey, c: &LookupCount) -> Counted {
     };
     Counted {
         client: address(key.client, key.ip_version),
-        server: address(key.server, key.ip_version),
+        server: SocketAddr::new(address(key.server, key.ip_version), key.server_port),
         qtype: Qtype(key.qtype),
         ended,
         count: c.count,
@@ -253,9 +257,11 @@ mod tests {
         let key = |outcome| LookupKey {
             client: words("10.244.0.11".parse().unwrap()),
             server: words("10.96.0.10".parse().unwrap()),
+            server_port: 53,
             qtype: 28,
             outcome,
             ip_version: 4,
+            _pad: [0; 2],
         };
         let one = LookupCount::default();
         assert_eq!(
@@ -265,6 +271,6 @@ mod tests {
         assert_eq!(counted(&key(OUTCOME_TIMEOUT), &one).ended, Ended::Timeout);
         assert_eq!(counted(&key(OUTCOME_DROPPED), &one).ended, Ended::Dropped);
         assert_eq!(counted(&key(0), &one).qtype, Qtype::AAAA);
-        assert_eq!(counted(&key(0), &one).server.to_string(), "10.96.0.10");
+        assert_eq!(counted(&key(0), &one).server.to_string(), "10.96.0.10:53");
     }
 }

@@ -214,13 +214,13 @@ fn kernel_counts_are_lookups_or_a_resolvers_queries_upstream() {
     let resolvers = BTreeSet::new();
     let web = "10.244.0.10";
     for c in [
-        kernel_counted(web, "10.96.0.10", Ended::Answered(Rcode::NOERROR), 5),
-        kernel_counted(web, "10.96.0.10", Ended::Answered(Rcode::NOERROR), 2),
-        kernel_counted(web, "10.96.0.10", Ended::Timeout, 1),
-        kernel_counted(web, "10.96.0.10", Ended::Dropped, 1),
+        kernel_counted(web, "10.96.0.10:53", Ended::Answered(Rcode::NOERROR), 5),
+        kernel_counted(web, "10.96.0.10:53", Ended::Answered(Rcode::NOERROR), 2),
+        kernel_counted(web, "10.96.0.10:53", Ended::Timeout, 1),
+        kernel_counted(web, "10.96.0.10:53", Ended::Dropped, 1),
         kernel_counted(
             "10.244.0.53",
-            "192.0.2.1",
+            "192.0.2.1:53",
             Ended::Answered(Rcode::SERVFAIL),
             3,
         ),
@@ -232,7 +232,7 @@ fn kernel_counts_are_lookups_or_a_resolvers_queries_upstream() {
     udp.tcp = false;
     count(&mut m, &udp, 0);
     let out = page(&m);
-    let web = "namespace=\"default\",pod=\"web-7d9f8c6b5-x2x4k\",workload=\"web\",workload_kind=\"Deployment\",server=\"10.96.0.10\"";
+    let web = "namespace=\"default\",pod=\"web-7d9f8c6b5-x2x4k\",workload=\"web\",workload_kind=\"Deployment\",server=\"10.96.0.10:53\"";
     for line in [
         format!("dnstrace_lookups_total{{{web},type=\"AAAA\",rcode=\"NOERROR\",proto=\"udp\",family=\"1\"}} 7\n"),
         format!("dnstrace_lookups_total{{{web},type=\"AAAA\",rcode=\"TIMEOUT\",proto=\"udp\",family=\"1\"}} 1\n"),
@@ -240,7 +240,7 @@ fn kernel_counts_are_lookups_or_a_resolvers_queries_upstream() {
         format!("dnstrace_lookup_duration_seconds_bucket{{{web},rcode=\"NOERROR\",le=\"0.005\"}} 0\n"),
         format!("dnstrace_lookup_duration_seconds_bucket{{{web},rcode=\"NOERROR\",le=\"0.01\"}} 7\n"),
         format!("dnstrace_lookup_duration_seconds_sum{{{web},rcode=\"NOERROR\"}} 0.049\n"),
-        "dnstrace_upstream_queries_total{resolver_namespace=\"kube-system\",resolver=\"coredns-a\",to=\"192.0.2.1\",type=\"AAAA\",rcode=\"SERVFAIL\",proto=\"udp\"} 3\n".to_owned(),
+        "dnstrace_upstream_queries_total{resolver_namespace=\"kube-system\",resolver=\"coredns-a\",to=\"192.0.2.1:53\",type=\"AAAA\",rcode=\"SERVFAIL\",proto=\"udp\"} 3\n".to_owned(),
     ] {
         assert!(out.contains(&line), "{line} not in\n{out}");
     }
