@@ -57,6 +57,22 @@ pub struct LookupKey {
     pub _pad: [u8; 2],
 }
 
+impl LookupKey {
+    /// What the query `key`, pending as `p`, counts as, ended `outcome`.
+    #[inline(always)]
+    pub fn of(key: &PendingKey, p: &Pending, outcome: u8) -> Self {
+        Self {
+            client: key.client,
+            server: p.server,
+            server_port: p.server_port,
+            qtype: p.qtype,
+            outcome,
+            ip_version: p.ip_version,
+            _pad: [0; 2],
+        }
+    }
+}
+
 /// The `dns.lookup.duration` bucket boundaries (OpenTelemetry), in ns.
 pub const BOUNDS_NS: [u64; 14] = [
     5_000_000,

@@ -136,7 +136,7 @@ fn query_sent<R: Reader>(
             } else {
                 OUTCOME_TIMEOUT
             };
-            count(&key_of(&key, &before, outcome), None);
+            count(&LookupKey::of(&key, &before, outcome), None);
         }
     }
     let qtype = match r.copy(question_at, buf.as_mut_ptr(), QUESTION_READ as u32) {
@@ -237,20 +237,7 @@ fn answer_received(p: &Udp, id: u16, dev: Device) {
     }
     // SAFETY: plain helper call.
     let took = unsafe { bpf_ktime_get_ns() }.saturating_sub(pending.start_ns);
-    count(&key_of(&key, &pending, p.head[3] & 0x0f), Some(took));
-}
-
-#[inline(always)]
-fn key_of(key: &PendingKey, p: &Pending, outcome: u8) -> LookupKey {
-    LookupKey {
-        client: key.client,
-        server: p.server,
-        server_port: p.server_port,
-        qtype: p.qtype,
-        outcome,
-        ip_version: p.ip_version,
-        _pad: [0; 2],
-    }
+    count(&LookupKey::of(&key, &pending, p.head[3] & 0x0f), Some(took));
 }
 
 #[inline(always)]

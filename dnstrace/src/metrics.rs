@@ -105,7 +105,21 @@ struct Client<'a> {
     kind: &'static str,
 }
 
+/// What a count is of: the server asked (or sent to), the question's type,
+/// how it ended, and over what.
+struct Seen<'a> {
+    server: String,
+    qtype: &'a str,
+    rcode: &'a str,
+    proto: &'static str,
+}
+
 impl<'a> Client<'a> {
+    /// Its labels' values, in `CLIENT`'s order.
+    fn labels(&self) -> [&'a str; 4] {
+        [self.namespace, self.pod, self.workload, self.kind]
+    }
+
     fn of(ip: IpAddr, names: &'a Names) -> Self {
         let (namespace, pod) = names
             .get(&ip)
@@ -198,9 +212,7 @@ impl Metrics {
             ];
             *self.names.at(&values, &mut self.budget, now_ns) += 1;
         }
-        for u in j.upstream.iter().filter(|u| u.tcp) {
-            self.upstream_query(u, names, now_ns);
-        }
+        self.tcp_upstream(j, names, now_ns);
         self.drops_of(j, kernel, now_ns);
         let mut kinds: Vec<AnomalyKind> = badges.iter().map(|(k, _)| *k).collect();
         kinds.sort_unstable_by_key(|k| k.as_str());
@@ -212,34 +224,14 @@ impl Metrics {
     }
 
     fn tcp_lookup(&mut self, j: &Journey, client: &Client, now_ns: u64) {
-        let server = j.origin().map(|o| o.dst.to_string()).unwrap_or_default();
-        let rcode = rcode(j);
-        let (qtype, family) = (j.qtype.name(), family(j.client.ip()));
-        let values = [
-            client.namespace,
-            client.pod,
-            client.workload,
-            client.kind,
-            &server,
-            qtype,
-            rcode,
-            "tcp",
-            family,
-        ];
-        *self.lookups.at(&values, &mut self.budget, now_ns) += 1;
-        if let Some(s) = answered_in(j) {
-            let values = [
-                client.namespace,
-                client.pod,
-                client.workload,
-                client.kind,
-                &server,
-                rcode,
-            ];
-            self.lookup_seconds
-                .at(&values, &mut self.budget, now_ns)
-                .observe(s);
-        }
+        let seen = Seen {
+            server: j.origin().map(|o| o.dst.to_string()).unwrap_or_default(),
+            qtype: j.qtype.name(),
+            rcode: rcode(j),
+            proto: "tcp",
+        };
+        let latency = answered_in(j).map(Histogram::of);
+        self.lookups_of(client, family(j.client.ip()), &seen, 1, latency, now_ns);
     }
 
     /// Lookups the kernel counted: a resolver's are its queries upstream.
@@ -251,8 +243,6 @@ impl Metrics {
         now_ns: u64,
     ) {
         let client = Client::of(c.client, names);
-        let server = c.server.to_string();
-        let rcode = ended(c.ended);
         let latency = Histogram::from_buckets(&c.buckets, c.answered, c.sum_ns as f64 / 1e9);
         // 0: the kernel could not read past the name.
         let qtype = if c.qtype.0 == 0 {
@@ -260,41 +250,17 @@ impl Metrics {
         } else {
             c.qtype.name()
         };
+        let seen = Seen {
+            server: c.server.to_string(),
+            qtype,
+            rcode: ended(c.ended),
+            proto: "udp",
+        };
+        let latency = (c.answered > 0).then_some(latency);
         if resolvers.contains(&c.client) || is_coredns(names.get(&c.client).unwrap_or_default()) {
-            let values = [client.namespace, client.pod, &server, qtype, rcode, "udp"];
-            *self.upstream.at(&values, &mut self.budget, now_ns) += c.count;
-            if c.answered > 0 {
-                let values = [client.namespace, client.pod, &server, rcode];
-                self.upstream_seconds
-                    .at(&values, &mut self.budget, now_ns)
-                    .merge(&latency);
-            }
+            self.upstream_of(&client, &seen, c.count, latency, now_ns);
         } else {
-            let values = [
-                client.namespace,
-                client.pod,
-                client.workload,
-                client.kind,
-                &server,
-                qtype,
-                rcode,
-                "udp",
-                family(c.client),
-            ];
-            *self.lookups.at(&values, &mut self.budget, now_ns) += c.count;
-            if c.answered > 0 {
-                let values = [
-                    client.namespace,
-                    client.pod,
-                    client.workload,
-                    client.kind,
-                    &server,
-                    rcode,
-                ];
-                self.lookup_seconds
-                    .at(&values, &mut self.budget, now_ns)
-                    .merge(&latency);
-            }
+            self.lookups_of(&client, family(c.client), &seen, c.count, latency, now_ns);
         }
         self.expire(now_ns);
     }
@@ -322,27 +288,67 @@ impl Metrics {
             .at(&[k.as_str(), severity], &mut self.budget, now_ns) += 1;
     }
 
-    fn upstream_query(&mut self, u: &Journey, names: &Names, now_ns: u64) {
-        let resolver = Client::of(u.client.ip(), names);
-        let to = u.origin().map(|o| o.dst.to_string()).unwrap_or_default();
-        let rcode = rcode(u);
+    /// `n` lookups of `client`, and the answered ones' latency.
+    fn lookups_of(
+        &mut self,
+        client: &Client,
+        family: &str,
+        seen: &Seen,
+        n: u64,
+        latency: Option<Histogram>,
+        now_ns: u64,
+    ) {
+        let (who, server) = (client.labels(), seen.server.as_str());
         let values = [
-            resolver.namespace,
-            resolver.pod,
-            &to,
-            u.qtype.name(),
-            rcode,
-            proto(u),
-        ];
-        *self.upstream.at(&values, &mut self.budget, now_ns) += 1;
-        if let Some(s) = answered_in(u) {
-            let values = [resolver.namespace, resolver.pod, &to, rcode];
+            &who[..],
+            &[server, seen.qtype, seen.rcode, seen.proto, family],
+        ]
+        .concat();
+        *self.lookups.at(&values, &mut self.budget, now_ns) += n;
+        if let Some(latency) = latency {
+            let values = [&who[..], &[server, seen.rcode]].concat();
+            self.lookup_seconds
+                .at(&values, &mut self.budget, now_ns)
+                .merge(&latency);
+        }
+    }
+
+    /// `n` queries resolver `r` sent upstream, and the answered ones' latency.
+    fn upstream_of(
+        &mut self,
+        r: &Client,
+        seen: &Seen,
+        n: u64,
+        latency: Option<Histogram>,
+        now_ns: u64,
+    ) {
+        let to = seen.server.as_str();
+        let values = [r.namespace, r.pod, to, seen.qtype, seen.rcode, seen.proto];
+        *self.upstream.at(&values, &mut self.budget, now_ns) += n;
+        if let Some(latency) = latency {
+            let values = [r.namespace, r.pod, to, seen.rcode];
             self.upstream_seconds
                 .at(&values, &mut self.budget, now_ns)
-                .observe(s);
+                .merge(&latency);
         }
-        for deeper in &u.upstream {
-            self.upstream_query(deeper, names, now_ns);
+    }
+
+    /// The queries over TCP a journey's resolvers sent upstream, at every
+    /// depth (the kernel counts those over UDP).
+    fn tcp_upstream(&mut self, j: &Journey, names: &Names, now_ns: u64) {
+        for u in &j.upstream {
+            if u.tcp {
+                let seen = Seen {
+                    server: u.origin().map(|o| o.dst.to_string()).unwrap_or_default(),
+                    qtype: u.qtype.name(),
+                    rcode: rcode(u),
+                    proto: "tcp",
+                };
+                let latency = answered_in(u).map(Histogram::of);
+                let resolver = Client::of(u.client.ip(), names);
+                self.upstream_of(&resolver, &seen, 1, latency, now_ns);
+            }
+            self.tcp_upstream(u, names, now_ns);
         }
     }
 
@@ -468,14 +474,6 @@ fn rcode(j: &Journey) -> &'static str {
         (Outcome::Dropped { .. }, _) => "DROPPED",
         (Outcome::Timeout, Some(_)) => "UNKNOWN",
         (Outcome::Timeout, None) => "TIMEOUT",
-    }
-}
-
-fn proto(j: &Journey) -> &'static str {
-    if j.tcp {
-        "tcp"
-    } else {
-        "udp"
     }
 }
 

@@ -134,20 +134,11 @@ impl LookupCounter {
             } else {
                 OUTCOME_TIMEOUT
             };
-            let key = LookupKey {
-                client: key.client,
-                server: p.server,
-                server_port: p.server_port,
-                qtype: p.qtype,
-                outcome,
-                ip_version: p.ip_version,
-                _pad: [0; 2],
-            };
             let one = LookupCount {
                 count: 1,
                 ..LookupCount::default()
             };
-            out.push(counted(&key, &one));
+            out.push(counted(&LookupKey::of(&key, &p, outcome), &one));
         }
         Ok(out)
     }

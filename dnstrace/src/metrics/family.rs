@@ -76,6 +76,13 @@ impl Histogram {
         }
     }
 
+    /// One observation.
+    pub fn of(seconds: f64) -> Self {
+        let mut h = Self::default();
+        h.observe(seconds);
+        h
+    }
+
     pub fn merge(&mut self, other: &Self) {
         for (a, b) in self.buckets.iter_mut().zip(other.buckets) {
             *a += b;
