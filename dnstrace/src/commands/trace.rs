@@ -478,13 +478,10 @@ impl<'a> LiveSource<'a> {
 
     /// What the kernel counted since the last call; nothing unless it counts.
     pub(super) fn counted(&mut self, now_ns: u64) -> Vec<Counted> {
-        let Some(lookups) = &mut self.lookups else {
-            return Vec::new();
-        };
-        lookups.read(now_ns).unwrap_or_else(|e| {
-            log::warn!("reading the kernel's lookup counts: {e:#}");
-            Vec::new()
-        })
+        self.lookups
+            .as_mut()
+            .map(|l| l.read(now_ns))
+            .unwrap_or_default()
     }
 
     /// A change of the sampling level, said on stderr (a new seed alone

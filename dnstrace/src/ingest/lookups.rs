@@ -9,7 +9,6 @@ use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
 };
 
-use anyhow::Result;
 use dnstrace_common::lookups::{
     LookupCount, LookupKey, PendingKey, BOUNDS_NS, OUTCOME_DROPPED, OUTCOME_TIMEOUT,
     STAT_COUNTS_FULL, STAT_PENDING_FULL,
@@ -79,11 +78,12 @@ impl LookupCounter {
 
     /// What was counted since the last read, and the queries unanswered
     /// at `now_ns` (kernel monotonic time).
-    pub fn read(&mut self, now_ns: u64) -> Result<Vec<Counted>> {
-        let mut out = self.unanswered(now_ns)?;
+    pub fn read(&mut self, now_ns: u64) -> Vec<Counted> {
+        let mut out = self.unanswered(now_ns);
         let mut idle = Vec::new();
-        for entry in self.maps.counts.iter() {
-            let (key, per_cpu) = entry?;
+        // A key that fails to read is read at the next call: the sweep's
+        // counts above are already out of the kernel's table.
+        for (key, per_cpu) in self.maps.counts.iter().filter_map(Result::ok) {
             let total = per_cpu.iter().fold(LookupCount::default(), sum);
             let (before, changed_ns) = self.last.get(&key).copied().unwrap_or_default();
             if total.count > before.count {
@@ -97,7 +97,7 @@ impl LookupCounter {
             self.last.remove(&key);
             let _ = self.maps.counts.remove(&key);
         }
-        Ok(out)
+        out
     }
 
     pub fn stats(&self) -> CountStats {
@@ -115,7 +115,7 @@ impl LookupCounter {
 
     /// Removes the queries pending past the timeout; those this removal
     /// took (not an answer just before it) count as unanswered.
-    fn unanswered(&mut self, now_ns: u64) -> Result<Vec<Counted>> {
+    fn unanswered(&mut self, now_ns: u64) -> Vec<Counted> {
         let before = now_ns.saturating_sub(self.timeout_ns);
         let stale: Vec<(PendingKey, _)> = self
             .maps
@@ -126,7 +126,13 @@ impl LookupCounter {
             .collect();
         let mut out = Vec::new();
         for (key, p) in stale {
-            if self.maps.pending.remove(&key).is_err() || p.foreign != 0 {
+            // A retry may have replaced it since it was listed: that one
+            // is not taken.
+            let still = self.maps.pending.get(&key, 0).ok();
+            if still.map(|q| q.start_ns) != Some(p.start_ns)
+                || self.maps.pending.remove(&key).is_err()
+                || p.foreign != 0
+            {
                 continue;
             }
             let outcome = if p.dropped != 0 {
@@ -140,7 +146,7 @@ impl LookupCounter {
             };
             out.push(counted(&LookupKey::of(&key, &p, outcome), &one));
         }
-        Ok(out)
+        out
     }
 }
 
