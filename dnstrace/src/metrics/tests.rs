@@ -325,3 +325,39 @@ fn a_journey_counts_once_per_anomaly_kind() {
         "{out}"
     );
 }
+
+/// A journey's upstream queries over TCP count at any depth, those over
+/// UDP never (the kernel counts them).
+#[test]
+fn upstream_queries_over_tcp_count_at_every_depth() {
+    let mut m = Metrics::new(MetricsOptions::default());
+    let upstream = |tcp: bool, to: &str| {
+        let mut u = lookup(answered(Rcode::NOERROR), 2);
+        u.client = "10.244.0.53:5353".parse().unwrap();
+        u.legs = vec![leg(0, Hook::DevXmit, POD_NS, "10.244.0.53:5353", to, false)];
+        u.tcp = tcp;
+        u
+    };
+    let mut udp = upstream(false, "192.0.2.1:53");
+    udp.upstream.push(upstream(true, "192.0.2.2:53"));
+    let mut tcp = upstream(true, "192.0.2.3:53");
+    tcp.upstream.push(upstream(false, "192.0.2.4:53"));
+    let mut j = lookup(answered(Rcode::NOERROR), 5);
+    j.upstream = vec![udp, tcp];
+    count(&mut m, &j, 0);
+    let out = page(&m);
+    let counted: Vec<&str> = out
+        .lines()
+        .filter(|l| l.starts_with("dnstrace_upstream_queries_total{"))
+        .collect();
+    assert_eq!(counted.len(), 2, "{out}");
+    assert!(counted.iter().all(|l| l.contains("proto=\"tcp\"")), "{out}");
+    assert!(
+        counted.iter().any(|l| l.contains("to=\"192.0.2.2:53\"")),
+        "{out}"
+    );
+    assert!(
+        counted.iter().any(|l| l.contains("to=\"192.0.2.3:53\"")),
+        "{out}"
+    );
+}
