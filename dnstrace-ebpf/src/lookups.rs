@@ -57,6 +57,28 @@ pub struct Udp<'a> {
     pub valid: u32,
 }
 
+impl Udp<'_> {
+    /// The pending query this packet is, if it is a query with DNS id `id`.
+    #[inline(always)]
+    fn query_key(&self, id: u16) -> PendingKey {
+        PendingKey {
+            client: self.saddr,
+            port: self.sport,
+            id,
+        }
+    }
+
+    /// The pending query this packet answers, if it is an answer.
+    #[inline(always)]
+    fn answer_key(&self, id: u16) -> PendingKey {
+        PendingKey {
+            client: self.daddr,
+            port: self.dport,
+            id,
+        }
+    }
+}
+
 /// The device a packet is on: its namespace's inode and its index.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct Device {
@@ -120,11 +142,7 @@ fn query_sent<R: Reader>(
     question_at: u32,
     buf: &mut [u8; QUESTION_READ],
 ) {
-    let key = PendingKey {
-        client: p.saddr,
-        port: p.sport,
-        id,
-    };
+    let key = p.query_key(id);
     // SAFETY: map lookup; the value is copied out.
     if let Some(before) = unsafe { PENDING.get(key) }.copied() {
         if before.netns != dev.netns || before.ifindex != dev.ifindex {
@@ -168,11 +186,7 @@ fn query_sent<R: Reader>(
 /// marked so that its hops here are not counted as a lookup.
 #[inline(always)]
 fn query_arrived(p: &Udp, id: u16) {
-    let key = PendingKey {
-        client: p.saddr,
-        port: p.sport,
-        id,
-    };
+    let key = p.query_key(id);
     if PENDING.get_ptr(key).is_some() {
         return;
     }
@@ -194,11 +208,7 @@ fn query_arrived(p: &Udp, id: u16) {
 
 #[inline(always)]
 fn query_dropped(p: &Udp, id: u16) {
-    let key = PendingKey {
-        client: p.saddr,
-        port: p.sport,
-        id,
-    };
+    let key = p.query_key(id);
     if let Some(pending) = PENDING.get_ptr_mut(key) {
         // SAFETY: a map value; a byte store races with nothing that matters.
         unsafe { (*pending).dropped = 1 };
@@ -210,11 +220,7 @@ fn query_dropped(p: &Udp, id: u16) {
 /// query ends, uncounted, with its answer's first arrival here.
 #[inline(always)]
 fn answer_received(p: &Udp, id: u16, dev: Device) {
-    let key = PendingKey {
-        client: p.daddr,
-        port: p.dport,
-        id,
-    };
+    let key = p.answer_key(id);
     // SAFETY: map lookup; the value is copied out.
     let Some(pending) = (unsafe { PENDING.get(key) }).copied() else {
         return;
