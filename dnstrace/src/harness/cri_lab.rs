@@ -88,6 +88,7 @@ impl SetupArgs {
             bridge: self.bridge.clone(),
             subnet: self.subnet,
             subnet6: None,
+            mtu: None,
         }
     }
 }

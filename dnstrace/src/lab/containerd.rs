@@ -84,6 +84,9 @@ pub struct Setup {
     pub subnet: Subnet,
     /// The pods' IPv6 subnet, for a dual-stack network.
     pub subnet6: Option<Subnet6>,
+    /// The pods' MTU, where the node's network is an overlay (the bridge
+    /// plugin's `mtu`); None: the link's default.
+    pub mtu: Option<u32>,
 }
 
 /// An IPv4 subnet, `10.245.0.0/24`.
@@ -387,14 +390,20 @@ fn cni_network(setup: &Setup, at: Option<Addresses>) -> serde_json::Value {
         "dataDir": setup.dir.join("ipam"),
     });
     let plugin = match setup.plugin {
-        CniPlugin::Bridge => json!({
-            "type": "bridge",
-            "bridge": setup.bridge,
-            "isGateway": true,
-            "ipMasq": false,
-            "hairpinMode": true,
-            "ipam": ipam,
-        }),
+        CniPlugin::Bridge => {
+            let mut bridge = json!({
+                "type": "bridge",
+                "bridge": setup.bridge,
+                "isGateway": true,
+                "ipMasq": false,
+                "hairpinMode": true,
+                "ipam": ipam,
+            });
+            if let Some(mtu) = setup.mtu {
+                bridge["mtu"] = json!(mtu);
+            }
+            bridge
+        }
         CniPlugin::Ptp => json!({ "type": "ptp", "ipMasq": false, "ipam": ipam }),
     };
     json!({
@@ -672,6 +681,7 @@ mod tests {
             bridge: "cni0".into(),
             subnet: "10.244.0.0/16".parse().unwrap(),
             subnet6: None,
+            mtu: None,
         }
     }
 

@@ -4,6 +4,7 @@
 //! /etc/netns entries and its directory under /run (its containerd's
 //! included); in socket-lb mode, also cgroup programs at the root cgroup
 //! that act only on its namespaces' sockets (`socketlb`).
+mod cluster;
 pub mod containerd;
 mod delay;
 mod dnswire;
@@ -83,6 +84,12 @@ pub enum LabCommand {
         /// plugin's /32 route and gateway address per host veth, as Calico).
         #[arg(long, value_enum, default_value_t = Cni::Bridge)]
         cni: Cni,
+        /// A cluster of 2 or 3 nodes instead of one: each its own namespace,
+        /// pod subnet (10.244.N.0/24), containerd and kube-proxy rules,
+        /// linked by a VXLAN overlay as flannel links them; a client on
+        /// every node, CoreDNS on the last two, upstream behind node 1.
+        #[arg(long, value_parser = clap::value_parser!(u8).range(2..=3))]
+        nodes: Option<u8>,
     },
     /// Remove every namespace, process, rule and file the lab made.
     Down,
@@ -146,11 +153,18 @@ pub struct LabState {
     pub host_client: bool,
     #[serde(default)]
     pub cni: Cni,
+    /// Nodes of a cluster lab (`--nodes`); 1: the single node.
+    #[serde(default = "one_node")]
+    pub nodes: u8,
     /// The pods' CRI sandboxes, by namespace/name.
     #[serde(default)]
     pub sandboxes: BTreeMap<String, sandboxes::Sandbox>,
     /// Long-running processes by name.
     pub pids: BTreeMap<String, u32>,
+}
+
+fn one_node() -> u8 {
+    1
 }
 
 fn state_path() -> PathBuf {
@@ -177,6 +191,50 @@ impl LabState {
     fn has(&self, fault: Fault) -> bool {
         self.faults.contains(&fault)
     }
+
+    fn is_cluster(&self) -> bool {
+        self.nodes > 1
+    }
+}
+
+/// The pods of the lab `state` describes.
+fn lab_pods(state: &LabState) -> Vec<Pod> {
+    if state.is_cluster() {
+        cluster::pods(state.nodes)
+            .into_iter()
+            .map(|p| p.pod)
+            .collect()
+    } else {
+        plan::pods(state.host_client, state.nodelocaldns.is_some())
+            .copied()
+            .collect()
+    }
+}
+
+fn coredns_pods(state: &LabState) -> Vec<Pod> {
+    let mut pods = lab_pods(state);
+    pods.retain(|p| p.role == Role::CoreDns);
+    pods
+}
+
+/// The lab's client pods.
+pub fn client_pods(state: &LabState) -> Vec<Pod> {
+    let mut pods = lab_pods(state);
+    pods.retain(|p| matches!(p.role, Role::Client | Role::HostClient));
+    pods
+}
+
+/// A pod of the lab by `name`, `namespace/name`, or a prefix of either name part.
+pub fn find_pod(state: &LabState, query: &str) -> Option<Pod> {
+    if !state.is_cluster() {
+        return plan::find_pod(query).copied();
+    }
+    let (namespace, name) = query
+        .split_once('/')
+        .map_or((None, query), |(ns, n)| (Some(ns), n));
+    lab_pods(state)
+        .into_iter()
+        .find(|p| namespace.is_none_or(|ns| ns == p.namespace) && p.name.starts_with(name))
 }
 
 pub async fn run(cmd: LabCommand) -> Result<()> {
@@ -196,6 +254,7 @@ pub async fn run(cmd: LabCommand) -> Result<()> {
             node_search,
             host_network_client,
             cni,
+            nodes,
         } => {
             let state = LabState {
                 ipv6,
@@ -208,6 +267,7 @@ pub async fn run(cmd: LabCommand) -> Result<()> {
                 node_search,
                 host_client: host_network_client,
                 cni,
+                nodes: nodes.unwrap_or(1),
                 ..LabState::default()
             };
             up(faults, state).await
@@ -217,7 +277,11 @@ pub async fn run(cmd: LabCommand) -> Result<()> {
         LabCommand::Fault { fault, state } => switch_fault(fault, state == Switch::On),
         LabCommand::Traffic(args) => traffic::run(args),
         LabCommand::Reload => reload_coredns(&LabState::load()?),
-        LabCommand::Restart { target } => restart(&mut LabState::load()?, target),
+        LabCommand::Restart { target } => {
+            let mut state = LabState::load()?;
+            refuse_in_cluster(&state, "`lab restart` and its targets")?;
+            restart(&mut state, target)
+        }
         LabCommand::LoopProbe => loopprobe::run(),
         LabCommand::DelayLine {
             listen,
@@ -225,6 +289,14 @@ pub async fn run(cmd: LabCommand) -> Result<()> {
             delay_ms,
         } => delay_line(listen, to, Duration::from_millis(delay_ms)).await,
     }
+}
+
+/// What only the single-node lab has yet.
+fn refuse_in_cluster(state: &LabState, what: &str) -> Result<()> {
+    if state.is_cluster() {
+        bail!("{what} are for the single-node lab: bring it up without --nodes");
+    }
+    Ok(())
 }
 
 fn require_root() -> Result<()> {
@@ -263,9 +335,12 @@ async fn up(faults: Vec<Fault>, mut state: LabState) -> Result<()> {
     Ok(())
 }
 
-/// Refuses what the socket-lb mode cannot be combined with, before
-/// anything is built.
+/// Refuses what the socket-lb mode, or a cluster, cannot be combined
+/// with, before anything is built.
 fn check_options(state: &LabState, faults: &[Fault]) -> Result<()> {
+    if state.is_cluster() {
+        return check_cluster_options(state, faults);
+    }
     if state.proxy_mode != ProxyMode::SocketLb {
         return Ok(());
     }
@@ -281,9 +356,36 @@ fn check_options(state: &LabState, faults: &[Fault]) -> Result<()> {
     Ok(())
 }
 
+/// What a cluster lab builds yet: the single node's options and faults
+/// are refused with `--nodes`.
+fn check_cluster_options(state: &LabState, faults: &[Fault]) -> Result<()> {
+    let single = [
+        (state.ipv6, "--ipv6"),
+        (state.nodelocaldns.is_some(), "--nodelocaldns"),
+        (
+            state.proxy_mode == ProxyMode::SocketLb,
+            "--proxy-mode socket-lb",
+        ),
+        (state.host_client, "--host-network-client"),
+        (state.cni != Cni::Bridge, "--cni routed"),
+        (
+            state.runtime != runtime::Runtime::Containerd,
+            "--runtime crio",
+        ),
+        (!faults.is_empty(), "--fault"),
+    ];
+    if let Some((_, what)) = single.iter().find(|(on, _)| *on) {
+        bail!("{what} is for the single-node lab: leave it out with --nodes, or leave out --nodes");
+    }
+    Ok(())
+}
+
 /// `forward_retries`: CoreDNS's own retries upstream (see `start_coredns`).
 async fn build(state: &mut LabState, forward_retries: bool) -> Result<()> {
     std::fs::create_dir_all(Path::new(LAB_DIR).join("logs"))?;
+    if state.is_cluster() {
+        return build_cluster(state).await;
+    }
     for ns in [NODE_NS, UPSTREAM_NS] {
         add_netns(ns, state.ipv6)?;
     }
@@ -293,8 +395,57 @@ async fn build(state: &mut LabState, forward_retries: bool) -> Result<()> {
     apply_rules(state)?;
     balance(state)?;
     start_upstream(state)?;
-    for pod in plan::coredns_pods() {
-        start_coredns(state, pod, forward_retries)?;
+    start_resolvers(state, forward_retries)
+}
+
+/// The nodes, wired; each node's pods in its own containerd; kube-proxy's
+/// rules on every node; the resolvers.
+async fn build_cluster(state: &mut LabState) -> Result<()> {
+    for ns in cluster::namespaces(state.nodes) {
+        add_netns(&ns, false)?;
+    }
+    cluster::wire(state.nodes)?;
+    let placed = cluster::pods(state.nodes);
+    for node in cluster::nodes(state.nodes) {
+        let pods: Vec<_> = placed
+            .iter()
+            .filter(|p| p.node == node)
+            .map(|p| (&p.pod, pod_dns(state, &p.pod)))
+            .collect();
+        let sandboxes = sandboxes::run_all_in(&node.setup(), &pods, false).await?;
+        state.sandboxes.extend(sandboxes);
+    }
+    write_resolv_confs(state)?;
+    for node in cluster::nodes(state.nodes) {
+        cluster_rules(state, &node.netns())?;
+    }
+    start_upstream(state)?;
+    start_resolvers(state, true)
+}
+
+/// kube-proxy's rules on one node of a cluster: every node has the
+/// service's, with every CoreDNS pod of the cluster its endpoint.
+fn cluster_rules(state: &LabState, ns: &str) -> Result<()> {
+    let endpoints: Vec<IpAddr> = coredns_pods(state).iter().map(|p| p.ip4.into()).collect();
+    let nat = kubeproxy::NatConfig {
+        proxy: state.proxy_mode,
+        service: IpAddr::V4(plan::SERVICE4),
+        endpoints: &endpoints,
+        pod_cidr: plan::POD_CIDR4,
+        service_jumps: true,
+        tcp_port: true,
+    };
+    sys::restore(ns, false, &kubeproxy::nat_table_with(&nat, &[]))?;
+    if state.proxy_mode == ProxyMode::Nftables {
+        sys::nft(ns, &kubeproxy::nft_table_with(&nat, &[]))?;
+    }
+    Ok(())
+}
+
+/// CoreDNS (and NodeLocalDNS), once every pod runs; then waits for them.
+fn start_resolvers(state: &mut LabState, forward_retries: bool) -> Result<()> {
+    for pod in coredns_pods(state) {
+        start_coredns(state, &pod, forward_retries)?;
     }
     if state.nodelocaldns.is_some() {
         start_nodelocal(state)?;
@@ -456,7 +607,7 @@ fn node_nameserver(state: &LabState) -> IpAddr {
 }
 
 fn write_resolv_confs(state: &LabState) -> Result<()> {
-    for pod in plan::pods(state.host_client, state.nodelocaldns.is_some()) {
+    for pod in &lab_pods(state) {
         let text = match pod.role {
             Role::CoreDns if state.has(Fault::ForwardLoop) && pod.name == plan::PODS[2].name => {
                 // The node's systemd-resolved stub, inherited: in the pod it is CoreDNS itself.
@@ -475,11 +626,25 @@ fn write_resolv_confs(state: &LabState) -> Result<()> {
         };
         sys::rewrite(&pod.resolv_conf(), &text)?;
     }
-    std::fs::create_dir_all(netns_etc(NODE_NS))?;
-    sys::rewrite(
-        &netns_etc(NODE_NS).join("resolv.conf"),
-        &node_resolv_conf(state, node_nameserver(state)),
-    )
+    for node in node_namespaces(state) {
+        std::fs::create_dir_all(netns_etc(&node))?;
+        sys::rewrite(
+            &netns_etc(&node).join("resolv.conf"),
+            &node_resolv_conf(state, node_nameserver(state)),
+        )?;
+    }
+    Ok(())
+}
+
+/// The node namespaces: the one node's, or each of a cluster's.
+fn node_namespaces(state: &LabState) -> Vec<String> {
+    if state.is_cluster() {
+        cluster::nodes(state.nodes)
+            .map(cluster::Node::netns)
+            .collect()
+    } else {
+        vec![NODE_NS.to_owned()]
+    }
 }
 
 /// The node's resolv.conf, which dnsPolicy Default pods (CoreDNS) inherit.
@@ -672,7 +837,8 @@ fn start_unbound(state: &mut LabState, ns: &str, name: &str, conf: &str) -> Resu
 /// that starts with a loop fault would have each looping query multiplied
 /// every 2 s, a storm no real CoreDNS meets (its loop plugin stops it).
 fn start_coredns(state: &mut LabState, pod: &Pod, forward_retries: bool) -> Result<()> {
-    let mut args = resolvers::coredns_args(pod, state.ipv6, &state.cluster_domain);
+    let mut args =
+        resolvers::coredns_args(pod, state.ipv6, &state.cluster_domain, &lab_pods(state));
     if !forward_retries {
         args.retain(|a| a != resolvers::FORWARD_TRIES);
     }
@@ -736,7 +902,7 @@ fn wait_gone(pid: u32) {
 
 /// Waits until every resolver has its port 53 open.
 fn wait_listening(state: &LabState) -> Result<()> {
-    let mut namespaces: Vec<String> = plan::coredns_pods().map(Pod::netns).collect();
+    let mut namespaces: Vec<String> = coredns_pods(state).iter().map(Pod::netns).collect();
     namespaces.push(UPSTREAM_NS.to_owned());
     if state.nodelocaldns.is_some() {
         namespaces.push(NODE_NS.to_owned());
@@ -758,6 +924,7 @@ fn wait_listening_in(ns: &str) -> Result<()> {
 
 fn switch_fault(fault: Fault, on: bool) -> Result<()> {
     let mut state = LabState::load()?;
+    refuse_in_cluster(&state, "its faults")?;
     if state.has(fault) == on {
         log::info!(target: "lab",
             "{} is already {}",
@@ -863,7 +1030,7 @@ fn forget_tcp_flows(state: &LabState) {
 
 /// What a CoreDNS reload does: read /etc/resolv.conf again, and probe for loops.
 fn reload_coredns(state: &LabState) -> Result<()> {
-    for pod in plan::coredns_pods() {
+    for pod in coredns_pods(state) {
         let pid = state
             .pids
             .get(pod.name)
@@ -881,7 +1048,7 @@ const PROBE_WAIT: Duration = Duration::from_secs(3);
 /// stand for a CoreDNS without the plugin: with it, CoreDNS would exit at
 /// start ("Loop ... detected").
 fn loop_probes(state: &LabState) -> Result<()> {
-    loop_probes_from(state, plan::coredns_pods())
+    loop_probes_from(state, coredns_pods(state).iter())
 }
 
 fn loop_probes_from<'a>(state: &LabState, pods: impl Iterator<Item = &'a Pod>) -> Result<()> {
@@ -984,14 +1151,19 @@ async fn down(loud: bool) -> Result<()> {
         sandboxes.extend(state.sandboxes.into_values());
     }
     // Before the namespaces' processes go: containerd and its shims run
-    // in the node's.
-    let had_runtime = match sandboxes::remove_all(&sandboxes).await {
-        Ok(had) => had,
-        Err(e) => {
-            log::warn!(target: "lab", "removing the pods through CRI failed: {e:#}");
-            true
-        }
-    };
+    // in the node's (each node's own, in a cluster).
+    let mut had_runtime = false;
+    let setups = std::iter::once(sandboxes::setup(false, Cni::default()))
+        .chain(cluster::nodes(*cluster::NODES.end()).map(cluster::Node::setup));
+    for setup in setups {
+        had_runtime |= match sandboxes::remove_all(&setup, &sandboxes).await {
+            Ok(had) => had,
+            Err(e) => {
+                log::warn!(target: "lab", "removing the pods through CRI failed: {e:#}");
+                true
+            }
+        };
+    }
     let namespaces = sys::lab_namespaces();
     for ns in &namespaces {
         if let Ok(pids) = sys::run("ip", &["netns", "pids", ns]) {
@@ -1101,12 +1273,25 @@ fn status_text() -> String {
 /// Each pod's sandbox, addresses, and the namespace the lab and the
 /// runtime know it by.
 fn sandbox_lines(state: &LabState, out: &mut String) {
-    say!(
-        out,
-        "pods: CRI sandboxes of the lab's containerd (socket {})",
-        sandboxes::socket().display()
-    );
-    for pod in plan::pods(state.host_client, state.nodelocaldns.is_some()) {
+    if state.is_cluster() {
+        for node in cluster::nodes(state.nodes) {
+            say!(
+                out,
+                "node {}: netns {}, containerd socket {}; trace it with {}",
+                node.name(),
+                node.netns(),
+                node.setup().socket().display(),
+                node.flags()
+            );
+        }
+    } else {
+        say!(
+            out,
+            "pods: CRI sandboxes of the lab's containerd (socket {})",
+            sandboxes::socket().display()
+        );
+    }
+    for pod in &lab_pods(state) {
         let Some(sandbox) = state.sandboxes.get(&pod.full_name()) else {
             say!(out, "pod {}: no sandbox", pod.full_name());
             continue;
@@ -1130,6 +1315,9 @@ fn sandbox_lines(state: &LabState, out: &mut String) {
 }
 
 fn print_summary(state: &LabState) {
+    if state.is_cluster() {
+        return print_cluster_summary(state);
+    }
     let pods = match state.cni {
         Cni::Bridge => format!("bridge {} {}", plan::BRIDGE, plan::POD_GW4),
         Cni::Routed => format!(
@@ -1187,6 +1375,36 @@ fn print_summary(state: &LabState) {
         "trace one pod: dnstrace trace {}",
         runtime_flags(state.runtime)
     );
+}
+
+fn print_cluster_summary(state: &LabState) {
+    log::info!(target: "lab",
+        "up: {} nodes over a VXLAN overlay ({}, MTU {}) on the underlay {}; kube-dns {} DNATed on every node to the CoreDNS pods by kube-proxy's {} rules",
+        state.nodes,
+        cluster::VXLAN,
+        cluster::OVERLAY_MTU,
+        cluster::UNDERLAY_NS,
+        plan::SERVICE4,
+        state.proxy_mode.name()
+    );
+    for placed in cluster::pods(state.nodes) {
+        let pod = placed.pod;
+        log::info!(target: "lab",
+            "  {:<6} {:<40} {:<12} netns {}",
+            placed.node.name(),
+            pod.full_name(),
+            pod.ip4.to_string(),
+            pod.netns()
+        );
+    }
+    log::info!(target: "lab",
+        "  upstream resolver {} (unbound) in {UPSTREAM_NS}, behind node1",
+        plan::UPSTREAM4
+    );
+    log::info!(target: "lab", "try `dnstrace lab traffic`, and `dnstrace lab down` to remove it");
+    for node in cluster::nodes(state.nodes) {
+        log::info!(target: "lab", "trace {}: dnstrace trace {}", node.name(), node.flags());
+    }
 }
 
 /// The flags that point dnstrace at the lab's node and runtime state.

@@ -261,10 +261,6 @@ pub fn coredns_pods() -> impl Iterator<Item = &'static Pod> {
     PODS.iter().filter(|p| p.role == Role::CoreDns)
 }
 
-pub fn client_pods(host_client: bool) -> impl Iterator<Item = &'static Pod> {
-    pods(host_client, false).filter(|p| matches!(p.role, Role::Client | Role::HostClient))
-}
-
 impl Pod {
     pub fn full_name(&self) -> String {
         format!("{}/{}", self.namespace, self.name)

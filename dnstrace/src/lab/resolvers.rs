@@ -14,8 +14,9 @@ pub fn pid_path(name: &str) -> PathBuf {
     PathBuf::from(LAB_DIR).join(format!("{name}.pid"))
 }
 
-/// The records CoreDNS's kubernetes plugin would serve in `domain`.
-fn cluster_records(ipv6: bool, domain: &Domain) -> Vec<String> {
+/// The records CoreDNS's kubernetes plugin would serve in `domain`, with
+/// the pod records of `pods`.
+fn cluster_records(ipv6: bool, domain: &Domain, pods: &[Pod]) -> Vec<String> {
     let mut kube_dns = format!("kube-dns.kube-system.svc.{domain},{}", plan::SERVICE4);
     if ipv6 {
         kube_dns += &format!(",{}", plan::SERVICE6);
@@ -28,7 +29,7 @@ fn cluster_records(ipv6: bool, domain: &Domain) -> Vec<String> {
     for last in 20..23 {
         records.push(format!("db.default.svc.{domain},10.244.0.{last}"));
     }
-    for pod in &plan::PODS {
+    for pod in pods {
         let dashed = pod.ip4.to_string().replace('.', "-");
         records.push(format!(
             "{dashed}.{}.pod.{domain},{}",
@@ -44,7 +45,7 @@ pub const FORWARD_TRIES: &str = "--fast-dns-retry=2000,5000";
 /// dnsmasq as CoreDNS: authoritative for the cluster domain and the pod PTRs,
 /// everything else forwarded to the servers of its own /etc/resolv.conf
 /// (CoreDNS's `forward . /etc/resolv.conf`), re-read on SIGHUP (a reload).
-pub fn coredns_args(pod: &Pod, ipv6: bool, domain: &Domain) -> Vec<String> {
+pub fn coredns_args(pod: &Pod, ipv6: bool, domain: &Domain, pods: &[Pod]) -> Vec<String> {
     let mut args = vec![
         "--no-hosts".to_owned(),
         "--no-poll".into(),
@@ -71,7 +72,7 @@ pub fn coredns_args(pod: &Pod, ipv6: bool, domain: &Domain) -> Vec<String> {
         "--cache-rr=TXT".into(),
     ];
     args.extend(
-        cluster_records(ipv6, domain)
+        cluster_records(ipv6, domain, pods)
             .into_iter()
             .map(|r| format!("--host-record={r}")),
     );
@@ -211,7 +212,13 @@ mod tests {
 
     #[test]
     fn coredns_serves_cluster_names_and_forwards_per_resolv_conf() {
-        let args = coredns_args(&plan::PODS[2], false, &Domain::cluster_default()).join(" ");
+        let args = coredns_args(
+            &plan::PODS[2],
+            false,
+            &Domain::cluster_default(),
+            &plan::PODS,
+        )
+        .join(" ");
         assert!(args.contains("--host-record=kubernetes.default.svc.cluster.local,10.96.0.1"));
         assert!(args.contains("--local=/cluster.local/"));
         assert!(args.contains("--resolv-file=/etc/resolv.conf"));
@@ -248,7 +255,7 @@ mod tests {
     #[test]
     fn the_cluster_domain_is_served_and_forwarded_under_its_own_name() {
         let domain: Domain = "corp.internal".parse().unwrap();
-        let args = coredns_args(&plan::PODS[2], false, &domain).join(" ");
+        let args = coredns_args(&plan::PODS[2], false, &domain, &plan::PODS).join(" ");
         assert!(args.contains("--local=/corp.internal/"));
         assert!(args.contains("--host-record=kube-dns.kube-system.svc.corp.internal,10.96.0.10"));
         assert!(!args.contains("cluster.local"));

@@ -61,6 +61,7 @@ pub fn setup(ipv6: bool, cni: Cni) -> Setup {
             base: SUBNET6_BASE,
             prefix: SUBNET6_PREFIX,
         }),
+        mtu: None,
     }
 }
 
@@ -76,15 +77,23 @@ pub async fn run_all(
     ipv6: bool,
     cni: Cni,
 ) -> Result<BTreeMap<String, Sandbox>> {
-    let setup = setup(ipv6, cni);
-    let mut runtime = containerd::start(&setup).await?;
+    run_all_in(&setup(ipv6, cni), pods, ipv6).await
+}
+
+/// Starts the containerd of `setup` and runs `pods` in it, as `run_all`.
+pub async fn run_all_in(
+    setup: &Setup,
+    pods: &[(&Pod, Dns)],
+    ipv6: bool,
+) -> Result<BTreeMap<String, Sandbox>> {
+    let mut runtime = containerd::start(setup).await?;
     let mut sandboxes = BTreeMap::new();
     for (pod, dns) in pods {
         let addresses = Addresses {
             v4: pod.ip4,
             v6: ipv6.then_some(pod.ip6),
         };
-        let request = request(&setup, pod, dns);
+        let request = request(setup, pod, dns);
         let (id, found, _) = runtime
             .run_pod_at(&request, addresses)
             .await
@@ -105,20 +114,19 @@ pub async fn run_all(
     Ok(sandboxes)
 }
 
-/// Removes the pods through CRI and stops the lab's containerd, if it runs;
+/// Removes the pods through CRI and stops the containerd of `setup`, if it runs;
 /// whether there was one. A containerd that no longer answers (killed) has
 /// its leftovers removed by hand: its processes, the mounts under the lab's
 /// directory, and what `sandboxes` had outside it.
-pub async fn remove_all(sandboxes: &[Sandbox]) -> Result<bool> {
-    let setup = setup(false, Cni::default());
+pub async fn remove_all(setup: &Setup, sandboxes: &[Sandbox]) -> Result<bool> {
     if !setup.dir.join("containerd.pid").exists() {
         return Ok(false);
     }
-    match containerd::attach(&setup).await {
+    match containerd::attach(setup).await {
         Ok(runtime) => runtime.stop().await?,
         Err(e) => {
             log::warn!(target: "lab", "the lab's containerd does not answer ({e:#}): removing what it left");
-            remove_left(&setup, sandboxes)?;
+            remove_left(setup, sandboxes)?;
         }
     }
     Ok(true)

@@ -21,7 +21,7 @@ use super::{
         ResolvConf,
     },
     libc_clients::{glibc_exchange, musl_candidates, musl_exchange, Glibc},
-    plan::{self, Domain, Pod, Role},
+    plan::{Domain, Pod, Role},
     Fault, LabState,
 };
 use crate::output::Format;
@@ -107,12 +107,12 @@ pub struct Outcome {
 
 pub fn run(args: TrafficArgs) -> Result<()> {
     let state = LabState::load()?;
-    let pods: Vec<&'static Pod> = if args.pods.is_empty() {
-        plan::client_pods(state.host_client).collect()
+    let pods: Vec<Pod> = if args.pods.is_empty() {
+        super::client_pods(&state)
     } else {
         args.pods
             .iter()
-            .map(|p| plan::find_pod(p).with_context(|| format!("no lab pod named {p:?}")))
+            .map(|p| super::find_pod(&state, p).with_context(|| format!("no lab pod named {p:?}")))
             .collect::<Result<_>>()?
     };
     if !state.host_client && pods.iter().any(|p| p.role == Role::HostClient) {
@@ -147,7 +147,7 @@ pub fn run(args: TrafficArgs) -> Result<()> {
         let ns = pod.netns();
         drivers.push(std::thread::spawn(move || -> Result<()> {
             enter_netns(&ns)?;
-            drive(pod, &names, rate, duration, how, tx);
+            drive(&pod, &names, rate, duration, how, tx);
             Ok(())
         }));
     }
@@ -213,7 +213,7 @@ fn enter_netns(ns: &str) -> Result<()> {
 }
 
 fn drive(
-    pod: &'static Pod,
+    pod: &Pod,
     names: &[String],
     rate: f64,
     duration: Option<Duration>,
@@ -235,12 +235,12 @@ fn drive(
         if in_flight.load(std::sync::atomic::Ordering::Relaxed) >= MAX_IN_FLIGHT {
             continue;
         }
-        let (tx, name, in_flight) = (tx.clone(), name.clone(), in_flight.clone());
+        let (tx, name, in_flight, pod) = (tx.clone(), name.clone(), in_flight.clone(), *pod);
         in_flight.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         workers.push(std::thread::spawn(move || {
             let outcome = match how.client {
-                Client::Stub | Client::Glibc | Client::Musl => stub_lookup(pod, &name, how),
-                Client::Dig => dig_lookup(pod, &name, how.tcp),
+                Client::Stub | Client::Glibc | Client::Musl => stub_lookup(&pod, &name, how),
+                Client::Dig => dig_lookup(&pod, &name, how.tcp),
             };
             let _ = tx.send(outcome);
             in_flight.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
