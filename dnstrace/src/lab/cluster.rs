@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use super::{
     containerd::{CniPlugin, Setup},
     plan::{self, Pod, Role, LAB_DIR, NS_PREFIX, UPSTREAM_NS},
-    sys,
+    sys, Fault, LabState,
 };
 
 /// How many nodes `--nodes` takes.
@@ -314,6 +314,61 @@ fn overlay(node: Node, n: u8) -> Result<()> {
     Ok(())
 }
 
+/// The underlay's nftables tables, holding the faults' rules.
+const FAULT_TABLE: &str = "dnstrace_lab_overlay";
+/// The longest packet `overlay-mtu` lets through the underlay to its
+/// node: a link (a VPN, a tunnel) narrower than the overlay was set up for.
+const SHORT_MTU: u32 = 1300;
+
+/// Makes or undoes a cluster fault on `node`.
+pub fn set_fault(state: &LabState, fault: Fault, node: Node, on: bool) -> Result<()> {
+    match fault {
+        Fault::OverlayDrop | Fault::OverlayMtu => {
+            sys::nft(UNDERLAY_NS, &underlay_filter(fault, node, on))
+        }
+        Fault::CorednsDown => {
+            let pod = pods(state.nodes)
+                .into_iter()
+                .find(|p| p.node == node && p.pod.role == Role::CoreDns)
+                .map(|p| p.pod);
+            let Some(pod) = pod else {
+                bail!("{} has no CoreDNS pod: give --node with one", node.name());
+            };
+            let pid = state.pids.get(pod.name).copied();
+            let Some(pid) = pid else {
+                bail!("{} is not running", pod.full_name());
+            };
+            sys::freeze(pid, on);
+            Ok(())
+        }
+        other => bail!("{} is not a fault between nodes", other.name()),
+    }
+}
+
+/// The underlay bridge's filter of `fault` (each fault a table of its own,
+/// declared and deleted first so the script starts clean either way):
+/// VXLAN from node 1 to `node` dropped, or, on its way to `node`, VXLAN
+/// frames longer than a narrower link carries. A bridge forwards frames
+/// over its ports' MTU here as long as veths take them, so the narrow
+/// link is a rule.
+fn underlay_filter(fault: Fault, node: Node, on: bool) -> String {
+    let table = format!("{FAULT_TABLE}_{}", fault.name().replace('-', "_"));
+    let mut t = format!("table bridge {table}\ndelete table bridge {table}\n");
+    if !on {
+        return t;
+    }
+    let (from, size) = match fault {
+        Fault::OverlayMtu => (String::new(), format!("meta length > {SHORT_MTU} ")),
+        _ => (format!("ip saddr {} ", Node(1).underlay()), String::new()),
+    };
+    t += &format!(
+        "table bridge {table} {{\n  chain forward {{\n    type filter hook forward priority 0; policy accept;\n    {from}ip daddr {} udp dport {VXLAN_PORT} {size}counter drop comment \"dnstrace lab: {} fault\"\n  }}\n}}\n",
+        node.underlay(),
+        fault.name()
+    );
+    t
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -336,6 +391,20 @@ mod tests {
         );
         let two: Vec<u8> = pods(2).iter().map(|p| p.node.0).collect();
         assert_eq!(two, [1, 2, 1, 2]);
+    }
+
+    #[test]
+    fn the_underlay_faults_drop_vxlan_toward_their_node_only_while_on() {
+        let drop = underlay_filter(Fault::OverlayDrop, Node(3), true);
+        assert!(
+            drop.contains("ip saddr 172.18.0.2 ip daddr 172.18.0.4 udp dport 8472 counter drop")
+        );
+        let mtu = underlay_filter(Fault::OverlayMtu, Node(1), true);
+        assert!(mtu.contains("ip daddr 172.18.0.2 udp dport 8472 meta length > 1300 counter drop"));
+        assert!(!mtu.contains("saddr"));
+        let off = underlay_filter(Fault::OverlayMtu, Node(1), false);
+        assert!(off.contains("delete table") && !off.contains("drop"));
+        assert_ne!(drop.lines().next(), mtu.lines().next());
     }
 
     #[test]

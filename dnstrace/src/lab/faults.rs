@@ -36,6 +36,19 @@ pub enum Fault {
     /// A firewall on the node drops IP fragments but the first: answers too
     /// large for one packet never arrive.
     FragmentsDropped,
+    /// (`--nodes`) The underlay drops VXLAN from node 1 to `--node` (the
+    /// last by default): node 1's queries to that node's CoreDNS pod are
+    /// lost between the nodes.
+    OverlayDrop,
+    /// (`--nodes`) The underlay's path to `--node` (node 1 by default)
+    /// carries packets of 1,300 bytes at most, less than the overlay's
+    /// 1,450-byte MTU and VXLAN's 50 bytes: large answers are lost, small
+    /// ones arrive.
+    OverlayMtu,
+    /// (`--nodes`) The CoreDNS pod on `--node` (the last by default) hangs
+    /// (its process stopped), while kube-dns still sends it its share of
+    /// queries.
+    CorednsDown,
 }
 
 impl Fault {
@@ -54,6 +67,23 @@ impl Fault {
             Self::Drop => Some("no DNS query to a CoreDNS pod goes through the node's FORWARD chain"),
             Self::FragmentsDropped => Some("NodeLocalDNS answers over UDP in at most 1,232 bytes, asks CoreDNS over TCP and the upstream with a 1,232-byte buffer: no answer comes in fragments"),
             _ => None,
+        }
+    }
+
+    /// A fault of a cluster lab (`lab up --nodes`), made on one node.
+    pub fn of_cluster(self) -> bool {
+        matches!(
+            self,
+            Self::OverlayDrop | Self::OverlayMtu | Self::CorednsDown
+        )
+    }
+
+    /// The node a cluster fault is made on when none is given, in a
+    /// cluster of `nodes`.
+    pub fn default_node(self, nodes: u8) -> u8 {
+        match self {
+            Self::OverlayMtu => 1,
+            _ => nodes,
         }
     }
 

@@ -101,6 +101,10 @@ pub enum LabCommand {
         fault: Fault,
         #[arg(value_enum)]
         state: Switch,
+        /// The node a cluster's fault is made on (`lab up --nodes`), by
+        /// number: 1, 2 or 3.
+        #[arg(long)]
+        node: Option<u8>,
     },
     /// Run lookups from the client pods the way applications do.
     Traffic(traffic::TrafficArgs),
@@ -156,6 +160,9 @@ pub struct LabState {
     /// Nodes of a cluster lab (`--nodes`); 1: the single node.
     #[serde(default = "one_node")]
     pub nodes: u8,
+    /// The node each cluster fault that is on was made on.
+    #[serde(default)]
+    pub fault_nodes: BTreeMap<Fault, u8>,
     /// The pods' CRI sandboxes, by namespace/name.
     #[serde(default)]
     pub sandboxes: BTreeMap<String, sandboxes::Sandbox>,
@@ -190,6 +197,17 @@ impl LabState {
 
     fn has(&self, fault: Fault) -> bool {
         self.faults.contains(&fault)
+    }
+
+    /// The faults on, each with its node in a cluster (`overlay-drop@node3`).
+    fn fault_names(&self) -> Vec<String> {
+        self.faults
+            .iter()
+            .map(|f| match self.fault_nodes.get(f) {
+                Some(n) => format!("{}@{}", f.name(), cluster::Node(*n).name()),
+                None => f.name(),
+            })
+            .collect()
     }
 
     fn is_cluster(&self) -> bool {
@@ -274,7 +292,7 @@ pub async fn run(cmd: LabCommand) -> Result<()> {
         }
         LabCommand::Down => down(true).await,
         LabCommand::Status => status(),
-        LabCommand::Fault { fault, state } => switch_fault(fault, state == Switch::On),
+        LabCommand::Fault { fault, state, node } => switch_fault(fault, state == Switch::On, node),
         LabCommand::Traffic(args) => traffic::run(args),
         LabCommand::Reload => reload_coredns(&LabState::load()?),
         LabCommand::Restart { target } => {
@@ -289,6 +307,31 @@ pub async fn run(cmd: LabCommand) -> Result<()> {
             delay_ms,
         } => delay_line(listen, to, Duration::from_millis(delay_ms)).await,
     }
+}
+
+/// Switches a fault of a cluster on or off, on `node` (its default if
+/// None); a fault already on elsewhere is moved.
+fn cluster_fault(state: &mut LabState, fault: Fault, on: bool, node: Option<u8>) -> Result<()> {
+    let node = node.unwrap_or_else(|| fault.default_node(state.nodes));
+    if !(1..=state.nodes).contains(&node) {
+        bail!("--node {node}: the lab's nodes are 1 to {}", state.nodes);
+    }
+    if fault == Fault::OverlayDrop && node == 1 {
+        bail!("overlay-drop drops VXLAN from node 1 to another node: give --node 2 or 3");
+    }
+    if let Some(&before) = state.fault_nodes.get(&fault) {
+        cluster::set_fault(state, fault, cluster::Node(before), false)?;
+        state.faults.remove(&fault);
+        state.fault_nodes.remove(&fault);
+    }
+    if on {
+        cluster::set_fault(state, fault, cluster::Node(node), true)?;
+        state.faults.insert(fault);
+        state.fault_nodes.insert(fault, node);
+    }
+    state.save()?;
+    log::info!(target: "lab", "{} {} on node{node}", fault.name(), if on { "on" } else { "off" });
+    Ok(())
 }
 
 /// What only the single-node lab has yet.
@@ -922,9 +965,20 @@ fn wait_listening_in(ns: &str) -> Result<()> {
     Ok(())
 }
 
-fn switch_fault(fault: Fault, on: bool) -> Result<()> {
+fn switch_fault(fault: Fault, on: bool, node: Option<u8>) -> Result<()> {
     let mut state = LabState::load()?;
-    refuse_in_cluster(&state, "its faults")?;
+    match (state.is_cluster(), fault.of_cluster()) {
+        (true, true) => return cluster_fault(&mut state, fault, on, node),
+        (true, false) => refuse_in_cluster(&state, "its faults")?,
+        (false, true) => bail!(
+            "{} is a fault between nodes: bring the lab up with --nodes 3",
+            fault.name()
+        ),
+        (false, false) if node.is_some() => {
+            bail!("--node is for a cluster's faults (lab up --nodes): leave it out")
+        }
+        (false, false) => {}
+    }
     if state.has(fault) == on {
         log::info!(target: "lab",
             "{} is already {}",
@@ -993,6 +1047,12 @@ fn set_fault(state: &mut LabState, fault: Fault, on: bool) -> Result<()> {
         }
         // Read by `lab traffic`, which then sends A and AAAA from two CPUs at once.
         Fault::ConntrackRace => Ok(()),
+        Fault::OverlayDrop | Fault::OverlayMtu | Fault::CorednsDown => {
+            bail!(
+                "{} is a fault between nodes: bring the lab up with --nodes 3",
+                fault.name()
+            )
+        }
     }
 }
 
@@ -1241,7 +1301,7 @@ fn status_text() -> String {
                 if sys::alive(*pid) { "running" } else { "GONE" }
             );
         }
-        let faults: Vec<String> = state.faults.iter().map(|f| f.name()).collect();
+        let faults = state.fault_names();
         say!(
             out,
             "faults: {}",

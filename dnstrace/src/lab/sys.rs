@@ -168,6 +168,13 @@ pub fn hangup(pid: u32) {
     unsafe { libc::kill(pid as i32, libc::SIGHUP) };
 }
 
+/// Stops (`SIGSTOP`) or resumes (`SIGCONT`) a process: a hung one.
+pub fn freeze(pid: u32, frozen: bool) {
+    let sig = if frozen { libc::SIGSTOP } else { libc::SIGCONT };
+    // SAFETY: plain kill(2) on a pid the lab started.
+    unsafe { libc::kill(pid as i32, sig) };
+}
+
 pub fn kill(pid: u32) {
     // SAFETY: plain kill(2) on a pid the lab started.
     unsafe { libc::kill(pid as i32, libc::SIGKILL) };
