@@ -348,9 +348,9 @@ pub fn set_fault(state: &LabState, fault: Fault, node: Node, on: bool) -> Result
 /// The underlay bridge's filter of `fault` (each fault a table of its own,
 /// declared and deleted first so the script starts clean either way):
 /// VXLAN from node 1 to `node` dropped, or, on its way to `node`, VXLAN
-/// frames longer than a narrower link carries. A bridge forwards frames
-/// over its ports' MTU here as long as veths take them, so the narrow
-/// link is a rule.
+/// frames longer than a narrower link carries. Lowering the link's MTU did
+/// not stop them in the lab (the bridge and the veths passed the frames),
+/// so the narrow link is a rule.
 fn underlay_filter(fault: Fault, node: Node, on: bool) -> String {
     let table = format!("{FAULT_TABLE}_{}", fault.name().replace('-', "_"));
     let mut t = format!("table bridge {table}\ndelete table bridge {table}\n");
