@@ -834,3 +834,26 @@ pub fn anomaly_kinds(lines: &[serde_json::Value]) -> Vec<String> {
         .map(|a| a["kind"].as_str().unwrap().to_owned())
         .collect()
 }
+
+/// A fresh directory for one test's files, removed at the end.
+pub struct Dir(pub PathBuf);
+
+impl Dir {
+    pub fn new(tag: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("dnstrace-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+
+    pub fn file(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).output();
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}

@@ -4,10 +4,7 @@
 //! files are 0600, rotate, survive being cut, and a full disk stops the
 //! recording but not the tracing.
 use std::{
-    collections::BTreeSet,
-    os::unix::fs::PermissionsExt,
-    path::{Path, PathBuf},
-    process::Command,
+    collections::BTreeSet, os::unix::fs::PermissionsExt, path::Path, process::Command,
     time::Duration,
 };
 
@@ -16,29 +13,6 @@ use serde_json::Value;
 use dnstrace_tests::*;
 
 const NODE_NETNS: &str = "/run/netns/dtlab-node";
-
-/// A fresh directory for one test's files, removed at the end.
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new(tag: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("dnstrace-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Self(dir)
-    }
-
-    fn file(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.0).output();
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// `dnstrace VIEW -o json` on the lab's node, recording to `file`, with
 /// `extra` arguments.

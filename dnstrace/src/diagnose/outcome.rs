@@ -125,6 +125,9 @@ pub(super) fn unanswered<'a>(j: &'a Journey, recent: &'a [&'a Asked]) -> Option<
     }
     let o = j.origin()?;
     let last = j.legs.last()?;
+    if let Some(left) = left_unanswered(j) {
+        return Some(left_node(j, left, recent));
+    }
     Some(Finding::new(
         AnomalyKind::Unanswered,
         o.dst.to_string(),
@@ -144,6 +147,42 @@ pub(super) fn unanswered<'a>(j: &'a Journey, recent: &'a [&'a Asked]) -> Option<
             Words::new(format!("lookups sent to {} get no answer", o.dst), evidence)
         },
     ))
+}
+
+/// The query's leaving this node, where that was its last sighting and
+/// nothing came back: its resolver is elsewhere, out of this node's sight.
+fn left_unanswered(j: &Journey) -> Option<&Leg> {
+    if resolver_here(j) || j.legs.iter().any(|l| l.response) {
+        return None;
+    }
+    j.legs
+        .iter()
+        .rfind(|l| !l.response && l.direction() == Direction::Egress)
+}
+
+/// What one node can say of a lookup lost past it: where the query went,
+/// and where to look next.
+fn left_node<'a>(j: &'a Journey, left: &'a Leg, recent: &'a [&'a Asked]) -> Finding<'a> {
+    Finding::new(AnomalyKind::Unanswered, left.dst.to_string(), move || {
+        let mut evidence = vec![format!(
+            "{} asked {} for {} {}; the query left this node at {} for {}, and nothing came back",
+            j.client,
+            j.origin().map_or(left.dst, |o| o.dst),
+            j.name,
+            j.qtype,
+            place(left),
+            left.dst
+        )];
+        evidence.extend(earlier_attempts(j, recent));
+        Words::new(
+            format!(
+                "lookups sent to {} get no answer past this node: look at {} and its node next",
+                left.dst,
+                left.dst.ip()
+            ),
+            evidence,
+        )
+    })
 }
 
 /// The client's earlier unanswered tries of the same question (its retries,

@@ -237,6 +237,54 @@ fn a_pod_asking_loopback_is_flagged_but_not_the_node() {
 }
 
 #[test]
+fn a_query_lost_past_this_node_names_where_it_went() {
+    let mut j = healthy();
+    j.legs.truncate(1);
+    // DNATed here, it left on the overlay for a CoreDNS pod on another node.
+    let mut left = leg(
+        40_000,
+        "dev_xmit",
+        NODE_NS,
+        5,
+        "10.244.0.10:4000",
+        "10.244.3.53:53",
+        false,
+    );
+    left.iface = Some("flannel.1".into());
+    j.legs.push(left);
+    j.outcome = Outcome::Timeout;
+    let raised = |j: &Journey| {
+        Diagnoser::new(ctx())
+            .journey(j, &KernelNames::default())
+            .raised
+    };
+    let found = raised(&j);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(
+        found[0].summary,
+        "lookups sent to 10.244.3.53:53 get no answer past this node: look at 10.244.3.53 and its node next"
+    );
+    assert!(
+        found[0].evidence[0].contains("left this node at flannel.1@200 for 10.244.3.53:53"),
+        "{:?}",
+        found[0].evidence
+    );
+    // An answer back, even one dropped here, was not lost past the node.
+    j.legs.push(leg(
+        90_000,
+        "drop",
+        NODE_NS,
+        5,
+        "10.244.3.53:53",
+        "10.244.0.10:4000",
+        true,
+    ));
+    assert!(raised(&j)
+        .iter()
+        .all(|a| !a.summary.contains("past this node")));
+}
+
+#[test]
 fn a_service_query_without_dnat_is_not_translated() {
     let mut j = healthy();
     j.dnat = None;
