@@ -10,6 +10,7 @@ pub mod iface;
 pub mod lookups;
 pub mod ports;
 pub mod sample;
+pub mod scope;
 pub mod socketlb;
 pub mod wakeup;
 
@@ -18,4 +19,5 @@ pub use filter::*;
 pub use iface::*;
 pub use ports::*;
 pub use sample::{SampleLevel, COUNTERS, COUNT_APART_LOST, COUNT_LOST, COUNT_SHED, COUNT_STARTED};
+pub use scope::*;
 pub use wakeup::*;

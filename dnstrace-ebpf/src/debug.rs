@@ -37,6 +37,8 @@ pub enum Why {
     NoScratch,
     /// Not the traced target (the device's network namespace).
     NotTarget,
+    /// In another node's network namespace, with `--node` (its inode).
+    OtherNode,
     /// Left out by the sampling level.
     Sampled,
     /// The ring buffer had no room (the event's size).
@@ -153,6 +155,9 @@ mod log {
             }
             w if w == Why::NotTarget as u8 => {
                 aya_log_ebpf::debug!(&(), "skipped: not the traced target (netns {})", detail)
+            }
+            w if w == Why::OtherNode as u8 => {
+                aya_log_ebpf::debug!(&(), "skipped: another node's (netns {})", detail)
             }
             w if w == Why::Sampled as u8 => aya_log_ebpf::debug!(&(), "skipped: sampled out"),
             w if w == Why::RingFull as u8 => {

@@ -15,8 +15,9 @@ use aya_ebpf::{
 use dnstrace_common::{
     port_slot, sample, wakes_reader, ApartHead, EventHeader, EventKind, IfaceConfig, KernelOffsets,
     PacketMeta, SampleLevel, TargetFilter, APART_HEAD_SIZE, COUNTERS, COUNT_APART_LOST, COUNT_LOST,
-    COUNT_SHED, CT_SPAN_MAX, FLAG_CONNTRACK, FLAG_PAYLOAD_APART, L2_LEN_MIXED, MAX_WATCHED,
-    PACKET_META_SIZE, PAYLOAD_MAX, PORT_WORDS, ROLE_RESOLVER, ROLE_TARGET, SCHEMA_VERSION,
+    COUNT_SHED, CT_SPAN_MAX, FLAG_CONNTRACK, FLAG_PAYLOAD_APART, L2_LEN_MIXED, MAX_SCOPE,
+    MAX_WATCHED, PACKET_META_SIZE, PAYLOAD_MAX, PORT_WORDS, ROLE_RESOLVER, ROLE_TARGET,
+    SCHEMA_VERSION,
 };
 
 #[map]
@@ -157,6 +158,32 @@ pub fn wanted(m: &PacketMeta) -> bool {
     }
     let origin = role(&m.ct.original.src);
     origin & ROLE_TARGET != 0 || (origin & ROLE_RESOLVER != 0 && is_dns_port(m.ct.original.dport))
+}
+
+/// Set by user space before loading: 1 when this instance is one node of
+/// several on this kernel (`--node`).
+#[unsafe(no_mangle)]
+static SCOPED: u32 = 0;
+
+/// The node's network namespaces (inodes), with `SCOPED`: its own and its
+/// pods', changed by user space as pods come and go.
+#[map]
+static SCOPE: HashMap<u32, u8> = HashMap::with_max_entries(MAX_SCOPE, 0);
+
+/// Whether only one node's namespaces are traced.
+#[inline(always)]
+pub fn scoped() -> bool {
+    // SAFETY: a global user space patches before load (see `offsets`).
+    unsafe { core::ptr::read_volatile(&SCOPED) != 0 }
+}
+
+/// Whether a packet in network namespace `netns` belongs to the node
+/// traced, when `scoped`. So is one whose namespace is not known (0: no
+/// device yet, as a socket's output before routing), as it may be the
+/// node's own.
+#[inline(always)]
+pub fn in_scope(netns: u32) -> bool {
+    netns == 0 || SCOPE.get_ptr(netns).is_some()
 }
 
 /// Set by user space from the running kernel's BTF before loading.

@@ -12,7 +12,8 @@ use crate::{
     debug::{skip, unreadable, Why},
     lookups::{self, Device, Udp},
     maps::{
-        filtered, offset, offsets, sampled_in, scratch, send, send_apart, shed, wanted, Scratch,
+        filtered, in_scope, offset, offsets, sampled_in, scoped, scratch, send, send_apart, shed,
+        wanted, Scratch,
     },
     parse::{
         copy_payload, dns_headers, helper_result, transport, Reader, ETH_P_IP, ETH_P_IPV6, L4,
@@ -132,6 +133,8 @@ pub fn try_capture<K: Kernel, const APART: bool>(
     } else {
         dev
     };
+    // Before counting: another node's lookups are its own to count.
+    on_this_node::<K>(dev, &o)?;
     // Counted, then perhaps left out by sampling, before the reads only
     // an event needs: at a high sampling level most packets stop here.
     let head = udp_head(&r, &l4, s);
@@ -219,6 +222,20 @@ fn words(addr: &[u8; 16]) -> [u32; 4] {
     // SAFETY: every address in the meta is 4-byte aligned (asserted in
     // dnstrace-common); 16 plain bytes either way.
     unsafe { (&raw const *addr).cast::<[u32; 4]>().read() }
+}
+
+/// Rules out, with `--node`, a packet on a device of another node's
+/// namespace.
+#[inline(always)]
+fn on_this_node<K: Kernel>(dev: *const u8, o: &KernelOffsets) -> Result<(), i64> {
+    if !scoped() {
+        return Ok(());
+    }
+    let netns = device_of::<K>(dev, o)?.netns;
+    if !in_scope(netns) {
+        return Err(skip(Why::OtherNode, netns));
+    }
+    Ok(())
 }
 
 /// The device's namespace and index (zeros for none).

@@ -6,7 +6,7 @@ use dnstrace_common::{Hook, L2_LEN_MIXED};
 
 use crate::{
     debug::{skip, unreadable, Why},
-    maps::{iface, sampled_in, scratch, send, shed, tc_l2_len, wanted},
+    maps::{iface, in_scope, sampled_in, scoped, scratch, send, shed, tc_l2_len, wanted},
     parse::{copy_payload, dns_headers, helper_result, transport, Reader},
 };
 
@@ -72,6 +72,9 @@ pub fn try_capture(ctx: &TcContext, hook: Hook) -> Result<(), i64> {
     let l4 = transport(&r, dns, &mut s.meta)?;
     s.meta.ifindex = ifindex;
     s.meta.netns = found.map_or(0, |c| c.netns);
+    if scoped() && !in_scope(s.meta.netns) {
+        return Err(skip(Why::OtherNode, s.meta.netns));
+    }
     s.meta.wire_len = ctx.len();
     s.meta.hook = hook as u8;
     if !wanted(&s.meta) {

@@ -183,6 +183,12 @@ pub struct CaptureArgs {
     #[command(flatten)]
     pub runtime: RuntimeArgs,
 
+    /// This is node NAME, of several sharing this kernel (kind, the lab):
+    /// trace only its network namespace (--node-netns) and those of the
+    /// pods its runtime lists, as on the node's own kernel.
+    #[arg(long, value_name = "NAME", value_parser = parse_node)]
+    pub node: Option<String>,
+
     /// Record what is seen to this pcapng file, readable by the owner only:
     /// Wireshark opens it, `dnstrace replay` and `dnstrace report` read it.
     #[arg(long, value_name = "FILE")]
@@ -282,6 +288,13 @@ pub struct AgentArgs {
 
     #[command(flatten)]
     pub runtime: RuntimeArgs,
+
+    /// This is node NAME, of several sharing this kernel (kind, the lab):
+    /// trace and count only its network namespace (--node-netns) and those
+    /// of the pods its runtime lists. Also the node's name in the metrics
+    /// when --node-name is not given.
+    #[arg(long, env = "DNSTRACE_NODE", value_name = "NAME", value_parser = parse_node)]
+    pub node: Option<String>,
 
     /// Kernel ring buffer size in MiB (a power of two). The lookups
     /// followed are bounded (--follow-max), and so is what the ring holds.
@@ -398,7 +411,10 @@ pub enum LogFormat {
 impl AgentArgs {
     /// What the agent is asked for, in the options of the layers.
     pub fn agent_options(self) -> AgentOptions {
-        let node = self.node_name.unwrap_or_else(hostname);
+        let node = self
+            .node_name
+            .or_else(|| self.node.clone())
+            .unwrap_or_else(hostname);
         AgentOptions {
             trace: TraceOptions {
                 probes: ProbeOptions {
@@ -415,6 +431,7 @@ impl AgentArgs {
                     node_netns: self.node_netns,
                     runtime: self.runtime.dirs(),
                     cri_socket: self.runtime.cri_socket,
+                    node: self.node,
                 },
                 sample: self.sample,
                 follow_max: self.follow_max,
@@ -544,6 +561,7 @@ impl CaptureArgs {
                 node_netns: self.node_netns,
                 runtime: self.runtime.dirs(),
                 cri_socket: self.runtime.cri_socket,
+                node: self.node,
             },
             sample: self.sample,
             follow_max: 0,
@@ -574,6 +592,16 @@ impl RuntimeArgs {
             crio: self.crio_root.clone(),
         }
     }
+}
+
+/// A node's name: not empty, no space.
+fn parse_node(s: &str) -> Result<String, String> {
+    if s.is_empty() || s.contains(char::is_whitespace) {
+        return Err(format!(
+            "{s:?}: a node's name, as `kubectl get nodes` shows it"
+        ));
+    }
+    Ok(s.to_owned())
 }
 
 fn parse_ring_mib(s: &str) -> Result<u32, String> {
@@ -623,6 +651,28 @@ mod tests {
     fn the_command_line_defaults_are_the_probes_defaults() {
         let options = Cli::parse_from(["dnstrace"]).capture.trace_options();
         assert_eq!(options.probes, ProbeOptions::default());
+    }
+
+    #[test]
+    fn node_scopes_trace_and_names_the_agent() {
+        let trace = Cli::try_parse_from(["dnstrace", "trace", "--node", "n-2"]).unwrap();
+        let Some(Command::Trace { capture, .. }) = trace.command else {
+            panic!("not the trace command");
+        };
+        assert_eq!(capture.trace_options().target.node.as_deref(), Some("n-2"));
+        assert!(Cli::try_parse_from(["dnstrace", "--node", ""]).is_err());
+        let agent = |args: &[&str]| {
+            let cli = Cli::try_parse_from([&["dnstrace", "agent"], args].concat()).unwrap();
+            let Some(Command::Agent(a)) = cli.command else {
+                panic!("not the agent command");
+            };
+            a.agent_options()
+        };
+        let o = agent(&["--node", "n-2"]);
+        assert_eq!(o.metrics.node, "n-2");
+        assert_eq!(o.trace.target.node.as_deref(), Some("n-2"));
+        let named = agent(&["--node", "n-2", "--node-name", "other"]);
+        assert_eq!(named.metrics.node, "other");
     }
 
     #[test]

@@ -7,7 +7,7 @@ mod misses;
 mod netlink;
 mod offsets;
 
-use std::fmt::Write as _;
+use std::{collections::BTreeSet, fmt::Write as _};
 
 use anyhow::{anyhow, bail, Context as _, Result};
 use aya::{
@@ -24,7 +24,7 @@ pub use kernel_log::{BpfLog, KernelLog};
 use dnstrace_common::{
     lookups::{LookupCount, LookupKey, Pending, PendingKey},
     port_slot, IfaceConfig, KernelOffsets, SampleLevel, TargetFilter, COUNT_APART_LOST, COUNT_LOST,
-    COUNT_SHED, COUNT_STARTED, L2_LEN_MIXED, PORT_WORDS,
+    COUNT_SHED, COUNT_STARTED, L2_LEN_MIXED, MAX_SCOPE, PORT_WORDS,
 };
 
 /// What to attach, and how: the probes' own options, which the command
@@ -76,6 +76,42 @@ pub enum AttachMode {
 pub struct KernelFilter {
     pub netns: u32,
     pub watched: Vec<([u8; 16], u8)>,
+}
+
+/// The kernel side of `--node`: the network namespaces (inodes) of one
+/// node of several on this kernel. Packets elsewhere are skipped, and not
+/// counted.
+#[derive(Clone, Debug, Default)]
+pub struct KernelScope {
+    pub netns: BTreeSet<u32>,
+}
+
+/// Where user space keeps the programs' scope current as pods come and go.
+pub struct ScopeMap(HashMap<MapData, u32, u8>);
+
+impl ScopeMap {
+    /// Makes the map hold `scope` and nothing else; the stale go first, so
+    /// that the map's room is never short.
+    pub fn set(&mut self, scope: &KernelScope) -> Result<()> {
+        anyhow::ensure!(
+            scope.netns.len() <= MAX_SCOPE as usize,
+            "{} network namespaces in scope, more than {MAX_SCOPE}",
+            scope.netns.len()
+        );
+        let stale: Vec<u32> = self
+            .0
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| !scope.netns.contains(k))
+            .collect();
+        for key in &stale {
+            self.0.remove(key).context("SCOPE map")?;
+        }
+        for key in &scope.netns {
+            self.0.insert(key, 1, 0).context("SCOPE map")?;
+        }
+        Ok(())
+    }
 }
 
 /// The maps events come through: the ring buffer, and the perf buffers of
@@ -298,8 +334,14 @@ const PROGRAMS: [(&str, TcAttachType); 2] = [
 impl Probes {
     /// Checks privileges and kernel support, loads the programs and attaches
     /// them: tc on every interface in `args`, or, with none named, the BTF
-    /// tracepoints that see the whole node.
-    pub fn attach(args: &ProbeOptions, target: Option<&KernelFilter>, load: Load) -> Result<Self> {
+    /// tracepoints that see the whole node (of several on this kernel,
+    /// the one `scope` holds).
+    pub fn attach(
+        args: &ProbeOptions,
+        target: Option<&KernelFilter>,
+        scope: Option<&KernelScope>,
+        load: Load,
+    ) -> Result<Self> {
         check_built_with_programs(OBJECT)?;
         check_privileges()?;
         let netns = crate::netns::inode(None)?;
@@ -335,6 +377,7 @@ impl Probes {
             .override_global("OFFSETS", &offsets, true)
             .override_global("TC_L2_LEN", &tc_l2_len(&ifaces), true)
             .override_global("COUNT_LOOKUPS", &u32::from(args.count_lookups), true)
+            .override_global("SCOPED", &u32::from(scope.is_some()), true)
             .override_global(
                 "FILTER",
                 &target.map_or(TargetFilter::OFF, |_| TargetFilter::ON),
@@ -367,6 +410,9 @@ impl Probes {
             let mut watched = probes.watched()?;
             watched.set(&t.watched)?;
             watched.follow_netns(t.netns)?;
+        }
+        if let Some(scope) = scope {
+            probes.scope()?.set(scope)?;
         }
         if ifaces.is_empty() {
             let btf = aya::Btf::from_sys_fs().context("reading the kernel's BTF")?;
@@ -754,6 +800,12 @@ impl Probes {
             addrs: self.own_map("WATCHED")?.try_into()?,
             netns: self.own_map("TARGET_NETNS")?.try_into()?,
         })
+    }
+
+    /// A handle of its own on the scope, for whoever follows the node's
+    /// pods. Take it before dropping privileges.
+    pub fn scope(&self) -> Result<ScopeMap> {
+        Ok(ScopeMap(self.own_map("SCOPE")?.try_into()?))
     }
 
     /// A handle of its own on map `name`.

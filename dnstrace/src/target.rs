@@ -19,7 +19,7 @@ use crate::{
         workload::Workload,
         Pod,
     },
-    probes::KernelFilter,
+    probes::{KernelFilter, KernelScope},
 };
 
 pub mod follow;
@@ -49,6 +49,9 @@ pub struct Query {
     pub runtime: pods::RuntimeDirs,
     /// The runtime's CRI socket (none: each runtime's default, if there).
     pub cri_socket: Option<PathBuf>,
+    /// This instance is this node, of several on this kernel: it sees only
+    /// the node's network namespace and its pods' (`Scope`).
+    pub node: Option<String>,
 }
 
 /// The node's pods, from the runtimes' state and, where it answers, their
@@ -170,6 +173,65 @@ impl Target {
             );
         }
         s
+    }
+}
+
+/// One node of several that share this kernel (kind, the lab), as its
+/// own kernel would see it: the node's network namespace and its pods'.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Scope {
+    pub node: String,
+    /// The node's own namespace's inode, in `netns` too.
+    pub node_netns: u32,
+    pub netns: BTreeSet<u32>,
+}
+
+/// The scope `--node` asks for, the node's own namespace in it; None
+/// without it. A node namespace that cannot be read is an error.
+pub fn scope(args: &Query) -> Result<Option<Scope>> {
+    let Some(node) = &args.node else {
+        return Ok(None);
+    };
+    let node_netns = crate::netns::inode(args.node_netns.as_deref())
+        .with_context(|| format!("node {node}: its network namespace (--node-netns)"))?;
+    Ok(Some(Scope {
+        node: node.clone(),
+        node_netns,
+        netns: [node_netns].into(),
+    }))
+}
+
+impl Scope {
+    /// The same node with `pods` (those the runtime lists) in scope.
+    #[must_use]
+    pub fn with_pods(mut self, pods: &[Pod]) -> Self {
+        self.netns = Self::of(self.node_netns, pods);
+        self
+    }
+
+    /// The node's namespace and each pod's that can be read (a pod gone
+    /// since it was listed has none).
+    pub fn of<'a>(node_netns: u32, pods: impl IntoIterator<Item = &'a Pod>) -> BTreeSet<u32> {
+        let pods = pods
+            .into_iter()
+            .filter_map(|p| crate::netns::inode(Some(&p.netns_path()?)).ok());
+        std::iter::once(node_netns).chain(pods).collect()
+    }
+
+    pub fn kernel(&self) -> KernelScope {
+        KernelScope {
+            netns: self.netns.clone(),
+        }
+    }
+
+    /// One line for the start of a capture.
+    pub fn describe(&self) -> String {
+        format!(
+            "node {}: only its network namespaces, {} in scope (the node's, netns {}, and its pods')",
+            self.node,
+            self.netns.len(),
+            self.node_netns
+        )
     }
 }
 

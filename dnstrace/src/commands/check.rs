@@ -6,7 +6,7 @@ use anyhow::Result;
 use crate::{
     naming::Services,
     pods::{cri_sockets, first_answer, CriAnswer},
-    probes::{BpfLog, Load, ProbeOptions, Probes},
+    probes::{BpfLog, KernelScope, Load, ProbeOptions, Probes},
 };
 
 /// `dnstrace check`: loads every program, so the kernel's verifier checks
@@ -15,15 +15,16 @@ use crate::{
 /// or the runtimes' defaults) give. With `debug_bpf`, the programs built
 /// to log, at their most detailed.
 pub async fn check(ifaces: Vec<String>, debug_bpf: bool, cri_socket: Option<&Path>) -> Result<()> {
-    // With the agent's counting on, its code is verified too (off, the
-    // verifier prunes it as dead).
+    // With the agent's counting and the node's scope on, their code is
+    // verified too (off, the verifier prunes it as dead).
     let options = ProbeOptions {
         ifaces,
         debug_bpf: debug_bpf.then_some(BpfLog::Trace),
         count_lookups: true,
         ..ProbeOptions::default()
     };
-    let probes = Probes::attach(&options, None, Load::All)?;
+    let scope = KernelScope::default();
+    let probes = Probes::attach(&options, None, Some(&scope), Load::All)?;
     announce(&probes);
     let (on, off) = (probes.attachments.len(), probes.off.len());
     drop(probes);

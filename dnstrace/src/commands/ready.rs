@@ -11,9 +11,10 @@ use std::{
 use anyhow::{Context as _, Result};
 use serde::Serialize;
 
-use crate::probes::Attachment;
+use crate::{probes::Attachment, target::Scope};
 
-/// `{"event":"ready","pid":…,"hooks":…,"prog_ids":[…],"ports":[…]}`.
+/// `{"event":"ready","pid":…,"hooks":…,"prog_ids":[…],"ports":[…]}`, and
+/// with `--node`, `"node":…,"scope_netns":…`.
 #[derive(Serialize)]
 pub struct Ready {
     event: &'static str,
@@ -23,6 +24,12 @@ pub struct Ready {
     /// Their kernel ids, as `bpftool prog show` lists them.
     prog_ids: Vec<u32>,
     ports: Vec<u16>,
+    /// The node traced alone (`--node`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    node: Option<String>,
+    /// Network namespaces in its scope at the start.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    scope_netns: Option<usize>,
 }
 
 impl Ready {
@@ -33,7 +40,16 @@ impl Ready {
             hooks: attachments.len(),
             prog_ids: attachments.iter().map(|a| a.prog_id).collect(),
             ports: ports.to_vec(),
+            node: None,
+            scope_netns: None,
         }
+    }
+
+    /// Says which node is traced alone, and how many namespaces are its.
+    pub fn with_scope(mut self, scope: Option<&Scope>) -> Self {
+        self.node = scope.map(|s| s.node.clone());
+        self.scope_netns = scope.map(|s| s.netns.len());
+        self
     }
 
     pub fn json(&self) -> String {

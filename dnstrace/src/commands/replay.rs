@@ -34,10 +34,7 @@ pub async fn run(args: ReplayArgs) -> Result<()> {
         (false, false) => View::Journeys(limits),
     };
     let context = about.context();
-    let what = match &context.target {
-        Some(t) => format!("replay of {} ({})", args.file.display(), t.label),
-        None => format!("replay of {}", args.file.display()),
-    };
+    let what = about.headline(&args.file);
     let show = Show {
         view,
         format: args.output.unwrap_or(Format::Text),
@@ -59,6 +56,7 @@ pub async fn run(args: ReplayArgs) -> Result<()> {
         counts: &pipe.counts,
         journeys: result.as_ref().ok().copied().flatten(),
         skipped: replay.skipped,
+        node: about.header.as_ref().and_then(|h| h.scope.as_deref()),
     };
     exit.print(args.output == Some(Format::Json));
     match (result, replay.error.take()) {
@@ -78,13 +76,20 @@ struct ReplayExit<'a> {
     journeys: Option<Tally>,
     /// Frames not DNS, or not decodable.
     skipped: u64,
+    /// The node recorded alone (`--node`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    node: Option<&'a str>,
 }
 
 impl ReplayExit<'_> {
     fn print(&self, json: bool) {
         let journeys = self.journeys.map(|t| format!(", {t}")).unwrap_or_default();
+        let node = self
+            .node
+            .map(|n| format!(" of node {n}"))
+            .unwrap_or_default();
         eprintln!(
-            "dnstrace: replayed {}{journeys}; {} frames skipped (not DNS, or not decodable)",
+            "dnstrace: replayed {}{node}{journeys}; {} frames skipped (not DNS, or not decodable)",
             self.counts.brief(),
             self.skipped
         );

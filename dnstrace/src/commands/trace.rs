@@ -133,7 +133,9 @@ pub(super) async fn capture<C: Consume>(
     let mut stop = Stop::new()?;
     crate::probes::check_privileges()?;
     let node = args.target.node_netns.as_deref();
+    let scope = target::scope(&args.target)?;
     let (inventory, cri) = target::inventory(&args.target).await;
+    let scope = scope.map(|s| s.with_pods(&inventory.pods));
     let target = target::resolve(&args.target, &inventory)?;
     let pods = target::node_pods(&args.target, &inventory);
     let services = services_for(node, target.as_ref(), &pods);
@@ -142,8 +144,17 @@ pub(super) async fn capture<C: Consume>(
         .as_ref()
         .map(|t| t.kernel_filter(&resolvers))
         .transpose()?;
-    let mut probes = Probes::attach(&args.probes, filter.as_ref(), Load::Attachable)?;
+    let kernel_scope = scope.as_ref().map(target::Scope::kernel);
+    let mut probes = Probes::attach(
+        &args.probes,
+        filter.as_ref(),
+        kernel_scope.as_ref(),
+        Load::Attachable,
+    )?;
     announce(&probes);
+    if let Some(s) = &scope {
+        log::info!("{}", s.describe());
+    }
     if let Some(t) = &target {
         log::info!("{}", t.describe());
     }
@@ -189,14 +200,13 @@ pub(super) async fn capture<C: Consume>(
         &pods,
         resolvers,
     );
+    let scoped_to = scope.as_ref().map(|s| s.node.as_str());
+    let meta = || record::meta(&labels, &context, limits).of_node(scoped_to);
     let recorder: Option<Box<dyn Tap>> = match (args.record, args.flight) {
-        (Some(options), _) => Some(Box::new(Recorder::create(
-            options,
-            record::meta(&labels, &context, limits),
-        )?)),
+        (Some(options), _) => Some(Box::new(Recorder::create(options, meta())?)),
         (None, Some(flight)) => Some(Box::new(FlightRecorder::new(
             flight,
-            record::meta(&labels, &context, limits),
+            meta(),
             labels.clock(),
         ))),
         (None, None) => None,
@@ -206,6 +216,7 @@ pub(super) async fn capture<C: Consume>(
         target: target.as_ref(),
         services: &services,
         pods: &pods,
+        scope: scope.as_ref(),
     };
     let following = following(&cri, &args.target, &at_start, &probes)?;
     let (ct, stats) = watch_conntrack(node);
@@ -248,13 +259,13 @@ pub(super) async fn capture<C: Consume>(
     let mut pipe = Pipeline::recording(recorder);
     let ports: Vec<String> = args.probes.ports.iter().map(u16::to_string).collect();
     log::info!("capturing DNS on port {}; Ctrl-C to stop", ports.join(","));
-    let ready = Ready::new(&probes.attachments, &args.probes.ports);
+    let ready = Ready::new(&probes.attachments, &args.probes.ports).with_scope(scope.as_ref());
     if args.format == Format::Json {
         eprintln!("{}", ready.json());
     }
     let _ready_file = args.ready_file.map(|p| ready.write(&p)).transpose()?;
     let about = About {
-        target: target.as_ref().map_or("the whole node".into(), headline),
+        target: headline(target.as_ref(), scope.as_ref()),
         hooks: probes.attachments.len(),
         log: None,
     };
@@ -302,10 +313,20 @@ fn return_freed_memory_in_background() {
     }
 }
 
-/// `pod default/web-… (10.244.0.10)`: the target in a few words.
-fn headline(t: &target::Target) -> String {
-    let addrs: Vec<String> = t.addrs.iter().map(ToString::to_string).collect();
-    format!("{} ({})", t.label, addrs.join(", "))
+/// `pod default/web-… (10.244.0.10)`, or `the whole node`, and which
+/// node with `--node`: what is traced in a few words.
+fn headline(target: Option<&target::Target>, scope: Option<&target::Scope>) -> String {
+    let what = match target {
+        Some(t) => {
+            let addrs: Vec<String> = t.addrs.iter().map(ToString::to_string).collect();
+            format!("{} ({})", t.label, addrs.join(", "))
+        }
+        None => "the whole node".into(),
+    };
+    match scope {
+        Some(s) => format!("{what}, node {}", s.node),
+        None => what,
+    }
 }
 
 /// The node's pods and names as tracing starts.
@@ -314,6 +335,7 @@ struct AtStart<'a> {
     target: Option<&'a target::Target>,
     services: &'a Services,
     pods: &'a target::NodePods,
+    scope: Option<&'a target::Scope>,
 }
 
 /// What follows the node's pods while tracing, where a CRI socket
@@ -328,20 +350,26 @@ fn following(
         if query.pod.is_some() {
             log::info!("off: following the pod into a new sandbox (needs a CRI socket)");
         }
+        if start.scope.is_some() {
+            log::info!("off: keeping the node's scope as pods come and go (needs a CRI socket)");
+        }
         return Ok(None);
     };
     let watched = start.target.map(|_| probes.watched()).transpose()?;
+    let scope = start.scope.map(|_| probes.scope()).transpose()?;
     let pods = Pods::new(
         start.inventory,
         query.pod.as_deref(),
         start.target,
         start.services.clone(),
         start.pods,
-    );
+    )
+    .with_scope(start.scope.cloned());
     Ok(Some(Following {
         socket: socket.clone(),
         pods,
         watched,
+        scope,
     }))
 }
 

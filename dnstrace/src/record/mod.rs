@@ -43,6 +43,21 @@ impl Meta {
     fn place(&self, p: &Packet) -> String {
         p.device_name(&self.iface_names)
     }
+
+    /// Names the node recorded alone (`--node`), in the notes and in the
+    /// comment Wireshark shows.
+    #[must_use]
+    pub fn of_node(mut self, node: Option<&str>) -> Self {
+        let Some(node) = node else { return self };
+        if let Some(first) = self.section.comment.first_mut() {
+            *first = format!(
+                "dnstrace recording of node {node} (on {})",
+                self.header.node
+            );
+        }
+        self.header.scope = Some(node.to_owned());
+        self
+    }
 }
 
 /// A one-line file of /proc/sys, trimmed.
@@ -78,6 +93,7 @@ pub fn meta(labels: &Labels, context: &Context, limits: Limits) -> Meta {
             timeout_ns: limits.timeout_ns,
             max_open: limits.max_open,
             part: 0,
+            scope: None,
         },
         labels: LabelsNote {
             iface_names: labels.iface_names().clone().into_iter().collect(),

@@ -97,6 +97,10 @@ pub struct Header {
     pub max_open: usize,
     /// This file's number among rotated files (0 for the first).
     pub part: u32,
+    /// The node recorded alone, of several on this kernel (`--node`);
+    /// absent from recordings made without it, or before it was noted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<String>,
 }
 
 /// Pairs, not maps, where keys are numbers: a tagged enum's content cannot

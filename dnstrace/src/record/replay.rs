@@ -114,6 +114,21 @@ impl About {
         self.context.clone().context()
     }
 
+    /// `replay of FILE (node lab-node; pod default/web)`: the file, and
+    /// what it traced where the recording says.
+    pub fn headline(&self, file: &Path) -> String {
+        let node = self.header.as_ref().and_then(|h| h.scope.as_ref());
+        let what: Vec<String> = node
+            .map(|n| format!("node {n}"))
+            .into_iter()
+            .chain(self.context.target.as_ref().map(|t| t.label.clone()))
+            .collect();
+        match what.is_empty() {
+            true => format!("replay of {}", file.display()),
+            false => format!("replay of {} ({})", file.display(), what.join("; ")),
+        }
+    }
+
     /// The journey limits the recording was made with.
     pub fn limits(&self) -> Limits {
         let mut limits = Limits::default();

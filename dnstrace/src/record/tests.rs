@@ -490,6 +490,40 @@ async fn a_recording_replays_the_inputs_it_was_fed() {
     assert!(replay.error.is_none());
 }
 
+/// `--node`: the recording names the node it saw alone, and its replay
+/// says so; a header written before it was noted reads as no node.
+#[test]
+fn a_recording_names_the_node_it_was_scoped_to() {
+    use super::{replay::About, RecordOptions, Recorder};
+    use crate::{
+        clock::Clock, correlate::Limits, decode::KernelNames, diagnose::Context, output::Labels,
+        pipeline::Tap,
+    };
+    let dir = TestDir::new();
+    let path = dir.path().join("node.pcapng");
+    let labels = Labels::new(Default::default(), Clock::EPOCH, KernelNames::default());
+    let meta = super::meta(&labels, &Context::default(), Limits::default()).of_node(Some("n-2"));
+    let options = RecordOptions {
+        path: path.clone(),
+        max_bytes: None,
+        files: None,
+    };
+    let mut rec = Recorder::create(options, meta).unwrap();
+    rec.start(1);
+    rec.end(2);
+    drop(rec);
+    let about = About::read(&path).unwrap();
+    assert_eq!(about.header.as_ref().unwrap().scope.as_deref(), Some("n-2"));
+    assert_eq!(
+        about.headline(Path::new("x.pcapng")),
+        "replay of x.pcapng (node n-2)"
+    );
+    let mut old = serde_json::to_value(about.header.unwrap()).unwrap();
+    old.as_object_mut().unwrap().remove("scope");
+    let old: super::notes::Header = serde_json::from_value(old).unwrap();
+    assert_eq!(old.scope, None);
+}
+
 /// Found by fuzzing (on the `fuzz` branch): a capture's timestamp near the
 /// end of time (pcapng's 64-bit units saturate to u64::MAX nanoseconds)
 /// overflowed the next tick.

@@ -2,8 +2,8 @@
 //! asked again, on a timer and when a link comes or goes, which sandboxes
 //! are ready. A pod re-created (a new sandbox, a new address), a resolver
 //! restarted or a pod started since are named, the `--pod` target is
-//! followed into its new sandbox, and the kernel's watched addresses are
-//! changed to match.
+//! followed into its new sandbox, and the kernel's watched addresses (and,
+//! with `--node`, its scope) are changed to match.
 //!
 //! It runs on a thread of its own, so a slow socket never stalls the
 //! pipeline. Each read is one `ListPodSandbox`, plus one
@@ -19,11 +19,11 @@ use std::{
 use anyhow::{Context as _, Result};
 use tokio::sync::{mpsc, Notify};
 
-use super::{resolvers, watched, NodePods, Target};
+use super::{resolvers, watched, NodePods, Scope, Target};
 use crate::{
     naming::Services,
     pods::{cri::Cri, resolv::ResolvConf, select, workload::Workload, Inventory, Metadata, Pod},
-    probes::Watched,
+    probes::{KernelScope, ScopeMap, Watched},
 };
 
 /// How often the pods are read again when nothing pokes sooner.
@@ -69,6 +69,8 @@ pub struct Following {
     pub pods: Pods,
     /// The kernel's watched addresses, with a target.
     pub watched: Option<Watched>,
+    /// The kernel's scope, with `--node`.
+    pub scope: Option<ScopeMap>,
 }
 
 /// The follower as the trace sees it: refreshes to take, and a poke.
@@ -132,6 +134,9 @@ fn follow(mut following: Following, tx: &mpsc::Sender<Refresh>, poke: &Notify) {
             let update = following.pods.update(now);
             if let Some(map) = &mut following.watched {
                 tell_kernel(map, &update);
+            }
+            if let (Some(map), Some(scope)) = (&mut following.scope, &update.scope) {
+                tell_scope(map, scope);
             }
             let changed = update.refresh != Refresh::default();
             if changed && tx.send(update.refresh).await.is_err() {
@@ -217,6 +222,8 @@ pub struct Pods {
     target: Option<Followed>,
     /// What the kernel watches now.
     watched: Vec<([u8; 16], u8)>,
+    /// The node's namespaces now, with `--node`.
+    scope: Option<Scope>,
 }
 
 /// The target, when it is a pod.
@@ -235,6 +242,8 @@ pub struct Update {
     pub refresh: Refresh,
     /// The kernel's new watched addresses, when they changed.
     pub watched: Option<Vec<([u8; 16], u8)>>,
+    /// The kernel's new scope, when it changed.
+    pub scope: Option<KernelScope>,
     /// Lines for the log: pods started and stopped, the target followed.
     pub said: Vec<String>,
 }
@@ -280,9 +289,16 @@ impl Pods {
             dns_servers: start.dns_servers.clone(),
             target,
             watched: Vec::new(),
+            scope: None,
         };
         pods.watched = pods.watch_now().unwrap_or_default();
         pods
+    }
+
+    /// Keeps `scope` current as pods come and go.
+    pub fn with_scope(mut self, scope: Option<Scope>) -> Self {
+        self.scope = scope;
+        self
     }
 
     /// What changed since the last read, said as it is found.
@@ -296,11 +312,29 @@ impl Pods {
         if let Some(w) = &watched {
             self.watched.clone_from(w);
         }
+        let scope = self.rescope(&mut said);
         Update {
             refresh,
             watched,
+            scope,
             said,
         }
+    }
+
+    /// The node's namespaces now, when they changed; said in one line.
+    fn rescope(&mut self, said: &mut Vec<String>) -> Option<KernelScope> {
+        let scope = self.scope.as_mut()?;
+        let now = Scope::of(scope.node_netns, self.sandboxes.values().map(|(p, _)| p));
+        if now == scope.netns {
+            return None;
+        }
+        scope.netns = now;
+        said.push(format!(
+            "node {}: {} network namespaces in scope",
+            scope.node,
+            scope.netns.len()
+        ));
+        Some(scope.kernel())
     }
 
     fn comings_and_goings(&self, before: &BTreeMap<String, (Pod, Metadata)>) -> Vec<String> {
@@ -407,6 +441,13 @@ fn tell_kernel(map: &mut Watched, update: &Update) {
         if let Err(e) = map.follow_netns(moved.netns_inode) {
             log::warn!("following pods: the kernel's target namespace: {e:#}");
         }
+    }
+}
+
+/// The node's namespaces now, into the kernel's scope.
+fn tell_scope(map: &mut ScopeMap, scope: &KernelScope) {
+    if let Err(e) = map.set(scope) {
+        log::warn!("following pods: the kernel's scope: {e:#}");
     }
 }
 

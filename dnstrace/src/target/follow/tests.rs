@@ -147,3 +147,27 @@ fn a_restarted_resolver_and_a_new_pod_are_named_and_the_resolver_watched() {
     assert_eq!(role(&watched, DNS), None);
     assert_eq!(role(&watched, WEB), Some(ROLE_TARGET));
 }
+
+/// With `--node`, the kernel's scope is the node's namespace and its
+/// pods', changed as they come and go.
+#[test]
+fn the_scope_follows_the_pods() {
+    let own = crate::netns::inode(None).unwrap();
+    let mut web = sandbox("aaaa", "default", "web", WEB);
+    web.1 .0.netns = Some("/proc/self/ns/net".into());
+    let dns = sandbox("bbbb", "kube-system", "coredns-1", DNS);
+    let scope = Scope {
+        node: "n-1".into(),
+        node_netns: 1,
+        netns: [1].into(),
+    };
+    let mut pods = started().with_scope(Some(scope));
+    let update = pods.update(now(&[web.clone(), dns.clone()]));
+    assert_eq!(update.scope.unwrap().netns, [1, own].into());
+    assert!(update
+        .said
+        .contains(&"node n-1: 2 network namespaces in scope".to_owned()));
+    assert!(pods.update(now(&[web, dns.clone()])).scope.is_none());
+    let gone = pods.update(now(&[dns]));
+    assert_eq!(gone.scope.unwrap().netns, [1].into());
+}
