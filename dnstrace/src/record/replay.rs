@@ -23,7 +23,7 @@ use super::{
 use crate::{
     clock::Clock,
     correlate::Limits,
-    decode::{KernelNames, Packet},
+    decode::{KernelNames, NodeId, Packet},
     diagnose::Context,
     ingest::SampleChange,
     naming::Names,
@@ -200,9 +200,7 @@ pub struct Replay<R: Read = BufReader<File>> {
     /// Plain captures have no recorded ticks; their clock makes them.
     make_ticks: bool,
     last_tick: u64,
-    speed: Speed,
-    /// The first time seen, and when it was replayed.
-    start: Option<(u64, Instant)>,
+    pacer: Pacer,
     done: bool,
     /// Why the replay stopped early, said after what came before it.
     pub error: Option<anyhow::Error>,
@@ -242,8 +240,7 @@ impl<R: Read> Replay<R> {
                 .unwrap_or(0),
             make_ticks: about.header.is_none(),
             last_tick: 0,
-            speed,
-            start: None,
+            pacer: Pacer::new(speed),
             done: false,
             error: None,
             skipped: 0,
@@ -333,6 +330,7 @@ impl<R: Read> Replay<R> {
                     seed,
                 },
                 budget: false,
+                node: NodeId::default(),
             }),
             Note::Pods { now_ns, refresh } => Input::Pods { now_ns, refresh },
             Note::End { now_ns } => {
@@ -391,6 +389,7 @@ impl<R: Read> Replay<R> {
         }
         Some(Packet {
             ts_ns,
+            node: NodeId::default(),
             netns: 0,
             ifindex: iface + 1,
             hook: Hook::DevReceive,
@@ -419,8 +418,31 @@ impl<R: Read> Replay<R> {
         }
     }
 
-    /// Waits until `input` is due, at the chosen speed.
-    async fn pace(&mut self, input: &Input) {
+    /// Says where the file was cut short, if it was, once.
+    pub(super) fn warn_cut(&mut self) {
+        if let Some(offset) = self.cut_at.take() {
+            log::warn!(
+                "{}: the recording was cut short at byte {offset} (inside a block); replayed what came before",
+                self.path.display()
+            );
+        }
+    }
+}
+
+/// Replays inputs at the chosen speed.
+pub(super) struct Pacer {
+    speed: Speed,
+    /// The first time seen, and when it was replayed.
+    start: Option<(u64, Instant)>,
+}
+
+impl Pacer {
+    pub(super) fn new(speed: Speed) -> Self {
+        Self { speed, start: None }
+    }
+
+    /// Waits until `input` is due.
+    pub(super) async fn pace(&mut self, input: &Input) {
         let (Speed::Times(x), Some(t)) = (self.speed, time_of(input)) else {
             return;
         };
@@ -441,6 +463,7 @@ fn recorded(note: &PacketNote, data: &[u8]) -> Option<Packet> {
     }
     Some(Packet {
         ts_ns: note.mono_ns,
+        node: NodeId::default(),
         netns: note.netns,
         ifindex: note.ifindex,
         hook: Hook::from_u8(note.hook)?,
@@ -459,7 +482,7 @@ fn recorded(note: &PacketNote, data: &[u8]) -> Option<Packet> {
 }
 
 /// When an input happened.
-fn time_of(input: &Input) -> Option<u64> {
+pub(super) fn time_of(input: &Input) -> Option<u64> {
     match input {
         Input::Packets(b) => b.last().map(|p| p.ts_ns),
         Input::Conntrack { now_ns, .. }
@@ -478,15 +501,10 @@ impl<R: Read> Source for Replay<R> {
 
     async fn next(&mut self) -> Result<Option<Input>> {
         let Some(input) = self.next_input() else {
-            if let Some(offset) = self.cut_at.take() {
-                log::warn!(
-                    "{}: the recording was cut short at byte {offset} (inside a block); replayed what came before",
-                    self.path.display()
-                );
-            }
+            self.warn_cut();
             return Ok(None);
         };
-        self.pace(&input).await;
+        self.pacer.pace(&input).await;
         Ok(Some(input))
     }
 

@@ -37,6 +37,7 @@ impl Rng {
 pub fn packet(src: &str, dst: &str, transport: Transport, payload: &[u8]) -> Packet {
     Packet {
         ts_ns: 1,
+        node: Default::default(),
         netns: 4026531840,
         ifindex: 2,
         hook: Hook::TcEgress,
@@ -99,7 +100,7 @@ pub fn big_answer(id: u16, answers: u8) -> Vec<u8> {
     m.to_vec().unwrap()
 }
 
-fn dns_message(id: u16, name: &str, rcode: Option<ResponseCode>) -> Vec<u8> {
+pub(crate) fn dns_message(id: u16, name: &str, rcode: Option<ResponseCode>) -> Vec<u8> {
     let mut m = Message::new();
     m.set_id(id)
         .set_recursion_desired(true)
@@ -403,6 +404,7 @@ pub fn inputs() -> Vec<crate::pipeline::Input> {
                 seed: 0xdead_beef,
             },
             budget: false,
+            node: Default::default(),
         }),
         Input::Pods {
             now_ns: 5_000_800_000,
