@@ -64,9 +64,11 @@ pub enum Command {
     },
     /// Replay a recording (dnstrace's, or a tcpdump capture) through the
     /// same decoding, journeys and rules as live tracing; needs no root.
+    /// Several nodes' recordings replay as one: a lookup that crossed
+    /// nodes is one journey, its legs named by node.
     Replay {
-        #[arg(value_name = "FILE")]
-        file: PathBuf,
+        #[arg(value_name = "FILE", required = true)]
+        files: Vec<PathBuf>,
         /// `fast`, or how many times real time (1 replays in real time).
         #[arg(long, default_value = "fast")]
         speed: crate::record::replay::Speed,
@@ -92,8 +94,9 @@ pub enum Command {
     /// rates, latency, anomalies with evidence, the slowest and the failed
     /// journeys) in Markdown, or HTML with charts.
     Report {
-        #[arg(value_name = "FILE")]
-        file: PathBuf,
+        /// One recording, or several nodes' to merge.
+        #[arg(value_name = "FILE", required = true)]
+        files: Vec<PathBuf>,
         #[arg(long, value_enum, default_value_t = crate::commands::report::Format::Markdown)]
         format: crate::commands::report::Format,
         /// Write the report here instead of to stdout.

@@ -259,6 +259,7 @@ fn labels() -> Labels {
 fn udp_packet(payload: &[u8]) -> Packet {
     Packet {
         ts_ns: 1,
+        node: Default::default(),
         netns: 4026531840,
         ifindex: 2,
         hook: Hook::TcIngress,

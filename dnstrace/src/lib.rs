@@ -136,7 +136,7 @@ fn run(
                 commands::pods::run(&dirs, socket, query.as_deref(), node_netns, output).await
             }
             Some(cli::Command::Replay {
-                file,
+                files,
                 speed,
                 packets,
                 ports,
@@ -145,7 +145,7 @@ fn run(
                 log_file,
             }) => {
                 let args = commands::replay::ReplayArgs {
-                    file,
+                    files,
                     speed,
                     packets,
                     ports,
@@ -156,11 +156,11 @@ fn run(
                 commands::replay::run(args).await
             }
             Some(cli::Command::Report {
-                file,
+                files,
                 format,
                 write,
                 ports,
-            }) => commands::report::run(&file, format, write.as_deref(), ports).await,
+            }) => commands::report::run(&files, format, write.as_deref(), ports).await,
             Some(cli::Command::Trace {
                 capture,
                 timeout,

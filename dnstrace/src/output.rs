@@ -16,7 +16,7 @@ use crate::{
     conntrack::CtEvent,
     correlate::{Journey, Leg, Outcome},
     decode::{
-        Body, Conntrack, DnsMessage, Fragment, KernelNames, Missing, Packet, Record, Seen,
+        Body, Conntrack, DnsMessage, Fragment, KernelNames, Missing, NodeId, Packet, Record, Seen,
         Transport,
     },
     diagnose::{Anomaly, AnomalyKind},
@@ -43,6 +43,8 @@ pub struct Labels {
     clock: Clock,
     kernel: KernelNames,
     names: Names,
+    /// The nodes of a merged replay, by `NodeId` less one; empty for one.
+    nodes: Vec<String>,
 }
 
 /// Briefly: the view's updates are Debug, and the kernel's names are large.
@@ -61,7 +63,25 @@ impl Labels {
             clock,
             kernel,
             names: Names::default(),
+            nodes: Vec::new(),
         }
+    }
+
+    /// The nodes a merged replay's legs were seen on, in `NodeId` order.
+    pub fn with_nodes(mut self, nodes: Vec<String>) -> Self {
+        self.nodes = nodes;
+        self
+    }
+
+    /// The nodes of a merged replay; none for one node.
+    pub fn nodes(&self) -> &[String] {
+        &self.nodes
+    }
+
+    /// The name of the node `id`, where legs are from more than one.
+    pub fn node(&self, id: NodeId) -> Option<&str> {
+        let at = usize::from(id.0).checked_sub(1)?;
+        self.nodes.get(at).map(String::as_str)
     }
 
     /// Pods and services to name addresses after in journeys.
@@ -131,8 +151,13 @@ impl Labels {
         String::from_utf8_lossy(&out).into_owned()
     }
 
-    /// `place`, written at the end of `out`.
+    /// `place`, written at the end of `out`; after its node's name where
+    /// legs are from more than one.
     pub fn write_place(&self, out: &mut Vec<u8>, leg: &Leg) {
+        if let Some(node) = self.node(leg.node) {
+            out.extend_from_slice(node.as_bytes());
+            out.push(b' ');
+        }
         match &leg.iface {
             Some(name) => {
                 out.extend_from_slice(name.as_bytes());
@@ -267,6 +292,12 @@ impl<W: Write> LineSink<W> {
             out,
             line: Vec::new(),
         }
+    }
+
+    /// What was written, for tests.
+    #[cfg(test)]
+    pub(crate) fn written(&self) -> &W {
+        &self.out
     }
 
     /// What `write` writes into the line buffer, then out.
@@ -442,6 +473,7 @@ impl<W: Write> LineSink<W> {
                 location_name,
             },
             upstream: j.upstream.iter().map(|u| self.journey_json(u)).collect(),
+            labels: &self.labels,
             workloads: names
                 .iter()
                 .filter_map(|(ip, _)| Some((*ip, self.labels.names.workload(ip)?)))
@@ -710,6 +742,7 @@ mod tests {
         Record {
             packet: Packet {
                 ts_ns: 0,
+                node: Default::default(),
                 netns: 1,
                 ifindex: 7,
                 hook: dnstrace_common::Hook::TcEgress,
@@ -871,6 +904,7 @@ mod tests {
             hook,
             iface: Some("eth0".into()),
             ifindex: 2,
+            node: Default::default(),
             netns: 4026532246,
             src: src.parse().unwrap(),
             dst: dst.parse().unwrap(),

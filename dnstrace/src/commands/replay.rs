@@ -1,5 +1,6 @@
 //! `dnstrace replay`: a recording through the same decoding, journeys and
-//! rules as live tracing, into the view asked for.
+//! rules as live tracing, into the view asked for; several nodes'
+//! recordings as one (`record::merge`).
 use std::path::PathBuf;
 
 use anyhow::Result;
@@ -9,13 +10,16 @@ use super::Show;
 use crate::{
     output::Format,
     pipeline::{Counts, Pipeline, Stop, Tally, View},
-    record::replay::{About, Replay, Speed},
+    record::{
+        merge::{self, Clocks, Merge, Recording},
+        replay::Speed,
+    },
     view,
 };
 
 /// What `dnstrace replay` was asked for.
 pub struct ReplayArgs {
-    pub file: PathBuf,
+    pub files: Vec<PathBuf>,
     pub speed: Speed,
     pub packets: bool,
     pub ports: Vec<u16>,
@@ -25,8 +29,12 @@ pub struct ReplayArgs {
 }
 
 pub async fn run(args: ReplayArgs) -> Result<()> {
-    let about = About::read(&args.file)?;
-    let mut replay = Replay::open(&args.file, &about, args.ports.clone(), args.speed)?;
+    let recs = Recording::read_all(&args.files)?;
+    let json = args.output == Some(Format::Json);
+    let clocks = Clocks::estimate(&recs, &args.ports)?;
+    clocks.print(json);
+    let mut replay = Merge::open(&recs, &clocks, &args.ports, args.speed)?;
+    let about = merge::about(&recs);
     let limits = about.limits();
     let view = match (args.packets, args.live) {
         (true, _) => View::Packets,
@@ -34,11 +42,11 @@ pub async fn run(args: ReplayArgs) -> Result<()> {
         (false, false) => View::Journeys(limits),
     };
     let context = about.context();
-    let what = about.headline(&args.file);
+    let what = about.headline(&names(&args.files));
     let show = Show {
         view,
         format: args.output.unwrap_or(Format::Text),
-        labels: about.labels(),
+        labels: merge::labels(&recs),
         target: context.target.clone(),
         context,
         about: view::state::About {
@@ -55,14 +63,22 @@ pub async fn run(args: ReplayArgs) -> Result<()> {
         event: "exit",
         counts: &pipe.counts,
         journeys: result.as_ref().ok().copied().flatten(),
-        skipped: replay.skipped,
-        node: about.header.as_ref().and_then(|h| h.scope.as_deref()),
+        skipped: replay.skipped(),
+        node: (recs.len() == 1)
+            .then(|| about.header.as_ref().and_then(|h| h.scope.as_deref()))
+            .flatten(),
     };
-    exit.print(args.output == Some(Format::Json));
-    match (result, replay.error.take()) {
+    exit.print(json);
+    match (result, replay.take_error()) {
         (Err(e), _) | (Ok(_), Some(e)) => Err(e),
         (Ok(_), None) => Ok(()),
     }
+}
+
+/// The files, as given, one after another.
+pub fn names(files: &[PathBuf]) -> String {
+    let names: Vec<_> = files.iter().map(|f| f.display().to_string()).collect();
+    names.join(", ")
 }
 
 /// What `replay` says at exit, as `trace` does (`super::exit`): a line of

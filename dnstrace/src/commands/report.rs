@@ -1,6 +1,10 @@
 //! `dnstrace report FILE`: a postmortem summary of a recording, made by
 //! replaying it through the pipeline: Markdown, or HTML with inline SVG.
-use std::{fmt::Write as _, io::Write as _, path::Path};
+use std::{
+    fmt::Write as _,
+    io::Write as _,
+    path::{Path, PathBuf},
+};
 
 use anyhow::{Context as _, Result};
 
@@ -11,7 +15,10 @@ use crate::{
     diagnose::{Anomaly, AnomalyKind},
     output::Labels,
     pipeline::{JourneyOut, JourneySink, Pipeline, Stop},
-    record::replay::{About, Replay, Speed},
+    record::{
+        merge::{self, Clocks, Merge, Recording},
+        replay::{About, Speed},
+    },
     view::model::{self, latency, Lookup, Status},
 };
 
@@ -143,23 +150,32 @@ impl JourneyOut for Gathered {
     }
 }
 
-pub async fn run(file: &Path, format: Format, write: Option<&Path>, ports: Vec<u16>) -> Result<()> {
-    let about = About::read(file)?;
-    let mut replay = Replay::open(file, &about, ports, Speed::Fast)?;
+pub async fn run(
+    files: &[PathBuf],
+    format: Format,
+    write: Option<&Path>,
+    ports: Vec<u16>,
+) -> Result<()> {
+    let recs = Recording::read_all(files)?;
+    let clocks = Clocks::estimate(&recs, &ports)?;
+    clocks.print(false);
+    let mut replay = Merge::open(&recs, &clocks, &ports, Speed::Fast)?;
+    let about = merge::about(&recs);
     let context = about.context();
     let target = context.target.clone();
-    let out = Gathered::new(about.labels());
+    let out = Gathered::new(merge::labels(&recs));
     let mut sink = JourneySink::new(about.limits(), context, out).only_from(target.as_ref());
     let mut pipe = Pipeline::default();
     pipe.drive(&mut replay, &mut sink, &mut Stop::new()?)
         .await?;
-    if let Some(e) = replay.error.take() {
+    if let Some(e) = replay.take_error() {
         log::warn!("{e:#}; the report covers what came before");
     }
     let g = &sink.out;
+    let file = super::replay::names(files);
     let text = match format {
-        Format::Markdown => markdown(file, &about, g),
-        Format::Html => html(file, &about, g),
+        Format::Markdown => markdown(&file, &about, g),
+        Format::Html => html(&file, &about, g),
     };
     match write {
         Some(path) => std::fs::write(path, text)
@@ -205,9 +221,9 @@ fn histogram(latencies: &[u64]) -> Vec<(&'static str, u64)> {
 }
 
 /// The facts every format states first.
-fn facts(file: &Path, about: &About, g: &Gathered) -> Vec<(String, String)> {
+fn facts(file: &str, about: &About, g: &Gathered) -> Vec<(String, String)> {
     let time = |ns: u64| g.labels.time_of_day(ns);
-    let mut facts = vec![("recording".to_owned(), file.display().to_string())];
+    let mut facts = vec![("recording".to_owned(), file.to_owned())];
     if let Some(h) = &about.header {
         facts.push((
             "recorded by".into(),
@@ -216,6 +232,9 @@ fn facts(file: &Path, about: &About, g: &Gathered) -> Vec<(String, String)> {
                 h.dnstrace, h.node, h.kernel
             ),
         ));
+        if !g.labels.nodes().is_empty() {
+            facts.push(("nodes".into(), g.labels.nodes().join(", ")));
+        }
         facts.push((
             "target".into(),
             h.target.clone().unwrap_or("the whole node".into()),
@@ -270,8 +289,8 @@ fn facts(file: &Path, about: &About, g: &Gathered) -> Vec<(String, String)> {
     facts
 }
 
-fn markdown(file: &Path, about: &About, g: &Gathered) -> String {
-    let mut s = format!("# dnstrace report: {}\n\n", file.display());
+fn markdown(file: &str, about: &About, g: &Gathered) -> String {
+    let mut s = format!("# dnstrace report: {file}\n\n");
     for (k, v) in facts(file, about, g) {
         let _ = writeln!(s, "- **{k}**: {v}");
     }
@@ -344,13 +363,13 @@ fn esc(s: &str) -> String {
         .replace('"', "&quot;")
 }
 
-fn html(file: &Path, about: &About, g: &Gathered) -> String {
+fn html(file: &str, about: &About, g: &Gathered) -> String {
     let mut s = format!(
         "<!doctype html><html><head><meta charset=\"utf-8\"><title>dnstrace report: {0}</title>\
          <style>body{{font-family:sans-serif;max-width:70em;margin:2em auto}}table{{border-collapse:collapse}}\
          td,th{{border:1px solid #ccc;padding:2px 6px;text-align:left}}.crit{{color:#b00}}.warn{{color:#a60}}</style>\
          </head><body><h1>dnstrace report: {0}</h1><ul>",
-        esc(&file.display().to_string())
+        esc(file)
     );
     for (k, v) in facts(file, about, g) {
         let _ = write!(s, "<li><b>{}</b>: {}</li>", esc(&k), esc(&v));

@@ -10,7 +10,7 @@ use dnstrace_common::Hook;
 use super::table::Map;
 use crate::decode::{
     tcp::{ACK, FIN, RST, SYN},
-    Packet, Transport,
+    NodeId, Packet, Transport,
 };
 
 /// What a connection showed, times in kernel nanoseconds.
@@ -87,6 +87,7 @@ impl Connection {
 /// Where a connection's segments are counted: the first hook its SYN passed.
 #[derive(Clone, Copy, PartialEq, Eq)]
 struct Place {
+    node: NodeId,
     netns: u32,
     ifindex: u32,
     hook: Hook,
@@ -146,7 +147,7 @@ impl Connections {
         // the client shows under its SNAT alias; only on the client's side,
         // not where the server sends it.
         let aliased = self.aliases.get(&p.dst) == Some(&t.conn.client);
-        let on_client_side = aliased && p.netns == t.place.netns;
+        let on_client_side = aliased && (p.node, p.netns) == (t.place.node, t.place.netns);
         let to_client =
             p.ct.map_or(p.dst == t.conn.client || on_client_side, |ct| ct.is_reply);
         // Once set up, a socket's queues are freed at close as drops too:
@@ -285,6 +286,7 @@ impl Tracked {
 
 fn here(p: &Packet) -> Place {
     Place {
+        node: p.node,
         netns: p.netns,
         ifindex: p.ifindex,
         hook: p.hook,

@@ -2,7 +2,7 @@
 use std::sync::Arc;
 
 use super::table::Map;
-use crate::decode::Packet;
+use crate::decode::{NodeId, Packet};
 
 /// Devices kept before the table is first compacted.
 pub(super) const DEVICES_LIMIT: usize = 4096;
@@ -10,6 +10,7 @@ pub(super) const DEVICES_LIMIT: usize = 4096;
 /// Where legs are seen: shared, as thousands of open journeys pass the
 /// same few devices.
 pub(super) struct Device {
+    pub(super) node: NodeId,
     pub(super) netns: u32,
     pub(super) ifindex: u32,
     pub(super) name: Option<Arc<str>>,
@@ -20,11 +21,19 @@ pub(super) struct Device {
 /// and go: when the table fills, it keeps only what open legs use.
 pub(super) struct Devices {
     pub(super) list: Vec<Device>,
-    /// The latest id of each (netns, ifindex).
-    ids: Map<(u32, u32), u16>,
+    /// The latest id of each (node, netns, ifindex).
+    ids: Map<(NodeId, u32, u32), u16>,
     /// Compacted when `list` reaches this; doubled, up to 65,536, when
     /// compacting frees less than half.
     limit: usize,
+}
+
+impl Device {
+    /// Its network namespace, on its node: namespaces of two nodes are
+    /// never the same, whatever their numbers.
+    pub(super) fn ns(&self) -> (NodeId, u32) {
+        (self.node, self.netns)
+    }
 }
 
 impl Devices {
@@ -42,7 +51,7 @@ impl Devices {
 
     /// The id of the device `p` was seen at, if it is known.
     pub(super) fn find(&self, p: &Packet) -> Option<u16> {
-        let id = *self.ids.get(&(p.netns, p.ifindex))?;
+        let id = *self.ids.get(&(p.node, p.netns, p.ifindex))?;
         (self.get(id).name.as_deref() == p.ifname.as_deref()).then_some(id)
     }
 
@@ -54,11 +63,12 @@ impl Devices {
     pub(super) fn add(&mut self, p: &Packet) -> u16 {
         let id = u16::try_from(self.list.len()).expect("compacted before 65,536");
         self.list.push(Device {
+            node: p.node,
             netns: p.netns,
             ifindex: p.ifindex,
             name: p.ifname.as_deref().map(Arc::from),
         });
-        self.ids.insert((p.netns, p.ifindex), id);
+        self.ids.insert((p.node, p.netns, p.ifindex), id);
         id
     }
 
@@ -72,7 +82,7 @@ impl Devices {
         for (old, d) in list.into_iter().enumerate() {
             if used[old] {
                 new_id[old] = kept;
-                self.ids.insert((d.netns, d.ifindex), kept);
+                self.ids.insert((d.node, d.netns, d.ifindex), kept);
                 self.list.push(d);
                 kept += 1;
             }

@@ -554,7 +554,7 @@ impl Engine {
     fn waiting_parent(&self, key: &Key, name: u64, p: &Packet) -> Option<Ref> {
         let places = [
             Some(Place::Addr(p.src.ip())),
-            (p.netns != 0).then_some(Place::Netns(p.netns)),
+            (p.netns != 0).then_some(Place::Netns(p.node, p.netns)),
         ];
         places
             .into_iter()

@@ -6,7 +6,7 @@ use dnstrace_common::{Direction, Hook, SampleLevel};
 use serde::Serialize;
 
 use super::Connection;
-use crate::decode::{Qtype, Rcode};
+use crate::decode::{NodeId, Qtype, Rcode};
 use crate::decode::{Record, Seen};
 
 /// One sighting of a journey's packet.
@@ -21,6 +21,8 @@ pub struct Leg {
     /// Shared among legs: thousands of open journeys name the same devices.
     pub iface: Option<Arc<str>>,
     pub ifindex: u32,
+    /// The node it was seen on, in a merged replay.
+    pub node: NodeId,
     pub netns: u32,
     pub src: SocketAddr,
     pub dst: SocketAddr,
@@ -168,7 +170,7 @@ impl Journey {
         self.legs.iter().filter(move |l| {
             l.response
                 && o.is_some_and(|o| {
-                    l.netns == o.netns
+                    (l.node, l.netns) == (o.node, o.netns)
                         && l.ifindex == o.ifindex
                         && l.direction() != o.direction()
                         && l.direction() != Direction::Drop
@@ -198,6 +200,7 @@ pub mod fixtures {
             hook,
             iface: Some("eth0".into()),
             ifindex: 2,
+            node: Default::default(),
             netns,
             src: src.parse().unwrap(),
             dst: dst.parse().unwrap(),

@@ -9,7 +9,7 @@ use std::{
 use dnstrace_common::{sample, Direction, Hook, SampleLevel};
 
 use super::{devices::Devices, FragmentNote, Gap, Journey, Leg, Outcome};
-use crate::decode::{Conntrack, DnsMessage, Packet, Qtype};
+use crate::decode::{Conntrack, DnsMessage, NodeId, Packet, Qtype};
 
 /// Where an open journey is kept: its place in `Slab`. Indexes hold slots
 /// (4 bytes, where ids are 8) and drop them when the journey closes.
@@ -151,7 +151,8 @@ pub(super) struct Question<'a> {
 /// from that network namespace, or (without namespaces) that address.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(super) enum Place {
-    Netns(u32),
+    /// A namespace on its node.
+    Netns(NodeId, u32),
     Addr(IpAddr),
 }
 
@@ -370,11 +371,11 @@ impl Open {
         else {
             return [None, None];
         };
-        let netns = devs.get(arrival.dev).netns;
+        let (node, netns) = devs.get(arrival.dev).ns();
         let at_server = netns != 0 && self.reached_server_netns(arrival, devs);
         [
             Some(Place::Addr(self.dst_ip(arrival))),
-            at_server.then_some(Place::Netns(netns)),
+            at_server.then_some(Place::Netns(node, netns)),
         ]
     }
 
@@ -388,12 +389,12 @@ impl Open {
         let Some(arrival) = self.legs.iter().rev().find(|l| !l.response()) else {
             return false;
         };
-        let netns = devs.get(arrival.dev).netns;
-        if netns != 0 && p.netns != 0 {
+        let ns = devs.get(arrival.dev).ns();
+        if ns.1 != 0 && p.netns != 0 {
             let same_ask = [arrival, &self.legs[0]]
                 .iter()
                 .all(|l| self.dst_ip(l) == p.dst.ip());
-            netns == p.netns && self.reached_server_netns(arrival, devs) && !same_ask
+            ns == (p.node, p.netns) && self.reached_server_netns(arrival, devs) && !same_ask
         } else {
             self.dst_ip(arrival) == p.src.ip()
         }
@@ -405,18 +406,16 @@ impl Open {
     /// client's to NodeLocalDNS).
     #[inline]
     fn reached_server_netns(&self, arrival: &OpenLeg, devs: &Devices) -> bool {
-        let netns = devs.get(arrival.dev).netns;
-        netns != devs.get(self.legs[0].dev).netns
-            || (arrival.hook.direction() == Direction::Ingress && self.left(netns, devs))
+        let ns = devs.get(arrival.dev).ns();
+        ns != devs.get(self.legs[0].dev).ns()
+            || (arrival.hook.direction() == Direction::Ingress && self.left(ns, devs))
     }
 
-    /// Whether a query leg left `netns`.
+    /// Whether a query leg left the namespace `ns`.
     #[cold]
-    fn left(&self, netns: u32, devs: &Devices) -> bool {
+    fn left(&self, ns: (NodeId, u32), devs: &Devices) -> bool {
         self.legs.iter().any(|l| {
-            !l.response()
-                && l.hook.direction() == Direction::Egress
-                && devs.get(l.dev).netns == netns
+            !l.response() && l.hook.direction() == Direction::Egress && devs.get(l.dev).ns() == ns
         })
     }
 
@@ -425,7 +424,10 @@ impl Open {
         let msg = seen.msg;
         let duplicate = self.legs.iter().any(|l| {
             let d = devs.get(l.dev);
-            l.ts_ns == p.ts_ns && d.ifindex == p.ifindex && d.netns == p.netns && l.hook == p.hook
+            l.ts_ns == p.ts_ns
+                && d.ifindex == p.ifindex
+                && d.ns() == (p.node, p.netns)
+                && l.hook == p.hook
         });
         if duplicate {
             return;
@@ -499,7 +501,7 @@ impl Open {
         let through_device = p.hook.direction().through_device();
         origin.is_some_and(|o| {
             through_device
-                && devs.get(o.dev).netns == p.netns
+                && devs.get(o.dev).ns() == (p.node, p.netns)
                 && devs.get(o.dev).ifindex == p.ifindex
                 && o.hook.direction() != p.hook.direction()
         })
@@ -659,6 +661,7 @@ impl OpenLeg {
             hook: self.hook,
             iface: dev.name.clone(),
             ifindex: dev.ifindex,
+            node: dev.node,
             netns: dev.netns,
             src: self.src.unpack(self.flags.has(LegFlags::V6_SRC), v6),
             dst: self.dst.unpack(self.flags.has(LegFlags::V6_DST), v6),

@@ -2,12 +2,15 @@
 //! a lookup's packets are all kept or all left out. A journey open across a
 //! change may have lost legs to the stricter level: it is whole only if
 //! its label passed every level in effect while it was open, and is left
-//! out otherwise, never shown with legs missing.
+//! out otherwise, never shown with legs missing. In a replay of several
+//! nodes' recordings each node's kernel had a level of its own: a journey
+//! must pass every node's, as which nodes it would have crossed is not
+//! known where a level left its legs out.
 use std::collections::VecDeque;
 
 use dnstrace_common::SampleLevel;
 
-use crate::ingest::SampleChange;
+use crate::{decode::NodeId, ingest::SampleChange};
 
 /// How far from a change a packet may have been decided by the level on
 /// its other side: a program reads the level before it takes the time,
@@ -20,15 +23,60 @@ const SLACK_NS: u64 = 100_000_000;
 /// this only bounds what a damaged or crafted recording can make it hold.
 const MAX_CHANGES: usize = 256;
 
+/// Each node's levels, in the order their first change came.
 #[derive(Default)]
 pub(super) struct Sampling {
+    nodes: Vec<(NodeId, Levels)>,
+}
+
+impl Sampling {
+    pub(super) fn change(&mut self, c: SampleChange) {
+        match self.nodes.iter_mut().find(|(n, _)| *n == c.node) {
+            Some((_, levels)) => levels.change(c),
+            None => {
+                let mut levels = Levels::default();
+                levels.change(c);
+                self.nodes.push((c.node, levels));
+            }
+        }
+    }
+
+    pub(super) fn forget_before(&mut self, earliest: u64) {
+        for (_, levels) in &mut self.nodes {
+            levels.forget_before(earliest);
+        }
+    }
+
+    /// The strictest level in effect now, of any node.
+    pub(super) fn now(&self) -> SampleLevel {
+        let levels = self.nodes.iter().map(|(_, l)| l.now());
+        levels.max_by_key(|l| l.shift).unwrap_or_default()
+    }
+
+    /// The strictest level of any node a journey was kept under (see
+    /// `Levels::kept`); None if one of them would have left it out.
+    pub(super) fn kept(&self, label: Option<u32>, start: u64, end: u64) -> Option<SampleLevel> {
+        let mut strictest = SampleLevel::default();
+        for (_, levels) in &self.nodes {
+            let level = levels.kept(label, start, end)?;
+            if level.shift > strictest.shift {
+                strictest = level;
+            }
+        }
+        Some(strictest)
+    }
+}
+
+/// One node's levels: the changes a journey that may still close spans.
+#[derive(Default)]
+struct Levels {
     /// The level before the first change remembered.
     first: SampleLevel,
     changes: VecDeque<SampleChange>,
 }
 
-impl Sampling {
-    pub(super) fn change(&mut self, c: SampleChange) {
+impl Levels {
+    fn change(&mut self, c: SampleChange) {
         if self.changes.len() == MAX_CHANGES {
             self.fold_oldest();
         }
@@ -36,7 +84,7 @@ impl Sampling {
     }
 
     /// Forgets the changes no journey started from `earliest` on spans.
-    pub(super) fn forget_before(&mut self, earliest: u64) {
+    fn forget_before(&mut self, earliest: u64) {
         while self
             .changes
             .front()
@@ -53,14 +101,14 @@ impl Sampling {
     }
 
     /// The level in effect now.
-    pub(super) fn now(&self) -> SampleLevel {
+    fn now(&self) -> SampleLevel {
         self.changes.back().map_or(self.first, |c| c.level)
     }
 
     /// The strictest level a journey whose first label hashes to `label`
     /// (None over TCP, which is never left out) was kept under while open
     /// from `start` to `end`; None if one of them would have left it out.
-    pub(super) fn kept(&self, label: Option<u32>, start: u64, end: u64) -> Option<SampleLevel> {
+    fn kept(&self, label: Option<u32>, start: u64, end: u64) -> Option<SampleLevel> {
         let Some(label) = label else {
             return Some(SampleLevel::default());
         };
@@ -117,11 +165,16 @@ mod tests {
     }
 
     fn at(sampling: &mut Sampling, ms: u64, shift: u32) {
+        at_node(sampling, NodeId(0), ms, shift);
+    }
+
+    fn at_node(sampling: &mut Sampling, node: NodeId, ms: u64, shift: u32) {
         let c = SampleChange {
             since_ns: ms * MS,
             now_ns: ms * MS + MS,
             level: level(shift),
             budget: false,
+            node,
         };
         sampling.change(c);
     }
@@ -170,10 +223,13 @@ mod tests {
         at(&mut s, 1000, 3);
         at(&mut s, 60_000, 2);
         s.forget_before(1000 * MS);
-        assert_eq!(s.changes.len(), 2, "a journey from 1 s spans both");
+        fn levels(s: &Sampling) -> &Levels {
+            &s.nodes[0].1
+        }
+        assert_eq!(levels(&s).changes.len(), 2, "a journey from 1 s spans both");
         s.forget_before(2000 * MS);
-        assert_eq!(s.changes.len(), 1);
-        assert_eq!(s.first, level(3));
+        assert_eq!(levels(&s).changes.len(), 1);
+        assert_eq!(levels(&s).first, level(3));
         let quarter = label_kept_up_to(2);
         assert_eq!(shift(s.kept(Some(quarter), 59_000 * MS, 59_010 * MS)), None);
         assert_eq!(
@@ -183,6 +239,21 @@ mod tests {
         for n in 0..300 {
             at(&mut s, 61_000 + n, 1);
         }
-        assert_eq!(s.changes.len(), MAX_CHANGES);
+        assert_eq!(levels(&s).changes.len(), MAX_CHANGES);
+    }
+
+    /// Merged nodes: node 2 lowering its level does not end node 1's, and
+    /// a journey must pass both.
+    #[test]
+    fn each_node_keeps_its_own_level() {
+        let mut s = Sampling::default();
+        at_node(&mut s, NodeId(1), 1000, 2);
+        at_node(&mut s, NodeId(2), 1000, 1);
+        at_node(&mut s, NodeId(2), 2000, 0);
+        let half = label_kept_up_to(1);
+        let quarter = label_kept_up_to(2);
+        assert_eq!(shift(s.kept(Some(half), 3000 * MS, 3100 * MS)), None);
+        assert_eq!(shift(s.kept(Some(quarter), 3000 * MS, 3100 * MS)), Some(2));
+        assert_eq!(s.now(), level(2));
     }
 }

@@ -77,6 +77,7 @@ fn rec(e: &Ev, m: DnsMessage, ct: Option<Conntrack>, drop: Option<Dropped>) -> R
     Record {
         packet: Packet {
             ts_ns: e.ts,
+            node: Default::default(),
             netns: e.netns,
             ifindex: e.ifindex,
             hook: e.hook,
@@ -1024,6 +1025,7 @@ fn a_rise_leaves_out_whole_the_journeys_it_may_have_cut() {
         now_ns: 110_000,
         level,
         budget: false,
+        node: Default::default(),
     });
     for r in &kept_legs[4..] {
         e.push(r);
@@ -1055,6 +1057,7 @@ fn journeys_under_one_level_are_all_shown() {
         now_ns: 2000 * MS,
         level,
         budget: false,
+        node: Default::default(),
     });
     let after = healthy_named(
         3000 * MS,

@@ -12,7 +12,7 @@ use std::{
 use bytes::BytesMut;
 use dnstrace_common::Hook;
 
-use super::{Fragment, Packet};
+use super::{Fragment, NodeId, Packet};
 
 /// The first fragment's data starts with the UDP header.
 const UDP_HEADER: u32 = 8;
@@ -98,6 +98,7 @@ pub enum Done {
 /// its own, and a capture's later fragments have none at all.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct Key {
+    node: NodeId,
     netns: u32,
     ifindex: u32,
     hook: u8,
@@ -125,6 +126,7 @@ impl DatagramId {
 impl Key {
     fn of(p: &Packet, f: Fragment) -> Self {
         Self {
+            node: p.node,
             netns: p.netns,
             ifindex: p.ifindex,
             hook: p.hook as u8,

@@ -9,7 +9,7 @@ pub mod wire;
 pub use dns::{DnsMessage, Qtype, Rcode};
 pub use frag::{Missing, Seen};
 pub use kernel::KernelNames;
-pub use packet::{Conntrack, CtTuple, Dropped, Fragment, Packet, Transport};
+pub use packet::{Conntrack, CtTuple, Dropped, Fragment, NodeId, Packet, Transport};
 
 use std::sync::Arc;
 

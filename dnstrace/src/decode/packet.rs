@@ -21,11 +21,19 @@ pub enum Transport {
     Tcp { seq: u32, flags: u8 },
 }
 
+/// Which node a packet was seen on, among the recordings of a merged
+/// replay: 0 for none named (a live capture, one file), else the node's
+/// place in the replay's list plus one. Namespace inodes and device
+/// indexes are a node's own: two nodes' may be the same numbers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NodeId(pub u16);
+
 /// A DNS packet seen by a hook.
 #[derive(Clone, Debug)]
 pub struct Packet {
     /// CLOCK_MONOTONIC nanoseconds.
     pub ts_ns: u64,
+    pub node: NodeId,
     pub netns: u32,
     pub ifindex: u32,
     pub hook: Hook,
@@ -146,6 +154,7 @@ impl Packet {
         };
         Ok(Self {
             ts_ns: meta.ts_ns,
+            node: NodeId::default(),
             netns: meta.netns,
             ifindex: meta.ifindex,
             hook,

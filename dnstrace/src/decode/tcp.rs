@@ -4,7 +4,7 @@ use std::{collections::HashMap, net::SocketAddr};
 
 use bytes::{Buf as _, Bytes, BytesMut};
 
-use super::{Packet, Transport};
+use super::{NodeId, Packet, Transport};
 
 /// TCP header flags, as `Transport::Tcp` carries them.
 pub const FIN: u8 = 0x01;
@@ -42,6 +42,7 @@ pub enum Piece {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct Key {
+    node: NodeId,
     netns: u32,
     ifindex: u32,
     hook: u8,
@@ -85,6 +86,7 @@ impl Reassembler {
         };
         self.sweep(p.ts_ns);
         let key = Key {
+            node: p.node,
             netns: p.netns,
             ifindex: p.ifindex,
             hook: p.hook as u8,
@@ -268,6 +270,7 @@ mod tests {
     fn seg(seq: u32, flags: u8, data: &[u8]) -> Packet {
         Packet {
             ts_ns: 1,
+            node: Default::default(),
             netns: 1,
             ifindex: 2,
             hook: Hook::TcIngress,

@@ -46,6 +46,7 @@ fn leg(
         hook,
         iface: Some("eth0".into()),
         ifindex,
+        node: Default::default(),
         netns,
         src: a(src),
         dst: a(dst),

@@ -7,6 +7,7 @@ use dnstrace_common::{sample::MAX_SHIFT, SampleLevel};
 
 use crate::{
     clock::monotonic_now,
+    decode::NodeId,
     probes::{Counts, SampleMap},
 };
 
@@ -19,6 +20,8 @@ pub struct SampleChange {
     pub level: SampleLevel,
     /// Set by the budget of lookups followed, not by overload.
     pub budget: bool,
+    /// The node whose kernel it is, in a merged replay.
+    pub node: NodeId,
 }
 
 /// How the level is chosen (`--sample`).
@@ -298,6 +301,7 @@ impl Sampler {
             now_ns: monotonic_now(),
             level,
             budget: self.governor.by_budget(),
+            node: NodeId::default(),
         })
     }
 }

@@ -6,7 +6,7 @@ use std::{io::Write, net::IpAddr};
 
 use serde::Serialize;
 
-use super::addr;
+use super::{addr, Labels};
 use crate::{
     correlate::{Connection, FragmentNote, Journey, Leg, Outcome},
     pods::workload::Workload,
@@ -29,6 +29,8 @@ pub(super) struct JourneyJson<'a> {
     pub names: Vec<(IpAddr, &'a str)>,
     /// The workloads of the named pods that have one, in the same order.
     pub workloads: Vec<(IpAddr, &'a Workload)>,
+    /// Names the nodes of a merged replay's legs.
+    pub labels: &'a Labels,
 }
 
 #[derive(Serialize)]
@@ -71,7 +73,7 @@ impl JourneyJson<'_> {
         key!(out, "dnat");
         addr::pair(out, j.dnat.as_deref());
         key!(out, "legs");
-        list(out, &j.legs, leg)?;
+        list(out, &j.legs, |out, l| leg(out, l, self.labels))?;
         key!(out, "incomplete");
         boolean(out, j.incomplete.is_some());
         if let Some(gap) = j.incomplete {
@@ -157,7 +159,7 @@ impl ConnectionJson {
     }
 }
 
-fn leg(out: &mut Vec<u8>, l: &Leg) -> serde_json::Result<()> {
+fn leg(out: &mut Vec<u8>, l: &Leg, labels: &Labels) -> serde_json::Result<()> {
     out.extend_from_slice(b"{\"ts_ns\":");
     number(out, l.ts_ns);
     key!(out, "since_prev_ns");
@@ -172,6 +174,11 @@ fn leg(out: &mut Vec<u8>, l: &Leg) -> serde_json::Result<()> {
     value(out, &l.iface)?;
     key!(out, "ifindex");
     number(out, l.ifindex);
+    // Only in a merged replay: one node's lines are as they were.
+    if let Some(node) = labels.node(l.node) {
+        key!(out, "node");
+        value(out, &node)?;
+    }
     key!(out, "netns");
     number(out, l.netns);
     key!(out, "src");

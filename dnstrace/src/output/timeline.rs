@@ -224,6 +224,7 @@ mod tests {
             hook,
             iface: iface.map(Into::into),
             ifindex: 7,
+            node: Default::default(),
             netns: 4026532246,
             src: src.parse().unwrap(),
             dst: dst.parse().unwrap(),

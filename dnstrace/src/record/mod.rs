@@ -3,6 +3,7 @@
 //! of plain tcpdump captures) through the same pipeline; a report.
 pub mod flight;
 pub mod frame;
+pub mod merge;
 pub mod notes;
 pub mod pcapng;
 mod recorder;

@@ -103,6 +103,13 @@ pub struct Header {
     pub scope: Option<String>,
 }
 
+impl Header {
+    /// The node it was recorded on: `--node`'s name, else the host's.
+    pub fn node_name(&self) -> &str {
+        self.scope.as_deref().unwrap_or(&self.node)
+    }
+}
+
 /// Pairs, not maps, where keys are numbers: a tagged enum's content cannot
 /// read numbers back from JSON's string keys.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]

@@ -23,7 +23,7 @@ use super::{
 use crate::{
     clock::Clock,
     correlate::Limits,
-    decode::{KernelNames, Packet},
+    decode::{KernelNames, NodeId, Packet},
     diagnose::Context,
     ingest::SampleChange,
     naming::Names,
@@ -116,7 +116,7 @@ impl About {
 
     /// `replay of FILE (node lab-node; pod default/web)`: the file, and
     /// what it traced where the recording says.
-    pub fn headline(&self, file: &Path) -> String {
+    pub fn headline(&self, files: &str) -> String {
         let node = self.header.as_ref().and_then(|h| h.scope.as_ref());
         let what: Vec<String> = node
             .map(|n| format!("node {n}"))
@@ -124,8 +124,8 @@ impl About {
             .chain(self.context.target.as_ref().map(|t| t.label.clone()))
             .collect();
         match what.is_empty() {
-            true => format!("replay of {}", file.display()),
-            false => format!("replay of {} ({})", file.display(), what.join("; ")),
+            true => format!("replay of {files}"),
+            false => format!("replay of {files} ({})", what.join("; ")),
         }
     }
 
@@ -215,9 +215,7 @@ pub struct Replay<R: Read = BufReader<File>> {
     /// Plain captures have no recorded ticks; their clock makes them.
     make_ticks: bool,
     last_tick: u64,
-    speed: Speed,
-    /// The first time seen, and when it was replayed.
-    start: Option<(u64, Instant)>,
+    pacer: Pacer,
     done: bool,
     /// Why the replay stopped early, said after what came before it.
     pub error: Option<anyhow::Error>,
@@ -257,8 +255,7 @@ impl<R: Read> Replay<R> {
                 .unwrap_or(0),
             make_ticks: about.header.is_none(),
             last_tick: 0,
-            speed,
-            start: None,
+            pacer: Pacer::new(speed),
             done: false,
             error: None,
             skipped: 0,
@@ -348,6 +345,7 @@ impl<R: Read> Replay<R> {
                     seed,
                 },
                 budget: false,
+                node: NodeId::default(),
             }),
             Note::Pods { now_ns, refresh } => Input::Pods { now_ns, refresh },
             Note::End { now_ns } => {
@@ -406,6 +404,7 @@ impl<R: Read> Replay<R> {
         }
         Some(Packet {
             ts_ns,
+            node: NodeId::default(),
             netns: 0,
             ifindex: iface + 1,
             hook: Hook::DevReceive,
@@ -434,8 +433,31 @@ impl<R: Read> Replay<R> {
         }
     }
 
-    /// Waits until `input` is due, at the chosen speed.
-    async fn pace(&mut self, input: &Input) {
+    /// Says where the file was cut short, if it was, once.
+    pub(super) fn warn_cut(&mut self) {
+        if let Some(offset) = self.cut_at.take() {
+            log::warn!(
+                "{}: the recording was cut short at byte {offset} (inside a block); replayed what came before",
+                self.path.display()
+            );
+        }
+    }
+}
+
+/// Replays inputs at the chosen speed.
+pub(super) struct Pacer {
+    speed: Speed,
+    /// The first time seen, and when it was replayed.
+    start: Option<(u64, Instant)>,
+}
+
+impl Pacer {
+    pub(super) fn new(speed: Speed) -> Self {
+        Self { speed, start: None }
+    }
+
+    /// Waits until `input` is due.
+    pub(super) async fn pace(&mut self, input: &Input) {
         let (Speed::Times(x), Some(t)) = (self.speed, time_of(input)) else {
             return;
         };
@@ -456,6 +478,7 @@ fn recorded(note: &PacketNote, data: &[u8]) -> Option<Packet> {
     }
     Some(Packet {
         ts_ns: note.mono_ns,
+        node: NodeId::default(),
         netns: note.netns,
         ifindex: note.ifindex,
         hook: Hook::from_u8(note.hook)?,
@@ -474,7 +497,7 @@ fn recorded(note: &PacketNote, data: &[u8]) -> Option<Packet> {
 }
 
 /// When an input happened.
-fn time_of(input: &Input) -> Option<u64> {
+pub(super) fn time_of(input: &Input) -> Option<u64> {
     match input {
         Input::Packets(b) => b.last().map(|p| p.ts_ns),
         Input::Conntrack { now_ns, .. }
@@ -493,15 +516,10 @@ impl<R: Read> Source for Replay<R> {
 
     async fn next(&mut self) -> Result<Option<Input>> {
         let Some(input) = self.next_input() else {
-            if let Some(offset) = self.cut_at.take() {
-                log::warn!(
-                    "{}: the recording was cut short at byte {offset} (inside a block); replayed what came before",
-                    self.path.display()
-                );
-            }
+            self.warn_cut();
             return Ok(None);
         };
-        self.pace(&input).await;
+        self.pacer.pace(&input).await;
         Ok(Some(input))
     }
 

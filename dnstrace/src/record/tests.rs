@@ -37,6 +37,7 @@ impl Rng {
 pub fn packet(src: &str, dst: &str, transport: Transport, payload: &[u8]) -> Packet {
     Packet {
         ts_ns: 1,
+        node: Default::default(),
         netns: 4026531840,
         ifindex: 2,
         hook: Hook::TcEgress,
@@ -99,7 +100,7 @@ pub fn big_answer(id: u16, answers: u8) -> Vec<u8> {
     m.to_vec().unwrap()
 }
 
-fn dns_message(id: u16, name: &str, rcode: Option<ResponseCode>) -> Vec<u8> {
+pub(crate) fn dns_message(id: u16, name: &str, rcode: Option<ResponseCode>) -> Vec<u8> {
     let mut m = Message::new();
     m.set_id(id)
         .set_recursion_desired(true)
@@ -403,6 +404,7 @@ pub fn inputs() -> Vec<crate::pipeline::Input> {
                 seed: 0xdead_beef,
             },
             budget: false,
+            node: Default::default(),
         }),
         Input::Pods {
             now_ns: 5_000_800_000,
@@ -514,10 +516,7 @@ fn a_recording_names_the_node_it_was_scoped_to() {
     drop(rec);
     let about = About::read(&path).unwrap();
     assert_eq!(about.header.as_ref().unwrap().scope.as_deref(), Some("n-2"));
-    assert_eq!(
-        about.headline(Path::new("x.pcapng")),
-        "replay of x.pcapng (node n-2)"
-    );
+    assert_eq!(about.headline("x.pcapng"), "replay of x.pcapng (node n-2)");
     let mut old = serde_json::to_value(about.header.unwrap()).unwrap();
     old.as_object_mut().unwrap().remove("scope");
     let old: super::notes::Header = serde_json::from_value(old).unwrap();

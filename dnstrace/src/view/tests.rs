@@ -67,6 +67,7 @@ fn leg(ts: u64, prev: u64, place: (&str, u32), dir: &'static str, src: &str, dst
         },
         iface: Some(place.0.into()),
         ifindex: 2,
+        node: Default::default(),
         netns: place.1,
         src: a(src),
         dst: a(dst),
