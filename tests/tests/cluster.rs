@@ -6,7 +6,7 @@ use std::{os::unix::fs::MetadataExt as _, time::Duration};
 
 use serde_json::Value;
 
-use dnstrace_tests::*;
+use dnstrace_tests::{otlp, prometheus::free_port, *};
 
 /// node1's client, and the kube-dns service every node DNATs.
 const WEB_IP: &str = "10.244.1.10";
@@ -80,4 +80,328 @@ fn a_lookup_crosses_nodes_over_the_overlay_and_back() {
     ];
     assert!(steps.windows(2).all(|w| w[0] < w[1]), "{steps:?}: {legs:?}");
     assert_eq!(journey["outcome"]["rcode"], "NOERROR", "{journey}");
+}
+
+/// The flags that make a dnstrace node `n`'s (`lab status` prints them).
+fn node_flags(n: u8) -> Vec<String> {
+    [
+        "--node".to_owned(),
+        format!("node{n}"),
+        "--node-netns".to_owned(),
+        format!("/run/netns/dtlab-node{n}"),
+        "--containerd-root".to_owned(),
+        format!("/run/dnstrace-lab/node{n}/containerd"),
+        "--cri-socket".to_owned(),
+        format!("/run/dnstrace-lab/node{n}/cri/containerd.sock"),
+    ]
+    .to_vec()
+}
+
+/// The network namespace inodes of node `n` and of its pods.
+fn node_scope(n: u8, pods: &[&str]) -> Vec<u64> {
+    let mut all = vec![node_netns(n)];
+    all.extend(pods.iter().map(|p| {
+        std::fs::metadata(format!("/run/netns/{p}"))
+            .expect("a pod's namespace")
+            .ino()
+    }));
+    all
+}
+
+const NODE_PODS: [&[&str]; 3] = [
+    &["dtlab-web-7d9f8c6b5-x2x4k"],
+    &[
+        "dtlab-checkout-5f6d7c9b8-q7w2e",
+        "dtlab-coredns-7db6d8ff4d-4xk9m",
+    ],
+    &[
+        "dtlab-api-6c8d7f5b4-m3n8p",
+        "dtlab-coredns-7db6d8ff4d-vz8lp",
+    ],
+];
+
+/// web's lookups of `name`, one a time, while one dnstrace per node
+/// records its node alone; each node's live journeys and its recording.
+fn record_each_node(
+    lab: &Lab,
+    dir: &Dir,
+    name: &str,
+    lookups: usize,
+) -> Vec<(Vec<Value>, std::path::PathBuf)> {
+    let tracers: Vec<(Dnstrace, std::path::PathBuf)> = (1..=3u8)
+        .map(|n| {
+            let file = dir.file(&format!("node{n}.pcapng"));
+            let mut args: Vec<String> = ["trace", "-o", "json", "--timeout", "3s", "--record"]
+                .map(String::from)
+                .to_vec();
+            args.push(file.display().to_string());
+            args.extend(node_flags(n));
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            (Dnstrace::start_here(Keep::Every, &args).unwrap(), file)
+        })
+        .collect();
+    for _ in 0..lookups {
+        let out = lab.dig("dtlab-web-7d9f8c6b5-x2x4k", name);
+        assert_eq!(dig_status(&out), "NOERROR", "{out}");
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    tracers
+        .into_iter()
+        .map(|(t, file)| {
+            let (status, out, stderr) = t.stop(libc::SIGINT).unwrap();
+            assert!(status.success(), "{status}: {stderr:?}");
+            (json_lines(&out), file)
+        })
+        .collect()
+}
+
+/// Journeys of `lines` from web's address.
+fn web_journeys(lines: &[Value]) -> Vec<&Value> {
+    lines
+        .iter()
+        .filter(|j| {
+            j["client"]
+                .as_str()
+                .is_some_and(|c| c.starts_with(&format!("{WEB_IP}:")))
+        })
+        .collect()
+}
+
+#[test]
+fn each_node_sees_its_half_and_the_merged_recordings_give_whole_journeys() {
+    require_root();
+    let lab = Lab::up(&["--nodes", "3"]);
+    let dir = Dir::new("cluster");
+    const LOOKUPS: usize = 6;
+    let name = "kube-dns.kube-system.svc.cluster.local";
+    let nodes = record_each_node(&lab, &dir, name, LOOKUPS);
+
+    // Live, each instance sees only its node's namespaces: web's lookups
+    // whole on node 1 up to the overlay, and on the nodes of CoreDNS from it.
+    for (i, (lines, _)) in nodes.iter().enumerate() {
+        let scope = node_scope(i as u8 + 1, NODE_PODS[i]);
+        for j in lines.iter().filter(|j| j["legs"].is_array()) {
+            for (netns, iface, hook, _) in legs(j) {
+                assert!(
+                    scope.contains(&netns),
+                    "node{}'s dnstrace saw {iface} {hook} in {netns}, another node's: {j}",
+                    i + 1
+                );
+            }
+        }
+    }
+    assert_eq!(web_journeys(&nodes[0].0).len(), LOOKUPS, "{:?}", nodes[0].0);
+    let elsewhere = web_journeys(&nodes[1].0).len() + web_journeys(&nodes[2].0).len();
+    assert_eq!(elsewhere, LOOKUPS, "each lookup on one CoreDNS node");
+
+    // Merged: one journey per lookup, legs from node 1 and the CoreDNS
+    // pod's node in time order, each leg naming its node.
+    let files: Vec<String> = nodes.iter().map(|(_, f)| f.display().to_string()).collect();
+    let mut args = vec!["replay", "-o", "json"];
+    args.extend(files.iter().map(String::as_str));
+    let out = dnstrace(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let merged = json_lines(&String::from_utf8_lossy(&out.stdout));
+    let web = web_journeys(&merged);
+    assert_eq!(web.len(), LOOKUPS, "{merged:?}");
+    for j in web {
+        let legs = j["legs"].as_array().unwrap();
+        let node_of = |l: &Value| l["node"].as_str().unwrap_or("").to_owned();
+        let named: Vec<String> = legs.iter().map(node_of).collect();
+        assert!(named.iter().all(|n| n.starts_with("node")), "{named:?}");
+        assert_eq!(named.first().map(String::as_str), Some("node1"), "{j}");
+        assert_eq!(named.last().map(String::as_str), Some("node1"), "{j}");
+        assert!(named.iter().any(|n| n == "node2" || n == "node3"), "{j}");
+        let times: Vec<u64> = legs.iter().filter_map(|l| l["ts_ns"].as_u64()).collect();
+        assert!(times.windows(2).all(|w| w[0] <= w[1]), "{j}");
+        // The query leaves node 1 on the overlay before it reaches the
+        // other node, whose answer leaves before node 1 has it.
+        let first_other = named.iter().position(|n| n != "node1").unwrap();
+        let last_other = named.iter().rposition(|n| n != "node1").unwrap();
+        assert_eq!(legs[first_other - 1]["iface"], "flannel.1", "{j}");
+        assert_eq!(legs[last_other + 1]["iface"], "flannel.1", "{j}");
+        assert_eq!(j["outcome"]["rcode"], "NOERROR", "{j}");
+    }
+}
+
+/// The window a trace id rounds a lookup's start to (`otlp::convert`).
+const TRACE_WINDOW_NS: u64 = 10_000_000_000;
+
+/// One agent per node, each scoped to its node, export to one collector:
+/// the spans of a lookup seen on the client's node and on the CoreDNS
+/// pod's node share its trace id, derived from what both can see.
+#[test]
+fn the_agents_of_two_nodes_give_a_lookup_one_trace_id() {
+    require_root();
+    let lab = Lab::up(&["--nodes", "3"]);
+    let collector = otlp::Receiver::start(0);
+    let endpoint = format!("http://{}", collector.addr);
+    let listens: Vec<String> = (1..=3)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect();
+    let agents: Vec<Dnstrace> = (1..=3u8)
+        .map(|n| {
+            let listen = &listens[usize::from(n) - 1];
+            let mut args: Vec<String> = ["agent", "--metrics-addr", listen]
+                .map(String::from)
+                .to_vec();
+            args.extend(["--otlp-endpoint".into(), endpoint.clone()]);
+            args.push("--no-flight-recorder".into());
+            args.extend(node_flags(n));
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            Dnstrace::start_here(Keep::Every, &args).unwrap()
+        })
+        .collect();
+    const LOOKUPS: usize = 6;
+    start_inside_a_window();
+    for _ in 0..LOOKUPS {
+        let out = lab.dig(
+            "dtlab-web-7d9f8c6b5-x2x4k",
+            "kube-dns.kube-system.svc.cluster.local",
+        );
+        assert_eq!(dig_status(&out), "NOERROR", "{out}");
+    }
+    // The roots of web's lookups, by the node whose agent sent them.
+    let roots = |node: &str| {
+        collector.received(|r| {
+            r.spans
+                .iter()
+                .filter(|(res, s)| {
+                    s.parent_span_id.is_empty()
+                        && otlp::attr(&res.attributes, "k8s.node.name") == Some(node)
+                        && otlp::attr(&s.attributes, "client.address") == Some(WEB_IP)
+                })
+                .map(|(_, s)| (s.trace_id.clone(), s.start_time_unix_nano))
+                .collect::<Vec<_>>()
+        })
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while (roots("node1").len() < LOOKUPS || roots("node2").len() + roots("node3").len() < LOOKUPS)
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    // Counted once in the cluster: on web's node; the others never see it
+    // leave a device of theirs.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while web_lookups(&listens[0]) < LOOKUPS as u64 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let counted: Vec<u64> = listens.iter().map(|l| web_lookups(l)).collect();
+    assert_eq!(counted, [LOOKUPS as u64, 0, 0], "web's lookups by node");
+    for agent in agents {
+        let (status, _, stderr) = agent.stop(libc::SIGTERM).unwrap();
+        assert!(status.success(), "{status}: {stderr:?}");
+    }
+    let client_side = roots("node1");
+    let server_side: Vec<_> = [roots("node2"), roots("node3")].concat();
+    assert_eq!(client_side.len(), LOOKUPS, "{client_side:?}");
+    assert_eq!(server_side.len(), LOOKUPS, "{server_side:?}");
+    let ids: std::collections::BTreeSet<&Vec<u8>> = server_side.iter().map(|(id, _)| id).collect();
+    for (id, start) in &client_side {
+        assert!(
+            inside_a_window(*start),
+            "started at {start}, near a window's edge"
+        );
+        assert!(
+            ids.contains(id),
+            "node1's trace {id:02x?} is not the CoreDNS node's"
+        );
+    }
+}
+
+/// Whether wall time `ns` is more than a second from its trace window's
+/// edges: a lookup seen on two nodes either side of an edge would round
+/// to two windows, and two ids.
+fn inside_a_window(ns: u64) -> bool {
+    let at = ns % TRACE_WINDOW_NS;
+    at > 1_000_000_000 && at < TRACE_WINDOW_NS - 1_000_000_000
+}
+
+/// Waits until the wall clock is 1.5 s into a trace window, with 5.5 s of
+/// it left for the lookups (which take well under a second).
+fn start_inside_a_window() {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    let at = now % TRACE_WINDOW_NS;
+    let wait = if (1_500_000_000..4_500_000_000).contains(&at) {
+        0
+    } else {
+        (TRACE_WINDOW_NS + 1_500_000_000 - at) % TRACE_WINDOW_NS
+    };
+    std::thread::sleep(Duration::from_nanos(wait));
+}
+
+/// The lab's three clients, one a node: 100 lookups a second each for
+/// 34 s, 10,200 in all, of `lab traffic`'s mix (cluster names through
+/// their search lists, external names, one that does not exist).
+const HEALTHY_RATE: &str = "100";
+const HEALTHY_FOR: &str = "34s";
+const HEALTHY_LOOKUPS: usize = 10_000;
+
+/// A healthy cluster raises nothing: the lookups cross nodes both ways,
+/// CoreDNS forwards through node 1, and every one is answered.
+#[test]
+fn a_healthy_cluster_raises_nothing_over_ten_thousand_lookups() {
+    require_root();
+    let lab = Lab::up(&["--nodes", "3"]);
+    let mut lookups = Vec::new();
+    let (lines, stderr) =
+        lab.trace_during_with(dnstrace_release_bin(), &["--ring-buffer-mib", "64"], || {
+            lookups = lab.traffic(&["--rate", HEALTHY_RATE, "--duration", HEALTHY_FOR])
+        });
+    assert!(
+        lookups.len() >= HEALTHY_LOOKUPS,
+        "{} lookups",
+        lookups.len()
+    );
+    let failed: Vec<&Value> = lookups
+        .iter()
+        .filter(|l| {
+            l["ok"] != true && !(l["name"] == "nosuchname.example.com" && l["error"] == "NXDOMAIN")
+        })
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{} failed: {:?}",
+        failed.len(),
+        &failed[..1]
+    );
+    // Each lookup is at least an A and an AAAA journey, seen whole.
+    let whole = lines
+        .iter()
+        .filter(|j| j["type"] == "journey" && j["incomplete"] == false)
+        .filter(|j| {
+            j["client"]
+                .as_str()
+                .is_some_and(|c| c.starts_with("10.244."))
+        })
+        .count();
+    assert!(
+        whole >= 2 * HEALTHY_LOOKUPS,
+        "{whole} whole journeys: {stderr:?}"
+    );
+    let summary = lines
+        .iter()
+        .find(|l| l["type"] == "summary")
+        .expect("a summary at exit");
+    assert_eq!(summary["anomalies"], serde_json::json!([]), "{summary:#}");
+}
+
+/// web's lookups in an agent's `dnstrace_lookups_total`, summed over its
+/// series.
+fn web_lookups(listen: &str) -> u64 {
+    let page =
+        run(std::process::Command::new("curl").args(["-sf", &format!("http://{listen}/metrics")]))
+            .expect("the agent's /metrics");
+    page.lines()
+        .filter(|l| l.starts_with("dnstrace_lookups_total{") && l.contains("pod=\"web-"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
 }

@@ -16,7 +16,7 @@ const USAGE: &str = "usage: cargo xtask <setup | test | layers | demo | bench | 
           (as root), every test binary even when one fails, and a tally of them all
   layers  check that dnstrace's modules import only from their layer and those below,
           with no cycles [--graph: print the modules by layer and what each imports]
-  demo    setup, build, then trace DNS between two throw-away network namespaces
+  demo    setup, build, then trace the lab: a failure on one node, then one between nodes
   bench   setup, build, then measure dnstrace's cost on the lab (--quick, --markdown PATH)
   fuzz    setup, then each fuzz target for 10 million runs (cargo-fuzz, nightly)
           [--runs N] [--target dns|tcp_stream|fragments|event|recording] [--max-time SECONDS]

@@ -97,10 +97,11 @@ impl Node {
     /// The flags that make a dnstrace this node's.
     pub fn flags(self) -> String {
         format!(
-            "--node {} --node-netns /run/netns/{} --containerd-root {}",
+            "--node {} --node-netns /run/netns/{} --containerd-root {} --cri-socket {}",
             self.name(),
             self.netns(),
-            self.containerd_root().display()
+            self.containerd_root().display(),
+            self.setup().socket().display()
         )
     }
 }
