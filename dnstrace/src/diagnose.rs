@@ -12,6 +12,7 @@ mod legs;
 mod loops;
 mod memory;
 mod nat;
+mod nodes;
 mod outcome;
 mod rules;
 mod search;

@@ -128,9 +128,24 @@ fn record_each_node(
     name: &str,
     lookups: usize,
 ) -> Vec<(Vec<Value>, std::path::PathBuf)> {
+    record_nodes(dir, "", || {
+        for _ in 0..lookups {
+            let out = lab.dig("dtlab-web-7d9f8c6b5-x2x4k", name);
+            assert_eq!(dig_status(&out), "NOERROR", "{out}");
+        }
+    })
+}
+
+/// One dnstrace per node, each recording its node alone (to files named
+/// with `tag`) while `work` runs: each node's live lines and its file.
+fn record_nodes(
+    dir: &Dir,
+    tag: &str,
+    work: impl FnOnce(),
+) -> Vec<(Vec<Value>, std::path::PathBuf)> {
     let tracers: Vec<(Dnstrace, std::path::PathBuf)> = (1..=3u8)
         .map(|n| {
-            let file = dir.file(&format!("node{n}.pcapng"));
+            let file = dir.file(&format!("{tag}node{n}.pcapng"));
             let mut args: Vec<String> = ["trace", "-o", "json", "--timeout", "3s", "--record"]
                 .map(String::from)
                 .to_vec();
@@ -140,10 +155,7 @@ fn record_each_node(
             (Dnstrace::start_here(Keep::Every, &args).unwrap(), file)
         })
         .collect();
-    for _ in 0..lookups {
-        let out = lab.dig("dtlab-web-7d9f8c6b5-x2x4k", name);
-        assert_eq!(dig_status(&out), "NOERROR", "{out}");
-    }
+    work();
     std::thread::sleep(Duration::from_millis(1500));
     tracers
         .into_iter()
@@ -152,6 +164,35 @@ fn record_each_node(
             assert!(status.success(), "{status}: {stderr:?}");
             (json_lines(&out), file)
         })
+        .collect()
+}
+
+/// The merged replay of `nodes`' recordings, as JSON lines.
+fn merged(nodes: &[(Vec<Value>, std::path::PathBuf)]) -> Vec<Value> {
+    let files: Vec<String> = nodes.iter().map(|(_, f)| f.display().to_string()).collect();
+    let mut args = vec!["replay", "-o", "json"];
+    args.extend(files.iter().map(String::as_str));
+    let out = dnstrace(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    json_lines(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// The summaries of the anomalies of `kind` in `lines`' summary.
+fn anomalies(lines: &[Value], kind: &str) -> Vec<String> {
+    let summary = lines
+        .iter()
+        .find(|l| l["type"] == "summary")
+        .expect("a summary");
+    summary["anomalies"]
+        .as_array()
+        .expect("anomalies")
+        .iter()
+        .filter(|a| a["kind"] == kind)
+        .map(|a| a["summary"].as_str().unwrap_or("").to_owned())
         .collect()
 }
 
@@ -196,16 +237,7 @@ fn each_node_sees_its_half_and_the_merged_recordings_give_whole_journeys() {
 
     // Merged: one journey per lookup, legs from node 1 and the CoreDNS
     // pod's node in time order, each leg naming its node.
-    let files: Vec<String> = nodes.iter().map(|(_, f)| f.display().to_string()).collect();
-    let mut args = vec!["replay", "-o", "json"];
-    args.extend(files.iter().map(String::as_str));
-    let out = dnstrace(&args);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let merged = json_lines(&String::from_utf8_lossy(&out.stdout));
+    let merged = merged(&nodes);
     let web = web_journeys(&merged);
     assert_eq!(web.len(), LOOKUPS, "{merged:?}");
     for j in web {
@@ -404,4 +436,77 @@ fn web_lookups(listen: &str) -> u64 {
         .filter(|l| l.starts_with("dnstrace_lookups_total{") && l.contains("pod=\"web-"))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum::<f64>() as u64
+}
+
+/// Queries lost on the overlay toward node 3, and large answers lost on
+/// an underlay narrower than the overlay: the client's node alone names
+/// where its queries went; the merged recordings, between which nodes
+/// and which way.
+#[test]
+fn faults_between_nodes_are_diagnosed_from_the_merged_recordings() {
+    require_root();
+    let lab = Lab::up(&["--nodes", "3"]);
+    let dir = Dir::new("cluster-faults");
+    let switch = |fault: &str, on: bool, node: &str| {
+        let out = dnstrace(&[
+            "lab",
+            "fault",
+            fault,
+            if on { "on" } else { "off" },
+            "--node",
+            node,
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+
+    switch("overlay-drop", true, "3");
+    let nodes = record_nodes(&dir, "drop-", || {
+        // Half of web's lookups go to node 3's CoreDNS: until one is lost.
+        let lost = (0..20).any(|_| {
+            let out = lab.dig(
+                "dtlab-web-7d9f8c6b5-x2x4k",
+                "kube-dns.kube-system.svc.cluster.local",
+            );
+            dig_status(&out) == "timeout"
+        });
+        assert!(lost, "twenty lookups answered with overlay-drop on");
+    });
+    switch("overlay-drop", false, "3");
+    let alone = anomalies(&nodes[0].0, "unanswered");
+    assert!(
+        alone
+            .iter()
+            .any(|a| a.contains("past this node: look at 10.244.3.53")),
+        "node1 alone: {alone:?}"
+    );
+    assert_eq!(
+        anomalies(&merged(&nodes), "lost_between_nodes"),
+        ["DNS queries lost between node1 and node3"]
+    );
+
+    switch("overlay-mtu", true, "1");
+    let nodes = record_nodes(&dir, "mtu-", || {
+        for _ in 0..3 {
+            let out = lab.dig(
+                "dtlab-web-7d9f8c6b5-x2x4k",
+                "+bufsize=4096 +ignore big.example.com TXT",
+            );
+            assert_eq!(dig_status(&out), "timeout", "{out}");
+        }
+        let small = lab.dig("dtlab-web-7d9f8c6b5-x2x4k", "www.example.com");
+        assert_eq!(dig_status(&small), "NOERROR", "{small}");
+    });
+    switch("overlay-mtu", false, "1");
+    let lost = anomalies(&merged(&nodes), "lost_between_nodes");
+    assert!(!lost.is_empty(), "{:?}", merged(&nodes).last());
+    assert!(
+        lost.iter()
+            .all(|a| a == "DNS answers lost between node2 and node1"
+                || a == "DNS answers lost between node3 and node1"),
+        "{lost:?}"
+    );
 }

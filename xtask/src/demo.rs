@@ -108,7 +108,7 @@ fn across_nodes(bin: &Path) -> Result<()> {
         t.0.wait()?;
     }
     dnstrace(bin, &["lab", "fault", "overlay-drop", "off"])?;
-    step("node1 alone could only say the query left it for node 3's CoreDNS; the three recordings merged show each lookup whole, every leg named by its node, the clocks' offsets, and the lost one stopping at node 1's overlay device: node 3 never saw it");
+    step("node1 alone could only say the query left it for node 3's CoreDNS; the three recordings merged show each lookup whole, every leg named by its node, the clocks' offsets, and the lost one said lost between node 1 and node 3: node 3 never saw it");
     let files: Vec<_> = (1..=3)
         .map(|n| dir.join(format!("node{n}.pcapng")))
         .collect();

@@ -41,7 +41,7 @@ pub async fn run(args: ReplayArgs) -> Result<()> {
         (false, true) => View::Live(limits),
         (false, false) => View::Journeys(limits),
     };
-    let context = about.context();
+    let context = merge::context(&recs);
     let what = about.headline(&names(&args.files));
     let show = Show {
         view,

@@ -161,7 +161,7 @@ pub async fn run(
     clocks.print(false);
     let mut replay = Merge::open(&recs, &clocks, &ports, Speed::Fast)?;
     let about = merge::about(&recs);
-    let context = about.context();
+    let context = merge::context(&recs);
     let target = context.target.clone();
     let out = Gathered::new(merge::labels(&recs));
     let mut sink = JourneySink::new(about.limits(), context, out).only_from(target.as_ref());

@@ -415,6 +415,7 @@ fn context_of(
         node_search: crate::pods::resolv::read_for_node(node)
             .map(|r| r.search)
             .unwrap_or_default(),
+        ..Context::default()
     }
 }
 

@@ -6,7 +6,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use crate::{pods::net::Attachment, target::Target};
+use crate::{decode::NodeId, pods::net::Attachment, target::Target};
 
 /// What the rules know about the node besides journeys.
 #[derive(Clone, Debug, Default)]
@@ -36,6 +36,10 @@ pub struct Context {
     pub attachments: BTreeMap<IpAddr, Attachment>,
     /// The cluster's resolvers (DNS services' endpoints, CoreDNS pods).
     pub resolvers: BTreeSet<IpAddr>,
+    /// In a replay of several nodes' recordings: their names, by `NodeId`
+    /// less one, and the node each pod address lives on.
+    pub nodes: Vec<String>,
+    pub homes: BTreeMap<IpAddr, NodeId>,
 }
 
 /// Who gives a query to a service IP an endpoint's address.

@@ -34,6 +34,7 @@ pub enum AnomalyKind {
     ForwardingLoop,
     FragmentLost,
     LoopbackNameserver,
+    LostBetweenNodes,
     NdotsAmplification,
     ParallelQueryLost,
     ReplyFromUnexpectedSource,
@@ -61,6 +62,7 @@ impl AnomalyKind {
             Self::ForwardingLoop => "forwarding_loop",
             Self::FragmentLost => "fragment_lost",
             Self::LoopbackNameserver => "loopback_nameserver",
+            Self::LostBetweenNodes => "lost_between_nodes",
             Self::NdotsAmplification => "ndots_amplification",
             Self::ParallelQueryLost => "parallel_query_lost",
             Self::ReplyFromUnexpectedSource => "reply_from_unexpected_source",
@@ -86,6 +88,7 @@ impl AnomalyKind {
             | Self::ForwardingLoop
             | Self::FragmentLost
             | Self::LoopbackNameserver
+            | Self::LostBetweenNodes
             | Self::ParallelQueryLost
             | Self::ReplyFromUnexpectedSource
             | Self::ServiceNotTranslated
@@ -117,6 +120,7 @@ impl AnomalyKind {
             Self::ForwardingLoop => Some("the resolver forwards to what its resolv.conf says, inherited from the node: 127.0.0.53 (systemd-resolved's stub, which is the resolver itself in its pod) or a NodeLocalDNS address that forwards back into the cluster"),
             Self::FragmentLost => Some("the message was larger than the path's MTU and went as IP fragments, and something on the path does not let later fragments through: a firewall, security group or NetworkPolicy that drops fragments (they carry no ports), or an overlay (VXLAN, IPIP) whose smaller MTU they do not fit"),
             Self::LoopbackNameserver => Some("the pod's resolv.conf names a loopback nameserver: dnsPolicy Default (or kubelet --resolv-conf) on a node whose resolv.conf points at systemd-resolved (127.0.0.53); inside the pod nothing listens there (or, in a resolver's own pod, the resolver itself does: a loop)"),
+            Self::LostBetweenNodes => Some("the network between the two nodes lost it: the underlay drops the overlay's packets (a firewall or security group without VXLAN's UDP 8472, or a route gone), the nodes' overlay state is stale (a VTEP's FDB or neighbour entry), or the packet outgrew what the underlay carries (its MTU below the overlay's and VXLAN's 50 bytes)"),
             Self::NdotsAmplification => Some("with ndots:5 every name with fewer than five dots is tried with each search suffix first, and those NXDOMAINs are slow here"),
             Self::ParallelQueryLost => Some("A and AAAA sent at once from one socket race to insert the same conntrack entry through DNAT; the loser is dropped (insert_failed) and the client waits for its 5 s timeout"),
             Self::ReplyFromUnexpectedSource => None,
@@ -144,6 +148,7 @@ impl AnomalyKind {
             Self::ForwardingLoop => Some("point CoreDNS's `forward .` at real upstream servers (e.g. /run/systemd/resolve/resolv.conf), and NodeLocalDNS's upstream away from kube-dns"),
             Self::FragmentLost => Some("keep DNS answers under the path MTU: a smaller EDNS buffer (CoreDNS `bufsize 1232`), and DNS over TCP for the rest; fix the overlay's MTU, or let fragments through the firewall"),
             Self::LoopbackNameserver => Some("use dnsPolicy ClusterFirst, or point kubelet --resolv-conf at /run/systemd/resolve/resolv.conf"),
+            Self::LostBetweenNodes => Some("check the underlay between the two nodes: that UDP 8472 (VXLAN) passes both ways, the overlay's routes and FDB entries on each (`ip route`, `bridge fdb show dev flannel.1`), and the underlay's MTU against the overlay's (`ping -M do -s 1422` between the nodes)"),
             Self::NdotsAmplification => Some("use fully qualified names with a trailing dot, lower ndots in the pod's dnsConfig, or add NodeLocalDNS to answer the misses quickly"),
             Self::ParallelQueryLost => Some("`options single-request-reopen` in the pods' resolv.conf (dnsConfig), NodeLocalDNS, or a kernel that resolves the clash"),
             Self::ReplyFromUnexpectedSource => Some("modprobe br_netfilter; sysctl -w net.bridge.bridge-nf-call-iptables=1, and persist both (/etc/modules-load.d, /etc/sysctl.d)"),

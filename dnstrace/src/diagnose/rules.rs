@@ -5,6 +5,7 @@ use super::{
     loops::forwarding_loop,
     memory::Asked,
     nat::{loopback_nameserver, not_translated, unexpected_source, LocalListeners},
+    nodes::lost_between_nodes,
     outcome::{dropped, failing_answer, slow, unanswered},
     search::{ndots_amplification, search_leak, MissCosts},
     transport::fragment_lost,
@@ -53,6 +54,7 @@ pub(super) fn findings<'a>(j: &'a Journey, known: &Known<'a>) -> Vec<Finding<'a>
             .then(|| not_translated(j, ctx, local, ct))
             .flatten(),
         seen_all.then(|| forwarding_loop(j)).flatten(),
+        seen_all.then(|| lost_between_nodes(j, ctx)).flatten(),
         seen_all
             .then(|| half_pair_lost(j, ctx, recent, names))
             .flatten(),

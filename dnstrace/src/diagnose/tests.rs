@@ -11,7 +11,7 @@ use super::{
     outcome::unanswered,
     *,
 };
-use crate::decode::{Qtype, Rcode};
+use crate::decode::{NodeId, Qtype, Rcode};
 use crate::pods::net::Attachment;
 use crate::{
     correlate::{Connection, FragmentNote, Gap, Journey, Leg, Outcome, Reset},
@@ -158,6 +158,7 @@ fn ctx() -> Context {
         node_search: Vec::new(),
         attachments: Default::default(),
         resolvers: Default::default(),
+        ..Context::default()
     }
 }
 
@@ -283,6 +284,82 @@ fn a_query_lost_past_this_node_names_where_it_went() {
     assert!(raised(&j)
         .iter()
         .all(|a| !a.summary.contains("past this node")));
+}
+
+/// web on node1 asks kube-dns, DNATed there to CoreDNS on node3: the
+/// query leaves node1 on the overlay; with `arrives`, node3 has it and
+/// its answer leaves node3 for node1.
+fn across_nodes(arrives: bool) -> (Journey, Context) {
+    let (one, three) = (NodeId(1), NodeId(3));
+    let mut j = healthy();
+    j.outcome = Outcome::Timeout;
+    let on = |node: NodeId, mut l: Leg| {
+        l.node = node;
+        l
+    };
+    let (client, server) = ("10.244.1.10:4000", "10.244.3.53:53");
+    j.client = a(client);
+    j.legs = vec![
+        on(
+            one,
+            leg(0, "dev_xmit", CLIENT_NS, 2, client, "10.96.0.10:53", false),
+        ),
+        on(
+            one,
+            leg(30_000, "dev_xmit", NODE_NS, 5, client, server, false),
+        ),
+    ];
+    if arrives {
+        j.legs.extend([
+            on(
+                three,
+                leg(60_000, "dev_receive", NODE_NS, 5, client, server, false),
+            ),
+            on(
+                three,
+                leg(90_000, "dev_xmit", NODE_NS, 5, server, client, true),
+            ),
+        ]);
+    }
+    let cx = Context {
+        nodes: ["node1", "node2", "node3"].map(String::from).to_vec(),
+        homes: [
+            ("10.244.1.10".parse().unwrap(), one),
+            ("10.244.3.53".parse().unwrap(), three),
+        ]
+        .into(),
+        ..ctx()
+    };
+    (j, cx)
+}
+
+#[test]
+fn a_message_that_left_one_node_and_never_reached_the_other_was_lost_between_them() {
+    let raised = |(j, cx): (Journey, Context)| {
+        Diagnoser::new(cx)
+            .journey(&j, &KernelNames::default())
+            .raised
+    };
+    let query = raised(across_nodes(false));
+    assert_eq!(query.len(), 1, "{query:?}");
+    assert_eq!(query[0].summary, "DNS queries lost between node1 and node3");
+    assert!(
+        query[0].evidence[0].contains("left node1 at eth0@200"),
+        "{:?}",
+        query[0].evidence
+    );
+    let answer = raised(across_nodes(true));
+    assert_eq!(answer.len(), 1, "{answer:?}");
+    assert_eq!(
+        answer[0].summary,
+        "DNS answers lost between node3 and node1"
+    );
+    // One node's recording alone knows no other node: the rule is silent.
+    let (j, mut cx) = across_nodes(false);
+    cx.nodes.clear();
+    assert!(raised((j, cx))
+        .iter()
+        .all(|a| a.kind != AnomalyKind::LostBetweenNodes));
 }
 
 #[test]

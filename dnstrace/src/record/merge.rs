@@ -38,6 +38,7 @@ use serde::Serialize;
 use super::replay::{time_of, About, Pacer, Replay, Speed};
 use crate::{
     decode::{NodeId, Packet, Transport},
+    diagnose::Context,
     output::Labels,
     pipeline::{Input, Source},
 };
@@ -173,6 +174,23 @@ pub fn about(recs: &[Recording]) -> About {
         extend_new(&mut about.context.resolvers, &c.resolvers);
     }
     about
+}
+
+/// What the rules know, as [`about`] gives it; with several nodes, their
+/// names and the node each pod address lives on (its own recording's
+/// pods).
+pub fn context(recs: &[Recording]) -> Context {
+    let mut cx = about(recs).context();
+    if recs.len() > 1 {
+        cx.nodes = recs.iter().map(|r| r.node.clone()).collect();
+        for (i, r) in recs.iter().enumerate() {
+            let node = NodeId(i as u16 + 1);
+            for ip in r.about.context.attachments.keys() {
+                cx.homes.entry(*ip).or_insert(node);
+            }
+        }
+    }
+    cx
 }
 
 fn extend_new<T: Clone + PartialEq>(to: &mut Vec<T>, from: &[T]) {

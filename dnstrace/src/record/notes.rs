@@ -211,6 +211,7 @@ impl ContextNote {
             node_search: self.node_search,
             attachments: self.attachments,
             resolvers: self.resolvers.into_iter().collect(),
+            ..Context::default()
         }
     }
 }

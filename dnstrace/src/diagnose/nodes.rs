@@ -1,0 +1,74 @@
+//! Rules across nodes, in a replay of several nodes' recordings: a
+//! message that left one node for an address on another, which that
+//! node's recording never saw arrive.
+use dnstrace_common::Direction;
+
+use super::{
+    anomaly::{Finding, Words},
+    legs::place,
+    Context,
+};
+use crate::{
+    correlate::{Journey, Leg, Outcome},
+    decode::NodeId,
+};
+
+/// The query lost on its way to the resolver's node, or the answer on its
+/// way back to the client's.
+pub(super) fn lost_between_nodes<'a>(j: &'a Journey, ctx: &'a Context) -> Option<Finding<'a>> {
+    if ctx.nodes.len() < 2 || matches!(j.outcome, Outcome::Answered { .. }) {
+        return None;
+    }
+    let lost = lost_on_the_way(j, ctx, false).or_else(|| lost_on_the_way(j, ctx, true))?;
+    let (from, to) = (name(ctx, lost.leg.node), name(ctx, lost.to));
+    let what = if lost.leg.response {
+        "answers"
+    } else {
+        "queries"
+    };
+    Some(Finding::new(
+        super::AnomalyKind::LostBetweenNodes,
+        format!("{from}→{to}"),
+        move || {
+            let evidence = vec![format!(
+                "{} asked {} for {} {}; the {} left {from} at {} ({} → {}) and {to}, where {} is, never saw it",
+                j.client,
+                j.origin().map_or(lost.leg.dst, |o| o.dst),
+                j.name,
+                j.qtype,
+                if lost.leg.response { "answer" } else { "query" },
+                place(lost.leg),
+                lost.leg.src,
+                lost.leg.dst,
+                lost.leg.dst.ip()
+            )];
+            Words::new(format!("DNS {what} lost between {from} and {to}"), evidence)
+        },
+    ))
+}
+
+/// The last sighting of the query (or the answer), where it left a node
+/// for an address on another node of the replay that saw no more of it.
+struct Lost<'a> {
+    leg: &'a Leg,
+    to: NodeId,
+}
+
+fn lost_on_the_way<'a>(j: &'a Journey, ctx: &Context, answer: bool) -> Option<Lost<'a>> {
+    let last = j.legs.iter().rfind(|l| l.response == answer)?;
+    if last.direction() != Direction::Egress {
+        return None;
+    }
+    let to = *ctx.homes.get(&last.dst.ip())?;
+    let after = j.legs.iter().filter(|l| l.ts_ns >= last.ts_ns);
+    let reached = after.clone().any(|l| l.node == to && l.response == answer);
+    (to != last.node && !reached).then_some(Lost { leg: last, to })
+}
+
+fn name(ctx: &Context, node: NodeId) -> String {
+    usize::from(node.0)
+        .checked_sub(1)
+        .and_then(|i| ctx.nodes.get(i))
+        .cloned()
+        .unwrap_or_else(|| format!("node #{}", node.0))
+}
