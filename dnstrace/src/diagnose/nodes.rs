@@ -16,10 +16,15 @@ use crate::{
 /// The query lost on its way to the resolver's node, or the answer on its
 /// way back to the client's.
 pub(super) fn lost_between_nodes<'a>(j: &'a Journey, ctx: &'a Context) -> Option<Finding<'a>> {
-    if ctx.nodes.len() < 2 || matches!(j.outcome, Outcome::Answered { .. }) {
+    if ctx.nodes.len() < 2 {
         return None;
     }
-    let lost = lost_on_the_way(j, ctx, false).or_else(|| lost_on_the_way(j, ctx, true))?;
+    // An answer seen anywhere makes the journey answered, delivered or not.
+    let answered = matches!(j.outcome, Outcome::Answered { .. });
+    let query = (!answered)
+        .then(|| lost_on_the_way(j, ctx, false))
+        .flatten();
+    let lost = query.or_else(|| lost_on_the_way(j, ctx, true))?;
     let (from, to) = (name(ctx, lost.leg.node), name(ctx, lost.to));
     let what = if lost.leg.response {
         "answers"

@@ -354,6 +354,11 @@ fn a_message_that_left_one_node_and_never_reached_the_other_was_lost_between_the
         answer[0].summary,
         "DNS answers lost between node3 and node1"
     );
+    // The server answered (its answer was seen): lost all the same.
+    let (mut j, cx) = across_nodes(true);
+    j.outcome = answered(Rcode::NOERROR);
+    let kinds: Vec<AnomalyKind> = raised((j, cx)).iter().map(|a| a.kind).collect();
+    assert!(kinds.contains(&AnomalyKind::LostBetweenNodes), "{kinds:?}");
     // One node's recording alone knows no other node: the rule is silent.
     let (j, mut cx) = across_nodes(false);
     cx.nodes.clear();
