@@ -316,7 +316,7 @@ fn cluster_fault(state: &mut LabState, fault: Fault, on: bool, node: Option<u8>)
     if !(1..=state.nodes).contains(&node) {
         bail!("--node {node}: the lab's nodes are 1 to {}", state.nodes);
     }
-    if fault == Fault::OverlayDrop && node == 1 {
+    if on && fault == Fault::OverlayDrop && node == 1 {
         bail!("overlay-drop drops VXLAN from node 1 to another node: give --node 2 or 3");
     }
     if let Some(&before) = state.fault_nodes.get(&fault) {
@@ -969,7 +969,10 @@ fn switch_fault(fault: Fault, on: bool, node: Option<u8>) -> Result<()> {
     let mut state = LabState::load()?;
     match (state.is_cluster(), fault.of_cluster()) {
         (true, true) => return cluster_fault(&mut state, fault, on, node),
-        (true, false) => refuse_in_cluster(&state, "its faults")?,
+        (true, false) => refuse_in_cluster(
+            &state,
+            &format!("{} and the single node's other faults", fault.name()),
+        )?,
         (false, true) => bail!(
             "{} is a fault between nodes: bring the lab up with --nodes 3",
             fault.name()
