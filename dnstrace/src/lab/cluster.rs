@@ -222,35 +222,7 @@ fn underlay(node: Node) -> Result<()> {
 /// Node 1 to the upstream resolver, which routes the underlay back to it
 /// (the other nodes' pods reach it masqueraded as their node).
 fn uplink() -> Result<()> {
-    let node = Node(1).netns();
-    sys::run(
-        "ip",
-        &[
-            "link",
-            "add",
-            UPLINK,
-            "netns",
-            &node,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            plan::UPLINK,
-            "netns",
-            UPSTREAM_NS,
-        ],
-    )?;
-    sys::ip(
-        &node,
-        &format!("addr add {}/24 dev {UPLINK}", plan::NODE_UPLINK4),
-    )?;
-    sys::ip(
-        UPSTREAM_NS,
-        &format!("addr add {}/24 dev {}", plan::UPSTREAM4, plan::UPLINK),
-    )?;
-    sys::ip(&node, &format!("link set {UPLINK} up"))?;
-    sys::ip(UPSTREAM_NS, &format!("link set {} up", plan::UPLINK))?;
-    sys::ip(&node, &format!("route add default via {}", plan::UPSTREAM4))?;
+    super::link_upstream(&Node(1).netns(), UPLINK)?;
     sys::ip(
         UPSTREAM_NS,
         &format!("route add {UNDERLAY_NET} via {}", plan::NODE_UPLINK4),

@@ -513,16 +513,16 @@ fn add_netns(ns: &str, ipv6: bool) -> Result<()> {
     sys::ip(ns, "link set lo up").map(drop)
 }
 
-fn build_node(state: &LabState) -> Result<()> {
-    // The pods' bridge (`--cni bridge`) is the CNI bridge plugin's, made
-    // with the first pod.
-    let node = NODE_NS;
+/// The node's device `dev` linked to the upstream resolver's namespace
+/// (its `eth0`), both ends addressed and up, and the node's default route
+/// through it.
+fn link_upstream(node: &str, dev: &str) -> Result<()> {
     sys::run(
         "ip",
         &[
             "link",
             "add",
-            plan::UPLINK,
+            dev,
             "netns",
             node,
             "type",
@@ -536,17 +536,23 @@ fn build_node(state: &LabState) -> Result<()> {
     )?;
     sys::ip(
         node,
-        &format!("addr add {}/24 dev {}", plan::NODE_UPLINK4, plan::UPLINK),
+        &format!("addr add {}/24 dev {dev}", plan::NODE_UPLINK4),
     )?;
     sys::ip(
         UPSTREAM_NS,
         &format!("addr add {}/24 dev {}", plan::UPSTREAM4, plan::UPLINK),
     )?;
-    for ns in [node, UPSTREAM_NS] {
-        sys::ip(ns, &format!("link set {} up", plan::UPLINK))?;
-    }
+    sys::ip(node, &format!("link set {dev} up"))?;
+    sys::ip(UPSTREAM_NS, &format!("link set {} up", plan::UPLINK))?;
     // Locally made packets to the service IP need a route before DNAT applies.
-    sys::ip(node, &format!("route add default via {}", plan::UPSTREAM4))?;
+    sys::ip(node, &format!("route add default via {}", plan::UPSTREAM4)).map(drop)
+}
+
+fn build_node(state: &LabState) -> Result<()> {
+    // The pods' bridge (`--cni bridge`) is the CNI bridge plugin's, made
+    // with the first pod.
+    let node = NODE_NS;
+    link_upstream(node, plan::UPLINK)?;
     sys::sysctl(node, "net.ipv4.ip_forward", "1")?;
     sys::sysctl(node, "net.bridge.bridge-nf-call-iptables", "1")?;
     if state.ipv6 {
