@@ -224,6 +224,11 @@ pub struct CaptureArgs {
     #[arg(long, value_name = "auto|N", default_value = "auto", value_parser = parse_sample)]
     pub sample: SampleMode,
 
+    /// The sampling hash's first seed (default: drawn at random). Pinned,
+    /// a level keeps the same names run after run.
+    #[arg(long, value_name = "N")]
+    pub sample_seed: Option<u32>,
+
     /// Log why the kernel programs skip packets, on stderr (the log file
     /// under the live view): `debug`, DNS packets left out and packets that
     /// could not be parsed; `trace`, also every packet that is not DNS.
@@ -309,6 +314,11 @@ pub struct AgentArgs {
     /// counts are the kernel's and exact whatever this is.
     #[arg(long, env = "DNSTRACE_SAMPLE", value_name = "auto|N", default_value = "auto", value_parser = parse_sample)]
     pub sample: SampleMode,
+
+    /// The sampling hash's first seed (default: drawn at random). Pinned,
+    /// a level keeps the same names run after run.
+    #[arg(long, env = "DNSTRACE_SAMPLE_SEED", value_name = "N")]
+    pub sample_seed: Option<u32>,
 
     /// With `--sample auto`, follow at most this many lookups a second
     /// whole; past it, about this many, each whole (0: no limit). What the
@@ -437,6 +447,7 @@ impl AgentArgs {
                     node: self.node,
                 },
                 sample: self.sample,
+                sample_seed: self.sample_seed,
                 follow_max: self.follow_max,
                 record: None,
                 flight: (!self.no_flight_recorder).then(|| FlightOptions {
@@ -567,6 +578,7 @@ impl CaptureArgs {
                 node: self.node,
             },
             sample: self.sample,
+            sample_seed: self.sample_seed,
             follow_max: 0,
             record: self.record.map(|path| RecordOptions {
                 path,

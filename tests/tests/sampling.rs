@@ -123,14 +123,32 @@ fn a_stall_that_loses_nothing_keeps_every_lookup() {
 /// times a second each: it falls behind, says so, and keeps fewer lookups,
 /// each whole, rather than losing events from all of them; every journey
 /// it shows passes the level it was kept under, and healthy traffic
-/// raises nothing.
+/// raises nothing. The seed is pinned and two of the names pass every
+/// level under it, so whatever level the load brings, some journeys are
+/// kept under it and the check over them is never empty.
 #[test]
 fn a_starved_tracer_samples_whole_lookups() {
     require_root();
     let lab = Lab::up(&[]);
-    let trace = lab.trace(Keep::Sampled, &[]);
+    const SEED: u32 = 0x5eed;
+    let always = names_kept_at_every_level(SEED, 2);
+    let trace = lab.trace(Keep::Sampled, &["--sample-seed", &SEED.to_string()]);
     let limit = CpuLimit::new(trace.pid(), 3);
-    lab.traffic(&["--rate", "300", "--duration", "10s"]);
+    let mut names: Vec<String> = [
+        "kubernetes.default",
+        "db.default",
+        "www.example.com",
+        "many.example.com",
+        "nosuchname.example.com",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    names.extend(always.iter().map(|l| format!("{l}.example.com")));
+    let mut args = vec!["--rate", "300", "--duration", "10s"];
+    for n in &names {
+        args.extend(["--name", n.as_str()]);
+    }
+    lab.traffic(&args);
     let (status, out, stderr) = trace.stop(libc::SIGINT).unwrap();
     drop(limit);
     assert!(status.success(), "{stderr:?}");
@@ -140,15 +158,33 @@ fn a_starved_tracer_samples_whole_lookups() {
         .iter()
         .filter(|l| l.get("sampled").is_some())
         .collect();
-    assert!(!sampled.is_empty(), "journeys kept under a level");
     for j in &sampled {
         let level = level_of(j).unwrap();
+        assert_eq!(level.seed, SEED, "no reseed within 30 s: {j}");
         let name = j["name"].as_str().unwrap();
         assert!(
             keeps(level, name),
             "kept under {level:?} though it does not pass: {j}"
         );
     }
+    let kept: BTreeSet<String> = sampled.iter().map(|j| first_label(j)).collect();
+    for l in &always {
+        assert!(kept.contains(l), "{l} passes every level: {kept:?}");
+    }
     let anomalies: Vec<&Value> = lines.iter().filter(|l| l["type"] == "anomaly").collect();
     assert!(anomalies.is_empty(), "healthy traffic: {anomalies:?}");
+}
+
+/// `n` first labels that the highest level keeps under `seed`, and so
+/// every level (a level keeps a hash whose low `shift` bits are 0).
+fn names_kept_at_every_level(seed: u32, n: usize) -> Vec<String> {
+    let top = SampleLevel {
+        shift: dnstrace_common::sample::MAX_SHIFT,
+        seed,
+    };
+    (0..)
+        .map(|i| format!("kept{i}"))
+        .filter(|l| keeps(top, l))
+        .take(n)
+        .collect()
 }

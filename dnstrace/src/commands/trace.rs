@@ -47,6 +47,8 @@ pub struct TraceOptions {
     pub probes: ProbeOptions,
     pub target: target::Query,
     pub sample: SampleMode,
+    /// The sampling hash's first seed; random when `None`.
+    pub sample_seed: Option<u32>,
     /// Lookups a second followed whole at most, with `SampleMode::Auto`
     /// (0: no limit); the agent's, whose counts are the kernel's.
     pub follow_max: u32,
@@ -168,6 +170,7 @@ pub(super) async fn capture<C: Consume>(
         false => None,
     };
     let sampler = Sampler::new(probes.take_sample_level()?, probes.counts()?, args.sample)
+        .with_seed(args.sample_seed)
         .with_budget(args.follow_max);
     // Root reads real addresses from kallsyms; drop locations need them.
     // Opened now, while privileged; read once a drop is seen, or now when

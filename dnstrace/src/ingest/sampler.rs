@@ -257,6 +257,14 @@ impl Sampler {
         }
     }
 
+    /// Starts from `seed` rather than a random one, when given.
+    pub fn with_seed(mut self, seed: Option<u32>) -> Self {
+        if let Some(seed) = seed {
+            self.governor.level.seed = seed;
+        }
+        self
+    }
+
     /// Follows at most `per_s` lookups a second whole (`Governor::with_budget`).
     pub fn with_budget(mut self, per_s: u32) -> Self {
         self.governor = self.governor.with_budget(per_s);
