@@ -18,6 +18,8 @@ pub use event::*;
 pub use filter::*;
 pub use iface::*;
 pub use ports::*;
-pub use sample::{SampleLevel, COUNTERS, COUNT_APART_LOST, COUNT_LOST, COUNT_SHED, COUNT_STARTED};
+pub use sample::{
+    SampleLevel, COUNTERS, COUNT_APART_LOST, COUNT_FOLLOWED, COUNT_LOST, COUNT_SHED, COUNT_STARTED,
+};
 pub use scope::*;
 pub use wakeup::*;

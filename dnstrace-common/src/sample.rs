@@ -61,7 +61,9 @@ pub const COUNT_SHED: u32 = 1;
 pub const COUNT_APART_LOST: u32 = 2;
 /// Lookups the kernel started to follow (`lookups`, when it counts them).
 pub const COUNT_STARTED: u32 = 3;
-pub const COUNTERS: u32 = 4;
+/// Of those, the ones the sampling level keeps: followed whole.
+pub const COUNT_FOLLOWED: u32 = 4;
+pub const COUNTERS: u32 = 5;
 
 /// Bytes of the first label that are hashed, with its length: enough to
 /// tell names apart, and read as two words with no loop for the verifier

@@ -104,7 +104,7 @@ pub fn enabled() -> bool {
 /// first sent (or sent again by its client), a query dropped, or the
 /// answer on the device its query left from. A query's question is read
 /// from `r` at `question_at` into `buf`; `device` is asked only where it
-/// matters.
+/// matters. True where this packet started a lookup.
 #[inline(always)]
 pub fn follow<R: Reader>(
     p: &Udp,
@@ -113,26 +113,28 @@ pub fn follow<R: Reader>(
     question_at: u32,
     buf: &mut [u8; QUESTION_READ],
     device: impl FnOnce() -> Device,
-) {
+) -> bool {
     if p.valid < 12 {
-        return;
+        return false;
     }
     let id = u16::from_be_bytes([p.head[0], p.head[1]]);
     let answer = p.head[2] & 0x80 != 0;
     match (answer, hook) {
         (false, Hook::DevXmit) if is_dns_port(p.dport) => {
-            query_sent(p, id, device(), r, question_at, buf);
+            return query_sent(p, id, device(), r, question_at, buf);
         }
         (false, Hook::DevReceive) if is_dns_port(p.dport) => query_arrived(p, id),
         (false, Hook::Drop) if is_dns_port(p.dport) => query_dropped(p, id),
         (true, Hook::DevReceive) if is_dns_port(p.sport) => answer_received(p, id, device()),
         _ => {}
     }
+    false
 }
 
 /// The first time a query is sent it is pending; the same query sent
 /// again from the same device is a retry, and the one before it ended
-/// unanswered. Later hops of the query leave it as it is.
+/// unanswered. Later hops of the query leave it as it is. True where it
+/// started one.
 #[inline(always)]
 fn query_sent<R: Reader>(
     p: &Udp,
@@ -141,12 +143,12 @@ fn query_sent<R: Reader>(
     r: &R,
     question_at: u32,
     buf: &mut [u8; QUESTION_READ],
-) {
+) -> bool {
     let key = p.query_key(id);
     // SAFETY: map lookup; the value is copied out.
     if let Some(before) = unsafe { PENDING.get(key) }.copied() {
         if before.netns != dev.netns || before.ifindex != dev.ifindex {
-            return;
+            return false;
         }
         if PENDING.remove(key).is_ok() {
             let outcome = if before.dropped != 0 {
@@ -176,10 +178,14 @@ fn query_sent<R: Reader>(
     };
     // EEXIST: another CPU sent the same query first; anything else: full.
     match PENDING.insert(key, pending, u64::from(BPF_NOEXIST)) {
-        Ok(()) => maps::count(COUNT_STARTED),
+        Ok(()) => {
+            maps::count(COUNT_STARTED);
+            return true;
+        }
         Err(-17) => {}
         Err(_) => stat(STAT_PENDING_FULL),
     }
+    false
 }
 
 /// A query received before this node sent it: another node's client's,

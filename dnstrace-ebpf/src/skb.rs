@@ -5,15 +5,16 @@ use aya_ebpf::helpers::{
     bpf_probe_read_kernel, generated::bpf_probe_read_kernel as probe_read_raw,
 };
 use dnstrace_common::{
-    lookups::QUESTION_READ, CtTuple, Hook, KernelOffsets, APART_MAX, CT_SPAN_MAX, FLAG_CONNTRACK,
+    lookups::QUESTION_READ, CtTuple, Hook, KernelOffsets, APART_MAX, COUNT_FOLLOWED, CT_SPAN_MAX,
+    FLAG_CONNTRACK,
 };
 
 use crate::{
     debug::{skip, unreadable, Why},
     lookups::{self, Device, Udp},
     maps::{
-        filtered, in_scope, offset, offsets, sampled_in, scoped, scratch, send, send_apart, shed,
-        wanted, Scratch,
+        count, filtered, in_scope, offset, offsets, sampled_in, scoped, scratch, send, send_apart,
+        shed, wanted, Scratch,
     },
     parse::{
         copy_payload, dns_headers, helper_result, transport, Reader, ETH_P_IP, ETH_P_IPV6, L4,
@@ -139,9 +140,14 @@ pub fn try_capture<K: Kernel, const APART: bool>(
     // an event needs: at a high sampling level most packets stop here.
     let head = udp_head(&r, &l4, s);
     if let Some(valid) = head {
-        count_lookup::<K>(&r, &l4, valid, dev, hook, &o, s);
-        if !filtered() && !sampled_in(&s.head, valid) {
-            return Err(shed());
+        let started = count_lookup::<K>(&r, &l4, valid, dev, hook, &o, s);
+        if !filtered() {
+            if !sampled_in(&s.head, valid) {
+                return Err(shed());
+            }
+            if started {
+                count(COUNT_FOLLOWED);
+            }
         }
     }
     device::<K>(dev, &o, s)?;
@@ -179,7 +185,8 @@ fn udp_head(r: &Linear, l4: &L4, s: &mut Scratch) -> Option<u32> {
     Some(in_packet.min(l4.payload_len()))
 }
 
-/// Follows the lookup this packet belongs to, when the agent counts them.
+/// Follows the lookup this packet belongs to, when the agent counts them;
+/// true where the packet started one.
 #[inline(always)]
 fn count_lookup<K: Kernel>(
     r: &Linear,
@@ -189,9 +196,9 @@ fn count_lookup<K: Kernel>(
     hook: Hook,
     o: &KernelOffsets,
     s: &mut Scratch,
-) {
+) -> bool {
     if !lookups::enabled() || s.meta.frag_offset != 0 {
-        return;
+        return false;
     }
     let Scratch {
         meta,
@@ -209,11 +216,11 @@ fn count_lookup<K: Kernel>(
         valid,
     };
     let Some(buf) = payload.first_chunk_mut::<QUESTION_READ>() else {
-        return;
+        return false;
     };
     lookups::follow(&p, hook, r, l4.offset(), buf, || {
         device_of::<K>(dev, o).unwrap_or(Device::NONE)
-    });
+    })
 }
 
 /// An address of the meta as words.

@@ -23,8 +23,8 @@ pub use kernel_log::{BpfLog, KernelLog};
 
 use dnstrace_common::{
     lookups::{LookupCount, LookupKey, Pending, PendingKey},
-    port_slot, IfaceConfig, KernelOffsets, SampleLevel, TargetFilter, COUNT_APART_LOST, COUNT_LOST,
-    COUNT_SHED, COUNT_STARTED, L2_LEN_MIXED, MAX_SCOPE, PORT_WORDS,
+    port_slot, IfaceConfig, KernelOffsets, SampleLevel, TargetFilter, COUNT_APART_LOST,
+    COUNT_FOLLOWED, COUNT_LOST, COUNT_SHED, COUNT_STARTED, L2_LEN_MIXED, MAX_SCOPE, PORT_WORDS,
 };
 
 /// What to attach, and how: the probes' own options, which the command
@@ -143,6 +143,11 @@ impl Counts {
     /// Lookups the kernel started to follow, so far (when it counts them).
     pub fn started(&self) -> Result<u64> {
         Ok(self.0.get(&COUNT_STARTED, 0)?.iter().sum())
+    }
+
+    /// Of those, the ones the sampling level kept, so far.
+    pub fn followed(&self) -> Result<u64> {
+        Ok(self.0.get(&COUNT_FOLLOWED, 0)?.iter().sum())
     }
 }
 

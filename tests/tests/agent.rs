@@ -6,6 +6,10 @@ use std::{
     collections::BTreeMap, os::unix::fs::PermissionsExt as _, process::Command, time::Duration,
 };
 
+use dnstrace_common::{
+    sample::{message_label_hash, MAX_SHIFT},
+    SampleLevel,
+};
 use dnstrace_tests::{otlp, prometheus::*, *};
 
 /// How long counts may take to settle: a journey closes once answered or
@@ -677,4 +681,96 @@ mod remote_node {
         let folded = (sum & 0xffff) + (sum >> 16);
         !((folded & 0xffff) + (folded >> 16)) as u16
     }
+}
+
+/// A level keeps names, not lookups: with three names asked 1,500 times a
+/// second and `--follow-max 100`, the budget's level keeps one of them,
+/// 500 lookups a second, under the pinned seed. The
+/// agent sees it follows past twice its budget, draws the next seed, under
+/// which none of the three passes, and then follows nothing more. The
+/// names are chosen for the pinned seed and the one after it.
+#[test]
+fn following_past_the_budget_turns_to_other_names() {
+    require_root();
+    let _lab = Lab::up(&[]);
+    const SEED: u32 = 0x1d0e;
+    let next = next_seed(SEED);
+    let level = |shift, seed| SampleLevel { shift, seed };
+    let name = |i: u32| format!("hot{i}");
+    let mut labels = (0..).map(name);
+    // A level's names are a subset of the level below's: passing at the
+    // highest passes at every one, failing at 1 in 2 fails at every one.
+    let hot = labels
+        .find(|l| keeps(level(MAX_SHIFT, SEED), l) && !keeps(level(1, next), l))
+        .unwrap();
+    let cold: Vec<String> = (0..)
+        .map(name)
+        .filter(|l| !keeps(level(1, SEED), l) && !keeps(level(1, next), l))
+        .take(2)
+        .collect();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let seed = SEED.to_string();
+    let extra = [
+        "--no-flight-recorder",
+        "--follow-max",
+        "100",
+        "--sample-seed",
+        &seed,
+        "--metrics-query-names",
+    ];
+    let args = agent_args(&listen, &extra);
+    let mut agent = Dnstrace::start_binary(dnstrace_release_bin(), Keep::Sampled, &args).unwrap();
+    let queries = std::env::temp_dir().join(format!("dnstrace-hot-{}.txt", std::process::id()));
+    let text: String = std::iter::once(&hot)
+        .chain(&cold)
+        .map(|l| format!("{l}.default.svc.cluster.local A\n"))
+        .collect();
+    std::fs::write(&queries, text).unwrap();
+    let perf = Command::new("ip")
+        .args(["netns", "exec", WEB, "dnsperf", "-s", SERVICE, "-d"])
+        .arg(&queries)
+        .args(["-l", "12", "-Q", "1500", "-c", "4"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("running dnsperf");
+    agent
+        .wait_stderr_for("past twice --follow-max: following others", SETTLE)
+        .expect("the names followed turned");
+    // Journeys of lookups started before the turn close within 5.5 s.
+    std::thread::sleep(Duration::from_secs(6));
+    let followed = || {
+        page(&listen)
+            .lines()
+            .filter(|l| l.starts_with("dnstrace_lookup_names_total{") && l.contains(&hot))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum::<u64>()
+    };
+    let before = followed();
+    std::thread::sleep(Duration::from_secs(2));
+    let after = followed();
+    let perf = perf.wait_with_output().expect("running dnsperf");
+    assert!(perf.status.success());
+    let _ = std::fs::remove_file(&queries);
+    assert!(before > 0, "{hot} was followed before the turn");
+    assert_eq!(after, before, "{hot} followed still");
+    let (status, _, stderr) = agent.stop(libc::SIGTERM).unwrap();
+    assert!(status.success(), "{status}: {stderr:?}");
+}
+
+/// The seed the governor draws after `seed` (xorshift32, as in
+/// `ingest::sampler`).
+fn next_seed(seed: u32) -> u32 {
+    let mut x = seed | 1;
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
+    x
+}
+
+/// Whether `level` keeps lookups of names whose first label is `label`.
+fn keeps(level: SampleLevel, label: &str) -> bool {
+    let mut wire = vec![0u8; 12];
+    wire.push(label.len() as u8);
+    wire.extend_from_slice(label.as_bytes());
+    level.keeps(message_label_hash(&wire))
 }

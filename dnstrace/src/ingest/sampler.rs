@@ -50,6 +50,12 @@ const MAX_CALM_NS: u64 = 160_000_000_000;
 /// journey open across the change is left out unless both seeds keep it,
 /// and an unanswered one is open 5.5 s.
 const RESEED_NS: u64 = 30_000_000_000;
+/// Lookups followed past this many times the budget: the level passes a
+/// name or two that carry much of the traffic (a level keeps names, not
+/// lookups), and a new seed is drawn at once to leave them out.
+const OVER_BUDGET: f64 = 2.0;
+/// Between such draws: a measure (200 ms at least) wholly under the seed.
+const REDRAW_GAP_NS: u64 = 500_000_000;
 
 /// How full the reader's queue and the kernel's ring were at a tick, as
 /// fractions of what they hold, and whether the kernel lost events since
@@ -106,6 +112,8 @@ pub struct Governor {
     budget: Option<u32>,
     /// Lookups a second starting now, as last measured (`rate`).
     rate: f64,
+    /// Of those, the ones the level keeps (`rate`).
+    followed: f64,
 }
 
 impl Governor {
@@ -127,6 +135,7 @@ impl Governor {
             lowered_ns: None,
             budget: None,
             rate: 0.0,
+            followed: 0.0,
         }
     }
 
@@ -137,9 +146,18 @@ impl Governor {
         self
     }
 
-    /// The lookups a second starting now, as measured by the caller.
-    pub fn rate(&mut self, per_s: f64) {
+    /// The lookups a second starting now, and of those the ones the level
+    /// keeps, as measured by the caller.
+    pub fn rate(&mut self, per_s: f64, followed_per_s: f64) {
         self.rate = per_s;
+        self.followed = followed_per_s;
+    }
+
+    /// Following far more than the budget, though the level is the one the
+    /// budget calls for: the names it keeps are the busiest.
+    fn over_budget(&self) -> bool {
+        self.budget
+            .is_some_and(|b| self.level.shift > 0 && self.followed > OVER_BUDGET * f64::from(b))
     }
 
     /// The lowest level that keeps the budget at the rate measured.
@@ -169,18 +187,22 @@ impl Governor {
         let reseed = self.level.shift > 0 && now_ns.saturating_sub(self.seeded_ns) >= RESEED_NS;
         match auto.then(|| self.govern(now_ns, fill)).flatten() {
             Some(level) => Some(level),
-            None if reseed => {
-                // xorshift32: any seed but 0 gives a long cycle.
-                let mut x = self.level.seed | 1;
-                x ^= x << 13;
-                x ^= x >> 17;
-                x ^= x << 5;
-                self.level.seed = x;
-                self.seeded_ns = now_ns;
-                Some(self.level)
-            }
+            None if reseed => Some(self.redraw(now_ns)),
             None => None,
         }
+    }
+
+    /// The level with a new seed, the next of the seeds before.
+    fn redraw(&mut self, now_ns: u64) -> SampleLevel {
+        // xorshift32: any seed but 0 gives a long cycle.
+        let mut x = self.level.seed | 1;
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        self.level.seed = x;
+        self.seeded_ns = now_ns;
+        self.followed = 0.0;
+        self.level
     }
 
     /// A new level, if `fill` or the budget calls for one: a rise at once
@@ -198,6 +220,13 @@ impl Governor {
             let level = self.set(floor, now_ns);
             self.by_budget = true;
             return Some(level);
+        }
+        if self.over_budget() && now_ns.saturating_sub(self.seeded_ns) >= REDRAW_GAP_NS {
+            log::info!(
+                "sampling: the names followed made {:.0} lookups a second, past twice --follow-max: following others",
+                self.followed
+            );
+            return Some(self.redraw(now_ns));
         }
         let since_change = now_ns.saturating_sub(self.changed_ns);
         if (fill.lost || self.high_ticks >= HIGH_TICKS)
@@ -225,6 +254,7 @@ impl Governor {
 
     fn set(&mut self, shift: u32, now_ns: u64) -> SampleLevel {
         self.by_budget = false;
+        self.followed = 0.0;
         self.level.shift = shift;
         self.changed_ns = now_ns;
         self.seeded_ns = now_ns;
@@ -241,8 +271,9 @@ pub struct Sampler {
     map: SampleMap,
     counts: Counts,
     lost: u64,
-    /// Lookups the kernel had started following, and when it was read.
-    started: (u64, u64),
+    /// Lookups the kernel had started following, how many of them the
+    /// level kept, and when it was read.
+    started: (u64, u64, u64),
 }
 
 impl Sampler {
@@ -252,7 +283,11 @@ impl Sampler {
             governor: Governor::new(mode, seed, monotonic_now()),
             map,
             lost: counts.lost().unwrap_or(0),
-            started: (counts.started().unwrap_or(0), monotonic_now()),
+            started: (
+                counts.started().unwrap_or(0),
+                counts.followed().unwrap_or(0),
+                monotonic_now(),
+            ),
             counts,
         }
     }
@@ -274,17 +309,21 @@ impl Sampler {
     /// Measures the rate of lookups starting, over 200 ms at least (a
     /// surge is met before it fills the ring), for the governor's budget.
     pub fn measure(&mut self, now_ns: u64) {
-        let (before, at_ns) = self.started;
+        let (started_before, followed_before, at_ns) = self.started;
         let span_ns = now_ns.saturating_sub(at_ns);
         if span_ns < 200_000_000 {
             return;
         }
-        let Ok(started) = self.counts.started() else {
+        let (Ok(started), Ok(followed)) = (self.counts.started(), self.counts.followed()) else {
             return;
         };
-        let per_s = started.saturating_sub(before) as f64 * 1e9 / span_ns as f64;
-        self.governor.rate(per_s);
-        self.started = (started, now_ns);
+        let per_s =
+            |now: u64, before: u64| now.saturating_sub(before) as f64 * 1e9 / span_ns as f64;
+        self.governor.rate(
+            per_s(started, started_before),
+            per_s(followed, followed_before),
+        );
+        self.started = (started, followed, now_ns);
     }
 
     /// Whether the kernel lost events since the last call.
@@ -303,6 +342,10 @@ impl Sampler {
         if let Err(e) = self.map.set(0, level, 0) {
             log::warn!("could not set the sampling level: {e}");
             return None;
+        }
+        // The next measure of lookups followed is wholly under this level.
+        if let (Ok(started), Ok(followed)) = (self.counts.started(), self.counts.followed()) {
+            self.started = (started, followed, monotonic_now());
         }
         Some(SampleChange {
             since_ns,
@@ -501,20 +544,55 @@ mod tests {
     #[test]
     fn a_budget_holds_the_lookups_followed_near_it() {
         let mut g = Governor::new(SampleMode::Auto, 1, 0).with_budget(1_000);
-        g.rate(900.0);
+        g.rate(900.0, 900.0);
         assert!(run(&mut g, S, 2_000, EMPTY).is_empty());
-        g.rate(5_000.0);
+        g.rate(5_000.0, 0.0);
         assert_eq!(run(&mut g, 3 * S, 2_000, EMPTY), vec![3]);
-        g.rate(20_000.0);
+        g.rate(20_000.0, 0.0);
         assert_eq!(run(&mut g, 5 * S, 2_000, EMPTY), vec![5]);
         // Calm, at a rate that still needs 1 in 4: down to 2 and no lower.
-        g.rate(3_500.0);
+        g.rate(3_500.0, 0.0);
         assert_eq!(run(&mut g, 7 * S, 40_000, EMPTY), vec![4, 3, 2]);
         // Overload on top of the budget still raises.
         assert_eq!(run(&mut g, 50 * S, 100, FULL), vec![3]);
         let mut none = Governor::new(SampleMode::Auto, 1, 0).with_budget(0);
-        none.rate(1e6);
+        none.rate(1e6, 1e6);
         assert!(run(&mut none, S, 2_000, EMPTY).is_empty());
+    }
+
+    /// A level keeps names, not lookups: where the names it keeps carry
+    /// far more than the budget, a new seed is drawn at once (the level
+    /// is right for the rate), and again while they still do, no more
+    /// often than a measure wholly under the new seed allows.
+    #[test]
+    fn following_far_past_the_budget_draws_a_new_seed_at_once() {
+        let mut g = Governor::new(SampleMode::Auto, 1, 0).with_budget(1_000);
+        g.rate(20_000.0, 0.0);
+        assert_eq!(run(&mut g, S, 100, EMPTY), vec![5]);
+        let first = g.level();
+        g.rate(20_000.0, 8_000.0);
+        let changes: Vec<SampleLevel> = (0..40)
+            .filter_map(|i| g.tick(2 * S + i * 50 * MS, EMPTY))
+            .collect();
+        assert_eq!(
+            changes.len(),
+            1,
+            "one draw until measured again: {changes:?}"
+        );
+        assert_eq!(changes[0].shift, 5, "the level stays the budget's");
+        assert_ne!(changes[0].seed, first.seed);
+        let at = 4 * S;
+        g.rate(20_000.0, 8_000.0);
+        let second = g.tick(at, EMPTY).expect("a second draw");
+        g.rate(20_000.0, 8_000.0);
+        assert!(g.tick(at + 450 * MS, EMPTY).is_none(), "within 500 ms");
+        let third = g.tick(at + 500 * MS, EMPTY).expect("a third draw");
+        assert_ne!(second.seed, third.seed);
+        g.rate(20_000.0, 1_900.0);
+        assert!(
+            run(&mut g, 6 * S, 2_000, EMPTY).is_empty(),
+            "near the budget"
+        );
     }
 
     #[test]
