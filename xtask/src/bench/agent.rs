@@ -66,6 +66,7 @@ impl Bench {
         let mut base = Vec::new();
         let mut with: Vec<Vec<f64>> = vec![Vec::new(); modes.len()];
         let mut counts = Vec::new();
+        let mut followed: Vec<Vec<f64>> = vec![Vec::new(); modes.len()];
         for (round, which) in turns(self.plan.perf_rounds, 1 + modes.len()) {
             if which == 0 {
                 let b = dnsperf(&self.queries(), secs, None)?;
@@ -80,7 +81,9 @@ impl Bench {
             pause(Duration::from_millis(7_000))?;
             // The pod's name; WEB is its network namespace's.
             let pod = WEB.strip_prefix("dtlab-").unwrap_or(WEB);
-            let counted = lookups_of(&scrape(&listen)?, pod);
+            let page = scrape(&listen)?;
+            let counted = lookups_of(&page, pod);
+            let journeys = sample(&page, "dnstrace_journeys_total").unwrap_or(0.0);
             let exit = agent.stop()?;
             eprintln!(
                 "bench: agent round {}: {t}; counted {counted} of {} sent; {exit}",
@@ -89,6 +92,7 @@ impl Bench {
             );
             with[which - 1].push(t.qps);
             counts.push((t.sent, counted, exit.lost));
+            followed[which - 1].push(journeys / f64::from(secs));
             settle()?;
         }
         for ((what, _), with) in modes.iter().zip(&with) {
@@ -105,6 +109,15 @@ impl Bench {
                 met: Some(met),
             });
         }
+        let each: Vec<String> = followed[0].iter().map(|f| format!("{f:.0}/s")).collect();
+        self.rows.push(Row {
+            figure: format!("Agent: journeys followed whole a second at the lab's highest rate, its defaults (`--follow-max {FOLLOW_MAX}`), each run above"),
+            baseline: "—".into(),
+            with: each.join("; "),
+            ratio: "—".into(),
+            goal: format!("about {FOLLOW_MAX}/s, under {}/s", 2 * FOLLOW_MAX),
+            met: Some(followed[0].iter().all(|&f| f < f64::from(2 * FOLLOW_MAX)).into()),
+        });
         let exact = counts.iter().all(|&(sent, counted, _)| sent == counted);
         let each: Vec<String> = counts
             .iter()
@@ -268,6 +281,9 @@ fn scrape(listen: &str) -> Result<String> {
     }
     Ok(body.to_owned())
 }
+
+/// The agent's default `--follow-max`.
+const FOLLOW_MAX: u32 = 1_000;
 
 /// The value of the sample `name` (no labels).
 fn sample(page: &str, name: &str) -> Option<f64> {
