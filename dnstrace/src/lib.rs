@@ -32,6 +32,7 @@ mod pipeline;
 mod pods;
 mod probes;
 mod record;
+mod routes;
 mod target;
 mod view;
 

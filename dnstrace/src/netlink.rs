@@ -125,6 +125,48 @@ pub fn send<T: Copy>(sock: BorrowedFd, req: &T) -> io::Result<()> {
     Ok(())
 }
 
+/// A dump request of `kind` with its family header `family` (the
+/// request's own struct, zeroed but for its family), and every message of
+/// the answer, up to its end.
+pub fn dump(sock: BorrowedFd, kind: u16, family: &[u8]) -> io::Result<Vec<Vec<u8>>> {
+    let len = size_of::<libc::nlmsghdr>() + family.len();
+    let mut req = Vec::with_capacity(len);
+    req.extend((len as u32).to_ne_bytes());
+    req.extend(kind.to_ne_bytes());
+    req.extend(((libc::NLM_F_REQUEST | libc::NLM_F_DUMP) as u16).to_ne_bytes());
+    req.extend(1u32.to_ne_bytes());
+    req.extend(0u32.to_ne_bytes());
+    req.extend(family);
+    // SAFETY: sending our own buffer of the given length.
+    if unsafe { libc::send(sock.as_raw_fd(), req.as_ptr().cast(), req.len(), 0) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut buf = vec![0u8; 64 << 10];
+    let mut all = Vec::new();
+    loop {
+        // SAFETY: receiving into our own buffer of the given length.
+        let n = unsafe { libc::recv(sock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        for msg in messages(&buf[..n as usize]) {
+            match u16::from_ne_bytes([msg[4], msg[5]]) {
+                k if k == libc::NLMSG_DONE as u16 => return Ok(all),
+                k if k == libc::NLMSG_ERROR as u16 => {
+                    let code = msg
+                        .get(16..20)
+                        .map_or(0, |b| i32::from_ne_bytes(b.try_into().unwrap_or_default()));
+                    return Err(io::Error::from_raw_os_error(-code));
+                }
+                _ => all.push(msg.to_vec()),
+            }
+        }
+        if n == 0 {
+            return Ok(all);
+        }
+    }
+}
+
 /// Netlink attributes of `buf`, as (type, payload).
 pub fn attrs(mut buf: &[u8]) -> impl Iterator<Item = Result<(u16, &[u8])>> {
     std::iter::from_fn(move || {

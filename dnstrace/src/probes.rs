@@ -227,6 +227,22 @@ impl Iface {
     }
 }
 
+/// `--iface` names devices of this network namespace, and with `--node`
+/// the programs skip packets outside the node's: unless this namespace is
+/// the node's, every packet on them would be skipped.
+fn check_ifaces_in_scope(ifaces: &[Iface], scope: Option<&KernelScope>) -> Result<()> {
+    let Some(scope) = scope else {
+        return Ok(());
+    };
+    match ifaces.iter().find(|i| !scope.netns.contains(&i.netns)) {
+        Some(i) => bail!(
+            "--iface {} is in this network namespace, not the --node's (--node-netns): none of its packets would be traced; run dnstrace inside the node's namespace (ip netns exec) or leave --iface out",
+            i.name
+        ),
+        None => Ok(()),
+    }
+}
+
 /// The link-layer header length all `ifaces` share, so that the tc programs
 /// need not look each packet's interface up before parsing it.
 fn tc_l2_len(ifaces: &[Iface]) -> u32 {
@@ -358,6 +374,7 @@ impl Probes {
             .iter()
             .map(|name| Iface::lookup(name, netns))
             .collect::<Result<Vec<_>>>()?;
+        check_ifaces_in_scope(&ifaces, scope)?;
         check_kernel()?;
         let btf = btf::Btf::from_sys_fs()?;
         let (offsets, ct_off) = match offsets::kernel_offsets(&btf) {
@@ -1032,6 +1049,28 @@ fn verifier_message(name: &str, io_error: &std::io::Error, log: &str) -> String 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_iface_outside_the_nodes_namespaces_is_refused() {
+        let iface = Iface {
+            name: "eth0".into(),
+            index: 2,
+            netns: 7,
+            l2_len: 14,
+        };
+        let scope = |netns: &[u32]| KernelScope {
+            netns: netns.iter().copied().collect(),
+        };
+        let ifaces = [iface];
+        assert!(check_ifaces_in_scope(&ifaces, None).is_ok());
+        assert!(check_ifaces_in_scope(&ifaces, Some(&scope(&[7, 9]))).is_ok());
+        let err = check_ifaces_in_scope(&ifaces, Some(&scope(&[8, 9]))).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("--iface eth0 is in this network namespace, not the --node's"),
+            "{err}"
+        );
+    }
 
     #[test]
     fn verifier_message_keeps_the_last_lines() {

@@ -510,3 +510,93 @@ fn faults_between_nodes_are_diagnosed_from_the_merged_recordings() {
         "{lost:?}"
     );
 }
+
+/// Switches a lab fault on node `node`.
+fn fault(name: &str, on: bool, node: &str) {
+    let state = if on { "on" } else { "off" };
+    let out = dnstrace(&["lab", "fault", name, state, "--node", node]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Node 1 alone names the node its lost queries went to, from its own
+/// routes, neighbour and FDB entries over flannel.1, live and replayed
+/// from its file; replayed with node 2's, the node they left is named
+/// rather than "this node". Also what goes with it: a frozen CoreDNS
+/// shows as stopped, and --iface outside the node's namespace is refused.
+#[test]
+fn one_node_names_the_node_its_lost_queries_went_to() {
+    require_root();
+    let lab = Lab::up(&["--nodes", "3"]);
+    let dir = Dir::new("cluster-next-hop");
+
+    fault("overlay-drop", true, "3");
+    let nodes = record_nodes(&dir, "next-", || {
+        // Half of web's lookups go to node 3's CoreDNS: until one is lost.
+        let lost = (0..20).any(|_| {
+            let out = lab.dig(
+                "dtlab-web-7d9f8c6b5-x2x4k",
+                "kube-dns.kube-system.svc.cluster.local",
+            );
+            dig_status(&out) == "timeout"
+        });
+        assert!(lost, "twenty lookups answered with overlay-drop on");
+    });
+    fault("overlay-drop", false, "3");
+    let next = "lookups sent to 10.244.3.53:53 get no answer past this node: look at 10.244.3.53 on the node at 172.18.0.4 (over flannel.1) next";
+    let live = anomalies(&nodes[0].0, "unanswered");
+    assert!(live.iter().any(|a| a == next), "node1 live: {live:?}");
+    let alone = anomalies(&merged(&nodes[..1]), "unanswered");
+    assert!(alone.iter().any(|a| a == next), "node1 replayed: {alone:?}");
+    // With node 2's recording (node 3's is not there to say more).
+    let two = anomalies(&merged(&nodes[..2]), "unanswered");
+    assert!(
+        two.iter().any(|a| a
+            == "lookups sent to 10.244.3.53:53 get no answer past node1: look at 10.244.3.53 on the node at 172.18.0.4 (over flannel.1) next"),
+        "node1 and node2 merged: {two:?}"
+    );
+    let all = merged(&nodes);
+    for kind in ["unanswered", "lost_between_nodes"] {
+        let said = anomalies(&all, kind);
+        assert!(
+            said.iter().all(|a| !a.contains("this node")),
+            "{kind}: {said:?}"
+        );
+    }
+
+    fault("coredns-down", true, "3");
+    let status = String::from_utf8_lossy(&dnstrace(&["lab", "status"]).stdout).into_owned();
+    fault("coredns-down", false, "3");
+    let line = |status: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with("process coredns-7db6d8ff4d-vz8lp:"))
+            .map(str::to_owned)
+    };
+    let frozen = line(&status).unwrap_or_default();
+    assert!(frozen.ends_with(" stopped"), "{status}");
+    let status = String::from_utf8_lossy(&dnstrace(&["lab", "status"]).stdout).into_owned();
+    assert!(
+        line(&status).unwrap_or_default().ends_with(" running"),
+        "{status}"
+    );
+
+    let mut args = vec!["trace".to_owned(), "--iface".to_owned(), "lo".to_owned()];
+    args.extend(node_flags(1));
+    let out = std::process::Command::new("timeout")
+        .arg("60")
+        .arg(dnstrace_bin())
+        .args(&args)
+        .output()
+        .expect("running dnstrace");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && stderr.contains("--iface lo is in this network namespace, not the --node's"),
+        "{}: {stderr}",
+        out.status
+    );
+}

@@ -47,7 +47,7 @@ const LAYERS: &[Layer] = &[
     },
     Layer {
         name: "context",
-        modules: &["conntrack", "naming", "pods", "target", "links"],
+        modules: &["conntrack", "naming", "pods", "target", "links", "routes"],
     },
     Layer {
         name: "correlate",

@@ -12,7 +12,7 @@ use crate::{
     clock::{monotonic_now, Clock},
     conntrack::{CtEvent, CtStats, CtWatcher, RACE_COUNTERS},
     correlate::Limits,
-    decode::{kernel::Preload, KernelNames, Packet},
+    decode::{kernel::Preload, KernelNames, NodeId, Packet},
     diagnose::{ConntrackAtStart, Context, Translation},
     ingest::SampleChange,
     ingest::{
@@ -31,6 +31,7 @@ use crate::{
         flight::{FlightOptions, FlightRecorder},
         RecordOptions, Recorder,
     },
+    routes::Routes,
     target::{
         self,
         follow::{Follower, Following, Pods, Refresh},
@@ -418,8 +419,17 @@ fn context_of(
         node_search: crate::pods::resolv::read_for_node(node)
             .map(|r| r.search)
             .unwrap_or_default(),
+        routes: [(NodeId::default(), routes_of(node))].into(),
         ..Context::default()
     }
+}
+
+/// The node's routes through a gateway, or none, said, if they cannot be
+/// read: the rules then name no next hop.
+fn routes_of(node: Option<&std::path::Path>) -> Routes {
+    crate::routes::read(node)
+        .map_err(|e| log::info!("off: the node's routes: {e:#}"))
+        .unwrap_or_default()
 }
 
 /// What conntrack dropped before now, and how full its table is.

@@ -6,7 +6,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use crate::{decode::NodeId, pods::net::Attachment, target::Target};
+use crate::{decode::NodeId, pods::net::Attachment, routes::Routes, target::Target};
 
 /// What the rules know about the node besides journeys.
 #[derive(Clone, Debug, Default)]
@@ -40,6 +40,9 @@ pub struct Context {
     /// less one, and the node each pod address lives on.
     pub nodes: Vec<String>,
     pub homes: BTreeMap<IpAddr, NodeId>,
+    /// Each node's routes through a gateway (over VXLAN, to which node),
+    /// by the `NodeId` its legs carry: where a query leaving it went next.
+    pub routes: BTreeMap<NodeId, Routes>,
 }
 
 /// Who gives a query to a service IP an endpoint's address.

@@ -70,7 +70,8 @@ fn lost_on_the_way<'a>(j: &'a Journey, ctx: &Context, answer: bool) -> Option<Lo
     (to != last.node && !reached).then_some(Lost { leg: last, to })
 }
 
-fn name(ctx: &Context, node: NodeId) -> String {
+/// A node's name, from its `NodeId`.
+pub(super) fn name(ctx: &Context, node: NodeId) -> String {
     usize::from(node.0)
         .checked_sub(1)
         .and_then(|i| ctx.nodes.get(i))

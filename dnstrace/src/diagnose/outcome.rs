@@ -1,16 +1,18 @@
 //! Rules on how a lookup ended: dropped, failed, unanswered or slow.
-use std::collections::BTreeSet;
+use std::{collections::BTreeSet, net::IpAddr};
 
 use super::{
     anomaly::{Finding, Words},
     legs::{place, the_message},
     memory::Asked,
-    AnomalyKind,
+    nodes::name,
+    AnomalyKind, Context,
 };
 use crate::decode::Rcode;
 use crate::{
     correlate::{Journey, Leg, Outcome},
-    decode::KernelNames,
+    decode::{KernelNames, NodeId},
+    routes::Route,
 };
 use dnstrace_common::Direction;
 
@@ -119,14 +121,18 @@ pub(super) fn failing_answer(j: &Journey) -> Option<Finding<'_>> {
     }))
 }
 
-pub(super) fn unanswered<'a>(j: &'a Journey, recent: &'a [&'a Asked]) -> Option<Finding<'a>> {
+pub(super) fn unanswered<'a>(
+    j: &'a Journey,
+    recent: &'a [&'a Asked],
+    ctx: &'a Context,
+) -> Option<Finding<'a>> {
     if j.outcome != Outcome::Timeout {
         return None;
     }
     let o = j.origin()?;
     let last = j.legs.last()?;
     if let Some(left) = left_unanswered(j) {
-        return Some(left_node(j, left, recent));
+        return Some(left_node(j, left, recent, ctx));
     }
     Some(Finding::new(
         AnomalyKind::Unanswered,
@@ -161,11 +167,19 @@ fn left_unanswered(j: &Journey) -> Option<&Leg> {
 }
 
 /// What one node can say of a lookup lost past it: where the query went,
-/// and where to look next.
-fn left_node<'a>(j: &'a Journey, left: &'a Leg, recent: &'a [&'a Asked]) -> Finding<'a> {
+/// and where to look next, as the node's routes tell it.
+fn left_node<'a>(
+    j: &'a Journey,
+    left: &'a Leg,
+    recent: &'a [&'a Asked],
+    ctx: &'a Context,
+) -> Finding<'a> {
     Finding::new(AnomalyKind::Unanswered, left.dst.to_string(), move || {
+        let node = which_node(ctx, left.node);
+        let ip = left.dst.ip();
+        let route = ctx.routes.get(&left.node).and_then(|r| r.toward(ip));
         let mut evidence = vec![format!(
-            "{} asked {} for {} {}; the query left this node at {} for {}, and nothing came back",
+            "{} asked {} for {} {}; the query left {node} at {} for {}, and nothing came back",
             j.client,
             j.origin().map_or(left.dst, |o| o.dst),
             j.name,
@@ -173,16 +187,57 @@ fn left_node<'a>(j: &'a Journey, left: &'a Leg, recent: &'a [&'a Asked]) -> Find
             place(left),
             left.dst
         )];
+        evidence.extend(route.map(|r| routed(ip, r)));
         evidence.extend(earlier_attempts(j, recent));
         Words::new(
             format!(
-                "lookups sent to {} get no answer past this node: look at {} and its node next",
+                "lookups sent to {} get no answer past {node}: look at {} next",
                 left.dst,
-                left.dst.ip()
+                next_hop(ip, route)
             ),
             evidence,
         )
     })
+}
+
+/// "this node" for one node's view; in a replay of several, its name.
+fn which_node(ctx: &Context, node: NodeId) -> String {
+    if ctx.nodes.len() < 2 {
+        return "this node".into();
+    }
+    name(ctx, node)
+}
+
+/// Where to look for `ip`: on the node its overlay route leads to, past
+/// its gateway, or, with no route known, on its own node.
+fn next_hop(ip: IpAddr, route: Option<&Route>) -> String {
+    match route {
+        Some(Route {
+            node: Some(node),
+            dev,
+            ..
+        }) => format!("{ip} on the node at {node} (over {dev})"),
+        Some(r) => format!(
+            "{ip} and its node, past the gateway {} ({})",
+            r.gateway, r.dev
+        ),
+        None => format!("{ip} and its node"),
+    }
+}
+
+/// The route `ip` took, as evidence.
+fn routed(ip: IpAddr, r: &Route) -> String {
+    let via = format!(
+        "the node routes {ip} by {}/{} via {} dev {}",
+        r.dst, r.len, r.gateway, r.dev
+    );
+    match r.node {
+        Some(node) => format!(
+            "{via}, whose neighbour entry gives {} a VTEP MAC that {}'s FDB sends to {node}",
+            r.gateway, r.dev
+        ),
+        None => via,
+    }
 }
 
 /// The client's earlier unanswered tries of the same question (its retries,

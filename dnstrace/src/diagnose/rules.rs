@@ -69,7 +69,7 @@ pub(super) fn findings<'a>(j: &'a Journey, known: &Known<'a>) -> Vec<Finding<'a>
         out.extend(dropped(j, names));
         out.extend(failing_answer(j));
         if !upstream_failed && seen_all {
-            out.extend(unanswered(j, recent));
+            out.extend(unanswered(j, recent, ctx));
         }
     }
     out.extend(slow(j));

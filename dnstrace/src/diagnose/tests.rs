@@ -13,6 +13,7 @@ use super::{
 };
 use crate::decode::{NodeId, Qtype, Rcode};
 use crate::pods::net::Attachment;
+use crate::routes::Route;
 use crate::{
     correlate::{Connection, FragmentNote, Gap, Journey, Leg, Outcome, Reset},
     decode::Seen,
@@ -284,6 +285,77 @@ fn a_query_lost_past_this_node_names_where_it_went() {
     assert!(raised(&j)
         .iter()
         .all(|a| !a.summary.contains("past this node")));
+}
+
+/// The lost query of the test above, and node 1's route to node 3's
+/// subnet over flannel.1; with `overlay`, its FDB names node 3.
+fn lost_with_a_route(overlay: bool) -> (Journey, Context) {
+    let mut j = healthy();
+    j.legs.truncate(1);
+    let mut left = leg(
+        40_000,
+        "dev_xmit",
+        NODE_NS,
+        5,
+        "10.244.0.10:4000",
+        "10.244.3.53:53",
+        false,
+    );
+    left.iface = Some("flannel.1".into());
+    j.legs.push(left);
+    j.outcome = Outcome::Timeout;
+    let mut cx = ctx();
+    let route = Route {
+        dst: "10.244.3.0".parse().unwrap(),
+        len: 24,
+        gateway: "10.244.3.0".parse().unwrap(),
+        dev: if overlay { "flannel.1" } else { "eth0" }.into(),
+        node: overlay.then(|| "172.18.0.4".parse().unwrap()),
+    };
+    cx.routes = [(NodeId::default(), [route].into_iter().collect())].into();
+    (j, cx)
+}
+
+#[test]
+fn a_query_lost_past_this_node_names_the_node_its_route_leads_to() {
+    let raised = |(j, cx): (Journey, Context)| {
+        Diagnoser::new(cx)
+            .journey(&j, &KernelNames::default())
+            .raised
+    };
+    let over = raised(lost_with_a_route(true));
+    assert_eq!(
+        over[0].summary,
+        "lookups sent to 10.244.3.53:53 get no answer past this node: look at 10.244.3.53 on the node at 172.18.0.4 (over flannel.1) next"
+    );
+    assert!(
+        over[0].evidence[1].contains("by 10.244.3.0/24 via 10.244.3.0 dev flannel.1, whose neighbour entry gives 10.244.3.0 a VTEP MAC that flannel.1's FDB sends to 172.18.0.4"),
+        "{:?}",
+        over[0].evidence
+    );
+    let routed = raised(lost_with_a_route(false));
+    assert_eq!(
+        routed[0].summary,
+        "lookups sent to 10.244.3.53:53 get no answer past this node: look at 10.244.3.53 and its node, past the gateway 10.244.3.0 (eth0) next"
+    );
+    // Replayed with other nodes (none of them node 3): the leg's node by
+    // name, and its own routes.
+    let (mut j, mut cx) = lost_with_a_route(true);
+    cx.nodes = ["node1", "node2"].map(String::from).to_vec();
+    cx.routes = [(NodeId(1), cx.routes[&NodeId::default()].clone())].into();
+    for l in &mut j.legs {
+        l.node = NodeId(1);
+    }
+    let merged = raised((j, cx));
+    assert_eq!(
+        merged[0].summary,
+        "lookups sent to 10.244.3.53:53 get no answer past node1: look at 10.244.3.53 on the node at 172.18.0.4 (over flannel.1) next"
+    );
+    assert!(
+        merged[0].evidence[0].contains("left node1 at flannel.1@200"),
+        "{:?}",
+        merged[0].evidence
+    );
 }
 
 /// web on node1 asks kube-dns, DNATed there to CoreDNS on node3: the
@@ -1299,7 +1371,8 @@ fn retries_of_an_unanswered_lookup_are_counted_as_one_lookup() {
     // The rule in full, as when its anomaly is not raised yet: once it is,
     // a repeat carries no evidence (see the next test).
     let recent = d2.recent.of(&third);
-    let found = unanswered(&third, &recent).unwrap();
+    let cx = ctx();
+    let found = unanswered(&third, &recent, &cx).unwrap();
     let found = &Raised::default().record(vec![found], 0, None).raised[0];
     assert!(
         found.evidence[1].contains("attempt 3 of this lookup without an answer, 10.0 s after the first (from 2 source ports)"),

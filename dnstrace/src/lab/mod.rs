@@ -1307,7 +1307,7 @@ fn status_text() -> String {
             say!(
                 out,
                 "process {name}: pid {pid} {}",
-                if sys::alive(*pid) { "running" } else { "GONE" }
+                sys::Liveness::of(*pid).name()
             );
         }
         let faults = state.fault_names();

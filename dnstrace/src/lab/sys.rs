@@ -154,13 +154,44 @@ pub fn with_resolv_conf(ns: &str, resolv: &Path, program: &str) -> Command {
 /// Running, not a zombie: daemons the lab started are reaped by whoever
 /// adopted them, maybe late.
 pub fn alive(pid: u32) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return false;
-    };
-    // The state follows the parenthesised command name.
-    stat.rsplit_once(')')
-        .and_then(|(_, rest)| rest.split_whitespace().next())
-        .is_some_and(|state| state != "Z" && state != "X")
+    Liveness::of(pid) != Liveness::Gone
+}
+
+/// How a process the lab started is, from its state in /proc.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Liveness {
+    Running,
+    /// Stopped by a signal (a fault's SIGSTOP) or a tracer: it answers
+    /// nothing until resumed.
+    Stopped,
+    Gone,
+}
+
+impl Liveness {
+    pub fn of(pid: u32) -> Self {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map_or(Self::Gone, |stat| Self::from_stat(&stat))
+    }
+
+    fn from_stat(stat: &str) -> Self {
+        // The state follows the parenthesised command name.
+        let state = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next());
+        match state {
+            None | Some("Z" | "X") => Self::Gone,
+            Some("T" | "t") => Self::Stopped,
+            Some(_) => Self::Running,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Running => "running",
+            Self::Stopped => "stopped",
+            Self::Gone => "GONE",
+        }
+    }
 }
 
 pub fn hangup(pid: u32) {
@@ -216,4 +247,21 @@ pub fn unmount(path: &Path) -> Result<()> {
         bail!("unmounting {}: {e}", path.display());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Liveness;
+
+    #[test]
+    fn a_stopped_process_is_told_from_a_running_one_and_a_zombie() {
+        let stat = |state: &str| format!("4242 (core dns) {state} 1 4242 4242 0 -1");
+        assert_eq!(Liveness::from_stat(&stat("S")), Liveness::Running);
+        assert_eq!(Liveness::from_stat(&stat("R")), Liveness::Running);
+        assert_eq!(Liveness::from_stat(&stat("T")), Liveness::Stopped);
+        assert_eq!(Liveness::from_stat(&stat("Z")), Liveness::Gone);
+        assert_eq!(Liveness::from_stat("4242 (cut"), Liveness::Gone);
+        // This test's own process runs.
+        assert_eq!(Liveness::of(std::process::id()), Liveness::Running);
+    }
 }

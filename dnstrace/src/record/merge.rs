@@ -177,8 +177,8 @@ pub fn about(recs: &[Recording]) -> About {
 }
 
 /// What the rules know, as [`about`] gives it; with several nodes, their
-/// names and the node each pod address lives on (its own recording's
-/// pods).
+/// names, the node each pod address lives on (its own recording's pods),
+/// and each node's own routes.
 pub fn context(recs: &[Recording]) -> Context {
     let mut cx = about(recs).context();
     if recs.len() > 1 {
@@ -189,6 +189,9 @@ pub fn context(recs: &[Recording]) -> Context {
                 cx.homes.entry(*ip).or_insert(node);
             }
         }
+        cx.routes = (recs.iter().enumerate())
+            .map(|(i, r)| (NodeId(i as u16 + 1), r.about.context.routes.clone()))
+            .collect();
     }
     cx
 }

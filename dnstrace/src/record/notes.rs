@@ -11,13 +11,14 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     conntrack::{CtEvent, CtEventKind, RACE_COUNTERS},
-    decode::{Conntrack, CtTuple, Dropped, Fragment, Packet},
+    decode::{Conntrack, CtTuple, Dropped, Fragment, NodeId, Packet},
     diagnose::{ConntrackAtStart, Context, Translation},
     output::{
         addr,
         journey_json::{boolean, number},
     },
     pods::{net::Attachment, workload::Workload},
+    routes::Routes,
     target::{follow::Refresh, Target},
 };
 
@@ -145,6 +146,9 @@ pub struct ContextNote {
     pub attachments: BTreeMap<IpAddr, Attachment>,
     #[serde(default)]
     pub resolvers: Vec<IpAddr>,
+    /// Absent from recordings made before it was noted: none known.
+    #[serde(default, skip_serializing_if = "Routes::is_empty")]
+    pub routes: Routes,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -192,6 +196,11 @@ impl ContextNote {
             node_search: c.node_search.clone(),
             attachments: c.attachments.clone(),
             resolvers: c.resolvers.iter().copied().collect(),
+            routes: c
+                .routes
+                .get(&NodeId::default())
+                .cloned()
+                .unwrap_or_default(),
         }
     }
 
@@ -211,6 +220,7 @@ impl ContextNote {
             node_search: self.node_search,
             attachments: self.attachments,
             resolvers: self.resolvers.into_iter().collect(),
+            routes: [(NodeId::default(), self.routes)].into(),
             ..Context::default()
         }
     }
