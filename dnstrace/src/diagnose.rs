@@ -31,7 +31,7 @@ pub use self::{
 use self::{
     anomaly::{Finding, Raised},
     conntrack::CtSeen,
-    endpoints::Endpoints,
+    endpoints::{Endpoints, Whose},
     memory::Recent,
     mtu::PathSizes,
     nat::LocalListeners,
@@ -137,9 +137,14 @@ impl Diagnoser {
     /// time, and those it fed (its badges).
     pub fn journey(&mut self, j: &Journey, names: &KernelNames) -> Checked {
         self.upstream.count(j);
-        let down = self.endpoints.count(j, &self.ctx);
-        // Explains answers lost before it, not this journey.
-        let mtu = self.paths.count(j, &self.ctx);
+        let (down, down_before): (Vec<_>, Vec<_>) = self
+            .endpoints
+            .count(j, &self.ctx)
+            .into_iter()
+            .partition(|(_, whose)| *whose == Whose::This);
+        // Findings about earlier journeys, not this one.
+        let mut before: Vec<Finding> = down_before.into_iter().map(|(f, _)| f).collect();
+        before.extend(self.paths.count(j, &self.ctx));
         self.truncated.await_tcp_retry(j);
         let backed = self.ct.journey(j, names);
         let recent = self.recent.of(j);
@@ -157,12 +162,10 @@ impl Diagnoser {
         };
         let mut found = rules::findings(j, &known);
         found.extend(backed);
-        found.extend(down);
+        found.extend(down.into_iter().map(|(f, _)| f));
         let mut checked = self.raised.record(found, j.ended_ns, Some(j.id));
-        let late = self
-            .raised
-            .record(mtu.into_iter().collect(), j.ended_ns, None);
-        checked.raised.extend(late.raised);
+        let earlier = self.raised.record(before, j.ended_ns, None);
+        checked.raised.extend(earlier.raised);
         self.local.note(j, &self.ctx);
         self.recent.remember(j);
         checked

@@ -43,11 +43,24 @@ const AT_LEAST: usize = 3;
 #[derive(Default)]
 pub(super) struct Endpoints(BTreeMap<SocketAddr, Service>);
 
+/// Whose a finding is: the journey counted's (it went unanswered), or
+/// earlier ones' (this one's answer gave them another endpoint answering).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Whose {
+    This,
+    Earlier,
+}
+
 impl Endpoints {
     /// Counts `j`'s lookup against the endpoint it was sent to; returns
-    /// the finding when that endpoint is now down (once, until it answers
-    /// again).
-    pub(super) fn count(&mut self, j: &Journey, ctx: &Context) -> Option<Finding<'static>> {
+    /// the finding when an endpoint of its service is now down (once,
+    /// until it answers again): `j`'s, or another that fell silent before
+    /// `j`'s answer gave it one answering to compare with.
+    pub(super) fn count(
+        &mut self,
+        j: &Journey,
+        ctx: &Context,
+    ) -> Option<(Finding<'static>, Whose)> {
         let &(service, endpoint) = j.dnat.as_deref()?;
         let answered = match j.outcome {
             Outcome::Answered { .. } => true,
@@ -72,12 +85,15 @@ impl Endpoints {
             answered,
             ended_ns: j.ended_ns,
         });
-        if answered {
+        let (down, whose) = if answered {
             s.down.remove(&endpoint);
-            return None;
-        }
-        let down = s.silent(endpoint)?;
-        s.down.insert(endpoint).then(|| finding(ctx, service, down))
+            (s.newly_silent()?, Whose::Earlier)
+        } else {
+            (s.silent(endpoint)?, Whose::This)
+        };
+        s.down
+            .insert(down.endpoint)
+            .then(|| (finding(ctx, service, down), whose))
     }
 }
 
@@ -91,6 +107,15 @@ impl Service {
             self.recent.pop_front();
         }
         self.recent.push_back(sent);
+    }
+
+    /// An endpoint not raised yet that is silent now.
+    fn newly_silent(&self) -> Option<Down> {
+        let endpoints: BTreeSet<SocketAddr> = self.recent.iter().map(|s| s.endpoint).collect();
+        endpoints
+            .into_iter()
+            .filter(|e| !self.down.contains(e))
+            .find_map(|e| self.silent(e))
     }
 
     /// `endpoint`'s share, if it left its last `AT_LEAST` or more lookups
@@ -156,9 +181,12 @@ fn finding(ctx: &Context, service: SocketAddr, d: Down) -> Finding<'static> {
             let others: Vec<String> = d
                 .others
                 .iter()
-                .map(|(e, (answered, all))| match answered == all {
-                    true => format!("{} answered its {all}", e.ip()),
-                    false => format!("{} answered {answered} of its {all}", e.ip()),
+                .map(|(e, (answered, all))| {
+                    if answered == all {
+                        format!("{} answered its {all}", e.ip())
+                    } else {
+                        format!("{} answered {answered} of its {all}", e.ip())
+                    }
                 })
                 .collect();
             let mut evidence = vec![format!(

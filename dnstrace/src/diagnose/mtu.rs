@@ -82,14 +82,11 @@ impl PathSizes {
 /// The answer that left one node for a client on another and arrived
 /// there: where it left, and the client's node.
 fn delivered<'a>(j: &'a Journey, ctx: &Context) -> Option<(&'a Leg, NodeId)> {
-    let leaves = |l: &&Leg| {
-        l.response
-            && l.ip_len > 0
-            && l.direction() == Direction::Egress
-            && ctx.homes.get(&l.dst.ip()).is_some_and(|to| *to != l.node)
-    };
-    let left = j.legs.iter().rfind(leaves)?;
-    let to = ctx.homes[&left.dst.ip()];
+    let (left, to) = j.legs.iter().rev().find_map(|l| {
+        let to = *ctx.homes.get(&l.dst.ip())?;
+        let leaves = l.response && l.ip_len > 0 && l.direction() == Direction::Egress;
+        (leaves && to != l.node).then_some((l, to))
+    })?;
     let arrived = j
         .legs
         .iter()
@@ -120,10 +117,10 @@ fn finding(ctx: &Context, (from, to): (NodeId, NodeId), s: Sizes) -> Finding<'st
         format!("{from}→{to}"),
         move || {
             let delivered = s.delivered.unwrap_or_default();
-            let more = if s.largest_lost > s.smallest_lost {
-                " and more"
+            let (more, up_to) = if s.largest_lost > s.smallest_lost {
+                (" and more", format!(" to {}", s.largest_lost))
             } else {
-                ""
+                ("", String::new())
             };
             let summary = format!(
                 "DNS answers of {} bytes{more} lost between {from} and {to}; smaller ones arrive",
@@ -131,8 +128,8 @@ fn finding(ctx: &Context, (from, to): (NodeId, NodeId), s: Sizes) -> Finding<'st
             );
             let evidence = vec![
             format!(
-                "{} answers from {from} to {to} lost on the way, of {} to {} bytes (IP packets); the smallest left {from} by {}",
-                s.lost, s.smallest_lost, s.largest_lost, s.left_by
+                "{} answers from {from} to {to} lost on the way, of {}{up_to} bytes (IP packets); the smallest left {from} by {}",
+                s.lost, s.smallest_lost, s.left_by
             ),
             format!("the largest answer from {from} that reached {to}: {delivered} bytes"),
         ];

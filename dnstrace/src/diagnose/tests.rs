@@ -2257,7 +2257,7 @@ fn large_answers_lost_between_nodes_where_small_ones_arrive_are_the_overlay_s_mt
         "DNS answers of 1342 bytes lost between node3 and node1; smaller ones arrive"
     );
     assert!(
-        mtu.evidence[0].contains("of 1342 to 1342 bytes")
+        mtu.evidence[0].contains("of 1342 bytes (IP packets)")
             && mtu.evidence[0].contains("left node3 by eth0@200 (dev_xmit)")
             && mtu.evidence[1].contains(": 112 bytes"),
         "{:?}",
@@ -2441,4 +2441,29 @@ fn in_a_merged_replay_the_down_endpoint_s_node_is_named_and_queries_lost_on_the_
         .collect();
     assert!(down_raised(&lost).is_empty(), "{lost:?}");
     assert!(lost.iter().any(|c| hit(c, AnomalyKind::LostBetweenNodes)));
+}
+
+#[test]
+fn an_endpoint_silent_before_another_answered_is_named_once_that_one_has() {
+    let mut d = Diagnoser::new(ctx());
+    let names = KernelNames::default();
+    let hung: Vec<Checked> = (0..4)
+        .map(|i| d.journey(&to_endpoint(HUNG, false, i), &names))
+        .collect();
+    assert!(down_raised(&hung).is_empty(), "nothing answered yet");
+    let up: Vec<Checked> = (4..7)
+        .map(|i| d.journey(&to_endpoint(UP, true, i), &names))
+        .collect();
+    let down = down_raised(&up);
+    assert_eq!(down.len(), 1, "{up:?}");
+    assert_eq!(
+        down[0].evidence,
+        ["4 of 7 lookups to 10.96.0.10 went to 10.244.3.53 and got no answer; 10.244.2.53 answered its 3"]
+    );
+    // Raised by the third answer elsewhere, which is not its journey.
+    assert!(down[0].journeys.is_empty());
+    assert!(!up.iter().any(|c| hit(c, AnomalyKind::ResolverEndpointDown)));
+    // Once only while it stays down.
+    let more = alternate(&mut d, 10, 3, false);
+    assert!(down_raised(&more).is_empty(), "{more:?}");
 }
