@@ -7,10 +7,12 @@ mod bridged;
 mod config;
 mod conntrack;
 mod context;
+mod endpoints;
 mod kind;
 mod legs;
 mod loops;
 mod memory;
+mod mtu;
 mod nat;
 mod nodes;
 mod outcome;
@@ -29,7 +31,9 @@ pub use self::{
 use self::{
     anomaly::{Finding, Raised},
     conntrack::CtSeen,
+    endpoints::{Endpoints, Whose},
     memory::Recent,
+    mtu::PathSizes,
     nat::LocalListeners,
     rules::Known,
     search::MissCosts,
@@ -46,6 +50,8 @@ pub struct Diagnoser {
     ctx: Context,
     raised: Raised,
     upstream: Upstreams,
+    endpoints: Endpoints,
+    paths: PathSizes,
     recent: Recent,
     miss_costs: MissCosts,
     truncated: Pending,
@@ -61,6 +67,8 @@ impl Diagnoser {
             ctx,
             raised: Raised::default(),
             upstream: Upstreams::default(),
+            endpoints: Endpoints::default(),
+            paths: PathSizes::default(),
             recent: Recent::default(),
             miss_costs: MissCosts::default(),
             truncated: Pending::default(),
@@ -129,6 +137,14 @@ impl Diagnoser {
     /// time, and those it fed (its badges).
     pub fn journey(&mut self, j: &Journey, names: &KernelNames) -> Checked {
         self.upstream.count(j);
+        let (down, down_before): (Vec<_>, Vec<_>) = self
+            .endpoints
+            .count(j, &self.ctx)
+            .into_iter()
+            .partition(|(_, whose)| *whose == Whose::This);
+        // Findings about earlier journeys, not this one.
+        let mut before: Vec<Finding> = down_before.into_iter().map(|(f, _)| f).collect();
+        before.extend(self.paths.count(j, &self.ctx));
         self.truncated.await_tcp_retry(j);
         let backed = self.ct.journey(j, names);
         let recent = self.recent.of(j);
@@ -136,6 +152,7 @@ impl Diagnoser {
         let known = Known {
             ctx: &self.ctx,
             upstream: &self.upstream,
+            paths: &self.paths,
             recent: &recent,
             names,
             local: &self.local,
@@ -145,7 +162,10 @@ impl Diagnoser {
         };
         let mut found = rules::findings(j, &known);
         found.extend(backed);
-        let checked = self.raised.record(found, j.ended_ns, Some(j.id));
+        found.extend(down.into_iter().map(|(f, _)| f));
+        let mut checked = self.raised.record(found, j.ended_ns, Some(j.id));
+        let earlier = self.raised.record(before, j.ended_ns, None);
+        checked.raised.extend(earlier.raised);
         self.local.note(j, &self.ctx);
         self.recent.remember(j);
         checked

@@ -909,6 +909,7 @@ mod tests {
             src: src.parse().unwrap(),
             dst: dst.parse().unwrap(),
             response: false,
+            ip_len: 0,
             dnat: None,
             snat: None,
             drop: None,

@@ -27,6 +27,10 @@ pub struct Leg {
     pub src: SocketAddr,
     pub dst: SocketAddr,
     pub response: bool,
+    /// On an answer's legs, its IP packet length (`Packet::ip_len`; the
+    /// journey's largest answer's): what an MTU limits. 0 on a query's,
+    /// which an open journey has no room to keep.
+    pub ip_len: u16,
     /// (asked for, rewritten to), where conntrack shows a DNAT. Boxed, as
     /// most legs have none and open journeys should stay small.
     pub dnat: Option<Box<(SocketAddr, SocketAddr)>>,
@@ -205,6 +209,7 @@ pub mod fixtures {
             src: src.parse().unwrap(),
             dst: dst.parse().unwrap(),
             response,
+            ip_len: 0,
             dnat: None,
             snat: None,
             drop: None,

@@ -63,8 +63,9 @@ pub(super) struct Open {
     pub(super) extra: Option<Box<Extra>>,
     pub(super) parent: Option<Ref>,
     /// 1 + the index of the leg that decided the outcome (the latest
-    /// answer or drop, in kernel time); 0 while there is none.
-    decided: u32,
+    /// answer or drop, in kernel time); 0 while there is none. A journey
+    /// keeps `MAX_LEGS` legs at most.
+    decided: u16,
     /// The key's client, packed as legs pack addresses.
     pub(super) client: Addr,
     pub(super) dns_id: u16,
@@ -75,6 +76,10 @@ pub(super) struct Open {
     /// The hash of its question's first label, by which the kernel's
     /// sampling level keeps or leaves out its lookup.
     pub(super) label: u32,
+    /// Its largest answer's IP packet length: a message's is the same on
+    /// every leg, and an open leg has no room for it (nor this for the
+    /// query's).
+    answer_len: u16,
 }
 
 /// What an open journey is known to be, as bits. A type of its own, so
@@ -243,6 +248,7 @@ impl Open {
             incomplete: None,
             flags: JourneyFlags::default(),
             label: sample::message_label_hash(&p.payload),
+            answer_len: 0,
         };
         let (client, v6) = o.pack(key.client);
         o.client = client;
@@ -260,7 +266,7 @@ impl Open {
     }
 
     fn decided_by(&self) -> Option<&OpenLeg> {
-        self.legs.get(self.decided.checked_sub(1)? as usize)
+        self.legs.get(usize::from(self.decided.checked_sub(1)?))
     }
 
     /// Kernel time of the leg that decided the outcome, or 0.
@@ -429,7 +435,7 @@ impl Open {
                 && d.ns() == (p.node, p.netns)
                 && l.hook == p.hook
         });
-        if duplicate {
+        if duplicate || self.legs.len() >= MAX_LEGS {
             return;
         }
         let marks = self.marks(p, seen.fragment.clone());
@@ -454,12 +460,15 @@ impl Open {
             flags,
         });
         if decides {
-            self.decided = u32::try_from(self.legs.len()).unwrap_or(u32::MAX);
+            self.decided = u16::try_from(self.legs.len()).unwrap_or(u16::MAX);
             if p.drop.is_none() {
                 self.answer = Some(msg.clone());
             }
         }
         self.flags.set(JourneyFlags::ANSWER_SEEN, msg.response);
+        if msg.response {
+            self.answer_len = self.answer_len.max(p.ip_len());
+        }
         if msg.response && p.drop.is_none() && !seen.cut {
             let delivered = self.reached_client(p, devs);
             self.flags.set(JourneyFlags::DELIVERED, delivered);
@@ -509,7 +518,11 @@ impl Open {
 
     pub(super) fn finish(self, mut upstream: Vec<Journey>, devs: &Devices) -> Journey {
         let v6 = self.v6();
-        let mut legs: Vec<Leg> = self.legs.iter().map(|l| l.closed(v6, devs)).collect();
+        let mut legs: Vec<Leg> = self
+            .legs
+            .iter()
+            .map(|l| l.closed(v6, devs, if l.response() { self.answer_len } else { 0 }))
+            .collect();
         legs.sort_by_key(|l| l.ts_ns);
         let mut prev = legs.first().map_or(0, |l| l.ts_ns);
         for leg in &mut legs {
@@ -597,6 +610,10 @@ const _: () = assert!(std::mem::size_of::<OpenLeg>() <= 32);
 /// and back), and a vector grown to 8 one leg at a time moves twice.
 const LEGS: usize = 8;
 
+/// Legs a journey keeps: more are one socket's packets looping or
+/// resent without end, and `Open::decided` counts to this.
+const MAX_LEGS: usize = u16::MAX as usize;
+
 /// What an open leg is, as bits. A type of its own, so that a journey's
 /// flags, whose values overlap, cannot be asked here.
 #[derive(Clone, Copy, Default)]
@@ -652,8 +669,9 @@ impl OpenLeg {
         self.flags.has(LegFlags::RESPONSE)
     }
 
-    /// The leg as a journey shows it; `v6` is its journey's `Extra::v6`.
-    fn closed(&self, v6: &[SocketAddrV6], devs: &Devices) -> Leg {
+    /// The leg as a journey shows it; `v6` is its journey's `Extra::v6`,
+    /// `ip_len` its message's length.
+    fn closed(&self, v6: &[SocketAddrV6], devs: &Devices, ip_len: u16) -> Leg {
         let dev = devs.get(self.dev);
         Leg {
             ts_ns: self.ts_ns,
@@ -666,6 +684,7 @@ impl OpenLeg {
             src: self.src.unpack(self.flags.has(LegFlags::V6_SRC), v6),
             dst: self.dst.unpack(self.flags.has(LegFlags::V6_DST), v6),
             response: self.response(),
+            ip_len,
             dnat: self.marks.as_ref().and_then(|m| m.dnat).map(Box::new),
             snat: self.marks.as_ref().and_then(|m| m.snat).map(Box::new),
             drop: self.marks.as_ref().and_then(|m| m.drop).map(Box::new),

@@ -1767,3 +1767,21 @@ fn a_resolver_asking_its_own_address_behind_the_service_is_its_upstream_query() 
         [(addr("10.244.0.10:4000"), Qtype::A, vec![901])]
     );
 }
+
+#[test]
+fn an_answer_s_legs_carry_its_ip_packet_length_and_a_query_s_none() {
+    let mut records = healthy(0, "10.244.0.10:4000", CLIENT_NS, 7);
+    for r in &mut records {
+        let response = matches!(&r.body, Body::Dns(m) if m.response);
+        // The answer is 1,314 bytes of DNS: 1,342 as an IPv4 UDP packet.
+        r.packet.payload_len = if response { 1314 } else { 60 };
+    }
+    let (_, js) = run(&records, 2_000 * MS);
+    let lens: Vec<(bool, u16)> = js[0].legs.iter().map(|l| (l.response, l.ip_len)).collect();
+    assert!(lens.iter().any(|l| l.0), "{lens:?}");
+    assert!(
+        lens.iter()
+            .all(|&(response, len)| len == if response { 1342 } else { 0 }),
+        "{lens:?}"
+    );
+}

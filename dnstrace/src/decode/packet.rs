@@ -57,6 +57,21 @@ pub struct Packet {
     pub drop: Option<Dropped>,
 }
 
+impl Packet {
+    /// Its IP packet's length as its headers make it (without IP or TCP
+    /// options; a reassembled datagram's whole): what a path's MTU limits.
+    /// The device's length (`wire_len`) counts a link-layer header on some
+    /// hooks and not on others.
+    pub fn ip_len(&self) -> u16 {
+        let ip = if self.src.is_ipv4() { 20 } else { 40 };
+        let l4 = match self.transport {
+            Transport::Udp => 8,
+            Transport::Tcp { .. } => 20,
+        };
+        u16::try_from(self.payload_len.saturating_add(ip + l4)).unwrap_or(u16::MAX)
+    }
+}
+
 /// A packet's place in a fragmented IP datagram.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct Fragment {

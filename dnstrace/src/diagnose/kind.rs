@@ -36,8 +36,10 @@ pub enum AnomalyKind {
     LoopbackNameserver,
     LostBetweenNodes,
     NdotsAmplification,
+    OverlayMtu,
     ParallelQueryLost,
     ReplyFromUnexpectedSource,
+    ResolverEndpointDown,
     SearchDomainLeak,
     ServiceNotTranslated,
     SlowAnswers,
@@ -64,8 +66,10 @@ impl AnomalyKind {
             Self::LoopbackNameserver => "loopback_nameserver",
             Self::LostBetweenNodes => "lost_between_nodes",
             Self::NdotsAmplification => "ndots_amplification",
+            Self::OverlayMtu => "overlay_mtu",
             Self::ParallelQueryLost => "parallel_query_lost",
             Self::ReplyFromUnexpectedSource => "reply_from_unexpected_source",
+            Self::ResolverEndpointDown => "resolver_endpoint_down",
             Self::SearchDomainLeak => "search_domain_leak",
             Self::ServiceNotTranslated => "service_not_translated",
             Self::SlowAnswers => "slow_answers",
@@ -89,8 +93,10 @@ impl AnomalyKind {
             | Self::FragmentLost
             | Self::LoopbackNameserver
             | Self::LostBetweenNodes
+            | Self::OverlayMtu
             | Self::ParallelQueryLost
             | Self::ReplyFromUnexpectedSource
+            | Self::ResolverEndpointDown
             | Self::ServiceNotTranslated
             | Self::UpstreamTimeout => Severity::Critical,
             Self::ConntrackDropsBeforeStart
@@ -122,8 +128,10 @@ impl AnomalyKind {
             Self::LoopbackNameserver => Some("the pod's resolv.conf names a loopback nameserver: dnsPolicy Default (or kubelet --resolv-conf) on a node whose resolv.conf points at systemd-resolved (127.0.0.53); inside the pod nothing listens there (or, in a resolver's own pod, the resolver itself does: a loop)"),
             Self::LostBetweenNodes => Some("the network between the two nodes lost it: the underlay drops the overlay's packets (a firewall or security group without VXLAN's UDP 8472, or a route gone), the nodes' overlay state is stale (a VTEP's FDB or neighbour entry), or the packet outgrew what the underlay carries (its MTU below the overlay's and VXLAN's 50 bytes)"),
             Self::NdotsAmplification => Some("with ndots:5 every name with fewer than five dots is tried with each search suffix first, and those NXDOMAINs are slow here"),
+            Self::OverlayMtu => None,
             Self::ParallelQueryLost => Some("A and AAAA sent at once from one socket race to insert the same conntrack entry through DNAT; the loser is dropped (insert_failed) and the client waits for its 5 s timeout"),
             Self::ReplyFromUnexpectedSource => None,
+            Self::ResolverEndpointDown => Some("the resolver behind that endpoint does not answer (hung, overloaded, or crashed while its pod stays Ready), or the way to it (its node, the overlay to it) loses what is sent there; kube-proxy keeps sending it its share of the lookups while its pod is Ready, and each of those waits for the client's timeout while the other endpoints answer theirs"),
             Self::SearchDomainLeak => None,
             Self::ServiceNotTranslated => Some("kube-proxy's rules for the service are missing or broken (no KUBE-SERVICES jump for it, or no endpoints)"),
             Self::SlowAnswers => None,
@@ -150,8 +158,10 @@ impl AnomalyKind {
             Self::LoopbackNameserver => Some("use dnsPolicy ClusterFirst, or point kubelet --resolv-conf at /run/systemd/resolve/resolv.conf"),
             Self::LostBetweenNodes => Some("check the underlay between the two nodes: that UDP 8472 (VXLAN) passes both ways, the overlay's routes and FDB entries on each (`ip route`, `bridge fdb show dev flannel.1`), and the underlay's MTU against the overlay's (`ping -M do -s 1422` between the nodes)"),
             Self::NdotsAmplification => Some("use fully qualified names with a trailing dot, lower ndots in the pod's dnsConfig, or add NodeLocalDNS to answer the misses quickly"),
+            Self::OverlayMtu => Some("set the overlay's MTU (flannel's, and the pods' interfaces) to the underlay's less the encapsulation (VXLAN: 50 bytes) and check it with `ping -M do -s <size>` between the nodes; until then keep answers small (CoreDNS `bufsize 1232`, or less) so that large ones go over TCP"),
             Self::ParallelQueryLost => Some("`options single-request-reopen` in the pods' resolv.conf (dnsConfig), NodeLocalDNS, or a kernel that resolves the clash"),
             Self::ReplyFromUnexpectedSource => Some("modprobe br_netfilter; sysctl -w net.bridge.bridge-nf-call-iptables=1, and persist both (/etc/modules-load.d, /etc/sysctl.d)"),
+            Self::ResolverEndpointDown => Some("check the pod behind the endpoint: its readiness and the service's endpoints (`kubectl -n kube-system get endpointslices -l k8s.io/service-name=kube-dns`), its logs, and its node; a readiness probe that resolves (CoreDNS's `ready` plugin) takes a hung resolver out of the service; delete the pod to have it replaced"),
             Self::SearchDomainLeak => Some("remove the domain from the search list (node resolv.conf or dnsConfig.searches), or use fully qualified names with a trailing dot"),
             Self::ServiceNotTranslated => Some("check `iptables -t nat -S KUBE-SERVICES | grep <ip>` on the node and kube-proxy's logs; restart kube-proxy"),
             Self::SlowAnswers => Some("look at the part named: the upstream's latency, the resolver's CPU and cache, or the path"),

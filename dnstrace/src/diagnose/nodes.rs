@@ -54,12 +54,12 @@ pub(super) fn lost_between_nodes<'a>(j: &'a Journey, ctx: &'a Context) -> Option
 
 /// The last sighting of the query (or the answer), where it left a node
 /// for an address on another node of the replay that saw no more of it.
-struct Lost<'a> {
-    leg: &'a Leg,
-    to: NodeId,
+pub(super) struct Lost<'a> {
+    pub(super) leg: &'a Leg,
+    pub(super) to: NodeId,
 }
 
-fn lost_on_the_way<'a>(j: &'a Journey, ctx: &Context, answer: bool) -> Option<Lost<'a>> {
+pub(super) fn lost_on_the_way<'a>(j: &'a Journey, ctx: &Context, answer: bool) -> Option<Lost<'a>> {
     let last = j.legs.iter().rfind(|l| l.response == answer)?;
     if last.direction() != Direction::Egress {
         return None;
@@ -70,7 +70,7 @@ fn lost_on_the_way<'a>(j: &'a Journey, ctx: &Context, answer: bool) -> Option<Lo
     (to != last.node && !reached).then_some(Lost { leg: last, to })
 }
 
-/// A node's name, from its `NodeId`.
+/// The node's name in the replay, or its number.
 pub(super) fn name(ctx: &Context, node: NodeId) -> String {
     usize::from(node.0)
         .checked_sub(1)

@@ -4,6 +4,7 @@ use super::{
     conntrack::{half_pair_lost, CtSeen},
     loops::forwarding_loop,
     memory::Asked,
+    mtu::{overlay_mtu, PathSizes},
     nat::{loopback_nameserver, not_translated, unexpected_source, LocalListeners},
     nodes::lost_between_nodes,
     outcome::{dropped, failing_answer, slow, unanswered},
@@ -18,6 +19,8 @@ use crate::{correlate::Journey, decode::KernelNames};
 pub(super) struct Known<'a> {
     pub(super) ctx: &'a Context,
     pub(super) upstream: &'a Upstreams,
+    /// Answer sizes per path between nodes.
+    pub(super) paths: &'a PathSizes,
     /// What the journey's client asked lately.
     pub(super) recent: &'a [&'a Asked],
     pub(super) names: &'a KernelNames,
@@ -37,6 +40,7 @@ pub(super) fn findings<'a>(j: &'a Journey, known: &Known<'a>) -> Vec<Finding<'a>
     let Known {
         ctx,
         upstream,
+        paths,
         recent,
         names,
         local,
@@ -54,7 +58,10 @@ pub(super) fn findings<'a>(j: &'a Journey, known: &Known<'a>) -> Vec<Finding<'a>
             .then(|| not_translated(j, ctx, local, ct))
             .flatten(),
         seen_all.then(|| forwarding_loop(j)).flatten(),
-        seen_all.then(|| lost_between_nodes(j, ctx)).flatten(),
+        // The answer's size explains its loss: the generic one would repeat it.
+        seen_all
+            .then(|| overlay_mtu(j, ctx, paths).or_else(|| lost_between_nodes(j, ctx)))
+            .flatten(),
         seen_all
             .then(|| half_pair_lost(j, ctx, recent, names))
             .flatten(),

@@ -52,6 +52,7 @@ fn leg(
         src: a(src),
         dst: a(dst),
         response,
+        ip_len: 0,
         dnat: None,
         snat: None,
         drop: (hook == Hook::Drop).then(|| Box::new((3, 0x10))),
@@ -1422,6 +1423,7 @@ fn repeats_of_a_raised_anomaly_are_counted_without_evidence() {
         let known = Known {
             ctx: &d.ctx,
             upstream: &d.upstream,
+            paths: &d.paths,
             recent: &recent,
             names: &names,
             local: &d.local,
@@ -2278,4 +2280,263 @@ fn a_tcp_query_thrown_away_by_a_closing_connection_is_no_upstream_timeout() {
             kinds_of(&found)
         );
     }
+}
+
+/// web's lookup answered by CoreDNS on node3 with an answer of `size`
+/// bytes, which reaches node1 if `arrives`.
+fn answer_across(size: u16, arrives: bool, id: u64) -> (Journey, Context) {
+    let (mut j, cx) = across_nodes(true);
+    j.id = id;
+    j.outcome = answered(Rcode::NOERROR);
+    j.legs[3].ip_len = size;
+    if arrives {
+        let mut back = leg(
+            120_000,
+            "dev_receive",
+            NODE_NS,
+            5,
+            "10.244.3.53:53",
+            "10.244.1.10:4000",
+            true,
+        );
+        (back.node, back.ip_len) = (NodeId(1), size);
+        j.legs.push(back);
+    }
+    (j, cx)
+}
+
+fn checked(d: &mut Diagnoser, (j, _): &(Journey, Context)) -> Checked {
+    d.journey(j, &KernelNames::default())
+}
+
+fn hit(c: &Checked, kind: AnomalyKind) -> bool {
+    c.hits.iter().any(|(k, _)| *k == kind)
+}
+
+#[test]
+fn large_answers_lost_between_nodes_where_small_ones_arrive_are_the_overlay_s_mtu() {
+    let mut d = Diagnoser::new(answer_across(0, false, 0).1);
+    // Lost before any answer showed what passes: the generic loss.
+    let first = checked(&mut d, &answer_across(1342, false, 1));
+    assert!(hit(&first, AnomalyKind::LostBetweenNodes), "{first:?}");
+    assert!(!hit(&first, AnomalyKind::OverlayMtu), "{first:?}");
+    // A small one arrives: it explains the one lost before, raised once.
+    let small = checked(&mut d, &answer_across(112, true, 2));
+    assert_eq!(small.raised.len(), 1, "{small:?}");
+    let mtu = &small.raised[0];
+    assert_eq!(mtu.kind, AnomalyKind::OverlayMtu);
+    assert_eq!(
+        mtu.summary,
+        "DNS answers of 1342 bytes lost between node3 and node1; smaller ones arrive"
+    );
+    assert!(
+        mtu.evidence[0].contains("of 1342 bytes (IP packets)")
+            && mtu.evidence[0].contains("left node3 by eth0@200 (dev_xmit)")
+            && mtu.evidence[1].contains(": 112 bytes"),
+        "{:?}",
+        mtu.evidence
+    );
+    assert!(
+        mtu.journeys.is_empty(),
+        "the small answer's journey is fine"
+    );
+    assert!(!hit(&small, AnomalyKind::OverlayMtu));
+    assert!(checked(&mut d, &answer_across(200, true, 3))
+        .raised
+        .is_empty());
+    // Large ones lost later are the MTU's, not the generic loss.
+    let later = checked(&mut d, &answer_across(1400, false, 4));
+    assert!(hit(&later, AnomalyKind::OverlayMtu), "{later:?}");
+    assert!(!hit(&later, AnomalyKind::LostBetweenNodes), "{later:?}");
+}
+
+#[test]
+fn an_answer_lost_no_larger_than_one_delivered_is_no_mtu() {
+    let mut d = Diagnoser::new(answer_across(0, false, 0).1);
+    // A small answer arrived first: the large one lost after is the MTU's.
+    checked(&mut d, &answer_across(112, true, 1));
+    let large = checked(&mut d, &answer_across(1342, false, 2));
+    let kinds: Vec<AnomalyKind> = large.raised.iter().map(|a| a.kind).collect();
+    assert_eq!(kinds, [AnomalyKind::OverlayMtu]);
+    // Elsewhere, small answers lost where larger ones arrive are no MTU.
+    let mut d = Diagnoser::new(answer_across(0, false, 0).1);
+    checked(&mut d, &answer_across(1342, true, 1));
+    let small = checked(&mut d, &answer_across(112, false, 2));
+    assert!(hit(&small, AnomalyKind::LostBetweenNodes), "{small:?}");
+    assert!(!hit(&small, AnomalyKind::OverlayMtu), "{small:?}");
+    assert!(checked(&mut d, &answer_across(100, true, 3))
+        .raised
+        .is_empty());
+    // One node's recording knows no paths between nodes.
+    let mut cx = answer_across(0, false, 0).1;
+    cx.nodes.clear();
+    let mut d = Diagnoser::new(cx);
+    checked(&mut d, &answer_across(112, true, 1));
+    let alone = checked(&mut d, &answer_across(1342, false, 2));
+    assert!(!hit(&alone, AnomalyKind::OverlayMtu), "{alone:?}");
+}
+
+/// A lookup of web's to kube-dns DNATed to `endpoint`, answered or not
+/// (the query reached it, no answer came), the `n`th.
+fn to_endpoint(endpoint: &str, answers: bool, n: u64) -> Journey {
+    let mut j = healthy();
+    (j.id, j.started_ns) = (n, n * 1_000_000);
+    j.ended_ns = j.started_ns + 300_000;
+    j.dnat = Some(Box::new((a("10.96.0.10:53"), a(endpoint))));
+    for l in &mut j.legs {
+        l.ts_ns += j.started_ns;
+    }
+    j.legs[1].dst = a(endpoint);
+    j.legs[2].src = a(endpoint);
+    if !answers {
+        j.legs.truncate(2);
+        j.outcome = Outcome::Timeout;
+    }
+    j
+}
+
+const UP: &str = "10.244.2.53:53";
+const HUNG: &str = "10.244.3.53:53";
+
+/// Lookups sent to UP and HUNG in turn, UP answering, HUNG answering if
+/// `hung_answers`: what each raised and fed.
+fn alternate(d: &mut Diagnoser, from: u64, pairs: u64, hung_answers: bool) -> Vec<Checked> {
+    (from..from + pairs)
+        .flat_map(|i| {
+            [
+                to_endpoint(UP, true, 2 * i),
+                to_endpoint(HUNG, hung_answers, 2 * i + 1),
+            ]
+        })
+        .map(|j| d.journey(&j, &KernelNames::default()))
+        .collect()
+}
+
+fn down_raised(all: &[Checked]) -> Vec<&Anomaly> {
+    all.iter()
+        .flat_map(|c| &c.raised)
+        .filter(|a| a.kind == AnomalyKind::ResolverEndpointDown)
+        .collect()
+}
+
+#[test]
+fn an_endpoint_that_answers_none_of_its_share_while_another_answers_is_named() {
+    let mut d = Diagnoser::new(ctx());
+    let all = alternate(&mut d, 0, 4, false);
+    let down = down_raised(&all);
+    assert_eq!(down.len(), 1, "{all:?}");
+    assert_eq!(
+        down[0].summary,
+        "the resolver endpoint 10.244.3.53 of 10.96.0.10 does not answer; 10.244.2.53 does"
+    );
+    assert_eq!(
+        down[0].evidence,
+        ["3 of 6 lookups to 10.96.0.10 went to 10.244.3.53 and got no answer; 10.244.2.53 answered its 3"]
+    );
+    // Raised by the third lookup it left unanswered, once while it stays down.
+    assert_eq!(down[0].journeys, [5]);
+    assert_eq!(
+        all.iter()
+            .filter(|c| hit(c, AnomalyKind::ResolverEndpointDown))
+            .count(),
+        1
+    );
+    // It answers again, then hangs again: counted again.
+    alternate(&mut d, 4, 1, true);
+    let again = alternate(&mut d, 5, 3, false);
+    assert_eq!(
+        again
+            .iter()
+            .filter(|c| hit(c, AnomalyKind::ResolverEndpointDown))
+            .count(),
+        1
+    );
+    // The per-lookup finding stays.
+    assert!(hit(&all[7], AnomalyKind::Unanswered), "{:?}", all[7]);
+}
+
+#[test]
+fn healthy_endpoints_and_a_lone_endpoint_timing_out_are_no_endpoint_down() {
+    let mut d = Diagnoser::new(ctx());
+    assert!(down_raised(&alternate(&mut d, 0, 8, true)).is_empty());
+    // One endpoint alone, timing out: nothing answers to compare with.
+    let mut d = Diagnoser::new(ctx());
+    let lone: Vec<Checked> = (0..6)
+        .map(|i| d.journey(&to_endpoint(HUNG, false, i), &KernelNames::default()))
+        .collect();
+    assert!(down_raised(&lone).is_empty(), "{lone:?}");
+    assert!(lone.iter().all(|c| hit(c, AnomalyKind::Unanswered)));
+}
+
+#[test]
+fn in_a_merged_replay_the_down_endpoint_s_node_is_named_and_queries_lost_on_the_way_are_not_its() {
+    let (_, cx) = across_nodes(false);
+    // Seen on node1, but where it reached the endpoint's pod, on its node.
+    let merged = |d: &mut Diagnoser, j: Journey| {
+        let mut j = j;
+        for l in &mut j.legs {
+            l.node = NodeId(1);
+        }
+        j.legs[1].node = NodeId(3);
+        d.journey(&j, &KernelNames::default())
+    };
+    let mut d = Diagnoser::new(cx.clone());
+    let all: Vec<Checked> = (0..4)
+        .flat_map(|i| {
+            [
+                to_endpoint(UP, true, 2 * i),
+                to_endpoint(HUNG, false, 2 * i + 1),
+            ]
+        })
+        .map(|j| merged(&mut d, j))
+        .collect();
+    let down = down_raised(&all);
+    assert_eq!(down.len(), 1, "{all:?}");
+    assert_eq!(
+        down[0].summary,
+        "the resolver endpoint 10.244.3.53 on node3 of 10.96.0.10 does not answer; 10.244.2.53 does"
+    );
+    assert_eq!(down[0].evidence[1], "10.244.3.53 is a pod on node3");
+    // Queries that left node1 for node3 and never arrived: the path's.
+    let mut d = Diagnoser::new(cx);
+    let lost: Vec<Checked> = (0..4)
+        .flat_map(|i| {
+            let mut hung = to_endpoint(HUNG, false, 2 * i + 1);
+            (hung.legs[1].hook, hung.legs[1].netns) = (Hook::DevXmit, NODE_NS);
+            [to_endpoint(UP, true, 2 * i), hung]
+        })
+        .map(|mut j| {
+            for l in &mut j.legs {
+                l.node = NodeId(1);
+            }
+            d.journey(&j, &KernelNames::default())
+        })
+        .collect();
+    assert!(down_raised(&lost).is_empty(), "{lost:?}");
+    assert!(lost.iter().any(|c| hit(c, AnomalyKind::LostBetweenNodes)));
+}
+
+#[test]
+fn an_endpoint_silent_before_another_answered_is_named_once_that_one_has() {
+    let mut d = Diagnoser::new(ctx());
+    let names = KernelNames::default();
+    let hung: Vec<Checked> = (0..4)
+        .map(|i| d.journey(&to_endpoint(HUNG, false, i), &names))
+        .collect();
+    assert!(down_raised(&hung).is_empty(), "nothing answered yet");
+    let up: Vec<Checked> = (4..7)
+        .map(|i| d.journey(&to_endpoint(UP, true, i), &names))
+        .collect();
+    let down = down_raised(&up);
+    assert_eq!(down.len(), 1, "{up:?}");
+    assert_eq!(
+        down[0].evidence,
+        ["4 of 7 lookups to 10.96.0.10 went to 10.244.3.53 and got no answer; 10.244.2.53 answered its 3"]
+    );
+    // Raised by the third answer elsewhere, which is not its journey.
+    assert!(down[0].journeys.is_empty());
+    assert!(!up.iter().any(|c| hit(c, AnomalyKind::ResolverEndpointDown)));
+    // Once only while it stays down.
+    let more = alternate(&mut d, 10, 3, false);
+    assert!(down_raised(&more).is_empty(), "{more:?}");
 }

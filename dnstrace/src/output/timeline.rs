@@ -229,6 +229,7 @@ mod tests {
             src: src.parse().unwrap(),
             dst: dst.parse().unwrap(),
             response: since_prev_ns % 2 == 1,
+            ip_len: 0,
             dnat: None,
             snat: None,
             drop: None,

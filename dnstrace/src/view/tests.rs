@@ -72,6 +72,7 @@ fn leg(ts: u64, prev: u64, place: (&str, u32), dir: &'static str, src: &str, dst
         src: a(src),
         dst: a(dst),
         response: src.ends_with(":53"),
+        ip_len: 0,
         dnat: None,
         snat: None,
         drop: None,
