@@ -8,10 +8,12 @@ use super::*;
 /// The cluster's nodes.
 const NODES: &str = "3";
 
-/// A replay's end: its packets (its exit line) and wall seconds.
+/// A replay's end: its packets (its exit line), and its CPU seconds
+/// (user + system), which the machine's other work touches less than
+/// its wall time.
 struct Replayed {
     packets: u64,
-    secs: f64,
+    cpu: f64,
     /// Its stderr: the clocks line of a merged one.
     output: String,
 }
@@ -31,20 +33,20 @@ impl Bench {
                     .collect::<Result<Vec<_>>>()?;
                 Replayed {
                     packets: alone.iter().map(|r| r.packets).sum(),
-                    secs: alone.iter().map(|r| r.secs).sum(),
+                    cpu: alone.iter().map(|r| r.cpu).sum(),
                     output: String::new(),
                 }
             } else {
                 self.replay(&files)?
             };
             eprintln!(
-                "bench: merge round {}: {} replayed {} packets in {:.2} s",
+                "bench: merge round {}: {} replayed {} packets in {:.2} s CPU",
                 round + 1,
                 ["each file alone,", "the three merged"][side],
                 r.packets,
-                r.secs
+                r.cpu
             );
-            [&mut single, &mut merged][side].push((r.packets, r.secs));
+            [&mut single, &mut merged][side].push((r.packets, r.cpu));
             if side == 1 {
                 last = Some(r);
             }
@@ -117,7 +119,7 @@ impl Bench {
             ));
         }
         self.notes.push(format!(
-            "The merge figures use one recording per node of the lab's cluster (`lab up --nodes 3`), made at once by three `dnstrace trace --node nodeN … --sample 1 --record`, the flags `lab status` gives, while `lab traffic --rate {rate} --duration {secs}s` drove each node's client pod ({} lookups answered, {failed} failed): {}. Each round replays each file alone in turn and the three merged (`taskset -c 0 dnstrace replay -o json`, JSON to /dev/null); one round's ratio is its merged rate over its single files' (their packets over their summed times).",
+            "The merge figures use one recording per node of the lab's cluster (`lab up --nodes 3`), made at once by three `dnstrace trace --node nodeN … --sample 1 --record`, the flags `lab status` gives, while `lab traffic --rate {rate} --duration {secs}s` drove each node's client pod ({} lookups answered, {failed} failed): {}. Each round replays each file alone in turn and the three merged (`taskset -c 0 dnstrace replay -o json`, JSON to /dev/null); one round's ratio is its merged rate over its single files' (their packets over their summed CPU seconds, user + system: on a shared machine the wall time counts the waits for a core too).",
             thousands(f64::from(answered)),
             said.join(", ")
         ));
@@ -126,7 +128,6 @@ impl Bench {
 
     /// `dnstrace replay -o json` of `files`, on one core, JSON to /dev/null.
     fn replay(&self, files: &[PathBuf]) -> Result<Replayed> {
-        let start = Instant::now();
         let replay = Proc::spawn(
             "dnstrace replay",
             Command::new("taskset")
@@ -138,7 +139,6 @@ impl Bench {
             Capture::Lines,
         )?;
         let ended = replay.wait(Duration::from_secs(600))?;
-        let secs = start.elapsed().as_secs_f64();
         if ended.code != Some(0) {
             bail!("dnstrace replay failed: {}", ended.output.trim());
         }
@@ -149,7 +149,7 @@ impl Bench {
             .ok_or_else(|| anyhow!("no `replayed N DNS packets` line in {:?}", ended.output))?;
         Ok(Replayed {
             packets,
-            secs,
+            cpu: ended.cpu,
             output: ended.output,
         })
     }
@@ -172,23 +172,23 @@ impl Bench {
                 packets(single)
             );
         }
-        let secs = |v: &[(u64, f64)]| median(&v.iter().map(|r| r.1).collect::<Vec<_>>());
+        let cpu = |v: &[(u64, f64)]| median(&v.iter().map(|r| r.1).collect::<Vec<_>>());
         let (ratio, _) = judged(median(ratios), median_interval(ratios), |_| true);
         self.rows.push(Row {
             figure: format!(
-                "Merged replay: three nodes' recordings as one (clock estimate, k-way merge), against each file replayed alone, one core ({} packets; {} rounds, alternating, medians; the ratio the median of the rounds' own)",
+                "Merged replay: three nodes' recordings as one (clock estimate, k-way merge), against each file replayed alone, one core, per CPU-second ({} packets; {} rounds, alternating, medians; the ratio the median of the rounds' own)",
                 thousands(packets(merged) as f64),
                 ratios.len()
             ),
             baseline: format!(
-                "each alone: {} packet events/s ({:.2} s for the three)",
+                "each alone: {} packet events/s ({:.2} s CPU for the three)",
                 thousands(median(&s)),
-                secs(single)
+                cpu(single)
             ),
             with: format!(
-                "merged: {} packet events/s ({:.2} s)",
+                "merged: {} packet events/s ({:.2} s CPU)",
                 thousands(median(&m)),
-                secs(merged)
+                cpu(merged)
             ),
             ratio,
             goal: "—".into(),
