@@ -119,8 +119,9 @@ impl Bench {
             ));
         }
         self.notes.push(format!(
-            "The merge figures use one recording per node of the lab's cluster (`lab up --nodes 3`), made at once by three `dnstrace trace --node nodeN … --sample 1 --record`, the flags `lab status` gives, while `lab traffic --rate {rate} --duration {secs}s` drove each node's client pod ({} lookups answered, {failed} failed): {}. Each round replays each file alone in turn and the three merged (`taskset -c 0 dnstrace replay -o json`, JSON to /dev/null); one round's ratio is its merged rate over its single files' (their packets over their summed CPU seconds, user + system: on a shared machine the wall time counts the waits for a core too).",
+            "The merge figures use one recording per node of the lab's cluster (`lab up --nodes 3`), made at once by three `dnstrace trace --node nodeN … --sample 1 --record`, the flags `lab status` gives, while `lab traffic --rate {rate} --duration {secs}s` drove each node's client pod ({} lookups answered, {} failed, as `lab traffic` counts them): {}. Each round replays each file alone in turn and the three merged (`taskset -c 0 dnstrace replay -o json`, JSON to /dev/null); one round's ratio is its merged rate over its single files' (their packets over their summed CPU seconds, user + system: on a shared machine the wall time counts the waits for a core too).",
             thousands(f64::from(answered)),
+            thousands(f64::from(failed)),
             said.join(", ")
         ));
         Ok(files)
