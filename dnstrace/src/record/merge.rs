@@ -45,8 +45,10 @@ use crate::{
 
 /// Packets handed over at once, as a single file's replay does.
 const BATCH: usize = 1024;
-/// Messages sampled from each file to estimate its clock, at most.
-const MAX_SAMPLE: usize = 100_000;
+/// Messages sampled from each file to estimate its clock, at most: many
+/// times what a least delay needs, and reading the whole of a large file
+/// for it costs as much again as its replay's own reading.
+const MAX_SAMPLE: usize = 10_000;
 /// A message seen over a longer span in one file is not one crossing (a
 /// retry under the same id and ports).
 const MAX_SPAN_NS: i64 = 1_000_000_000;
@@ -375,7 +377,8 @@ impl Seen {
 }
 
 /// Messages one file saw through devices, by wall time as its header
-/// gives it; the first `MAX_SAMPLE` of them.
+/// gives it; the first `MAX_SAMPLE` of them, and the file read no
+/// further than a crossing's span after they are in.
 struct Sample(HashMap<Message, Seen>);
 
 impl Sample {
@@ -383,9 +386,22 @@ impl Sample {
         let mut replay = Replay::open(&rec.path, &rec.about, ports.to_vec(), Speed::Fast)?;
         let mut sample = Self(HashMap::new());
         let offset = rec.clock_offset_ns();
+        // Once full, read on for the longest span of one crossing, so
+        // that the last messages in are seen at every hook they passed;
+        // the rest of the file has no room.
+        let mut full_at = None;
         while let Some(input) = replay.next_input() {
-            if let Input::Packets(batch) = input {
-                batch.iter().for_each(|p| sample.add(p, offset));
+            let Input::Packets(batch) = input else {
+                continue;
+            };
+            if let (Some(full), Some(p)) = (full_at, batch.first()) {
+                if p.ts_ns.saturating_sub(full) > MAX_SPAN_NS as u64 {
+                    break;
+                }
+            }
+            batch.iter().for_each(|p| sample.add(p, offset));
+            if full_at.is_none() && sample.0.len() >= MAX_SAMPLE {
+                full_at = batch.last().map(|p| p.ts_ns);
             }
         }
         Ok(sample)

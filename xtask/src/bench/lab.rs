@@ -32,11 +32,13 @@ impl LabLock {
 pub(super) struct Lab(pub(super) PathBuf);
 
 impl Lab {
-    pub(super) fn up(bin: &Path) -> Result<Self> {
+    /// `lab up` with `args` (none: the single node), after `lab down`.
+    pub(super) fn up(bin: &Path, args: &[&str]) -> Result<Self> {
         let _ = Command::new(bin).args(["lab", "down"]).output();
         let lab = Self(bin.to_owned());
         let out = Command::new(bin)
             .args(["lab", "up"])
+            .args(args)
             .stdin(Stdio::null())
             .output()
             .context("running dnstrace lab up")?;

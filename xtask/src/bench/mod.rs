@@ -35,6 +35,7 @@ mod kernel_cost;
 mod lab;
 mod load;
 mod memory;
+mod merge;
 mod pipeline;
 mod process;
 mod table;
@@ -65,6 +66,9 @@ const IN_FLIGHT: u32 = 100_000;
 const PIPELINE_GOAL: f64 = 1_000_000.0;
 const RSS_GOAL_MIB: f64 = 64.0;
 
+/// Lookups a second from each client pod while the merge figure records.
+const MERGE_RATE: u32 = 300;
+
 /// dnsperf's sockets (many, so kube-proxy's random DNAT spreads them over
 /// both CoreDNS pods) and its queries outstanding at once.
 const DNSPERF_CLIENTS: &str = "32";
@@ -79,7 +83,7 @@ const USAGE: &str =
   --quick          short runs (seconds instead of minutes) for trying things
   --only FIGURE    measure only this figure (repeatable): startup, iperf,
                    capacity, against, zero-loss, tcpdump, outputs, overload,
-                   defaults, pipeline, memory, agent
+                   defaults, pipeline, memory, agent, merge
   --against REV    also measure the figure `against`: tracing's cost under UDP
                    DNS load, the dnstrace of git revision REV and this tree's
                    in alternating rounds (`--only against` for it alone)
@@ -146,6 +150,12 @@ const FIGURES: &[(&str, &str, Stage)] = &[
         "dnstrace agent: capacity, exact counts, CPU, memory, scrapes",
         Bench::agent,
     ),
+    // Last: it rebuilds the lab as a cluster.
+    (
+        "merge",
+        "several nodes' recordings replayed as one, against each alone",
+        Bench::merge,
+    ),
 ];
 
 /// The figures `--only` names, in run order, with what they need: the
@@ -206,6 +216,11 @@ struct Plan {
     soak_secs: u32,
     sample_secs: u32,
     startups: usize,
+    /// The merge figure's recording: `lab traffic --rate` (per client
+    /// pod) for so long, then its rounds of replays.
+    merge_rate: u32,
+    merge_secs: u32,
+    merge_rounds: usize,
 }
 
 impl Plan {
@@ -229,6 +244,9 @@ impl Plan {
                 soak_secs: 60,
                 sample_secs: 10,
                 startups: 5,
+                merge_rate: MERGE_RATE,
+                merge_secs: 10,
+                merge_rounds: 5,
             }
         } else {
             Self {
@@ -249,6 +267,9 @@ impl Plan {
                 soak_secs: 600,
                 sample_secs: 30,
                 startups: 5,
+                merge_rate: MERGE_RATE,
+                merge_secs: 20,
+                merge_rounds: 9,
             }
         }
     }
@@ -323,8 +344,13 @@ pub fn run(args: &[String]) -> Result<()> {
         capacity: None,
         rate: None,
     };
-    step("building the lab (dnstrace lab up)");
-    let lab = Lab::up(&bench.bin)?;
+    // The merge figure builds its own lab, a cluster.
+    let lab = if figures.iter().any(|f| *f != "merge") {
+        step("building the lab (dnstrace lab up)");
+        Some(Lab::up(&bench.bin, &[])?)
+    } else {
+        None
+    };
     let result = bench.all(&figures);
     drop(lab);
     result?;
@@ -883,6 +909,8 @@ mod tests {
         assert_eq!(only(&["memory", "startup"]).unwrap(), ["startup", "memory"]);
         assert_eq!(only(&["zero-loss"]).unwrap(), ["capacity", "zero-loss"]);
         assert_eq!(only(&["overload"]).unwrap(), ["capacity", "overload"]);
+        // The cluster it builds replaces the lab the others use.
+        assert_eq!(FIGURES.last().map(|f| f.0), Some("merge"));
         let err = only(&["memroy"]).unwrap_err().to_string();
         assert!(
             err.contains("\"memroy\"") && err.contains("memory"),

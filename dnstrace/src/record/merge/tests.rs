@@ -357,3 +357,60 @@ fn a_file_that_is_no_recording_is_said_so() {
         );
     }
 }
+
+/// The clock estimate's pass stops a crossing's span after its sample
+/// is full: a message seen again later (a retry) is not read, one seen
+/// again within the span is.
+#[test]
+fn the_estimate_reads_no_further_than_it_needs() {
+    use super::{Message, Sample, MAX_SAMPLE, MAX_SPAN_NS};
+    let dir = TestDir::new();
+    let path = dir.path().join("full.pcapng");
+    let (t0, flannel, eth0) = (
+        1_000_000_000,
+        ("flannel.1", HOST_NETNS, 5),
+        ("eth0", HOST_NETNS, 2),
+    );
+    let client = |i: usize| format!("10.244.1.10:{}", 20_000 + i);
+    let mut packets: Vec<Packet> = (0..MAX_SAMPLE)
+        .map(|i| {
+            seen(
+                t0 + i as u64 * US,
+                Hook::DevXmit,
+                flannel,
+                &client(i),
+                COREDNS,
+                false,
+            )
+        })
+        .collect();
+    let filled = t0 + MAX_SAMPLE as u64 * US;
+    let last = client(MAX_SAMPLE - 1);
+    packets.push(seen(
+        filled + 500 * US,
+        Hook::DevXmit,
+        eth0,
+        &last,
+        COREDNS,
+        false,
+    ));
+    let retry = filled + 3 * MAX_SPAN_NS as u64;
+    let again = seen(retry, Hook::DevXmit, eth0, &client(0), COREDNS, false);
+    // The tick ends the replay's batch: the retry comes in one of its own.
+    let inputs = [
+        Input::Packets(packets),
+        Input::Tick(filled + 600 * US),
+        Input::Packets(vec![again]),
+        Input::Tick(retry + 1),
+    ];
+    record(&path, "node1", OFFSET_1, &inputs);
+    let recs = Recording::read_all(&[path]).unwrap();
+    let sample = Sample::read(&recs[0], &[53]).unwrap();
+    assert_eq!(sample.0.len(), MAX_SAMPLE);
+    let span_of = |src: &str| {
+        let m = Message::of(&seen(0, Hook::DevXmit, eth0, src, COREDNS, false)).unwrap();
+        sample.0[&m].span()
+    };
+    assert_eq!(span_of(&last), 500 * US as i64 + US as i64);
+    assert_eq!(span_of(&client(0)), 0);
+}
