@@ -265,10 +265,12 @@ impl Clocks {
     pub fn estimate(recs: &[Recording], ports: &[u16]) -> Result<Self> {
         let samples = match recs {
             [_] => Vec::new(),
-            _ => recs
-                .iter()
-                .map(|r| Sample::read(r, ports))
-                .collect::<Result<Vec<_>>>()?,
+            _ => {
+                let from = common_start(recs, ports)?;
+                recs.iter()
+                    .map(|r| Sample::read(r, ports, from))
+                    .collect::<Result<Vec<_>>>()?
+            }
         };
         let errors = errors(&samples, recs.len());
         let base = recs[0].clock_offset_ns();
@@ -376,13 +378,30 @@ impl Seen {
     }
 }
 
+/// When every file has begun, by their headers' wall clocks, less a
+/// crossing's span: a file begun earlier than the others has nothing to
+/// match before it, and its sample starts there.
+fn common_start(recs: &[Recording], ports: &[u16]) -> Result<i64> {
+    let mut from = i64::MIN;
+    for rec in recs {
+        let mut replay = Replay::open(&rec.path, &rec.about, ports.to_vec(), Speed::Fast)?;
+        let first = std::iter::from_fn(|| replay.next_input()).find_map(|i| match i {
+            Input::Packets(batch) => batch.first().map(|p| p.ts_ns),
+            _ => None,
+        });
+        let wall = first.and_then(|t| i64::try_from(t).ok()?.checked_add(rec.clock_offset_ns()));
+        from = from.max(wall.unwrap_or(i64::MIN));
+    }
+    Ok(from.saturating_sub(MAX_SPAN_NS))
+}
+
 /// Messages one file saw through devices, by wall time as its header
-/// gives it; the first `MAX_SAMPLE` of them, and the file read no
-/// further than a crossing's span after they are in.
+/// gives it, from `from` on; the first `MAX_SAMPLE` of them, and the
+/// file read no further than a crossing's span after they are in.
 struct Sample(HashMap<Message, Seen>);
 
 impl Sample {
-    fn read(rec: &Recording, ports: &[u16]) -> Result<Self> {
+    fn read(rec: &Recording, ports: &[u16], from: i64) -> Result<Self> {
         let mut replay = Replay::open(&rec.path, &rec.about, ports.to_vec(), Speed::Fast)?;
         let mut sample = Self(HashMap::new());
         let offset = rec.clock_offset_ns();
@@ -399,7 +418,7 @@ impl Sample {
                     break;
                 }
             }
-            batch.iter().for_each(|p| sample.add(p, offset));
+            batch.iter().for_each(|p| sample.add(p, offset, from));
             if full_at.is_none() && sample.0.len() >= MAX_SAMPLE {
                 full_at = batch.last().map(|p| p.ts_ns);
             }
@@ -407,7 +426,7 @@ impl Sample {
         Ok(sample)
     }
 
-    fn add(&mut self, p: &Packet, offset_ns: i64) {
+    fn add(&mut self, p: &Packet, offset_ns: i64, from: i64) {
         let dir = p.hook.direction();
         let wall = i64::try_from(p.ts_ns)
             .ok()
@@ -415,6 +434,9 @@ impl Sample {
         let (Some(m), Some(t), true) = (Message::of(p), wall, dir.through_device()) else {
             return;
         };
+        if t < from {
+            return;
+        }
         let room = self.0.len() < MAX_SAMPLE;
         match self.0.get_mut(&m) {
             Some(s) if t < s.first.0 => s.first = (t, dir),

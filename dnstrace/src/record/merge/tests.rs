@@ -405,7 +405,7 @@ fn the_estimate_reads_no_further_than_it_needs() {
     ];
     record(&path, "node1", OFFSET_1, &inputs);
     let recs = Recording::read_all(&[path]).unwrap();
-    let sample = Sample::read(&recs[0], &[53]).unwrap();
+    let sample = Sample::read(&recs[0], &[53], i64::MIN).unwrap();
     assert_eq!(sample.0.len(), MAX_SAMPLE);
     let span_of = |src: &str| {
         let m = Message::of(&seen(0, Hook::DevXmit, eth0, src, COREDNS, false)).unwrap();
@@ -413,4 +413,53 @@ fn the_estimate_reads_no_further_than_it_needs() {
     };
     assert_eq!(span_of(&last), 500 * US as i64 + US as i64);
     assert_eq!(span_of(&client(0)), 0);
+}
+
+/// Node 1's recorder ran a minute before node 3's, and saw more messages
+/// in that minute than a sample holds: the sample starts where both files
+/// have begun, so the lookup that crossed later is still matched.
+#[test]
+fn a_file_begun_earlier_is_sampled_from_where_the_others_begin() {
+    use super::MAX_SAMPLE;
+    let dir = TestDir::new();
+    let (a, b) = (dir.path().join("a.pcapng"), dir.path().join("b.pcapng"));
+    let t0 = 100_000_000_000;
+    let pod = ("eth0", 4026532001, 2);
+    let early: Vec<Packet> = (0..=MAX_SAMPLE)
+        .map(|i| {
+            let src = format!("10.244.1.10:{}", 20_000 + i);
+            seen(
+                t0 - 60_000_000_000 + i as u64 * US,
+                Hook::DevXmit,
+                pod,
+                &src,
+                SERVICE,
+                false,
+            )
+        })
+        .collect();
+    let tick = |t: u64| Input::Tick(t + 1_000_000);
+    record(
+        &a,
+        "node1",
+        OFFSET_1,
+        &[
+            Input::Packets(early),
+            tick(t0 - 50_000_000_000),
+            Input::Packets(client_half(t0)),
+            tick(t0),
+        ],
+    );
+    let server = later(server_half(t0), BOOTED_EARLIER);
+    record(
+        &b,
+        "node3",
+        node3_offset(),
+        &[Input::Packets(server), tick(t0 + BOOTED_EARLIER)],
+    );
+    let recs = Recording::read_all(&[a, b]).unwrap();
+    let clocks = Clocks::estimate(&recs, &[53]).unwrap();
+    let node3 = &clocks.0[1];
+    assert_eq!(node3.pairs, 2, "{node3:?}");
+    assert!((node3.error_ns - ERROR_NS).abs() < 3_000, "{node3:?}");
 }
