@@ -420,26 +420,55 @@ impl<W: Write> LineSink<W> {
                 for e in &a.evidence {
                     text += &format!("   evidence: {e}\n");
                 }
+                for (ip, name) in self.names_about(a) {
+                    text += &format!("   evidence: {ip} is {name}\n");
+                }
                 text += &format!("   cause: {}\n   fix: {}\n", a.cause, a.fix);
                 write!(self.out, "{text}")
             }
             Format::Json => {
-                let mut v = serde_json::to_value(a).map_err(io::Error::other)?;
+                let mut v = self.anomaly_json(a)?;
                 v["type"] = "anomaly".into();
                 writeln!(self.out, "{v}")
             }
         }
     }
 
+    /// An anomaly as JSON, with the names of what it is about.
+    fn anomaly_json(&self, a: &Anomaly) -> io::Result<serde_json::Value> {
+        let mut v = serde_json::to_value(a).map_err(io::Error::other)?;
+        let names: serde_json::Map<String, serde_json::Value> = self
+            .names_about(a)
+            .map(|(ip, name)| (ip.to_string(), name.into()))
+            .collect();
+        if !names.is_empty() {
+            v["names"] = names.into();
+        }
+        Ok(v)
+    }
+
+    /// The names of the addresses an anomaly is about, where known.
+    fn names_about<'a>(&'a self, a: &'a Anomaly) -> impl Iterator<Item = (IpAddr, &'a str)> {
+        a.about
+            .iter()
+            .filter_map(|ip| Some((*ip, self.labels.name(ip)?)))
+    }
+
     /// Every anomaly of the run, at exit.
     pub fn write_summary(&mut self, all: &[&Anomaly]) -> io::Result<()> {
         match self.format {
             Format::Text => write!(self.out, "{}", summary_text(all)),
-            Format::Json => writeln!(
-                self.out,
-                "{}",
-                serde_json::json!({ "type": "summary", "anomalies": all })
-            ),
+            Format::Json => {
+                let all = all
+                    .iter()
+                    .map(|a| self.anomaly_json(a))
+                    .collect::<io::Result<Vec<_>>>()?;
+                writeln!(
+                    self.out,
+                    "{}",
+                    serde_json::json!({ "type": "summary", "anomalies": all })
+                )
+            }
         }
     }
 

@@ -635,6 +635,11 @@ fn faults_in_one_coredns_pod_name_the_endpoint_that_does_not_answer() {
             .is_some_and(|e| e.contains(" lookups to 10.96.0.10 went to 10.244.3.53 and got no answer; 10.244.2.53 answered its ")),
         "{down}"
     );
+    // Its pod, by node 3's own recording of its pods.
+    assert_eq!(
+        down["names"]["10.244.3.53"], "kube-system/coredns-7db6d8ff4d-vz8lp",
+        "{down}"
+    );
 }
 
 /// Switches a lab fault on node `node`.

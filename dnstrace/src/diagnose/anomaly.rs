@@ -1,6 +1,6 @@
 //! What the rules find, and the one place that raises each problem once
 //! and counts its repeats.
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, net::IpAddr};
 
 use serde::Serialize;
 
@@ -14,6 +14,10 @@ pub struct Anomaly {
     pub evidence: Vec<String>,
     pub cause: String,
     pub fix: &'static str,
+    /// The addresses it is about (an endpoint, a pod), for the sinks to
+    /// name: the rules know addresses, the sinks the names of pods.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub about: Vec<IpAddr>,
     /// The most recent journeys behind it (at most `JOURNEYS_KEPT`).
     pub journeys: Vec<u64>,
     pub count: u64,
@@ -64,6 +68,7 @@ pub(super) struct Words {
     cause: Option<String>,
     fix: Option<&'static str>,
     severity: Option<Severity>,
+    about: Vec<IpAddr>,
 }
 
 impl Words {
@@ -74,7 +79,13 @@ impl Words {
             cause: None,
             fix: None,
             severity: None,
+            about: Vec::new(),
         }
+    }
+
+    /// The addresses it is about, for the sinks to name.
+    pub(super) fn about(self, about: Vec<IpAddr>) -> Self {
+        Self { about, ..self }
     }
 
     /// The cause as seen, for kinds whose cause depends on it.
@@ -159,6 +170,7 @@ fn raise(kind: AnomalyKind, w: Words, now_ns: u64) -> Anomaly {
         evidence: w.evidence,
         cause: cause.unwrap_or_default(),
         fix: fix.unwrap_or_default(),
+        about: w.about,
         journeys: Vec::new(),
         count: 0,
         first_ns: now_ns,

@@ -198,7 +198,7 @@ fn finding(ctx: &Context, service: SocketAddr, d: Down) -> Finding<'static> {
             if let Some(n) = &node {
                 evidence.push(format!("{ep} is a pod on {n}"));
             }
-            Words::new(summary, evidence)
+            Words::new(summary, evidence).about(vec![ep])
         },
     )
 }

@@ -306,6 +306,7 @@ mod tests {
             evidence: Vec::new(),
             cause: String::new(),
             fix: "",
+            about: Vec::new(),
             journeys: Vec::new(),
             count: 1,
             first_ns: at,

@@ -141,7 +141,8 @@ fn refuse_twice(recs: &[Recording]) -> Result<()> {
 
 /// What the recordings say together: the first's header, context and
 /// limits, with the names and resolvers every node knew (the first's
-/// where two differ). Drop locations are kernel addresses, the same only
+/// where two differ, but a pod's own node's for its address: another node
+/// knows it as a service's endpoint at best). Drop locations are kernel addresses, the same only
 /// on the same kernel build: a node's may be named after another's.
 pub fn about(recs: &[Recording]) -> About {
     let mut about = recs[0].about.clone();
@@ -174,6 +175,16 @@ pub fn about(recs: &[Recording]) -> About {
         extend_new(&mut about.labels.drop_reasons, &l.drop_reasons);
         extend_new(&mut about.context.service_ips, &c.service_ips);
         extend_new(&mut about.context.resolvers, &c.resolvers);
+    }
+    for r in recs {
+        let (l, c) = (&r.about.labels, &r.about.context);
+        let own = c
+            .attachments
+            .keys()
+            .filter_map(|ip| Some((*ip, l.names.get(ip)?)));
+        for (ip, name) in own {
+            about.labels.names.insert(ip, name.clone());
+        }
     }
     about
 }
