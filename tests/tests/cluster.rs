@@ -183,15 +183,8 @@ fn merged(nodes: &[(Vec<Value>, std::path::PathBuf)]) -> Vec<Value> {
 
 /// The summaries of the anomalies of `kind` in `lines`' summary.
 fn anomalies(lines: &[Value], kind: &str) -> Vec<String> {
-    let summary = lines
+    anomalies_of(lines, kind)
         .iter()
-        .find(|l| l["type"] == "summary")
-        .expect("a summary");
-    summary["anomalies"]
-        .as_array()
-        .expect("anomalies")
-        .iter()
-        .filter(|a| a["kind"] == kind)
         .map(|a| a["summary"].as_str().unwrap_or("").to_owned())
         .collect()
 }
@@ -447,35 +440,7 @@ fn faults_between_nodes_are_diagnosed_from_the_merged_recordings() {
     require_root();
     let lab = Lab::up(&["--nodes", "3"]);
     let dir = Dir::new("cluster-faults");
-    let switch = |fault: &str, on: bool, node: &str| {
-        let out = dnstrace(&[
-            "lab",
-            "fault",
-            fault,
-            if on { "on" } else { "off" },
-            "--node",
-            node,
-        ]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-
-    switch("overlay-drop", true, "3");
-    let nodes = record_nodes(&dir, "drop-", || {
-        // Half of web's lookups go to node 3's CoreDNS: until one is lost.
-        let lost = (0..20).any(|_| {
-            let out = lab.dig(
-                "dtlab-web-7d9f8c6b5-x2x4k",
-                "kube-dns.kube-system.svc.cluster.local",
-            );
-            dig_status(&out) == "timeout"
-        });
-        assert!(lost, "twenty lookups answered with overlay-drop on");
-    });
-    switch("overlay-drop", false, "3");
+    let nodes = record_a_lookup_lost_on_the_overlay(&lab, &dir, "drop-");
     let alone = anomalies(&nodes[0].0, "unanswered");
     assert!(
         alone
@@ -488,7 +453,7 @@ fn faults_between_nodes_are_diagnosed_from_the_merged_recordings() {
         ["DNS queries lost between node1 and node3"]
     );
 
-    switch("overlay-mtu", true, "1");
+    fault("overlay-mtu", true, "1");
     // Straight to node 3's CoreDNS pod, so that every answer takes one
     // path: large ones lost before any small one arrived, then after.
     let big = "@10.244.3.53 +bufsize=4096 +ignore big.example.com TXT";
@@ -503,7 +468,7 @@ fn faults_between_nodes_are_diagnosed_from_the_merged_recordings() {
         dig("@10.244.3.53 www.example.com", "NOERROR");
         dig(big, "timeout");
     });
-    switch("overlay-mtu", false, "1");
+    fault("overlay-mtu", false, "1");
     let lines = merged(&nodes);
     // Lost before a small answer showed what passes: the generic loss.
     assert_eq!(
@@ -585,16 +550,7 @@ fn faults_in_one_coredns_pod_name_the_endpoint_that_does_not_answer() {
     require_root();
     let lab = Lab::up(&["--nodes", "3"]);
     let dir = Dir::new("cluster-endpoint-down");
-    let switch = |on: bool| {
-        let state = if on { "on" } else { "off" };
-        let out = dnstrace(&["lab", "fault", "coredns-down", state, "--node", "3"]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    switch(true);
+    fault("coredns-down", true, "3");
     let nodes = record_nodes(&dir, "down-", || {
         // kube-proxy picks an endpoint at random: until each has its share.
         let (mut answered, mut lost) = (0, 0);
@@ -614,7 +570,7 @@ fn faults_in_one_coredns_pod_name_the_endpoint_that_does_not_answer() {
         }
         panic!("40 lookups: {answered} answered, {lost} timed out");
     });
-    switch(false);
+    fault("coredns-down", false, "3");
     let summary = |view: &str| {
         format!("the resolver endpoint 10.244.3.53{view} of 10.96.0.10 does not answer; 10.244.2.53 does")
     };
@@ -642,6 +598,29 @@ fn faults_in_one_coredns_pod_name_the_endpoint_that_does_not_answer() {
     );
 }
 
+/// Each node's recording while web looks up, with `overlay-drop` on
+/// node 3, until a lookup is lost: half of web's go to node 3's CoreDNS,
+/// so twenty answered in a row is a one-in-a-million chance.
+fn record_a_lookup_lost_on_the_overlay(
+    lab: &Lab,
+    dir: &Dir,
+    prefix: &str,
+) -> Vec<(Vec<Value>, std::path::PathBuf)> {
+    fault("overlay-drop", true, "3");
+    let nodes = record_nodes(dir, prefix, || {
+        let lost = (0..20).any(|_| {
+            let out = lab.dig(
+                "dtlab-web-7d9f8c6b5-x2x4k",
+                "kube-dns.kube-system.svc.cluster.local",
+            );
+            dig_status(&out) == "timeout"
+        });
+        assert!(lost, "twenty lookups answered with overlay-drop on");
+    });
+    fault("overlay-drop", false, "3");
+    nodes
+}
+
 /// Switches a lab fault on node `node`.
 fn fault(name: &str, on: bool, node: &str) {
     let state = if on { "on" } else { "off" };
@@ -663,20 +642,7 @@ fn one_node_names_the_node_its_lost_queries_went_to() {
     require_root();
     let lab = Lab::up(&["--nodes", "3"]);
     let dir = Dir::new("cluster-next-hop");
-
-    fault("overlay-drop", true, "3");
-    let nodes = record_nodes(&dir, "next-", || {
-        // Half of web's lookups go to node 3's CoreDNS: until one is lost.
-        let lost = (0..20).any(|_| {
-            let out = lab.dig(
-                "dtlab-web-7d9f8c6b5-x2x4k",
-                "kube-dns.kube-system.svc.cluster.local",
-            );
-            dig_status(&out) == "timeout"
-        });
-        assert!(lost, "twenty lookups answered with overlay-drop on");
-    });
-    fault("overlay-drop", false, "3");
+    let nodes = record_a_lookup_lost_on_the_overlay(&lab, &dir, "next-");
     let next = "lookups sent to 10.244.3.53:53 get no answer past this node: look at 10.244.3.53 on the node at 172.18.0.4 (over flannel.1) next";
     let live = anomalies(&nodes[0].0, "unanswered");
     assert!(live.iter().any(|a| a == next), "node1 live: {live:?}");

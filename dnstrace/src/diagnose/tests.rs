@@ -240,11 +240,11 @@ fn a_pod_asking_loopback_is_flagged_but_not_the_node() {
     );
 }
 
-#[test]
-fn a_query_lost_past_this_node_names_where_it_went() {
+/// A query DNATed here that left on the overlay for a CoreDNS pod on
+/// another node, and got no answer.
+fn lost_past_this_node() -> Journey {
     let mut j = healthy();
     j.legs.truncate(1);
-    // DNATed here, it left on the overlay for a CoreDNS pod on another node.
     let mut left = leg(
         40_000,
         "dev_xmit",
@@ -257,6 +257,12 @@ fn a_query_lost_past_this_node_names_where_it_went() {
     left.iface = Some("flannel.1".into());
     j.legs.push(left);
     j.outcome = Outcome::Timeout;
+    j
+}
+
+#[test]
+fn a_query_lost_past_this_node_names_where_it_went() {
+    let mut j = lost_past_this_node();
     let raised = |j: &Journey| {
         Diagnoser::new(ctx())
             .journey(j, &KernelNames::default())
@@ -291,20 +297,7 @@ fn a_query_lost_past_this_node_names_where_it_went() {
 /// The lost query of the test above, and node 1's route to node 3's
 /// subnet over flannel.1; with `overlay`, its FDB names node 3.
 fn lost_with_a_route(overlay: bool) -> (Journey, Context) {
-    let mut j = healthy();
-    j.legs.truncate(1);
-    let mut left = leg(
-        40_000,
-        "dev_xmit",
-        NODE_NS,
-        5,
-        "10.244.0.10:4000",
-        "10.244.3.53:53",
-        false,
-    );
-    left.iface = Some("flannel.1".into());
-    j.legs.push(left);
-    j.outcome = Outcome::Timeout;
+    let j = lost_past_this_node();
     let mut cx = ctx();
     let route = Route {
         dst: "10.244.3.0".parse().unwrap(),
