@@ -421,7 +421,7 @@ impl<W: Write> LineSink<W> {
                     text += &format!("   evidence: {e}\n");
                 }
                 for (ip, name) in self.names_about(a) {
-                    text += &format!("   evidence: {ip} is {name}\n");
+                    text += &format!("   about: {name} ({ip})\n");
                 }
                 text += &format!("   cause: {}\n   fix: {}\n", a.cause, a.fix);
                 write!(self.out, "{text}")
@@ -830,6 +830,49 @@ mod tests {
             ),
             Vec::new(),
         )
+    }
+
+    /// The rules know addresses: the output names those an anomaly is
+    /// about where it knows them, as text and JSON, at once and at exit.
+    #[test]
+    fn an_anomaly_names_what_it_is_about() {
+        use crate::diagnose::{AnomalyKind, Severity};
+        let (pod, unknown) = ("10.244.3.53".parse().unwrap(), "10.9.9.9".parse().unwrap());
+        let a = Anomaly {
+            kind: AnomalyKind::ResolverEndpointDown,
+            severity: Severity::Critical,
+            summary: "down".into(),
+            evidence: Vec::new(),
+            cause: String::new(),
+            fix: "",
+            about: vec![pod, unknown],
+            journeys: Vec::new(),
+            count: 1,
+            first_ns: 0,
+            last_ns: 0,
+        };
+        let names = Names::from_entries([(pod, "kube-system/coredns-1".to_owned())].into());
+        let named = |format| {
+            let mut s = sink(format);
+            s.labels = s.labels.with_names(names.clone());
+            s.write_anomaly(&a).unwrap();
+            s.write_summary(&[&a]).unwrap();
+            String::from_utf8(s.out).unwrap()
+        };
+        let text = named(Format::Text);
+        assert!(
+            text.contains("   about: kube-system/coredns-1 (10.244.3.53)\n"),
+            "{text}"
+        );
+        assert!(!text.contains("10.9.9.9"), "{text}");
+        let json = named(Format::Json);
+        let lines: Vec<serde_json::Value> = json
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let expected = serde_json::json!({"10.244.3.53": "kube-system/coredns-1"});
+        assert_eq!(lines[0]["names"], expected);
+        assert_eq!(lines[1]["anomalies"][0]["names"], expected);
     }
 
     #[test]

@@ -197,6 +197,7 @@ fn left_node<'a>(
             ),
             evidence,
         )
+        .about(vec![ip])
     })
 }
 
