@@ -328,6 +328,10 @@ pub fn log_record(
         kv("dnstrace.anomaly.fix", s(a.fix)),
         kv("dnstrace.anomaly.count", i(a.count as i64)),
     ];
+    if !a.about.is_empty() {
+        let about = a.about.iter().map(|ip| s(&ip.to_string())).collect();
+        attributes.push(kv("dnstrace.anomaly.about", array(about)));
+    }
     if let Some(path) = flight {
         let path = path.display().to_string();
         attributes.push(kv("dnstrace.flight_recording", s(&path)));

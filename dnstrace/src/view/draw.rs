@@ -238,6 +238,11 @@ fn draw_anomaly_detail(a: &AnomalyRow, f: &mut Frame, area: Rect) {
             .iter()
             .map(|e| Line::from(vec![Span::styled("evidence ", DIM), Span::raw(e.clone())])),
     );
+    lines.extend(
+        a.about
+            .iter()
+            .map(|e| Line::from(vec![Span::styled("about    ", DIM), Span::raw(e.clone())])),
+    );
     f.render_widget(
         Paragraph::new(lines)
             .block(titled(format!("{}: {}", a.key.0, a.key.1), false))

@@ -223,7 +223,9 @@ impl JourneyOut for LiveOut {
         let now = (all.len(), all.iter().map(|a| a.count).sum());
         if now != self.sent {
             self.send(Update::Anomalies(
-                all.iter().map(|a| AnomalyRow::of(a)).collect(),
+                all.iter()
+                    .map(|a| AnomalyRow::of(a, &self.labels))
+                    .collect(),
             ));
             self.sent = now;
         }

@@ -97,6 +97,8 @@ pub struct AnomalyRow {
     pub first_ns: u64,
     pub last_ns: u64,
     pub evidence: Vec<String>,
+    /// What it is about, named where the node knows it: `name (address)`.
+    pub about: Vec<String>,
     pub cause: String,
     pub fix: &'static str,
     /// The latest journeys behind it.
@@ -104,7 +106,7 @@ pub struct AnomalyRow {
 }
 
 impl AnomalyRow {
-    pub fn of(a: &Anomaly) -> Self {
+    pub fn of(a: &Anomaly, labels: &Labels) -> Self {
         Self {
             key: (a.kind, a.summary.clone()),
             severity: a.severity,
@@ -112,6 +114,11 @@ impl AnomalyRow {
             first_ns: a.first_ns,
             last_ns: a.last_ns,
             evidence: a.evidence.clone(),
+            about: a
+                .about
+                .iter()
+                .filter_map(|ip| Some(format!("{} ({ip})", labels.name(ip)?)))
+                .collect(),
             cause: a.cause.clone(),
             fix: a.fix,
             journeys: a.journeys.clone(),

@@ -211,6 +211,7 @@ fn anomaly() -> AnomalyRow {
         first_ns: 2 * S,
         last_ns: 8 * S,
         evidence: vec!["3 of 4 queries to 198.51.100.53:53 had no answer within 5.5 s".into()],
+        about: vec!["kube-system/coredns-1 (10.244.0.53)".into()],
         cause: "the upstream resolver is down or unreachable from CoreDNS".into(),
         fix: "check the upstream resolver and CoreDNS's forward plugin",
         journeys: vec![4],
