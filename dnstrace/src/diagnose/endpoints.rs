@@ -4,6 +4,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet, VecDeque},
     net::SocketAddr,
+    sync::Arc,
 };
 
 use super::{
@@ -13,10 +14,11 @@ use super::{
 };
 use crate::correlate::{Journey, Outcome};
 
-/// A lookup DNATed to an endpoint, and whether it got an answer.
-#[derive(Clone, Copy)]
+/// A lookup DNATed to an endpoint, its name, and whether it got an answer.
+#[derive(Clone)]
 struct Sent {
     endpoint: SocketAddr,
+    name: Arc<str>,
     answered: bool,
     ended_ns: u64,
 }
@@ -65,10 +67,11 @@ impl Endpoints {
         let answered = match j.outcome {
             Outcome::Answered { .. } => true,
             // No evidence of silence with legs missing; a query lost on its
-            // way to the endpoint's node is the path's (`lost_between_nodes`).
+            // way to the endpoint's node is the path's (`lost_between_nodes`);
+            // one it forwarded upstream is its upstream's (`upstream_*`).
             Outcome::Timeout => {
                 let lost = ctx.nodes.len() >= 2 && lost_on_the_way(j, ctx, false).is_some();
-                if j.incomplete.is_some() || lost {
+                if j.incomplete.is_some() || lost || !j.upstream.is_empty() {
                     return None;
                 }
                 false
@@ -82,6 +85,7 @@ impl Endpoints {
         let s = self.0.entry(service).or_default();
         s.remember(Sent {
             endpoint,
+            name: j.name.clone(),
             answered,
             ended_ns: j.ended_ns,
         });
@@ -119,23 +123,28 @@ impl Service {
     }
 
     /// `endpoint`'s share, if it left its last `AT_LEAST` or more lookups
-    /// unanswered while another endpoint answered `AT_LEAST` or more.
+    /// unanswered while another endpoint answered `AT_LEAST` or more, one
+    /// of them a name it left unanswered: names that fail everywhere (an
+    /// upstream down, out of this node's sight) are no endpoint's fault.
     fn silent(&self, endpoint: SocketAddr) -> Option<Down> {
-        let unanswered = self
+        let streak: Vec<&Sent> = self
             .recent
             .iter()
             .rev()
             .filter(|s| s.endpoint == endpoint)
             .take_while(|s| !s.answered)
-            .count();
+            .collect();
         let mut others: BTreeMap<SocketAddr, (usize, usize)> = BTreeMap::new();
+        let mut same_name = false;
         for s in self.recent.iter().filter(|s| s.endpoint != endpoint) {
             let (answered, all) = others.entry(s.endpoint).or_default();
             *answered += usize::from(s.answered);
             *all += 1;
+            same_name |= s.answered && streak.iter().any(|u| u.name == s.name);
         }
         let answering = others.values().any(|(answered, _)| *answered >= AT_LEAST);
-        (unanswered >= AT_LEAST && answering).then(|| Down {
+        let unanswered = streak.len();
+        (unanswered >= AT_LEAST && answering && same_name).then(|| Down {
             endpoint,
             unanswered,
             lookups: self.recent.len(),

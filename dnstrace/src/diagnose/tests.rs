@@ -2461,6 +2461,37 @@ fn healthy_endpoints_and_a_lone_endpoint_timing_out_are_no_endpoint_down() {
     assert!(lone.iter().all(|c| hit(c, AnomalyKind::Unanswered)));
 }
 
+/// Names that fail at one endpoint and are never answered by another (an
+/// upstream down for external names, out of this node's sight), and a
+/// timeout the endpoint forwarded upstream, are not the endpoint's.
+#[test]
+fn names_no_endpoint_answers_and_queries_forwarded_upstream_are_no_endpoint_down() {
+    let lookups = |hung: &dyn Fn(u64) -> Journey| {
+        let mut d = Diagnoser::new(ctx());
+        let all: Vec<Checked> = (0..5)
+            .flat_map(|i| [to_endpoint(UP, true, 2 * i), hung(2 * i + 1)])
+            .map(|j| d.journey(&j, &KernelNames::default()))
+            .collect();
+        down_raised(&all).len()
+    };
+    let external = |n| {
+        let mut j = to_endpoint(HUNG, false, n);
+        j.name = "example.com.".into();
+        j
+    };
+    assert_eq!(lookups(&external), 0);
+    let forwarded = |n| {
+        let mut j = to_endpoint(HUNG, false, n);
+        let mut up = to_endpoint("192.0.2.53:53", false, n);
+        up.dnat = None;
+        j.upstream.push(up);
+        j
+    };
+    assert_eq!(lookups(&forwarded), 0);
+    // The same lookups without either: the endpoint is down.
+    assert_eq!(lookups(&|n| to_endpoint(HUNG, false, n)), 1);
+}
+
 #[test]
 fn in_a_merged_replay_the_down_endpoint_s_node_is_named_and_queries_lost_on_the_way_are_not_its() {
     let (_, cx) = across_nodes(false);
