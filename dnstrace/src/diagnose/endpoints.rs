@@ -115,10 +115,11 @@ impl Service {
 
     /// An endpoint not raised yet that is silent now.
     fn newly_silent(&self) -> Option<Down> {
-        let endpoints: BTreeSet<SocketAddr> = self.recent.iter().map(|s| s.endpoint).collect();
-        endpoints
-            .into_iter()
-            .filter(|e| !self.down.contains(e))
+        let mut seen = BTreeSet::new();
+        self.recent
+            .iter()
+            .map(|s| s.endpoint)
+            .filter(|e| seen.insert(*e) && !self.down.contains(e))
             .find_map(|e| self.silent(e))
     }
 
@@ -134,6 +135,10 @@ impl Service {
             .filter(|s| s.endpoint == endpoint)
             .take_while(|s| !s.answered)
             .collect();
+        // Every answered lookup asks: most endpoints answer, so stop here.
+        if streak.len() < AT_LEAST {
+            return None;
+        }
         let mut others: BTreeMap<SocketAddr, (usize, usize)> = BTreeMap::new();
         let mut same_name = false;
         for s in self.recent.iter().filter(|s| s.endpoint != endpoint) {
@@ -143,10 +148,9 @@ impl Service {
             same_name |= s.answered && streak.iter().any(|u| u.name == s.name);
         }
         let answering = others.values().any(|(answered, _)| *answered >= AT_LEAST);
-        let unanswered = streak.len();
-        (unanswered >= AT_LEAST && answering && same_name).then(|| Down {
+        (answering && same_name).then(|| Down {
             endpoint,
-            unanswered,
+            unanswered: streak.len(),
             lookups: self.recent.len(),
             others: others.into_iter().collect(),
         })
