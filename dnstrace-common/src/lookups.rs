@@ -2,13 +2,14 @@
 //! client sends and how it ended, before the ring and its sampling, so
 //! that the counts stay exact at any load.
 //!
-//! A query is followed from where it is first seen (a device sending it)
-//! to its answer received on that same device, from the address and port
-//! it was sent to (what the client's socket accepts). The kernel counts
-//! the answered ones and the retries that replace an unanswered one; user
-//! space counts those that stay unanswered past the timeout. A query first
-//! seen arriving on a device came from another node, whose agent counts
-//! it: here it is only marked, so that its later hops are not counted.
+//! A query is followed from where a socket on this node sends it (a
+//! device sending a packet no device received: `skb->skb_iif` 0) to its
+//! answer received on that same device, from the address and port it was
+//! sent to (what the client's socket accepts). The kernel counts the
+//! answered ones and the retries that replace an unanswered one; user
+//! space counts those that stay unanswered past the timeout. A query that
+//! arrived on a device (another node's, whose agent counts it) and the
+//! later hops of one sent here are forwarded, and never counted.
 
 /// A query waiting for its answer: the client's socket and the DNS id.
 #[repr(C)]
@@ -34,9 +35,7 @@ pub struct Pending {
     pub ip_version: u8,
     /// The kernel dropped the query somewhere on its way.
     pub dropped: u8,
-    /// First seen arriving: another node's client's, not counted here.
-    pub foreign: u8,
-    pub _pad: u8,
+    pub _pad: [u8; 2],
 }
 
 /// How a counted lookup ended: its rcode (0 to 15) when answered.

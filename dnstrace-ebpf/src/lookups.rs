@@ -1,6 +1,6 @@
 //! Lookups counted where they happen, for `dnstrace agent` (see
-//! `dnstrace_common::lookups`): each UDP query from where it is first
-//! sent to its answer on the same device, counted before the ring and its
+//! `dnstrace_common::lookups`): each UDP query from where a socket sends
+//! it to its answer on the same device, counted before the ring and its
 //! sampling. Off unless user space sets `COUNT_LOOKUPS`.
 use aya_ebpf::{
     bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST},
@@ -100,11 +100,20 @@ pub fn enabled() -> bool {
     unsafe { core::ptr::read_volatile(&COUNT_LOOKUPS) != 0 }
 }
 
+/// How a device came to send a packet.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Sent {
+    /// A socket here made it (`skb->skb_iif` 0: no device received it).
+    Made,
+    /// A device received it first: a later hop, or another node's.
+    Forwarded,
+}
+
 /// Follows a lookup through this sighting of one of its packets: a query
-/// first sent (or sent again by its client), a query dropped, or the
-/// answer on the device its query left from. A query's question is read
-/// from `r` at `question_at` into `buf`; `device` is asked only where it
-/// matters. True where this packet started a lookup.
+/// a socket sent (first, or again), a query dropped, or the answer on the
+/// device its query left from. A query's question is read from `r` at
+/// `question_at` into `buf`; `sent` and `device` are asked only where they
+/// matter. True where this packet started a lookup.
 #[inline(always)]
 pub fn follow<R: Reader>(
     p: &Udp,
@@ -112,6 +121,7 @@ pub fn follow<R: Reader>(
     r: &R,
     question_at: u32,
     buf: &mut [u8; QUESTION_READ],
+    sent: impl FnOnce() -> Sent,
     device: impl FnOnce() -> Device,
 ) -> bool {
     if p.valid < 12 {
@@ -120,10 +130,12 @@ pub fn follow<R: Reader>(
     let id = u16::from_be_bytes([p.head[0], p.head[1]]);
     let answer = p.head[2] & 0x80 != 0;
     match (answer, hook) {
-        (false, Hook::DevXmit) if is_dns_port(p.dport) => {
+        // Only where a socket sent it: a query forwarded (DNATed to a
+        // resolver here, or arriving from another node, whose agent counts
+        // it) needs no look in the map.
+        (false, Hook::DevXmit) if is_dns_port(p.dport) && sent() == Sent::Made => {
             return query_sent(p, id, device(), r, question_at, buf);
         }
-        (false, Hook::DevReceive) if is_dns_port(p.dport) => query_arrived(p, id),
         (false, Hook::Drop) if is_dns_port(p.dport) => query_dropped(p, id),
         (true, Hook::DevReceive) if is_dns_port(p.sport) => answer_received(p, id, device()),
         _ => {}
@@ -131,10 +143,10 @@ pub fn follow<R: Reader>(
     false
 }
 
-/// The first time a query is sent it is pending; the same query sent
-/// again from the same device is a retry, and the one before it ended
-/// unanswered. Later hops of the query leave it as it is. True where it
-/// started one.
+/// A query a socket sends is pending; the same query sent again from the
+/// same device is a retry, and the one before it ended unanswered. True
+/// where it started one. Inserted first: a retry is rare, and a look
+/// before every insert would double the map's work.
 #[inline(always)]
 fn query_sent<R: Reader>(
     p: &Udp,
@@ -145,25 +157,68 @@ fn query_sent<R: Reader>(
     buf: &mut [u8; QUESTION_READ],
 ) -> bool {
     let key = p.query_key(id);
+    let pending = pending(p, dev, r, question_at, buf);
+    match insert(&key, &pending) {
+        Inserted::New => return true,
+        Inserted::Full => return false,
+        Inserted::Exists => {}
+    }
     // SAFETY: map lookup; the value is copied out.
-    if let Some(before) = unsafe { PENDING.get(key) }.copied() {
-        if before.netns != dev.netns || before.ifindex != dev.ifindex {
-            return false;
+    let Some(before) = unsafe { PENDING.get(key) }.copied() else {
+        return false;
+    };
+    if before.netns != dev.netns || before.ifindex != dev.ifindex {
+        return false;
+    }
+    if PENDING.remove(key).is_ok() {
+        let outcome = if before.dropped != 0 {
+            OUTCOME_DROPPED
+        } else {
+            OUTCOME_TIMEOUT
+        };
+        count(&LookupKey::of(&key, &before, outcome), None);
+    }
+    insert(&key, &pending) == Inserted::New
+}
+
+/// What inserting a pending query did.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Inserted {
+    New,
+    /// The same query is pending: a retry, or another CPU sent it first.
+    Exists,
+    Full,
+}
+
+#[inline(always)]
+fn insert(key: &PendingKey, pending: &Pending) -> Inserted {
+    match PENDING.insert(key, pending, u64::from(BPF_NOEXIST)) {
+        Ok(()) => {
+            maps::count(COUNT_STARTED);
+            Inserted::New
         }
-        if PENDING.remove(key).is_ok() {
-            let outcome = if before.dropped != 0 {
-                OUTCOME_DROPPED
-            } else {
-                OUTCOME_TIMEOUT
-            };
-            count(&LookupKey::of(&key, &before, outcome), None);
+        Err(-17) => Inserted::Exists,
+        Err(_) => {
+            stat(STAT_PENDING_FULL);
+            Inserted::Full
         }
     }
+}
+
+/// A query as pending from now, its question's type read from `r`.
+#[inline(always)]
+fn pending<R: Reader>(
+    p: &Udp,
+    dev: Device,
+    r: &R,
+    question_at: u32,
+    buf: &mut [u8; QUESTION_READ],
+) -> Pending {
     let qtype = match r.copy(question_at, buf.as_mut_ptr(), QUESTION_READ as u32) {
         Ok(()) => question_type(buf, p.valid as usize),
         Err(_) => 0,
     };
-    let pending = Pending {
+    Pending {
         // SAFETY: plain helper call.
         start_ns: unsafe { bpf_ktime_get_ns() },
         server: p.daddr,
@@ -173,43 +228,8 @@ fn query_sent<R: Reader>(
         qtype,
         ip_version: p.ip_version,
         dropped: 0,
-        foreign: 0,
-        _pad: 0,
-    };
-    // EEXIST: another CPU sent the same query first; anything else: full.
-    match PENDING.insert(key, pending, u64::from(BPF_NOEXIST)) {
-        Ok(()) => {
-            maps::count(COUNT_STARTED);
-            return true;
-        }
-        Err(-17) => {}
-        Err(_) => stat(STAT_PENDING_FULL),
+        _pad: [0; 2],
     }
-    false
-}
-
-/// A query received before this node sent it: another node's client's,
-/// marked so that its hops here are not counted as a lookup.
-#[inline(always)]
-fn query_arrived(p: &Udp, id: u16) {
-    let key = p.query_key(id);
-    if PENDING.get_ptr(key).is_some() {
-        return;
-    }
-    let marker = Pending {
-        // SAFETY: plain helper call.
-        start_ns: unsafe { bpf_ktime_get_ns() },
-        server: p.daddr,
-        netns: 0,
-        ifindex: 0,
-        server_port: p.dport,
-        qtype: 0,
-        ip_version: p.ip_version,
-        dropped: 0,
-        foreign: 1,
-        _pad: 0,
-    };
-    let _ = PENDING.insert(key, marker, u64::from(BPF_NOEXIST));
 }
 
 #[inline(always)]
@@ -222,8 +242,7 @@ fn query_dropped(p: &Udp, id: u16) {
 }
 
 /// An answer counts on the device its query left from, from where the
-/// query went (what the client's socket accepts), once. Another node's
-/// query ends, uncounted, with its answer's first arrival here.
+/// query went (what the client's socket accepts), once.
 #[inline(always)]
 fn answer_received(p: &Udp, id: u16, dev: Device) {
     let key = p.answer_key(id);
@@ -231,12 +250,6 @@ fn answer_received(p: &Udp, id: u16, dev: Device) {
     let Some(pending) = (unsafe { PENDING.get(key) }).copied() else {
         return;
     };
-    if pending.foreign != 0 {
-        if pending.server == p.saddr && pending.server_port == p.sport {
-            let _ = PENDING.remove(key);
-        }
-        return;
-    }
     if pending.netns != dev.netns
         || pending.ifindex != dev.ifindex
         || pending.server != p.saddr

@@ -11,7 +11,7 @@ use dnstrace_common::{
 
 use crate::{
     debug::{skip, unreadable, Why},
-    lookups::{self, Device, Udp},
+    lookups::{self, Device, Sent, Udp},
     maps::{
         count, filtered, in_scope, offset, offsets, sampled_in, scoped, scratch, send, send_apart,
         shed, wanted, Scratch,
@@ -140,7 +140,8 @@ pub fn try_capture<K: Kernel, const APART: bool>(
     // an event needs: at a high sampling level most packets stop here.
     let head = udp_head(&r, &l4, s);
     if let Some(valid) = head {
-        let started = count_lookup::<K>(&r, &l4, valid, dev, hook, &o, s);
+        let seen = Seen { skb, dev, hook };
+        let started = count_lookup::<K>(seen, &r, &l4, valid, &o, s);
         if !filtered() {
             if !sampled_in(&s.head, valid) {
                 return Err(shed());
@@ -171,6 +172,14 @@ pub fn try_capture<K: Kernel, const APART: bool>(
     send(s, cap)
 }
 
+/// A packet where a hook saw it: its skb, and the device it is on.
+#[derive(Clone, Copy)]
+struct Seen {
+    skb: *const u8,
+    dev: *const u8,
+    hook: Hook,
+}
+
 /// Reads a UDP payload's first bytes (a DNS header and the start of its
 /// question, or a later fragment's data) into `s.head`; how many are the
 /// packet's.
@@ -189,11 +198,10 @@ fn udp_head(r: &Linear, l4: &L4, s: &mut Scratch) -> Option<u32> {
 /// true where the packet started one.
 #[inline(always)]
 fn count_lookup<K: Kernel>(
+    seen: Seen,
     r: &Linear,
     l4: &L4,
     valid: u32,
-    dev: *const u8,
-    hook: Hook,
     o: &KernelOffsets,
     s: &mut Scratch,
 ) -> bool {
@@ -218,8 +226,12 @@ fn count_lookup<K: Kernel>(
     let Some(buf) = payload.first_chunk_mut::<QUESTION_READ>() else {
         return false;
     };
-    lookups::follow(&p, hook, r, l4.offset(), buf, || {
-        device_of::<K>(dev, o).unwrap_or(Device::NONE)
+    let sent = || match K::read::<i32>(seen.skb, o.skb_iif) {
+        Ok(0) => Sent::Made,
+        _ => Sent::Forwarded,
+    };
+    lookups::follow(&p, seen.hook, r, l4.offset(), buf, sent, || {
+        device_of::<K>(seen.dev, o).unwrap_or(Device::NONE)
     })
 }
 

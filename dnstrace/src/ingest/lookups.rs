@@ -131,7 +131,6 @@ impl LookupCounter {
             let still = self.maps.pending.get(&key, 0).ok();
             if still.map(|q| q.start_ns) != Some(p.start_ns)
                 || self.maps.pending.remove(&key).is_err()
-                || p.foreign != 0
             {
                 continue;
             }
