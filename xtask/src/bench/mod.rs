@@ -221,6 +221,10 @@ struct Plan {
     merge_rate: u32,
     merge_secs: u32,
     merge_rounds: usize,
+    /// The agent's capacity figure: each run, and its rounds (a baseline
+    /// and each agent run a round, side by side in time).
+    agent_secs: u32,
+    agent_rounds: usize,
 }
 
 impl Plan {
@@ -247,6 +251,8 @@ impl Plan {
                 merge_rate: MERGE_RATE,
                 merge_secs: 10,
                 merge_rounds: 5,
+                agent_secs: 6,
+                agent_rounds: 4,
             }
         } else {
             Self {
@@ -270,6 +276,8 @@ impl Plan {
                 merge_rate: MERGE_RATE,
                 merge_secs: 20,
                 merge_rounds: 9,
+                agent_secs: 10,
+                agent_rounds: 10,
             }
         }
     }
@@ -511,7 +519,15 @@ impl Bench {
 
     /// Says once how the ratios' intervals are made (`goal_ratio`).
     fn explain_intervals(&mut self) {
-        let note = "A ratio of rounds has a 95% interval: the percentile bootstrap of the ratio of medians, each side's rounds drawn again with replacement 10,000 times. A goal is met (yes) or not (**no**) only when the whole interval lies on one side of it; else the rounds spread too wide for the run to tell (**within noise**).";
+        self.note("A ratio of rounds has a 95% interval: the percentile bootstrap of the ratio of medians, each side's rounds drawn again with replacement 10,000 times. A goal is met (yes) or not (**no**) only when the whole interval lies on one side of it; else the rounds spread too wide for the run to tell (**within noise**).");
+    }
+
+    /// For a figure whose rounds pair a baseline with its runs.
+    fn explain_paired(&mut self) {
+        self.note("A paired ratio is the median of each round's ratio to its own baseline (run next to it, so that the machine's drift from round to round cancels), with the percentile bootstrap of that median for its 95% interval.");
+    }
+
+    fn note(&mut self, note: &str) {
         if !self.notes.iter().any(|n| n == note) {
             self.notes.push(note.into());
         }
