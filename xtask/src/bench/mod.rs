@@ -519,12 +519,19 @@ impl Bench {
 
     /// Says once how the ratios' intervals are made (`goal_ratio`).
     fn explain_intervals(&mut self) {
-        self.note("A ratio of rounds has a 95% interval: the percentile bootstrap of the ratio of medians, each side's rounds drawn again with replacement 10,000 times. A goal is met (yes) or not (**no**) only when the whole interval lies on one side of it; else the rounds spread too wide for the run to tell (**within noise**).");
+        self.note("A ratio of rounds has a 95% interval: the percentile bootstrap of the ratio of medians, each side's rounds drawn again with replacement 10,000 times.");
+        self.explain_met();
     }
 
     /// For a figure whose rounds pair a baseline with its runs.
     fn explain_paired(&mut self) {
         self.note("A paired ratio is the median of each round's ratio to its own baseline (run next to it, so that the machine's drift from round to round cancels), with the percentile bootstrap of that median for its 95% interval.");
+        self.explain_met();
+    }
+
+    /// How an interval decides a goal, whichever way it was made.
+    fn explain_met(&mut self) {
+        self.note("A goal is met (yes) or not (**no**) only when the whole interval lies on one side of it; else the rounds spread too wide for the run to tell (**within noise**).");
     }
 
     fn note(&mut self, note: &str) {
