@@ -4,7 +4,10 @@ use std::{path::PathBuf, sync::Arc};
 use clap::Parser;
 
 use crate::{
-    commands::{agent::AgentOptions, trace::TraceOptions},
+    commands::{
+        agent::{self, AgentOptions},
+        trace::{self, TraceOptions},
+    },
     correlate::Limits,
     ingest::SampleMode,
     metrics::MetricsOptions,
@@ -449,6 +452,7 @@ impl AgentArgs {
                 sample: self.sample,
                 sample_seed: self.sample_seed,
                 follow_max: self.follow_max,
+                tick: agent::TICK,
                 record: None,
                 flight: (!self.no_flight_recorder).then(|| FlightOptions {
                     dir: self.flight_dir,
@@ -580,6 +584,7 @@ impl CaptureArgs {
             sample: self.sample,
             sample_seed: self.sample_seed,
             follow_max: 0,
+            tick: trace::TICK,
             record: self.record.map(|path| RecordOptions {
                 path,
                 max_bytes: self.record_size,

@@ -37,6 +37,11 @@ use crate::{
     target::follow::Refresh,
 };
 
+/// How often the agent's pipeline is told the time: its journeys end in
+/// metrics and exports, not on a screen, and each tick wakes the process
+/// (idle on the lab, 0.55% of a core at `trace`'s 50 ms; 0.12% at 250).
+pub const TICK: Duration = Duration::from_millis(250);
+
 /// What `dnstrace agent` was asked for.
 pub struct AgentOptions {
     pub trace: TraceOptions,

@@ -39,9 +39,10 @@ use crate::{
     view::state::About,
 };
 
-/// How often the pipeline is told the time, after the ring has been read
-/// up to it, to close the journeys that have finished.
-const TICK: Duration = Duration::from_millis(50);
+/// How often `trace`'s pipeline is told the time, after the ring has been
+/// read up to it, to close the journeys that have finished: often enough
+/// for a live view.
+pub const TICK: Duration = Duration::from_millis(50);
 
 /// What `dnstrace trace` was asked for.
 pub struct TraceOptions {
@@ -53,6 +54,8 @@ pub struct TraceOptions {
     /// Lookups a second followed whole at most, with `SampleMode::Auto`
     /// (0: no limit); the agent's, whose counts are the kernel's.
     pub follow_max: u32,
+    /// How often the pipeline is told the time (`TICK` for a live view).
+    pub tick: Duration,
     pub record: Option<RecordOptions>,
     /// The agent's flight recorder, when there is no `record`.
     pub flight: Option<FlightOptions>,
@@ -239,7 +242,7 @@ pub(super) async fn capture<C: Consume>(
         log.forward().context("forwarding the programs' log")?;
     }
     // Capabilities are per thread: the reader starts without them.
-    let ingest = Ingest::new(ring, TICK, args.discard_events, Some(sampler))
+    let ingest = Ingest::new(ring, args.tick, args.discard_events, Some(sampler))
         .context("reading the ring buffer")?;
     // Loading parsed the kernel's BTF and ELF (tens of MiB, freed): those
     // pages go back within a second, so a long incident starts small.

@@ -21,7 +21,7 @@ use crate::{clock::monotonic_now, record::flight::Flight};
 
 const MAX_CONNECTIONS: usize = 16;
 const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
-/// The pipeline ticks every 50 ms; this long without one, it is stuck.
+/// The pipeline ticks every `TICK`; this long without one, it is stuck.
 const STUCK_NS: u64 = 30_000_000_000;
 /// Prometheus's text exposition format.
 const TEXT_FORMAT: &str = "text/plain; version=0.0.4; charset=utf-8";
