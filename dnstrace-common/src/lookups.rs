@@ -4,8 +4,8 @@
 //!
 //! A query is followed from where a socket on this node sends it (a
 //! device sending a packet no device received: `skb->skb_iif` 0) to its
-//! answer received on that same device, from the address and port it was
-//! sent to (what the client's socket accepts). The kernel counts the
+//! answer received in that device's network namespace, from the address
+//! and port it was sent to (what the client's socket accepts). The kernel counts the
 //! answered ones and the retries that replace an unanswered one; user
 //! space counts those that stay unanswered past the timeout. A query that
 //! arrived on a device (another node's, whose agent counts it) and the
@@ -27,7 +27,8 @@ pub struct PendingKey {
 pub struct Pending {
     pub start_ns: u64,
     pub server: [u32; 4],
-    /// The device the query was first sent from, and its namespace.
+    /// The device the query was first sent from (where a retry comes
+    /// from), and its namespace (where the answer must arrive).
     pub netns: u32,
     pub ifindex: u32,
     pub server_port: u16,

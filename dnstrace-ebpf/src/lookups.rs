@@ -1,7 +1,7 @@
 //! Lookups counted where they happen, for `dnstrace agent` (see
 //! `dnstrace_common::lookups`): each UDP query from where a socket sends
-//! it to its answer on the same device, counted before the ring and its
-//! sampling. Off unless user space sets `COUNT_LOOKUPS`.
+//! it to its answer's arrival in the socket's network namespace, counted
+//! before the ring and its sampling. Off unless user space sets `COUNT_LOOKUPS`.
 use aya_ebpf::{
     bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST},
     helpers::bpf_ktime_get_ns,
@@ -110,8 +110,8 @@ pub enum Sent {
 }
 
 /// Follows a lookup through this sighting of one of its packets: a query
-/// a socket sent (first, or again), a query dropped, or the answer on the
-/// device its query left from. A query's question is read from `r` at
+/// a socket sent (first, or again), a query dropped, or the answer
+/// arriving where its query left from. A query's question is read from `r` at
 /// `question_at` into `buf`; `sent` and `device` are asked only where they
 /// matter. True where this packet started a lookup.
 #[inline(always)]
@@ -241,8 +241,11 @@ fn query_dropped(p: &Udp, id: u16) {
     }
 }
 
-/// An answer counts on the device its query left from, from where the
-/// query went (what the client's socket accepts), once.
+/// An answer counts where it enters the network namespace its query left
+/// from (on a forwarding hop before, it may yet be lost), from where the
+/// query went (what the client's socket accepts), once. Not on the query's
+/// device: through a VLAN device, a bond or a macvlan, the kernel fires
+/// this tracepoint on the lower device only, before handing the answer up.
 #[inline(always)]
 fn answer_received(p: &Udp, id: u16, dev: Device) {
     let key = p.answer_key(id);
@@ -250,11 +253,7 @@ fn answer_received(p: &Udp, id: u16, dev: Device) {
     let Some(pending) = (unsafe { PENDING.get(key) }).copied() else {
         return;
     };
-    if pending.netns != dev.netns
-        || pending.ifindex != dev.ifindex
-        || pending.server != p.saddr
-        || pending.server_port != p.sport
-    {
+    if pending.netns != dev.netns || pending.server != p.saddr || pending.server_port != p.sport {
         return;
     }
     if PENDING.remove(key).is_err() {

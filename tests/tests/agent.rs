@@ -537,6 +537,74 @@ fn another_nodes_query_is_not_counted_here() {
     assert!(status.success(), "{status}: {stderr:?}");
 }
 
+/// A host-network client whose query leaves through an upper device (a
+/// macvlan here; a VLAN device, a bond and a team take the same path): the
+/// kernel's receive tracepoint sees the answer on the lower device only,
+/// before its handler passes it up, yet the lookup counts as answered, not
+/// as a timeout. The node reaches the lab's upstream unbound through a
+/// macvlan on a veth pair of this test's.
+#[test]
+fn a_lookup_through_an_upper_device_is_answered() {
+    require_root();
+    let lab = Lab::up(&[]);
+    let _upper = Upper::up().unwrap();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let args = agent_args(&listen, &["--no-flight-recorder"]);
+    let agent = Dnstrace::start_binary(dnstrace_release_bin(), Keep::Sampled, &args).unwrap();
+    let node = |rcode: &str| {
+        let series = format!("server=\"{UPSTREAM}:53\",type=\"A\",rcode=\"{rcode}\"");
+        page(&listen)
+            .lines()
+            .filter(|l| l.starts_with("dnstrace_lookups_total{namespace=\"\",pod=\"\""))
+            .filter(|l| l.contains(&series))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum::<u64>()
+    };
+    for _ in 0..3 {
+        let out = lab.dig(NODE, &format!("@{UPSTREAM} www.example.com"));
+        assert_eq!(dig_status(&out), "NOERROR", "{out}");
+    }
+    wait_until(SETTLE, || node("NOERROR") + node("TIMEOUT") >= 3);
+    assert_eq!(node("NOERROR"), 3, "{}", page(&listen));
+    assert_eq!(node("TIMEOUT"), 0, "{}", page(&listen));
+    let (status, _, stderr) = agent.stop(libc::SIGTERM).unwrap();
+    assert!(status.success(), "{status}: {stderr:?}");
+}
+
+/// The lab's upstream resolver, and its network namespace.
+const UPSTREAM: &str = "198.51.100.53";
+const UPSTREAM_NS: &str = "dtlab-upstream";
+
+/// A veth pair from the lab's node to its upstream namespace, a macvlan on
+/// the node's end, and the node's route to the upstream resolver through
+/// the macvlan; the route goes with the devices, on drop.
+struct Upper;
+
+impl Upper {
+    fn up() -> anyhow::Result<Self> {
+        let upper = Self;
+        for line in [
+            format!("ip -n {NODE} link add dtvl0 type veth peer name dtvl1 netns {UPSTREAM_NS}"),
+            format!("ip -n {NODE} link add link dtvl0 name dtmv0 type macvlan mode bridge"),
+            format!("ip -n {NODE} addr add 198.18.7.1/30 dev dtmv0"),
+            format!("ip -n {UPSTREAM_NS} addr add 198.18.7.2/30 dev dtvl1"),
+            format!("ip -n {NODE} link set dtvl0 up"),
+            format!("ip -n {NODE} link set dtmv0 up"),
+            format!("ip -n {UPSTREAM_NS} link set dtvl1 up"),
+            format!("ip -n {NODE} route add {UPSTREAM}/32 via 198.18.7.2 dev dtmv0"),
+        ] {
+            sh(&line)?;
+        }
+        Ok(upper)
+    }
+}
+
+impl Drop for Upper {
+    fn drop(&mut self) {
+        let _ = sh(&format!("ip -n {NODE} link del dtvl0"));
+    }
+}
+
 /// What another node sends: IPv4 packets written to a tun device in the
 /// lab's node, arriving as from the wire (no device sent them here).
 mod remote_node {
