@@ -5,9 +5,9 @@
 //! A query is followed from where a socket on this node sends it (a
 //! device sending a packet no device received: `skb->skb_iif` 0) to its
 //! answer received in that device's network namespace, from the address
-//! and port it was sent to (what the client's socket accepts). The kernel counts the
-//! answered ones and the retries that replace an unanswered one; user
-//! space counts those that stay unanswered past the timeout. A query that
+//! and port it was sent to (what the client's socket accepts). The kernel
+//! counts the answered ones and the retries that replace an unanswered
+//! one; user space counts those that stay unanswered past the timeout. A query that
 //! arrived on a device (another node's, whose agent counts it) and the
 //! later hops of one sent here are forwarded, and never counted.
 

@@ -1,7 +1,8 @@
 //! Lookups counted where they happen, for `dnstrace agent` (see
 //! `dnstrace_common::lookups`): each UDP query from where a socket sends
 //! it to its answer's arrival in the socket's network namespace, counted
-//! before the ring and its sampling. Off unless user space sets `COUNT_LOOKUPS`.
+//! before the ring and its sampling. Off unless user space sets
+//! `COUNT_LOOKUPS`.
 use aya_ebpf::{
     bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST},
     helpers::bpf_ktime_get_ns,
@@ -111,9 +112,9 @@ pub enum Sent {
 
 /// Follows a lookup through this sighting of one of its packets: a query
 /// a socket sent (first, or again), a query dropped, or the answer
-/// arriving where its query left from. A query's question is read from `r` at
-/// `question_at` into `buf`; `sent` and `device` are asked only where they
-/// matter. True where this packet started a lookup.
+/// arriving where its query left from. A query's question is read from
+/// `r` at `question_at` into `buf`; `sent` and `device` are asked only
+/// where they matter. True where this packet started a lookup.
 #[inline(always)]
 pub fn follow<R: Reader>(
     p: &Udp,
