@@ -193,6 +193,13 @@ fn prometheus_scrapes_the_agent_and_its_counts_match_the_traffic() {
     assert!(status.success(), "{status}: {stderr:?}");
 }
 
+/// The agent's OTLP queue in the test below: more than the traces of its first
+/// part (155), so that none is dropped there however late the exporter
+/// runs; less than the outage's, with the batch held for retrying
+/// (`OTLP_BATCH`, the agent's), so that some surely are.
+const OTLP_QUEUE: u64 = 256;
+const OTLP_BATCH: u64 = 512;
+
 /// Traces and logs to a receiver built on the OpenTelemetry protos: one
 /// trace per lookup with its spans and attributes, anomalies as logs tied
 /// to a trace, and a collector that goes away and comes back loses only
@@ -204,13 +211,14 @@ fn journeys_reach_an_otlp_collector_as_traces_and_anomalies_as_logs() {
     let mut collector = otlp::Receiver::start(0);
     let listen = format!("127.0.0.1:{}", free_port());
     let endpoint = format!("http://{}", collector.addr);
+    let queue = OTLP_QUEUE.to_string();
     let args = agent_args(
         &listen,
         &[
             "--otlp-endpoint",
             &endpoint,
             "--otlp-queue",
-            "16",
+            &queue,
             "--no-flight-recorder",
         ],
     );
@@ -222,6 +230,7 @@ fn journeys_reach_an_otlp_collector_as_traces_and_anomalies_as_logs() {
     let fresh = format!("otlp-{}.example.com", std::process::id());
     lookups.extend(lab.traffic(&["--pod", "web", "--name", &fresh]));
     let queries: u64 = lookups.iter().map(|l| l["queries"].as_u64().unwrap()).sum();
+    assert!(queries < OTLP_QUEUE, "{queries} traces fit the queue");
     let pod = lookups[0]["pod"]
         .as_str()
         .unwrap()
@@ -244,10 +253,15 @@ fn journeys_reach_an_otlp_collector_as_traces_and_anomalies_as_logs() {
     assert_eq!(roots_of_web(), queries, "one trace per query of {pod}");
     collector.received(|r| check_traces(r, &pod, &fresh));
 
-    // The collector away: what the queue (16) cannot hold is dropped and
+    // The collector away: what the queue cannot hold is dropped and
     // counted; what it held, and the batch being retried, arrive after.
     collector.stop();
-    lab.traffic(&["--pod", "checkout", "--rate", "20", "--duration", "3s"]);
+    let away = lab.traffic(&["--pod", "checkout", "--rate", "40", "--duration", "3s"]);
+    let offered: u64 = away.iter().map(|l| l["queries"].as_u64().unwrap()).sum();
+    assert!(
+        offered > OTLP_QUEUE + OTLP_BATCH,
+        "{offered} journeys overflow the queue and a batch"
+    );
     std::thread::sleep(Duration::from_secs(8));
     collector.restart();
     let roots = || {
@@ -276,7 +290,7 @@ fn journeys_reach_an_otlp_collector_as_traces_and_anomalies_as_logs() {
     );
     assert!(
         dropped > 0.0,
-        "the queue of 16 held the outage's journeys: nothing dropped"
+        "the queue held the outage's journeys: nothing dropped"
     );
     assert!(metric("dnstrace_otlp_failures_total") > 0.0);
 
