@@ -193,10 +193,10 @@ fn prometheus_scrapes_the_agent_and_its_counts_match_the_traffic() {
     assert!(status.success(), "{status}: {stderr:?}");
 }
 
-/// The agent's OTLP queue in the test below: more than the traces of its first
-/// part (155), so that none is dropped there however late the exporter
-/// runs; less than the outage's, with the batch held for retrying
-/// (`OTLP_BATCH`, the agent's), so that some surely are.
+/// The agent's OTLP queue in the test below: more than the traces of its
+/// first part (155), so that none is dropped there however late the
+/// exporter runs; less than the outage's, with the batch held for
+/// retrying (`OTLP_BATCH`, the agent's), so that some surely are.
 const OTLP_QUEUE: u64 = 256;
 const OTLP_BATCH: u64 = 512;
 
@@ -598,13 +598,13 @@ impl Upper {
     fn up() -> anyhow::Result<Self> {
         let upper = Self;
         for line in [
-            format!("ip -n {NODE} link add dtvl0 type veth peer name dtvl1 netns {UPSTREAM_NS}"),
-            format!("ip -n {NODE} link add link dtvl0 name dtmv0 type macvlan mode bridge"),
+            format!("ip -n {NODE} link add dtup0 type veth peer name dtup1 netns {UPSTREAM_NS}"),
+            format!("ip -n {NODE} link add link dtup0 name dtmv0 type macvlan mode bridge"),
             format!("ip -n {NODE} addr add 198.18.7.1/30 dev dtmv0"),
-            format!("ip -n {UPSTREAM_NS} addr add 198.18.7.2/30 dev dtvl1"),
-            format!("ip -n {NODE} link set dtvl0 up"),
+            format!("ip -n {UPSTREAM_NS} addr add 198.18.7.2/30 dev dtup1"),
+            format!("ip -n {NODE} link set dtup0 up"),
             format!("ip -n {NODE} link set dtmv0 up"),
-            format!("ip -n {UPSTREAM_NS} link set dtvl1 up"),
+            format!("ip -n {UPSTREAM_NS} link set dtup1 up"),
             format!("ip -n {NODE} route add {UPSTREAM}/32 via 198.18.7.2 dev dtmv0"),
         ] {
             sh(&line)?;
@@ -615,7 +615,7 @@ impl Upper {
 
 impl Drop for Upper {
     fn drop(&mut self) {
-        let _ = sh(&format!("ip -n {NODE} link del dtvl0"));
+        let _ = sh(&format!("ip -n {NODE} link del dtup0"));
     }
 }
 
