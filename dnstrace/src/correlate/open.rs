@@ -499,7 +499,11 @@ impl Open {
     }
 
     /// The reply passed back, the other way, through the first place the
-    /// query was seen: it is with the client.
+    /// query was seen: it is with the client. Between the tracepoints, its
+    /// arrival in the query's network namespace is: behind a macvlan, VLAN
+    /// device or bond, the kernel fires `netif_receive_skb` on the lower
+    /// device only, as the kernel's lookup counting knows
+    /// (`dnstrace_common::lookups`).
     fn reached_client(&self, p: &Packet, devs: &Devices) -> bool {
         let origin = self
             .legs
@@ -509,9 +513,12 @@ impl Open {
         // Only device hooks have a way through; NAT and conntrack probes do not.
         let through_device = p.hook.direction().through_device();
         origin.is_some_and(|o| {
+            let from = devs.get(o.dev);
+            let device_or_namespace = from.ifindex == p.ifindex
+                || (o.hook == Hook::DevXmit && p.hook == Hook::DevReceive);
             through_device
-                && devs.get(o.dev).ns() == (p.node, p.netns)
-                && devs.get(o.dev).ifindex == p.ifindex
+                && from.ns() == (p.node, p.netns)
+                && device_or_namespace
                 && o.hook.direction() != p.hook.direction()
         })
     }

@@ -253,6 +253,46 @@ fn closes_soon_after_the_answer_not_at_the_timeout() {
     assert_eq!(e.tick(300 * MS).len(), 1);
 }
 
+/// A client behind a macvlan sends on the upper device, and the kernel's
+/// receive tracepoint fires on the lower one only: the answer is still with
+/// the client once it enters the client's namespace.
+#[test]
+fn an_answer_received_on_the_lower_device_closes_the_journey_soon() {
+    let mut recs = healthy(0, "10.244.0.10:4000", CLIENT_NS, 7);
+    let last = recs.last_mut().unwrap();
+    last.packet.ifindex = 9;
+    let mut e = Engine::new(Limits::default());
+    recs.iter().for_each(|r| e.push(r));
+    assert!(e.tick(100 * MS).is_empty(), "still settling");
+    let js = e.tick(300 * MS);
+    assert_eq!(js.len(), 1, "closed at the answer, not at the timeout");
+    assert!(matches!(js[0].outcome, Outcome::Answered { .. }));
+}
+
+/// Through tc, a reply leaving by another interface of the namespace has
+/// not yet reached the client.
+#[test]
+fn a_reply_on_another_tc_interface_is_not_yet_with_the_client() {
+    let client = "10.244.0.10:4000";
+    let at = |ts, hook, ifindex, src, dst, response| {
+        rec(
+            &ev(ts, hook, NODE_NS, ifindex, src, dst),
+            msg(7, "kubernetes.default.svc.cluster.local.", "A", response),
+            None,
+            None,
+        )
+    };
+    let recs = [
+        at(0, Hook::TcIngress, 5, client, "10.244.0.53:53", false),
+        at(10_000, Hook::TcEgress, 7, client, "10.244.0.53:53", false),
+        at(200_000, Hook::TcIngress, 7, "10.244.0.53:53", client, true),
+        at(201_000, Hook::TcEgress, 8, "10.244.0.53:53", client, true),
+    ];
+    let mut e = Engine::new(Limits::default());
+    recs.iter().for_each(|r| e.push(r));
+    assert!(e.tick(300 * MS).is_empty(), "not delivered: waits");
+}
+
 #[test]
 fn reordered_and_duplicate_events_make_the_same_journey() {
     let mut recs = healthy(0, "10.244.0.10:4000", CLIENT_NS, 7);
