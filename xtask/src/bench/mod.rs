@@ -221,10 +221,11 @@ struct Plan {
     merge_rate: u32,
     merge_secs: u32,
     merge_rounds: usize,
-    /// The agent's capacity figure: each run, and its rounds (a baseline
-    /// and each agent run a round, side by side in time).
+    /// The agent's capacity figure: each window, and how many with the
+    /// agent; then whole runs of `agent_secs` that check its counts.
     agent_secs: u32,
     agent_rounds: usize,
+    agent_counts: usize,
 }
 
 impl Plan {
@@ -253,6 +254,7 @@ impl Plan {
                 merge_rounds: 5,
                 agent_secs: 6,
                 agent_rounds: 4,
+                agent_counts: 4,
             }
         } else {
             Self {
@@ -278,6 +280,7 @@ impl Plan {
                 merge_rounds: 9,
                 agent_secs: 10,
                 agent_rounds: 10,
+                agent_counts: 6,
             }
         }
     }
@@ -524,11 +527,6 @@ impl Bench {
     }
 
     /// For a figure whose rounds pair a baseline with its runs.
-    fn explain_paired(&mut self) {
-        self.note("A paired ratio is the median of each round's ratio to its own baseline (run next to it, so that the machine's drift from round to round cancels), with the percentile bootstrap of that median for its 95% interval.");
-        self.explain_met();
-    }
-
     /// How an interval decides a goal, whichever way it was made.
     fn explain_met(&mut self) {
         self.note("A goal is met (yes) or not (**no**) only when the whole interval lies on one side of it; else the rounds spread too wide for the run to tell (**within noise**).");
