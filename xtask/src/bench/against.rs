@@ -274,6 +274,7 @@ impl Bench {
             goal: format!("≥ {:.0}%", floor * 100.0),
             met: Some(met),
         });
+        self.explain_paired();
     }
 
     /// One run of `bin` at `rate`: its CPU, and its BPF programs' run time

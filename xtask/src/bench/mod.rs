@@ -527,6 +527,11 @@ impl Bench {
     }
 
     /// For a figure whose rounds pair a baseline with its runs.
+    fn explain_paired(&mut self) {
+        self.note("A paired ratio is the median of each round's ratio to its own baseline (run next to it, so that the machine's drift from round to round cancels), with the percentile bootstrap of that median for its 95% interval.");
+        self.explain_met();
+    }
+
     /// How an interval decides a goal, whichever way it was made.
     fn explain_met(&mut self) {
         self.note("A goal is met (yes) or not (**no**) only when the whole interval lies on one side of it; else the rounds spread too wide for the run to tell (**within noise**).");
