@@ -353,7 +353,7 @@ impl Windows {
     /// is stamped at its second's end), and each with-window's against
     /// the mean of the windows without it on either side.
     fn of(marks: &[Window], rates: &[(f64, f64)]) -> Result<Self> {
-        let mean = |w: &Window| {
+        let rate = |w: &Window| {
             let inside: Vec<f64> = rates
                 .iter()
                 .filter(|(t, _)| *t >= w.start + 1.0 && *t <= w.end)
@@ -365,9 +365,9 @@ impl Windows {
                     w.end - w.start
                 );
             }
-            Ok(inside.iter().sum::<f64>() / inside.len() as f64)
+            Ok(mean(&inside))
         };
-        let means = marks.iter().map(mean).collect::<Result<Vec<f64>>>()?;
+        let means = marks.iter().map(rate).collect::<Result<Vec<f64>>>()?;
         let mut w = Self {
             with: Vec::new(),
             without: Vec::new(),
@@ -388,11 +388,15 @@ impl Windows {
                 bail!("a window with the agent has none without it beside it");
             }
             w.with.push(means[i]);
-            w.ratios
-                .push(means[i] / (around.iter().sum::<f64>() / around.len() as f64));
+            w.ratios.push(means[i] / mean(&around));
         }
         Ok(w)
     }
+}
+
+/// The mean of values, of which there is at least one.
+fn mean(v: &[f64]) -> f64 {
+    v.iter().sum::<f64>() / v.len() as f64
 }
 
 /// dnsperf's `-S` lines: (seconds since the epoch, queries a second).
