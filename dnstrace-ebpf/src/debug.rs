@@ -43,6 +43,8 @@ pub enum Why {
     Sampled,
     /// The ring buffer had no room (the event's size).
     RingFull,
+    /// A UDP datagram too short for a DNS header (its UDP length).
+    NotDnsHeader,
 }
 
 /// The error a program returns when it gives up on a packet: why, in the
@@ -160,6 +162,9 @@ mod log {
                 aya_log_ebpf::debug!(&(), "skipped: another node's (netns {})", detail)
             }
             w if w == Why::Sampled as u8 => aya_log_ebpf::debug!(&(), "skipped: sampled out"),
+            w if w == Why::NotDnsHeader as u8 && trace => {
+                aya_log_ebpf::trace!(&(), "not DNS: a UDP length of {}", detail)
+            }
             w if w == Why::RingFull as u8 => {
                 aya_log_ebpf::warn!(&(), "lost: ring buffer full, an event of {} bytes", detail)
             }

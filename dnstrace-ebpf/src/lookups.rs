@@ -1,8 +1,8 @@
 //! Lookups counted where they happen, for `dnstrace agent` (see
 //! `dnstrace_common::lookups`): each UDP query from where a socket sends
-//! it to its answer's arrival in the socket's network namespace, counted
-//! before the ring and its sampling. Off unless user space sets
-//! `COUNT_LOOKUPS`.
+//! it to its answer's arrival in the socket's network namespace, or at the
+//! socket itself, counted before the ring and its sampling. Off unless
+//! user space sets `COUNT_LOOKUPS`.
 use aya_ebpf::{
     bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST},
     helpers::bpf_ktime_get_ns,
@@ -20,7 +20,7 @@ use dnstrace_common::{
 
 use crate::{
     maps::{self, is_dns_port},
-    parse::Reader,
+    parse::{Datagram, Reader},
 };
 
 /// Set by user space before loading: 1 to count lookups.
@@ -44,6 +44,41 @@ static ZERO: LookupCount = LookupCount {
 
 #[map]
 static LOOKUP_STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(STATS, 0);
+
+/// An answer as the pending query it may end must match it.
+struct Answer {
+    key: PendingKey,
+    server: [u32; 4],
+    server_port: u16,
+    rcode: u8,
+    /// The network namespace a device received it in; none where a socket
+    /// takes it, which is where its query left from.
+    netns: Option<u32>,
+}
+
+impl Answer {
+    /// The answer from `server` to `client` whose DNS header starts with
+    /// `head` (id, flags, rcode).
+    #[inline(always)]
+    fn of(
+        server: ([u32; 4], u16),
+        client: ([u32; 4], u16),
+        head: [u8; 4],
+        netns: Option<u32>,
+    ) -> Self {
+        Self {
+            key: PendingKey {
+                client: client.0,
+                port: client.1,
+                id: u16::from_be_bytes([head[0], head[1]]),
+            },
+            server: server.0,
+            server_port: server.1,
+            rcode: head[3] & 0x0f,
+            netns,
+        }
+    }
+}
 
 /// A UDP packet to or from a DNS port, as the counting needs it.
 pub struct Udp<'a> {
@@ -69,14 +104,16 @@ impl Udp<'_> {
         }
     }
 
-    /// The pending query this packet answers, if it is an answer.
+    /// This packet as an answer to a pending query, arrived in `netns`.
     #[inline(always)]
-    fn answer_key(&self, id: u16) -> PendingKey {
-        PendingKey {
-            client: self.daddr,
-            port: self.dport,
-            id,
-        }
+    fn answer(&self, netns: u32) -> Answer {
+        let head = [self.head[0], self.head[1], self.head[2], self.head[3]];
+        Answer::of(
+            (self.saddr, self.sport),
+            (self.daddr, self.dport),
+            head,
+            Some(netns),
+        )
     }
 }
 
@@ -138,7 +175,7 @@ pub fn follow<R: Reader>(
             return query_sent(p, id, device(), r, question_at, buf);
         }
         (false, Hook::Drop) if is_dns_port(p.dport) => query_dropped(p, id),
-        (true, Hook::DevReceive) if is_dns_port(p.sport) => answer_received(p, id, device()),
+        (true, Hook::DevReceive) if is_dns_port(p.sport) => answered(&p.answer(device().netns)),
         _ => {}
     }
     false
@@ -242,27 +279,44 @@ fn query_dropped(p: &Udp, id: u16) {
     }
 }
 
-/// An answer counts where it enters the network namespace its query left
-/// from (on a forwarding hop before, it may yet be lost), from where the
-/// query went (what the client's socket accepts), once. Not on the query's
-/// device: through a VLAN device, a bond or a macvlan, the kernel fires
-/// this tracepoint on the lower device only, before handing the answer up.
+/// A UDP datagram a socket is about to take: counted if it answers a
+/// pending query (one a receive tracepoint saw arrive is counted already).
 #[inline(always)]
-fn answer_received(p: &Udp, id: u16, dev: Device) {
-    let key = p.answer_key(id);
-    // SAFETY: map lookup; the value is copied out.
-    let Some(pending) = (unsafe { PENDING.get(key) }).copied() else {
-        return;
-    };
-    if pending.netns != dev.netns || pending.server != p.saddr || pending.server_port != p.sport {
+pub fn answer_taken(d: &Datagram) {
+    if d.head[2] & 0x80 == 0 || !is_dns_port(d.sport) {
         return;
     }
-    if PENDING.remove(key).is_err() {
+    answered(&Answer::of(
+        (d.saddr, d.sport),
+        (d.daddr, d.dport),
+        d.head,
+        None,
+    ));
+}
+
+/// An answer counts where it enters the network namespace its query left
+/// from (on a forwarding hop before, it may yet be lost), or where the
+/// client's socket takes it; from where the query went (what the socket
+/// accepts), once. Not on the query's device: through a VLAN device, a bond
+/// or a macvlan, the kernel fires the receive tracepoint on the lower
+/// device only, before handing the answer up, and a macvlan's or ipvlan's
+/// lower device is in another namespace: those count at the socket.
+#[inline(always)]
+fn answered(a: &Answer) {
+    // SAFETY: map lookup; the value is copied out.
+    let Some(pending) = (unsafe { PENDING.get(a.key) }).copied() else {
+        return;
+    };
+    let arrived = a.netns.is_none_or(|netns| netns == pending.netns);
+    if !arrived || pending.server != a.server || pending.server_port != a.server_port {
+        return;
+    }
+    if PENDING.remove(a.key).is_err() {
         return;
     }
     // SAFETY: plain helper call.
     let took = unsafe { bpf_ktime_get_ns() }.saturating_sub(pending.start_ns);
-    count(&LookupKey::of(&key, &pending, p.head[3] & 0x0f), Some(took));
+    count(&LookupKey::of(&a.key, &pending, a.rcode), Some(took));
 }
 
 #[inline(always)]
@@ -282,8 +336,8 @@ fn count(key: &LookupKey, took: Option<u64>) {
         }
     };
     // SAFETY: this CPU's value. Counting runs only on a device's send and
-    // receive, both with bottom halves off: neither interrupts the other
-    // on a CPU, and the kernel skips a program's nested run.
+    // receive and a socket's ingress, all with bottom halves off: none
+    // interrupts another on a CPU, and the kernel skips a nested run.
     unsafe { add(&mut *c, took) };
 }
 

@@ -6,15 +6,17 @@
 mod debug;
 mod lookups;
 mod maps;
+mod packet;
 mod parse;
 mod skb;
+mod sock;
 mod tc;
 
 use aya_ebpf::{
     helpers::bpf_get_current_pid_tgid,
-    macros::{btf_tracepoint, classifier, kprobe, kretprobe, map},
+    macros::{btf_tracepoint, cgroup_skb, classifier, kprobe, kretprobe, map},
     maps::HashMap,
-    programs::{BtfTracePointContext, ProbeContext, RetProbeContext, TcContext},
+    programs::{BtfTracePointContext, ProbeContext, RetProbeContext, SkBuffContext, TcContext},
 };
 use dnstrace_common::Hook;
 use skb::{Kernel, Typed, Untyped};
@@ -106,6 +108,16 @@ fn kfree_skb<K: Kernel>(ctx: &BtfTracePointContext) -> i32 {
         drop,
     ));
     0
+}
+
+/// A packet a socket is about to take (cgroup v2's ingress, attached at
+/// the root): where the agent counts answers that no receive tracepoint
+/// saw arrive in their client's namespace (a macvlan's, an ipvlan's, one
+/// redirected into its pod by tc). It lets every packet through.
+#[cgroup_skb]
+pub fn dns_sock_ingress(ctx: SkBuffContext) -> i32 {
+    debug::skipped(sock::try_answer(&ctx));
+    1
 }
 
 // Conntrack and NAT, where the kernel has kprobes. Named <area>_<enter|exit>_<function>.

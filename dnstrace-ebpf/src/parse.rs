@@ -293,6 +293,37 @@ fn dns_ports(p: [u8; 8]) -> Result<(u16, u16), i64> {
     }
 }
 
+/// A UDP DNS message as it reaches a socket: its addresses, ports and the
+/// first word of its DNS header (id, flags and rcode).
+pub struct Datagram {
+    pub saddr: [u32; 4],
+    pub daddr: [u32; 4],
+    pub sport: u16,
+    pub dport: u16,
+    pub head: [u8; 4],
+}
+
+/// The datagram at `r` (from its IP header on), if it is UDP to or from a
+/// DNS port and holds at least a DNS header.
+#[inline(always)]
+pub fn datagram<R: Reader>(r: &R, ethertype: u16) -> Result<Datagram, i64> {
+    let dns = dns_headers(r, ethertype, 0)?;
+    if dns.l4_proto != IPPROTO_UDP || dns.l4.later_fragment() {
+        return Err(skip(Why::NotUdpTcp, dns.l4_proto.into()));
+    }
+    let udp_len = u16::from_be_bytes([dns.l4_head[4], dns.l4_head[5]]);
+    if udp_len < 8 + 12 {
+        return Err(skip(Why::NotDnsHeader, udp_len.into()));
+    }
+    Ok(Datagram {
+        saddr: dns.saddr,
+        daddr: dns.daddr,
+        sport: dns.sport,
+        dport: dns.dport,
+        head: r.load(dns.l4.offset + 8)?,
+    })
+}
+
 /// Fills `meta` with the packet's addresses and ports and reads the rest of
 /// a TCP header; returns where the payload is. A first fragment of DNS is
 /// remembered, for its later fragments.

@@ -1,61 +1,21 @@
 //! tc classifiers: packets on the interfaces named with --iface.
-use core::mem::size_of;
-
-use aya_ebpf::{helpers::generated::bpf_skb_load_bytes, programs::TcContext};
+use aya_ebpf::programs::TcContext;
 use dnstrace_common::{Hook, L2_LEN_MIXED};
 
 use crate::{
-    debug::{skip, unreadable, Why},
+    debug::{skip, Why},
     maps::{iface, in_scope, sampled_in, scoped, scratch, send, shed, tc_l2_len, wanted},
-    parse::{copy_payload, dns_headers, helper_result, transport, Reader},
+    packet::Packet,
+    parse::{copy_payload, dns_headers, transport, Reader},
 };
 
 const IPPROTO_UDP: u8 = 17;
 const ETH_P_8021Q: u16 = 0x8100;
 const ETH_P_8021AD: u16 = 0x88a8;
-/// Offsets read directly from the linear data stay below this, a bound the
-/// verifier needs on a packet pointer's variable offset.
-const DIRECT_MAX: u32 = 0x1000;
-
-struct Tc<'a>(&'a TcContext);
-
-impl Reader for Tc<'_> {
-    /// Straight from the linear data when it holds the bytes (no helper
-    /// call), else copied by `bpf_skb_load_bytes`.
-    #[inline(always)]
-    fn load<T: Copy>(&self, off: u32) -> Result<T, i64> {
-        // LLVM turns the bounds check of one byte into `at < data_end`,
-        // which gives the verifier no readable range.
-        const { assert!(size_of::<T>() > 1, "load at least two bytes") };
-        if off < DIRECT_MAX {
-            let at = self.0.data() + off as usize;
-            if at + size_of::<T>() <= self.0.data_end() {
-                // SAFETY: the bytes lie between data and data_end, checked above.
-                return Ok(unsafe { (at as *const T).read_unaligned() });
-            }
-        }
-        self.0
-            .load(off as usize)
-            .map_err(|e| unreadable(Why::Unreadable, off, e))
-    }
-
-    #[inline(always)]
-    fn copy(&self, off: u32, dst: *mut u8, len: u32) -> Result<(), i64> {
-        // SAFETY: `dst` has room for PAYLOAD_MAX bytes and len is bounded by it.
-        helper_result(unsafe { bpf_skb_load_bytes(self.0.skb.skb.cast(), off, dst.cast(), len) })
-            .map_err(|e| unreadable(Why::Unreadable, off, e))
-    }
-
-    #[inline(always)]
-    fn available(&self) -> u32 {
-        self.0.len()
-    }
-}
-
 pub fn try_capture(ctx: &TcContext, hook: Hook) -> Result<(), i64> {
     // SAFETY: reading a field of the program's own context.
     let ifindex = unsafe { (*ctx.skb.skb).ifindex };
-    let r = Tc(ctx);
+    let r = Packet(&ctx.skb);
     // The interface's config costs a hash lookup: taken before parsing only
     // when the link-layer length differs between interfaces.
     let (early, l2_len) = match tc_l2_len() {
@@ -92,9 +52,9 @@ pub fn try_capture(ctx: &TcContext, hook: Hook) -> Result<(), i64> {
 
 /// The ethertype and offset of the IP header, one or two VLAN tags skipped.
 #[inline(always)]
-fn link_layer(r: &Tc, l2_len: u32) -> Result<(u16, u32), i64> {
+fn link_layer(r: &Packet, l2_len: u32) -> Result<(u16, u32), i64> {
     if l2_len == 0 {
-        return Ok((u16::from_be(r.0.skb.protocol() as u16), 0));
+        return Ok((u16::from_be(r.0.protocol() as u16), 0));
     }
     let mut off = 12u32;
     let mut ethertype = u16::from_be(r.load::<u16>(off)?);

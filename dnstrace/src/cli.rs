@@ -312,6 +312,13 @@ pub struct AgentArgs {
     #[arg(long, env = "DNSTRACE_RING_BUFFER_MIB", value_name = "MIB", default_value_t = 4, value_parser = parse_ring_mib)]
     pub ring_buffer_mib: u32,
 
+    /// cgroup v2 of the host (or a directory holding it as unified/),
+    /// where answers are counted as sockets take them: default where it
+    /// is mounted here. In a container, whose own mount shows only its
+    /// cgroup, mount the host's /sys/fs/cgroup and name it.
+    #[arg(long, env = "DNSTRACE_CGROUP_ROOT", value_name = "PATH")]
+    pub cgroup_root: Option<PathBuf>,
+
     /// Follow 1 lookup in N whole (traces, anomalies). The default, auto,
     /// follows every one, fewer while the pipeline falls behind. Lookup
     /// counts are the kernel's and exact whatever this is.
@@ -437,6 +444,7 @@ impl AgentArgs {
                     ports: self.ports,
                     ring_buffer_mib: self.ring_buffer_mib,
                     count_lookups: true,
+                    cgroup_root: self.cgroup_root,
                     ..ProbeOptions::default()
                 },
                 target: target::Query {

@@ -23,6 +23,7 @@ mod lab;
 mod links;
 mod logging;
 mod metrics;
+mod mounts;
 mod naming;
 mod netlink;
 mod netns;

@@ -7,15 +7,19 @@ mod misses;
 mod netlink;
 mod offsets;
 
-use std::{collections::BTreeSet, fmt::Write as _};
+use std::{
+    collections::BTreeSet,
+    fmt::Write as _,
+    path::{Path, PathBuf},
+};
 
 use anyhow::{anyhow, bail, Context as _, Result};
 use aya::{
     maps::{perf::PerfEventArray, Array, HashMap, MapData, PerCpuArray, PerCpuHashMap},
     programs::{
         tc::{NlOptions, SchedClassifierLink, TcAttachOptions},
-        BtfTracePoint, KProbe, LinkOrder, Program, ProgramError, ProgramType, SchedClassifier,
-        TcAttachType,
+        BtfTracePoint, CgroupAttachMode, CgroupSkb, CgroupSkbAttachType, KProbe, LinkOrder,
+        Program, ProgramError, ProgramType, SchedClassifier, TcAttachType,
     },
     Ebpf, EbpfLoader,
 };
@@ -47,6 +51,9 @@ pub struct ProbeOptions {
     pub debug_bpf: Option<BpfLog>,
     /// Count every UDP lookup in the kernel, before the ring (the agent).
     pub count_lookups: bool,
+    /// cgroup v2 (or a directory with it under `unified/`) whose sockets'
+    /// answers are counted as they take them; none: where it is mounted.
+    pub cgroup_root: Option<PathBuf>,
 }
 
 impl Default for ProbeOptions {
@@ -59,6 +66,7 @@ impl Default for ProbeOptions {
             probe_reads: false,
             debug_bpf: None,
             count_lookups: false,
+            cgroup_root: None,
         }
     }
 }
@@ -287,6 +295,11 @@ const KPROBES: [(&str, &str, bool); 4] = [
     ("ct_enter_nf_ct_resolve_clash", "nf_ct_resolve_clash", false),
 ];
 
+/// Where the agent also counts answers: as a socket takes them (cgroup
+/// v2's ingress, at its root), for those no receive tracepoint sees arrive
+/// in their client's namespace.
+const SOCK_INGRESS: &str = "dns_sock_ingress";
+
 /// A BTF tracepoint that sees every device of every network namespace.
 struct Tracepoint {
     /// Loads the kernel's structs directly: a few instructions a field.
@@ -376,6 +389,10 @@ impl Probes {
             .collect::<Result<Vec<_>>>()?;
         check_ifaces_in_scope(&ifaces, scope)?;
         check_kernel()?;
+        let cgroup = match &args.cgroup_root {
+            Some(dir) => Some(crate::mounts::cgroup2_at(dir).context("--cgroup-root")?),
+            None => crate::mounts::cgroup2_root()?,
+        };
         let btf = btf::Btf::from_sys_fs()?;
         let (offsets, ct_off) = match offsets::kernel_offsets(&btf) {
             Ok(found) => found,
@@ -441,6 +458,9 @@ impl Probes {
             let mut loaded = probes.load_node_wide(&btf, load, args.probe_reads)?;
             probes.attach_tracepoints(&btf, &mut loaded, args.probe_reads)?;
             probes.attach_kprobes(&mut loaded);
+            if args.count_lookups {
+                probes.attach_sock_ingress(cgroup);
+            }
         } else {
             for (name, _) in PROGRAMS {
                 probes
@@ -717,6 +737,46 @@ impl Probes {
                 Err(e) => self.off.push(format!("{name} on {function}: {e:#}")),
             }
         }
+    }
+
+    /// Attaches the socket ingress program at cgroup v2's root, beside
+    /// any other there; where it cannot be, says so, with why.
+    fn attach_sock_ingress(&mut self, root: Option<PathBuf>) {
+        let Some(root) = root else {
+            self.off.push(sock_ingress_off(anyhow!(
+                "cgroup v2 is not mounted here (in a container, mount the host's /sys/fs/cgroup and name it with --cgroup-root)"
+            )));
+            return;
+        };
+        match self.attach_cgroup(SOCK_INGRESS, &root) {
+            Ok(prog_id) => self.attachments.push(Attachment {
+                program: SOCK_INGRESS,
+                prog_id,
+                target: format!("cgroup_skb/ingress {}", root.display()),
+                how: "answers as sockets take them",
+            }),
+            Err(e) => self.off.push(sock_ingress_off(e)),
+        }
+    }
+
+    fn attach_cgroup(&mut self, name: &str, root: &Path) -> Result<u32> {
+        let cgroup = std::fs::File::open(root)
+            .with_context(|| format!("opening the root cgroup {}", root.display()))?;
+        let prog: &mut CgroupSkb = self
+            .ebpf
+            .program_mut(name)
+            .ok_or_else(|| missing(name))?
+            .try_into()?;
+        prog.load().map_err(|e| load_error(name, e))?;
+        // A link (Linux 5.7+) always sits beside the programs already
+        // there; the kernel refuses the multi flag on one.
+        prog.attach(
+            cgroup,
+            CgroupSkbAttachType::Ingress,
+            CgroupAttachMode::Single,
+        )
+        .with_context(|| format!("attaching {name}"))?;
+        Ok(prog.info()?.id())
     }
 
     fn attach_kprobe(&mut self, name: &'static str, function: &str) -> Result<u32> {
@@ -1014,6 +1074,13 @@ fn check_kernel() -> Result<()> {
         bail!("this kernel has no BPF ring buffer (Linux 5.8 or later is needed)");
     }
     Ok(())
+}
+
+/// What `off` says when answers cannot be counted at the socket.
+fn sock_ingress_off(e: anyhow::Error) -> String {
+    format!(
+        "{SOCK_INGRESS} at cgroup v2's root: {e:#}; answers count only where a device receives them in the client's network namespace, which a macvlan's, an ipvlan's or one redirected into its pod never is (counted as timeouts)"
+    )
 }
 
 fn missing(name: &str) -> anyhow::Error {

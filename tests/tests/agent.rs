@@ -585,6 +585,73 @@ fn a_lookup_through_an_upper_device_is_answered() {
     assert!(status.success(), "{status}: {stderr:?}");
 }
 
+/// A macvlan in a network namespace of its own, as Multus gives a pod a
+/// second interface: its lower device is in the node's namespace, where
+/// the answer's only receive tracepoint fires, so the answer counts as the
+/// client's socket takes it (cgroup ingress).
+#[test]
+fn a_lookup_from_a_macvlan_pod_is_answered() {
+    require_root();
+    let lab = Lab::up(&[]);
+    let _pod = MacvlanPod::up().unwrap();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let args = agent_args(&listen, &["--no-flight-recorder"]);
+    let agent = Dnstrace::start_binary(dnstrace_release_bin(), Keep::Sampled, &args).unwrap();
+    let counted = |rcode: &str| {
+        let series = format!("server=\"{UPSTREAM}:53\",type=\"A\",rcode=\"{rcode}\"");
+        page(&listen)
+            .lines()
+            .filter(|l| l.starts_with("dnstrace_lookups_total{"))
+            .filter(|l| l.contains(&series))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum::<u64>()
+    };
+    for _ in 0..3 {
+        let out = lab.dig(MACVLAN_POD, &format!("@{UPSTREAM} www.example.com"));
+        assert_eq!(dig_status(&out), "NOERROR", "{out}");
+    }
+    wait_until(SETTLE, || counted("NOERROR") + counted("TIMEOUT") >= 3);
+    assert_eq!(counted("NOERROR"), 3, "{}", page(&listen));
+    assert_eq!(counted("TIMEOUT"), 0, "{}", page(&listen));
+    let (status, _, stderr) = agent.stop(libc::SIGTERM).unwrap();
+    assert!(status.success(), "{status}: {stderr:?}");
+}
+
+const MACVLAN_POD: &str = "dtmv-pod";
+
+/// A veth pair from the lab's node to its upstream namespace, and a macvlan
+/// on the node's end moved into a namespace of its own, routed to the
+/// upstream resolver; removed on drop.
+struct MacvlanPod;
+
+impl MacvlanPod {
+    fn up() -> anyhow::Result<Self> {
+        let pod = Self;
+        for line in [
+            format!("ip netns add {MACVLAN_POD}"),
+            format!("ip -n {NODE} link add dtup2 type veth peer name dtup3 netns {UPSTREAM_NS}"),
+            format!("ip -n {NODE} link add link dtup2 name dtmv1 type macvlan mode bridge"),
+            format!("ip -n {NODE} link set dtmv1 netns {MACVLAN_POD}"),
+            format!("ip -n {MACVLAN_POD} addr add 198.18.7.5/30 dev dtmv1"),
+            format!("ip -n {UPSTREAM_NS} addr add 198.18.7.6/30 dev dtup3"),
+            format!("ip -n {NODE} link set dtup2 up"),
+            format!("ip -n {MACVLAN_POD} link set dtmv1 up"),
+            format!("ip -n {UPSTREAM_NS} link set dtup3 up"),
+            format!("ip -n {MACVLAN_POD} route add {UPSTREAM}/32 via 198.18.7.6 dev dtmv1"),
+        ] {
+            sh(&line)?;
+        }
+        Ok(pod)
+    }
+}
+
+impl Drop for MacvlanPod {
+    fn drop(&mut self) {
+        let _ = sh(&format!("ip -n {NODE} link del dtup2"));
+        let _ = sh(&format!("ip netns del {MACVLAN_POD}"));
+    }
+}
+
 /// The lab's upstream resolver, and its network namespace.
 const UPSTREAM: &str = "198.51.100.53";
 const UPSTREAM_NS: &str = "dtlab-upstream";

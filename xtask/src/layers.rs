@@ -31,7 +31,7 @@ struct Layer {
 const LAYERS: &[Layer] = &[
     Layer {
         name: "base",
-        modules: &["clock", "logging", "netns", "netlink"],
+        modules: &["clock", "logging", "mounts", "netns", "netlink"],
     },
     Layer {
         name: "kernel",

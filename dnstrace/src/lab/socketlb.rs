@@ -5,12 +5,7 @@
 //! see every socket of the machine; they act only on those of the lab's
 //! network namespaces, by their cookies. The links are pinned in a bpffs of
 //! the lab's own, so they outlive `lab up`; `lab down` unmounts it.
-use std::{
-    ffi::CString,
-    fs::File,
-    net::Ipv4Addr,
-    path::{Path, PathBuf},
-};
+use std::{ffi::CString, fs::File, net::Ipv4Addr, path::Path};
 
 use anyhow::{anyhow, bail, Context as _, Result};
 use aya::{
@@ -21,6 +16,7 @@ use aya::{
 use dnstrace_common::socketlb::{Backends, SockAddr4, MAX_BACKENDS};
 
 use super::faults::Fault;
+use crate::mounts::{cgroup2_root, mounted};
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/socketlb.o"));
 
@@ -66,7 +62,9 @@ pub fn attach(services: &[Service], netns: &[String]) -> Result<()> {
     let mut ebpf = Ebpf::load(OBJECT).map_err(|e| anyhow!("loading the balancer failed: {e}"))?;
     fill_netns(&mut ebpf, netns)?;
     fill_services(&mut ebpf, services)?;
-    let cgroup = File::open(cgroup2_root()?).context("opening the root cgroup")?;
+    let root = cgroup2_root()?
+        .ok_or_else(|| anyhow!("cgroup v2 is not mounted: the socket-lb mode needs it"))?;
+    let cgroup = File::open(root).context("opening the root cgroup")?;
     for name in PROGRAMS {
         attach_program(&mut ebpf, name, &cgroup, dir)
             .with_context(|| format!("attaching the balancer's {name}"))?;
@@ -153,35 +151,6 @@ fn netns_cookie() -> Result<u64> {
     Ok(cookie)
 }
 
-/// Where cgroup v2 is mounted: /sys/fs/cgroup, or /sys/fs/cgroup/unified
-/// on a hybrid hierarchy.
-fn cgroup2_root() -> Result<PathBuf> {
-    mounts()?
-        .into_iter()
-        .find(|(fstype, _)| fstype == "cgroup2")
-        .map(|(_, at)| at)
-        .ok_or_else(|| anyhow!("cgroup v2 is not mounted: the socket-lb mode needs it"))
-}
-
-/// (filesystem type, mount point) of each mount.
-fn mounts() -> Result<Vec<(String, PathBuf)>> {
-    let text = std::fs::read_to_string("/proc/self/mounts")?;
-    Ok(text
-        .lines()
-        .filter_map(|l| {
-            let mut f = l.split_whitespace().skip(1);
-            let at = f.next()?;
-            Some((f.next()?.to_owned(), PathBuf::from(at)))
-        })
-        .collect())
-}
-
-fn mounted(dir: &Path) -> Result<bool> {
-    Ok(mounts()?
-        .iter()
-        .any(|(fstype, at)| fstype == "bpf" && at == dir))
-}
-
 fn mount_bpffs(dir: &Path) -> Result<()> {
     let target = CString::new(dir.as_os_str().as_encoded_bytes())?;
     // SAFETY: NUL-terminated strings; no data.
@@ -205,7 +174,7 @@ fn mount_bpffs(dir: &Path) -> Result<()> {
 /// the lab's bpffs; returns whether there was one.
 pub fn detach() -> Result<bool> {
     let dir = Path::new(PIN_DIR);
-    if !mounted(dir)? {
+    if !mounted("bpf", dir)? {
         return Ok(false);
     }
     for name in PROGRAMS {
