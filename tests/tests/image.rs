@@ -113,9 +113,14 @@ fn the_image_runs_as_the_daemonset_would_and_traces_the_lab() {
         "/sys/kernel/btf:/sys/kernel/btf:ro",
         "/run/netns:/run/netns",
         "/run/dnstrace-lab:/run/dnstrace-lab",
+        "/sys/fs/cgroup:/host/sys/fs/cgroup:ro",
     ] {
         run.extend(["-v".into(), mount.into()]);
     }
+    run.extend([
+        "-e".into(),
+        "DNSTRACE_CGROUP_ROOT=/host/sys/fs/cgroup".into(),
+    ]);
     run.extend(["--tmpfs".into(), "/var/lib/dnstrace".into(), TAG.into()]);
     run.extend(agent_args(&listen, &[]).into_iter().map(String::from));
     let run: Vec<&str> = run.iter().map(String::as_str).collect();
@@ -145,6 +150,13 @@ fn the_image_runs_as_the_daemonset_would_and_traces_the_lab() {
     );
     // The image's own iptables-save read kube-proxy's rules.
     assert!(logs().contains("services from iptables"), "{}", logs());
+    // At the host's cgroup root, not the container's: answers count as
+    // every socket of the node takes them.
+    assert!(
+        logs().contains("attached to cgroup_skb/ingress /host/sys/fs/cgroup"),
+        "{}",
+        logs()
+    );
 
     let prom = Prometheus::scraping(&listen).unwrap();
     let lookups = lab.traffic(&["--rate", "10", "--duration", "3s"]);
