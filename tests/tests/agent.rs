@@ -562,27 +562,7 @@ fn a_lookup_through_an_upper_device_is_answered() {
     require_root();
     let lab = Lab::up(&[]);
     let _upper = Upper::up().unwrap();
-    let listen = format!("127.0.0.1:{}", free_port());
-    let args = agent_args(&listen, &["--no-flight-recorder"]);
-    let agent = Dnstrace::start_binary(dnstrace_release_bin(), Keep::Sampled, &args).unwrap();
-    let node = |rcode: &str| {
-        let series = format!("server=\"{UPSTREAM}:53\",type=\"A\",rcode=\"{rcode}\"");
-        page(&listen)
-            .lines()
-            .filter(|l| l.starts_with("dnstrace_lookups_total{namespace=\"\",pod=\"\""))
-            .filter(|l| l.contains(&series))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-            .sum::<u64>()
-    };
-    for _ in 0..3 {
-        let out = lab.dig(NODE, &format!("@{UPSTREAM} www.example.com"));
-        assert_eq!(dig_status(&out), "NOERROR", "{out}");
-    }
-    wait_until(SETTLE, || node("NOERROR") + node("TIMEOUT") >= 3);
-    assert_eq!(node("NOERROR"), 3, "{}", page(&listen));
-    assert_eq!(node("TIMEOUT"), 0, "{}", page(&listen));
-    let (status, _, stderr) = agent.stop(libc::SIGTERM).unwrap();
-    assert!(status.success(), "{status}: {stderr:?}");
+    three_lookups_are_answered(&lab, NODE);
 }
 
 /// A macvlan in a network namespace of its own, as Multus gives a pod a
@@ -594,6 +574,12 @@ fn a_lookup_from_a_macvlan_pod_is_answered() {
     require_root();
     let lab = Lab::up(&[]);
     let _pod = MacvlanPod::up().unwrap();
+    three_lookups_are_answered(&lab, MACVLAN_POD);
+}
+
+/// Three lookups of the lab's upstream from `ns`, no pod's, under the
+/// agent: each counted answered, none as a timeout.
+fn three_lookups_are_answered(lab: &Lab, ns: &str) {
     let listen = format!("127.0.0.1:{}", free_port());
     let args = agent_args(&listen, &["--no-flight-recorder"]);
     let agent = Dnstrace::start_binary(dnstrace_release_bin(), Keep::Sampled, &args).unwrap();
@@ -601,13 +587,13 @@ fn a_lookup_from_a_macvlan_pod_is_answered() {
         let series = format!("server=\"{UPSTREAM}:53\",type=\"A\",rcode=\"{rcode}\"");
         page(&listen)
             .lines()
-            .filter(|l| l.starts_with("dnstrace_lookups_total{"))
+            .filter(|l| l.starts_with("dnstrace_lookups_total{namespace=\"\",pod=\"\""))
             .filter(|l| l.contains(&series))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
             .sum::<u64>()
     };
     for _ in 0..3 {
-        let out = lab.dig(MACVLAN_POD, &format!("@{UPSTREAM} www.example.com"));
+        let out = lab.dig(ns, &format!("@{UPSTREAM} www.example.com"));
         assert_eq!(dig_status(&out), "NOERROR", "{out}");
     }
     wait_until(SETTLE, || counted("NOERROR") + counted("TIMEOUT") >= 3);
