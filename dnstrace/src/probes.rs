@@ -391,7 +391,8 @@ impl Probes {
         check_kernel()?;
         let cgroup = match &args.cgroup_root {
             Some(dir) => Some(crate::mounts::cgroup2_at(dir).context("--cgroup-root")?),
-            None => crate::mounts::cgroup2_root()?,
+            None if args.count_lookups => crate::mounts::cgroup2_root()?,
+            None => None,
         };
         let btf = btf::Btf::from_sys_fs()?;
         let (offsets, ct_off) = match offsets::kernel_offsets(&btf) {
