@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 
 /// (filesystem type, mount point) of each mount.
-pub fn mounts() -> Result<Vec<(String, PathBuf)>> {
+fn mounts() -> Result<Vec<(String, PathBuf)>> {
     let text = std::fs::read_to_string("/proc/self/mounts")?;
     Ok(text
         .lines()

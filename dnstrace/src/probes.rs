@@ -769,8 +769,9 @@ impl Probes {
             .ok_or_else(|| missing(name))?
             .try_into()?;
         prog.load().map_err(|e| load_error(name, e))?;
-        // A link (Linux 5.7+) always sits beside the programs already
-        // there; the kernel refuses the multi flag on one.
+        // A link (Linux 5.7+; the ring buffer needs 5.8) sits beside the
+        // programs already there, the kernel refuses the multi flag on one,
+        // and it goes with the process, SIGKILL included.
         prog.attach(
             cgroup,
             CgroupSkbAttachType::Ingress,
