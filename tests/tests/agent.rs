@@ -561,7 +561,7 @@ fn another_nodes_query_is_not_counted_here() {
 fn a_lookup_through_an_upper_device_is_answered() {
     require_root();
     let lab = Lab::up(&[]);
-    let _upper = Upper::up().unwrap();
+    let _upper = Macvlan::up(None).unwrap();
     three_lookups_are_answered(&lab, NODE);
 }
 
@@ -573,7 +573,7 @@ fn a_lookup_through_an_upper_device_is_answered() {
 fn a_lookup_from_a_macvlan_pod_is_answered() {
     require_root();
     let lab = Lab::up(&[]);
-    let _pod = MacvlanPod::up().unwrap();
+    let _pod = Macvlan::up(Some(MACVLAN_POD)).unwrap();
     three_lookups_are_answered(&lab, MACVLAN_POD);
 }
 
@@ -605,70 +605,55 @@ fn three_lookups_are_answered(lab: &Lab, ns: &str) {
 
 const MACVLAN_POD: &str = "dtmv-pod";
 
-/// A veth pair from the lab's node to its upstream namespace, and a macvlan
-/// on the node's end moved into a namespace of its own, routed to the
-/// upstream resolver; removed on drop.
-struct MacvlanPod;
-
-impl MacvlanPod {
-    fn up() -> anyhow::Result<Self> {
-        let pod = Self;
-        for line in [
-            format!("ip netns add {MACVLAN_POD}"),
-            format!("ip -n {NODE} link add dtup2 type veth peer name dtup3 netns {UPSTREAM_NS}"),
-            format!("ip -n {NODE} link add link dtup2 name dtmv1 type macvlan mode bridge"),
-            format!("ip -n {NODE} link set dtmv1 netns {MACVLAN_POD}"),
-            format!("ip -n {MACVLAN_POD} addr add 198.18.7.5/30 dev dtmv1"),
-            format!("ip -n {UPSTREAM_NS} addr add 198.18.7.6/30 dev dtup3"),
-            format!("ip -n {NODE} link set dtup2 up"),
-            format!("ip -n {MACVLAN_POD} link set dtmv1 up"),
-            format!("ip -n {UPSTREAM_NS} link set dtup3 up"),
-            format!("ip -n {MACVLAN_POD} route add {UPSTREAM}/32 via 198.18.7.6 dev dtmv1"),
-        ] {
-            sh(&line)?;
-        }
-        Ok(pod)
-    }
-}
-
-impl Drop for MacvlanPod {
-    fn drop(&mut self) {
-        let _ = sh(&format!("ip -n {NODE} link del dtup2"));
-        let _ = sh(&format!("ip netns del {MACVLAN_POD}"));
-    }
-}
-
 /// The lab's upstream resolver, and its network namespace.
 const UPSTREAM: &str = "198.51.100.53";
 const UPSTREAM_NS: &str = "dtlab-upstream";
 
-/// A veth pair from the lab's node to its upstream namespace, a macvlan on
-/// the node's end, and the node's route to the upstream resolver through
-/// the macvlan; the route goes with the devices, on drop.
-struct Upper;
+/// A veth pair from the lab's node to its upstream namespace, and a macvlan
+/// on the node's end: in the node's namespace, or moved into `pod`, one of
+/// its own (as Multus gives a pod a second interface). Where the macvlan
+/// is, the route to the upstream resolver goes through it; all of it goes
+/// on drop (the macvlan with its lower device).
+struct Macvlan {
+    pod: Option<&'static str>,
+}
 
-impl Upper {
-    fn up() -> anyhow::Result<Self> {
-        let upper = Self;
-        for line in [
+impl Macvlan {
+    fn up(pod: Option<&'static str>) -> anyhow::Result<Self> {
+        let macvlan = Self { pod };
+        let ns = pod.unwrap_or(NODE);
+        let mut lines = Vec::new();
+        if let Some(pod) = pod {
+            lines.push(format!("ip netns add {pod}"));
+        }
+        lines.extend([
             format!("ip -n {NODE} link add dtup0 type veth peer name dtup1 netns {UPSTREAM_NS}"),
             format!("ip -n {NODE} link add link dtup0 name dtmv0 type macvlan mode bridge"),
-            format!("ip -n {NODE} addr add 198.18.7.1/30 dev dtmv0"),
+        ]);
+        if let Some(pod) = pod {
+            lines.push(format!("ip -n {NODE} link set dtmv0 netns {pod}"));
+        }
+        lines.extend([
+            format!("ip -n {ns} addr add 198.18.7.1/30 dev dtmv0"),
             format!("ip -n {UPSTREAM_NS} addr add 198.18.7.2/30 dev dtup1"),
             format!("ip -n {NODE} link set dtup0 up"),
-            format!("ip -n {NODE} link set dtmv0 up"),
+            format!("ip -n {ns} link set dtmv0 up"),
             format!("ip -n {UPSTREAM_NS} link set dtup1 up"),
-            format!("ip -n {NODE} route add {UPSTREAM}/32 via 198.18.7.2 dev dtmv0"),
-        ] {
-            sh(&line)?;
+            format!("ip -n {ns} route add {UPSTREAM}/32 via 198.18.7.2 dev dtmv0"),
+        ]);
+        for line in &lines {
+            sh(line)?;
         }
-        Ok(upper)
+        Ok(macvlan)
     }
 }
 
-impl Drop for Upper {
+impl Drop for Macvlan {
     fn drop(&mut self) {
         let _ = sh(&format!("ip -n {NODE} link del dtup0"));
+        if let Some(pod) = self.pod {
+            let _ = sh(&format!("ip netns del {pod}"));
+        }
     }
 }
 
