@@ -39,6 +39,52 @@ pub struct Pending {
     pub _pad: [u8; 2],
 }
 
+/// Pending queries, each in the slot its key hashes to (`slot_of`); one
+/// whose slot is taken goes to a hash map instead. A slot is claimed and
+/// freed by compare-and-swap on its state, without a lock: the query's CPU
+/// writes it, and the answer's CPU, or user space's sweep for timeouts,
+/// takes it, each once.
+pub const SLOTS: u32 = 32768;
+
+/// A slot of the pending queries: `state` counts its uses (`SLOT_*` in its
+/// low two bits), so that a slot freed and claimed again between a reader's
+/// look and its swap fails that swap.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PendingSlot {
+    pub state: u64,
+    pub key: PendingKey,
+    pub _pad: u32,
+    pub pending: Pending,
+}
+
+pub const SLOT_FREE: u64 = 0;
+/// Claimed by a query's CPU, its fields not yet all written.
+pub const SLOT_WRITING: u64 = 1;
+pub const SLOT_BUSY: u64 = 2;
+const SLOT_STATUS: u64 = 3;
+
+/// What a slot's state says of it.
+#[inline(always)]
+pub const fn slot_status(state: u64) -> u64 {
+    state & SLOT_STATUS
+}
+
+/// The state of a busy slot, taken: free, one use on.
+#[inline(always)]
+pub const fn slot_taken(busy: u64) -> u64 {
+    (busy & !SLOT_STATUS) + 4
+}
+
+/// The slot of a pending query: its port and DNS id are as good as random,
+/// and the address's words are folded in.
+#[inline(always)]
+pub const fn slot_of(key: &PendingKey) -> u32 {
+    let c = key.client;
+    let h = c[0] ^ c[1] ^ c[2] ^ c[3] ^ ((key.port as u32) << 16 | key.id as u32);
+    h.wrapping_mul(0x9e37_79b1) >> (32 - SLOTS.trailing_zeros())
+}
+
 /// How a counted lookup ended: its rcode (0 to 15) when answered.
 pub const OUTCOME_TIMEOUT: u8 = 16;
 pub const OUTCOME_DROPPED: u8 = 17;
@@ -194,6 +240,37 @@ mod tests {
     }
 
     #[test]
+    fn a_slot_taken_is_free_and_a_use_on() {
+        let busy = 7 * 4 + SLOT_BUSY;
+        assert_eq!(slot_status(busy), SLOT_BUSY);
+        assert_eq!(slot_status(slot_taken(busy)), SLOT_FREE);
+        assert_eq!(slot_taken(busy), 8 * 4);
+        // A slot claimed again is not the one a reader saw busy.
+        assert_ne!(slot_taken(busy) + SLOT_BUSY, busy);
+    }
+
+    #[test]
+    fn queries_of_one_client_spread_over_the_slots() {
+        let mut used = std::collections::HashSet::new();
+        for port in 40000..40064u16 {
+            for id in [1u16, 0x8000, 0xffff] {
+                let key = PendingKey {
+                    client: [0x0b00_f40a, 0, 0, 0],
+                    port,
+                    id,
+                };
+                assert!(slot_of(&key) < SLOTS);
+                used.insert(slot_of(&key));
+            }
+        }
+        assert!(
+            used.len() > 180,
+            "{} of 192 keys in distinct slots",
+            used.len()
+        );
+    }
+
+    #[test]
     fn latency_lands_in_its_bucket() {
         assert_eq!(bucket(0), Some(0));
         assert_eq!(bucket(5_000_000), Some(0));
@@ -210,6 +287,8 @@ mod pod {
     // SAFETY: as above.
     unsafe impl aya::Pod for super::Pending {}
     // SAFETY: as above.
+    unsafe impl aya::Pod for super::PendingSlot {}
+    // SAFETY: as above.
     unsafe impl aya::Pod for super::LookupKey {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::LookupCount {}
@@ -217,4 +296,6 @@ mod pod {
 
 const _: () = assert!(core::mem::size_of::<PendingKey>() == 20);
 const _: () = assert!(core::mem::size_of::<Pending>() == 40);
+const _: () = assert!(core::mem::size_of::<PendingSlot>() == 72);
+const _: () = assert!(SLOTS.is_power_of_two());
 const _: () = assert!(core::mem::size_of::<LookupKey>() == 40);

@@ -1,24 +1,26 @@
 //! Lookups counted where they happen, for `dnstrace agent` (see
 //! `dnstrace_common::lookups`): each UDP query from where a socket sends
 //! it to its answer's arrival in the socket's network namespace, or at the
-//! socket itself, counted before the ring and its sampling. Off unless
-//! user space sets `COUNT_LOOKUPS`.
+//! socket itself, counted before the ring and its sampling. A pending
+//! query waits in its slot, or in a hash map where another holds the slot.
+//! Off unless user space sets `COUNT_LOOKUPS`.
 use aya_ebpf::{
-    bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST},
+    bindings::{BPF_F_MMAPABLE, BPF_F_NO_PREALLOC, BPF_NOEXIST},
     helpers::bpf_ktime_get_ns,
     macros::map,
-    maps::{HashMap, PerCpuArray, PerCpuHashMap},
+    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap},
 };
 use dnstrace_common::{
     lookups::{
-        bucket, question_type, LookupCount, LookupKey, Pending, PendingKey, BOUNDS_NS,
-        OUTCOME_DROPPED, OUTCOME_TIMEOUT, QUESTION_READ, STATS, STAT_COUNTS_FULL,
-        STAT_PENDING_FULL,
+        bucket, question_type, slot_of, slot_status, slot_taken, LookupCount, LookupKey, Pending,
+        PendingKey, PendingSlot, BOUNDS_NS, OUTCOME_DROPPED, OUTCOME_TIMEOUT, QUESTION_READ, SLOTS,
+        SLOT_BUSY, SLOT_FREE, SLOT_WRITING, STATS, STAT_COUNTS_FULL, STAT_PENDING_FULL,
     },
     Hook, COUNT_STARTED,
 };
 
 use crate::{
+    atomic,
     maps::{self, is_dns_port},
     parse::{Datagram, Reader},
 };
@@ -27,6 +29,15 @@ use crate::{
 #[unsafe(no_mangle)]
 static COUNT_LOOKUPS: u32 = 0;
 
+/// Pending queries by slot (`dnstrace_common::lookups::SLOTS`): a claim
+/// or a take is one compare-and-swap on a line the other CPU just wrote,
+/// where the hash map's insert and delete each take a bucket lock and
+/// move an element between CPUs' free lists. User space maps it to sweep
+/// for timeouts.
+#[map]
+static PENDING_SLOTS: Array<PendingSlot> = Array::with_max_entries(SLOTS, BPF_F_MMAPABLE);
+
+/// Pending queries whose slot another query holds.
 #[map]
 static PENDING: HashMap<PendingKey, Pending> = HashMap::with_max_entries(32768, 0);
 
@@ -57,6 +68,15 @@ struct Answer {
 }
 
 impl Answer {
+    /// Whether it ends `pending`: it arrived where the query left from,
+    /// from where the query went.
+    #[inline(always)]
+    fn ends(&self, pending: &Pending) -> bool {
+        self.netns.is_none_or(|netns| netns == pending.netns)
+            && pending.server == self.server
+            && pending.server_port == self.server_port
+    }
+
     /// The answer from `server` to `client` whose DNS header starts with
     /// `head` (id, flags, rcode).
     #[inline(always)]
@@ -183,8 +203,9 @@ pub fn follow<R: Reader>(
 
 /// A query a socket sends is pending; the same query sent again from the
 /// same device is a retry, and the one before it ended unanswered. True
-/// where it started one. Inserted first: a retry is rare, and a look
-/// before every insert would double the map's work.
+/// where it started one. In its slot if it can, else in the hash map,
+/// inserted first: a retry is rare, and a look before every insert would
+/// double the map's work.
 #[inline(always)]
 fn query_sent<R: Reader>(
     p: &Udp,
@@ -196,6 +217,11 @@ fn query_sent<R: Reader>(
 ) -> bool {
     let key = p.query_key(id);
     let pending = pending(p, dev, r, question_at, buf);
+    match Slot::of(&key).map(|slot| slot.claim(&key, &pending, dev)) {
+        Some(Claim::Started) => return true,
+        Some(Claim::NotStarted) => return false,
+        Some(Claim::Taken) | None => {}
+    }
     match insert(&key, &pending) {
         Inserted::New => return true,
         Inserted::Full => return false,
@@ -209,14 +235,104 @@ fn query_sent<R: Reader>(
         return false;
     }
     if PENDING.remove(key).is_ok() {
-        let outcome = if before.dropped != 0 {
-            OUTCOME_DROPPED
-        } else {
-            OUTCOME_TIMEOUT
-        };
-        count(&LookupKey::of(&key, &before, outcome), None);
+        count(&LookupKey::of(&key, &before, unanswered(&before)), None);
     }
     insert(&key, &pending) == Inserted::New
+}
+
+/// How a query that was not answered ended.
+#[inline(always)]
+fn unanswered(p: &Pending) -> u8 {
+    if p.dropped != 0 {
+        OUTCOME_DROPPED
+    } else {
+        OUTCOME_TIMEOUT
+    }
+}
+
+/// What a query did with its slot.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Claim {
+    /// It holds it: a lookup started.
+    Started,
+    /// The same query, pending from another device: no lookup started.
+    NotStarted,
+    /// Another query holds it: the hash map's turn.
+    Taken,
+}
+
+/// A pending query's slot; its state read once, with `atomic::load`.
+struct Slot {
+    at: *mut PendingSlot,
+    state: u64,
+}
+
+impl Slot {
+    #[inline(always)]
+    fn of(key: &PendingKey) -> Option<Self> {
+        let at = PENDING_SLOTS.get_ptr_mut(slot_of(key))?;
+        // SAFETY: a map value, 8-aligned; its state is only used atomically.
+        let state = unsafe { atomic::load(&raw mut (*at).state) };
+        Some(Self { at, state })
+    }
+
+    /// The query pending here, if it is `key`'s.
+    #[inline(always)]
+    fn holding(&self, key: &PendingKey) -> Option<Pending> {
+        if slot_status(self.state) != SLOT_BUSY {
+            return None;
+        }
+        // SAFETY: a map value, read after the state (`atomic::load` orders
+        // it, for the compiler too). A query that takes the slot meanwhile
+        // fails the swap that uses what was read.
+        let slot = unsafe { &*self.at };
+        (slot.key == *key).then_some(slot.pending)
+    }
+
+    /// Moves the state from what was read to `new`; whether it did.
+    #[inline(always)]
+    fn swap(&self, new: u64) -> bool {
+        // SAFETY: as in `of`.
+        unsafe { atomic::swap_if(&raw mut (*self.at).state, self.state, new) }
+    }
+
+    /// Claims the slot for `key`'s query: if it is free, or holds the
+    /// same query from the same device (a retry: the one before is
+    /// counted unanswered).
+    #[inline(always)]
+    fn claim(&self, key: &PendingKey, pending: &Pending, dev: Device) -> Claim {
+        if let Some(before) = self.holding(key) {
+            if before.netns != dev.netns || before.ifindex != dev.ifindex {
+                return Claim::NotStarted;
+            }
+            let free = slot_taken(self.state);
+            if !self.swap(free + SLOT_WRITING) {
+                return Claim::Taken;
+            }
+            count(&LookupKey::of(key, &before, unanswered(&before)), None);
+            return self.fill(free, key, pending);
+        }
+        if slot_status(self.state) != SLOT_FREE || !self.swap(self.state + SLOT_WRITING) {
+            return Claim::Taken;
+        }
+        self.fill(self.state, key, pending)
+    }
+
+    /// Writes the query into the slot this CPU claimed, free at `free`,
+    /// then makes it busy.
+    #[inline(always)]
+    fn fill(&self, free: u64, key: &PendingKey, pending: &Pending) -> Claim {
+        // SAFETY: this CPU's claim: no one else writes the slot until it
+        // is busy, and readers skip it until then; `publish` orders the
+        // stores before it.
+        unsafe {
+            (*self.at).key = *key;
+            (*self.at).pending = *pending;
+            atomic::publish(&raw mut (*self.at).state, free + SLOT_BUSY);
+        }
+        maps::count(COUNT_STARTED);
+        Claim::Started
+    }
 }
 
 /// What inserting a pending query did.
@@ -273,6 +389,14 @@ fn pending<R: Reader>(
 #[inline(always)]
 fn query_dropped(p: &Udp, id: u16) {
     let key = p.query_key(id);
+    if let Some(slot) = Slot::of(&key) {
+        if slot.holding(&key).is_some() {
+            // SAFETY: a map value; a byte store races with nothing that
+            // matters (at worst it marks the next use of the slot).
+            unsafe { core::ptr::write_volatile(&raw mut (*slot.at).pending.dropped, 1) };
+            return;
+        }
+    }
     if let Some(pending) = PENDING.get_ptr_mut(key) {
         // SAFETY: a map value; a byte store races with nothing that matters.
         unsafe { (*pending).dropped = 1 };
@@ -303,20 +427,29 @@ pub fn answer_taken(d: &Datagram) {
 /// lower device is in another namespace: those count at the socket.
 #[inline(always)]
 fn answered(a: &Answer) {
+    if let Some(slot) = Slot::of(&a.key) {
+        if let Some(pending) = slot.holding(&a.key) {
+            if a.ends(&pending) && slot.swap(slot_taken(slot.state)) {
+                counted(a, &pending);
+            }
+            return;
+        }
+    }
     // SAFETY: map lookup; the value is copied out.
     let Some(pending) = (unsafe { PENDING.get(a.key) }).copied() else {
         return;
     };
-    let arrived = a.netns.is_none_or(|netns| netns == pending.netns);
-    if !arrived || pending.server != a.server || pending.server_port != a.server_port {
-        return;
+    if a.ends(&pending) && PENDING.remove(a.key).is_ok() {
+        counted(a, &pending);
     }
-    if PENDING.remove(a.key).is_err() {
-        return;
-    }
+}
+
+/// Counts the answer `a` to `pending`, taken out of where it waited.
+#[inline(always)]
+fn counted(a: &Answer, pending: &Pending) {
     // SAFETY: plain helper call.
     let took = unsafe { bpf_ktime_get_ns() }.saturating_sub(pending.start_ns);
-    count(&LookupKey::of(&a.key, &pending, a.rcode), Some(took));
+    count(&LookupKey::of(&a.key, pending, a.rcode), Some(took));
 }
 
 #[inline(always)]

@@ -2,7 +2,11 @@
 //! `try_*` function; they only watch, never change a packet's fate.
 #![no_std]
 #![no_main]
+// The atomics of `atomic`: the target's spec has none in `core::sync`.
+#![cfg_attr(target_arch = "bpf", feature(core_intrinsics))]
+#![cfg_attr(target_arch = "bpf", allow(internal_features))]
 
+mod atomic;
 mod debug;
 mod lookups;
 mod maps;

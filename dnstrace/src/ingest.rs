@@ -9,6 +9,7 @@ use crate::decode::{packet::IfNames, Packet};
 
 mod apart;
 pub mod lookups;
+mod mapping;
 mod reader;
 mod ring;
 mod sampler;

@@ -131,6 +131,8 @@ pub struct EventMaps {
 
 /// Where the kernel counts lookups (`dnstrace_common::lookups`).
 pub struct LookupMaps {
+    /// `PendingSlot`s, mapped by the reader.
+    pub slots: MapData,
     pub pending: HashMap<MapData, PendingKey, Pending>,
     pub counts: PerCpuHashMap<MapData, LookupKey, LookupCount>,
     pub stats: PerCpuArray<MapData, u64>,
@@ -916,7 +918,11 @@ impl Probes {
                 .take_map(name)
                 .with_context(|| format!("{name} map"))
         };
+        let aya::maps::Map::Array(slots) = take("PENDING_SLOTS")? else {
+            anyhow::bail!("PENDING_SLOTS is not an array");
+        };
         Ok(LookupMaps {
+            slots,
             pending: take("PENDING")?.try_into()?,
             counts: take("LOOKUPS")?.try_into()?,
             stats: take("LOOKUP_STATS")?.try_into()?,

@@ -3,10 +3,15 @@
 //! quantile, a fault shows in the anomaly and drop counters, and the page
 //! passes `promtool check metrics`.
 use std::{
-    collections::BTreeMap, os::unix::fs::PermissionsExt as _, process::Command, time::Duration,
+    collections::BTreeMap,
+    net::UdpSocket,
+    os::{fd::AsRawFd as _, unix::fs::PermissionsExt as _},
+    process::Command,
+    time::Duration,
 };
 
 use dnstrace_common::{
+    lookups::{slot_of, PendingKey},
     sample::{message_label_hash, MAX_SHIFT},
     SampleLevel,
 };
@@ -504,6 +509,143 @@ fn counts_stay_exact_under_load_and_lost_events() {
     assert_eq!(scrape(&listen, "dnstrace_lookups_uncounted_total"), 0.0);
     let (status, _, stderr) = agent.stop(libc::SIGTERM).unwrap();
     assert!(status.success(), "{status}: {stderr:?}");
+}
+
+/// Lookups never answered leave the kernel's table by the agent's sweep,
+/// each counted once: `DROPPED` where the kernel dropped the query on its
+/// way (the `drop` fault, at one CoreDNS endpoint), else `TIMEOUT` (a
+/// socket in checkout that reads and never answers).
+#[test]
+fn unanswered_lookups_count_once_as_dropped_or_timeouts() {
+    require_root();
+    let lab = Lab::up(&[]);
+    let listen = format!("127.0.0.1:{}", free_port());
+    let args = agent_args(&listen, &["--no-flight-recorder", "--timeout", "2s"]);
+    let agent = Dnstrace::start_binary(dnstrace_release_bin(), Keep::Sampled, &args).unwrap();
+    let _blackhole = blackhole(CHECKOUT);
+    for _ in 0..2 {
+        let out = lab.dig(WEB, &format!("@{CHECKOUT_IP} {KUBERNETES}"));
+        assert_eq!(dig_status(&out), "timeout", "{out}");
+    }
+    lab.fault("drop", true);
+    let statuses: Vec<String> = ["10.244.0.53", "10.244.0.54"]
+        .iter()
+        .map(|pod| dig_status(&lab.dig(WEB, &format!("@{pod} {KUBERNETES}"))))
+        .collect();
+    lab.fault("drop", false);
+    statuses
+        .iter()
+        .for_each(|s| assert!(s == "timeout" || s == "NOERROR", "{s}"));
+    assert_ne!(
+        statuses[0], statuses[1],
+        "one endpoint dropped: {statuses:?}"
+    );
+
+    let pod = WEB.strip_prefix("dtlab-").unwrap();
+    let counted = |rcode: &str| web_counts(&listen, pod, rcode);
+    let all = || counted("NOERROR") + counted("DROPPED") + counted("TIMEOUT");
+    wait_until(SETTLE, || all() >= 4);
+    // Two sweeps later: none counted twice.
+    std::thread::sleep(Duration::from_secs(3));
+    let page = page(&listen);
+    assert_eq!(counted("TIMEOUT"), 2, "{page}");
+    assert_eq!(counted("DROPPED"), 1, "{page}");
+    assert_eq!(counted("NOERROR"), 1, "{page}");
+    let (status, _, stderr) = agent.stop(libc::SIGTERM).unwrap();
+    assert!(status.success(), "{status}: {stderr:?}");
+}
+
+const CHECKOUT_IP: &str = "10.244.0.11";
+
+/// A UDP socket on port 53 in the lab's namespace `ns` that nothing reads.
+fn blackhole(ns: &str) -> UdpSocket {
+    in_lab_netns(ns, || UdpSocket::bind("0.0.0.0:53").expect("port 53"))
+}
+
+/// `f`'s result, run on a thread in the lab's namespace `ns` (sockets made
+/// there stay in it).
+fn in_lab_netns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let path = format!("/run/netns/{ns}");
+    std::thread::spawn(move || {
+        let file = std::fs::File::open(&path).expect("the lab's namespace");
+        // SAFETY: setns on this thread only, with a valid namespace fd.
+        let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+        assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
+        f()
+    })
+    .join()
+    .unwrap()
+}
+
+/// Queries whose keys share a slot of the kernel's table: the first holds
+/// it, the others wait in its hash map, where their answer and the sweep
+/// find them. From one socket of web's, three DNS ids of one slot: to the
+/// blackhole (holding the slot), to a CoreDNS pod (answered), to the
+/// blackhole again (swept from the hash map).
+#[test]
+fn queries_that_share_a_slot_are_counted_all_the_same() {
+    require_root();
+    let _lab = Lab::up(&[]);
+    let listen = format!("127.0.0.1:{}", free_port());
+    let args = agent_args(&listen, &["--no-flight-recorder", "--timeout", "2s"]);
+    let agent = Dnstrace::start_binary(dnstrace_release_bin(), Keep::Sampled, &args).unwrap();
+    let _blackhole = blackhole(CHECKOUT);
+    let sock = in_lab_netns(WEB, || {
+        UdpSocket::bind("0.0.0.0:0").expect("a socket in web")
+    });
+    let port = sock.local_addr().unwrap().port();
+    let ids = ids_of_one_slot(WEB_IP.parse().unwrap(), port);
+    sock.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let ask = |id: u16, server: &str| {
+        let q = query_bytes(id, KUBERNETES, 1);
+        sock.send_to(&q, format!("{server}:53")).unwrap();
+    };
+    ask(ids[0], CHECKOUT_IP);
+    ask(ids[1], "10.244.0.53");
+    let mut buf = [0; 512];
+    let (n, _) = sock.recv_from(&mut buf).expect("CoreDNS's answer");
+    assert_eq!(&buf[..2], &ids[1].to_be_bytes(), "{:?}", &buf[..n]);
+    ask(ids[2], CHECKOUT_IP);
+
+    let pod = WEB.strip_prefix("dtlab-").unwrap();
+    let counted = |rcode: &str| web_counts(&listen, pod, rcode);
+    wait_until(SETTLE, || counted("NOERROR") + counted("TIMEOUT") >= 3);
+    std::thread::sleep(Duration::from_secs(3));
+    let page = page(&listen);
+    assert_eq!(counted("NOERROR"), 1, "{page}");
+    assert_eq!(counted("TIMEOUT"), 2, "{page}");
+    let (status, _, stderr) = agent.stop(libc::SIGTERM).unwrap();
+    assert!(status.success(), "{status}: {stderr:?}");
+}
+
+const WEB_IP: &str = "10.244.0.10";
+
+/// Three DNS ids that, from `ip` and `port`, hash to one slot.
+fn ids_of_one_slot(ip: std::net::Ipv4Addr, port: u16) -> Vec<u16> {
+    let key = |id| PendingKey {
+        client: [u32::from_ne_bytes(ip.octets()), 0, 0, 0],
+        port,
+        id,
+    };
+    let slot = slot_of(&key(1));
+    let ids: Vec<u16> = (1..=u16::MAX)
+        .filter(|&id| slot_of(&key(id)) == slot)
+        .take(3)
+        .collect();
+    assert_eq!(ids.len(), 3, "ids of slot {slot}");
+    ids
+}
+
+/// Web's lookups in the agent's page that ended `rcode`.
+fn web_counts(listen: &str, pod: &str, rcode: &str) -> u64 {
+    let web = format!("pod=\"{pod}\"");
+    let rcode = format!("rcode=\"{rcode}\"");
+    page(listen)
+        .lines()
+        .filter(|l| l.starts_with("dnstrace_lookups_total{") && l.contains(&web))
+        .filter(|l| l.contains(&rcode))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum::<u64>()
 }
 
 /// A query from another node's pod arrives on a device (here a tun device

@@ -167,10 +167,10 @@ pub(super) async fn capture<C: Consume>(
     log::info!("{}", services.describe());
     let ring = Ring::open(probes.take_events()?)?;
     let lookups = match args.probes.count_lookups {
-        true => Some(LookupCounter::new(
-            probes.take_lookup_maps()?,
-            limits.timeout_ns,
-        )),
+        true => Some(
+            LookupCounter::new(probes.take_lookup_maps()?, limits.timeout_ns)
+                .context("mapping the kernel's pending queries")?,
+        ),
         false => None,
     };
     let sampler = Sampler::new(probes.take_sample_level()?, probes.counts()?, args.sample)

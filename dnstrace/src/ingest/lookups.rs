@@ -2,18 +2,22 @@
 //! what changed since the last read: the kernel's counts only grow, so a
 //! change is a difference, named by whoever holds the address now. Queries
 //! pending past the timeout are taken out here, each once (the kernel's
-//! answer and this sweep race on removing it), and counted unanswered;
+//! answer and this sweep race on taking it), and counted unanswered;
 //! other nodes' queries are only taken out.
 use std::{
     collections::HashMap as StdHashMap,
+    io,
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+    os::fd::AsFd,
+    sync::atomic::{AtomicU64, Ordering},
 };
 
 use dnstrace_common::lookups::{
-    LookupCount, LookupKey, PendingKey, BOUNDS_NS, OUTCOME_DROPPED, OUTCOME_TIMEOUT,
-    STAT_COUNTS_FULL, STAT_PENDING_FULL,
+    slot_status, slot_taken, LookupCount, LookupKey, Pending, PendingKey, PendingSlot, BOUNDS_NS,
+    OUTCOME_DROPPED, OUTCOME_TIMEOUT, SLOTS, SLOT_BUSY, STAT_COUNTS_FULL, STAT_PENDING_FULL,
 };
 
+use super::mapping::Mapping;
 use crate::{
     decode::{Qtype, Rcode},
     probes::LookupMaps,
@@ -61,6 +65,7 @@ const IDLE_NS: u64 = 10 * 60 * 1_000_000_000;
 
 pub struct LookupCounter {
     maps: LookupMaps,
+    slots: Slots,
     /// Each key's counts summed over CPUs at the last read, and when they
     /// last changed.
     last: StdHashMap<LookupKey, (LookupCount, u64)>,
@@ -68,12 +73,13 @@ pub struct LookupCounter {
 }
 
 impl LookupCounter {
-    pub fn new(maps: LookupMaps, timeout_ns: u64) -> Self {
-        Self {
+    pub fn new(maps: LookupMaps, timeout_ns: u64) -> io::Result<Self> {
+        Ok(Self {
+            slots: Slots::map(&maps)?,
             maps,
             last: StdHashMap::new(),
             timeout_ns,
-        }
+        })
     }
 
     /// What was counted since the last read, and the queries unanswered
@@ -113,39 +119,100 @@ impl LookupCounter {
         }
     }
 
-    /// Removes the queries pending past the timeout; those this removal
-    /// took (not an answer just before it) count as unanswered.
+    /// Takes the queries pending past the timeout, from their slots and
+    /// from the hash map; those this sweep took (not an answer just before
+    /// it) count as unanswered.
     fn unanswered(&mut self, now_ns: u64) -> Vec<Counted> {
         let before = now_ns.saturating_sub(self.timeout_ns);
-        let stale: Vec<(PendingKey, _)> = self
+        let mut taken = self.slots.take_older(before);
+        taken.extend(self.unanswered_in_map(before));
+        taken
+            .iter()
+            .map(|(key, p)| {
+                let outcome = if p.dropped != 0 {
+                    OUTCOME_DROPPED
+                } else {
+                    OUTCOME_TIMEOUT
+                };
+                let one = LookupCount {
+                    count: 1,
+                    ..LookupCount::default()
+                };
+                counted(&LookupKey::of(key, p, outcome), &one)
+            })
+            .collect()
+    }
+
+    fn unanswered_in_map(&mut self, before: u64) -> Vec<(PendingKey, Pending)> {
+        let stale: Vec<(PendingKey, Pending)> = self
             .maps
             .pending
             .iter()
             .filter_map(Result::ok)
             .filter(|(_, p)| p.start_ns < before)
             .collect();
-        let mut out = Vec::new();
-        for (key, p) in stale {
-            // A retry may have replaced it since it was listed: that one
-            // is not taken.
-            let still = self.maps.pending.get(&key, 0).ok();
-            if still.map(|q| q.start_ns) != Some(p.start_ns)
-                || self.maps.pending.remove(&key).is_err()
-            {
-                continue;
-            }
-            let outcome = if p.dropped != 0 {
-                OUTCOME_DROPPED
-            } else {
-                OUTCOME_TIMEOUT
-            };
-            let one = LookupCount {
-                count: 1,
-                ..LookupCount::default()
-            };
-            out.push(counted(&LookupKey::of(&key, &p, outcome), &one));
-        }
-        out
+        stale
+            .into_iter()
+            .filter(|(key, p)| {
+                // A retry may have replaced it since it was listed: that
+                // one is not taken.
+                let still = self.maps.pending.get(key, 0).ok();
+                still.map(|q| q.start_ns) == Some(p.start_ns)
+                    && self.maps.pending.remove(key).is_ok()
+            })
+            .collect()
+    }
+}
+
+/// The kernel's slots of pending queries (`PENDING_SLOTS`), mapped.
+struct Slots(Mapping);
+
+impl Slots {
+    fn map(maps: &LookupMaps) -> io::Result<Self> {
+        let len = SLOTS as usize * size_of::<PendingSlot>();
+        let prot = libc::PROT_READ | libc::PROT_WRITE;
+        Ok(Self(Mapping::new(maps.slots.fd().as_fd(), len, prot, 0)?))
+    }
+
+    /// Takes each query pending since before `before_ns`, as the kernel
+    /// takes one it answers: by swapping the state it read for the next.
+    fn take_older(&self, before_ns: u64) -> Vec<(PendingKey, Pending)> {
+        let (start, _) = self.0.bytes();
+        let slots = start.cast::<PendingSlot>();
+        (0..SLOTS as usize)
+            .filter_map(|i| {
+                // SAFETY: slot `i` of the mapping, 8-aligned (the mapping
+                // is page-aligned, a slot 72 bytes); its state is only used
+                // atomically, here as in the kernel.
+                let (state, slot) = unsafe {
+                    let at = slots.add(i);
+                    (AtomicU64::from_ptr(&raw mut (*at).state), at)
+                };
+                let seen = state.load(Ordering::Acquire);
+                if slot_status(seen) != SLOT_BUSY {
+                    return None;
+                }
+                // SAFETY: as above; read after the state, and used only if
+                // the state is still what was read (below).
+                let (key, p) = unsafe {
+                    (
+                        std::ptr::read_volatile(&raw const (*slot).key),
+                        std::ptr::read_volatile(&raw const (*slot).pending),
+                    )
+                };
+                let old = p.start_ns < before_ns;
+                let took = old
+                    && state
+                        .compare_exchange(
+                            seen,
+                            slot_taken(seen),
+                            Ordering::AcqRel,
+                            Ordering::Relaxed,
+                        )
+                        .is_ok();
+                took.then_some((key, p))
+            })
+            .collect()
     }
 }
 

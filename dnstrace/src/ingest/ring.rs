@@ -5,14 +5,16 @@
 //! wraps is copied instead.
 use std::{
     io,
-    os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd},
-    ptr::NonNull,
-    sync::atomic::{fence, AtomicU32, AtomicUsize, Ordering},
+    os::fd::{AsFd, AsRawFd, RawFd},
+    sync::atomic::{fence, AtomicU32, Ordering},
 };
 
 use aya::maps::MapData;
 
-use super::apart::Apart;
+use super::{
+    apart::Apart,
+    mapping::{page_size, Mapping},
+};
 use crate::probes::EventMaps;
 
 /// A record's header: its length, and the bits below, then 4 bytes.
@@ -102,7 +104,7 @@ impl Ring {
 
     fn data(&self) -> *const u8 {
         // SAFETY: the mapping is a page and the data pages long.
-        unsafe { self.producer.ptr.as_ptr().add(self.page) }
+        unsafe { self.producer.bytes().0.add(self.page) }
     }
 
     fn producer_pos(&self) -> usize {
@@ -165,10 +167,6 @@ impl super::reader::Records for Ring {
     }
 }
 
-// SAFETY: the mappings are owned, used by one thread at a time (`&mut`
-// to read), and unmapped once, on drop.
-unsafe impl Send for Ring {}
-
 impl AsRawFd for Ring {
     fn as_raw_fd(&self) -> RawFd {
         self.map.fd().as_fd().as_raw_fd()
@@ -187,54 +185,6 @@ fn record<'a>(data: &'a [u8], start: usize, len: usize, scratch: &'a mut Vec<u8>
     scratch.extend_from_slice(head);
     scratch.extend_from_slice(&tail[..len - head.len()]);
     scratch
-}
-
-/// A shared mapping of the ring's fd, unmapped on drop.
-struct Mapping {
-    ptr: NonNull<u8>,
-    len: usize,
-}
-
-impl Mapping {
-    fn new(fd: BorrowedFd, len: usize, prot: i32, offset: usize) -> io::Result<Self> {
-        let offset = libc::off_t::try_from(offset).map_err(io::Error::other)?;
-        // SAFETY: a new shared mapping of the map's fd, owned by `Self`.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                prot,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                offset,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let ptr =
-            NonNull::new(ptr.cast()).ok_or_else(|| io::Error::other("mmap gave address 0"))?;
-        Ok(Self { ptr, len })
-    }
-
-    /// The word at byte `offset` (8-aligned, inside the first page).
-    fn word(&self, offset: usize) -> &AtomicUsize {
-        // SAFETY: page-aligned mapping; the kernel keeps the positions here.
-        unsafe { &*self.ptr.as_ptr().add(offset).cast::<AtomicUsize>() }
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: unmapping what `new` mapped, once.
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
-    }
-}
-
-fn page_size() -> io::Result<usize> {
-    // SAFETY: plain sysconf(3).
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    usize::try_from(page).map_err(|_| io::Error::last_os_error())
 }
 
 #[cfg(test)]

@@ -1,0 +1,48 @@
+//! 64-bit atomics on map memory. The bpf target's spec has no
+//! compare-and-swap, so `core::sync::atomic` offers none there; LLVM still
+//! emits the kernel's atomic instructions (Linux 5.12) for the intrinsics,
+//! each fully ordered.
+#[cfg(target_arch = "bpf")]
+use core::intrinsics::{atomic_cxchg, atomic_xadd, atomic_xchg, AtomicOrdering::SeqCst};
+
+/// `*p`, read with the ordering of an atomic add of 0: nothing read after
+/// it is older.
+///
+/// # Safety
+/// `p` is a valid, 8-aligned u64 in map memory.
+#[inline(always)]
+pub unsafe fn load(p: *mut u64) -> u64 {
+    #[cfg(target_arch = "bpf")]
+    return atomic_xadd::<u64, u64, { SeqCst }>(p, 0);
+    #[cfg(not(target_arch = "bpf"))]
+    return core::sync::atomic::AtomicU64::from_ptr(p).fetch_add(0, SEQ_CST);
+}
+
+/// Sets `*p` to `new` if it is `old`; whether it did.
+///
+/// # Safety
+/// As `load`.
+#[inline(always)]
+pub unsafe fn swap_if(p: *mut u64, old: u64, new: u64) -> bool {
+    #[cfg(target_arch = "bpf")]
+    return atomic_cxchg::<u64, { SeqCst }, { SeqCst }>(p, old, new).1;
+    #[cfg(not(target_arch = "bpf"))]
+    return core::sync::atomic::AtomicU64::from_ptr(p)
+        .compare_exchange(old, new, SEQ_CST, SEQ_CST)
+        .is_ok();
+}
+
+/// Sets `*p` to `new` after every store before it.
+///
+/// # Safety
+/// As `load`.
+#[inline(always)]
+pub unsafe fn publish(p: *mut u64, new: u64) {
+    #[cfg(target_arch = "bpf")]
+    atomic_xchg::<u64, { SeqCst }>(p, new);
+    #[cfg(not(target_arch = "bpf"))]
+    core::sync::atomic::AtomicU64::from_ptr(p).swap(new, SEQ_CST);
+}
+
+#[cfg(not(target_arch = "bpf"))]
+const SEQ_CST: core::sync::atomic::Ordering = core::sync::atomic::Ordering::SeqCst;
