@@ -579,9 +579,9 @@ fn in_lab_netns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'sta
 
 /// Queries whose keys share a slot of the kernel's table: the first holds
 /// it, the others wait in its hash map, where their answer and the sweep
-/// find them. From one socket of web's, three DNS ids of one slot: to the
-/// blackhole (holding the slot), to a CoreDNS pod (answered), to the
-/// blackhole again (swept from the hash map).
+/// find them. From three sockets of web's, each with a DNS id that puts
+/// its query in one slot: to the blackhole (holding the slot), to a
+/// CoreDNS pod (answered), to the blackhole again (swept from the hash map).
 #[test]
 fn queries_that_share_a_slot_are_counted_all_the_same() {
     require_root();
@@ -590,22 +590,29 @@ fn queries_that_share_a_slot_are_counted_all_the_same() {
     let args = agent_args(&listen, &["--no-flight-recorder", "--timeout", "2s"]);
     let agent = Dnstrace::start_binary(dnstrace_release_bin(), Keep::Sampled, &args).unwrap();
     let _blackhole = blackhole(CHECKOUT);
-    let sock = in_lab_netns(WEB, || {
-        UdpSocket::bind("0.0.0.0:0").expect("a socket in web")
+    let keys = keys_of_one_slot(WEB_IP.parse().unwrap());
+    let socks = in_lab_netns(WEB, move || {
+        keys.map(|(port, id)| {
+            (
+                UdpSocket::bind(("0.0.0.0", port)).expect("a port in web"),
+                id,
+            )
+        })
     });
-    let port = sock.local_addr().unwrap().port();
-    let ids = ids_of_one_slot(WEB_IP.parse().unwrap(), port);
-    sock.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-    let ask = |id: u16, server: &str| {
-        let q = query_bytes(id, KUBERNETES, 1);
+    let ask = |(sock, id): &(UdpSocket, u16), server: &str| {
+        let q = query_bytes(*id, KUBERNETES, 1);
         sock.send_to(&q, format!("{server}:53")).unwrap();
     };
-    ask(ids[0], CHECKOUT_IP);
-    ask(ids[1], "10.244.0.53");
+    ask(&socks[0], CHECKOUT_IP);
+    ask(&socks[1], "10.244.0.53");
     let mut buf = [0; 512];
-    let (n, _) = sock.recv_from(&mut buf).expect("CoreDNS's answer");
-    assert_eq!(&buf[..2], &ids[1].to_be_bytes(), "{:?}", &buf[..n]);
-    ask(ids[2], CHECKOUT_IP);
+    socks[1]
+        .0
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    let (n, _) = socks[1].0.recv_from(&mut buf).expect("CoreDNS's answer");
+    assert_eq!(buf[..2], socks[1].1.to_be_bytes(), "{:?}", &buf[..n]);
+    ask(&socks[2], CHECKOUT_IP);
 
     let pod = WEB.strip_prefix("dtlab-").unwrap();
     let counted = |rcode: &str| web_counts(&listen, pod, rcode);
@@ -620,20 +627,24 @@ fn queries_that_share_a_slot_are_counted_all_the_same() {
 
 const WEB_IP: &str = "10.244.0.10";
 
-/// Three DNS ids that, from `ip` and `port`, hash to one slot.
-fn ids_of_one_slot(ip: std::net::Ipv4Addr, port: u16) -> Vec<u16> {
-    let key = |id| PendingKey {
-        client: [u32::from_ne_bytes(ip.octets()), 0, 0, 0],
-        port,
-        id,
+/// Three source ports from 40000 on, each with a DNS id, whose queries
+/// from `ip` hash to one slot. A port's 65,536 ids cover only two of the
+/// 32,768 slots on average, so each key has a port of its own.
+fn keys_of_one_slot(ip: std::net::Ipv4Addr) -> [(u16, u16); 3] {
+    let slot = |port, id| {
+        slot_of(&PendingKey {
+            client: [u32::from_ne_bytes(ip.octets()), 0, 0, 0],
+            port,
+            id,
+        })
     };
-    let slot = slot_of(&key(1));
-    let ids: Vec<u16> = (1..=u16::MAX)
-        .filter(|&id| slot_of(&key(id)) == slot)
-        .take(3)
-        .collect();
-    assert_eq!(ids.len(), 3, "ids of slot {slot}");
-    ids
+    let first = slot(40000, 1);
+    let mut keys = (40001..41000u16).filter_map(|port| {
+        (0..=u16::MAX)
+            .find(|&id| slot(port, id) == first)
+            .map(|id| (port, id))
+    });
+    [(40000, 1), keys.next().unwrap(), keys.next().unwrap()]
 }
 
 /// Web's lookups in the agent's page that ended `rcode`.
