@@ -54,7 +54,9 @@ pub const SLOTS: u32 = 32768;
 pub struct PendingSlot {
     pub state: u64,
     pub key: PendingKey,
-    pub _pad: u32,
+    /// Queries of this slot waiting in the hash map: where none do, an
+    /// answer the slot does not hold needs no look there.
+    pub spilled: u32,
     pub pending: Pending,
 }
 

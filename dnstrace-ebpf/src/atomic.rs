@@ -44,5 +44,17 @@ pub unsafe fn publish(p: *mut u64, new: u64) {
     core::sync::atomic::AtomicU64::from_ptr(p).swap(new, SEQ_CST);
 }
 
+/// Adds `n` to `*p` (wrapping: `u32::MAX` takes one away).
+///
+/// # Safety
+/// `p` is a valid, 4-aligned u32 in map memory.
+#[inline(always)]
+pub unsafe fn add(p: *mut u32, n: u32) {
+    #[cfg(target_arch = "bpf")]
+    atomic_xadd::<u32, u32, { SeqCst }>(p, n);
+    #[cfg(not(target_arch = "bpf"))]
+    core::sync::atomic::AtomicU32::from_ptr(p).fetch_add(n, SEQ_CST);
+}
+
 #[cfg(not(target_arch = "bpf"))]
 const SEQ_CST: core::sync::atomic::Ordering = core::sync::atomic::Ordering::SeqCst;

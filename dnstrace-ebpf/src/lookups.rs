@@ -217,13 +217,25 @@ fn query_sent<R: Reader>(
 ) -> bool {
     let key = p.query_key(id);
     let pending = pending(p, dev, r, question_at, buf);
-    match Slot::of(&key).map(|slot| slot.claim(&key, &pending, dev)) {
-        Some(Claim::Started) => return true,
-        Some(Claim::NotStarted) => return false,
-        Some(Claim::Taken) | None => {}
+    let Some(slot) = Slot::of(&key) else {
+        return false;
+    };
+    match slot.claim(&key, &pending, dev) {
+        Claim::Started => true,
+        Claim::NotStarted => false,
+        Claim::Taken => spilled(&slot, &key, &pending, dev),
     }
-    match insert(&key, &pending) {
-        Inserted::New => return true,
+}
+
+/// `query_sent` for a query whose slot another holds: in the hash map,
+/// counted in the slot's `spilled`.
+#[inline(always)]
+fn spilled(slot: &Slot, key: &PendingKey, pending: &Pending, dev: Device) -> bool {
+    match insert(key, pending) {
+        Inserted::New => {
+            slot.spill(1);
+            return true;
+        }
         Inserted::Full => return false,
         Inserted::Exists => {}
     }
@@ -235,9 +247,14 @@ fn query_sent<R: Reader>(
         return false;
     }
     if PENDING.remove(key).is_ok() {
-        count(&LookupKey::of(&key, &before, unanswered(&before)), None);
+        slot.spill(u32::MAX);
+        count(&LookupKey::of(key, &before, unanswered(&before)), None);
     }
-    insert(&key, &pending) == Inserted::New
+    let started = insert(key, pending) == Inserted::New;
+    if started {
+        slot.spill(1);
+    }
+    started
 }
 
 /// How a query that was not answered ended.
@@ -287,6 +304,21 @@ impl Slot {
         // fails the swap that uses what was read.
         let slot = unsafe { &*self.at };
         (slot.key == *key).then_some(slot.pending)
+    }
+
+    /// Whether any query of this slot waits in the hash map.
+    #[inline(always)]
+    fn has_spilled(&self) -> bool {
+        // SAFETY: a map value. The count went up before its query left,
+        // so before its answer came or its drop.
+        unsafe { (*self.at).spilled != 0 }
+    }
+
+    /// Adds `n` to the queries of this slot in the hash map.
+    #[inline(always)]
+    fn spill(&self, n: u32) {
+        // SAFETY: a map value, 4-aligned; only ever added to, atomically.
+        unsafe { atomic::add(&raw mut (*self.at).spilled, n) };
     }
 
     /// Moves the state from what was read to `new`; whether it did.
@@ -389,13 +421,17 @@ fn pending<R: Reader>(
 #[inline(always)]
 fn query_dropped(p: &Udp, id: u16) {
     let key = p.query_key(id);
-    if let Some(slot) = Slot::of(&key) {
-        if slot.holding(&key).is_some() {
-            // SAFETY: a map value; a byte store races with nothing that
-            // matters (at worst it marks the next use of the slot).
-            unsafe { core::ptr::write_volatile(&raw mut (*slot.at).pending.dropped, 1) };
-            return;
-        }
+    let Some(slot) = Slot::of(&key) else {
+        return;
+    };
+    if slot.holding(&key).is_some() {
+        // SAFETY: a map value; a byte store races with nothing that
+        // matters (at worst it marks the next use of the slot).
+        unsafe { core::ptr::write_volatile(&raw mut (*slot.at).pending.dropped, 1) };
+        return;
+    }
+    if !slot.has_spilled() {
+        return;
     }
     if let Some(pending) = PENDING.get_ptr_mut(key) {
         // SAFETY: a map value; a byte store races with nothing that matters.
@@ -427,19 +463,24 @@ pub fn answer_taken(d: &Datagram) {
 /// lower device is in another namespace: those count at the socket.
 #[inline(always)]
 fn answered(a: &Answer) {
-    if let Some(slot) = Slot::of(&a.key) {
-        if let Some(pending) = slot.holding(&a.key) {
-            if a.ends(&pending) && slot.swap(slot_taken(slot.state)) {
-                counted(a, &pending);
-            }
-            return;
+    let Some(slot) = Slot::of(&a.key) else {
+        return;
+    };
+    if let Some(pending) = slot.holding(&a.key) {
+        if a.ends(&pending) && slot.swap(slot_taken(slot.state)) {
+            counted(a, &pending);
         }
+        return;
+    }
+    if !slot.has_spilled() {
+        return;
     }
     // SAFETY: map lookup; the value is copied out.
     let Some(pending) = (unsafe { PENDING.get(a.key) }).copied() else {
         return;
     };
     if a.ends(&pending) && PENDING.remove(a.key).is_ok() {
+        slot.spill(u32::MAX);
         counted(a, &pending);
     }
 }

@@ -9,12 +9,13 @@ use std::{
     io,
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     os::fd::AsFd,
-    sync::atomic::{AtomicU64, Ordering},
+    sync::atomic::{AtomicU32, AtomicU64, Ordering},
 };
 
 use dnstrace_common::lookups::{
-    slot_status, slot_taken, LookupCount, LookupKey, Pending, PendingKey, PendingSlot, BOUNDS_NS,
-    OUTCOME_DROPPED, OUTCOME_TIMEOUT, SLOTS, SLOT_BUSY, STAT_COUNTS_FULL, STAT_PENDING_FULL,
+    slot_of, slot_status, slot_taken, LookupCount, LookupKey, Pending, PendingKey, PendingSlot,
+    BOUNDS_NS, OUTCOME_DROPPED, OUTCOME_TIMEOUT, SLOTS, SLOT_BUSY, STAT_COUNTS_FULL,
+    STAT_PENDING_FULL,
 };
 
 use super::mapping::Mapping;
@@ -144,8 +145,8 @@ impl LookupCounter {
     }
 
     fn unanswered_in_map(&mut self, before: u64) -> Vec<(PendingKey, Pending)> {
-        let stale: Vec<(PendingKey, Pending)> = self
-            .maps
+        let Self { maps, slots, .. } = self;
+        let stale: Vec<(PendingKey, Pending)> = maps
             .pending
             .iter()
             .filter_map(Result::ok)
@@ -156,9 +157,13 @@ impl LookupCounter {
             .filter(|(key, p)| {
                 // A retry may have replaced it since it was listed: that
                 // one is not taken.
-                let still = self.maps.pending.get(key, 0).ok();
-                still.map(|q| q.start_ns) == Some(p.start_ns)
-                    && self.maps.pending.remove(key).is_ok()
+                let still = maps.pending.get(key, 0).ok();
+                let took = still.map(|q| q.start_ns) == Some(p.start_ns)
+                    && maps.pending.remove(key).is_ok();
+                if took {
+                    slots.unspill(key);
+                }
+                took
             })
             .collect()
     }
@@ -172,6 +177,19 @@ impl Slots {
         let len = SLOTS as usize * size_of::<PendingSlot>();
         let prot = libc::PROT_READ | libc::PROT_WRITE;
         Ok(Self(Mapping::new(maps.slots.fd().as_fd(), len, prot, 0)?))
+    }
+
+    /// One query of `key`'s slot fewer in the hash map, once it is out of
+    /// it (never before: the kernel skips the map while the count is 0).
+    fn unspill(&self, key: &PendingKey) {
+        let (start, _) = self.0.bytes();
+        // SAFETY: the slot of `key`, inside the mapping; its count is only
+        // ever changed atomically, here as in the kernel.
+        let spilled = unsafe {
+            let at = start.cast::<PendingSlot>().add(slot_of(key) as usize);
+            AtomicU32::from_ptr(&raw mut (*at).spilled)
+        };
+        spilled.fetch_sub(1, Ordering::AcqRel);
     }
 
     /// Takes each query pending since before `before_ns`, as the kernel
