@@ -514,15 +514,12 @@ fn counts_stay_exact_under_load_and_lost_events() {
 /// Lookups never answered leave the kernel's table by the agent's sweep,
 /// each counted once: `DROPPED` where the kernel dropped the query on its
 /// way (the `drop` fault, at one CoreDNS endpoint), else `TIMEOUT` (a
-/// socket in checkout that reads and never answers).
+/// socket in checkout that never answers).
 #[test]
 fn unanswered_lookups_count_once_as_dropped_or_timeouts() {
     require_root();
     let lab = Lab::up(&[]);
-    let listen = format!("127.0.0.1:{}", free_port());
-    let args = agent_args(&listen, &["--no-flight-recorder", "--timeout", "2s"]);
-    let agent = Dnstrace::start_binary(dnstrace_release_bin(), Keep::Sampled, &args).unwrap();
-    let _blackhole = blackhole(CHECKOUT);
+    let (listen, agent, _blackhole) = agent_and_blackhole();
     for _ in 0..2 {
         let out = lab.dig(WEB, &format!("@{CHECKOUT_IP} {KUBERNETES}"));
         assert_eq!(dig_status(&out), "timeout", "{out}");
@@ -557,6 +554,15 @@ fn unanswered_lookups_count_once_as_dropped_or_timeouts() {
 
 const CHECKOUT_IP: &str = "10.244.0.11";
 
+/// The agent, giving up on a query after 2 s, its address, and a socket
+/// that never answers at `CHECKOUT_IP`.
+fn agent_and_blackhole() -> (String, Dnstrace, UdpSocket) {
+    let listen = format!("127.0.0.1:{}", free_port());
+    let args = agent_args(&listen, &["--no-flight-recorder", "--timeout", "2s"]);
+    let agent = Dnstrace::start_binary(dnstrace_release_bin(), Keep::Sampled, &args).unwrap();
+    (listen, agent, blackhole(CHECKOUT))
+}
+
 /// A UDP socket on port 53 in the lab's namespace `ns` that nothing reads.
 fn blackhole(ns: &str) -> UdpSocket {
     in_lab_netns(ns, || UdpSocket::bind("0.0.0.0:53").expect("port 53"))
@@ -586,10 +592,7 @@ fn in_lab_netns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'sta
 fn queries_that_share_a_slot_are_counted_all_the_same() {
     require_root();
     let _lab = Lab::up(&[]);
-    let listen = format!("127.0.0.1:{}", free_port());
-    let args = agent_args(&listen, &["--no-flight-recorder", "--timeout", "2s"]);
-    let agent = Dnstrace::start_binary(dnstrace_release_bin(), Keep::Sampled, &args).unwrap();
-    let _blackhole = blackhole(CHECKOUT);
+    let (listen, agent, _blackhole) = agent_and_blackhole();
     let keys = keys_of_one_slot(WEB_IP.parse().unwrap());
     let socks = in_lab_netns(WEB, move || {
         keys.map(|(port, id)| {
