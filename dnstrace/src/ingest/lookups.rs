@@ -179,14 +179,17 @@ impl Slots {
         Ok(Self(Mapping::new(maps.slots.fd().as_fd(), len, prot, 0)?))
     }
 
+    fn slots(&self) -> *mut PendingSlot {
+        self.0.start().cast()
+    }
+
     /// One query of `key`'s slot fewer in the hash map, once it is out of
     /// it (never before: the kernel skips the map while the count is 0).
     fn unspill(&self, key: &PendingKey) {
-        let (start, _) = self.0.bytes();
         // SAFETY: the slot of `key`, inside the mapping; its count is only
         // ever changed atomically, here as in the kernel.
         let spilled = unsafe {
-            let at = start.cast::<PendingSlot>().add(slot_of(key) as usize);
+            let at = self.slots().add(slot_of(key) as usize);
             AtomicU32::from_ptr(&raw mut (*at).spilled)
         };
         spilled.fetch_sub(1, Ordering::AcqRel);
@@ -195,8 +198,7 @@ impl Slots {
     /// Takes each query pending since before `before_ns`, as the kernel
     /// takes one it answers: by swapping the state it read for the next.
     fn take_older(&self, before_ns: u64) -> Vec<(PendingKey, Pending)> {
-        let (start, _) = self.0.bytes();
-        let slots = start.cast::<PendingSlot>();
+        let slots = self.slots();
         (0..SLOTS as usize)
             .filter_map(|i| {
                 // SAFETY: slot `i` of the mapping, 8-aligned (the mapping

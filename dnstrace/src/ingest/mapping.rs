@@ -45,9 +45,9 @@ impl Mapping {
         unsafe { &*self.ptr.as_ptr().add(offset).cast::<AtomicUsize>() }
     }
 
-    /// Where the mapping starts, and its length.
-    pub(super) fn bytes(&self) -> (*mut u8, usize) {
-        (self.ptr.as_ptr(), self.len)
+    /// Where the mapping starts.
+    pub(super) fn start(&self) -> *mut u8 {
+        self.ptr.as_ptr()
     }
 }
 

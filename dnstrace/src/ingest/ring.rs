@@ -104,7 +104,7 @@ impl Ring {
 
     fn data(&self) -> *const u8 {
         // SAFETY: the mapping is a page and the data pages long.
-        unsafe { self.producer.bytes().0.add(self.page) }
+        unsafe { self.producer.start().add(self.page) }
     }
 
     fn producer_pos(&self) -> usize {
