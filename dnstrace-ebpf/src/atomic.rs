@@ -1,7 +1,8 @@
-//! 64-bit atomics on map memory. The bpf target's spec has no
-//! compare-and-swap, so `core::sync::atomic` offers none there; LLVM still
-//! emits the kernel's atomic instructions (Linux 5.12) for the intrinsics,
-//! each fully ordered.
+//! Atomics on map memory. The bpf target's spec has no compare-and-swap,
+//! so `core::sync::atomic` offers none there; LLVM still emits the
+//! kernel's atomic instructions for the intrinsics. Those that return the
+//! old value (64-bit only, Linux 5.12) are fully ordered; `add`, which
+//! returns nothing, is not.
 #[cfg(target_arch = "bpf")]
 use core::intrinsics::{atomic_cxchg, atomic_xadd, atomic_xchg, AtomicOrdering::SeqCst};
 
