@@ -39,9 +39,10 @@ impl Mapping {
         Ok(Self { ptr, len })
     }
 
-    /// The word at byte `offset` (8-aligned, inside the first page).
+    /// The word at byte `offset` (8-aligned, inside the mapping), which
+    /// the kernel reads or writes atomically.
     pub(super) fn word(&self, offset: usize) -> &AtomicUsize {
-        // SAFETY: page-aligned mapping; the kernel keeps the positions here.
+        // SAFETY: page-aligned mapping; the caller's offset is inside it.
         unsafe { &*self.ptr.as_ptr().add(offset).cast::<AtomicUsize>() }
     }
 
