@@ -519,7 +519,7 @@ fn counts_stay_exact_under_load_and_lost_events() {
 fn unanswered_lookups_count_once_as_dropped_or_timeouts() {
     require_root();
     let lab = Lab::up(&[]);
-    let (listen, agent, _blackhole) = agent_and_blackhole();
+    let (listen, agent, _blackhole) = agent_and_blackhole("2s");
     for _ in 0..2 {
         let out = lab.dig(WEB, &format!("@{CHECKOUT_IP} {KUBERNETES}"));
         assert_eq!(dig_status(&out), "timeout", "{out}");
@@ -554,11 +554,11 @@ fn unanswered_lookups_count_once_as_dropped_or_timeouts() {
 
 const CHECKOUT_IP: &str = "10.244.0.11";
 
-/// The agent, giving up on a query after 2 s, its address, and a socket
-/// that never answers at `CHECKOUT_IP`.
-fn agent_and_blackhole() -> (String, Dnstrace, UdpSocket) {
+/// The agent, giving up on a query after `timeout`, its address, and a
+/// socket that never answers at `CHECKOUT_IP`.
+fn agent_and_blackhole(timeout: &str) -> (String, Dnstrace, UdpSocket) {
     let listen = format!("127.0.0.1:{}", free_port());
-    let args = agent_args(&listen, &["--no-flight-recorder", "--timeout", "2s"]);
+    let args = agent_args(&listen, &["--no-flight-recorder", "--timeout", timeout]);
     let agent = Dnstrace::start_binary(dnstrace_release_bin(), Keep::Sampled, &args).unwrap();
     (listen, agent, blackhole(CHECKOUT))
 }
@@ -592,7 +592,9 @@ fn in_lab_netns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'sta
 fn queries_that_share_a_slot_are_counted_all_the_same() {
     require_root();
     let _lab = Lab::up(&[]);
-    let (listen, agent, _blackhole) = agent_and_blackhole();
+    // Long enough that the first query surely still holds the slot when
+    // the others are sent, so that they go to the hash map.
+    let (listen, agent, _blackhole) = agent_and_blackhole("5s");
     let keys = keys_of_one_slot(WEB_IP.parse().unwrap());
     let socks = in_lab_netns(WEB, move || {
         keys.map(|(port, id)| {
