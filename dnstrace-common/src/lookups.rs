@@ -39,6 +39,19 @@ pub struct Pending {
     pub _pad: [u8; 2],
 }
 
+impl Pending {
+    /// How this query ended if no answer took it: `OUTCOME_DROPPED` if the
+    /// kernel dropped it on its way, else `OUTCOME_TIMEOUT`.
+    #[inline(always)]
+    pub fn unanswered(&self) -> u8 {
+        if self.dropped != 0 {
+            OUTCOME_DROPPED
+        } else {
+            OUTCOME_TIMEOUT
+        }
+    }
+}
+
 /// Pending queries, each in the slot its key hashes to (`slot_of`); one
 /// whose slot is taken goes to a hash map instead. A slot is claimed and
 /// freed by compare-and-swap on its state, without a lock: the query's CPU

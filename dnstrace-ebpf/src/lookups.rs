@@ -13,8 +13,8 @@ use aya_ebpf::{
 use dnstrace_common::{
     lookups::{
         bucket, question_type, slot_of, slot_status, slot_taken, LookupCount, LookupKey, Pending,
-        PendingKey, PendingSlot, BOUNDS_NS, OUTCOME_DROPPED, OUTCOME_TIMEOUT, QUESTION_READ, SLOTS,
-        SLOT_BUSY, SLOT_FREE, SLOT_WRITING, STATS, STAT_COUNTS_FULL, STAT_PENDING_FULL,
+        PendingKey, PendingSlot, BOUNDS_NS, QUESTION_READ, SLOTS, SLOT_BUSY, SLOT_FREE,
+        SLOT_WRITING, STATS, STAT_COUNTS_FULL, STAT_PENDING_FULL,
     },
     Hook, COUNT_STARTED,
 };
@@ -248,23 +248,13 @@ fn spilled(slot: &Slot, key: &PendingKey, pending: &Pending, dev: Device) -> boo
     }
     if PENDING.remove(key).is_ok() {
         slot.spill(u32::MAX);
-        count(&LookupKey::of(key, &before, unanswered(&before)), None);
+        count(&LookupKey::of(key, &before, before.unanswered()), None);
     }
     let started = insert(key, pending) == Inserted::New;
     if started {
         slot.spill(1);
     }
     started
-}
-
-/// How a query that was not answered ended.
-#[inline(always)]
-fn unanswered(p: &Pending) -> u8 {
-    if p.dropped != 0 {
-        OUTCOME_DROPPED
-    } else {
-        OUTCOME_TIMEOUT
-    }
 }
 
 /// What a query did with its slot.
@@ -341,7 +331,7 @@ impl Slot {
             if !self.swap(free + SLOT_WRITING) {
                 return Claim::Taken;
             }
-            count(&LookupKey::of(key, &before, unanswered(&before)), None);
+            count(&LookupKey::of(key, &before, before.unanswered()), None);
             return self.fill(free, key, pending);
         }
         if slot_status(self.state) != SLOT_FREE || !self.swap(self.state + SLOT_WRITING) {

@@ -10,8 +10,8 @@ use crate::{
 
 pub const ETH_P_IP: u16 = 0x0800;
 pub const ETH_P_IPV6: u16 = 0x86dd;
-const IPPROTO_TCP: u8 = 6;
-const IPPROTO_UDP: u8 = 17;
+pub const IPPROTO_TCP: u8 = 6;
+pub const IPPROTO_UDP: u8 = 17;
 /// IPv6 extension headers walked before giving up on finding L4.
 const MAX_EXT_HEADERS: usize = 6;
 

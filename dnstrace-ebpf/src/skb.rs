@@ -17,7 +17,8 @@ use crate::{
         shed, wanted, Scratch,
     },
     parse::{
-        copy_payload, dns_headers, helper_result, transport, Reader, ETH_P_IP, ETH_P_IPV6, L4,
+        copy_payload, dns_headers, helper_result, transport, Reader, ETH_P_IP, ETH_P_IPV6,
+        IPPROTO_TCP, IPPROTO_UDP, L4,
     },
 };
 
@@ -97,9 +98,6 @@ impl Kernel for Untyped {
             .map_err(|e| unreadable(Why::FieldUnreadable, off, e.into()))
     }
 }
-
-const IPPROTO_TCP: u8 = 6;
-const IPPROTO_UDP: u8 = 17;
 
 /// `APART`: the program may send a TCP payload in the skb's pages apart
 /// (`bpf_skb_output`, for BTF tracepoints only; kprobes cannot call it).

@@ -5,10 +5,8 @@ use aya_ebpf::programs::SkBuffContext;
 use crate::{
     lookups,
     packet::Packet,
-    parse::{datagram, Reader, ETH_P_IP, ETH_P_IPV6},
+    parse::{datagram, Reader, ETH_P_IP, ETH_P_IPV6, IPPROTO_TCP},
 };
-
-const IPPROTO_TCP: u8 = 6;
 
 pub fn try_answer(ctx: &SkBuffContext) -> Result<(), i64> {
     if !lookups::enabled() {

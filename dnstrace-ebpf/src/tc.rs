@@ -6,12 +6,12 @@ use crate::{
     debug::{skip, Why},
     maps::{iface, in_scope, sampled_in, scoped, scratch, send, shed, tc_l2_len, wanted},
     packet::Packet,
-    parse::{copy_payload, dns_headers, transport, Reader},
+    parse::{copy_payload, dns_headers, transport, Reader, IPPROTO_UDP},
 };
 
-const IPPROTO_UDP: u8 = 17;
 const ETH_P_8021Q: u16 = 0x8100;
 const ETH_P_8021AD: u16 = 0x88a8;
+
 pub fn try_capture(ctx: &TcContext, hook: Hook) -> Result<(), i64> {
     // SAFETY: reading a field of the program's own context.
     let ifindex = unsafe { (*ctx.skb.skb).ifindex };

@@ -130,16 +130,11 @@ impl LookupCounter {
         taken
             .iter()
             .map(|(key, p)| {
-                let outcome = if p.dropped != 0 {
-                    OUTCOME_DROPPED
-                } else {
-                    OUTCOME_TIMEOUT
-                };
                 let one = LookupCount {
                     count: 1,
                     ..LookupCount::default()
                 };
-                counted(&LookupKey::of(key, p, outcome), &one)
+                counted(&LookupKey::of(key, p, p.unanswered()), &one)
             })
             .collect()
     }
