@@ -63,8 +63,10 @@ impl Bench {
                 [DNS_LOAD, &["--sample", "1024"]].concat(),
             ),
         ];
+        let mut untraced = Vec::new();
         for (what, extra) in &modes {
             let w = self.windows(&listen, extra)?;
+            untraced.extend_from_slice(&w.without);
             let (ratio, met) = judged(median(&w.ratios), median_interval(&w.ratios), |r| {
                 r >= CAPACITY_GOAL
             });
@@ -82,7 +84,7 @@ impl Bench {
         }
         self.note("A windowed ratio: one dnsperf runs at the lab's highest rate, reporting each second, while the agent is started and stopped in turn; each window with the agent (from 1 s after it is ready) is divided by the mean of the windows without it on either side, seconds apart, where rounds a minute apart drift by a fifth. The median of those ratios, with the percentile bootstrap of that median for its 95% interval.");
         self.explain_met();
-        self.agent_counts(&listen, &modes)
+        self.agent_counts(&listen, &modes, median(&untraced))
     }
 
     /// One dnsperf at the lab's highest rate (`-S 1`: a rate each second),
@@ -126,15 +128,24 @@ impl Bench {
     /// Whole dnsperf runs at the lab's highest rate under the agent in each
     /// mode, a thousand names asked (so that the follow budget meets names
     /// to choose from): web's lookups counted against the queries sent,
-    /// and the journeys followed a second with the defaults.
-    fn agent_counts(&mut self, listen: &str, modes: &[(&str, Vec<&str>)]) -> Result<()> {
+    /// the journeys followed a second with the defaults, and the agent's
+    /// CPU a lookup against what one costs the machine untraced (the
+    /// capacity windows' rate without it, `untraced_qps`).
+    fn agent_counts(
+        &mut self,
+        listen: &str,
+        modes: &[(&str, Vec<&str>)],
+        untraced_qps: f64,
+    ) -> Result<()> {
         let secs = self.plan.agent_secs;
         let names = self.many_names()?;
         let mut counts = Vec::new();
         let mut followed = Vec::new();
+        let mut costs = vec![Vec::new(); modes.len()];
         for (run, which) in turns(self.plan.agent_counts, modes.len()) {
             let agent = self.agent_tracer(listen, &modes[which].1)?;
-            let t = dnsperf(&names, secs, None)?;
+            let (t, cost) = run_with_cost(&agent, &names, secs)?;
+            costs[which].push(cost);
             // Every query answered or past the timeout, and read.
             pause(Duration::from_millis(7_000))?;
             // The pod's name; WEB is its network namespace's.
@@ -176,7 +187,36 @@ impl Bench {
             goal: "equal, events lost or not".into(),
             met: Some(exact.into()),
         });
+        self.agent_cost_rows(modes, &costs, untraced_qps);
         Ok(())
+    }
+
+    /// The capacity the agent's CPU a lookup leaves, mode by mode: a
+    /// figure of the same goal as the windows', from counted time rather
+    /// than from rates whose noise is larger than the agent's cost.
+    fn agent_cost_rows(&mut self, modes: &[(&str, Vec<&str>)], costs: &[Vec<Cost>], qps: f64) {
+        let cores = thread::available_parallelism().map_or(1, |n| n.get());
+        let lookup_us = cores as f64 / qps.max(1.0) * 1e6;
+        for ((what, _), runs) in modes.iter().zip(costs) {
+            let kept: Vec<f64> = runs.iter().map(|c| c.kept(lookup_us)).collect();
+            let (ratio, met) = judged(median(&kept), median_interval(&kept), |r| {
+                r >= CAPACITY_GOAL
+            });
+            let us = |f: fn(&Cost) -> f64| median(&runs.iter().map(f).collect::<Vec<_>>());
+            self.rows.push(Row {
+                figure: format!("Agent: the capacity its CPU a lookup leaves at the lab's highest rate, estimated (the {} runs above, each from {} s after its start to 1 s before its end; its BPF programs' run time by bpf_stats, and its process's; against what a lookup costs the machine untraced: {cores} cores at the capacity windows' rate without it); {what}", runs.len(), COST_SETTLE.as_secs()),
+                baseline: format!("{lookup_us:.1} µs a lookup"),
+                with: format!(
+                    "BPF {:.2} µs + process {:.2} µs a lookup",
+                    us(Cost::bpf_us),
+                    us(Cost::process_us)
+                ),
+                ratio,
+                goal: "≥ 95%".into(),
+                met: Some(met),
+            });
+        }
+        self.note("The estimated capacity: each run's CPU a lookup under the agent, once the sampler has found its level (its BPF programs' run time, their own clock reads included and the kernel's dispatch to them not; its process's user and system time) added to what a lookup costs the machine untraced, as a share of the machine; median of the runs, with the percentile bootstrap of that median. The windows above measure the same thing directly, through a rate that moves by tenths from one second to the next.");
     }
 
     /// `CPU_NAMES` names in the lab's cluster domain, answered by its
@@ -300,6 +340,73 @@ impl Bench {
     }
 }
 
+/// From a run's start to where its cost is measured: the sampler's level
+/// found (it starts keeping everything, and the load comes at once).
+const COST_SETTLE: Duration = Duration::from_secs(2);
+
+/// One whole dnsperf run at the lab's highest rate under `agent`, and the
+/// agent's CPU a lookup in its steady part: from `COST_SETTLE` on to a
+/// second before the end, the lookups from dnsperf's rate each second.
+fn run_with_cost(agent: &Tracer, queries: &Path, secs: u32) -> Result<(PerfResult, Cost)> {
+    let mut cmd = dnsperf_cmd(queries, secs, None);
+    cmd.args(["-S", "1"]);
+    let perf = Proc::spawn("dnsperf", &mut cmd, Capture::Stdout)?;
+    let pid = agent.pid();
+    pause(COST_SETTLE)?;
+    let stats = BpfStats::enable()?;
+    let (bpf0, cpu0, start) = (stats.programs(pid)?, proc_cpu(pid)?, unix_now());
+    let steady = Duration::from_secs(u64::from(secs)).saturating_sub(COST_SETTLE);
+    pause(steady.saturating_sub(Duration::from_secs(1)))?;
+    let (bpf1, cpu1, end) = (stats.programs(pid)?, proc_cpu(pid)?, unix_now());
+    drop(stats);
+    let out = perf.wait(Duration::from_secs(u64::from(secs) + 30))?.output;
+    let lookups = rate_between(&per_second(&out), start, end)? * (end - start);
+    let cost = Cost {
+        bpf_ns: run_ns(&bpf0, &bpf1) as f64,
+        process_s: cpu1 - cpu0,
+        lookups: lookups as u64,
+    };
+    Ok((parse_dnsperf(&out)?, cost))
+}
+
+/// The mean of dnsperf's rates stamped from a second after `start` to
+/// `end` (a rate is stamped at its second's end).
+fn rate_between(rates: &[(f64, f64)], start: f64, end: f64) -> Result<f64> {
+    let inside: Vec<f64> = rates
+        .iter()
+        .filter(|(t, _)| *t >= start + 1.0 && *t <= end)
+        .map(|&(_, r)| r)
+        .collect();
+    if inside.is_empty() {
+        bail!("dnsperf stamped no whole second in {:.1} s", end - start);
+    }
+    Ok(mean(&inside))
+}
+
+/// The agent's CPU over part of a dnsperf run.
+#[derive(Clone, Copy)]
+struct Cost {
+    bpf_ns: f64,
+    process_s: f64,
+    lookups: u64,
+}
+
+impl Cost {
+    fn bpf_us(&self) -> f64 {
+        self.bpf_ns / 1e3 / self.lookups.max(1) as f64
+    }
+
+    fn process_us(&self) -> f64 {
+        self.process_s * 1e6 / self.lookups.max(1) as f64
+    }
+
+    /// The share of the machine's lookups kept, where one costs it
+    /// `lookup_us` untraced.
+    fn kept(&self, lookup_us: f64) -> f64 {
+        lookup_us / (lookup_us + self.bpf_us() + self.process_us())
+    }
+}
+
 /// dnstrace's CPU (process `pid`) while dnsperf offers `rate` for `secs`,
 /// as percent of a core per 1,000 lookups a second answered.
 fn per_thousand(pid: i32, queries: &Path, secs: u32, rate: u32) -> Result<f64> {
@@ -353,21 +460,10 @@ impl Windows {
     /// is stamped at its second's end), and each with-window's against
     /// the mean of the windows without it on either side.
     fn of(marks: &[Window], rates: &[(f64, f64)]) -> Result<Self> {
-        let rate = |w: &Window| {
-            let inside: Vec<f64> = rates
-                .iter()
-                .filter(|(t, _)| *t >= w.start + 1.0 && *t <= w.end)
-                .map(|&(_, r)| r)
-                .collect();
-            if inside.is_empty() {
-                bail!(
-                    "dnsperf stamped no whole second in a window of {:.1} s",
-                    w.end - w.start
-                );
-            }
-            Ok(mean(&inside))
-        };
-        let means = marks.iter().map(rate).collect::<Result<Vec<f64>>>()?;
+        let means = marks
+            .iter()
+            .map(|w| rate_between(rates, w.start, w.end))
+            .collect::<Result<Vec<f64>>>()?;
         let mut w = Self {
             with: Vec::new(),
             without: Vec::new(),
@@ -436,6 +532,20 @@ fn lookups_of(page: &str, pod: &str) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_agents_cost_a_lookup_is_a_share_of_the_machine() {
+        // 2 µs of BPF and 0.5 µs of process a lookup, over 1,000 lookups.
+        let c = Cost {
+            bpf_ns: 2_000_000.0,
+            process_s: 0.000_5,
+            lookups: 1_000,
+        };
+        assert!((c.bpf_us() - 2.0).abs() < 1e-9);
+        assert!((c.process_us() - 0.5).abs() < 1e-9);
+        // A lookup that costs the machine 47.5 µs untraced: 95% kept.
+        assert!((c.kept(47.5) - 0.95).abs() < 1e-9);
+    }
 
     fn w(with: bool, start: f64, end: f64) -> Window {
         Window { with, start, end }
