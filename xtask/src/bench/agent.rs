@@ -216,7 +216,7 @@ impl Bench {
                 met: Some(met),
             });
         }
-        self.note("The estimated capacity: each run's CPU a lookup under the agent, once the sampler has found its level (its BPF programs' run time, their own clock reads included and the kernel's dispatch to them not; its process's user and system time) added to what a lookup costs the machine untraced, as a share of the machine; median of the runs, with the percentile bootstrap of that median. The windows above measure the same thing directly, through a rate that moves by tenths from one second to the next.");
+        self.note("The estimated capacity: each run's CPU a lookup under the agent, once the sampler has found its level (its BPF programs' run time, their own clock reads included and the kernel's dispatch to them not; its process's user and system time) added to what a lookup costs the machine untraced (from the median rate of the windows without the agent, its own spread left out of the interval), as a share of the machine; median of the runs, with the percentile bootstrap of that median. The windows above measure the same thing directly, through a rate that moves by tenths from one second to the next.");
     }
 
     /// `CPU_NAMES` names in the lab's cluster domain, answered by its
