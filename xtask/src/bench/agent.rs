@@ -96,9 +96,7 @@ impl Bench {
         let n = self.plan.agent_rounds;
         // Room for every window and each agent's start; stopped after the last.
         let limit = (n as u32 + 1) * (2 * secs + 30);
-        let mut cmd = dnsperf_cmd(&self.queries(), limit, None);
-        cmd.args(["-S", "1"]);
-        let perf = Proc::spawn("dnsperf", &mut cmd, Capture::Stdout)?;
+        let perf = stamped_dnsperf(&self.queries(), limit)?;
         settle()?;
         let window = |with: bool| -> Result<Window> {
             let start = unix_now();
@@ -348,9 +346,7 @@ const COST_SETTLE: Duration = Duration::from_secs(2);
 /// agent's CPU a lookup in its steady part: from `COST_SETTLE` on to a
 /// second before the end, the lookups from dnsperf's rate each second.
 fn run_with_cost(agent: &Tracer, queries: &Path, secs: u32) -> Result<(PerfResult, Cost)> {
-    let mut cmd = dnsperf_cmd(queries, secs, None);
-    cmd.args(["-S", "1"]);
-    let perf = Proc::spawn("dnsperf", &mut cmd, Capture::Stdout)?;
+    let perf = stamped_dnsperf(queries, secs)?;
     let pid = agent.pid();
     pause(COST_SETTLE)?;
     let stats = BpfStats::enable()?;
@@ -367,6 +363,14 @@ fn run_with_cost(agent: &Tracer, queries: &Path, secs: u32) -> Result<(PerfResul
         lookups: lookups as u64,
     };
     Ok((parse_dnsperf(&out)?, cost))
+}
+
+/// dnsperf at the lab's highest rate for `secs`, stamping its rate each
+/// second (`-S 1`, read by `per_second`).
+fn stamped_dnsperf(queries: &Path, secs: u32) -> Result<Proc> {
+    let mut cmd = dnsperf_cmd(queries, secs, None);
+    cmd.args(["-S", "1"]);
+    Proc::spawn("dnsperf", &mut cmd, Capture::Stdout)
 }
 
 /// The mean of dnsperf's rates stamped from a second after `start` to
