@@ -172,9 +172,6 @@ pub struct KernelOffsets {
     pub skb_protocol: u32,
     pub skb_network_header: u32,
     pub skb_dev: u32,
-    /// The device a packet was last received on; 0 for one a socket here
-    /// made and no device has received yet.
-    pub skb_iif: u32,
     pub dev_ifindex: u32,
     pub dev_name: u32,
     pub dev_nd_net: u32,
@@ -207,7 +204,6 @@ impl KernelOffsets {
         skb_protocol: 0,
         skb_network_header: 0,
         skb_dev: 0,
-        skb_iif: 0,
         dev_ifindex: 0,
         dev_name: 0,
         dev_nd_net: 0,

@@ -2,14 +2,14 @@
 //! client sends and how it ended, before the ring and its sampling, so
 //! that the counts stay exact at any load.
 //!
-//! A query is followed from where a socket on this node sends it (a
-//! device sending a packet no device received: `skb->skb_iif` 0) to its
-//! answer received in that device's network namespace, from the address
-//! and port it was sent to (what the client's socket accepts). The kernel
-//! counts the answered ones and the retries that replace an unanswered
-//! one; user space counts those that stay unanswered past the timeout. A query that
-//! arrived on a device (another node's, whose agent counts it) and the
-//! later hops of one sent here are forwarded, and never counted.
+//! A query is followed from where a socket on this node sends it (cgroup
+//! v2's egress) to where the client's socket takes its answer (cgroup
+//! v2's ingress), from the address and port it was sent to (what the
+//! socket accepts). The kernel counts the answered ones and the retries
+//! that replace an unanswered one; user space counts those that stay
+//! unanswered past the timeout. A query that arrived on a device (another
+//! node's, whose agent counts it) and the later hops of one sent here go
+//! through no socket's egress, and are never counted.
 
 /// A query waiting for its answer: the client's socket and the DNS id.
 #[repr(C)]
@@ -27,10 +27,6 @@ pub struct PendingKey {
 pub struct Pending {
     pub start_ns: u64,
     pub server: [u32; 4],
-    /// The device the query was first sent from (where a retry comes
-    /// from), and its namespace (where the answer must arrive).
-    pub netns: u32,
-    pub ifindex: u32,
     pub server_port: u16,
     pub qtype: u16,
     pub ip_version: u8,
@@ -310,7 +306,9 @@ mod pod {
 }
 
 const _: () = assert!(core::mem::size_of::<PendingKey>() == 20);
-const _: () = assert!(core::mem::size_of::<Pending>() == 40);
-const _: () = assert!(core::mem::size_of::<PendingSlot>() == 72);
+const _: () = assert!(core::mem::size_of::<Pending>() == 32);
+// One cache line: the query's CPU and the answer's each touch one, where
+// the slots' mapping is page-aligned.
+const _: () = assert!(core::mem::size_of::<PendingSlot>() == 64);
 const _: () = assert!(SLOTS.is_power_of_two());
 const _: () = assert!(core::mem::size_of::<LookupKey>() == 40);

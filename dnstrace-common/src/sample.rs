@@ -29,15 +29,35 @@ pub struct SampleLevel {
 }
 
 impl SampleLevel {
-    /// 1 in `one_in()` lookups kept.
+    /// Nothing followed: the device hooks return before they read a packet
+    /// (`dnstrace agent` between its windows of following, while the
+    /// kernel counts lookups at the sockets).
+    pub const PAUSED: Self = Self {
+        shift: u32::MAX,
+        seed: 0,
+    };
+
+    #[inline(always)]
+    pub const fn paused(self) -> bool {
+        self.shift > MAX_SHIFT
+    }
+
+    /// 1 in `one_in()` lookups kept (none while paused: 0).
     pub const fn one_in(self) -> u32 {
+        if self.paused() {
+            return 0;
+        }
         1 << self.shift
     }
 
     /// Whether a lookup whose first label hashes to `label` is kept.
     #[inline(always)]
     pub const fn keeps(self, label: u32) -> bool {
-        self.shift == 0 || mix(label ^ self.seed) & ((1 << self.shift) - 1) == 0
+        match self.shift {
+            0 => true,
+            s if s > MAX_SHIFT => false,
+            s => mix(label ^ self.seed) & ((1 << s) - 1) == 0,
+        }
     }
 }
 

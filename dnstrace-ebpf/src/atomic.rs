@@ -57,5 +57,19 @@ pub unsafe fn add(p: *mut u32, n: u32) {
     core::sync::atomic::AtomicU32::from_ptr(p).fetch_add(n, SEQ_CST);
 }
 
+/// Adds `n` to `*p`, as one instruction: a program in process context
+/// (a socket's egress) can be interrupted, or preempted by another run on
+/// its CPU, between the load and the store of a plain `+=`.
+///
+/// # Safety
+/// `p` is a valid, 8-aligned u64 in map memory.
+#[inline(always)]
+pub unsafe fn add64(p: *mut u64, n: u64) {
+    #[cfg(target_arch = "bpf")]
+    atomic_xadd::<u64, u64, { SeqCst }>(p, n);
+    #[cfg(not(target_arch = "bpf"))]
+    core::sync::atomic::AtomicU64::from_ptr(p).fetch_add(n, SEQ_CST);
+}
+
 #[cfg(not(target_arch = "bpf"))]
 const SEQ_CST: core::sync::atomic::Ordering = core::sync::atomic::Ordering::SeqCst;

@@ -1,9 +1,10 @@
 //! Lookups counted where they happen, for `dnstrace agent` (see
-//! `dnstrace_common::lookups`): each UDP query from where a socket sends
-//! it to its answer's arrival in the socket's network namespace, or at the
-//! socket itself, counted before the ring and its sampling. A pending
-//! query waits in its slot, or in a hash map where another holds the slot.
-//! Off unless user space sets `COUNT_LOOKUPS`.
+//! `dnstrace_common::lookups`): each UDP query from where its socket sends
+//! it (cgroup egress) to where its socket takes the answer (cgroup
+//! ingress), counted before the ring and its sampling, and whether the
+//! device hooks run or not. A pending query waits in its slot, or in a
+//! hash map where another holds the slot. Off unless user space sets
+//! `COUNT_LOOKUPS`.
 use aya_ebpf::{
     bindings::{BPF_F_MMAPABLE, BPF_F_NO_PREALLOC, BPF_NOEXIST},
     helpers::bpf_ktime_get_ns,
@@ -16,13 +17,13 @@ use dnstrace_common::{
         PendingKey, PendingSlot, BOUNDS_NS, QUESTION_READ, SLOTS, SLOT_BUSY, SLOT_FREE,
         SLOT_WRITING, STATS, STAT_COUNTS_FULL, STAT_PENDING_FULL,
     },
-    Hook, COUNT_STARTED,
+    COUNT_STARTED,
 };
 
 use crate::{
     atomic,
     maps::{self, is_dns_port},
-    parse::{Datagram, Reader},
+    parse::Datagram,
 };
 
 /// Set by user space before loading: 1 to count lookups.
@@ -62,94 +63,39 @@ struct Answer {
     server: [u32; 4],
     server_port: u16,
     rcode: u8,
-    /// The network namespace a device received it in; none where a socket
-    /// takes it, which is where its query left from.
-    netns: Option<u32>,
 }
 
 impl Answer {
-    /// Whether it ends `pending`: it arrived where the query left from,
-    /// from where the query went.
+    /// Whether it ends `pending`: it came from where the query went.
     #[inline(always)]
     fn ends(&self, pending: &Pending) -> bool {
-        self.netns.is_none_or(|netns| netns == pending.netns)
-            && pending.server == self.server
-            && pending.server_port == self.server_port
-    }
-
-    /// The answer from `server` to `client` whose DNS header starts with
-    /// `head` (id, flags, rcode).
-    #[inline(always)]
-    fn of(
-        server: ([u32; 4], u16),
-        client: ([u32; 4], u16),
-        head: [u8; 4],
-        netns: Option<u32>,
-    ) -> Self {
-        Self {
-            key: PendingKey {
-                client: client.0,
-                port: client.1,
-                id: u16::from_be_bytes([head[0], head[1]]),
-            },
-            server: server.0,
-            server_port: server.1,
-            rcode: head[3] & 0x0f,
-            netns,
-        }
+        pending.server == self.server && pending.server_port == self.server_port
     }
 }
 
-/// A UDP packet to or from a DNS port, as the counting needs it.
-pub struct Udp<'a> {
-    pub saddr: [u32; 4],
-    pub daddr: [u32; 4],
-    pub sport: u16,
-    pub dport: u16,
-    pub ip_version: u8,
-    /// The DNS header and what follows, of which `valid` bytes are the
-    /// message's.
-    pub head: &'a [u8; 32],
+/// Whether a datagram a socket sends is a query (to a DNS port).
+#[inline(always)]
+pub fn is_query(d: &Datagram) -> bool {
+    d.head[2] & 0x80 == 0 && is_dns_port(d.dport)
+}
+
+/// A query's socket and where it sent it.
+pub struct Ends {
+    pub client: [u32; 4],
+    pub port: u16,
+    pub server: [u32; 4],
+    pub server_port: u16,
+}
+
+/// A query (`is_query`) as its socket sends it.
+pub struct Query<'a> {
+    pub datagram: &'a Datagram,
+    /// Its ends as the socket sent it (see `sock::sent_as`): where its
+    /// answer will come to and from.
+    pub ends: Ends,
+    /// The message's first bytes, of which `valid` are the message's.
+    pub message: &'a [u8; QUESTION_READ],
     pub valid: u32,
-}
-
-impl Udp<'_> {
-    /// The pending query this packet is, if it is a query with DNS id `id`.
-    #[inline(always)]
-    fn query_key(&self, id: u16) -> PendingKey {
-        PendingKey {
-            client: self.saddr,
-            port: self.sport,
-            id,
-        }
-    }
-
-    /// This packet as an answer to a pending query, arrived in `netns`.
-    #[inline(always)]
-    fn answer(&self, netns: u32) -> Answer {
-        let head = [self.head[0], self.head[1], self.head[2], self.head[3]];
-        Answer::of(
-            (self.saddr, self.sport),
-            (self.daddr, self.dport),
-            head,
-            Some(netns),
-        )
-    }
-}
-
-/// The device a packet is on: its namespace's inode and its index.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub struct Device {
-    pub netns: u32,
-    pub ifindex: u32,
-}
-
-impl Device {
-    /// No device, or one that could not be read.
-    pub const NONE: Self = Self {
-        netns: 0,
-        ifindex: 0,
-    };
 }
 
 #[inline(always)]
@@ -158,79 +104,43 @@ pub fn enabled() -> bool {
     unsafe { core::ptr::read_volatile(&COUNT_LOOKUPS) != 0 }
 }
 
-/// How a device came to send a packet.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub enum Sent {
-    /// A socket here made it (`skb->skb_iif` 0: no device received it).
-    Made,
-    /// A device received it first: a later hop, or another node's.
-    Forwarded,
-}
-
-/// Follows a lookup through this sighting of one of its packets: a query
-/// a socket sent (first, or again), a query dropped, or the answer
-/// arriving where its query left from. A query's question is read from
-/// `r` at `question_at` into `buf`; `sent` and `device` are asked only
-/// where they matter. True where this packet started a lookup.
+/// A query a socket sends is pending; the same query sent again (the
+/// same socket and DNS id) is a retry, and the one before it ended
+/// unanswered. True
+/// where it started a lookup. In its slot if it can, else in the hash
+/// map, inserted first: a retry is rare, and a look before every insert
+/// would double the map's work.
 #[inline(always)]
-pub fn follow<R: Reader>(
-    p: &Udp,
-    hook: Hook,
-    r: &R,
-    question_at: u32,
-    buf: &mut [u8; QUESTION_READ],
-    sent: impl FnOnce() -> Sent,
-    device: impl FnOnce() -> Device,
-) -> bool {
-    if p.valid < 12 {
-        return false;
-    }
-    let id = u16::from_be_bytes([p.head[0], p.head[1]]);
-    let answer = p.head[2] & 0x80 != 0;
-    match (answer, hook) {
-        // Only where a socket sent it: a query forwarded (DNATed to a
-        // resolver here, or arriving from another node, whose agent counts
-        // it) needs no look in the map.
-        (false, Hook::DevXmit) if is_dns_port(p.dport) && sent() == Sent::Made => {
-            return query_sent(p, id, device(), r, question_at, buf);
-        }
-        (false, Hook::Drop) if is_dns_port(p.dport) => query_dropped(p, id),
-        (true, Hook::DevReceive) if is_dns_port(p.sport) => answered(&p.answer(device().netns)),
-        _ => {}
-    }
-    false
-}
-
-/// A query a socket sends is pending; the same query sent again from the
-/// same device is a retry, and the one before it ended unanswered. True
-/// where it started one. In its slot if it can, else in the hash map,
-/// inserted first: a retry is rare, and a look before every insert would
-/// double the map's work.
-#[inline(always)]
-fn query_sent<R: Reader>(
-    p: &Udp,
-    id: u16,
-    dev: Device,
-    r: &R,
-    question_at: u32,
-    buf: &mut [u8; QUESTION_READ],
-) -> bool {
-    let key = p.query_key(id);
-    let pending = pending(p, dev, r, question_at, buf);
+pub fn query_made(q: &Query) -> bool {
+    let d = q.datagram;
+    let key = PendingKey {
+        client: q.ends.client,
+        port: q.ends.port,
+        id: u16::from_be_bytes([d.head[0], d.head[1]]),
+    };
+    let pending = Pending {
+        // SAFETY: plain helper call.
+        start_ns: unsafe { bpf_ktime_get_ns() },
+        server: q.ends.server,
+        server_port: q.ends.server_port,
+        qtype: question_type(q.message, q.valid as usize),
+        ip_version: d.ip_version,
+        dropped: 0,
+        _pad: [0; 2],
+    };
     let Some(slot) = Slot::of(&key) else {
         return false;
     };
-    match slot.claim(&key, &pending, dev) {
+    match slot.claim(&key, &pending) {
         Claim::Started => true,
-        Claim::NotStarted => false,
-        Claim::Taken => spilled(&slot, &key, &pending, dev),
+        Claim::Taken => spilled(&slot, &key, &pending),
     }
 }
 
-/// `query_sent` for a query whose slot another holds: in the hash map,
+/// `query_made` for a query whose slot another holds: in the hash map,
 /// counted in the slot's `spilled`.
 #[inline(always)]
-fn spilled(slot: &Slot, key: &PendingKey, pending: &Pending, dev: Device) -> bool {
+fn spilled(slot: &Slot, key: &PendingKey, pending: &Pending) -> bool {
     match insert(key, pending) {
         Inserted::New => {
             slot.spill(1);
@@ -243,9 +153,6 @@ fn spilled(slot: &Slot, key: &PendingKey, pending: &Pending, dev: Device) -> boo
     let Some(before) = unsafe { PENDING.get(key) }.copied() else {
         return false;
     };
-    if before.netns != dev.netns || before.ifindex != dev.ifindex {
-        return false;
-    }
     if PENDING.remove(key).is_ok() {
         slot.spill(u32::MAX);
         count(&LookupKey::of(key, &before, before.unanswered()), None);
@@ -262,8 +169,6 @@ fn spilled(slot: &Slot, key: &PendingKey, pending: &Pending, dev: Device) -> boo
 enum Claim {
     /// It holds it: a lookup started.
     Started,
-    /// The same query, pending from another device: no lookup started.
-    NotStarted,
     /// Another query holds it: the hash map's turn.
     Taken,
 }
@@ -319,14 +224,10 @@ impl Slot {
     }
 
     /// Claims the slot for `key`'s query: if it is free, or holds the
-    /// same query from the same device (a retry: the one before is
-    /// counted unanswered).
+    /// same query (a retry: the one before is counted unanswered).
     #[inline(always)]
-    fn claim(&self, key: &PendingKey, pending: &Pending, dev: Device) -> Claim {
+    fn claim(&self, key: &PendingKey, pending: &Pending) -> Claim {
         if let Some(before) = self.holding(key) {
-            if before.netns != dev.netns || before.ifindex != dev.ifindex {
-                return Claim::NotStarted;
-            }
             let free = slot_taken(self.state);
             if !self.swap(free + SLOT_WRITING) {
                 return Claim::Taken;
@@ -381,36 +282,19 @@ fn insert(key: &PendingKey, pending: &Pending) -> Inserted {
     }
 }
 
-/// A query as pending from now, its question's type read from `r`.
+/// A query the kernel dropped (`kfree_skb`), from `client` to `dport`,
+/// whose DNS header starts with `head`: its lookup, if pending, ends
+/// dropped unless an answer comes.
 #[inline(always)]
-fn pending<R: Reader>(
-    p: &Udp,
-    dev: Device,
-    r: &R,
-    question_at: u32,
-    buf: &mut [u8; QUESTION_READ],
-) -> Pending {
-    let qtype = match r.copy(question_at, buf.as_mut_ptr(), QUESTION_READ as u32) {
-        Ok(()) => question_type(buf, p.valid as usize),
-        Err(_) => 0,
-    };
-    Pending {
-        // SAFETY: plain helper call.
-        start_ns: unsafe { bpf_ktime_get_ns() },
-        server: p.daddr,
-        netns: dev.netns,
-        ifindex: dev.ifindex,
-        server_port: p.dport,
-        qtype,
-        ip_version: p.ip_version,
-        dropped: 0,
-        _pad: [0; 2],
+pub fn dropped(client: ([u32; 4], u16), dport: u16, head: &[u8; 32]) {
+    if head[2] & 0x80 != 0 || !is_dns_port(dport) {
+        return;
     }
-}
-
-#[inline(always)]
-fn query_dropped(p: &Udp, id: u16) {
-    let key = p.query_key(id);
+    let key = PendingKey {
+        client: client.0,
+        port: client.1,
+        id: u16::from_be_bytes([head[0], head[1]]),
+    };
     let Some(slot) = Slot::of(&key) else {
         return;
     };
@@ -430,35 +314,31 @@ fn query_dropped(p: &Udp, id: u16) {
 }
 
 /// A UDP datagram a socket is about to take: counted if it answers a
-/// pending query (one a receive tracepoint saw arrive is counted already).
+/// pending query, from where the query went (what the socket accepts),
+/// once. At the socket, whatever devices it came through (a VLAN's, a
+/// bond's, a macvlan's lower device in another namespace) and whatever
+/// hooks follow: the lookup as its client saw it end.
 #[inline(always)]
 pub fn answer_taken(d: &Datagram) {
     if d.head[2] & 0x80 == 0 || !is_dns_port(d.sport) {
         return;
     }
-    answered(&Answer::of(
-        (d.saddr, d.sport),
-        (d.daddr, d.dport),
-        d.head,
-        None,
-    ));
-}
-
-/// An answer counts where it enters the network namespace its query left
-/// from (on a forwarding hop before, it may yet be lost), or where the
-/// client's socket takes it; from where the query went (what the socket
-/// accepts), once. Not on the query's device: through a VLAN device, a bond
-/// or a macvlan, the kernel fires the receive tracepoint on the lower
-/// device only, before handing the answer up, and a macvlan's or ipvlan's
-/// lower device is in another namespace: those count at the socket.
-#[inline(always)]
-fn answered(a: &Answer) {
+    let a = Answer {
+        key: PendingKey {
+            client: d.daddr,
+            port: d.dport,
+            id: u16::from_be_bytes([d.head[0], d.head[1]]),
+        },
+        server: d.saddr,
+        server_port: d.sport,
+        rcode: d.head[3] & 0x0f,
+    };
     let Some(slot) = Slot::of(&a.key) else {
         return;
     };
     if let Some(pending) = slot.holding(&a.key) {
         if a.ends(&pending) && slot.swap(slot_taken(slot.state)) {
-            counted(a, &pending);
+            counted(&a, &pending);
         }
         return;
     }
@@ -471,7 +351,7 @@ fn answered(a: &Answer) {
     };
     if a.ends(&pending) && PENDING.remove(a.key).is_ok() {
         slot.spill(u32::MAX);
-        counted(a, &pending);
+        counted(&a, &pending);
     }
 }
 
@@ -499,27 +379,29 @@ fn count(key: &LookupKey, took: Option<u64>) {
             c
         }
     };
-    // SAFETY: this CPU's value. Counting runs only on a device's send and
-    // receive and a socket's ingress, all with bottom halves off: none
-    // interrupts another on a CPU, and the kernel skips a nested run.
-    unsafe { add(&mut *c, took) };
+    // SAFETY: this CPU's value, 8-aligned, added to atomically: a socket's
+    // egress runs in process context, where an interrupt's run on this
+    // CPU, or another task's, can come between a load and its store.
+    unsafe { add(c, took) };
 }
 
+/// # Safety
+/// `c` is a map value, 8-aligned.
 #[inline(always)]
-fn add(c: &mut LookupCount, took: Option<u64>) {
-    c.count += 1;
+unsafe fn add(c: *mut LookupCount, took: Option<u64>) {
+    atomic::add64(&raw mut (*c).count, 1);
     let Some(ns) = took else { return };
-    c.answered += 1;
-    c.sum_ns += ns;
-    if let Some(b) = bucket(ns).and_then(|i| c.buckets.get_mut(i)) {
-        *b += 1;
+    atomic::add64(&raw mut (*c).answered, 1);
+    atomic::add64(&raw mut (*c).sum_ns, ns);
+    if let Some(i) = bucket(ns).filter(|i| *i < BOUNDS_NS.len()) {
+        atomic::add64(&raw mut (*c).buckets[i], 1);
     }
 }
 
 #[inline(always)]
 fn stat(index: u32) {
     if let Some(n) = LOOKUP_STATS.get_ptr_mut(index) {
-        // SAFETY: per-CPU slot, no concurrent writer.
-        unsafe { *n += 1 };
+        // SAFETY: per-CPU slot, 8-aligned; atomic as in `count`.
+        unsafe { atomic::add64(n, 1) };
     }
 }

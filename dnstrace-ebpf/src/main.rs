@@ -114,10 +114,16 @@ fn kfree_skb<K: Kernel>(ctx: &BtfTracePointContext) -> i32 {
     0
 }
 
+/// A packet a socket sends (cgroup v2's egress, attached at the root):
+/// where the agent starts counting a lookup. It lets every packet through.
+#[cgroup_skb]
+pub fn dns_sock_egress(ctx: SkBuffContext) -> i32 {
+    debug::skipped(sock::try_query(&ctx));
+    1
+}
+
 /// A packet a socket is about to take (cgroup v2's ingress, attached at
-/// the root): where the agent counts answers that no receive tracepoint
-/// saw arrive in their client's namespace (a macvlan's, an ipvlan's, one
-/// redirected into its pod by tc). It lets every packet through.
+/// the root): where the agent counts a lookup answered.
 #[cgroup_skb]
 pub fn dns_sock_ingress(ctx: SkBuffContext) -> i32 {
     debug::skipped(sock::try_answer(&ctx));

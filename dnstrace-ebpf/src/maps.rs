@@ -1,5 +1,8 @@
 //! Maps and globals shared by all programs, and sending an event.
-use crate::debug::{skip, Why};
+use crate::{
+    atomic,
+    debug::{skip, Why},
+};
 use aya_ebpf::{
     bindings::{
         BPF_F_CURRENT_CPU, BPF_F_NO_PREALLOC, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP,
@@ -280,6 +283,13 @@ pub fn sampled_in(head: &[u8; 32], valid: u32) -> bool {
     ))
 }
 
+/// Whether the level follows nothing now (`SampleLevel::PAUSED`): a
+/// device's hook returns before it reads the packet.
+#[inline(always)]
+pub fn paused() -> bool {
+    SAMPLE.get(0).is_some_and(|level| level.paused())
+}
+
 /// Counts a packet left out by the sampling level; its error.
 #[inline(always)]
 pub fn shed() -> i64 {
@@ -340,8 +350,9 @@ pub fn send_apart(skb: *const u8, s: &mut Scratch, start: u32, len: u32) {
 #[inline(always)]
 pub fn count(counter: u32) {
     if let Some(n) = COUNTS.get_ptr_mut(counter) {
-        // SAFETY: per-CPU slot, no concurrent writer.
-        unsafe { *n += 1 };
+        // SAFETY: per-CPU slot, 8-aligned; atomic, as a socket's egress
+        // may be interrupted by a device's run on its CPU.
+        unsafe { atomic::add64(n, 1) };
     }
 }
 

@@ -300,7 +300,12 @@ pub struct Datagram {
     pub daddr: [u32; 4],
     pub sport: u16,
     pub dport: u16,
+    pub ip_version: u8,
+    /// The DNS header's first bytes: id, flags, rcode.
     pub head: [u8; 4],
+    /// Where the DNS message starts, and its length as the UDP header says.
+    pub message_at: u32,
+    pub message_len: u32,
 }
 
 /// The datagram at `r` (from its IP header on), if it is UDP to or from a
@@ -315,12 +320,16 @@ pub fn datagram<R: Reader>(r: &R, ethertype: u16) -> Result<Datagram, i64> {
     if udp_len < 8 + 12 {
         return Err(skip(Why::NotDnsHeader, udp_len.into()));
     }
+    let message_at = dns.l4.offset + 8;
     Ok(Datagram {
         saddr: dns.saddr,
         daddr: dns.daddr,
         sport: dns.sport,
         dport: dns.dport,
-        head: r.load(dns.l4.offset + 8)?,
+        ip_version: dns.ip_version,
+        head: r.load(message_at)?,
+        message_at,
+        message_len: u32::from(udp_len) - 8,
     })
 }
 

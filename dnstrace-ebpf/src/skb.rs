@@ -4,16 +4,13 @@
 use aya_ebpf::helpers::{
     bpf_probe_read_kernel, generated::bpf_probe_read_kernel as probe_read_raw,
 };
-use dnstrace_common::{
-    lookups::QUESTION_READ, CtTuple, Hook, KernelOffsets, APART_MAX, COUNT_FOLLOWED, CT_SPAN_MAX,
-    FLAG_CONNTRACK,
-};
+use dnstrace_common::{CtTuple, Hook, KernelOffsets, APART_MAX, CT_SPAN_MAX, FLAG_CONNTRACK};
 
 use crate::{
     debug::{skip, unreadable, Why},
-    lookups::{self, Device, Sent, Udp},
+    lookups,
     maps::{
-        count, filtered, in_scope, offset, offsets, sampled_in, scoped, scratch, send, send_apart,
+        filtered, in_scope, offset, offsets, paused, sampled_in, scoped, scratch, send, send_apart,
         shed, wanted, Scratch,
     },
     parse::{
@@ -108,6 +105,11 @@ pub fn try_capture<K: Kernel, const APART: bool>(
     hook: Hook,
     drop: Drop,
 ) -> Result<(), i64> {
+    // Between the agent's windows of following, only a drop is read: it
+    // marks its lookup's count.
+    if hook != Hook::Drop && paused() {
+        return Ok(());
+    }
     // Everything up to the ports is on the path of every packet: as few
     // reads as can rule a packet out, and nothing stored before it is DNS.
     if offset(|o| &o.skb_head) == 0 || skb.is_null() {
@@ -132,21 +134,18 @@ pub fn try_capture<K: Kernel, const APART: bool>(
     } else {
         dev
     };
-    // Before counting: another node's lookups are its own to count.
+    // Before a drop marks a count: another node's lookups are its own.
     on_this_node::<K>(dev, &o)?;
-    // Counted, then perhaps left out by sampling, before the reads only
-    // an event needs: at a high sampling level most packets stop here.
+    // Perhaps left out by sampling, before the reads only an event needs:
+    // at a high sampling level most packets stop here.
     let head = udp_head(&r, &l4, s);
     if let Some(valid) = head {
-        let seen = Seen { skb, dev, hook };
-        let started = count_lookup::<K>(seen, &r, &l4, valid, &o, s);
-        if !filtered() {
-            if !sampled_in(&s.head, valid) {
-                return Err(shed());
-            }
-            if started {
-                count(COUNT_FOLLOWED);
-            }
+        if hook == Hook::Drop && valid >= 12 && s.meta.frag_offset == 0 && lookups::enabled() {
+            let client = (words(&s.meta.saddr), s.meta.sport);
+            lookups::dropped(client, s.meta.dport, &s.head);
+        }
+        if !filtered() && !sampled_in(&s.head, valid) {
+            return Err(shed());
         }
     }
     device::<K>(dev, &o, s)?;
@@ -170,14 +169,6 @@ pub fn try_capture<K: Kernel, const APART: bool>(
     send(s, cap)
 }
 
-/// A packet where a hook saw it: its skb, and the device it is on.
-#[derive(Clone, Copy)]
-struct Seen {
-    skb: *const u8,
-    dev: *const u8,
-    hook: Hook,
-}
-
 /// Reads a UDP payload's first bytes (a DNS header and the start of its
 /// question, or a later fragment's data) into `s.head`; how many are the
 /// packet's.
@@ -190,47 +181,6 @@ fn udp_head(r: &Linear, l4: &L4, s: &mut Scratch) -> Option<u32> {
     r.copy(l4.offset(), s.head.as_mut_ptr(), s.head.len() as u32)
         .ok()?;
     Some(in_packet.min(l4.payload_len()))
-}
-
-/// Follows the lookup this packet belongs to, when the agent counts them;
-/// true where the packet started one.
-#[inline(always)]
-fn count_lookup<K: Kernel>(
-    seen: Seen,
-    r: &Linear,
-    l4: &L4,
-    valid: u32,
-    o: &KernelOffsets,
-    s: &mut Scratch,
-) -> bool {
-    if !lookups::enabled() || s.meta.frag_offset != 0 {
-        return false;
-    }
-    let Scratch {
-        meta,
-        payload,
-        head,
-        ..
-    } = s;
-    let p = Udp {
-        saddr: words(&meta.saddr),
-        daddr: words(&meta.daddr),
-        sport: meta.sport,
-        dport: meta.dport,
-        ip_version: meta.ip_version,
-        head,
-        valid,
-    };
-    let Some(buf) = payload.first_chunk_mut::<QUESTION_READ>() else {
-        return false;
-    };
-    let sent = || match K::read::<i32>(seen.skb, o.skb_iif) {
-        Ok(0) => Sent::Made,
-        _ => Sent::Forwarded,
-    };
-    lookups::follow(&p, seen.hook, r, l4.offset(), buf, sent, || {
-        device_of::<K>(seen.dev, o).unwrap_or(Device::NONE)
-    })
 }
 
 /// An address of the meta as words.
@@ -253,6 +203,21 @@ fn on_this_node<K: Kernel>(dev: *const u8, o: &KernelOffsets) -> Result<(), i64>
         return Err(skip(Why::OtherNode, netns));
     }
     Ok(())
+}
+
+/// The device a packet is on: its namespace's inode and its index.
+#[derive(Clone, Copy)]
+struct Device {
+    netns: u32,
+    ifindex: u32,
+}
+
+impl Device {
+    /// No device.
+    const NONE: Self = Self {
+        netns: 0,
+        ifindex: 0,
+    };
 }
 
 /// The device's namespace and index (zeros for none).

@@ -1,30 +1,116 @@
-//! cgroup skb ingress: a packet as a socket is about to take it, where the
-//! agent counts answers (`lookups::answer_taken`).
-use aya_ebpf::programs::SkBuffContext;
+//! cgroup skb egress and ingress, attached at cgroup v2's root: a packet
+//! as a socket sends it, or is about to take it. Where the agent counts
+//! lookups (`lookups`): a query as its client sends it, an answer as its
+//! client takes it.
+use aya_ebpf::{helpers::bpf_probe_read_kernel, programs::SkBuffContext};
+use dnstrace_common::{lookups::QUESTION_READ, COUNT_FOLLOWED};
 
 use crate::{
-    lookups,
+    lookups::{self, Ends, Query},
+    maps::{count, offset, sampled_in},
     packet::Packet,
-    parse::{datagram, Reader, ETH_P_IP, ETH_P_IPV6, IPPROTO_TCP},
+    parse::{datagram, Datagram, Reader, ETH_P_IP, ETH_P_IPV6, IPPROTO_TCP},
 };
+
+/// `ctinfo` from here on is the reply direction's.
+const IP_CT_IS_REPLY: u64 = 3;
+
+pub fn try_query(ctx: &SkBuffContext) -> Result<(), i64> {
+    if !lookups::enabled() {
+        return Ok(());
+    }
+    let r = Packet(&ctx.skb);
+    let Some(d) = udp(ctx, &r)?.filter(lookups::is_query) else {
+        return Ok(());
+    };
+    // Its name, for the sampling level, and its question's type.
+    let mut message = [0u8; QUESTION_READ];
+    let len = r
+        .available()
+        .saturating_sub(d.message_at)
+        .min(QUESTION_READ as u32);
+    if len < 12 {
+        return Ok(());
+    }
+    r.copy(d.message_at, message.as_mut_ptr(), len)?;
+    let valid = d.message_len.min(len);
+    let q = Query {
+        datagram: &d,
+        ends: sent_as(ctx).unwrap_or(Ends {
+            client: d.saddr,
+            port: d.sport,
+            server: d.daddr,
+            server_port: d.dport,
+        }),
+        message: &message,
+        valid,
+    };
+    let head = message.first_chunk::<32>().ok_or(0i64)?;
+    if lookups::query_made(&q) && sampled_in(head, valid) {
+        count(COUNT_FOLLOWED);
+    }
+    Ok(())
+}
 
 pub fn try_answer(ctx: &SkBuffContext) -> Result<(), i64> {
     if !lookups::enabled() {
         return Ok(());
     }
-    let ethertype = u16::from_be(ctx.skb.protocol() as u16);
     let r = Packet(&ctx.skb);
-    // Most of what sockets take is TCP: out before the port tests. The
-    // IPv4 protocol (after the TTL) or the IPv6 next header (before the
-    // hop limit): a load is at least two bytes.
+    if let Some(d) = udp(ctx, &r)? {
+        lookups::answer_taken(&d);
+    }
+    Ok(())
+}
+
+/// The packet, if it is a UDP datagram to or from a DNS port.
+#[inline(always)]
+fn udp(ctx: &SkBuffContext, r: &Packet) -> Result<Option<Datagram>, i64> {
+    let ethertype = u16::from_be(ctx.skb.protocol() as u16);
+    // Most of what sockets send and take is TCP: out before the port
+    // tests. The IPv4 protocol (after the TTL) or the IPv6 next header
+    // (before the hop limit): a load is at least two bytes.
     let proto = match ethertype {
         ETH_P_IP => r.load::<[u8; 2]>(8)?[1],
         ETH_P_IPV6 => r.load::<[u8; 2]>(6)?[0],
-        _ => return Ok(()),
+        _ => return Ok(None),
     };
     if proto == IPPROTO_TCP {
-        return Ok(());
+        return Ok(None);
     }
-    lookups::answer_taken(&datagram(&r, ethertype)?);
-    Ok(())
+    datagram(r, ethertype).map(Some)
+}
+
+/// A packet's ends as its socket sent it, before any NAT on its way out:
+/// the original direction of its conntrack entry. A host network client's
+/// query to a service IP is DNATed in OUTPUT and perhaps masqueraded in
+/// POSTROUTING, both before this hook; its answer is un-NATed before the
+/// socket takes it, from the service IP to the client's own address. None
+/// without conntrack, or in the reply direction.
+#[inline(always)]
+fn sent_as(ctx: &SkBuffContext) -> Option<Ends> {
+    let nfct_at = offset(|o| &o.skb_nfct);
+    if nfct_at == 0 {
+        return None;
+    }
+    // The context is the skb itself; root may read through it.
+    let skb = ctx.skb.skb as *const u8;
+    let nfct: u64 = read(skb, nfct_at)?;
+    if nfct & 7 >= IP_CT_IS_REPLY || nfct & !7 == 0 {
+        return None;
+    }
+    let tuple = ((nfct & !7) as *const u8).wrapping_add(offset(|o| &o.ct_tuple_original) as usize);
+    Some(Ends {
+        client: read(tuple, offset(|o| &o.tuple_src_u3))?,
+        port: u16::from_be(read(tuple, offset(|o| &o.tuple_src_port))?),
+        server: read(tuple, offset(|o| &o.tuple_dst_u3))?,
+        server_port: u16::from_be(read(tuple, offset(|o| &o.tuple_dst_port))?),
+    })
+}
+
+/// A `T` at `off` from `base`, in kernel memory.
+#[inline(always)]
+fn read<T: Copy>(base: *const u8, off: u32) -> Option<T> {
+    // SAFETY: a checked read of kernel memory; a bad address fails cleanly.
+    unsafe { bpf_probe_read_kernel(base.wrapping_add(off as usize).cast()) }.ok()
 }

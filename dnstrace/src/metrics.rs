@@ -421,8 +421,8 @@ impl Metrics {
             ),
             (
                 "dnstrace_sampling_one_in",
-                "The sampling level: 1 lookup in this many is followed (1: every one).",
-                u64::from(h.one_in.max(1)),
+                "The sampling level: 1 lookup in this many is followed (1: every one; 0: none now, between the agent's windows of following).",
+                u64::from(h.one_in),
             ),
             (
                 "dnstrace_metric_series",

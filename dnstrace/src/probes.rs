@@ -1,6 +1,7 @@
 //! Loading the eBPF programs, attaching them to interfaces, and detaching
 //! everything again when the `Probes` value is dropped, on every exit path.
 mod btf;
+mod hooks;
 mod kernel_log;
 mod leftovers;
 mod misses;
@@ -23,6 +24,7 @@ use aya::{
     },
     Ebpf, EbpfLoader,
 };
+pub use hooks::DeviceHooks;
 pub use kernel_log::{BpfLog, KernelLog};
 
 use dnstrace_common::{
@@ -297,10 +299,23 @@ const KPROBES: [(&str, &str, bool); 4] = [
     ("ct_enter_nf_ct_resolve_clash", "nf_ct_resolve_clash", false),
 ];
 
-/// Where the agent also counts answers: as a socket takes them (cgroup
-/// v2's ingress, at its root), for those no receive tracepoint sees arrive
-/// in their client's namespace.
-const SOCK_INGRESS: &str = "dns_sock_ingress";
+/// Where the agent counts lookups (cgroup v2's egress and ingress, at its
+/// root): a query as its socket sends it, an answer as its socket takes
+/// it, whether the device hooks follow packets or not.
+const SOCKETS: [(&str, CgroupSkbAttachType, &str, &str); 2] = [
+    (
+        "dns_sock_egress",
+        CgroupSkbAttachType::Egress,
+        "egress",
+        "queries as sockets send them",
+    ),
+    (
+        "dns_sock_ingress",
+        CgroupSkbAttachType::Ingress,
+        "ingress",
+        "answers as sockets take them",
+    ),
+];
 
 /// A BTF tracepoint that sees every device of every network namespace.
 struct Tracepoint {
@@ -310,6 +325,9 @@ struct Tracepoint {
     /// refuses the direct loads.
     read: &'static str,
     tracepoint: &'static str,
+    /// It only follows packets (a drop also marks its lookup's count): its
+    /// link is among the `DeviceHooks` the agent closes between windows.
+    follows: bool,
 }
 
 const TRACEPOINTS: [Tracepoint; 3] = [
@@ -317,16 +335,19 @@ const TRACEPOINTS: [Tracepoint; 3] = [
         program: "dns_dev_xmit",
         read: "dns_xmit_read",
         tracepoint: "net_dev_start_xmit",
+        follows: true,
     },
     Tracepoint {
         program: "dns_dev_receive",
         read: "dns_recv_read",
         tracepoint: "netif_receive_skb",
+        follows: true,
     },
     Tracepoint {
         program: "dns_kfree_skb",
         read: "dns_kfree_read",
         tracepoint: "kfree_skb",
+        follows: false,
     },
 ];
 
@@ -346,6 +367,8 @@ pub struct Probes {
     pub drop_reasons: std::collections::HashMap<u32, String>,
     /// The programs' log, when asked for (`debug_bpf`).
     kernel_log: Option<KernelLog>,
+    /// The device tracepoints that only follow, attached while here.
+    device_hooks: DeviceHooks,
 }
 
 /// Which programs to load.
@@ -446,6 +469,7 @@ impl Probes {
                 .map(|(v, n)| (v as u32, n))
                 .collect(),
             kernel_log,
+            device_hooks: DeviceHooks::new(),
         };
         probes.configure(&args.ports, &ifaces)?;
         if let Some(t) = target {
@@ -462,7 +486,11 @@ impl Probes {
             probes.attach_tracepoints(&btf, &mut loaded, args.probe_reads)?;
             probes.attach_kprobes(&mut loaded);
             if args.count_lookups {
-                probes.attach_sock_ingress(cgroup);
+                match probes.attach_sockets(cgroup) {
+                    // `check` says so and goes on; the agent cannot count.
+                    Err(e) if load == Load::All => probes.off.push(format!("{e:#}")),
+                    attached => attached?,
+                }
             }
         } else {
             for (name, _) in PROGRAMS {
@@ -560,7 +588,7 @@ impl Probes {
                 let standby = self.standby(t, verified);
                 self.off.push(standby);
             }
-            let prog_id = self.attach_tracepoint(program, t.tracepoint)?;
+            let prog_id = self.attach_tracepoint(program, t)?;
             self.attachments.push(Attachment {
                 program,
                 prog_id,
@@ -606,15 +634,27 @@ impl Probes {
         Ok(prog.info()?.id())
     }
 
-    fn attach_tracepoint(&mut self, name: &str, tracepoint: &str) -> Result<u32> {
+    fn attach_tracepoint(&mut self, name: &str, t: &Tracepoint) -> Result<u32> {
         let prog: &mut BtfTracePoint = self
             .ebpf
             .program_mut(name)
             .ok_or_else(|| missing(name))?
             .try_into()?;
-        prog.attach()
-            .map_err(|e| anyhow!("attaching {name} to tracepoint {tracepoint}: {e}"))?;
+        let attached = match t.follows {
+            true => self
+                .device_hooks
+                .attach(prog.fd()?.try_clone()?)
+                .map_err(|e| e.to_string()),
+            false => prog.attach().map(drop).map_err(|e| e.to_string()),
+        };
+        attached.map_err(|e| anyhow!("attaching {name} to tracepoint {}: {e}", t.tracepoint))?;
         Ok(prog.info()?.id())
+    }
+
+    /// The device tracepoints that only follow, to close between windows
+    /// of following; they stay attached while the probes last otherwise.
+    pub fn take_device_hooks(&mut self) -> DeviceHooks {
+        std::mem::replace(&mut self.device_hooks, DeviceHooks::new())
     }
 
     fn program(&mut self, name: &str) -> Result<&mut SchedClassifier> {
@@ -742,27 +782,34 @@ impl Probes {
         }
     }
 
-    /// Attaches the socket ingress program at cgroup v2's root, beside
-    /// any other there; where it cannot be, says so, with why.
-    fn attach_sock_ingress(&mut self, root: Option<PathBuf>) {
-        let Some(root) = root else {
-            self.off.push(sock_ingress_off(anyhow!(
-                "cgroup v2 is not mounted here (in a container, mount the host's /sys/fs/cgroup and name it with --cgroup-root)"
-            )));
-            return;
-        };
-        match self.attach_cgroup(SOCK_INGRESS, &root) {
-            Ok(prog_id) => self.attachments.push(Attachment {
-                program: SOCK_INGRESS,
+    /// Attaches the socket programs at cgroup v2's root, beside any
+    /// other there: lookups are counted nowhere else.
+    fn attach_sockets(&mut self, root: Option<PathBuf>) -> Result<()> {
+        let root = root.ok_or_else(|| {
+            anyhow!("lookups are counted at sockets, through cgroup v2, which is not mounted here (in a container, mount the host's /sys/fs/cgroup and name it with --cgroup-root)")
+        })?;
+        for (program, attach, hook, how) in SOCKETS {
+            let prog_id = self
+                .attach_cgroup(program, attach, &root)
+                .with_context(|| {
+                    format!("counting lookups at cgroup v2's root {}", root.display())
+                })?;
+            self.attachments.push(Attachment {
+                program,
                 prog_id,
-                target: format!("cgroup_skb/ingress {}", root.display()),
-                how: "answers as sockets take them",
-            }),
-            Err(e) => self.off.push(sock_ingress_off(e)),
+                target: format!("cgroup_skb/{hook} {}", root.display()),
+                how,
+            });
         }
+        Ok(())
     }
 
-    fn attach_cgroup(&mut self, name: &str, root: &Path) -> Result<u32> {
+    fn attach_cgroup(
+        &mut self,
+        name: &str,
+        attach: CgroupSkbAttachType,
+        root: &Path,
+    ) -> Result<u32> {
         let cgroup = std::fs::File::open(root)
             .with_context(|| format!("opening the root cgroup {}", root.display()))?;
         let prog: &mut CgroupSkb = self
@@ -774,12 +821,8 @@ impl Probes {
         // A link (Linux 5.7+; the ring buffer needs 5.8) sits beside the
         // programs already there, the kernel refuses the multi flag on one,
         // and it goes with the process, SIGKILL included.
-        prog.attach(
-            cgroup,
-            CgroupSkbAttachType::Ingress,
-            CgroupAttachMode::Single,
-        )
-        .with_context(|| format!("attaching {name}"))?;
+        prog.attach(cgroup, attach, CgroupAttachMode::Single)
+            .with_context(|| format!("attaching {name}"))?;
         Ok(prog.info()?.id())
     }
 
@@ -1085,12 +1128,6 @@ fn check_kernel() -> Result<()> {
 }
 
 /// What `off` says when answers cannot be counted at the socket.
-fn sock_ingress_off(e: anyhow::Error) -> String {
-    format!(
-        "{SOCK_INGRESS} at cgroup v2's root: {e:#}; answers count only where a device receives them in the client's network namespace, which a macvlan's, an ipvlan's or one redirected into its pod never is (counted as timeouts)"
-    )
-}
-
 fn missing(name: &str) -> anyhow::Error {
     anyhow!("program {name} missing from the eBPF object")
 }

@@ -477,17 +477,7 @@ fn counts_stay_exact_under_load_and_lost_events() {
     let out = String::from_utf8_lossy(&perf.stdout);
     let sent = dnsperf_field(&out, "Queries sent:");
     assert!(sent > 20_000, "dnsperf sent only {sent}: {out}");
-    // The pod's name; WEB is its network namespace's.
-    let pod = WEB.strip_prefix("dtlab-").unwrap();
-    let web = format!("pod=\"{pod}\"");
-    let counted = |rcode: &str| {
-        page(&listen)
-            .lines()
-            .filter(|l| l.starts_with("dnstrace_lookups_total{") && l.contains(&web))
-            .filter(|l| l.contains(rcode))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-            .sum::<u64>()
-    };
+    let counted = |rcode: &str| web_lookups(&listen, rcode);
     wait_until(SETTLE, || counted("") >= sent);
     assert_eq!(counted(""), sent, "dnsperf sent {sent}: {out}");
     for rcode in ["NOERROR", "NXDOMAIN"] {
@@ -509,6 +499,19 @@ fn counts_stay_exact_under_load_and_lost_events() {
     assert_eq!(scrape(&listen, "dnstrace_lookups_uncounted_total"), 0.0);
     let (status, _, stderr) = agent.stop(libc::SIGTERM).unwrap();
     assert!(status.success(), "{status}: {stderr:?}");
+}
+
+/// web's lookups in the agent's `dnstrace_lookups_total`, in the series
+/// whose line holds `with`.
+fn web_lookups(listen: &str, with: &str) -> u64 {
+    // The pod's name; WEB is its network namespace's.
+    let web = format!("pod=\"{}\"", WEB.strip_prefix("dtlab-").unwrap());
+    page(listen)
+        .lines()
+        .filter(|l| l.starts_with("dnstrace_lookups_total{") && l.contains(&web))
+        .filter(|l| l.contains(with))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum::<u64>()
 }
 
 /// Lookups never answered leave the kernel's table by the agent's sweep,
@@ -720,29 +723,39 @@ fn a_lookup_through_an_upper_device_is_answered() {
     require_root();
     let lab = Lab::up(&[]);
     let _upper = Macvlan::up(None).unwrap();
-    three_lookups_are_answered(&lab, NODE);
+    three_lookups_are_answered(&lab, NODE, UPSTREAM, "www.example.com");
 }
 
 /// A macvlan in a network namespace of its own, as Multus gives a pod a
-/// second interface: its lower device is in the node's namespace, where
-/// the answer's only receive tracepoint fires, so the answer counts as the
-/// client's socket takes it (cgroup ingress).
+/// second interface: its lower device is in the node's namespace, so no
+/// device hook in the pod's sees the answer; its socket does.
 #[test]
 fn a_lookup_from_a_macvlan_pod_is_answered() {
     require_root();
     let lab = Lab::up(&[]);
     let _pod = Macvlan::up(Some(MACVLAN_POD)).unwrap();
-    three_lookups_are_answered(&lab, MACVLAN_POD);
+    three_lookups_are_answered(&lab, MACVLAN_POD, UPSTREAM, "www.example.com");
 }
 
-/// Three lookups of the lab's upstream from `ns`, no pod's, under the
+/// A host-network client's query to the service IP is DNATed in OUTPUT
+/// and masqueraded in POSTROUTING before a socket's egress sees it, and
+/// its answer un-NATed before its socket takes it: counted as its socket
+/// sent it (the conntrack entry's original direction), it is answered.
+#[test]
+fn a_host_network_lookup_through_the_service_is_answered() {
+    require_root();
+    let lab = Lab::up(&[]);
+    three_lookups_are_answered(&lab, NODE, SERVICE, KUBERNETES);
+}
+
+/// Three lookups of `name` at `server` from `ns`, no pod's, under the
 /// agent: each counted answered, none as a timeout.
-fn three_lookups_are_answered(lab: &Lab, ns: &str) {
+fn three_lookups_are_answered(lab: &Lab, ns: &str, server: &str, name: &str) {
     let listen = format!("127.0.0.1:{}", free_port());
     let args = agent_args(&listen, &["--no-flight-recorder"]);
     let agent = Dnstrace::start_binary(dnstrace_release_bin(), Keep::Sampled, &args).unwrap();
     let counted = |rcode: &str| {
-        let series = format!("server=\"{UPSTREAM}:53\",type=\"A\",rcode=\"{rcode}\"");
+        let series = format!("server=\"{server}:53\",type=\"A\",rcode=\"{rcode}\"");
         page(&listen)
             .lines()
             .filter(|l| l.starts_with("dnstrace_lookups_total{namespace=\"\",pod=\"\""))
@@ -751,7 +764,7 @@ fn three_lookups_are_answered(lab: &Lab, ns: &str) {
             .sum::<u64>()
     };
     for _ in 0..3 {
-        let out = lab.dig(ns, &format!("@{UPSTREAM} www.example.com"));
+        let out = lab.dig(ns, &format!("@{server} {name}"));
         assert_eq!(dig_status(&out), "NOERROR", "{out}");
     }
     wait_until(SETTLE, || counted("NOERROR") + counted("TIMEOUT") >= 3);
@@ -988,6 +1001,8 @@ fn following_past_the_budget_turns_to_other_names() {
         .collect();
     let listen = format!("127.0.0.1:{}", free_port());
     let seed = SEED.to_string();
+    // At every moment: windows would draw a seed each (see the test
+    // after this one).
     let extra = [
         "--no-flight-recorder",
         "--follow-max",
@@ -995,6 +1010,7 @@ fn following_past_the_budget_turns_to_other_names() {
         "--sample-seed",
         &seed,
         "--metrics-query-names",
+        "--no-follow-windows",
     ];
     let args = agent_args(&listen, &extra);
     let mut agent = Dnstrace::start_binary(dnstrace_release_bin(), Keep::Sampled, &args).unwrap();
@@ -1033,6 +1049,84 @@ fn following_past_the_budget_turns_to_other_names() {
     assert_eq!(after, before, "{hot} followed still");
     let (status, _, stderr) = agent.stop(libc::SIGTERM).unwrap();
     assert!(status.success(), "{status}: {stderr:?}");
+}
+
+/// Past level 0 the agent follows in windows of 2 s and detaches the
+/// device tracepoints between them. At 3,000 lookups a second of 64 names
+/// with `--follow-max 100` (level 5: a window in 8 of the time, 1 name in
+/// 4 in it), `bpftool` sees the agent's links come and go, journeys close
+/// from a window after the first, and the counts stay exact throughout.
+#[test]
+fn the_agent_follows_in_windows_and_counts_between_them() {
+    require_root();
+    let _lab = Lab::up(&[]);
+    let listen = format!("127.0.0.1:{}", free_port());
+    let extra = [
+        "--no-flight-recorder",
+        "--follow-max",
+        "100",
+        "--sample-seed",
+        "7",
+    ];
+    let args = agent_args(&listen, &extra);
+    let mut agent = Dnstrace::start_binary(dnstrace_release_bin(), Keep::Sampled, &args).unwrap();
+    let ids = agent.prog_ids();
+    let queries = std::env::temp_dir().join(format!("dnstrace-win-{}.txt", std::process::id()));
+    let names: String = (0..64)
+        .map(|i| format!("n{i}.default.svc.cluster.local A\n"))
+        .collect();
+    std::fs::write(&queries, names).unwrap();
+    let mut perf = Command::new("ip")
+        .args(["netns", "exec", WEB, "dnsperf", "-s", SERVICE, "-d"])
+        .arg(&queries)
+        .args(["-l", "20", "-Q", "3000", "-c", "4"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("running dnsperf");
+    agent
+        .wait_stderr_for("following in windows of 2 s", SETTLE)
+        .expect("windows from the budget's level");
+    // Past the first window, and the journeys open in it.
+    std::thread::sleep(Duration::from_secs(2));
+    let journeys = || scrape(&listen, "dnstrace_journeys_total");
+    let before = journeys();
+    // The agent's programs with a link, every 100 ms while dnsperf runs.
+    let mut linked = std::collections::BTreeSet::new();
+    while perf.try_wait().unwrap().is_none() {
+        linked.insert(linked_programs(&ids));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let perf = perf.wait_with_output().expect("running dnsperf");
+    let _ = std::fs::remove_file(&queries);
+    let out = String::from_utf8_lossy(&perf.stdout);
+    let all = ids.len();
+    assert_eq!(
+        linked,
+        [all - 2, all].into(),
+        "the send and receive tracepoints' links, closed between windows: {ids:?}"
+    );
+    let sent = dnsperf_field(&out, "Queries sent:");
+    let counted = || web_lookups(&listen, "");
+    wait_until(SETTLE, || counted() >= sent);
+    assert_eq!(counted(), sent, "{out}");
+    assert!(journeys() > before, "journeys from a later window");
+    let (status, _, stderr) = agent.stop(libc::SIGTERM).unwrap();
+    assert!(status.success(), "{status}: {stderr:?}");
+}
+
+/// How many of the programs `ids` have a link now.
+fn linked_programs(ids: &[u32]) -> usize {
+    let out = Command::new("bpftool")
+        .args(["-j", "link", "show"])
+        .output()
+        .expect("running bpftool");
+    let links: Vec<serde_json::Value> =
+        serde_json::from_slice(&out.stdout).expect("bpftool's JSON");
+    let linked: std::collections::BTreeSet<u64> =
+        links.iter().filter_map(|l| l["prog_id"].as_u64()).collect();
+    ids.iter()
+        .filter(|id| linked.contains(&u64::from(**id)))
+        .count()
 }
 
 /// The seed the governor draws after `seed` (xorshift32, as in

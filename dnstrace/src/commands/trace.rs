@@ -54,6 +54,10 @@ pub struct TraceOptions {
     /// Lookups a second followed whole at most, with `SampleMode::Auto`
     /// (0: no limit); the agent's, whose counts are the kernel's.
     pub follow_max: u32,
+    /// Past level 0, follows in windows, the device hooks paused between
+    /// (`Governor::with_windows`); the agent's, whose counts are the
+    /// kernel's, at the sockets.
+    pub follow_windows: bool,
     /// How often the pipeline is told the time (`TICK` for a live view).
     pub tick: Duration,
     pub record: Option<RecordOptions>,
@@ -175,7 +179,10 @@ pub(super) async fn capture<C: Consume>(
     };
     let sampler = Sampler::new(probes.take_sample_level()?, probes.counts()?, args.sample)
         .with_seed(args.sample_seed)
-        .with_budget(args.follow_max);
+        .with_budget(args.follow_max)
+        .with_windows(
+            (args.follow_windows && args.probes.count_lookups).then(|| probes.take_device_hooks()),
+        );
     // Root reads real addresses from kallsyms; drop locations need them.
     // Opened now, while privileged; read once a drop is seen, or now when
     // recording.
@@ -532,6 +539,11 @@ impl<'a> LiveSource<'a> {
     /// A change of the sampling level, said on stderr (a new seed alone
     /// is not).
     fn sampling(&mut self, change: SampleChange) -> Input {
+        // The agent's windows pause every few seconds: said once, by the
+        // governor.
+        if change.level.paused() {
+            return Input::Sample(change);
+        }
         let was = std::mem::replace(&mut self.level, change.level);
         if change.level.shift == was.shift {
             return Input::Sample(change);

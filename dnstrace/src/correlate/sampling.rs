@@ -179,6 +179,26 @@ mod tests {
         sampling.change(c);
     }
 
+    /// The agent's pause between windows keeps nothing: a journey open
+    /// across either edge goes, one within the window stays.
+    #[test]
+    fn a_journey_open_across_a_pause_goes() {
+        let mut s = Sampling::default();
+        s.change(SampleChange {
+            since_ns: 2000 * MS,
+            now_ns: 2001 * MS,
+            level: SampleLevel::PAUSED,
+            budget: false,
+            node: NodeId(0),
+        });
+        at(&mut s, 16_000, 0);
+        assert_eq!(shift(s.kept(Some(7), 500 * MS, 600 * MS)), Some(0));
+        assert_eq!(shift(s.kept(Some(7), 1950 * MS, 2050 * MS)), None);
+        assert_eq!(shift(s.kept(Some(7), 15_950 * MS, 16_050 * MS)), None);
+        assert_eq!(shift(s.kept(Some(7), 16_500 * MS, 16_600 * MS)), Some(0));
+        assert_eq!(s.now(), level(0));
+    }
+
     #[test]
     fn nothing_is_left_out_before_any_change() {
         let s = Sampling::default();

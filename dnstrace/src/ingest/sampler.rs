@@ -8,7 +8,7 @@ use dnstrace_common::{sample::MAX_SHIFT, SampleLevel};
 use crate::{
     clock::monotonic_now,
     decode::NodeId,
-    probes::{Counts, SampleMap},
+    probes::{Counts, DeviceHooks, SampleMap},
 };
 
 /// The kernel's level became `level` at some moment from `since_ns` to
@@ -56,6 +56,15 @@ const RESEED_NS: u64 = 30_000_000_000;
 const OVER_BUDGET: f64 = 2.0;
 /// Between such draws: a measure (200 ms at least) wholly under the seed.
 const REDRAW_GAP_NS: u64 = 500_000_000;
+/// With windows (`Governor::with_windows`), the device hooks follow this
+/// long at a time: a journey open across either edge is left out (see
+/// `correlate::sampling`), most lookups last milliseconds.
+const WINDOW_NS: u64 = 2_000_000_000;
+/// At most this many levels of the governor's are spent on time rather
+/// than names: a window in 8, each following 8 times the names. Lower
+/// costs the kernel more between windows; higher, bursts the pipeline
+/// more within them.
+const MAX_SPREAD: u32 = 3;
 
 /// How full the reader's queue and the kernel's ring were at a tick, as
 /// fractions of what they hold, and whether the kernel lost events since
@@ -114,6 +123,21 @@ pub struct Governor {
     rate: f64,
     /// Of those, the ones the level keeps (`rate`).
     followed: f64,
+    /// Following in windows, when the kernel counts lookups itself.
+    windows: Option<Windows>,
+}
+
+/// The windows of following: each cycle, `WINDOW_NS` at the governor's
+/// level less its spread, then paused, so that as many lookups are
+/// followed on average, and the device hooks cost nearly nothing between.
+#[derive(Debug)]
+struct Windows {
+    /// When the cycle began.
+    start_ns: u64,
+    /// The level the kernel has.
+    applied: SampleLevel,
+    /// The spread last said.
+    spread: u32,
 }
 
 impl Governor {
@@ -136,6 +160,27 @@ impl Governor {
             budget: None,
             rate: 0.0,
             followed: 0.0,
+            windows: None,
+        }
+    }
+
+    /// Follows in windows past level 0 (see `Windows`): for `dnstrace
+    /// agent`, whose lookups the kernel counts at the sockets whether the
+    /// device hooks run or not.
+    pub fn with_windows(mut self) -> Self {
+        self.windows = Some(Windows {
+            start_ns: self.changed_ns,
+            applied: self.level,
+            spread: 0,
+        });
+        self
+    }
+
+    /// Levels spent on time: windows one in 2^spread of it.
+    fn spread(&self) -> u32 {
+        match self.windows {
+            Some(_) => self.level.shift.min(MAX_SPREAD),
+            None => 0,
         }
     }
 
@@ -156,8 +201,11 @@ impl Governor {
     /// Following far more than the budget, though the level is the one the
     /// budget calls for: the names it keeps are the busiest.
     fn over_budget(&self) -> bool {
-        self.budget
-            .is_some_and(|b| self.level.shift > 0 && self.followed > OVER_BUDGET * f64::from(b))
+        // Within a window, 2^spread times the average is followed.
+        let within = f64::from(1u32 << self.spread());
+        self.budget.is_some_and(|b| {
+            self.level.shift > 0 && self.followed > OVER_BUDGET * within * f64::from(b)
+        })
     }
 
     /// The lowest level that keeps the budget at the rate measured.
@@ -172,8 +220,10 @@ impl Governor {
         shift
     }
 
+    /// The level the kernel is to have: the governor's, or with windows,
+    /// the window's or paused.
     pub fn level(&self) -> SampleLevel {
-        self.level
+        self.windows.as_ref().map_or(self.level, |w| w.applied)
     }
 
     /// Whether the level is the budget's (its last change was).
@@ -181,8 +231,48 @@ impl Governor {
         self.by_budget
     }
 
-    /// At a tick: the new level, if it changes (or only its seed).
+    /// At a tick: the new level for the kernel, if it changes (or only
+    /// its seed).
     pub fn tick(&mut self, now_ns: u64, fill: Fill) -> Option<SampleLevel> {
+        let governed = self.govern_or_reseed(now_ns, fill);
+        match self.windows {
+            Some(_) => self.window(now_ns),
+            None => governed,
+        }
+    }
+
+    /// With windows: the level the cycle calls for now, if the kernel has
+    /// another. Each cycle draws a new seed, so that each window follows
+    /// other names.
+    fn window(&mut self, now_ns: u64) -> Option<SampleLevel> {
+        let spread = self.spread();
+        let start_ns = self.windows.as_ref()?.start_ns;
+        let mut into = now_ns.saturating_sub(start_ns);
+        if into >= WINDOW_NS << spread {
+            if spread > 0 {
+                self.redraw(now_ns);
+            }
+            into = 0;
+        }
+        let level = match into < WINDOW_NS || spread == 0 {
+            true => SampleLevel {
+                shift: self.level.shift - spread,
+                ..self.level
+            },
+            false => SampleLevel::PAUSED,
+        };
+        let w = self.windows.as_mut()?;
+        if into == 0 {
+            w.start_ns = now_ns;
+        }
+        if std::mem::replace(&mut w.spread, spread) != spread {
+            say_windows(spread);
+        }
+        (std::mem::replace(&mut w.applied, level) != level).then_some(level)
+    }
+
+    /// The governor's own level, if it changes (or only its seed).
+    fn govern_or_reseed(&mut self, now_ns: u64, fill: Fill) -> Option<SampleLevel> {
         let auto = self.mode == SampleMode::Auto;
         let reseed = self.level.shift > 0 && now_ns.saturating_sub(self.seeded_ns) >= RESEED_NS;
         match auto.then(|| self.govern(now_ns, fill)).flatten() {
@@ -264,6 +354,17 @@ impl Governor {
     }
 }
 
+fn say_windows(spread: u32) {
+    match spread {
+        0 => log::info!("sampling: following all the time again"),
+        _ => log::info!(
+            "sampling: following in windows of {} s, one in {} of the time, the device hooks paused between (lookups are still counted, at the sockets)",
+            WINDOW_NS / 1_000_000_000,
+            1u32 << spread
+        ),
+    }
+}
+
 /// The governor, the kernel's level it sets and the kernel's count of
 /// lost events it watches.
 pub struct Sampler {
@@ -274,6 +375,10 @@ pub struct Sampler {
     /// Lookups the kernel had started following, how many of them the
     /// level kept, and when it was read.
     started: (u64, u64, u64),
+    /// With windows: the device tracepoints, closed while paused.
+    hooks: Option<DeviceHooks>,
+    /// Attaching them again failed, and was said.
+    reattach_failed: bool,
 }
 
 impl Sampler {
@@ -289,6 +394,8 @@ impl Sampler {
                 monotonic_now(),
             ),
             counts,
+            hooks: None,
+            reattach_failed: false,
         }
     }
 
@@ -304,6 +411,33 @@ impl Sampler {
     pub fn with_budget(mut self, per_s: u32) -> Self {
         self.governor = self.governor.with_budget(per_s);
         self
+    }
+
+    /// Follows in windows (`Governor::with_windows`), closing `hooks`
+    /// between them, when given: for an agent whose kernel counts lookups
+    /// at the sockets.
+    pub fn with_windows(mut self, hooks: Option<DeviceHooks>) -> Self {
+        if hooks.is_some() {
+            self.governor = self.governor.with_windows();
+        }
+        self.hooks = hooks;
+        self
+    }
+
+    /// Attaches the device tracepoints again, if closed; a failure is said
+    /// once, and the level then follows nothing until they are.
+    fn open_hooks(&mut self) {
+        let Some(hooks) = self.hooks.as_mut() else {
+            return;
+        };
+        match hooks.open() {
+            Ok(()) => self.reattach_failed = false,
+            Err(e) if !self.reattach_failed => {
+                self.reattach_failed = true;
+                log::warn!("could not attach the device tracepoints again: {e}; nothing is followed until they are (lookups are still counted)");
+            }
+            Err(_) => {}
+        }
     }
 
     /// Measures the rate of lookups starting, over 200 ms at least (a
@@ -338,10 +472,16 @@ impl Sampler {
     /// the map refused it (the level then stays as it was).
     pub fn apply(&mut self) -> Option<SampleChange> {
         let level = self.governor.level();
+        if !level.paused() {
+            self.open_hooks();
+        }
         let since_ns = monotonic_now();
         if let Err(e) = self.map.set(0, level, 0) {
             log::warn!("could not set the sampling level: {e}");
             return None;
+        }
+        if let Some(hooks) = self.hooks.as_mut().filter(|_| level.paused()) {
+            hooks.close();
         }
         // The next measure of lookups followed is wholly under this level.
         if let (Ok(started), Ok(followed)) = (self.counts.started(), self.counts.followed()) {
@@ -593,6 +733,46 @@ mod tests {
             run(&mut g, 6 * S, 2_000, EMPTY).is_empty(),
             "near the budget"
         );
+    }
+
+    /// With windows, levels past 0 are spent on time first, 3 at most:
+    /// the budget's 1 in 32 is 1 in 4 for 2 s in every 16, paused between,
+    /// each window with a new seed.
+    #[test]
+    fn windows_follow_more_names_for_a_share_of_the_time() {
+        let mut g = Governor::new(SampleMode::Auto, 1, 0)
+            .with_budget(1_000)
+            .with_windows();
+        g.rate(20_000.0, 0.0);
+        let changes: Vec<(u64, SampleLevel)> = (0..700)
+            .filter_map(|i| g.tick(i * 50 * MS, EMPTY).map(|l| (i * 50, l)))
+            .collect();
+        let at: Vec<(u64, u32)> = changes.iter().map(|(t, l)| (*t, l.shift)).collect();
+        let paused = SampleLevel::PAUSED.shift;
+        assert_eq!(
+            at,
+            [
+                (0, 2),
+                (2000, paused),
+                (16_000, 2),
+                (18_000, paused),
+                (32_000, 2),
+                (34_000, paused)
+            ]
+        );
+        let mut seeds: Vec<u32> = changes.iter().step_by(2).map(|(_, l)| l.seed).collect();
+        seeds.dedup();
+        assert_eq!(seeds.len(), 3, "{seeds:?}");
+        let mut fixed = Governor::new(SampleMode::Fixed(10), 1, 0).with_windows();
+        assert_eq!(fixed.tick(0, EMPTY).map(|l| l.shift), Some(7));
+    }
+
+    /// Every lookup followed: no windows, nothing paused.
+    #[test]
+    fn windows_never_pause_level_0() {
+        let mut g = Governor::new(SampleMode::Auto, 1, 0).with_windows();
+        assert!(run(&mut g, 0, 40_000, EMPTY).is_empty());
+        assert_eq!(g.level().shift, 0);
     }
 
     #[test]

@@ -23,7 +23,6 @@ pub fn kernel_offsets(btf: &Btf) -> Result<(KernelOffsets, Option<String>)> {
         skb_protocol: skb(&["protocol"])?,
         skb_network_header: skb(&["network_header"])?,
         skb_dev: skb(&["dev"])?,
-        skb_iif: skb(&["skb_iif"])?,
         dev_ifindex: dev(&["ifindex"])?,
         dev_name: dev(&["name"])?,
         dev_nd_net: dev(&["nd_net"])?,
