@@ -342,7 +342,7 @@ pub struct AgentArgs {
     pub follow_max: u32,
 
     /// Follow at every moment, a share of the names, rather than in
-    /// windows of 2 s with the device hooks paused between (where the
+    /// windows of 1 s with the device tracepoints detached between (where the
     /// budget calls for 1 lookup in 2 or fewer). Costs the kernel several
     /// times as much at high rates; the counts are exact either way.
     #[arg(long, env = "DNSTRACE_NO_FOLLOW_WINDOWS")]

@@ -1051,10 +1051,10 @@ fn following_past_the_budget_turns_to_other_names() {
     assert!(status.success(), "{status}: {stderr:?}");
 }
 
-/// Past level 0 the agent follows in windows of 2 s and detaches the
+/// Past level 0 the agent follows in windows of 1 s and detaches the
 /// device tracepoints between them. At 3,000 lookups a second of 64 names
 /// with `--follow-max 100` (level 5: a window in 8 of the time, 1 name in
-/// 4 in it), `bpftool` sees the agent's links come and go, journeys close
+/// 4 in it), `bpftool` sees the agent's links go and come back, journeys close
 /// from a window after the first, and the counts stay exact throughout.
 #[test]
 fn the_agent_follows_in_windows_and_counts_between_them() {
@@ -1084,26 +1084,35 @@ fn the_agent_follows_in_windows_and_counts_between_them() {
         .spawn()
         .expect("running dnsperf");
     agent
-        .wait_stderr_for("following in windows of 2 s", SETTLE)
+        .wait_stderr_for("following in windows of 1 s", SETTLE)
         .expect("windows from the budget's level");
     // Past the first window, and the journeys open in it.
     std::thread::sleep(Duration::from_secs(2));
     let journeys = || scrape(&listen, "dnstrace_journeys_total");
     let before = journeys();
-    // The agent's programs with a link, every 100 ms while dnsperf runs.
-    let mut linked = std::collections::BTreeSet::new();
+    // The agent's programs with a link, every 100 ms while dnsperf runs,
+    // as they change.
+    let mut linked = Vec::new();
     while perf.try_wait().unwrap().is_none() {
-        linked.insert(linked_programs(&ids));
+        let now = linked_programs(&ids);
+        if linked.last() != Some(&now) {
+            linked.push(now);
+        }
         std::thread::sleep(Duration::from_millis(100));
     }
     let perf = perf.wait_with_output().expect("running dnsperf");
     let _ = std::fs::remove_file(&queries);
     let out = String::from_utf8_lossy(&perf.stdout);
+    // Closed, then opened again by the agent, whose capabilities are gone
+    // by then (the kernel asks only for the programs' descriptors).
     let all = ids.len();
-    assert_eq!(
-        linked,
-        [all - 2, all].into(),
-        "the send and receive tracepoints' links, closed between windows: {ids:?}"
+    assert!(
+        linked.windows(2).any(|w| w == [all - 2, all]),
+        "the send and receive tracepoints' links, closed between windows: {linked:?} of {ids:?}"
+    );
+    assert!(
+        linked.iter().all(|n| *n == all || *n == all - 2),
+        "{linked:?}"
     );
     let sent = dnsperf_field(&out, "Queries sent:");
     let counted = || web_lookups(&listen, "");

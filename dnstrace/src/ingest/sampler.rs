@@ -58,8 +58,10 @@ const OVER_BUDGET: f64 = 2.0;
 const REDRAW_GAP_NS: u64 = 500_000_000;
 /// With windows (`Governor::with_windows`), the device hooks follow this
 /// long at a time: a journey open across either edge is left out (see
-/// `correlate::sampling`), most lookups last milliseconds.
-const WINDOW_NS: u64 = 2_000_000_000;
+/// `correlate::sampling`), most lookups last milliseconds. Short, so that
+/// a burst of 2^spread times the budget stays short, and a cycle (8 s at
+/// most) leaves few incidents unseen.
+const WINDOW_NS: u64 = 1_000_000_000;
 /// At most this many levels of the governor's are spent on time rather
 /// than names: a window in 8, each following 8 times the names. Lower
 /// costs the kernel more between windows; higher, bursts the pipeline
@@ -736,7 +738,7 @@ mod tests {
     }
 
     /// With windows, levels past 0 are spent on time first, 3 at most:
-    /// the budget's 1 in 32 is 1 in 4 for 2 s in every 16, paused between,
+    /// the budget's 1 in 32 is 1 in 4 for 1 s in every 8, paused between,
     /// each window with a new seed.
     #[test]
     fn windows_follow_more_names_for_a_share_of_the_time() {
@@ -749,20 +751,13 @@ mod tests {
             .collect();
         let at: Vec<(u64, u32)> = changes.iter().map(|(t, l)| (*t, l.shift)).collect();
         let paused = SampleLevel::PAUSED.shift;
-        assert_eq!(
-            at,
-            [
-                (0, 2),
-                (2000, paused),
-                (16_000, 2),
-                (18_000, paused),
-                (32_000, 2),
-                (34_000, paused)
-            ]
-        );
+        let windows: Vec<(u64, u32)> = (0..5)
+            .flat_map(|i| [(i * 8000, 2), (i * 8000 + 1000, paused)])
+            .collect();
+        assert_eq!(at, windows);
         let mut seeds: Vec<u32> = changes.iter().step_by(2).map(|(_, l)| l.seed).collect();
         seeds.dedup();
-        assert_eq!(seeds.len(), 3, "{seeds:?}");
+        assert_eq!(seeds.len(), 5, "{seeds:?}");
         let mut fixed = Governor::new(SampleMode::Fixed(10), 1, 0).with_windows();
         assert_eq!(fixed.tick(0, EMPTY).map(|l| l.shift), Some(7));
     }

@@ -1,7 +1,9 @@
 //! The device tracepoints' links, held apart from aya so that the agent can
 //! close them between its windows of following and open them again: a
 //! tracepoint with no program attached costs its packets nothing, where
-//! one whose program returns at once still costs each a run.
+//! one whose program returns at once still costs each a run. Opening one
+//! needs no capability, only the program's descriptor: the agent has
+//! dropped its capabilities by then.
 use std::{
     io,
     os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd},
