@@ -106,10 +106,9 @@ pub fn enabled() -> bool {
 
 /// A query a socket sends is pending; the same query sent again (the
 /// same socket and DNS id) is a retry, and the one before it ended
-/// unanswered. True
-/// where it started a lookup. In its slot if it can, else in the hash
-/// map, inserted first: a retry is rare, and a look before every insert
-/// would double the map's work.
+/// unanswered. True where it started a lookup. In its slot if it can,
+/// else in the hash map, inserted first: a retry is rare, and a look
+/// before every insert would double the map's work.
 #[inline(always)]
 pub fn query_made(q: &Query) -> bool {
     let d = q.datagram;

@@ -8,7 +8,7 @@ use dnstrace_common::{CtTuple, Hook, KernelOffsets, APART_MAX, CT_SPAN_MAX, FLAG
 
 use crate::{
     debug::{skip, unreadable, Why},
-    lookups,
+    lookups::{self, Ends},
     maps::{
         filtered, in_scope, offset, offsets, paused, sampled_in, scoped, scratch, send, send_apart,
         shed, wanted, Scratch,
@@ -21,6 +21,8 @@ use crate::{
 
 /// `skb->network_header` when it was never set.
 const NO_HEADER: u16 = 0xffff;
+/// A conntrack `ctinfo` from here on is the reply direction's.
+const IP_CT_IS_REPLY: u64 = 3;
 
 /// Why and where a packet was dropped (`kfree_skb` only).
 #[derive(Clone, Copy)]
@@ -141,8 +143,7 @@ pub fn try_capture<K: Kernel, const APART: bool>(
     let head = udp_head(&r, &l4, s);
     if let Some(valid) = head {
         if hook == Hook::Drop && valid >= 12 && s.meta.frag_offset == 0 && lookups::enabled() {
-            let client = (words(&s.meta.saddr), s.meta.sport);
-            lookups::dropped(client, s.meta.dport, &s.head);
+            mark_dropped::<K>(skb, &o, s);
         }
         if !filtered() && !sampled_in(&s.head, valid) {
             return Err(shed());
@@ -167,6 +168,40 @@ pub fn try_capture<K: Kernel, const APART: bool>(
         apart(skb, &r, &l4, data, wire_len, s);
     }
     send(s, cap)
+}
+
+/// Marks a dropped query's lookup, known by its socket as it sent it: the
+/// conntrack entry's original source where it has one (a query
+/// masqueraded on its way out, as `sock::sent_as` reads it).
+#[inline(always)]
+fn mark_dropped<K: Kernel>(skb: *const u8, o: &KernelOffsets, s: &Scratch) {
+    let m = &s.meta;
+    let nfct = match o.skb_nfct {
+        0 => None,
+        at => K::read::<u64>(skb, at).ok(),
+    };
+    let client = match nfct.and_then(original_ends) {
+        Some(ends) => (ends.client, ends.port),
+        None => (words(&m.saddr), m.sport),
+    };
+    lookups::dropped(client, m.dport, &s.head);
+}
+
+/// The ends of the original direction of the conntrack entry `nfct` (an
+/// skb's `_nfct`), if the packet is in that direction.
+#[inline(always)]
+pub fn original_ends(nfct: u64) -> Option<Ends> {
+    if nfct & 7 >= IP_CT_IS_REPLY || nfct & !7 == 0 {
+        return None;
+    }
+    let tuple = ((nfct & !7) as *const u8).wrapping_add(offset(|o| &o.ct_tuple_original) as usize);
+    let read = |off| Untyped::read::<u16>(tuple, off).ok().map(u16::from_be);
+    Some(Ends {
+        client: Untyped::read(tuple, offset(|o| &o.tuple_src_u3)).ok()?,
+        port: read(offset(|o| &o.tuple_src_port))?,
+        server: Untyped::read(tuple, offset(|o| &o.tuple_dst_u3)).ok()?,
+        server_port: read(offset(|o| &o.tuple_dst_port))?,
+    })
 }
 
 /// Reads a UDP payload's first bytes (a DNS header and the start of its

@@ -10,10 +10,8 @@ use crate::{
     maps::{count, offset, sampled_in},
     packet::Packet,
     parse::{datagram, Datagram, Reader, ETH_P_IP, ETH_P_IPV6, IPPROTO_TCP},
+    skb::original_ends,
 };
-
-/// `ctinfo` from here on is the reply direction's.
-const IP_CT_IS_REPLY: u64 = 3;
 
 pub fn try_query(ctx: &SkBuffContext) -> Result<(), i64> {
     if !lookups::enabled() {
@@ -95,22 +93,7 @@ fn sent_as(ctx: &SkBuffContext) -> Option<Ends> {
     }
     // The context is the skb itself; root may read through it.
     let skb = ctx.skb.skb as *const u8;
-    let nfct: u64 = read(skb, nfct_at)?;
-    if nfct & 7 >= IP_CT_IS_REPLY || nfct & !7 == 0 {
-        return None;
-    }
-    let tuple = ((nfct & !7) as *const u8).wrapping_add(offset(|o| &o.ct_tuple_original) as usize);
-    Some(Ends {
-        client: read(tuple, offset(|o| &o.tuple_src_u3))?,
-        port: u16::from_be(read(tuple, offset(|o| &o.tuple_src_port))?),
-        server: read(tuple, offset(|o| &o.tuple_dst_u3))?,
-        server_port: u16::from_be(read(tuple, offset(|o| &o.tuple_dst_port))?),
-    })
-}
-
-/// A `T` at `off` from `base`, in kernel memory.
-#[inline(always)]
-fn read<T: Copy>(base: *const u8, off: u32) -> Option<T> {
     // SAFETY: a checked read of kernel memory; a bad address fails cleanly.
-    unsafe { bpf_probe_read_kernel(base.wrapping_add(off as usize).cast()) }.ok()
+    let nfct = unsafe { bpf_probe_read_kernel(skb.add(nfct_at as usize).cast::<u64>()) }.ok()?;
+    original_ends(nfct)
 }
