@@ -440,7 +440,8 @@ pub struct Health {
     pub evicted: u64,
     /// Journeys open now.
     pub open: usize,
-    /// 1 lookup in this many kept by the sampling level now.
+    /// 1 lookup in this many kept by the sampling level now (0: none, the
+    /// agent between its windows).
     pub one_in: u32,
     /// How the recording goes, when there is one.
     pub recording: Option<String>,

@@ -54,9 +54,9 @@ pub struct TraceOptions {
     /// Lookups a second followed whole at most, with `SampleMode::Auto`
     /// (0: no limit); the agent's, whose counts are the kernel's.
     pub follow_max: u32,
-    /// Past level 0, follows in windows, the device hooks paused between
-    /// (`Governor::with_windows`); the agent's, whose counts are the
-    /// kernel's, at the sockets.
+    /// Past level 0, follows in windows, the device tracepoints detached
+    /// between (`Governor::with_windows`); the agent's, whose counts are
+    /// the kernel's, at the sockets.
     pub follow_windows: bool,
     /// How often the pipeline is told the time (`TICK` for a live view).
     pub tick: Duration,

@@ -360,7 +360,7 @@ fn say_windows(spread: u32) {
     match spread {
         0 => log::info!("sampling: following all the time again"),
         _ => log::info!(
-            "sampling: following in windows of {} s, one in {} of the time, the device hooks paused between (lookups are still counted, at the sockets)",
+            "sampling: following in windows of {} s, one in {} of the time, the device tracepoints detached between (lookups are still counted, at the sockets)",
             WINDOW_NS / 1_000_000_000,
             1u32 << spread
         ),

@@ -340,9 +340,11 @@ impl<R: Read> Replay<R> {
             } => Input::Sample(SampleChange {
                 since_ns,
                 now_ns,
-                level: SampleLevel {
-                    shift: shift.min(MAX_SHIFT),
-                    seed,
+                // Past the strictest level: the agent's pause between its
+                // windows, which keeps nothing.
+                level: match shift {
+                    s if s > MAX_SHIFT => SampleLevel::PAUSED,
+                    s => SampleLevel { shift: s, seed },
                 },
                 budget: false,
                 node: NodeId::default(),

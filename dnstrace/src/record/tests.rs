@@ -406,6 +406,13 @@ pub fn inputs() -> Vec<crate::pipeline::Input> {
             budget: false,
             node: Default::default(),
         }),
+        Input::Sample(crate::ingest::SampleChange {
+            since_ns: 5_000_750_000,
+            now_ns: 5_000_750_100,
+            level: dnstrace_common::SampleLevel::PAUSED,
+            budget: false,
+            node: Default::default(),
+        }),
         Input::Pods {
             now_ns: 5_000_800_000,
             refresh: crate::target::follow::Refresh {
