@@ -135,6 +135,11 @@ pub enum Command {
     Lab {
         #[command(subcommand)]
         command: crate::lab::LabCommand,
+        /// Which lab, of several up side by side (their namespaces are
+        /// dtlabN-*, their state /run/dnstrace-labN): none is the lab of
+        /// dtlab-*.
+        #[arg(long, global = true, env = "DNSTRACE_LAB_INSTANCE", value_name = "N", value_parser = clap::value_parser!(u8).range(1..=99))]
+        instance: Option<u8>,
     },
 }
 

@@ -121,7 +121,7 @@ fn run(
                 }
                 commands::agent::run(args.agent_options()).await
             }
-            Some(cli::Command::Lab { command }) => lab::run(command).await,
+            Some(cli::Command::Lab { command, instance }) => lab::run(command, instance).await,
             Some(cli::Command::Check {
                 ifaces,
                 debug_bpf,

@@ -7,24 +7,23 @@
 //! on every node, CoreDNS on the last two, and the upstream resolver sits
 //! behind node 1, where the other nodes send what leaves the cluster
 //! (masqueraded, as the CNI does).
-use std::{
-    net::Ipv4Addr,
-    path::{Path, PathBuf},
-};
+use std::{net::Ipv4Addr, path::PathBuf};
 
 use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
 
 use super::{
     containerd::{CniPlugin, Setup},
-    plan::{self, Pod, Role, LAB_DIR, NS_PREFIX, UPSTREAM_NS},
+    plan::{self, lab_dir, upstream_ns, Pod, Role},
     sys, Fault, LabState,
 };
 
 /// How many nodes `--nodes` takes.
 pub const NODES: std::ops::RangeInclusive<u8> = 2..=3;
 /// The underlay: the nodes' own network (kind's is 172.18.0.0/16).
-pub const UNDERLAY_NS: &str = "dtlab-underlay";
+pub fn underlay_ns() -> String {
+    format!("{}underlay", plan::ns_prefix())
+}
 const UNDERLAY_NET: &str = "172.18.0.0/24";
 const UNDERLAY_BRIDGE: &str = "underlay0";
 /// flannel's VXLAN device, VNI and port.
@@ -48,7 +47,7 @@ impl Node {
     }
 
     pub fn netns(self) -> String {
-        format!("{NS_PREFIX}node{}", self.0)
+        format!("{}node{}", plan::ns_prefix(), self.0)
     }
 
     /// Its address on the underlay.
@@ -71,7 +70,7 @@ impl Node {
     }
 
     fn dir(self) -> PathBuf {
-        Path::new(LAB_DIR).join(self.name())
+        lab_dir().join(self.name())
     }
 
     /// Its containerd's state directory: what `--containerd-root` takes.
@@ -151,7 +150,7 @@ pub fn pods(n: u8) -> Vec<Placed> {
 
 /// The network namespaces of the underlay, the nodes and upstream.
 pub fn namespaces(n: u8) -> Vec<String> {
-    let mut all = vec![UNDERLAY_NS.to_owned(), UPSTREAM_NS.to_owned()];
+    let mut all = vec![underlay_ns(), upstream_ns().to_owned()];
     all.extend(nodes(n).map(Node::netns));
     all
 }
@@ -163,10 +162,10 @@ pub fn wire(n: u8) -> Result<()> {
         bail!("--nodes {n}: the lab builds 2 or 3 nodes");
     }
     sys::ip(
-        UNDERLAY_NS,
+        &underlay_ns(),
         &format!("link add {UNDERLAY_BRIDGE} type bridge"),
     )?;
-    sys::ip(UNDERLAY_NS, &format!("link set {UNDERLAY_BRIDGE} up"))?;
+    sys::ip(&underlay_ns(), &format!("link set {UNDERLAY_BRIDGE} up"))?;
     for node in nodes(n) {
         underlay(node)?;
     }
@@ -201,11 +200,11 @@ fn underlay(node: Node) -> Result<()> {
             "name",
             &port,
             "netns",
-            UNDERLAY_NS,
+            &underlay_ns(),
         ],
     )?;
     sys::ip(
-        UNDERLAY_NS,
+        &underlay_ns(),
         &format!("link set {port} master {UNDERLAY_BRIDGE} up"),
     )?;
     sys::ip(&ns, &format!("addr add {}/24 dev eth0", node.underlay()))?;
@@ -224,7 +223,7 @@ fn underlay(node: Node) -> Result<()> {
 fn uplink() -> Result<()> {
     super::link_upstream(&Node(1).netns(), UPLINK)?;
     sys::ip(
-        UPSTREAM_NS,
+        upstream_ns(),
         &format!("route add {UNDERLAY_NET} via {}", plan::NODE_UPLINK4),
     )
     .map(drop)
@@ -297,7 +296,7 @@ const SHORT_MTU: u32 = 1300;
 pub fn set_fault(state: &LabState, fault: Fault, node: Node, on: bool) -> Result<()> {
     match fault {
         Fault::OverlayDrop | Fault::OverlayMtu => {
-            sys::nft(UNDERLAY_NS, &underlay_filter(fault, node, on))
+            sys::nft(&underlay_ns(), &underlay_filter(fault, node, on))
         }
         Fault::CorednsDown => {
             let pod = pods(state.nodes)

@@ -36,7 +36,7 @@ use serde::{Deserialize, Serialize};
 pub use delay::delay_line;
 pub use faults::Fault;
 use kubeproxy::ProxyMode;
-use plan::{Cni, Domain, NodeLocal, Pod, Role, LAB_DIR, NODE_NS, UPSTREAM_NS};
+use plan::{lab_dir, node_ns, upstream_ns, Cni, Domain, NodeLocal, Pod, Role};
 
 use crate::pods::cri::sandbox::Dns;
 
@@ -139,7 +139,7 @@ pub enum Switch {
     Off,
 }
 
-/// What `lab up` built, kept in LAB_DIR/state.json.
+/// What `lab up` built, kept in the lab's directory (`plan::lab_dir`), state.json.
 #[derive(Serialize, Deserialize, Default, Debug)]
 pub struct LabState {
     pub ipv6: bool,
@@ -175,7 +175,7 @@ fn one_node() -> u8 {
 }
 
 fn state_path() -> PathBuf {
-    Path::new(LAB_DIR).join("state.json")
+    lab_dir().join("state.json")
 }
 
 impl LabState {
@@ -255,7 +255,9 @@ pub fn find_pod(state: &LabState, query: &str) -> Option<Pod> {
         .find(|p| namespace.is_none_or(|ns| ns == p.namespace) && p.name.starts_with(name))
 }
 
-pub async fn run(cmd: LabCommand) -> Result<()> {
+/// Runs `cmd` on the lab `instance` (None: the first).
+pub async fn run(cmd: LabCommand, instance: Option<u8>) -> Result<()> {
+    plan::select(instance).map_err(anyhow::Error::msg)?;
     // The delay line and the probe run inside the lab, started by it; the
     // rest changes the machine.
     if !matches!(cmd, LabCommand::DelayLine { .. } | LabCommand::LoopProbe) {
@@ -361,7 +363,7 @@ async fn up(faults: Vec<Fault>, mut state: LabState) -> Result<()> {
             );
         }
     }
-    if !sys::lab_namespaces().is_empty() || Path::new(LAB_DIR).exists() {
+    if !sys::lab_namespaces().is_empty() || lab_dir().exists() {
         log::info!(target: "lab", "cleaning up what an earlier lab left behind");
         down(false).await?;
     }
@@ -425,11 +427,11 @@ fn check_cluster_options(state: &LabState, faults: &[Fault]) -> Result<()> {
 
 /// `forward_retries`: CoreDNS's own retries upstream (see `start_coredns`).
 async fn build(state: &mut LabState, forward_retries: bool) -> Result<()> {
-    std::fs::create_dir_all(Path::new(LAB_DIR).join("logs"))?;
+    std::fs::create_dir_all(lab_dir().join("logs"))?;
     if state.is_cluster() {
         return build_cluster(state).await;
     }
-    for ns in [NODE_NS, UPSTREAM_NS] {
+    for ns in [node_ns(), upstream_ns()] {
         add_netns(ns, state.ipv6)?;
     }
     build_node(state)?;
@@ -531,7 +533,7 @@ fn link_upstream(node: &str, dev: &str) -> Result<()> {
             "name",
             plan::UPLINK,
             "netns",
-            UPSTREAM_NS,
+            upstream_ns(),
         ],
     )?;
     sys::ip(
@@ -539,11 +541,11 @@ fn link_upstream(node: &str, dev: &str) -> Result<()> {
         &format!("addr add {}/24 dev {dev}", plan::NODE_UPLINK4),
     )?;
     sys::ip(
-        UPSTREAM_NS,
+        upstream_ns(),
         &format!("addr add {}/24 dev {}", plan::UPSTREAM4, plan::UPLINK),
     )?;
     sys::ip(node, &format!("link set {dev} up"))?;
-    sys::ip(UPSTREAM_NS, &format!("link set {} up", plan::UPLINK))?;
+    sys::ip(upstream_ns(), &format!("link set {} up", plan::UPLINK))?;
     // Locally made packets to the service IP need a route before DNAT applies.
     sys::ip(node, &format!("route add default via {}", plan::UPSTREAM4)).map(drop)
 }
@@ -551,7 +553,7 @@ fn link_upstream(node: &str, dev: &str) -> Result<()> {
 fn build_node(state: &LabState) -> Result<()> {
     // The pods' bridge (`--cni bridge`) is the CNI bridge plugin's, made
     // with the first pod.
-    let node = NODE_NS;
+    let node = node_ns();
     link_upstream(node, plan::UPLINK)?;
     sys::sysctl(node, "net.ipv4.ip_forward", "1")?;
     sys::sysctl(node, "net.bridge.bridge-nf-call-iptables", "1")?;
@@ -565,7 +567,7 @@ fn build_node(state: &LabState) -> Result<()> {
             ),
         )?;
         sys::ip(
-            UPSTREAM_NS,
+            upstream_ns(),
             &format!(
                 "-6 addr add {}/64 dev {} nodad",
                 plan::UPSTREAM6,
@@ -692,7 +694,7 @@ fn node_namespaces(state: &LabState) -> Vec<String> {
             .map(cluster::Node::netns)
             .collect()
     } else {
-        vec![NODE_NS.to_owned()]
+        vec![node_ns().to_owned()]
     }
 }
 
@@ -709,13 +711,13 @@ fn node_resolv_conf(state: &LabState, nameserver: IpAddr) -> String {
 /// All iptables and nftables state of the lab, derived from options and faults.
 fn apply_rules(state: &LabState) -> Result<()> {
     node_rules(state, false)?;
-    sys::nft(NODE_NS, &node_nft(state))?;
+    sys::nft(node_ns(), &node_nft(state))?;
     if state.ipv6 {
         node_rules(state, true)?;
-        sys::restore(UPSTREAM_NS, true, &upstream_filter(state))?;
+        sys::restore(upstream_ns(), true, &upstream_filter(state))?;
     }
-    sys::restore(UPSTREAM_NS, false, &upstream_filter(state))?;
-    sys::restore(UPSTREAM_NS, false, &upstream_nat(state))
+    sys::restore(upstream_ns(), false, &upstream_filter(state))?;
+    sys::restore(upstream_ns(), false, &upstream_nat(state))
 }
 
 /// The socket-level balancer in socket-lb mode, attached anew: only at
@@ -773,17 +775,17 @@ fn node_rules(state: &LabState, v6: bool) -> Result<()> {
         })
         .into_iter()
         .collect();
-    sys::restore(NODE_NS, v6, &kubeproxy::nat_table_with(&nat, &more))?;
+    sys::restore(node_ns(), v6, &kubeproxy::nat_table_with(&nat, &more))?;
     if state.proxy_mode == ProxyMode::Nftables {
-        sys::nft(NODE_NS, &kubeproxy::nft_table_with(&nat, &more))?;
+        sys::nft(node_ns(), &kubeproxy::nft_table_with(&nat, &more))?;
     }
     let local_ips = nodelocal_notrack_ips(state, v6);
     if !local_ips.is_empty() {
-        sys::restore(NODE_NS, v6, &nodelocal::raw_table(&local_ips))?;
+        sys::restore(node_ns(), v6, &nodelocal::raw_table(&local_ips))?;
     }
     // The drop fault cuts the path to the second CoreDNS pod.
     sys::restore(
-        NODE_NS,
+        node_ns(),
         v6,
         &node_filter(state, &endpoints[1].to_string(), &local_ips),
     )
@@ -867,13 +869,13 @@ fn upstream_nat(state: &LabState) -> String {
 fn start_upstream(state: &mut LabState) -> Result<()> {
     std::fs::write(resolvers::zone_path(), resolvers::example_zone())?;
     let conf = resolvers::unbound_conf(state.ipv6, state.has(Fault::Servfail));
-    start_unbound(state, UPSTREAM_NS, "unbound", &conf)
+    start_unbound(state, upstream_ns(), "unbound", &conf)
 }
 
 /// Starts (or restarts) an unbound named `name` with `conf`, in `ns`.
 fn start_unbound(state: &mut LabState, ns: &str, name: &str, conf: &str) -> Result<()> {
     stop(state, name);
-    let path = Path::new(LAB_DIR).join(format!("{name}.conf"));
+    let path = lab_dir().join(format!("{name}.conf"));
     std::fs::write(&path, conf)?;
     let _ = std::fs::remove_file(resolvers::pid_path(name));
     sys::in_ns(ns, "unbound", &["-c", &path.to_string_lossy()])?;
@@ -901,7 +903,7 @@ fn start_nodelocal(state: &mut LabState) -> Result<()> {
         &state.cluster_domain,
         state.has(Fault::NodelocaldnsLoop),
     );
-    start_unbound(state, NODE_NS, "nodelocaldns", &conf)
+    start_unbound(state, node_ns(), "nodelocaldns", &conf)
 }
 
 fn start_dnsmasq(state: &mut LabState, ns: &str, name: &str, args: &[String]) -> Result<()> {
@@ -952,9 +954,9 @@ fn wait_gone(pid: u32) {
 /// Waits until every resolver has its port 53 open.
 fn wait_listening(state: &LabState) -> Result<()> {
     let mut namespaces: Vec<String> = coredns_pods(state).iter().map(Pod::netns).collect();
-    namespaces.push(UPSTREAM_NS.to_owned());
+    namespaces.push(upstream_ns().to_owned());
     if state.nodelocaldns.is_some() {
-        namespaces.push(NODE_NS.to_owned());
+        namespaces.push(node_ns().to_owned());
     }
     namespaces.iter().try_for_each(|ns| wait_listening_in(ns))
 }
@@ -1022,9 +1024,9 @@ fn set_fault(state: &mut LabState, fault: Fault, on: bool) -> Result<()> {
     match fault {
         Fault::BridgeNfOff => {
             let value = if on { "0" } else { "1" };
-            sys::sysctl(NODE_NS, "net.bridge.bridge-nf-call-iptables", value)?;
+            sys::sysctl(node_ns(), "net.bridge.bridge-nf-call-iptables", value)?;
             if state.ipv6 {
-                sys::sysctl(NODE_NS, "net.bridge.bridge-nf-call-ip6tables", value)?;
+                sys::sysctl(node_ns(), "net.bridge.bridge-nf-call-ip6tables", value)?;
             }
             Ok(())
         }
@@ -1090,7 +1092,7 @@ fn forget_tcp_flows(state: &LabState) {
     for (family, service) in services {
         // It exits 1 when there was none to delete.
         let _ = sys::in_ns(
-            NODE_NS,
+            node_ns(),
             "conntrack",
             &["-D", "-f", family, "-p", "tcp", "--orig-dst", &service],
         );
@@ -1186,11 +1188,11 @@ fn set_delay_line(state: &mut LabState, on: bool) -> Result<()> {
             "--delay-ms",
             &faults::SLOW_UPSTREAM_MS.to_string(),
         ];
-        let pid = sys::spawn_detached(UPSTREAM_NS, &exe.to_string_lossy(), &args)?;
+        let pid = sys::spawn_detached(upstream_ns(), &exe.to_string_lossy(), &args)?;
         state.pids.insert("delay-line".into(), pid);
         let deadline = Instant::now() + Duration::from_secs(5);
         while !sys::in_ns(
-            UPSTREAM_NS,
+            upstream_ns(),
             "ss",
             &[
                 "-Hlun",
@@ -1247,24 +1249,27 @@ async fn down(loud: bool) -> Result<()> {
         let _ = std::fs::remove_dir_all(netns_etc(ns));
     }
     if let Ok(entries) = std::fs::read_dir("/etc/netns") {
-        for e in entries
-            .flatten()
-            .filter(|e| e.file_name().to_string_lossy().starts_with(plan::NS_PREFIX))
-        {
+        for e in entries.flatten().filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with(plan::ns_prefix())
+        }) {
             let _ = std::fs::remove_dir_all(e.path());
         }
     }
-    let had_dir = Path::new(LAB_DIR).exists();
+    let had_dir = lab_dir().exists();
     if had_dir {
-        std::fs::remove_dir_all(LAB_DIR).with_context(|| format!("removing {LAB_DIR}"))?;
+        std::fs::remove_dir_all(lab_dir())
+            .with_context(|| format!("removing {}", lab_dir().display()))?;
     }
     if loud {
         if namespaces.is_empty() && !had_dir && !had_runtime && !had_balancer {
             log::info!(target: "lab", "nothing to remove");
         } else {
             log::info!(target: "lab",
-                "removed the pods (through CRI) and the lab's containerd, {} namespaces, their processes and rules, and {LAB_DIR}",
-                namespaces.len()
+                "removed the pods (through CRI) and the lab's containerd, {} namespaces, their processes and rules, and {}",
+                namespaces.len(),
+                lab_dir().display()
             );
         }
     }
@@ -1397,7 +1402,7 @@ fn print_summary(state: &LabState) {
     let balancing = match state.proxy_mode {
         ProxyMode::SocketLb => format!(
             "rewritten to a CoreDNS pod at the socket by the lab's cgroup programs (proxy mode socket-lb, pinned in {})",
-            socketlb::PIN_DIR
+            socketlb::pin_dir().display()
         ),
         mode => format!(
             "DNAT to the CoreDNS pods by kube-proxy's {} rules",
@@ -1405,7 +1410,8 @@ fn print_summary(state: &LabState) {
         ),
     };
     log::info!(target: "lab",
-        "up. Node namespace {NODE_NS}: {pods}, kube-dns {} ({balancing})",
+        "up. Node namespace {}: {pods}, kube-dns {} ({balancing})",
+        node_ns(),
         plan::SERVICE4,
     );
     for pod in plan::pods(state.host_client, state.nodelocaldns.is_some()) {
@@ -1421,8 +1427,9 @@ fn print_summary(state: &LabState) {
         );
     }
     log::info!(target: "lab",
-        "  upstream resolver {} (unbound) in {UPSTREAM_NS}",
-        plan::UPSTREAM4
+        "  upstream resolver {} (unbound) in {}",
+        plan::UPSTREAM4,
+        upstream_ns()
     );
     match state.nodelocaldns {
         Some(NodeLocal::LinkLocal) => log::info!(target: "lab",
@@ -1452,7 +1459,7 @@ fn print_cluster_summary(state: &LabState) {
         state.nodes,
         cluster::VXLAN,
         cluster::OVERLAY_MTU,
-        cluster::UNDERLAY_NS,
+        cluster::underlay_ns(),
         plan::SERVICE4,
         state.proxy_mode.name()
     );
@@ -1467,8 +1474,9 @@ fn print_cluster_summary(state: &LabState) {
         );
     }
     log::info!(target: "lab",
-        "  upstream resolver {} (unbound) in {UPSTREAM_NS}, behind node1",
-        plan::UPSTREAM4
+        "  upstream resolver {} (unbound) in {}, behind node1",
+        plan::UPSTREAM4,
+        upstream_ns()
     );
     log::info!(target: "lab", "try `dnstrace lab traffic`, and `dnstrace lab down` to remove it");
     for node in cluster::nodes(state.nodes) {
@@ -1486,7 +1494,7 @@ pub fn runtime_flags(runtime: runtime::Runtime) -> String {
         ),
         runtime::Runtime::Crio => format!("--crio-root {}", runtime::crio_root().display()),
     };
-    format!("--node-netns /run/netns/{NODE_NS} {root} --pod web")
+    format!("--node-netns /run/netns/{} {root} --pod web", node_ns())
 }
 
 #[cfg(test)]

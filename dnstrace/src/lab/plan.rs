@@ -5,17 +5,75 @@ use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
     path::{Path, PathBuf},
     str::FromStr,
+    sync::OnceLock,
 };
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-/// Every lab namespace name starts with this; `lab down` removes them all.
-pub const NS_PREFIX: &str = "dtlab-";
-pub const NODE_NS: &str = "dtlab-node";
-pub const UPSTREAM_NS: &str = "dtlab-upstream";
+/// Which of the labs on this machine a command works on (`--instance`).
+/// Each has namespaces, a directory and a bpffs of its own, so several can
+/// be up side by side; inside their namespaces the addresses are the
+/// same, as two clusters' may be. Chosen once, before anything is named.
+static NAMES: OnceLock<Names> = OnceLock::new();
+
+/// The names of one lab: its instance's number in each (none for the
+/// first, whose names are those of a lab without `--instance`).
+#[derive(Debug)]
+struct Names {
+    prefix: String,
+    node: String,
+    upstream: String,
+    dir: PathBuf,
+}
+
+impl Names {
+    fn of(instance: Option<u8>) -> Self {
+        let n = instance.map_or_else(String::new, |n| n.to_string());
+        let prefix = format!("dtlab{n}-");
+        Self {
+            node: format!("{prefix}node"),
+            upstream: format!("{prefix}upstream"),
+            dir: PathBuf::from(format!("/run/dnstrace-lab{n}")),
+            prefix,
+        }
+    }
+}
+
+/// Picks the lab this process works on; the first pick stands.
+pub fn select(instance: Option<u8>) -> Result<(), String> {
+    let names = NAMES.get_or_init(|| Names::of(instance));
+    if names.prefix != Names::of(instance).prefix {
+        return Err(format!(
+            "this process already works on the lab {}",
+            names.node
+        ));
+    }
+    Ok(())
+}
+
+fn names() -> &'static Names {
+    NAMES.get_or_init(|| Names::of(None))
+}
+
+/// Every namespace name of this lab starts with this; `lab down` removes
+/// them all (another lab's prefix differs before the dash).
+pub fn ns_prefix() -> &'static str {
+    &names().prefix
+}
+
+pub fn node_ns() -> &'static str {
+    &names().node
+}
+
+pub fn upstream_ns() -> &'static str {
+    &names().upstream
+}
+
 /// Where the lab keeps its state, configs, logs and runtime-state tree.
-pub const LAB_DIR: &str = "/run/dnstrace-lab";
+pub fn lab_dir() -> &'static Path {
+    &names().dir
+}
 
 pub const BRIDGE: &str = "cni0";
 pub const POD_GW4: Ipv4Addr = Ipv4Addr::new(10, 244, 0, 1);
@@ -268,9 +326,9 @@ impl Pod {
 
     pub fn netns(&self) -> String {
         if self.role.host_network() {
-            NODE_NS.to_owned()
+            node_ns().to_owned()
         } else {
-            format!("{NS_PREFIX}{}", self.name)
+            format!("{}{}", ns_prefix(), self.name)
         }
     }
 
@@ -278,7 +336,7 @@ impl Pod {
     /// mounts for its namespace, or, sharing the node's, a file of its own.
     pub fn resolv_conf(&self) -> PathBuf {
         if self.role.host_network() {
-            Path::new(LAB_DIR).join(format!("{}.resolv.conf", self.name))
+            lab_dir().join(format!("{}.resolv.conf", self.name))
         } else {
             Path::new("/etc/netns")
                 .join(self.netns())
@@ -356,6 +414,22 @@ mod tests {
         }
         assert_eq!(PODS[0].sandbox_id(), PODS[0].sandbox_id());
         assert_ne!(PODS[0].sandbox_id(), PODS[1].sandbox_id());
+    }
+
+    #[test]
+    fn each_instance_names_its_own_namespaces_and_directory() {
+        let first = Names::of(None);
+        assert_eq!(first.prefix, "dtlab-");
+        assert_eq!(first.node, "dtlab-node");
+        assert_eq!(first.upstream, "dtlab-upstream");
+        assert_eq!(first.dir, Path::new("/run/dnstrace-lab"));
+        let third = Names::of(Some(3));
+        assert_eq!(third.node, "dtlab3-node");
+        assert_eq!(third.dir, Path::new("/run/dnstrace-lab3"));
+        // `lab down` of one never takes another's namespaces.
+        for (a, b) in [(&first, &third), (&third, &first)] {
+            assert!(!b.node.starts_with(&a.prefix) && !b.upstream.starts_with(&a.prefix));
+        }
     }
 
     #[test]

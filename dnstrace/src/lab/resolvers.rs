@@ -2,16 +2,17 @@
 //! NodeLocalDNS and as the "internet" resolver behind the node.
 use std::{net::IpAddr, path::PathBuf};
 
-use super::plan::{self, Domain, NodeLocal, Pod, BIG_NAME, HUGE_NAME, LAB_DIR};
+use super::plan::{self, lab_dir, Domain, NodeLocal, Pod, BIG_NAME, HUGE_NAME};
 
 pub fn log_path(name: &str) -> PathBuf {
-    PathBuf::from(LAB_DIR)
+    lab_dir()
+        .to_path_buf()
         .join("logs")
         .join(format!("{name}.log"))
 }
 
 pub fn pid_path(name: &str) -> PathBuf {
-    PathBuf::from(LAB_DIR).join(format!("{name}.pid"))
+    lab_dir().to_path_buf().join(format!("{name}.pid"))
 }
 
 /// The records CoreDNS's kubernetes plugin would serve in `domain`, with
@@ -119,11 +120,11 @@ fn forward_zone(zone: &str, to: IpAddr, tcp: bool) -> String {
 }
 
 /// What both unbounds share: a daemon running as root without chroot, its
-/// files under LAB_DIR, every query logged, no DNSSEC validation.
+/// files under the lab's directory, every query logged, no DNSSEC validation.
 fn unbound_daemon(name: &str) -> String {
     let mut c =
         String::from("  do-daemonize: yes\n  username: \"\"\n  chroot: \"\"\n  use-syslog: no\n");
-    c += &format!("  directory: \"{LAB_DIR}\"\n");
+    c += &format!("  directory: \"{}\"\n", lab_dir().display());
     c += &format!("  pidfile: \"{}\"\n", pid_path(name).display());
     c += &format!("  logfile: \"{}\"\n", log_path(name).display());
     c += "  log-queries: yes\n  log-replies: yes\n  verbosity: 1\n";
@@ -157,7 +158,7 @@ pub fn unbound_conf(ipv6: bool, servfail: bool) -> String {
 }
 
 pub fn zone_path() -> PathBuf {
-    PathBuf::from(LAB_DIR).join("example.com.zone")
+    lab_dir().to_path_buf().join("example.com.zone")
 }
 
 /// The "internet" names: plain, dual-stack, a long CNAME chain, forty

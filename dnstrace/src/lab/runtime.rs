@@ -9,7 +9,7 @@ use anyhow::{Context as _, Result};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use super::plan::{Pod, LAB_DIR};
+use super::plan::{lab_dir, Pod};
 
 /// Which runtime's state layout the lab leaves for `dnstrace pods`.
 #[derive(clap::ValueEnum, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -22,7 +22,7 @@ pub enum Runtime {
 
 /// The lab's stand-in for CRI-O's run root, /run/containers/storage.
 pub fn crio_root() -> PathBuf {
-    PathBuf::from(LAB_DIR).join("crio")
+    lab_dir().to_path_buf().join("crio")
 }
 
 /// Writes `pod`'s sandbox under `root` as CRI-O with an infra container
@@ -143,7 +143,7 @@ mod tests {
                 Some(crate::lab::netns_etc(&pod.netns()).join("resolv.conf"))
             );
         }
-        assert!(crio_root().starts_with(LAB_DIR));
+        assert!(crio_root().starts_with(lab_dir()));
     }
 
     #[test]

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     containerd::{self, Addresses, CniPlugin, Setup, Subnet6},
-    plan::{self, Cni, Pod, Role, LAB_DIR, NODE_NS},
+    plan::{self, lab_dir, node_ns, Cni, Pod, Role},
     sys,
 };
 use crate::pods::cri::sandbox::{Dns, SandboxRequest};
@@ -41,10 +41,10 @@ pub struct Sandbox {
 /// containerd's state directory, where its shims keep the task bundles:
 /// what `--containerd-root` takes.
 pub fn state_dir() -> PathBuf {
-    Path::new(LAB_DIR).join("containerd")
+    lab_dir().join("containerd")
 }
 
-/// The lab's containerd: config, socket, root and IPAM under LAB_DIR/cri,
+/// The lab's containerd: config, socket, root and IPAM under the lab's cri/,
 /// run in the node's namespace, its pods wired as `cni` says.
 pub fn setup(ipv6: bool, cni: Cni) -> Setup {
     Setup {
@@ -52,9 +52,9 @@ pub fn setup(ipv6: bool, cni: Cni) -> Setup {
             Cni::Bridge => CniPlugin::Bridge,
             Cni::Routed => CniPlugin::Ptp,
         },
-        dir: Path::new(LAB_DIR).join("cri"),
+        dir: lab_dir().join("cri"),
         state: state_dir(),
-        netns: Some(NODE_NS.to_owned()),
+        netns: Some(node_ns().to_owned()),
         bridge: plan::BRIDGE.to_owned(),
         subnet: SUBNET4.parse().expect("a subnet"),
         subnet6: ipv6.then_some(Subnet6 {
@@ -157,7 +157,7 @@ fn remove_left(setup: &Setup, sandboxes: &[Sandbox]) -> Result<()> {
         .lines()
         .filter_map(|l| l.split(' ').nth(4))
         .map(PathBuf::from)
-        .filter(|m| m.starts_with(LAB_DIR) || netns.contains(m))
+        .filter(|m| m.starts_with(lab_dir()) || netns.contains(m))
         .collect();
     mounts.sort_by_key(|m| std::cmp::Reverse(m.components().count()));
     for mount in &mounts {
@@ -279,7 +279,7 @@ mod tests {
     #[test]
     fn the_lab_runtime_lives_under_the_lab_directory_on_the_bridge_subnets() {
         let dual = setup(true, Cni::Bridge);
-        assert!(dual.dir.starts_with(LAB_DIR) && dual.state.starts_with(LAB_DIR));
+        assert!(dual.dir.starts_with(lab_dir()) && dual.state.starts_with(lab_dir()));
         assert_eq!(dual.subnet.to_string(), SUBNET4);
         assert_eq!(
             dual.subnet6.map(|s| s.to_string()).as_deref(),

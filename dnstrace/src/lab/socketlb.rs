@@ -5,7 +5,12 @@
 //! see every socket of the machine; they act only on those of the lab's
 //! network namespaces, by their cookies. The links are pinned in a bpffs of
 //! the lab's own, so they outlive `lab up`; `lab down` unmounts it.
-use std::{ffi::CString, fs::File, net::Ipv4Addr, path::Path};
+use std::{
+    ffi::CString,
+    fs::File,
+    net::Ipv4Addr,
+    path::{Path, PathBuf},
+};
 
 use anyhow::{anyhow, bail, Context as _, Result};
 use aya::{
@@ -39,9 +44,11 @@ pub struct Service {
 }
 
 /// Where the links are pinned: a bpffs mounted for the lab. Beside
-/// LAB_DIR, not in it: a mount there would stop a `lab down` that knows
+/// the lab's directory, not in it: a mount there would stop a `lab down` that knows
 /// nothing of it (an older dnstrace's) from removing the directory.
-pub const PIN_DIR: &str = "/run/dnstrace-lab-bpf";
+pub fn pin_dir() -> PathBuf {
+    PathBuf::from(format!("{}-bpf", super::plan::lab_dir().display()))
+}
 
 /// Why `fault` does not apply in this mode, if it does not.
 pub fn inapplicable(fault: Fault) -> Option<&'static str> {
@@ -56,7 +63,7 @@ pub fn inapplicable(fault: Fault) -> Option<&'static str> {
 /// `netns`, in place of any attached before (a fault changed them).
 pub fn attach(services: &[Service], netns: &[String]) -> Result<()> {
     detach()?;
-    let dir = Path::new(PIN_DIR);
+    let dir = &pin_dir();
     std::fs::create_dir_all(dir)?;
     mount_bpffs(dir)?;
     let mut ebpf = Ebpf::load(OBJECT).map_err(|e| anyhow!("loading the balancer failed: {e}"))?;
@@ -173,7 +180,7 @@ fn mount_bpffs(dir: &Path) -> Result<()> {
 /// Unpins the links, which detaches the programs, and unmounts and removes
 /// the lab's bpffs; returns whether there was one.
 pub fn detach() -> Result<bool> {
-    let dir = Path::new(PIN_DIR);
+    let dir = &pin_dir();
     if !mounted("bpf", dir)? {
         return Ok(false);
     }

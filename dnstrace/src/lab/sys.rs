@@ -218,7 +218,7 @@ pub fn lab_namespaces() -> Vec<String> {
     };
     out.lines()
         .filter_map(|l| l.split_whitespace().next())
-        .filter(|n| n.starts_with(super::plan::NS_PREFIX))
+        .filter(|n| n.starts_with(super::plan::ns_prefix()))
         .map(str::to_owned)
         .collect()
 }
