@@ -4,7 +4,7 @@ use std::{
     fs::File,
     io::Write as _,
     net::{SocketAddr, UdpSocket},
-    sync::{mpsc, Arc, Barrier},
+    sync::{mpsc, Arc, Barrier, Condvar, Mutex},
     time::{Duration, Instant},
 };
 
@@ -38,8 +38,14 @@ pub struct TrafficArgs {
     #[arg(long, default_value_t = 2.0)]
     rate: f64,
     /// Keep going this long (e.g. 30s, 2m); default: each name once per pod.
-    #[arg(long, value_parser = humantime::parse_duration)]
+    /// A lookup due while 256 of the pod's are in flight is skipped.
+    #[arg(long, value_parser = humantime::parse_duration, conflicts_with = "count")]
     duration: Option<Duration>,
+    /// Make this many lookups per pod, at most --rate a second: while 256
+    /// are in flight, the next waits for one to end, so that none is
+    /// skipped however slow the answers.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    count: Option<u64>,
     /// Who makes the lookups: a glibc-like stub resolver, dig, or the retry
     /// habits of glibc or musl (see lab/libc_clients.rs).
     #[arg(long, value_enum, default_value_t = Client::Stub)]
@@ -141,13 +147,18 @@ pub fn run(args: TrafficArgs) -> Result<()> {
     };
     let (tx, rx) = mpsc::channel();
     let mut drivers = Vec::new();
+    let until = match (args.duration, args.count) {
+        (Some(d), _) => Until::Elapsed(d),
+        (_, Some(n)) => Until::Made(n as usize),
+        (None, None) => Until::Made(names.len()),
+    };
     for pod in pods {
         let (tx, names) = (tx.clone(), names.clone());
-        let (rate, duration) = (args.rate, args.duration);
+        let rate = args.rate;
         let ns = pod.netns();
         drivers.push(std::thread::spawn(move || -> Result<()> {
             enter_netns(&ns)?;
-            drive(&pod, &names, rate, duration, how, tx);
+            drive(&pod, &names, rate, until, how, tx);
             Ok(())
         }));
     }
@@ -212,38 +223,75 @@ fn enter_netns(ns: &str) -> Result<()> {
     crate::netns::enter(&f).with_context(|| format!("entering namespace {ns}"))
 }
 
+/// When a pod's lookups end.
+#[derive(Clone, Copy, Debug)]
+enum Until {
+    /// Past this time: one due at the cap of lookups in flight is skipped,
+    /// as an open-loop load drops what it cannot send.
+    Elapsed(Duration),
+    /// This many made: one due at the cap waits for room.
+    Made(usize),
+}
+
+/// The lookups of a pod in flight, up to `MAX_IN_FLIGHT`.
+#[derive(Default)]
+struct InFlight {
+    count: Mutex<usize>,
+    ended: Condvar,
+}
+
+impl InFlight {
+    /// Takes room for one more; with `wait`, waits for it, else fails at
+    /// the cap.
+    fn take(&self, wait: bool) -> bool {
+        let mut n = self.count.lock().unwrap_or_else(|e| e.into_inner());
+        while *n >= MAX_IN_FLIGHT {
+            if !wait {
+                return false;
+            }
+            n = self.ended.wait(n).unwrap_or_else(|e| e.into_inner());
+        }
+        *n += 1;
+        true
+    }
+
+    fn end(&self) {
+        *self.count.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+        self.ended.notify_one();
+    }
+}
+
 fn drive(
     pod: &Pod,
     names: &[String],
     rate: f64,
-    duration: Option<Duration>,
+    until: Until,
     how: How,
     tx: mpsc::Sender<Outcome>,
 ) {
     let start = Instant::now();
     let interval = Duration::from_secs_f64(1.0 / rate);
-    let in_flight = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let in_flight = Arc::new(InFlight::default());
     let mut workers = Vec::new();
     for (i, name) in names.iter().cycle().enumerate() {
         let due = start + interval.mul_f64(i as f64);
-        match duration {
-            Some(d) if due > start + d => break,
-            None if i >= names.len() => break,
+        match until {
+            Until::Elapsed(d) if due > start + d => break,
+            Until::Made(n) if i >= n => break,
             _ => {}
         }
         std::thread::sleep(due.saturating_duration_since(Instant::now()));
-        if in_flight.load(std::sync::atomic::Ordering::Relaxed) >= MAX_IN_FLIGHT {
+        if !in_flight.take(matches!(until, Until::Made(_))) {
             continue;
         }
         let (tx, name, in_flight, pod) = (tx.clone(), name.clone(), in_flight.clone(), *pod);
-        in_flight.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         workers.push(std::thread::spawn(move || {
             let outcome = match how.client {
                 Client::Stub | Client::Glibc | Client::Musl => stub_lookup(&pod, &name, how),
                 Client::Dig => dig_lookup(&pod, &name, how.tcp),
             };
             let _ = tx.send(outcome);
-            in_flight.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            in_flight.end();
         }));
         workers.retain(|w| !w.is_finished());
     }
