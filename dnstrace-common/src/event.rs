@@ -176,6 +176,11 @@ pub struct KernelOffsets {
     pub dev_name: u32,
     pub dev_nd_net: u32,
     pub net_ns_inum: u32,
+    /// `skb->sk`, and a socket's namespace (`sock.__sk_common.skc_net`):
+    /// where a packet's device field holds something else (a UDP packet
+    /// queued at its socket keeps scratch there).
+    pub skb_sk: u32,
+    pub sk_net: u32,
     /// 0 when conntrack fields were not found: events then carry no entry.
     pub skb_nfct: u32,
     pub ct_status: u32,
@@ -208,6 +213,8 @@ impl KernelOffsets {
         dev_name: 0,
         dev_nd_net: 0,
         net_ns_inum: 0,
+        skb_sk: 0,
+        sk_net: 0,
         skb_nfct: 0,
         ct_status: 0,
         ct_tuple_original: 0,

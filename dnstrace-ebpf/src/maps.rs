@@ -181,9 +181,9 @@ pub fn scoped() -> bool {
 }
 
 /// Whether a packet in network namespace `netns` belongs to the node
-/// traced, when `scoped`. So is one whose namespace is not known (0: no
-/// device yet, as a socket's output before routing), as it may be the
-/// node's own.
+/// traced, when `scoped`. So is one on an interface whose namespace is not
+/// known (0), as it may be the node's own; the device hooks rule 0 out
+/// themselves (`skb::on_this_node`).
 #[inline(always)]
 pub fn in_scope(netns: u32) -> bool {
     netns == 0 || SCOPE.get_ptr(netns).is_some()

@@ -137,7 +137,7 @@ pub fn try_capture<K: Kernel, const APART: bool>(
         dev
     };
     // Before a drop marks a count: another node's lookups are its own.
-    on_this_node::<K>(dev, &o)?;
+    on_this_node::<K>(skb, dev, &o)?;
     // Perhaps left out by sampling, before the reads only an event needs:
     // at a high sampling level most packets stop here.
     let head = udp_head(&r, &l4, s);
@@ -226,18 +226,52 @@ fn words(addr: &[u8; 16]) -> [u32; 4] {
     unsafe { (&raw const *addr).cast::<[u32; 4]>().read() }
 }
 
-/// Rules out, with `--node`, a packet on a device of another node's
-/// namespace.
+/// Whether a packet a socket sends or takes is this node's, with
+/// `--node`: its device (by then the socket's namespace's) is in scope.
+/// `skb` is a socket program's context, read through.
 #[inline(always)]
-fn on_this_node<K: Kernel>(dev: *const u8, o: &KernelOffsets) -> Result<(), i64> {
+pub fn socket_on_this_node(skb: *const u8) -> bool {
+    if !scoped() {
+        return true;
+    }
+    let o = offsets();
+    Untyped::read::<*const u8>(skb, o.skb_dev)
+        .and_then(|dev| on_this_node::<Untyped>(skb, dev, &o))
+        .is_ok()
+}
+
+/// Rules out, with `--node`, a packet of another node's namespace: its
+/// device's, or where it has none yet (a query refused in OUTPUT), its
+/// socket's. One with neither (a UDP packet queued at a socket keeps
+/// scratch in its device field, and no socket: purged unread as the
+/// socket closes) may be any node's, so it is none's.
+#[inline(always)]
+fn on_this_node<K: Kernel>(skb: *const u8, dev: *const u8, o: &KernelOffsets) -> Result<(), i64> {
     if !scoped() {
         return Ok(());
     }
-    let netns = device_of::<K>(dev, o)?.netns;
-    if !in_scope(netns) {
+    let mut netns = device_of::<K>(dev, o)?.netns;
+    if netns == 0 {
+        netns = socket_netns::<K>(skb, o)?;
+    }
+    if netns == 0 || !in_scope(netns) {
         return Err(skip(Why::OtherNode, netns));
     }
     Ok(())
+}
+
+/// The namespace of a packet's socket; 0 for none.
+#[inline(always)]
+fn socket_netns<K: Kernel>(skb: *const u8, o: &KernelOffsets) -> Result<u32, i64> {
+    let sk: *const u8 = K::read(skb, o.skb_sk)?;
+    if sk.is_null() {
+        return Ok(0);
+    }
+    let net: *const u8 = K::read(sk, o.sk_net)?;
+    if net.is_null() {
+        return Ok(0);
+    }
+    K::read(net, o.net_ns_inum)
 }
 
 /// The device a packet is on: its namespace's inode and its index.

@@ -10,11 +10,11 @@ use crate::{
     maps::{count, offset, sampled_in},
     packet::Packet,
     parse::{datagram, Datagram, Reader, ETH_P_IP, ETH_P_IPV6, IPPROTO_TCP},
-    skb::original_ends,
+    skb::{original_ends, socket_on_this_node},
 };
 
 pub fn try_query(ctx: &SkBuffContext) -> Result<(), i64> {
-    if !lookups::enabled() {
+    if !lookups::enabled() || !socket_on_this_node(ctx.skb.skb.cast()) {
         return Ok(());
     }
     let r = Packet(&ctx.skb);
@@ -51,7 +51,7 @@ pub fn try_query(ctx: &SkBuffContext) -> Result<(), i64> {
 }
 
 pub fn try_answer(ctx: &SkBuffContext) -> Result<(), i64> {
-    if !lookups::enabled() {
+    if !lookups::enabled() || !socket_on_this_node(ctx.skb.skb.cast()) {
         return Ok(());
     }
     let r = Packet(&ctx.skb);

@@ -29,6 +29,10 @@ pub fn kernel_offsets(btf: &Btf) -> Result<(KernelOffsets, Option<String>)> {
         net_ns_inum: btf
             .offset_of("net", &["ns", "inum"])
             .context("net.ns.inum")?,
+        skb_sk: skb(&["sk"])?,
+        sk_net: btf
+            .offset_of("sock", &["__sk_common", "skc_net"])
+            .context("sock.__sk_common.skc_net")?,
         ..KernelOffsets::UNSET
     };
     let conntrack = (|| -> Result<()> {
