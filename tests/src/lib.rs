@@ -2,7 +2,7 @@
 //! in them, and dnstrace run as a real process. Addresses exist only inside
 //! those namespaces; nothing is sent anywhere else.
 use std::{
-    io::{BufRead, BufReader, Read},
+    io::{BufRead, BufReader, Read, Write as _},
     net::UdpSocket,
     os::fd::AsRawFd,
     path::{Path, PathBuf},
@@ -17,13 +17,42 @@ use std::{
 use anyhow::{bail, Context, Result};
 
 pub mod cri;
+mod lab;
 pub mod otlp;
 pub mod prometheus;
+
+pub use lab::*;
 
 /// Fails loudly instead of skipping: these tests load eBPF programs.
 pub fn require_root() {
     // SAFETY: geteuid has no preconditions.
     assert_eq!(unsafe { libc::geteuid() }, 0, "the integration tests load eBPF programs and create network namespaces: run them as root (cargo xtask test)");
+}
+
+/// The exit codes of a test that needs the machine alone, or the release
+/// build, and was not given it (xtask/src/suite/schedule.rs).
+const ALONE_EXIT: i32 = 75;
+const RELEASE_EXIT: i32 = 76;
+
+/// Leaves the test at once with `code`, saying why past libtest's capture
+/// (which `exit` leaves unprinted), for the runner to run it again later.
+fn back_to_the_runner(code: i32, needs: &str) -> ! {
+    let _ = writeln!(std::io::stderr(), "dnstrace-tests: this test needs {needs}");
+    std::process::exit(code);
+}
+
+/// For a test that watches the whole machine: a dnstrace with no
+/// `--node`, which sees every lab's lookups, or the kernel's programs by
+/// name. `cargo xtask test` runs several tests at once, each with a lab of
+/// its own; such a test exits at once, and the runner runs it again once
+/// nothing else runs (`DNSTRACE_TEST_ALONE`). Run by `cargo test`, whose
+/// lab tests wait for one another, it goes on.
+pub fn require_alone() {
+    require_root();
+    let runner = std::env::var_os("DNSTRACE_TEST_RUNNER").is_some();
+    if runner && std::env::var_os("DNSTRACE_TEST_ALONE").is_none() {
+        back_to_the_runner(ALONE_EXIT, "the machine alone");
+    }
 }
 
 /// Runs a command, failing with its stderr when it does not succeed.
@@ -194,25 +223,37 @@ pub fn wait_for<T>(mut f: impl FnMut() -> Option<T>) -> Result<T> {
     }
 }
 
-/// The dnstrace binary of this workspace (debug), built once per test run.
+/// The dnstrace binary of this workspace (debug): `DNSTRACE_BIN`, as
+/// `cargo xtask test` built it, or built once per test binary.
 pub fn dnstrace_bin() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        std::env::var_os("DNSTRACE_BIN").map_or_else(|| build("debug", "dnstrace"), PathBuf::from)
-    })
+    BIN.get_or_init(|| built("DNSTRACE_BIN", "debug", "dnstrace"))
 }
 
 /// An optimised dnstrace, for tests that measure what it keeps up with.
+/// `cargo xtask test` builds it beside the first tests it runs
+/// (`DNSTRACE_RELEASE_PENDING`): a test that asks for it before then
+/// leaves at once, and runs again once it is built.
 pub fn dnstrace_release_bin() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| build("release", "dnstrace"))
+    BIN.get_or_init(|| {
+        if std::env::var_os("DNSTRACE_RELEASE_PENDING").is_some() {
+            back_to_the_runner(RELEASE_EXIT, "the release build");
+        }
+        built("DNSTRACE_RELEASE_BIN", "release", "dnstrace")
+    })
 }
 
 /// dnstrace with the layers' switches the tests set, which the user's
-/// command line has not (`dnstrace/src/harness.rs`), built once per run.
+/// command line has not (`dnstrace/src/harness.rs`).
 pub fn harness_bin() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| build("debug", "dnstrace-harness"))
+    BIN.get_or_init(|| built("DNSTRACE_HARNESS_BIN", "debug", "dnstrace-harness"))
+}
+
+/// The binary `var` names, or `bin` built in `profile`.
+fn built(var: &str, profile: &str, bin: &str) -> PathBuf {
+    std::env::var_os(var).map_or_else(|| build(profile, bin), PathBuf::from)
 }
 
 fn build(profile: &str, bin: &str) -> PathBuf {
@@ -560,190 +601,6 @@ pub fn dnstrace(args: &[&str]) -> std::process::Output {
         .args(args)
         .output()
         .expect("running dnstrace")
-}
-
-/// The built-in lab, brought down on drop. Its namespace names are fixed, so
-/// only one may exist at a time on the machine: `LAB_LOCK` in this process,
-/// and an exclusive flock on `LAB_FILE_LOCK` across processes (another test
-/// run, `cargo xtask bench`).
-pub struct Lab {
-    _guard: std::sync::MutexGuard<'static, ()>,
-    _file: std::fs::File,
-}
-
-pub const LAB_FILE_LOCK: &str = "/run/dnstrace-lab.lock";
-
-/// Waits for the machine-wide lab lock; it is released when the file closes.
-fn lock_lab_file() -> std::fs::File {
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(LAB_FILE_LOCK)
-        .expect("opening the lab lock");
-    // SAFETY: flock on a descriptor this function owns.
-    let rc = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&file), libc::LOCK_EX) };
-    assert_eq!(rc, 0, "locking {LAB_FILE_LOCK}");
-    file
-}
-
-pub static LAB_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-pub const WEB: &str = "dtlab-web-7d9f8c6b5-x2x4k";
-pub const CHECKOUT: &str = "dtlab-checkout-5f6d7c9b8-q7w2e";
-pub const COREDNS_A: &str = "coredns-7db6d8ff4d-4xk9m";
-pub const COREDNS_B: &str = "coredns-7db6d8ff4d-vz8lp";
-pub const NODE: &str = "dtlab-node";
-pub const SERVICE: &str = "10.96.0.10";
-/// NodeLocalDNS's address in the lab (`lab up --nodelocaldns`).
-pub const NODELOCAL: &str = "169.254.20.10";
-/// Lab names whose TXT answer is over EDNS's default 1,232 bytes, and over
-/// the veths' 1,500-byte MTU (sent in fragments with a 4,096-byte buffer):
-/// dnstrace/src/lab/plan.rs.
-pub const BIG_NAME: &str = "big.example.com";
-pub const HUGE_NAME: &str = "huge.example.com";
-/// The lab node's network namespace, as `--node-netns` takes it.
-pub const NODE_NETNS: &str = "/run/netns/dtlab-node";
-/// The flags that point dnstrace at the lab's containerd: its state and
-/// its CRI socket (labels, workloads).
-pub const LAB_RUNTIME: [&str; 4] = [
-    "--containerd-root",
-    "/run/dnstrace-lab/containerd",
-    "--cri-socket",
-    "/run/dnstrace-lab/cri/containerd.sock",
-];
-
-/// `dnstrace agent` on the lab's node as `lab-node`, serving on `listen`,
-/// with `extra`.
-pub fn agent_args<'a>(listen: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
-    let node = ["--node-netns", NODE_NETNS, "--node-name", "lab-node"];
-    [
-        &["agent", "--metrics-addr", listen][..],
-        &node,
-        extra,
-        &LAB_RUNTIME,
-    ]
-    .concat()
-}
-
-impl Lab {
-    /// `dnstrace trace -o json --timeout 3s` over the lab node, every
-    /// lookup kept, with `extra`, while `work` runs and 1.5 s after: its
-    /// JSON lines and what it said on stderr.
-    pub fn trace_during(
-        &self,
-        extra: &[&str],
-        work: impl FnOnce(),
-    ) -> (Vec<serde_json::Value>, Vec<String>) {
-        self.trace_during_with(dnstrace_bin(), extra, work)
-    }
-
-    /// `trace_during` with the dnstrace binary `bin` (the release build
-    /// keeps up with more lookups).
-    pub fn trace_during_with(
-        &self,
-        bin: &Path,
-        extra: &[&str],
-        work: impl FnOnce(),
-    ) -> (Vec<serde_json::Value>, Vec<String>) {
-        let mut args = vec!["trace", "-o", "json", "--node-netns", NODE_NETNS];
-        args.extend_from_slice(&["--timeout", "3s"]);
-        args.extend_from_slice(extra);
-        let trace = Dnstrace::start_binary(bin, Keep::Every, &args).unwrap();
-        work();
-        std::thread::sleep(Duration::from_millis(1500));
-        let (status, out, stderr) = trace.stop(libc::SIGINT).unwrap();
-        assert!(status.success(), "{status}: {stderr:?}");
-        (json_lines(&out), stderr)
-    }
-
-    /// `dnstrace trace -o json` over the whole lab node, keeping every
-    /// lookup, with `extra`.
-    pub fn trace_every_lookup(&self, extra: &[&str]) -> Dnstrace {
-        self.trace(Keep::Every, extra)
-    }
-
-    /// `dnstrace trace -o json` over the whole lab node, keeping `keep`,
-    /// with `extra`.
-    pub fn trace(&self, keep: Keep, extra: &[&str]) -> Dnstrace {
-        let mut args = vec!["trace", "-o", "json", "--node-netns", NODE_NETNS];
-        args.extend_from_slice(extra);
-        Dnstrace::start_here(keep, &args).unwrap()
-    }
-
-    pub fn up(args: &[&str]) -> Self {
-        let guard = LAB_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-        let file = lock_lab_file();
-        let _ = dnstrace(&["lab", "down"]);
-        let mut all = vec!["lab", "up"];
-        all.extend_from_slice(args);
-        let out = dnstrace(&all);
-        assert!(
-            out.status.success(),
-            "lab up failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Self {
-            _guard: guard,
-            _file: file,
-        }
-    }
-
-    pub fn fault(&self, name: &str, on: bool) {
-        let out = dnstrace(&["lab", "fault", name, if on { "on" } else { "off" }]);
-        assert!(
-            out.status.success(),
-            "lab fault {name}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-
-    /// `lab restart coredns`: each CoreDNS pod's resolver stopped and
-    /// started again, as a rollout does.
-    pub fn restart_coredns(&self) {
-        let out = dnstrace(&["lab", "restart", "coredns"]);
-        assert!(
-            out.status.success(),
-            "lab restart coredns: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-
-    /// dig in a lab namespace, one try, short timeout; returns dig's output.
-    pub fn dig(&self, ns: &str, args: &str) -> String {
-        let out = Command::new("ip")
-            .args(["netns", "exec", ns, "dig", "+tries=1", "+time=2"])
-            .args(args.split_whitespace())
-            .output()
-            .expect("running dig");
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    /// `lab traffic ... -o json`, parsed.
-    pub fn traffic(&self, args: &[&str]) -> Vec<serde_json::Value> {
-        let mut all = vec!["lab", "traffic", "-o", "json"];
-        all.extend_from_slice(args);
-        let out = dnstrace(&all);
-        assert!(
-            out.status.success(),
-            "lab traffic: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        json_lines(&String::from_utf8_lossy(&out.stdout))
-    }
-
-    pub fn log(&self, name: &str) -> String {
-        std::fs::read_to_string(format!("/run/dnstrace-lab/logs/{name}.log")).unwrap_or_default()
-    }
-}
-
-impl Drop for Lab {
-    fn drop(&mut self) {
-        let out = dnstrace(&["lab", "down"]);
-        if !out.status.success() {
-            eprintln!("lab down failed: {}", String::from_utf8_lossy(&out.stderr));
-        }
-    }
 }
 
 /// The query id in dig's output.

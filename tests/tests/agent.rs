@@ -2,6 +2,9 @@
 //! per pod match what `lab traffic` sent, the latency histogram gives a
 //! quantile, a fault shows in the anomaly and drop counters, and the page
 //! passes `promtool check metrics`.
+//!
+//! Each agent is the lab's node's (`--node`): it counts the sockets of its
+//! namespaces and its pods' alone, so that other labs run beside it.
 use std::{
     collections::BTreeMap,
     net::UdpSocket,
@@ -95,7 +98,7 @@ fn prometheus_scrapes_the_agent_and_its_counts_match_the_traffic() {
 
     lab.fault("drop", true);
     for _ in 0..30 {
-        if dig_status(&lab.dig(WEB, &format!("@{SERVICE} {KUBERNETES}"))) == "timeout" {
+        if dig_status(&lab.dig(&WEB, &format!("@{SERVICE} {KUBERNETES}"))) == "timeout" {
             break;
         }
     }
@@ -162,7 +165,7 @@ fn prometheus_scrapes_the_agent_and_its_counts_match_the_traffic() {
         .args([
             "netns",
             "exec",
-            NODE,
+            &NODE,
             "iptables",
             "-t",
             "nat",
@@ -301,7 +304,7 @@ fn journeys_reach_an_otlp_collector_as_traces_and_anomalies_as_logs() {
 
     lab.fault("drop", true);
     for _ in 0..30 {
-        if dig_status(&lab.dig(WEB, &format!("@{SERVICE} {KUBERNETES}"))) == "timeout" {
+        if dig_status(&lab.dig(&WEB, &format!("@{SERVICE} {KUBERNETES}"))) == "timeout" {
             break;
         }
     }
@@ -462,7 +465,7 @@ fn counts_stay_exact_under_load_and_lost_events() {
     )
     .unwrap();
     let perf = Command::new("ip")
-        .args(["netns", "exec", WEB, "dnsperf", "-s", SERVICE, "-d"])
+        .args(["netns", "exec", &WEB, "dnsperf", "-s", SERVICE, "-d"])
         .arg(&queries)
         .args(["-l", "5", "-Q", "5000", "-c", "8", "-t", "2"])
         .stdout(std::process::Stdio::piped())
@@ -505,7 +508,7 @@ fn counts_stay_exact_under_load_and_lost_events() {
 /// whose line holds `with`.
 fn web_lookups(listen: &str, with: &str) -> u64 {
     // The pod's name; WEB is its network namespace's.
-    let web = format!("pod=\"{}\"", WEB.strip_prefix("dtlab-").unwrap());
+    let web = format!("pod=\"{}\"", WEB.pod());
     page(listen)
         .lines()
         .filter(|l| l.starts_with("dnstrace_lookups_total{") && l.contains(&web))
@@ -524,13 +527,13 @@ fn unanswered_lookups_count_once_as_dropped_or_timeouts() {
     let lab = Lab::up(&[]);
     let (listen, agent, _blackhole) = agent_and_blackhole("2s");
     for _ in 0..2 {
-        let out = lab.dig(WEB, &format!("@{CHECKOUT_IP} {KUBERNETES}"));
+        let out = lab.dig(&WEB, &format!("@{CHECKOUT_IP} {KUBERNETES}"));
         assert_eq!(dig_status(&out), "timeout", "{out}");
     }
     lab.fault("drop", true);
     let statuses: Vec<String> = ["10.244.0.53", "10.244.0.54"]
         .iter()
-        .map(|pod| dig_status(&lab.dig(WEB, &format!("@{pod} {KUBERNETES}"))))
+        .map(|pod| dig_status(&lab.dig(&WEB, &format!("@{pod} {KUBERNETES}"))))
         .collect();
     lab.fault("drop", false);
     statuses
@@ -541,7 +544,7 @@ fn unanswered_lookups_count_once_as_dropped_or_timeouts() {
         "one endpoint dropped: {statuses:?}"
     );
 
-    let pod = WEB.strip_prefix("dtlab-").unwrap();
+    let pod = WEB.pod();
     let counted = |rcode: &str| web_counts(&listen, pod, rcode);
     let all = || counted("NOERROR") + counted("DROPPED") + counted("TIMEOUT");
     wait_until(SETTLE, || all() >= 4);
@@ -563,7 +566,7 @@ fn agent_and_blackhole(timeout: &str) -> (String, Dnstrace, UdpSocket) {
     let listen = format!("127.0.0.1:{}", free_port());
     let args = agent_args(&listen, &["--no-flight-recorder", "--timeout", timeout]);
     let agent = Dnstrace::start_binary(dnstrace_release_bin(), Keep::Sampled, &args).unwrap();
-    (listen, agent, blackhole(CHECKOUT))
+    (listen, agent, blackhole(&CHECKOUT))
 }
 
 /// A UDP socket on port 53 in the lab's namespace `ns` that nothing reads.
@@ -599,7 +602,7 @@ fn queries_that_share_a_slot_are_counted_all_the_same() {
     // the others are sent, so that they go to the hash map.
     let (listen, agent, _blackhole) = agent_and_blackhole("5s");
     let keys = keys_of_one_slot(WEB_IP.parse().unwrap());
-    let socks = in_lab_netns(WEB, move || {
+    let socks = in_lab_netns(&WEB, move || {
         keys.map(|(port, id)| {
             (
                 UdpSocket::bind(("0.0.0.0", port)).expect("a port in web"),
@@ -622,7 +625,7 @@ fn queries_that_share_a_slot_are_counted_all_the_same() {
     assert_eq!(buf[..2], socks[1].1.to_be_bytes(), "{:?}", &buf[..n]);
     ask(&socks[2], CHECKOUT_IP);
 
-    let pod = WEB.strip_prefix("dtlab-").unwrap();
+    let pod = WEB.pod();
     let counted = |rcode: &str| web_counts(&listen, pod, rcode);
     wait_until(SETTLE, || counted("NOERROR") + counted("TIMEOUT") >= 3);
     std::thread::sleep(Duration::from_secs(3));
@@ -678,7 +681,7 @@ fn another_nodes_query_is_not_counted_here() {
     let listen = format!("127.0.0.1:{}", free_port());
     let args = agent_args(&listen, &["--no-flight-recorder"]);
     let agent = Dnstrace::start_binary(dnstrace_release_bin(), Keep::Sampled, &args).unwrap();
-    let pod = WEB.strip_prefix("dtlab-").unwrap();
+    let pod = WEB.pod();
     let sum = |filter: &str| {
         page(&listen)
             .lines()
@@ -688,7 +691,7 @@ fn another_nodes_query_is_not_counted_here() {
     };
     let web = format!("pod=\"{pod}\"");
     let (web_before, unnamed_before) = (sum(&web), sum("pod=\"\""));
-    let tun = remote_node::Tun::open(NODE).unwrap();
+    let tun = remote_node::Tun::open(&NODE).unwrap();
     let answer = tun.ask(&query_bytes(
         0x5eed,
         "kubernetes.default.svc.cluster.local",
@@ -700,7 +703,7 @@ fn another_nodes_query_is_not_counted_here() {
         "CoreDNS answered the remote query"
     );
     let out = lab.dig(
-        WEB,
+        &WEB,
         &format!("@{SERVICE} kubernetes.default.svc.cluster.local"),
     );
     assert_eq!(dig_status(&out), "NOERROR", "{out}");
@@ -723,7 +726,7 @@ fn a_lookup_through_an_upper_device_is_answered() {
     require_root();
     let lab = Lab::up(&[]);
     let _upper = Macvlan::up(None).unwrap();
-    three_lookups_are_answered(&lab, NODE, UPSTREAM, "www.example.com");
+    three_lookups_are_answered(&lab, agent_args, &NODE, UPSTREAM, "www.example.com");
 }
 
 /// A macvlan in a network namespace of its own, as Multus gives a pod a
@@ -731,10 +734,14 @@ fn a_lookup_through_an_upper_device_is_answered() {
 /// device hook in the pod's sees the answer; its socket does.
 #[test]
 fn a_lookup_from_a_macvlan_pod_is_answered() {
-    require_root();
+    // The pod is a namespace no runtime lists: the agent counts every
+    // socket of the machine.
+    require_alone();
     let lab = Lab::up(&[]);
-    let _pod = Macvlan::up(Some(MACVLAN_POD)).unwrap();
-    three_lookups_are_answered(&lab, MACVLAN_POD, UPSTREAM, "www.example.com");
+    let pod = lab_ns("mv-pod");
+    let _pod = Macvlan::up(Some(pod.clone())).unwrap();
+    let args = agent_args_everywhere;
+    three_lookups_are_answered(&lab, args, &pod, UPSTREAM, "www.example.com");
 }
 
 /// A host-network client's query to the service IP is DNATed in OUTPUT
@@ -745,14 +752,17 @@ fn a_lookup_from_a_macvlan_pod_is_answered() {
 fn a_host_network_lookup_through_the_service_is_answered() {
     require_root();
     let lab = Lab::up(&[]);
-    three_lookups_are_answered(&lab, NODE, SERVICE, KUBERNETES);
+    three_lookups_are_answered(&lab, agent_args, &NODE, SERVICE, KUBERNETES);
 }
 
+/// How an agent is started: `agent_args` or `agent_args_everywhere`.
+type AgentArgs = for<'a> fn(&'a str, &[&'a str]) -> Vec<&'a str>;
+
 /// Three lookups of `name` at `server` from `ns`, no pod's, under the
-/// agent: each counted answered, none as a timeout.
-fn three_lookups_are_answered(lab: &Lab, ns: &str, server: &str, name: &str) {
+/// agent started with `args`: each counted answered, none as a timeout.
+fn three_lookups_are_answered(lab: &Lab, args: AgentArgs, ns: &str, server: &str, name: &str) {
     let listen = format!("127.0.0.1:{}", free_port());
-    let args = agent_args(&listen, &["--no-flight-recorder"]);
+    let args = args(&listen, &["--no-flight-recorder"]);
     let agent = Dnstrace::start_binary(dnstrace_release_bin(), Keep::Sampled, &args).unwrap();
     let counted = |rcode: &str| {
         let series = format!("server=\"{server}:53\",type=\"A\",rcode=\"{rcode}\"");
@@ -774,11 +784,8 @@ fn three_lookups_are_answered(lab: &Lab, ns: &str, server: &str, name: &str) {
     assert!(status.success(), "{status}: {stderr:?}");
 }
 
-const MACVLAN_POD: &str = "dtmv-pod";
-
 /// The lab's upstream resolver, and its network namespace.
 const UPSTREAM: &str = "198.51.100.53";
-const UPSTREAM_NS: &str = "dtlab-upstream";
 
 /// A veth pair from the lab's node to its upstream namespace, and a macvlan
 /// on the node's end: in the node's namespace, or moved into `pod`, one of
@@ -786,13 +793,14 @@ const UPSTREAM_NS: &str = "dtlab-upstream";
 /// is, the route to the upstream resolver goes through it; all of it goes
 /// on drop (the macvlan with its lower device).
 struct Macvlan {
-    pod: Option<&'static str>,
+    pod: Option<String>,
 }
 
 impl Macvlan {
-    fn up(pod: Option<&'static str>) -> anyhow::Result<Self> {
+    fn up(pod: Option<String>) -> anyhow::Result<Self> {
         let macvlan = Self { pod };
-        let ns = pod.unwrap_or(NODE);
+        let pod = macvlan.pod.as_deref();
+        let ns = pod.unwrap_or(&NODE);
         let mut lines = Vec::new();
         if let Some(pod) = pod {
             lines.push(format!("ip netns add {pod}"));
@@ -822,7 +830,7 @@ impl Macvlan {
 impl Drop for Macvlan {
     fn drop(&mut self) {
         let _ = sh(&format!("ip -n {NODE} link del dtup0"));
-        if let Some(pod) = self.pod {
+        if let Some(pod) = &self.pod {
             let _ = sh(&format!("ip netns del {pod}"));
         }
     }
@@ -1021,7 +1029,7 @@ fn following_past_the_budget_turns_to_other_names() {
         .collect();
     std::fs::write(&queries, text).unwrap();
     let perf = Command::new("ip")
-        .args(["netns", "exec", WEB, "dnsperf", "-s", SERVICE, "-d"])
+        .args(["netns", "exec", &WEB, "dnsperf", "-s", SERVICE, "-d"])
         .arg(&queries)
         .args(["-l", "12", "-Q", "1500", "-c", "4"])
         .stdout(std::process::Stdio::null())
@@ -1077,7 +1085,7 @@ fn the_agent_follows_in_windows_and_counts_between_them() {
         .collect();
     std::fs::write(&queries, names).unwrap();
     let mut perf = Command::new("ip")
-        .args(["netns", "exec", WEB, "dnsperf", "-s", SERVICE, "-d"])
+        .args(["netns", "exec", &WEB, "dnsperf", "-s", SERVICE, "-d"])
         .arg(&queries)
         .args(["-l", "20", "-Q", "3000", "-c", "4"])
         .stdout(std::process::Stdio::piped())

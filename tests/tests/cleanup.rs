@@ -198,8 +198,9 @@ fn the_next_start_removes_only_the_filters_from_an_existing_qdisc() {
     next_start_removes_what_sigkill_left(true);
 }
 
-/// What of the lab a machine shows: its namespaces (`dtlab-*` and its
-/// sandboxes' `cni-*`), mounts, links in this namespace, and live processes.
+/// What of the lab a machine shows: its namespaces (`dtlab-*`, this lab's
+/// prefix, and its sandboxes' `cni-*`), mounts, links in this namespace,
+/// and live processes.
 #[derive(Debug, PartialEq)]
 struct Trace {
     namespaces: Vec<String>,
@@ -208,13 +209,15 @@ struct Trace {
     processes: Vec<u32>,
 }
 
-const LAB_DIR: &str = "/run/dnstrace-lab";
-
 /// The lab's part of the machine; `sandbox_netns` and `pids` are the lab's
 /// own (other tests run containerd pods meanwhile, with namespaces alike).
 fn lab_trace(sandbox_netns: &[String], pids: &[u32]) -> Trace {
+    let dir = format!("{}/", lab_dir());
     let ours = |s: &str| {
-        s.contains("dtlab-") || s.contains(LAB_DIR) || sandbox_netns.iter().any(|n| s.contains(n))
+        s.contains(lab_prefix())
+            || s == lab_dir()
+            || s.contains(&dir)
+            || sandbox_netns.iter().any(|n| s.contains(n))
     };
     let namespaces = std::fs::read_dir("/run/netns")
         .map(|d| {
@@ -258,8 +261,7 @@ fn running(pid: u32) -> bool {
 /// resolvers, containerd, the shims and the pause processes.
 fn lab_parts() -> (Vec<String>, Vec<u32>) {
     let state: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(format!("{LAB_DIR}/state.json")).unwrap())
-            .unwrap();
+        serde_json::from_str(&std::fs::read_to_string(lab_path("state.json")).unwrap()).unwrap();
     let sandboxes = state["sandboxes"].as_object().unwrap();
     let netns = sandboxes
         .values()
@@ -272,11 +274,11 @@ fn lab_parts() -> (Vec<String>, Vec<u32>) {
         .filter_map(|v| v.get("pid").unwrap_or(v).as_u64())
         .map(|p| p as u32)
         .collect();
-    let containerd = std::fs::read_to_string(format!("{LAB_DIR}/cri/containerd.pid")).unwrap();
+    let containerd = std::fs::read_to_string(lab_path("cri/containerd.pid")).unwrap();
     pids.push(containerd.trim().parse().unwrap());
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
         let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-        if String::from_utf8_lossy(&cmdline).contains(LAB_DIR) {
+        if String::from_utf8_lossy(&cmdline).contains(&lab_path("")) {
             pids.extend(entry.file_name().to_string_lossy().parse::<u32>().ok());
         }
     }
@@ -312,11 +314,11 @@ fn lab_down_leaves_no_namespace_mount_link_process_or_file() {
     assert!(during.processes.len() >= 8, "{during:?}");
     assert!(dnstrace(&["lab", "down"]).status.success());
     assert_eq!(lab_trace(&netns, &pids), before);
-    assert!(!std::path::Path::new(LAB_DIR).exists());
+    assert!(!std::path::Path::new(lab_dir()).exists());
     let left_in_etc = std::fs::read_dir("/etc/netns")
         .map(|d| {
             d.flatten()
-                .filter(|e| e.file_name().to_string_lossy().starts_with("dtlab-"))
+                .filter(|e| e.file_name().to_string_lossy().starts_with(lab_prefix()))
                 .count()
         })
         .unwrap_or(0);

@@ -2,7 +2,8 @@
 //! nftables mode, and NodeLocalDNS's NOTRACK mode under either proxy mode
 //! (diagnose.rs has them under iptables without NodeLocalDNS). One lab per
 //! mode (in NOTRACK mode, one per fault), its faults switched on one at a
-//! time, each with a trace of its own.
+//! time, each with a trace of its own; a test per mode, so that the modes
+//! run side by side.
 use std::collections::BTreeSet;
 
 use serde_json::Value;
@@ -52,7 +53,7 @@ fn fresh_cluster_name(label: &str) -> String {
 }
 
 fn dig_service(lab: &Lab, name: &str) {
-    lab.dig(WEB, &format!("@{SERVICE} {name}"));
+    lab.dig(&WEB, &format!("@{SERVICE} {name}"));
 }
 
 /// A cluster name asked of NodeLocalDNS, then past the 3 s timeout after
@@ -73,7 +74,7 @@ fn cases(notrack: bool) -> Vec<Case> {
         Case::new(
             "forward-loop",
             |lab| {
-                lab.dig(WEB, &format!("@10.244.0.53 {}", fresh("loop")));
+                lab.dig(&WEB, &format!("@10.244.0.53 {}", fresh("loop")));
             },
             &["forwarding_loop"],
         ),
@@ -157,7 +158,7 @@ fn notrack_cases() -> Vec<Case> {
         Case::new(
             "nodelocaldns-loop",
             |lab| {
-                lab.dig(WEB, &format!("@{NODELOCAL} {}", fresh("nl")));
+                lab.dig(&WEB, &format!("@{NODELOCAL} {}", fresh("nl")));
             },
             &["forwarding_loop"],
         ),
@@ -181,7 +182,7 @@ fn proxied_cases() -> Vec<Case> {
         Case::new(
             "no-dns-tcp",
             |lab| {
-                lab.dig(WEB, &format!("@{SERVICE} +bufsize=1232 {BIG_NAME} TXT"));
+                lab.dig(&WEB, &format!("@{SERVICE} +bufsize=1232 {BIG_NAME} TXT"));
                 // Past the 3 s timeout after the SYN: its set-up has failed.
                 std::thread::sleep(std::time::Duration::from_secs(2));
             },
@@ -199,7 +200,8 @@ fn proxied_cases() -> Vec<Case> {
             "drop",
             |lab| {
                 for _ in 0..30 {
-                    if dig_status(&lab.dig(WEB, &format!("@{SERVICE} {KUBERNETES}"))) == "timeout" {
+                    if dig_status(&lab.dig(&WEB, &format!("@{SERVICE} {KUBERNETES}"))) == "timeout"
+                    {
                         break;
                     }
                 }
@@ -210,13 +212,13 @@ fn proxied_cases() -> Vec<Case> {
             prepare: |lab| {
                 // Cached in both CoreDNS pods, so that what is lost is their answer.
                 for pod in ["10.244.0.53", "10.244.0.54"] {
-                    lab.dig(WEB, &format!("@{pod} +bufsize=4096 {HUGE_NAME} TXT"));
+                    lab.dig(&WEB, &format!("@{pod} +bufsize=4096 {HUGE_NAME} TXT"));
                 }
             },
             ..Case::new(
                 "fragments-dropped",
                 |lab| {
-                    lab.dig(WEB, &format!("@{SERVICE} +bufsize=4096 {HUGE_NAME} TXT"));
+                    lab.dig(&WEB, &format!("@{SERVICE} +bufsize=4096 {HUGE_NAME} TXT"));
                 },
                 &["fragment_lost"],
             )
@@ -241,35 +243,48 @@ fn switch(lab: &Lab, fault: &str, on: bool) {
 }
 
 #[test]
-fn each_fault_raises_its_anomaly_in_each_mode() {
+fn each_fault_raises_its_anomaly_in_nftables_mode() {
+    each_fault_raises_its_anomaly_in(MODES[0]);
+}
+
+#[test]
+fn each_fault_raises_its_anomaly_with_notrack_nodelocaldns_under_iptables() {
+    each_fault_raises_its_anomaly_in(MODES[1]);
+}
+
+#[test]
+fn each_fault_raises_its_anomaly_with_notrack_nodelocaldns_under_nftables() {
+    each_fault_raises_its_anomaly_in(MODES[2]);
+}
+
+/// Each fault of the mode, with a trace of its own; every failure said
+/// at the end.
+fn each_fault_raises_its_anomaly_in(mode: &[&str]) {
     require_root();
     let mut failures = Vec::new();
-    for mode in MODES {
-        let notrack = mode.contains(&"--nodelocaldns=notrack");
-        let mut lab = Lab::up(mode);
-        for case in cases(notrack) {
-            if notrack {
-                // NodeLocalDNS goes on retrying what a fault broke for
-                // longer than a trace: each fault gets a lab of its own.
-                drop(lab);
-                lab = Lab::up(mode);
-            }
-            (case.prepare)(&lab);
-            switch(&lab, case.fault, true);
-            let (lines, _) =
-                lab.trace_during_with(dnstrace_release_bin(), &[], || (case.work)(&lab));
-            switch(&lab, case.fault, false);
-            if let Some(wrong) = check(&case, &lines) {
-                failures.push(format!(
-                    "lab up {} --fault {}: {wrong}",
-                    mode.join(" "),
-                    case.fault
-                ));
-            }
-        }
+    let notrack = mode.contains(&"--nodelocaldns=notrack");
+    let mut lab = Lab::up(mode);
+    for case in cases(notrack) {
         if notrack {
-            failures.extend(OFF_NODELOCAL_PATH.iter().filter_map(|f| says_off_path(f)));
+            // NodeLocalDNS goes on retrying what a fault broke for
+            // longer than a trace: each fault gets a lab of its own.
+            drop(lab);
+            lab = Lab::up(mode);
         }
+        (case.prepare)(&lab);
+        switch(&lab, case.fault, true);
+        let (lines, _) = lab.trace_during_with(dnstrace_release_bin(), &[], || (case.work)(&lab));
+        switch(&lab, case.fault, false);
+        if let Some(wrong) = check(&case, &lines) {
+            failures.push(format!(
+                "lab up {} --fault {}: {wrong}",
+                mode.join(" "),
+                case.fault
+            ));
+        }
+    }
+    if notrack {
+        failures.extend(OFF_NODELOCAL_PATH.iter().filter_map(|f| says_off_path(f)));
     }
     assert!(failures.is_empty(), "\n{}", failures.join("\n\n"));
 }

@@ -109,10 +109,13 @@ fn the_image_runs_as_the_daemonset_would_and_traces_the_lab() {
         run.extend(["--cap-add".into(), cap]);
     }
     run.extend(lowered_limits());
+    let lab_state = format!("{}:{}", lab_dir(), lab_dir());
     for mount in [
         "/sys/kernel/btf:/sys/kernel/btf:ro",
         "/run/netns:/run/netns",
-        "/run/dnstrace-lab:/run/dnstrace-lab",
+        // The manifest's too: CRI names the pods' namespaces there.
+        "/run/netns:/var/run/netns",
+        &lab_state,
         "/sys/fs/cgroup:/host/sys/fs/cgroup:ro",
     ] {
         run.extend(["-v".into(), mount.into()]);

@@ -7,8 +7,12 @@ const KUBERNETES: &str = "kubernetes.default.svc.cluster.local.";
 
 /// Runs `dnstrace trace -o json` while `work` makes traffic; returns the journeys.
 fn journeys(work: impl FnOnce()) -> Vec<Value> {
-    let trace =
-        Dnstrace::start_here(Keep::Every, &["trace", "-o", "json", "--timeout", "3s"]).unwrap();
+    let args = [
+        &["trace", "-o", "json", "--timeout", "3s"][..],
+        &lab_scope(),
+    ]
+    .concat();
+    let trace = Dnstrace::start_here(Keep::Every, &args).unwrap();
     work();
     // Journeys without an answer close after the timeout.
     std::thread::sleep(std::time::Duration::from_millis(500));
@@ -33,7 +37,7 @@ fn a_healthy_lookup_is_one_complete_journey() {
     require_root();
     let lab = Lab::up(&[]);
     let js = journeys(|| {
-        lab.dig(WEB, &format!("@{SERVICE} {KUBERNETES}"));
+        lab.dig(&WEB, &format!("@{SERVICE} {KUBERNETES}"));
     });
     let found = from_web(&js, KUBERNETES, "A");
     assert_eq!(found.len(), 1, "{js:#?}");
@@ -88,14 +92,7 @@ fn over_200_lookups_both_coredns_endpoints_answer() {
     let lab = Lab::up(&[]);
     let js = journeys(|| {
         lab.traffic(&[
-            "--pod",
-            "web",
-            "--name",
-            KUBERNETES,
-            "--rate",
-            "150",
-            "--duration",
-            "1500ms",
+            "--pod", "web", "--name", KUBERNETES, "--rate", "150", "--count", "200",
         ]);
     });
     let found = from_web(&js, KUBERNETES, "A");
@@ -114,7 +111,7 @@ fn an_external_name_has_its_upstream_journey_linked() {
     let lab = Lab::up(&[]);
     let name = format!("{}.", fresh("ext"));
     let js = journeys(|| {
-        lab.dig(WEB, &format!("@{SERVICE} {name}"));
+        lab.dig(&WEB, &format!("@{SERVICE} {name}"));
     });
     let found = from_web(&js, &name, "A");
     assert_eq!(found.len(), 1, "{js:#?}");
@@ -139,7 +136,7 @@ fn a_dropped_query_ends_its_journey_with_the_kernel_reason() {
     let lab = Lab::up(&["--fault", "drop"]);
     let js = journeys(|| {
         for _ in 0..30 {
-            if dig_status(&lab.dig(WEB, &format!("@{SERVICE} {KUBERNETES}"))) == "timeout" {
+            if dig_status(&lab.dig(&WEB, &format!("@{SERVICE} {KUBERNETES}"))) == "timeout" {
                 break;
             }
         }
@@ -159,7 +156,7 @@ fn bridge_nf_off_shows_the_unnated_answer_dropped_at_the_client() {
     require_root();
     let lab = Lab::up(&["--fault", "bridge-nf-off"]);
     let js = journeys(|| {
-        lab.dig(WEB, &format!("@{SERVICE} {KUBERNETES}"));
+        lab.dig(&WEB, &format!("@{SERVICE} {KUBERNETES}"));
     });
     let j = from_web(&js, KUBERNETES, "A")
         .into_iter()
@@ -193,7 +190,7 @@ fn a_host_network_lookup_through_nodelocaldns_has_its_upstream_journey_linked() 
     let lab = Lab::up(&["--nodelocaldns"]);
     let name = format!("{}.", fresh("hostnet"));
     let js = journeys(|| {
-        lab.dig(NODE, &format!("@{NODELOCAL} {name}"));
+        lab.dig(&NODE, &format!("@{NODELOCAL} {name}"));
     });
     let asked = format!("{NODELOCAL}:53");
     let found: Vec<&Value> = js

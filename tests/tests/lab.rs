@@ -18,10 +18,10 @@ fn healthy_lab_answers_every_lookup_and_spreads_over_both_coredns() {
         "chain.example.com",
         "many.example.com",
     ];
-    let mut args = vec!["--rate", "50", "--duration", "2s"];
+    let mut args = vec!["--rate", "50", "--count", "50"];
     args.extend(names.iter().flat_map(|n| ["--name", n]));
     let outcomes = lab.traffic(&args);
-    assert!(outcomes.len() >= 100, "{} lookups", outcomes.len());
+    assert_eq!(outcomes.len(), 100, "50 lookups from each client pod");
     for o in &outcomes {
         assert_eq!(o["ok"], true, "{o}");
     }
@@ -52,10 +52,10 @@ fn healthy_lab_answers_every_lookup_and_spreads_over_both_coredns() {
 fn dual_stack_lab_answers_over_ipv6() {
     require_root();
     let lab = Lab::up(&["--ipv6"]);
-    let out = lab.dig(WEB, &format!("@fd00:10:96::a {KUBERNETES}"));
+    let out = lab.dig(&WEB, &format!("@fd00:10:96::a {KUBERNETES}"));
     assert_eq!(dig_status(&out), "NOERROR", "{out}");
     assert!(out.contains("10.96.0.1"));
-    let out = lab.dig(WEB, "@fd00:10:96::a www.example.com AAAA");
+    let out = lab.dig(&WEB, "@fd00:10:96::a www.example.com AAAA");
     assert!(out.contains("2001:db8:5100::80"), "{out}");
 }
 
@@ -65,17 +65,17 @@ fn bridge_nf_off_breaks_lookups_via_the_service_until_fixed() {
     let lab = Lab::up(&[]);
     lab.fault("bridge-nf-off", true);
     assert_eq!(
-        dig_status(&lab.dig(WEB, &format!("@{SERVICE} {KUBERNETES}"))),
+        dig_status(&lab.dig(&WEB, &format!("@{SERVICE} {KUBERNETES}"))),
         "timeout"
     );
     // As in the field: asking the CoreDNS pod directly still works.
     assert_eq!(
-        dig_status(&lab.dig(WEB, &format!("@10.244.0.53 {KUBERNETES}"))),
+        dig_status(&lab.dig(&WEB, &format!("@10.244.0.53 {KUBERNETES}"))),
         "NOERROR"
     );
     lab.fault("bridge-nf-off", false);
     assert_eq!(
-        dig_status(&lab.dig(WEB, &format!("@{SERVICE} {KUBERNETES}"))),
+        dig_status(&lab.dig(&WEB, &format!("@{SERVICE} {KUBERNETES}"))),
         "NOERROR"
     );
 }
@@ -86,7 +86,7 @@ fn no_dnat_leaves_queries_untranslated() {
     let lab = Lab::up(&["--fault", "no-dnat"]);
     flush_node_conntrack();
     assert_eq!(
-        dig_status(&lab.dig(WEB, &format!("@{SERVICE} {KUBERNETES}"))),
+        dig_status(&lab.dig(&WEB, &format!("@{SERVICE} {KUBERNETES}"))),
         "timeout"
     );
     let table = node_flows("udp", SERVICE).join("\n");
@@ -100,7 +100,7 @@ fn no_dnat_leaves_queries_untranslated() {
     );
     lab.fault("no-dnat", false);
     assert_eq!(
-        dig_status(&lab.dig(WEB, &format!("@{SERVICE} {KUBERNETES}"))),
+        dig_status(&lab.dig(&WEB, &format!("@{SERVICE} {KUBERNETES}"))),
         "NOERROR"
     );
 }
@@ -110,7 +110,7 @@ fn node_flows(proto: &str, dst: &str) -> Vec<String> {
     let table = run(Command::new("ip").args([
         "netns",
         "exec",
-        NODE,
+        &NODE,
         "conntrack",
         "-L",
         "-p",
@@ -123,7 +123,7 @@ fn node_flows(proto: &str, dst: &str) -> Vec<String> {
 }
 
 fn flush_node_conntrack() {
-    run(Command::new("ip").args(["netns", "exec", NODE, "conntrack", "-F"])).unwrap();
+    run(Command::new("ip").args(["netns", "exec", &NODE, "conntrack", "-F"])).unwrap();
 }
 
 #[test]
@@ -131,28 +131,28 @@ fn no_dns_tcp_fails_lookups_over_tcp_only() {
     require_root();
     let lab = Lab::up(&[]);
     let tcp = format!("@{SERVICE} +tcp {KUBERNETES}");
-    assert_eq!(dig_status(&lab.dig(WEB, &tcp)), "NOERROR");
+    assert_eq!(dig_status(&lab.dig(&WEB, &tcp)), "NOERROR");
     lab.fault("no-dns-tcp", true);
-    let nat = run(Command::new("ip").args(["netns", "exec", NODE, "iptables-save", "-t", "nat"]))
+    let nat = run(Command::new("ip").args(["netns", "exec", &NODE, "iptables-save", "-t", "nat"]))
         .unwrap();
     assert!(
         nat.contains("kube-system/kube-dns:dns cluster IP") && !nat.contains("dns-tcp"),
         "{nat}"
     );
-    let out = lab.dig(WEB, &tcp);
+    let out = lab.dig(&WEB, &tcp);
     assert_eq!(dig_status(&out), "timeout", "{out}");
     assert_eq!(
-        dig_status(&lab.dig(WEB, &format!("@{SERVICE} {KUBERNETES}"))),
+        dig_status(&lab.dig(&WEB, &format!("@{SERVICE} {KUBERNETES}"))),
         "NOERROR"
     );
     // An answer too big for UDP is truncated, and its retry over TCP lost.
-    let out = lab.dig(WEB, &format!("@{SERVICE} {BIG_NAME} TXT"));
+    let out = lab.dig(&WEB, &format!("@{SERVICE} {BIG_NAME} TXT"));
     assert!(
         out.contains("Truncated, retrying in TCP mode") && dig_status(&out) == "timeout",
         "{out}"
     );
     lab.fault("no-dns-tcp", false);
-    assert_eq!(dig_status(&lab.dig(WEB, &tcp)), "NOERROR");
+    assert_eq!(dig_status(&lab.dig(&WEB, &tcp)), "NOERROR");
 }
 
 #[test]
@@ -161,7 +161,7 @@ fn forward_loop_sends_the_query_back_to_coredns_itself() {
     let lab = Lab::up(&["--fault", "forward-loop"]);
     let name = fresh("loop");
     assert_ne!(
-        dig_status(&lab.dig(WEB, &format!("@10.244.0.53 {name}"))),
+        dig_status(&lab.dig(&WEB, &format!("@10.244.0.53 {name}"))),
         "NXDOMAIN"
     );
     let log = lab.log(COREDNS_A);
@@ -175,7 +175,7 @@ fn forward_loop_sends_the_query_back_to_coredns_itself() {
     );
     lab.fault("forward-loop", false);
     assert_eq!(
-        dig_status(&lab.dig(WEB, &format!("@10.244.0.53 {}", fresh("loop")))),
+        dig_status(&lab.dig(&WEB, &format!("@10.244.0.53 {}", fresh("loop")))),
         "NXDOMAIN"
     );
 }
@@ -185,7 +185,7 @@ fn nodelocaldns_asks_kube_dns_over_tcp_and_the_rest_upstream() {
     require_root();
     let lab = Lab::up(&["--nodelocaldns"]);
     flush_node_conntrack();
-    let out = lab.dig(WEB, &format!("@{NODELOCAL} {KUBERNETES}"));
+    let out = lab.dig(&WEB, &format!("@{NODELOCAL} {KUBERNETES}"));
     assert!(
         dig_status(&out) == "NOERROR" && out.contains("10.96.0.1"),
         "{out}"
@@ -196,17 +196,17 @@ fn nodelocaldns_asks_kube_dns_over_tcp_and_the_rest_upstream() {
         "{tcp:?}"
     );
     assert_eq!(node_flows("udp", SERVICE), Vec::<String>::new());
-    let out = lab.dig(WEB, &format!("@{NODELOCAL} www.example.com"));
+    let out = lab.dig(&WEB, &format!("@{NODELOCAL} www.example.com"));
     assert!(out.contains("198.51.100.80"), "{out}");
     assert!(!node_flows("udp", "198.51.100.53").is_empty());
     // As in the field: kube-dns without its TCP port fails cluster names
     // through NodeLocalDNS, while kube-dns itself answers over UDP.
     lab.fault("no-dns-tcp", true);
     let name = "kube-dns.kube-system.svc.cluster.local";
-    let out = lab.dig(WEB, &format!("@{NODELOCAL} {name}"));
+    let out = lab.dig(&WEB, &format!("@{NODELOCAL} {name}"));
     assert_ne!(dig_status(&out), "NOERROR", "{out}");
     assert_eq!(
-        dig_status(&lab.dig(WEB, &format!("@{SERVICE} {name}"))),
+        dig_status(&lab.dig(&WEB, &format!("@{SERVICE} {name}"))),
         "NOERROR"
     );
 }
@@ -217,7 +217,7 @@ fn nodelocaldns_loop_goes_round_between_nodelocaldns_and_coredns() {
     let lab = Lab::up(&["--nodelocaldns", "--fault", "nodelocaldns-loop"]);
     let name = fresh("nl");
     assert_eq!(
-        dig_status(&lab.dig(WEB, &format!("@169.254.20.10 {name}"))),
+        dig_status(&lab.dig(&WEB, &format!("@169.254.20.10 {name}"))),
         "timeout"
     );
     // unbound logs each query it gets as `<client> <name>. A IN`.
@@ -244,16 +244,16 @@ fn upstream_timeout_fails_external_names_only() {
     require_root();
     let lab = Lab::up(&["--fault", "upstream-timeout"]);
     assert_eq!(
-        dig_status(&lab.dig(WEB, &format!("@{SERVICE} {}", fresh("ut")))),
+        dig_status(&lab.dig(&WEB, &format!("@{SERVICE} {}", fresh("ut")))),
         "timeout"
     );
     assert_eq!(
-        dig_status(&lab.dig(WEB, &format!("@{SERVICE} {KUBERNETES}"))),
+        dig_status(&lab.dig(&WEB, &format!("@{SERVICE} {KUBERNETES}"))),
         "NOERROR"
     );
     lab.fault("upstream-timeout", false);
     assert_eq!(
-        dig_status(&lab.dig(WEB, &format!("@{SERVICE} {}", fresh("ut")))),
+        dig_status(&lab.dig(&WEB, &format!("@{SERVICE} {}", fresh("ut")))),
         "NXDOMAIN"
     );
 }
@@ -263,16 +263,16 @@ fn servfail_and_slow_upstream() {
     require_root();
     let lab = Lab::up(&["--fault", "servfail"]);
     assert_eq!(
-        dig_status(&lab.dig(WEB, &format!("@{SERVICE} {}", fresh("sf")))),
+        dig_status(&lab.dig(&WEB, &format!("@{SERVICE} {}", fresh("sf")))),
         "SERVFAIL"
     );
     assert_eq!(
-        dig_status(&lab.dig(WEB, &format!("@{SERVICE} {KUBERNETES}"))),
+        dig_status(&lab.dig(&WEB, &format!("@{SERVICE} {KUBERNETES}"))),
         "NOERROR"
     );
     lab.fault("servfail", false);
     lab.fault("slow-upstream", true);
-    let out = lab.dig(WEB, &format!("@{SERVICE} {}", fresh("slow")));
+    let out = lab.dig(&WEB, &format!("@{SERVICE} {}", fresh("slow")));
     assert_eq!(dig_status(&out), "NXDOMAIN", "{out}");
     let ms: u64 = out
         .lines()
@@ -324,7 +324,7 @@ fn drop_rule_loses_queries_to_one_endpoint() {
     let mut statuses = BTreeSet::new();
     for _ in 0..40 {
         statuses.insert(dig_status(
-            &lab.dig(WEB, &format!("@{SERVICE} {KUBERNETES}")),
+            &lab.dig(&WEB, &format!("@{SERVICE} {KUBERNETES}")),
         ));
         if statuses.len() == 2 {
             break;
@@ -335,7 +335,7 @@ fn drop_rule_loses_queries_to_one_endpoint() {
         "{statuses:?}"
     );
     let counters = run(Command::new("ip").args([
-        "netns", "exec", NODE, "iptables", "-L", "FORWARD", "-v", "-n", "-x",
+        "netns", "exec", &NODE, "iptables", "-L", "FORWARD", "-v", "-n", "-x",
     ]))
     .unwrap();
     let dropped: u64 = counters
@@ -360,7 +360,7 @@ fn ip_counter(ns: &str, name: &str) -> u64 {
 fn coredns_fragmented() -> u64 {
     [COREDNS_A, COREDNS_B]
         .iter()
-        .map(|pod| ip_counter(&format!("dtlab-{pod}"), "FragOKs"))
+        .map(|pod| ip_counter(&lab_ns(pod), "FragOKs"))
         .sum()
 }
 
@@ -369,37 +369,37 @@ fn huge_answers_come_in_fragments_and_fragments_dropped_loses_them() {
     require_root();
     let lab = Lab::up(&[]);
     // Over dig's default 1,232-byte buffer: truncated, then over TCP.
-    let out = lab.dig(WEB, &format!("@{SERVICE} {BIG_NAME} TXT"));
+    let out = lab.dig(&WEB, &format!("@{SERVICE} {BIG_NAME} TXT"));
     assert!(
         dig_status(&out) == "NOERROR" && out.contains("(TCP)"),
         "{out}"
     );
     let huge = format!("@{SERVICE} +bufsize=4096 {HUGE_NAME} TXT");
-    let before = (coredns_fragmented(), ip_counter(WEB, "ReasmOKs"));
-    let out = lab.dig(WEB, &huge);
+    let before = (coredns_fragmented(), ip_counter(&WEB, "ReasmOKs"));
+    let out = lab.dig(&WEB, &huge);
     assert!(
         dig_status(&out) == "NOERROR" && out.contains("(UDP)"),
         "{out}"
     );
     assert!(
-        coredns_fragmented() > before.0 && ip_counter(WEB, "ReasmOKs") > before.1,
+        coredns_fragmented() > before.0 && ip_counter(&WEB, "ReasmOKs") > before.1,
         "the answer was not fragmented"
     );
     // Cached in both CoreDNS pods (30 s), so that what is lost is their
     // answer to the client.
     for pod in ["10.244.0.53", "10.244.0.54"] {
-        let out = lab.dig(WEB, &format!("@{pod} +bufsize=4096 {HUGE_NAME} TXT"));
+        let out = lab.dig(&WEB, &format!("@{pod} +bufsize=4096 {HUGE_NAME} TXT"));
         assert_eq!(dig_status(&out), "NOERROR", "{out}");
     }
     lab.fault("fragments-dropped", true);
-    let before = (coredns_fragmented(), ip_counter(WEB, "ReasmOKs"));
-    assert_eq!(dig_status(&lab.dig(WEB, &huge)), "timeout");
+    let before = (coredns_fragmented(), ip_counter(&WEB, "ReasmOKs"));
+    assert_eq!(dig_status(&lab.dig(&WEB, &huge)), "timeout");
     assert!(coredns_fragmented() > before.0, "CoreDNS sent no answer");
-    assert_eq!(ip_counter(WEB, "ReasmOKs"), before.1);
+    assert_eq!(ip_counter(&WEB, "ReasmOKs"), before.1);
     let rules = run(Command::new("ip").args([
         "netns",
         "exec",
-        NODE,
+        &NODE,
         "nft",
         "list",
         "table",
@@ -414,19 +414,24 @@ fn huge_answers_come_in_fragments_and_fragments_dropped_loses_them() {
         .unwrap();
     assert!(dropped > 0, "{rules}");
     // What fits one packet still comes.
-    let out = lab.dig(WEB, &format!("@{SERVICE} +bufsize=4096 {BIG_NAME} TXT"));
+    let out = lab.dig(&WEB, &format!("@{SERVICE} +bufsize=4096 {BIG_NAME} TXT"));
     assert!(
         dig_status(&out) == "NOERROR" && out.contains("(UDP)"),
         "{out}"
     );
     lab.fault("fragments-dropped", false);
-    assert_eq!(dig_status(&lab.dig(WEB, &huge)), "NOERROR");
+    assert_eq!(dig_status(&lab.dig(&WEB, &huge)), "NOERROR");
 }
 
 fn clash_counters() -> (u64, u64) {
-    let stat =
-        run(Command::new("ip").args(["netns", "exec", NODE, "cat", "/proc/net/stat/nf_conntrack"]))
-            .unwrap();
+    let stat = run(Command::new("ip").args([
+        "netns",
+        "exec",
+        &NODE,
+        "cat",
+        "/proc/net/stat/nf_conntrack",
+    ]))
+    .unwrap();
     let mut lines = stat.lines();
     let header: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
     let col = |name: &str| header.iter().position(|h| *h == name).unwrap();
@@ -473,26 +478,34 @@ fn up_and_down_twice_leave_the_machine_as_before() {
         let root_links = run(Command::new("ip").args(["-o", "link"])).unwrap();
         let netns = run(Command::new("ip").args(["netns", "list"])).unwrap();
         let etc = std::fs::read_dir("/etc/netns")
-            .map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>())
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name())
+                    .filter(|n| n.to_string_lossy().starts_with(lab_prefix()))
+                    .collect::<Vec<_>>()
+            })
             .unwrap_or_default();
         let sysctls = run(Command::new("sysctl")
             .args(["net.ipv4.ip_forward", "net.bridge.bridge-nf-call-iptables"]))
         .unwrap();
-        // Not "dnstrace-lab" alone: others waiting for the lab lock match it.
-        let procs = run(Command::new("pgrep").args(["-c", "-f", "dnstrace-lab/|dtlab-"]))
-            .unwrap_or_default();
+        // Not the lab's directory alone: others waiting for the lab lock
+        // match it. This lab's alone: others may be up beside it.
+        let mine = format!("{}/|{}", lab_dir(), lab_prefix());
+        let procs = run(Command::new("pgrep").args(["-c", "-f", &mine])).unwrap_or_default();
         (
             root_rules,
             root_links,
-            netns.lines().filter(|l| l.starts_with("dtlab-")).count(),
+            netns
+                .lines()
+                .filter(|l| l.starts_with(lab_prefix()))
+                .count(),
             etc.len(),
             sysctls,
             procs,
-            std::path::Path::new("/run/dnstrace-lab").exists(),
+            std::path::Path::new(lab_dir()).exists(),
         )
     };
-    let guard = LAB_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let file_lock = lock_lab_machine_wide();
+    let lock = Lab::lock();
     let before = snapshot();
     for _ in 0..2 {
         let up = dnstrace(&["lab", "up", "--ipv6", "--nodelocaldns"]);
@@ -509,22 +522,7 @@ fn up_and_down_twice_leave_the_machine_as_before() {
         );
     }
     assert_eq!(snapshot(), before);
-    drop((file_lock, guard));
-}
-
-/// The machine-wide lab lock `Lab::up` takes (other test runs, the bench),
-/// for a test that runs `lab up` itself.
-fn lock_lab_machine_wide() -> std::fs::File {
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(LAB_FILE_LOCK)
-        .unwrap();
-    // SAFETY: flock on a descriptor this function owns.
-    let rc = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&file), libc::LOCK_EX) };
-    assert_eq!(rc, 0, "locking {LAB_FILE_LOCK}");
-    file
+    drop(lock);
 }
 
 #[test]
@@ -581,7 +579,8 @@ fn up_after_a_crash_cleans_and_rebuilds() {
     require_root();
     let lab = Lab::up(&[]);
     // A crash: the lab's processes die, namespaces and files stay.
-    let unbound = ["-f", "/run/dnstrace-lab/unbound.conf"];
+    let conf = lab_path("unbound.conf");
+    let unbound = ["-f", &conf];
     let _ = run(Command::new("pkill").arg("-9").args(unbound));
     // SIGKILL is asynchronous: wait until the process is really gone.
     wait_for(|| {
@@ -598,7 +597,7 @@ fn up_after_a_crash_cleans_and_rebuilds() {
     );
     assert!(String::from_utf8_lossy(&again.stderr).contains("cleaning up what an earlier lab left"));
     assert_eq!(
-        dig_status(&lab.dig(WEB, &format!("@{SERVICE} www.example.com"))),
+        dig_status(&lab.dig(&WEB, &format!("@{SERVICE} www.example.com"))),
         "NOERROR"
     );
 }

@@ -75,15 +75,9 @@ fn coredns_probes_itself_for_loops_at_start_and_on_reload() {
 
 /// The DROP counter of the upstream's filter INPUT rule for UDP.
 fn upstream_drops() -> u64 {
-    let rules = run(Command::new("ip").args([
-        "netns",
-        "exec",
-        "dtlab-upstream",
-        "iptables",
-        "-nvxL",
-        "INPUT",
-    ]))
-    .unwrap();
+    let rules =
+        run(Command::new("ip").args(["netns", "exec", &UPSTREAM_NS, "iptables", "-nvxL", "INPUT"]))
+            .unwrap();
     rules
         .lines()
         .find(|l| l.contains("DROP") && l.contains("udp"))
@@ -99,7 +93,7 @@ fn coredns_tries_upstream_again_after_two_seconds_and_stops_at_five() {
     let before = upstream_drops();
     let name = fresh("try");
     let out = Command::new("ip")
-        .args(["netns", "exec", WEB, "dig", "+tries=1", "+time=7"])
+        .args(["netns", "exec", &WEB, "dig", "+tries=1", "+time=7"])
         .arg(format!("@{SERVICE}"))
         .arg(&name)
         .output()
@@ -110,7 +104,7 @@ fn coredns_tries_upstream_again_after_two_seconds_and_stops_at_five() {
 
 fn in_node(program: &str, args: &[&str]) -> String {
     run(Command::new("ip")
-        .args(["netns", "exec", NODE, program])
+        .args(["netns", "exec", &NODE, program])
         .args(args))
     .unwrap()
 }
@@ -186,7 +180,7 @@ fn notrack_nodelocaldns_answers_kube_dns_queries_without_dnat() {
 
     in_node("conntrack", &["-F"]);
     let name = "kube-dns.kube-system.svc.cluster.local";
-    let out = lab.dig(WEB, &format!("@{SERVICE} {name}"));
+    let out = lab.dig(&WEB, &format!("@{SERVICE} {name}"));
     assert!(
         dig_status(&out) == "NOERROR" && out.contains("10.96.0.10"),
         "{out}"
@@ -207,7 +201,7 @@ fn notrack_nodelocaldns_answers_kube_dns_queries_without_dnat() {
             .any(|f| f.contains("src=10.244.0.53") || f.contains("src=10.244.0.54")),
         "kube-dns-upstream DNATed to CoreDNS: {upstream:?}"
     );
-    let out = lab.dig(WEB, &format!("@{SERVICE} www.example.com"));
+    let out = lab.dig(&WEB, &format!("@{SERVICE} www.example.com"));
     assert!(out.contains("198.51.100.80"), "{out}");
     healthy_traffic(&lab, &["--rate", "20", "--duration", "2s"]);
 }
@@ -221,14 +215,14 @@ fn another_cluster_domain_is_served_searched_and_cached_under_its_name() {
     require_root();
     let lab = Lab::up(&["--cluster-domain", "corp.internal", "--nodelocaldns"]);
     assert!(
-        resolv_conf(WEB)
+        resolv_conf(&WEB)
             .contains("\nsearch default.svc.corp.internal svc.corp.internal corp.internal\n"),
         "{}",
-        resolv_conf(WEB)
+        resolv_conf(&WEB)
     );
     for server in [SERVICE, NODELOCAL] {
         let out = lab.dig(
-            WEB,
+            &WEB,
             &format!("@{server} kubernetes.default.svc.corp.internal"),
         );
         assert!(
@@ -237,7 +231,7 @@ fn another_cluster_domain_is_served_searched_and_cached_under_its_name() {
         );
     }
     let out = lab.dig(
-        WEB,
+        &WEB,
         &format!("@{SERVICE} kubernetes.default.svc.cluster.local"),
     );
     assert_eq!(dig_status(&out), "NXDOMAIN", "{out}");
@@ -254,8 +248,8 @@ fn node_search_domains_end_the_pods_search_lists_as_the_kubelet_appends_them() {
         "corp.example",
     ]);
     let search = "search default.svc.cluster.local svc.cluster.local cluster.local ec2.internal corp.example\n";
-    assert!(resolv_conf(WEB).contains(search), "{}", resolv_conf(WEB));
-    for ns in [NODE.to_owned(), format!("dtlab-{COREDNS_A}")] {
+    assert!(resolv_conf(&WEB).contains(search), "{}", resolv_conf(&WEB));
+    for ns in [NODE.to_owned(), lab_ns(COREDNS_A)] {
         assert!(
             resolv_conf(&ns).ends_with("\nsearch ec2.internal corp.example\n"),
             "{ns}: {}",
@@ -277,14 +271,13 @@ fn node_search_domains_end_the_pods_search_lists_as_the_kubelet_appends_them() {
     );
 }
 
-const CONTAINERD: &str = "/run/dnstrace-lab/containerd";
 const KUBERNETES: &str = "kubernetes.default.svc.cluster.local";
 
 #[test]
 fn a_host_network_client_asks_cluster_dns_from_the_nodes_namespace() {
     require_root();
     let lab = Lab::up(&["--host-network-client"]);
-    let resolv = std::fs::read_to_string("/run/dnstrace-lab/fluent-bit-5lq8z.resolv.conf").unwrap();
+    let resolv = std::fs::read_to_string(lab_path("fluent-bit-5lq8z.resolv.conf")).unwrap();
     assert!(
         resolv.starts_with("nameserver 10.96.0.10\nsearch logging.svc.cluster.local svc.cluster.local cluster.local\n"),
         "ClusterFirstWithHostNet: {resolv}"
@@ -294,9 +287,9 @@ fn a_host_network_client_asks_cluster_dns_from_the_nodes_namespace() {
         "-o",
         "json",
         "--node-netns",
-        NODE_NETNS,
+        node_netns(),
         "--containerd-root",
-        CONTAINERD,
+        lab_containerd(),
     ]);
     let rows = json_lines(&String::from_utf8_lossy(&out.stdout));
     let row = rows
@@ -309,18 +302,13 @@ fn a_host_network_client_asks_cluster_dns_from_the_nodes_namespace() {
         serde_json::json!(["10.96.0.10"]),
         "{row:#}"
     );
-    let node = std::fs::metadata(NODE_NETNS).unwrap();
+    let node = std::fs::metadata(node_netns()).unwrap();
     assert_eq!(
         row["net"]["netns_inode"].as_u64(),
         Some(std::os::unix::fs::MetadataExt::ino(&node)),
         "{row:#}"
     );
-    let pod = [
-        "--containerd-root",
-        CONTAINERD,
-        "--pod",
-        "logging/fluent-bit",
-    ];
+    let pod = ["--pod", "logging/fluent-bit"];
     let mut outcomes = Vec::new();
     let lines = trace_with(&lab, &pod, || {
         outcomes = lab.traffic(&["--pod", "fluent-bit", "--name", "kubernetes.default"]);
@@ -430,10 +418,6 @@ fn notrack_nodelocaldns_in_nftables_mode_answers_pods_and_the_host_network_clien
     healthy_traffic(&lab, &["--rate", "20", "--duration", "2s"]);
 }
 
-/// A trace that knows the lab's pods (and so their host veths): what
-/// the bridge findings need.
-const KNOWN_PODS: [&str; 2] = ["--containerd-root", CONTAINERD];
-
 /// With routed pods (`--cni routed`, as Calico or the ptp plugin wire
 /// them) replies pass conntrack: bridge-nf-call-iptables=0 breaks nothing,
 /// and nothing blames it.
@@ -447,18 +431,20 @@ fn bridge_nf_off_on_routed_pods_breaks_no_lookup_and_raises_nothing() {
         "-o",
         "json",
         "--node-netns",
-        NODE_NETNS,
-        KNOWN_PODS[0],
-        KNOWN_PODS[1],
+        node_netns(),
+        "--containerd-root",
+        lab_containerd(),
         "web",
     ]);
     let web = json_lines(&String::from_utf8_lossy(&out.stdout));
     let name = web[0]["net"]["host_veth"][0].as_str().unwrap().to_owned();
     let veth = in_node("ip", &["-d", "link", "show", &name]);
     assert!(!veth.contains("master"), "{veth}");
-    let lines = trace_with(&lab, &KNOWN_PODS, || {
+    // The lab's traces know its pods (and so their host veths): what the
+    // bridge findings need.
+    let lines = trace(&lab, || {
         for name in [KUBERNETES, "www.example.com"] {
-            let out = lab.dig(WEB, &format!("@{SERVICE} {name}"));
+            let out = lab.dig(&WEB, &format!("@{SERVICE} {name}"));
             assert_eq!(dig_status(&out), "NOERROR", "{out}");
         }
     });
@@ -471,8 +457,8 @@ fn bridge_nf_off_on_routed_pods_breaks_no_lookup_and_raises_nothing() {
 fn bridge_nf_off_on_bridged_pods_names_their_bridge() {
     require_root();
     let lab = Lab::up(&["--fault", "bridge-nf-off"]);
-    let lines = trace_with(&lab, &KNOWN_PODS, || {
-        lab.dig(WEB, &format!("@{SERVICE} {KUBERNETES}"));
+    let lines = trace(&lab, || {
+        lab.dig(&WEB, &format!("@{SERVICE} {KUBERNETES}"));
     });
     let kinds = anomaly_kinds(&lines);
     assert!(
@@ -503,7 +489,7 @@ fn routed_pods_keep_nodelocaldns_and_the_faults() {
     drop(lab);
     let lab = Lab::up(&["--cni", "routed", "--fault", "no-dnat"]);
     let lines = trace(&lab, || {
-        lab.dig(WEB, &format!("@{SERVICE} {KUBERNETES}"));
+        lab.dig(&WEB, &format!("@{SERVICE} {KUBERNETES}"));
     });
     assert_eq!(anomaly_kinds(&lines), ["service_not_translated"]);
 }

@@ -8,30 +8,30 @@ use std::{
 
 use dnstrace_tests::*;
 
-const SESSION: &str = "dtlab-live-view";
-
-struct Tmux;
+/// tmux's session, one per lab.
+struct Tmux(String);
 
 impl Tmux {
     /// Starts `command` in a detached 200x50 session; the shell stays for
     /// a while after it so the screen it leaves can be read.
     fn start(command: &str) -> Self {
+        let session = lab_ns("live-view");
         let _ = Command::new("tmux")
-            .args(["kill-session", "-t", SESSION])
+            .args(["kill-session", "-t", &session])
             .output();
         let script = format!("{command}; echo dnstrace-exited=$?; sleep 120");
         let ok = Command::new("tmux")
-            .args(["new-session", "-d", "-s", SESSION, "-x", "200", "-y", "50"])
+            .args(["new-session", "-d", "-s", &session, "-x", "200", "-y", "50"])
             .arg(script)
             .status()
             .expect("running tmux");
         assert!(ok.success(), "tmux new-session");
-        Self
+        Self(session)
     }
 
     fn screen(&self) -> String {
         let out = Command::new("tmux")
-            .args(["capture-pane", "-p", "-J", "-t", SESSION])
+            .args(["capture-pane", "-p", "-J", "-t", &self.0])
             .output()
             .expect("tmux capture-pane");
         String::from_utf8_lossy(&out.stdout).into_owned()
@@ -40,7 +40,7 @@ impl Tmux {
     fn keys(&self, keys: &[&str]) {
         for k in keys {
             let ok = Command::new("tmux")
-                .args(["send-keys", "-t", SESSION, k])
+                .args(["send-keys", "-t", &self.0, k])
                 .status()
                 .expect("tmux send-keys");
             assert!(ok.success());
@@ -69,7 +69,7 @@ impl Tmux {
 impl Drop for Tmux {
     fn drop(&mut self) {
         let _ = Command::new("tmux")
-            .args(["kill-session", "-t", SESSION])
+            .args(["kill-session", "-t", &self.0])
             .output();
     }
 }
@@ -81,9 +81,9 @@ fn the_live_view_shows_the_anomaly_and_the_dropped_journey() {
     let log = std::env::temp_dir().join(format!("dnstrace-live-test-{}.log", std::process::id()));
     let _ = std::fs::remove_file(&log);
     let tmux = Tmux::start(&format!(
-        "{} trace --timeout 2s --node-netns /run/netns/{NODE} \
-         --containerd-root /run/dnstrace-lab/containerd --pod web --log-file {} {}",
+        "{} trace --timeout 2s {} --pod web --log-file {} {}",
         dnstrace_bin().display(),
+        lab_scope().join(" "),
         log.display(),
         EVERY_LOOKUP.join(" ")
     ));
@@ -97,7 +97,7 @@ fn the_live_view_shows_the_anomaly_and_the_dropped_journey() {
         Duration::from_secs(30),
     );
     lab.dig(
-        WEB,
+        &WEB,
         &format!("@{SERVICE} kubernetes.default.svc.cluster.local."),
     );
     let screen = tmux.wait_for(
@@ -141,7 +141,7 @@ fn the_live_view_shows_the_anomaly_and_the_dropped_journey() {
 
     // A small terminal: the journey is still there, the help bar fits.
     let resized = Command::new("tmux")
-        .args(["resize-window", "-t", SESSION, "-x", "80", "-y", "24"])
+        .args(["resize-window", "-t", &tmux.0, "-x", "80", "-y", "24"])
         .status()
         .expect("tmux resize-window");
     assert!(resized.success());

@@ -52,7 +52,8 @@ fn every_leg_is_seen_with_probe_reads_too() {
 /// Traces one lookup through the lab with `bin`, its `switches` first;
 /// returns what dnstrace said at start.
 fn every_leg_seen(bin: &std::path::Path, switches: &[&str], how: &str) -> Vec<String> {
-    require_root();
+    // Every namespace of the machine, other labs' too.
+    require_alone();
     let lab = Lab::up(&[]);
     let trace =
         Dnstrace::start_binary(bin, Keep::Every, &[switches, &["-o", "json"]].concat()).unwrap();
@@ -63,7 +64,7 @@ fn every_leg_seen(bin: &std::path::Path, switches: &[&str], how: &str) -> Vec<St
         .count();
     assert_eq!(tracepoints, 3, "{:?}", trace.stderr_lines);
     let trace_start = trace.stderr_lines.clone();
-    let out = lab.dig(WEB, &format!("@{SERVICE} {NAME}"));
+    let out = lab.dig(&WEB, &format!("@{SERVICE} {NAME}"));
     let id = dig_id(&out).unwrap();
     let (status, stdout, stderr) = trace.stop(libc::SIGINT).unwrap();
     assert!(status.success(), "{status}: {stderr:?}");
@@ -124,10 +125,11 @@ fn every_leg_seen(bin: &std::path::Path, switches: &[&str], how: &str) -> Vec<St
 fn drops_carry_the_kernel_reason_and_place() {
     require_root();
     let lab = Lab::up(&["--fault", "drop"]);
-    let trace = Dnstrace::start_here(Keep::Every, &["-o", "json"]).unwrap();
+    let args = [&["-o", "json"][..], &lab_scope()].concat();
+    let trace = Dnstrace::start_here(Keep::Every, &args).unwrap();
     // DNAT picks the endpoint at random: ask until a query hits the dropped one.
     let dropped =
-        (0..30).any(|_| dig_status(&lab.dig(WEB, &format!("@{SERVICE} {NAME}"))) == "timeout");
+        (0..30).any(|_| dig_status(&lab.dig(&WEB, &format!("@{SERVICE} {NAME}"))) == "timeout");
     assert!(dropped, "30 queries, none sent to the dropped endpoint");
     let (_, stdout, _) = trace.stop(libc::SIGTERM).unwrap();
     let lines = json_lines(&stdout);

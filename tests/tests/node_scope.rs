@@ -2,7 +2,8 @@
 //! that node's network namespaces, as on the node's own kernel. The lab's
 //! upstream resolver, in a namespace of its own, stands for another machine.
 use std::{
-    collections::BTreeSet, os::unix::fs::MetadataExt as _, process::Command, time::Duration,
+    collections::BTreeSet, net::UdpSocket, os::unix::fs::MetadataExt as _, process::Command,
+    time::Duration,
 };
 
 use serde_json::Value;
@@ -57,7 +58,7 @@ fn start(extra: &[&str]) -> Dnstrace {
         "--timeout",
         "3s",
         "--node-netns",
-        NODE_NETNS,
+        node_netns(),
     ];
     args.extend_from_slice(extra);
     Dnstrace::start_binary(dnstrace_release_bin(), Keep::Every, &args).unwrap()
@@ -74,7 +75,7 @@ fn a_node_sees_its_pods_and_not_the_upstream_machine() {
     require_root();
     let lab = Lab::up(&[]);
     let whole = start(&[]);
-    let scoped = start(&[&["--node", "lab-node"][..], &LAB_RUNTIME].concat());
+    let scoped = start(&[&["--node", "lab-node"][..], &lab_runtime()].concat());
     assert_eq!(scoped.ready["node"], "lab-node", "{}", scoped.ready);
     // The node's own namespace and the four pods'.
     assert_eq!(scoped.ready["scope_netns"], 5, "{}", scoped.ready);
@@ -87,11 +88,11 @@ fn a_node_sees_its_pods_and_not_the_upstream_machine() {
         scoped.stderr_lines
     );
     let name = format!("{}.", fresh("scope"));
-    lab.dig(WEB, &format!("@{SERVICE} {name}"));
+    lab.dig(&WEB, &format!("@{SERVICE} {name}"));
     std::thread::sleep(Duration::from_millis(1500));
     let (all, node) = (stop(whole), stop(scoped));
 
-    let upstream = inode("dtlab-upstream");
+    let upstream = inode(&UPSTREAM_NS);
     let seen_all = namespaces(journey(&all, &name));
     assert!(seen_all.contains(&upstream), "unscoped: {seen_all:?}");
     let j = journey(&node, &name);
@@ -99,16 +100,56 @@ fn a_node_sees_its_pods_and_not_the_upstream_machine() {
     assert!(!seen.contains(&upstream), "scoped: {seen:?}");
     assert_eq!(seen, &seen_all - &[upstream].into(), "the rest alike");
     assert!(
-        seen.contains(&inode(WEB)),
+        seen.contains(&inode(&WEB)),
         "the client pod's legs: {seen:?}"
     );
-    let coredns = [COREDNS_A, COREDNS_B].map(|p| inode(&format!("dtlab-{p}")));
+    let coredns = [COREDNS_A, COREDNS_B].map(|p| inode(&lab_ns(p)));
     assert!(
         coredns.iter().any(|c| seen.contains(c)),
         "a CoreDNS pod's legs: {seen:?}"
     );
     assert_eq!(j["upstream"].as_array().map(Vec::len), Some(1), "{j:#}");
     assert_eq!(j["outcome"]["rcode"], "NXDOMAIN", "{j:#}");
+}
+
+/// Queries queued at a socket of another namespace, dropped when it
+/// closes unread: such a drop has no device (UDP keeps scratch in that
+/// field of a queued packet), and its socket says whose it is. The whole
+/// machine's view sees the drops; the node's does not, as another node's
+/// are not its own.
+#[test]
+fn another_namespaces_socket_drops_are_not_the_nodes() {
+    require_root();
+    let _lab = Lab::up(&[]);
+    let packets = |scope: &[&str]| {
+        let args = [&["-o", "json"][..], scope].concat();
+        Dnstrace::start_here(Keep::Every, &args).unwrap()
+    };
+    let (whole, node) = (packets(&[]), packets(&lab_scope()));
+    let other = Netns::new("drops").unwrap();
+    let name = fresh("queued");
+    let queries: Vec<Vec<u8>> = (0..5).map(|id| query_bytes(id, &name, 1)).collect();
+    other
+        .enter(move || {
+            let unread = UdpSocket::bind("127.0.0.1:53").unwrap();
+            let client = UdpSocket::bind("127.0.0.1:0").unwrap();
+            for q in &queries {
+                client.send_to(q, "127.0.0.1:53").unwrap();
+            }
+            // Queued: then closed with them unread.
+            unread.peek_from(&mut [0u8; 512]).unwrap();
+        })
+        .unwrap();
+    let dropped = |trace: Dnstrace| {
+        let (status, out, stderr) = trace.stop(libc::SIGINT).unwrap();
+        assert!(status.success(), "{status}: {stderr:?}");
+        json_lines(&out)
+            .into_iter()
+            .filter(|l| l["hook"] == "kfree_skb" && l["questions"][0]["name"] == format!("{name}."))
+            .count()
+    };
+    assert_eq!(dropped(whole), 5, "the machine's view sees the drops");
+    assert_eq!(dropped(node), 0, "another namespace's drops");
 }
 
 #[test]

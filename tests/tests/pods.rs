@@ -7,11 +7,8 @@ use serde_json::Value;
 
 use dnstrace_tests::*;
 
-const CONTAINERD: &str = "/run/dnstrace-lab/containerd";
-const CRIO: &str = "/run/dnstrace-lab/crio";
-
 fn pods(args: &[&str]) -> (bool, Vec<Value>, String) {
-    let mut all = vec!["pods", "-o", "json", "--node-netns", NODE_NETNS];
+    let mut all = vec!["pods", "-o", "json", "--node-netns", node_netns()];
     all.extend_from_slice(args);
     let out = dnstrace(&all);
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -26,7 +23,7 @@ fn check_web(row: &Value, runtime: &str) {
     assert_eq!(row["net"]["ips"], serde_json::json!(["10.244.0.10"]));
     let veth = row["net"]["host_veth"][0].as_str().unwrap();
     let link = std::process::Command::new("ip")
-        .args(["-n", NODE, "-o", "link", "show", veth])
+        .args(["-n", &NODE, "-o", "link", "show", veth])
         .output()
         .unwrap();
     assert!(link.status.success(), "{veth} is on the node");
@@ -46,7 +43,7 @@ fn check_web(row: &Value, runtime: &str) {
 fn pods_are_found_in_containerd_state_by_name_namespace_and_prefix() {
     require_root();
     let _lab = Lab::up(&[]);
-    let (ok, all, stderr) = pods(&["--containerd-root", CONTAINERD]);
+    let (ok, all, stderr) = pods(&["--containerd-root", lab_containerd()]);
     assert!(ok, "{stderr}");
     assert_eq!(all.len(), 4, "{all:?}");
     let coredns: Vec<bool> = all
@@ -64,20 +61,26 @@ fn pods_are_found_in_containerd_state_by_name_namespace_and_prefix() {
         "web",
         "default/w",
     ] {
-        let (ok, one, stderr) = pods(&["--containerd-root", CONTAINERD, query]);
+        let (ok, one, stderr) = pods(&["--containerd-root", lab_containerd(), query]);
         assert!(ok, "{query}: {stderr}");
         check_web(&one[0], "containerd");
     }
-    let (ok, _, stderr) = pods(&["--containerd-root", CONTAINERD, "coredns"]);
+    let (ok, _, stderr) = pods(&["--containerd-root", lab_containerd(), "coredns"]);
     assert!(!ok && stderr.contains("matches 2 pods"), "{stderr}");
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
-    let (ok, _, stderr) = pods(&["--containerd-root", CONTAINERD, "nope"]);
+    let (ok, _, stderr) = pods(&["--containerd-root", lab_containerd(), "nope"]);
     assert!(
         !ok && stderr.contains("no pod matches \"nope\""),
         "{stderr}"
     );
     // The same errors from `trace --pod`, before anything is attached.
-    let out = dnstrace(&["trace", "--containerd-root", CONTAINERD, "--pod", "coredns"]);
+    let out = dnstrace(&[
+        "trace",
+        "--containerd-root",
+        lab_containerd(),
+        "--pod",
+        "coredns",
+    ]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success() && stderr.contains("give namespace/name"),
@@ -92,7 +95,7 @@ fn pods_are_found_in_crio_state() {
     let _lab = Lab::up(&["--runtime", "crio"]);
     let (ok, one, stderr) = pods(&[
         "--crio-root",
-        CRIO,
+        &lab_path("crio"),
         "--containerd-root",
         "/nonexistent",
         "web",
@@ -105,14 +108,7 @@ fn pods_are_found_in_crio_state() {
 fn tracing_one_pod_keeps_only_its_journeys_complete_and_named() {
     require_root();
     let lab = Lab::up(&[]);
-    let trace = lab.trace_every_lookup(&[
-        "--timeout",
-        "3s",
-        "--containerd-root",
-        CONTAINERD,
-        "--pod",
-        "default/web",
-    ]);
+    let trace = lab.trace_every_lookup(&["--timeout", "3s", "--pod", "default/web"]);
     lab.traffic(&[
         "--pod",
         "checkout",
@@ -178,20 +174,8 @@ fn tracing_one_pod_keeps_only_its_journeys_complete_and_named() {
 fn the_kernel_passes_only_the_target_pods_packets() {
     require_root();
     let lab = Lab::up(&[]);
-    let trace = Dnstrace::start_here(
-        Keep::Every,
-        &[
-            "-o",
-            "json",
-            "--node-netns",
-            NODE_NETNS,
-            "--containerd-root",
-            CONTAINERD,
-            "--pod",
-            "default/web",
-        ],
-    )
-    .unwrap();
+    let args = [&["-o", "json", "--pod", "default/web"][..], &lab_scope()].concat();
+    let trace = Dnstrace::start_here(Keep::Every, &args).unwrap();
     lab.traffic(&["--pod", "checkout", "--name", "kubernetes.default"]);
     lab.traffic(&["--pod", "web", "--name", "kubernetes.default"]);
     std::thread::sleep(std::time::Duration::from_millis(500));
@@ -219,7 +203,7 @@ fn netns_pid_and_ip_select_the_same_client() {
     // `ip netns exec` execs in place: this pid lives in web's namespace and
     // sees web's resolv.conf through its own root.
     let mut inside = std::process::Command::new("ip")
-        .args(["netns", "exec", WEB, "sleep", "120"])
+        .args(["netns", "exec", &WEB, "sleep", "120"])
         .spawn()
         .unwrap();
     let pid = inside.id().to_string();
@@ -289,7 +273,7 @@ fn the_lab_cri_socket_alone_lists_its_pods_with_their_workload() {
     let _lab = Lab::up(&["--host-network-client", "--nodelocaldns=notrack"]);
     let (ok, all, stderr) = pods(&[
         "--cri-socket",
-        "/run/dnstrace-lab/cri/containerd.sock",
+        lab_runtime()[3],
         "--containerd-root",
         "/nonexistent",
     ]);

@@ -26,7 +26,7 @@ fn nftables_mode_is_found_and_lookups_go_through_its_dnat_to_coredns() {
     let lab = Lab::up(&[NFTABLES]);
     let (lines, stderr) = trace(&lab, || {
         for _ in 0..3 {
-            let out = lab.dig(WEB, &format!("@{SERVICE} {KUBERNETES}"));
+            let out = lab.dig(&WEB, &format!("@{SERVICE} {KUBERNETES}"));
             assert_eq!(dig_status(&out), "NOERROR", "{out}");
         }
     });
@@ -53,7 +53,7 @@ fn nftables_mode_without_its_dnat_is_a_service_not_translated() {
     require_root();
     let lab = Lab::up(&[NFTABLES, "--fault", "no-dnat"]);
     let (lines, stderr) = trace(&lab, || {
-        lab.dig(WEB, &format!("@{SERVICE} {KUBERNETES}"));
+        lab.dig(&WEB, &format!("@{SERVICE} {KUBERNETES}"));
     });
     assert!(stderr.iter().any(|l| l.contains(FOUND)), "{stderr:#?}");
     assert_eq!(anomaly_kinds(&lines), ["service_not_translated"]);
@@ -64,7 +64,7 @@ fn dual_stack_nftables_mode_answers_over_ipv6_through_the_ip6_table() {
     require_root();
     let lab = Lab::up(&[NFTABLES, "--ipv6"]);
     let (lines, stderr) = trace(&lab, || {
-        let out = lab.dig(WEB, &format!("@fd00:10:96::a {KUBERNETES}"));
+        let out = lab.dig(&WEB, &format!("@fd00:10:96::a {KUBERNETES}"));
         assert_eq!(dig_status(&out), "NOERROR", "{out}");
     });
     let both = format!("{FOUND}, fd00:10:96::a");
@@ -101,7 +101,7 @@ fn without_proxy_rules_the_pods_nameserver_stands_for_the_service() {
         .args([
             "netns",
             "exec",
-            NODE,
+            &NODE,
             "nft",
             "delete",
             "table",
@@ -111,14 +111,8 @@ fn without_proxy_rules_the_pods_nameserver_stands_for_the_service() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");
-    let pod = [
-        "--containerd-root",
-        "/run/dnstrace-lab/containerd",
-        "--pod",
-        "web",
-    ];
-    let (lines, stderr) = lab.trace_during(&pod, || {
-        lab.dig(WEB, &format!("@{SERVICE} {KUBERNETES}"));
+    let (lines, stderr) = lab.trace_during(&["--pod", "web"], || {
+        lab.dig(&WEB, &format!("@{SERVICE} {KUBERNETES}"));
     });
     let fallback = "services: no proxy rules on the node (socket-level balancing?); DNS at 10.96.0.10, from the pods' resolv.conf";
     assert!(stderr.iter().any(|l| l.contains(fallback)), "{stderr:#?}");
@@ -126,23 +120,20 @@ fn without_proxy_rules_the_pods_nameserver_stands_for_the_service() {
 }
 
 const SOCKET_LB: &str = "--proxy-mode=socket-lb";
-/// Where the lab's pods are: with no target, trace takes the DNS service
-/// from the ClusterFirst pods' resolv.conf.
-const RUNTIME: [&str; 2] = ["--containerd-root", "/run/dnstrace-lab/containerd"];
 const FROM_RESOLV_CONF: &str = "services: no proxy rules on the node (socket-level balancing?); DNS at 10.96.0.10, from the pods' resolv.conf";
 const COREDNS_PODS: [&str; 2] = ["10.244.0.53:53", "10.244.0.54:53"];
 const CLIENT_PODS: [&str; 2] = ["10.244.0.10", "10.244.0.11"];
 
 /// Lookups from both client pods with `client`'s habits, `per_pod` each.
 fn socket_lb_traffic(lab: &Lab, client: &str, per_pod: u32) -> Vec<Value> {
-    let seconds = per_pod.div_ceil(10).to_string() + "s";
+    let count = per_pod.to_string();
     let args = [
         "--client",
         client,
         "--rate",
         "10",
-        "--duration",
-        &seconds,
+        "--count",
+        &count,
         "--name",
         "kubernetes.default",
         "--name",
@@ -156,7 +147,9 @@ fn socket_lb_lookups_leave_translated_to_a_coredns_pod_and_raise_nothing() {
     require_root();
     let lab = Lab::up(&[SOCKET_LB]);
     let mut outcomes = Vec::new();
-    let (lines, stderr) = lab.trace_during(&RUNTIME, || {
+    // The lab's traces know its pods: with no target, trace takes the DNS
+    // service from the ClusterFirst pods' resolv.conf.
+    let (lines, stderr) = lab.trace_during(&[], || {
         for client in ["stub", "glibc"] {
             outcomes.extend(socket_lb_traffic(&lab, client, 30));
         }
@@ -165,7 +158,7 @@ fn socket_lb_lookups_leave_translated_to_a_coredns_pod_and_raise_nothing() {
         stderr.iter().any(|l| l.contains(FROM_RESOLV_CONF)),
         "{stderr:#?}"
     );
-    assert!(outcomes.len() >= 100, "{} lookups", outcomes.len());
+    assert_eq!(outcomes.len(), 120, "30 from each pod, with each client");
     assert!(outcomes.iter().all(|o| o["ok"] == true), "{outcomes:#?}");
     let journeys: Vec<&Value> = lines.iter().filter(|j| j["type"] == "journey").collect();
     assert!(journeys.len() >= outcomes.len(), "{lines:#?}");
@@ -200,8 +193,8 @@ fn socket_lb_lookups_leave_translated_to_a_coredns_pod_and_raise_nothing() {
 fn socket_lb_without_backends_is_a_service_not_translated_by_the_socket_balancer() {
     require_root();
     let lab = Lab::up(&[SOCKET_LB, "--fault", "no-dnat"]);
-    let (lines, stderr) = lab.trace_during(&RUNTIME, || {
-        let out = lab.dig(WEB, &format!("@{SERVICE} {KUBERNETES}"));
+    let (lines, stderr) = lab.trace_during(&[], || {
+        let out = lab.dig(&WEB, &format!("@{SERVICE} {KUBERNETES}"));
         assert!(
             out.contains("timed out"),
             "nobody answers the service IP: {out}"
@@ -220,14 +213,44 @@ fn socket_lb_without_backends_is_a_service_not_translated_by_the_socket_balancer
     );
 }
 
+/// The balancer's programs, by name and kernel id, as its pinned links
+/// hold them (other labs may have balancers of their own).
+fn balancer_programs() -> Vec<(&'static str, u64)> {
+    let pins = format!("{}-bpf", lab_dir());
+    BALANCER
+        .iter()
+        .map(|&name| {
+            let pin = format!("{pins}/{name}");
+            let link = run(Command::new("bpftool").args(["-j", "link", "show", "pinned", &pin]))
+                .unwrap_or_else(|e| panic!("{name} is not pinned: {e}"));
+            let link: Value = serde_json::from_str(&link).unwrap();
+            (name, link["prog_id"].as_u64().unwrap())
+        })
+        .collect()
+}
+
+const BALANCER: [&str; 4] = [
+    "lb_connect4",
+    "lb_sendmsg4",
+    "lb_recvmsg4",
+    "lb_getpeername4",
+];
+
 /// A fault that changes nothing without kube-proxy's DNAT is refused; the
 /// balancer is attached at the root cgroup and `lab down` detaches it.
 #[test]
 fn socket_lb_refuses_bridge_nf_off_and_lab_down_detaches_the_balancer() {
     require_root();
     let lab = Lab::up(&[SOCKET_LB]);
-    let programs = || run(Command::new("bpftool").args(["-j", "prog", "show"])).unwrap();
-    assert!(programs().contains("lb_connect4"));
+    let programs = || -> Vec<u64> {
+        let all: Vec<Value> = serde_json::from_str(
+            &run(Command::new("bpftool").args(["-j", "prog", "show"])).unwrap(),
+        )
+        .unwrap();
+        all.iter().filter_map(|p| p["id"].as_u64()).collect()
+    };
+    let balancer = balancer_programs();
+    assert!(balancer.iter().all(|(_, id)| programs().contains(id)));
     let out = dnstrace(&["lab", "fault", "bridge-nf-off", "on"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
@@ -237,15 +260,11 @@ fn socket_lb_refuses_bridge_nf_off_and_lab_down_detaches_the_balancer() {
     );
     let out = dnstrace(&["lab", "down"]);
     assert!(out.status.success(), "{out:?}");
-    for name in [
-        "lb_connect4",
-        "lb_sendmsg4",
-        "lb_recvmsg4",
-        "lb_getpeername4",
-    ] {
-        assert!(!programs().contains(name), "{name} is still loaded");
+    let loaded = programs();
+    for (name, id) in balancer {
+        assert!(!loaded.contains(&id), "{name} is still loaded");
     }
-    assert!(!std::path::Path::new("/run/dnstrace-lab-bpf").exists());
+    assert!(!std::path::Path::new(&format!("{}-bpf", lab_dir())).exists());
     drop(lab);
 }
 
@@ -258,20 +277,20 @@ fn socket_lb_faults_beyond_the_proxy_raise_their_usual_anomalies() {
     let lab = Lab::up(&[SOCKET_LB]);
     let kinds_with = |fault: &str, work: &dyn Fn()| {
         lab.fault(fault, true);
-        let (lines, _) = lab.trace_during(&RUNTIME, work);
+        let (lines, _) = lab.trace_during(&[], work);
         lab.fault(fault, false);
         anomaly_kinds(&lines)
     };
     let dropped = kinds_with("drop", &|| {
         for _ in 0..30 {
-            if dig_status(&lab.dig(WEB, &format!("@{SERVICE} {KUBERNETES}"))) == "timeout" {
+            if dig_status(&lab.dig(&WEB, &format!("@{SERVICE} {KUBERNETES}"))) == "timeout" {
                 break;
             }
         }
     });
     assert_eq!(dropped, ["dropped"]);
     let timeout = kinds_with("upstream-timeout", &|| {
-        lab.dig(WEB, &format!("@{SERVICE} {}", fresh("slb-ut")));
+        lab.dig(&WEB, &format!("@{SERVICE} {}", fresh("slb-ut")));
     });
     assert!(
         timeout.contains(&"upstream_timeout".to_owned()),
@@ -284,7 +303,7 @@ fn socket_lb_faults_beyond_the_proxy_raise_their_usual_anomalies() {
         "{timeout:?}"
     );
     let servfail = kinds_with("servfail", &|| {
-        lab.dig(WEB, &format!("@{SERVICE} {}", fresh("slb-sf")));
+        lab.dig(&WEB, &format!("@{SERVICE} {}", fresh("slb-sf")));
     });
     assert_eq!(servfail, ["failing_answers"]);
 }
@@ -322,7 +341,7 @@ fn connect_to_kube_dns(ns: &str) -> (String, std::net::SocketAddr) {
 fn socket_lb_rewrites_only_sockets_of_the_labs_namespaces() {
     require_root();
     let _lab = Lab::up(&[SOCKET_LB]);
-    let (kernel, named) = connect_to_kube_dns(WEB);
+    let (kernel, named) = connect_to_kube_dns(&WEB);
     assert!(
         ["3500F40A:0035", "3600F40A:0035"].contains(&kernel.as_str()),
         "connected to a CoreDNS pod: {kernel}"

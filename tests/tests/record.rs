@@ -12,13 +12,13 @@ use serde_json::Value;
 
 use dnstrace_tests::*;
 
-const NODE_NETNS: &str = "/run/netns/dtlab-node";
-
 /// `dnstrace VIEW -o json` on the lab's node, recording to `file`, with
 /// `extra` arguments.
 fn recording<'a>(view: &[&'a str], file: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
     let mut args = view.to_vec();
-    args.extend(["-o", "json", "--node-netns", NODE_NETNS, "--record"]);
+    args.extend(["-o", "json"]);
+    args.extend(lab_scope());
+    args.push("--record");
     args.push(file.to_str().unwrap());
     args.extend_from_slice(extra);
     args
@@ -94,7 +94,7 @@ fn tshark_reads_a_recording_and_agrees_with_dnstrace_on_every_packet() {
     let (packets, _) = traced(Keep::Every, &recording(&[], &file, &[]), || {
         lab.traffic(&["--pod", "checkout", "--name", "www.example.com"]);
         lab.dig(
-            WEB,
+            &WEB,
             &format!("@{SERVICE} kubernetes.default.svc.cluster.local."),
         );
     });
@@ -165,19 +165,12 @@ fn a_replay_gives_the_live_runs_journeys_and_anomalies_without_root() {
     let lab = Lab::up(&["--fault", "bridge-nf-off"]);
     let dir = Dir::new("replay");
     let file = dir.file("lab.pcapng");
-    let pod = [
-        "--timeout",
-        "2s",
-        "--containerd-root",
-        "/run/dnstrace-lab/containerd",
-        "--pod",
-        "web",
-    ];
+    let pod = ["--timeout", "2s", "--pod", "web"];
     let (live, _) = traced(Keep::Every, &recording(&["trace"], &file, &pod), || {
         lab.traffic(&["--pod", "checkout", "--name", "www.example.com"]);
         lab.traffic(&["--pod", "web", "--name", "www.example.com"]);
         lab.dig(
-            WEB,
+            &WEB,
             &format!("@{SERVICE} kubernetes.default.svc.cluster.local."),
         );
     });
@@ -251,7 +244,7 @@ fn a_tcpdump_capture_replays_into_a_journey_per_lookup() {
     let dir = Dir::new("tcpdump");
     let file = dir.file("web.pcap");
     let mut tcpdump = Command::new("ip")
-        .args(["netns", "exec", WEB, "tcpdump", "-i", "eth0", "-U", "-w"])
+        .args(["netns", "exec", &WEB, "tcpdump", "-i", "eth0", "-U", "-w"])
         .arg(&file)
         .args(["udp", "port", "53"])
         .stderr(std::process::Stdio::piped())
@@ -413,7 +406,7 @@ fn a_report_names_the_anomaly_and_the_failed_lookups() {
         &recording(&["trace"], &file, &["--timeout", "2s"]),
         || {
             lab.dig(
-                WEB,
+                &WEB,
                 &format!("@{SERVICE} kubernetes.default.svc.cluster.local."),
             );
         },

@@ -1,5 +1,4 @@
-//! Every DNS message whatever its transport, in the default (node-wide)
-//! mode on the lab: DNS over TCP through the service's DNAT, a truncated
+//! Every DNS message whatever its transport, the lab's node traced whole: DNS over TCP through the service's DNAT, a truncated
 //! answer and its TCP retry, NodeLocalDNS's TCP leg, and an answer in IP
 //! fragments.
 use serde_json::Value;
@@ -11,11 +10,8 @@ const KUBE_DNS: &str = "kube-dns.kube-system.svc.cluster.local.";
 /// Traces the lab node keeping every lookup while `work` runs; returns the
 /// JSON lines and the exit summary.
 fn trace(work: impl FnOnce()) -> (Vec<Value>, Value) {
-    let trace = Dnstrace::start_here(
-        Keep::Every,
-        &["trace", "-o", "json", "--node-netns", NODE_NETNS],
-    )
-    .unwrap();
+    let args = [&["trace", "-o", "json"][..], &lab_scope()].concat();
+    let trace = Dnstrace::start_here(Keep::Every, &args).unwrap();
     work();
     std::thread::sleep(std::time::Duration::from_millis(1500));
     let (status, out, stderr) = trace.stop(libc::SIGINT).unwrap();
@@ -52,7 +48,7 @@ fn a_tcp_lookup_through_the_service_is_a_journey_with_every_leg_and_its_connecti
     require_root();
     let lab = Lab::up(&[]);
     let (lines, exit) = trace(|| {
-        let out = lab.dig(WEB, &format!("@{SERVICE} +tcp {KUBE_DNS}"));
+        let out = lab.dig(&WEB, &format!("@{SERVICE} +tcp {KUBE_DNS}"));
         assert_eq!(dig_status(&out), "NOERROR", "{out}");
     });
     assert!(
@@ -100,7 +96,7 @@ fn a_truncated_answer_and_its_tcp_retry_are_one_lookup() {
     let lab = Lab::up(&[]);
     let name = format!("{BIG_NAME}.");
     let (lines, _) = trace(|| {
-        let out = lab.dig(WEB, &format!("@{SERVICE} +bufsize=1232 {BIG_NAME} TXT"));
+        let out = lab.dig(&WEB, &format!("@{SERVICE} +bufsize=1232 {BIG_NAME} TXT"));
         assert!(out.contains("Truncated, retrying in TCP mode"), "{out}");
         assert_eq!(dig_status(&out), "NOERROR", "{out}");
     });
@@ -121,7 +117,7 @@ fn an_answer_in_ip_fragments_is_answered_whole() {
     let lab = Lab::up(&[]);
     let name = format!("{HUGE_NAME}.");
     let (lines, exit) = trace(|| {
-        let out = lab.dig(WEB, &format!("@{SERVICE} +bufsize=4096 {HUGE_NAME} TXT"));
+        let out = lab.dig(&WEB, &format!("@{SERVICE} +bufsize=4096 {HUGE_NAME} TXT"));
         assert!(out.contains("(UDP)"), "{out}");
         assert_eq!(dig_status(&out), "NOERROR", "{out}");
     });
@@ -140,7 +136,7 @@ fn nodelocaldns_tcp_leg_is_under_the_clients_lookup() {
     require_root();
     let lab = Lab::up(&["--nodelocaldns"]);
     let (lines, _) = trace(|| {
-        let out = lab.dig(WEB, &format!("@{NODELOCAL} {KUBE_DNS}"));
+        let out = lab.dig(&WEB, &format!("@{NODELOCAL} {KUBE_DNS}"));
         assert_eq!(dig_status(&out), "NOERROR", "{out}");
     });
     let top: Vec<_> = journeys(&lines, KUBE_DNS)
@@ -169,7 +165,7 @@ fn several_queries_on_one_connection_are_journeys_sharing_it() {
     let names = [KUBE_DNS, "kubernetes.default.svc.cluster.local."];
     let (lines, _) = trace(|| {
         let out = lab.dig(
-            WEB,
+            &WEB,
             &format!("@{SERVICE} +tcp +keepopen {} {}", names[0], names[1]),
         );
         assert_eq!(out.matches("status: NOERROR").count(), 2, "{out}");
