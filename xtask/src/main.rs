@@ -1,4 +1,4 @@
-//! Developer tasks: `cargo xtask setup | test | layers | demo | bench | fuzz | image`.
+//! Developer tasks: `cargo xtask setup | test | soak | layers | demo | bench | fuzz | image`.
 mod bench;
 mod demo;
 mod fuzz;
@@ -10,12 +10,18 @@ use std::process::{Command, ExitCode};
 
 use anyhow::{bail, Context, Result};
 
-const USAGE: &str = "usage: cargo xtask <setup | test | layers | demo | bench | fuzz | image>
+const USAGE: &str =
+    "usage: cargo xtask <setup | test | soak | layers | demo | bench | fuzz | image>
   setup   install what building and testing need (idempotent)
   test    the layer check, setup, then formatting, lints and the whole test suite
-          (as root), every test binary even when one fails, and a tally of them all
+          (as root): each test in a process of its own, several at once, every one
+          even when one fails; a tally, and the slowest binaries and tests
+          [--jobs N: tests at once, default 3] [FILTER...: only tests whose
+          binary::name holds one]
   layers  check that dnstrace's modules import only from their layer and those below,
           with no cycles [--graph: print the modules by layer and what each imports]
+  soak    setup, then the healthy matrix in full: 1,000 lookups a combination of the
+          lab's shapes and clients, where the suite makes 300
   demo    setup, build, then trace the lab: a failure on one node, then one between nodes
   bench   setup, build, then measure dnstrace's cost on the lab (--quick, --markdown PATH)
   fuzz    setup, then each fuzz target for 10 million runs (cargo-fuzz, nightly)
@@ -31,9 +37,12 @@ fn main() -> ExitCode {
     let result = match task.as_str() {
         "setup" => setup::run(),
         // The layer check first: it needs nothing built and fails in a second.
-        "test" => layers::check()
-            .and_then(|()| setup::run())
-            .and_then(|()| test()),
+        "test" => suite::Options::parse(&args[1..]).and_then(|o| {
+            layers::check()?;
+            setup::run()?;
+            test(&o)
+        }),
+        "soak" => setup::run().and_then(|()| soak()),
         "layers" => layers::run(&args[1..]),
         "demo" => setup::run().and_then(|()| demo::run()),
         "bench" => setup::run().and_then(|()| bench::run(&args[1..])),
@@ -95,29 +104,125 @@ pub fn workspace_root() -> std::path::PathBuf {
         .to_path_buf()
 }
 
-fn test() -> Result<()> {
+fn test(o: &suite::Options) -> Result<()> {
     if !setup::is_root() {
         bail!(
             "the tests load eBPF programs and make network namespaces: run `sudo cargo xtask test`"
         );
     }
-    cargo(&["fmt", "--all", "--", "--check"])?;
-    cargo(&["clippy", "--all-targets", "--", "-D", "warnings"])?;
-    // The fuzz targets' entry points (`cargo xtask fuzz` runs them) and the
-    // pipeline bench (`cargo xtask bench` runs it).
-    cargo(&[
-        "clippy",
-        "--package",
-        "dnstrace",
-        "--features",
-        "fuzzing,bench",
-        "--all-targets",
-        "--",
-        "-D",
-        "warnings",
-    ])?;
-    clippy_ebpf()?;
-    suite::run()
+    let mut phases = Phases::default();
+    phases.time("formatting", || cargo(&["fmt", "--all", "--", "--check"]))?;
+    let release = suite::Release::start()?;
+    phases.time("lints", lint)?;
+    phases.time("building and running the tests", || suite::run(o, release))?;
+    phases.print();
+    Ok(())
+}
+
+/// clippy over everything the tests build (the harness's switches and
+/// the pipeline bench), then the fuzz targets' entry points (`cargo xtask
+/// fuzz` runs them), whose feature leaves out the allocator, so that it
+/// gets a pass of its own over the library alone, then the eBPF crate.
+fn lint() -> Result<()> {
+    let deny = ["--", "-D", "warnings"];
+    cargo(
+        &[
+            &[
+                "clippy",
+                "--all-targets",
+                "--features",
+                "dnstrace/harness,dnstrace/bench",
+            ][..],
+            &deny,
+        ]
+        .concat(),
+    )?;
+    cargo(
+        &[
+            &[
+                "clippy",
+                "--package",
+                "dnstrace",
+                "--lib",
+                "--features",
+                "fuzzing",
+            ][..],
+            &deny,
+        ]
+        .concat(),
+    )?;
+    clippy_ebpf()
+}
+
+/// How long each step of `cargo xtask test` took, said at the end.
+#[derive(Default)]
+struct Phases(Vec<(&'static str, std::time::Duration)>);
+
+impl Phases {
+    fn time(&mut self, what: &'static str, f: impl FnOnce() -> Result<()>) -> Result<()> {
+        let started = std::time::Instant::now();
+        let result = f();
+        self.0.push((what, started.elapsed()));
+        if result.is_err() {
+            self.print();
+        }
+        result
+    }
+
+    fn print(&self) {
+        let parts: Vec<String> = self
+            .0
+            .iter()
+            .map(|(what, d)| format!("{what} {}", suite::minutes(*d)))
+            .collect();
+        let total = self.0.iter().map(|(_, d)| *d).sum();
+        eprintln!(
+            "xtask: test took {} ({})",
+            suite::minutes(total),
+            parts.join(", ")
+        );
+    }
+}
+
+/// The workspace's target directory, wherever CARGO_TARGET_DIR points.
+pub fn target_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| workspace_root().join("target"), Into::into)
+}
+
+/// An exclusive flock on `path`, held until the file closes; says so
+/// when it has to wait.
+pub fn lock_exclusive(path: &str) -> Result<std::fs::File> {
+    use std::os::fd::AsRawFd as _;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .with_context(|| format!("opening {path}"))?;
+    let fd = file.as_raw_fd();
+    // SAFETY: flock on a descriptor this function owns.
+    if unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        eprintln!("xtask: waiting for {path} (a test run or a bench is using the lab)");
+        // SAFETY: as above.
+        if unsafe { libc::flock(fd, libc::LOCK_EX) } != 0 {
+            bail!("locking {path}: {}", std::io::Error::last_os_error());
+        }
+    }
+    Ok(file)
+}
+
+/// The healthy matrix (tests/tests/healthy.rs) at 1,000 lookups a
+/// combination: docs/PERFORMANCE.md gives its figure.
+fn soak() -> Result<()> {
+    if !setup::is_root() {
+        bail!("the soak makes network namespaces: run `sudo cargo xtask soak`");
+    }
+    let options = suite::Options {
+        jobs: suite::JOBS,
+        filters: vec!["healthy::".into()],
+        env: vec![("DNSTRACE_HEALTHY_LOOKUPS", "1000".into())],
+    };
+    suite::run(&options, suite::Release::start()?)
 }
 
 /// The eBPF crate is linted for the host, where it needs abort-on-panic, in a
@@ -134,9 +239,6 @@ fn clippy_ebpf() -> Result<()> {
                 "warnings",
             ])
             .env("RUSTFLAGS", "-C panic=abort")
-            .env(
-                "CARGO_TARGET_DIR",
-                workspace_root().join("target/ebpf-clippy"),
-            ),
+            .env("CARGO_TARGET_DIR", target_dir().join("ebpf-clippy")),
     )
 }

@@ -1,98 +1,122 @@
-//! `cargo test` over the whole workspace, every test binary run even when
-//! one fails, and one line at the end that adds them all up: a red run
-//! says how red it is.
-use std::io::{BufRead, BufReader, Write};
+//! `cargo xtask test`'s run of the test binaries: each integration test in
+//! a process of its own, several at once, each with a lab of its own
+//! (`DNSTRACE_LAB_INSTANCE`), every test run even when one fails; then one
+//! line that adds them up, and where the time went.
+//!
+//! A test that watches the whole machine (a dnstrace with no `--node`,
+//! the kernel's programs by name) says so first thing
+//! (`dnstrace_tests::require_alone`): given no machine of its own, it
+//! exits at once, and runs again once nothing else does.
+mod build;
+mod queue;
+mod report;
+mod schedule;
 
-use anyhow::{bail, Context, Result};
+use std::{
+    path::PathBuf,
+    time::{Duration, Instant},
+};
 
-use crate::cargo_cmd;
+use anyhow::{bail, Context as _, Result};
 
-/// What the test binaries said, added up.
-#[derive(Debug, Default, PartialEq)]
-pub struct Tally {
-    pub passed: u64,
-    pub failed: u64,
-    pub ignored: u64,
-    /// Binaries that ran to a result line.
-    pub binaries: u64,
-    /// The tests that failed, as `binary: test`.
-    pub failures: Vec<String>,
-    /// The binary running now (cargo's `Running` line).
-    current: String,
+pub use build::{Binaries, Release};
+use report::Times;
+use schedule::Job;
+
+/// What `cargo xtask test` takes after `test`.
+#[derive(Debug, PartialEq)]
+pub struct Options {
+    /// Tests at once (`--jobs N`).
+    pub jobs: usize,
+    /// Only the tests whose id (`binary::test`) holds one of these; all
+    /// when none.
+    pub filters: Vec<String>,
+    /// Variables every test is given besides (`cargo xtask soak`'s).
+    pub env: Vec<(&'static str, String)>,
 }
 
-impl Tally {
-    /// Reads one line of cargo's and the test binaries' merged output.
-    pub fn line(&mut self, line: &str) {
-        let line = line.trim();
-        if let Some(rest) = line.strip_prefix("Running ") {
-            self.current = rest.split(" (").next().unwrap_or(rest).to_owned();
-        } else if let Some(rest) = line.strip_prefix("Doc-tests ") {
-            self.current = format!("doc-tests {rest}");
-        } else if let Some(test) = line.strip_suffix(" ... FAILED") {
-            let test = test.strip_prefix("test ").unwrap_or(test);
-            self.failures.push(format!("{}: {test}", self.current));
-        } else if let Some(result) = line.strip_prefix("test result: ") {
-            self.binaries += 1;
-            self.passed += count(result, " passed");
-            self.failed += count(result, " failed");
-            self.ignored += count(result, " ignored");
-        }
-    }
+/// Two cores: most of a lab test's time is spent waiting (on resolvers,
+/// timeouts, the traffic's rate), so three overlap without starving one
+/// another (docs/PERFORMANCE.md, the suite's time).
+pub const JOBS: usize = 3;
 
-    /// The closing line: `test: N passed, N failed[, N skipped]`.
-    pub fn summary(&self) -> String {
-        let skipped = match self.ignored {
-            0 => String::new(),
-            n => format!(", {n} skipped"),
+/// A test still running after this is stopped and failed.
+const TIMEOUT: Duration = Duration::from_secs(600);
+
+/// The first lab's lock, which `cargo xtask bench` holds too: a run of the
+/// suite never shares the machine with the bench or with another run.
+const MACHINE_LOCK: &str = "/run/dnstrace-lab.lock";
+
+impl Options {
+    pub fn parse(args: &[String]) -> Result<Self> {
+        let mut o = Self {
+            jobs: JOBS,
+            filters: Vec::new(),
+            env: Vec::new(),
         };
-        format!(
-            "test: {} passed, {} failed{skipped}",
-            self.passed, self.failed
-        )
-    }
-}
-
-/// The number before `what` in a result line (`3 passed; 1 failed; ...`).
-fn count(result: &str, what: &str) -> u64 {
-    result
-        .split(';')
-        .find_map(|part| part.trim().split_once(what))
-        .and_then(|(n, _)| n.split_whitespace().last()?.parse().ok())
-        .unwrap_or(0)
-}
-
-/// Runs every test binary, echoing their output as it comes, then the
-/// tally; fails if any test or binary failed.
-pub fn run() -> Result<()> {
-    let (reader, writer) = std::io::pipe().context("a pipe for cargo test's output")?;
-    let mut cmd = cargo_cmd();
-    cmd.args(["test", "--no-fail-fast"])
-        .stdout(writer.try_clone()?)
-        .stderr(writer);
-    let mut child = cmd.spawn().context("running cargo test")?;
-    // The pipe's write ends now live only in the child.
-    drop(cmd);
-    let mut tally = Tally::default();
-    let mut out = std::io::stdout().lock();
-    for line in BufReader::new(reader).lines() {
-        let line = line.context("reading cargo test's output")?;
-        writeln!(out, "{line}")?;
-        tally.line(&line);
-    }
-    let status = child.wait()?;
-    if !tally.failures.is_empty() {
-        writeln!(out, "\nfailed tests:")?;
-        for f in &tally.failures {
-            writeln!(out, "    {f}")?;
+        let mut args = args.iter();
+        while let Some(a) = args.next() {
+            if a == "--jobs" {
+                let n = args.next().context("--jobs needs a number")?;
+                o.jobs = n
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=16).contains(n))
+                    .with_context(|| format!("--jobs {n}: a number from 1 to 16"))?;
+            } else if a.starts_with('-') {
+                bail!("unknown option {a}: cargo xtask test [--jobs N] [FILTER...]");
+            } else {
+                o.filters.push(a.clone());
+            }
         }
+        Ok(o)
     }
-    writeln!(out, "{} binaries ran to a result", tally.binaries)?;
-    writeln!(out, "{}", tally.summary())?;
-    if !status.success() {
-        bail!("cargo test failed ({status}): {}", tally.summary());
+
+    fn wants(&self, id: &str) -> bool {
+        self.filters.is_empty() || self.filters.iter().any(|f| id.contains(f))
+    }
+}
+
+/// Builds what the tests run (the release binary in `release`), runs
+/// them, prints the tally and where the time went; fails if any test
+/// failed.
+pub fn run(o: &Options, release: Release) -> Result<()> {
+    let started = Instant::now();
+    let bins = build::all()?;
+    let _lock = crate::lock_exclusive(MACHINE_LOCK)?;
+    let built = started.elapsed();
+    let jobs: Vec<Job> = schedule::jobs(&bins.tests)?
+        .into_iter()
+        .filter(|j| o.wants(&j.id))
+        .collect();
+    let times_file = times_path();
+    let mut times = Times::load(&times_file);
+    let outcomes = schedule::run(jobs, o.jobs, TIMEOUT, &bins, release, &o.env, &times);
+    times.update(&outcomes);
+    if let Err(e) = times.save(&times_file) {
+        eprintln!("xtask: could not keep the tests' times: {e:#}");
+    }
+    report::print(&outcomes);
+    println!(
+        "built in {}, ran in {} ({} at once, the release build beside the first)",
+        minutes(built),
+        minutes(started.elapsed() - built),
+        o.jobs
+    );
+    if outcomes.iter().any(|o| !o.passed()) {
+        bail!("{}", report::summary(&outcomes));
     }
     Ok(())
+}
+
+/// `m:ss`.
+pub fn minutes(d: Duration) -> String {
+    format!("{}:{:02}", d.as_secs() / 60, d.as_secs() % 60)
+}
+
+/// Where each test's last time is kept, to start the longest first.
+fn times_path() -> PathBuf {
+    crate::target_dir().join("xtask/test-times.json")
 }
 
 #[cfg(test)]
@@ -100,25 +124,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn adds_up_every_binary_and_names_the_failures() {
-        let mut t = Tally::default();
-        for line in [
-            "     Running unittests src/lib.rs (target/debug/deps/dnstrace-1f)",
-            "test a ... ok",
-            "test result: ok. 218 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 3.1s",
-            "     Running tests/record.rs (target/debug/deps/record-2e)",
-            "test a_full_disk_stops_the_recording ... FAILED",
-            "test result: FAILED. 6 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out; finished in 40s",
-            "   Doc-tests dnstrace_common",
-            "test result: ok. 0 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.0s",
-        ] {
-            t.line(line);
-        }
-        assert_eq!((t.passed, t.failed, t.ignored, t.binaries), (224, 1, 1, 3));
-        assert_eq!(
-            t.failures,
-            ["tests/record.rs: a_full_disk_stops_the_recording"]
-        );
-        assert_eq!(t.summary(), "test: 224 passed, 1 failed, 1 skipped");
+    fn options_take_jobs_and_filters() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let o = Options::parse(&args(&["--jobs", "2", "agent::", "golden"])).unwrap();
+        assert_eq!(o.jobs, 2);
+        assert!(o.wants("agent::counts") && o.wants("golden::x") && !o.wants("lab::y"));
+        assert!(Options::parse(&args(&[])).unwrap().wants("lab::y"));
+        assert!(Options::parse(&args(&["--jobs", "0"])).is_err());
+        assert!(Options::parse(&args(&["--fast"])).is_err());
     }
 }

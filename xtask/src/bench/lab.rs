@@ -9,22 +9,9 @@ pub(super) struct LabLock {
 
 impl LabLock {
     pub(super) fn acquire() -> Result<Self> {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(LOCK)
-            .with_context(|| format!("opening {LOCK}"))?;
-        let fd = file.as_raw_fd();
-        // SAFETY: flock on a descriptor we own.
-        if unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            eprintln!("bench: waiting for {LOCK} (a test run or another bench is using the lab)");
-            // SAFETY: as above.
-            if unsafe { libc::flock(fd, libc::LOCK_EX) } != 0 {
-                bail!("locking {LOCK}: {}", std::io::Error::last_os_error());
-            }
-        }
-        Ok(Self { _file: file })
+        Ok(Self {
+            _file: crate::lock_exclusive(LOCK)?,
+        })
     }
 }
 
