@@ -40,8 +40,9 @@ fn build() -> Result<(), String> {
         println!("cargo:rerun-if-changed={}", root.join(p).display());
     }
     println!("cargo:rerun-if-env-changed=DNSTRACE_EBPF_TOOLCHAIN");
+    println!("cargo:rerun-if-env-changed=DNSTRACE_EBPF_TARGET_DIR");
     let out = PathBuf::from(env::var("OUT_DIR").map_err(|e| e.to_string())?);
-    let target_dir = out.join("ebpf-target");
+    let target_dir = ebpf_target_dir(&out);
     let Some(toolchain) = toolchain()? else {
         return stub(&out);
     };
@@ -52,6 +53,21 @@ fn build() -> Result<(), String> {
         std::fs::copy(&obj, out.join(name)).map_err(|e| format!("copy {}: {e}", obj.display()))?;
     }
     Ok(())
+}
+
+/// Where the eBPF crate is built: `DNSTRACE_EBPF_TARGET_DIR`, or `ebpf`
+/// in the target directory. The objects are the same whatever the host's
+/// profile and features (always optimised, for the bpf target), so every
+/// build of dnstrace (check, test, debug, release) shares one build of
+/// them, which cargo keeps up to date.
+fn ebpf_target_dir(out: &Path) -> PathBuf {
+    if let Some(dir) = env::var_os("DNSTRACE_EBPF_TARGET_DIR") {
+        return PathBuf::from(dir);
+    }
+    // OUT_DIR is <target>/<profile>/build/<package>/out.
+    out.ancestors()
+        .nth(4)
+        .map_or_else(|| out.join("ebpf-target"), |target| target.join("ebpf"))
 }
 
 /// The objects embedded, by the eBPF crate's features and bin. Cargo

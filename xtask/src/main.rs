@@ -119,38 +119,20 @@ fn test(o: &suite::Options) -> Result<()> {
     Ok(())
 }
 
-/// clippy over everything the tests build (the harness's switches and
-/// the pipeline bench), then the fuzz targets' entry points (`cargo xtask
-/// fuzz` runs them), whose feature leaves out the allocator, so that it
-/// gets a pass of its own over the library alone, then the eBPF crate.
+/// clippy over everything the tests build (the harness's switches, the
+/// pipeline bench, the fuzz targets' entry points) in one pass, then the
+/// eBPF crate. The fuzzing feature leaves out only the allocator's set-up,
+/// which this pass then does not see.
 fn lint() -> Result<()> {
-    let deny = ["--", "-D", "warnings"];
-    cargo(
-        &[
-            &[
-                "clippy",
-                "--all-targets",
-                "--features",
-                "dnstrace/harness,dnstrace/bench",
-            ][..],
-            &deny,
-        ]
-        .concat(),
-    )?;
-    cargo(
-        &[
-            &[
-                "clippy",
-                "--package",
-                "dnstrace",
-                "--lib",
-                "--features",
-                "fuzzing",
-            ][..],
-            &deny,
-        ]
-        .concat(),
-    )?;
+    cargo(&[
+        "clippy",
+        "--all-targets",
+        "--features",
+        "dnstrace/harness,dnstrace/bench,dnstrace/fuzzing",
+        "--",
+        "-D",
+        "warnings",
+    ])?;
     clippy_ebpf()
 }
 

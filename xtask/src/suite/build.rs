@@ -61,6 +61,8 @@ impl Release {
                 "dnstrace",
             ])
             .env("CARGO_TARGET_DIR", &dir)
+            // The eBPF programs' one build, shared with the rest.
+            .env("DNSTRACE_EBPF_TARGET_DIR", target_dir().join("ebpf"))
             .stdout(out.try_clone()?)
             .stderr(out)
             .stdin(Stdio::null())
