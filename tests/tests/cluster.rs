@@ -367,6 +367,7 @@ fn a_healthy_cluster_raises_nothing_over_ten_thousand_lookups() {
     require_alone();
     let lab = Lab::up(&["--nodes", "3"]);
     let mut lookups = Vec::new();
+    let overflows = socket_overflows();
     let (lines, stderr) =
         lab.trace_everywhere_during(dnstrace_release_bin(), &["--ring-buffer-mib", "64"], || {
             lookups = lab.traffic(&["--rate", HEALTHY_RATE, "--count", HEALTHY_EACH])
@@ -399,7 +400,9 @@ fn a_healthy_cluster_raises_nothing_over_ten_thousand_lookups() {
         .iter()
         .find(|l| l["type"] == "summary")
         .expect("a summary at exit");
-    assert_eq!(summary["anomalies"], serde_json::json!([]), "{summary:#}");
+    let false_alarms =
+        not_counted_by_the_kernel(summary["anomalies"].as_array().unwrap(), &overflows);
+    assert!(false_alarms.is_empty(), "{false_alarms:#?}");
 }
 
 /// web's lookups in an agent's `dnstrace_lookups_total`, summed over its

@@ -123,7 +123,8 @@ fn a_stall_that_loses_nothing_keeps_every_lookup() {
 /// times a second each: it falls behind, says so, and keeps fewer lookups,
 /// each whole, rather than losing events from all of them; every journey
 /// it shows passes the level it was kept under, and healthy traffic
-/// raises nothing. The seed is pinned and two of the names pass every
+/// raises nothing the kernel did not count (the load may overflow a
+/// CoreDNS pod's socket). The seed is pinned and two of the names pass every
 /// level under it, so whatever level the load brings, some journeys are
 /// kept under it and the check over them is never empty.
 #[test]
@@ -132,6 +133,7 @@ fn a_starved_tracer_samples_whole_lookups() {
     let lab = Lab::up(&[]);
     const SEED: u32 = 0x5eed;
     let always = names_kept_at_every_level(SEED, 2);
+    let overflows = socket_overflows();
     let trace = lab.trace(Keep::Sampled, &["--sample-seed", &SEED.to_string()]);
     let limit = CpuLimit::new(trace.pid(), 3);
     let mut names: Vec<String> = [
@@ -173,8 +175,10 @@ fn a_starved_tracer_samples_whole_lookups() {
     for l in &always {
         assert!(kept.contains(l), "{l} passes every level: {kept:?}");
     }
-    let anomalies: Vec<&Value> = lines.iter().filter(|l| l["type"] == "anomaly").collect();
-    assert!(anomalies.is_empty(), "healthy traffic: {anomalies:?}");
+    let summary = lines.iter().find(|l| l["type"] == "summary").unwrap();
+    let anomalies = summary["anomalies"].as_array().unwrap();
+    let false_alarms = not_counted_by_the_kernel(anomalies, &overflows);
+    assert!(false_alarms.is_empty(), "healthy traffic: {false_alarms:?}");
 }
 
 /// `n` first labels that the highest level keeps under `seed`, and so
