@@ -310,7 +310,9 @@ impl Keep {
 pub struct Dnstrace {
     child: Child,
     stderr: mpsc::Receiver<String>,
-    stdout: Option<std::thread::JoinHandle<String>>,
+    stdout: mpsc::Receiver<String>,
+    /// Its stdout's lines read so far (`wait_stdout_for`).
+    stdout_lines: Vec<String>,
     /// Dropped to let stdout be read, when it is held.
     hold: Option<mpsc::Sender<()>>,
     /// What it said on stderr: from the start until it was ready, then
@@ -409,18 +411,20 @@ impl Dnstrace {
                 let _ = tx.send(line);
             }
         });
-        let mut out = child.stdout.take().expect("piped stdout");
-        let stdout = Some(std::thread::spawn(move || {
+        let out = child.stdout.take().expect("piped stdout");
+        let (out_tx, stdout) = mpsc::channel();
+        std::thread::spawn(move || {
             // Returns once `hold` is dropped.
             let _ = gate.recv();
-            let mut text = String::new();
-            let _ = out.read_to_string(&mut text);
-            text
-        }));
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                let _ = out_tx.send(line);
+            }
+        });
         Ok(Self {
             child,
             stderr: rx,
             stdout,
+            stdout_lines: Vec::new(),
             hold: held.then_some(hold),
             stderr_lines,
             ready_file,
@@ -445,6 +449,37 @@ impl Dnstrace {
             }
         }
         bail!("no {needle:?} on stderr; got {:?}", self.stderr_lines)
+    }
+
+    /// Waits up to `wait` for a JSON line on stdout that `wanted` picks,
+    /// as it comes; what it read stays for `stop`.
+    pub fn wait_stdout_for(
+        &mut self,
+        wait: Duration,
+        mut wanted: impl FnMut(&serde_json::Value) -> bool,
+    ) -> Result<serde_json::Value> {
+        let deadline = Instant::now() + wait;
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            match self
+                .stdout
+                .recv_timeout(left.min(Duration::from_millis(100)))
+            {
+                Ok(line) => {
+                    let json = serde_json::from_str(&line).ok();
+                    self.stdout_lines.push(line);
+                    if let Some(j) = json.filter(|j| wanted(j)) {
+                        return Ok(j);
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        bail!(
+            "no such line on stdout in {wait:?}; got {} lines, stderr {:?}",
+            self.stdout_lines.len(),
+            self.stderr_lines
+        )
     }
 
     /// The process id (`ip netns exec` runs dnstrace in its own place).
@@ -477,12 +512,12 @@ impl Dnstrace {
         // SAFETY: signalling our own child process.
         unsafe { libc::kill(self.child.id() as i32, signal) };
         let status = self.child.wait()?;
-        let out = self
-            .stdout
-            .take()
-            .expect("stdout reader")
-            .join()
-            .map_err(|_| anyhow::anyhow!("stdout reader panicked"))?;
+        // The reader ends with the pipe.
+        self.stdout_lines.extend(self.stdout.iter());
+        let mut out = self.stdout_lines.join("\n");
+        if !out.is_empty() {
+            out.push('\n');
+        }
         self.stderr_lines.extend(self.stderr.iter());
         Ok((status, out, std::mem::take(&mut self.stderr_lines)))
     }
