@@ -27,6 +27,16 @@ fn main() {
         eprintln!("error: building the eBPF programs failed: {e}");
         std::process::exit(1);
     }
+    if let Err(e) = observer() {
+        eprintln!("error: generating the agent's API (proto/dnstrace/v1/observer.proto) failed: {e}; it needs protoc: run `cargo xtask setup`");
+        std::process::exit(1);
+    }
+}
+
+/// The agent's API for cluster views, from its proto (protoc, as k8s-cri's
+/// build needs too).
+fn observer() -> std::io::Result<()> {
+    tonic_prost_build::configure().compile_protos(&["proto/dnstrace/v1/observer.proto"], &["proto"])
 }
 
 fn build() -> Result<(), String> {

@@ -5,7 +5,12 @@ use clap::Parser;
 
 use crate::{
     commands::{
-        agent::{self, AgentOptions},
+        agent::{
+            self,
+            api::{self, ApiOptions, TlsFiles},
+            AgentOptions,
+        },
+        cluster::{ClientTls, ClusterOptions},
         trace::{self, TraceOptions},
     },
     correlate::Limits,
@@ -131,6 +136,13 @@ pub enum Command {
     /// endpoints over HTTP. Every flag can be set by its environment
     /// variable.
     Agent(Box<AgentArgs>),
+    /// One live view of a pod's lookups, whole across nodes, from the
+    /// agents on them (`agent`'s API): each leg named by its node, the
+    /// same journeys and rules as `trace`. Run it wherever the agents are
+    /// reachable; from inside the cluster, `kubectl exec -it -n dnstrace
+    /// ds/dnstrace -- dnstrace cluster --pod default/web` needs no new
+    /// credentials.
+    Cluster(Box<ClusterArgs>),
     /// A simulated Kubernetes node in network namespaces, with switchable DNS faults.
     Lab {
         #[command(subcommand)]
@@ -392,6 +404,39 @@ pub struct AgentArgs {
     #[arg(long, env = "DNSTRACE_NO_FLIGHT_RECORDER")]
     pub no_flight_recorder: bool,
 
+    /// Where cluster views (`dnstrace cluster`) reach this node's
+    /// evidence, over gRPC: mutual TLS with --api-cert, --api-key and
+    /// --api-ca (default 0.0.0.0:9356), or loopback only without them
+    /// (default 127.0.0.1:9356).
+    #[arg(long, env = "DNSTRACE_API_ADDR", value_name = "ADDR:PORT")]
+    pub api_addr: Option<std::net::SocketAddr>,
+
+    /// The agent's certificate for the API (PEM).
+    #[arg(long, env = "DNSTRACE_API_CERT", value_name = "FILE", requires_all = ["api_key", "api_ca"])]
+    pub api_cert: Option<PathBuf>,
+
+    /// The key of --api-cert (PEM).
+    #[arg(
+        long,
+        env = "DNSTRACE_API_KEY",
+        value_name = "FILE",
+        requires = "api_cert"
+    )]
+    pub api_key: Option<PathBuf>,
+
+    /// The CA whose certificates the API's viewers must present (PEM).
+    #[arg(
+        long,
+        env = "DNSTRACE_API_CA",
+        value_name = "FILE",
+        requires = "api_cert"
+    )]
+    pub api_ca: Option<PathBuf>,
+
+    /// No API for cluster views.
+    #[arg(long, env = "DNSTRACE_NO_API", conflicts_with_all = ["api_addr", "api_cert"])]
+    pub no_api: bool,
+
     /// Where flight recordings go (pcapng, mode 0600, read by `dnstrace
     /// replay` and `report`).
     #[arg(
@@ -484,6 +529,7 @@ impl AgentArgs {
                     node: node.clone(),
                     latest: Arc::default(),
                 }),
+                live: None,
                 discard_events: false,
                 format: match self.log_format {
                     LogFormat::Text => Format::Text,
@@ -498,6 +544,8 @@ impl AgentArgs {
                 ..Limits::default()
             },
             listen: self.metrics_addr,
+            api: (!self.no_api)
+                .then(|| api_options(self.api_addr, self.api_cert, self.api_key, self.api_ca)),
             services_every: self.reread_services,
             otlp: self.otlp_endpoint.map(|endpoint| OtlpOptions {
                 endpoint,
@@ -513,6 +561,130 @@ impl AgentArgs {
                 node,
             },
         }
+    }
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ClusterArgs {
+    /// The agents: `ADDR[:PORT]`s, or a name whose addresses are theirs
+    /// (the DaemonSet's headless Service), port 9356 unless given.
+    #[arg(
+        long,
+        env = "DNSTRACE_AGENTS",
+        value_delimiter = ',',
+        value_name = "ADDR|NAME",
+        default_value = "127.0.0.1"
+    )]
+    pub agents: Vec<String>,
+
+    /// The pod whose lookups are followed: `[namespace/]name`.
+    #[arg(long, value_name = "POD")]
+    pub pod: Option<String>,
+
+    /// A client address whose lookups are followed (repeatable).
+    #[arg(long, value_name = "IP")]
+    pub ip: Vec<std::net::IpAddr>,
+
+    /// Start this far in the past, as far as the agents' memory (their
+    /// flight recorders') reaches, e.g. 5m.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
+    pub since: std::time::Duration,
+
+    /// The viewer's certificate (PEM), signed by the CA the agents trust;
+    /// in an agent's pod, the agent's own.
+    #[arg(long, env = "DNSTRACE_API_CERT", value_name = "FILE", requires_all = ["key", "ca"])]
+    pub cert: Option<PathBuf>,
+
+    /// The key of --cert (PEM).
+    #[arg(long, env = "DNSTRACE_API_KEY", value_name = "FILE", requires = "cert")]
+    pub key: Option<PathBuf>,
+
+    /// The CA that signs the agents' certificates (PEM).
+    #[arg(long, env = "DNSTRACE_API_CA", value_name = "FILE", requires = "cert")]
+    pub ca: Option<PathBuf>,
+
+    /// The name the agents' certificates are made out to: they are
+    /// reached by address.
+    #[arg(
+        long,
+        env = "DNSTRACE_API_SERVER_NAME",
+        default_value = "dnstrace-agent"
+    )]
+    pub server_name: String,
+
+    /// How long the view waits for a node that lags before it goes on.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
+    pub window: std::time::Duration,
+
+    /// Ports that count as DNS.
+    #[arg(short, long = "port", value_name = "PORT", default_value = "53")]
+    pub ports: Vec<u16>,
+
+    /// Output format; without it, on a terminal, the live view.
+    #[arg(short, long, value_enum)]
+    pub output: Option<Format>,
+
+    /// Lines even on a terminal: no live view.
+    #[arg(long)]
+    pub no_tui: bool,
+
+    /// Where log lines go (default: stderr; with the live view, a new
+    /// dnstrace-PID.log in the temporary directory).
+    #[arg(long, value_name = "PATH")]
+    pub log_file: Option<PathBuf>,
+
+    /// Once every node's stream is open, write a JSON object here
+    /// (`{"event":"ready","nodes":[…]}`); removed at exit.
+    #[arg(long, value_name = "PATH")]
+    pub ready_file: Option<PathBuf>,
+}
+
+impl ClusterArgs {
+    pub fn cluster_options(self) -> ClusterOptions {
+        let tls = match (self.cert, self.key, self.ca) {
+            (Some(cert), Some(key), Some(ca)) => Some(ClientTls {
+                cert,
+                key,
+                ca,
+                server_name: self.server_name,
+            }),
+            _ => None,
+        };
+        ClusterOptions {
+            agents: self.agents,
+            pod: self.pod,
+            ips: self.ip,
+            since: self.since,
+            tls,
+            window: self.window,
+            ports: self.ports,
+            live: live(self.output, self.no_tui),
+            output: self.output,
+            log_file: self.log_file,
+            ready_file: self.ready_file,
+        }
+    }
+}
+
+/// The API's options: mutual TLS on every address, or loopback only.
+fn api_options(
+    addr: Option<std::net::SocketAddr>,
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+    ca: Option<PathBuf>,
+) -> ApiOptions {
+    let tls = match (cert, key, ca) {
+        (Some(cert), Some(key), Some(ca)) => Some(TlsFiles { cert, key, ca }),
+        _ => None,
+    };
+    let any: std::net::IpAddr = if tls.is_some() {
+        std::net::Ipv4Addr::UNSPECIFIED.into()
+    } else {
+        std::net::Ipv4Addr::LOCALHOST.into()
+    };
+    ApiOptions {
+        listen: addr.unwrap_or((any, api::PORT).into()),
+        tls,
     }
 }
 
@@ -613,6 +785,7 @@ impl CaptureArgs {
                 files: self.record_files,
             }),
             flight: None,
+            live: None,
             discard_events: false,
             format: self.output.unwrap_or(Format::Text),
             log_file: self.log_file,

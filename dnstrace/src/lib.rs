@@ -121,6 +121,9 @@ fn run(
                 }
                 commands::agent::run(args.agent_options()).await
             }
+            Some(cli::Command::Cluster(args)) => {
+                commands::cluster::run(args.cluster_options()).await
+            }
             Some(cli::Command::Lab { command, instance }) => lab::run(command, instance).await,
             Some(cli::Command::Check {
                 ifaces,

@@ -458,6 +458,32 @@ pub trait Tap {
     fn end(&mut self, now_ns: u64);
 }
 
+/// Several taps, each handed everything in turn.
+pub struct Taps(pub Vec<Box<dyn Tap>>);
+
+impl Tap for Taps {
+    fn start(&mut self, now_ns: u64) {
+        self.0.iter_mut().for_each(|t| t.start(now_ns));
+    }
+
+    fn input(&mut self, input: &Input) {
+        self.0.iter_mut().for_each(|t| t.input(input));
+    }
+
+    fn anomaly(&mut self, a: &Anomaly) {
+        self.0.iter_mut().for_each(|t| t.anomaly(a));
+    }
+
+    /// The first tap's news: only a recorder has any.
+    fn status_changed(&mut self) -> Option<String> {
+        self.0.iter_mut().find_map(|t| t.status_changed())
+    }
+
+    fn end(&mut self, now_ns: u64) {
+        self.0.iter_mut().for_each(|t| t.end(now_ns));
+    }
+}
+
 /// Decoding and recording, between a source and a sink.
 #[derive(Default)]
 pub struct Pipeline {

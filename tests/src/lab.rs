@@ -173,11 +173,15 @@ pub fn lab_scope() -> Vec<&'static str> {
     .concat()
 }
 
+/// The agent's API on a port of its own: several agents run at once.
+const API_ANY_PORT: [&str; 2] = ["--api-addr", "127.0.0.1:0"];
+
 /// `dnstrace agent` on the lab's node as `lab-node`, its namespaces and
 /// its pods' alone (`lab_scope`), serving on `listen`, with `extra`.
 pub fn agent_args<'a>(listen: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
     [
         &["agent", "--metrics-addr", listen][..],
+        &API_ANY_PORT,
         &lab_scope(),
         extra,
     ]
@@ -191,6 +195,7 @@ pub fn agent_args_everywhere<'a>(listen: &'a str, extra: &[&'a str]) -> Vec<&'a 
     let node = ["--node-netns", node_netns(), "--node-name", LAB_NODE];
     [
         &["agent", "--metrics-addr", listen][..],
+        &API_ANY_PORT,
         &node,
         extra,
         &lab_runtime(),

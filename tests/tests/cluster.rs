@@ -263,9 +263,15 @@ fn the_agents_of_two_nodes_give_a_lookup_one_trace_id() {
     let agents: Vec<Dnstrace> = (1..=3u8)
         .map(|n| {
             let listen = &listens[usize::from(n) - 1];
-            let mut args: Vec<String> = ["agent", "--metrics-addr", listen]
-                .map(String::from)
-                .to_vec();
+            let mut args: Vec<String> = [
+                "agent",
+                "--metrics-addr",
+                listen,
+                "--api-addr",
+                "127.0.0.1:0",
+            ]
+            .map(String::from)
+            .to_vec();
             args.extend(["--otlp-endpoint".into(), endpoint.clone()]);
             args.push("--no-flight-recorder".into());
             args.extend(node_flags(n));

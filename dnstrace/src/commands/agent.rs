@@ -3,6 +3,7 @@
 //! up to `--follow-max` lookups a second whole; the kernel counts every
 //! lookup. Both feed Prometheus metrics served over HTTP with health
 //! endpoints, and the journeys, with an endpoint, traces and logs over OTLP.
+pub mod api;
 mod http;
 
 use std::{
@@ -33,7 +34,10 @@ use crate::{
     otlp::{self, Otlp, OtlpOptions},
     output::Labels,
     pipeline::{Health, Input, JourneyOut, JourneySink, Pipeline, Source, Stop, Tally},
-    record::flight::Flight,
+    record::{
+        flight::Flight,
+        live::{Live, MemoryOptions},
+    },
     target::follow::Refresh,
 };
 
@@ -41,6 +45,12 @@ use crate::{
 /// metrics and exports, not on a screen, and each tick wakes the process
 /// (idle on the lab, 0.55% of a core at `trace`'s 50 ms; 0.12% at 250).
 pub const TICK: Duration = Duration::from_millis(250);
+
+/// Without a flight recorder, cluster views start from now.
+const NO_MEMORY: MemoryOptions = MemoryOptions {
+    bytes: 0,
+    age_ns: 0,
+};
 
 /// What `dnstrace agent` was asked for.
 pub struct AgentOptions {
@@ -51,6 +61,8 @@ pub struct AgentOptions {
     pub metrics: MetricsOptions,
     /// Traces and logs to an OTLP collector, when asked for.
     pub otlp: Option<OtlpOptions>,
+    /// The API for cluster views, unless turned off.
+    pub api: Option<api::ApiOptions>,
     /// How often the service proxy's rules are read again.
     pub services_every: Duration,
 }
@@ -87,11 +99,16 @@ impl Shared {
     }
 }
 
-pub async fn run(o: AgentOptions) -> Result<()> {
+pub async fn run(mut o: AgentOptions) -> Result<()> {
     // Before anything is attached: a port in use is said at once.
     let listener = tokio::net::TcpListener::bind(o.listen)
         .await
         .with_context(|| format!("cannot listen on {} (--metrics-addr)", o.listen))?;
+    let node = o.metrics.node.clone();
+    let api = match &o.api {
+        Some(a) => Some((api::bind(a).await?, a.clone())),
+        None => None,
+    };
     let shared = Arc::new(Shared {
         metrics: Mutex::new(Metrics::new(o.metrics)),
         ready: AtomicBool::new(false),
@@ -101,6 +118,26 @@ pub async fn run(o: AgentOptions) -> Result<()> {
         counted: Mutex::new(Vec::new()),
     });
     let server = tokio::spawn(http::serve(listener, shared.clone()));
+    let api = api.map(|(bound, a)| {
+        // Its history is the flight recorder's memory, when there is one.
+        let memory = o.trace.flight.as_ref().map_or(NO_MEMORY, |f| f.memory());
+        let live = Live::new(memory);
+        o.trace.live = Some(live.clone());
+        log::info!(
+            "serving cluster views on {} ({})",
+            bound.addr().unwrap_or(a.listen),
+            if a.tls.is_some() {
+                "mutual TLS"
+            } else {
+                "loopback, no TLS"
+            }
+        );
+        tokio::spawn(async move {
+            if let Err(e) = api::serve(bound, live, node).await {
+                log::error!("cluster views: {e:#}");
+            }
+        })
+    });
     // Started while privileged: threads keep what they start with.
     let services = watch_services(o.trace.target.node_netns.clone(), o.services_every)
         .context("starting to watch the node's services")?;
@@ -116,6 +153,7 @@ pub async fn run(o: AgentOptions) -> Result<()> {
     };
     let result = trace::capture(o.trace, o.limits, agent).await;
     server.abort();
+    api.inspect(tokio::task::JoinHandle::abort);
     result
 }
 

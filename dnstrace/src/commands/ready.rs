@@ -30,6 +30,9 @@ pub struct Ready {
     /// Network namespaces in its scope at the start.
     #[serde(skip_serializing_if = "Option::is_none")]
     scope_netns: Option<usize>,
+    /// A cluster view's nodes, each stream open.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    nodes: Vec<String>,
 }
 
 impl Ready {
@@ -42,6 +45,15 @@ impl Ready {
             ports: ports.to_vec(),
             node: None,
             scope_netns: None,
+            nodes: Vec::new(),
+        }
+    }
+
+    /// A cluster view's, once the nodes' streams are open.
+    pub fn view(nodes: Vec<String>, ports: &[u16]) -> Self {
+        Self {
+            nodes,
+            ..Self::new(&[], ports)
         }
     }
 

@@ -23,12 +23,13 @@ use crate::{
     metrics::Stats,
     naming::{Names, Services},
     output::{Format, Labels},
-    pipeline::{Input, Pipeline, Source, Stop, Tally, Tap, View},
+    pipeline::{Input, Pipeline, Source, Stop, Tally, Tap, Taps, View},
     pods::{CriAnswer, Inventory},
     probes::{Load, ProbeOptions, Probes},
     record::{
         self,
         flight::{FlightOptions, FlightRecorder},
+        live::Live,
         RecordOptions, Recorder,
     },
     routes::Routes,
@@ -63,6 +64,8 @@ pub struct TraceOptions {
     pub record: Option<RecordOptions>,
     /// The agent's flight recorder, when there is no `record`.
     pub flight: Option<FlightOptions>,
+    /// The agent's memory and viewers (`dnstrace cluster`).
+    pub live: Option<Live>,
     /// Events read off the ring and dropped undecoded: what the kernel
     /// side costs on its own (set by the bench, through the harness).
     pub discard_events: bool,
@@ -216,14 +219,30 @@ pub(super) async fn capture<C: Consume>(
     );
     let scoped_to = scope.as_ref().map(|s| s.node.as_str());
     let meta = || record::meta(&labels, &context, limits).of_node(scoped_to);
-    let recorder: Option<Box<dyn Tap>> = match (args.record, args.flight) {
-        (Some(options), _) => Some(Box::new(Recorder::create(options, meta())?)),
-        (None, Some(flight)) => Some(Box::new(FlightRecorder::new(
+    // The memory a flight recorder writes out and cluster views reach back
+    // into: the agent's, or the flight recorder's own.
+    let live = args
+        .live
+        .or_else(|| args.flight.as_ref().map(|f| Live::new(f.memory())));
+    let mut taps: Vec<Box<dyn Tap>> = Vec::new();
+    if let Some(live) = &live {
+        live.started(meta(), &pods.addresses);
+        taps.push(Box::new(live.clone()));
+    }
+    match (args.record, args.flight, live) {
+        (Some(options), _, _) => taps.push(Box::new(Recorder::create(options, meta())?)),
+        (None, Some(flight), Some(live)) => taps.push(Box::new(FlightRecorder::new(
             flight,
             meta(),
             labels.clock(),
+            live,
         ))),
-        (None, None) => None,
+        _ => {}
+    }
+    let recorder: Option<Box<dyn Tap>> = match taps.len() {
+        0 => None,
+        1 => taps.pop(),
+        _ => Some(Box::new(Taps(taps))),
     };
     let at_start = AtStart {
         inventory: &inventory,

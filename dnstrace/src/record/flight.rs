@@ -3,15 +3,16 @@
 //! pcapng) when an anomaly is first raised, with what follows for a while.
 //! So a postmortem nobody started still has the minutes around the fault.
 use std::{
-    collections::VecDeque,
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
 };
 
-use super::{Meta, RecordOptions, Recorder};
+use super::{
+    live::{Live, MemoryOptions},
+    Meta, RecordOptions, Recorder,
+};
 use crate::{
     clock::Clock,
-    decode::Packet,
     diagnose::Anomaly,
     pipeline::{Input, Tap},
 };
@@ -35,6 +36,16 @@ pub struct FlightOptions {
     pub latest: Arc<Mutex<Option<Flight>>>,
 }
 
+impl FlightOptions {
+    /// The memory it writes out.
+    pub fn memory(&self) -> MemoryOptions {
+        MemoryOptions {
+            bytes: self.bytes,
+            age_ns: self.before_ns,
+        }
+    }
+}
+
 /// The latest recording started for an anomaly.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Flight {
@@ -46,17 +57,12 @@ pub struct Flight {
     pub count: u64,
 }
 
-/// Pod refreshes kept apart from the window (names a recording needs
-/// however old), at most.
-const PODS_KEPT: usize = 1024;
-
 pub struct FlightRecorder {
     options: FlightOptions,
     meta: Meta,
     clock: Clock,
-    recent: VecDeque<(u64, Input)>,
-    recent_bytes: usize,
-    pods: VecDeque<Input>,
+    /// The recent past, kept by the `Live` tap ahead of this one.
+    live: Live,
     /// The recording being written and when it ends.
     writing: Option<(Recorder, u64)>,
     now_ns: u64,
@@ -64,38 +70,15 @@ pub struct FlightRecorder {
 }
 
 impl FlightRecorder {
-    pub fn new(options: FlightOptions, meta: Meta, clock: Clock) -> Self {
+    pub fn new(options: FlightOptions, meta: Meta, clock: Clock, live: Live) -> Self {
         Self {
             options,
             meta,
             clock,
-            recent: VecDeque::new(),
-            recent_bytes: 0,
-            pods: VecDeque::new(),
+            live,
             writing: None,
             now_ns: 0,
             count: 0,
-        }
-    }
-
-    fn keep(&mut self, input: &Input) {
-        if let Input::Pods { .. } = input {
-            if self.pods.len() >= PODS_KEPT {
-                self.pods.pop_front();
-            }
-            self.pods.push_back(input.clone());
-            return;
-        }
-        let size = size_of(input);
-        self.recent.push_back((self.now_ns, input.clone()));
-        self.recent_bytes += size;
-        let oldest = self.now_ns.saturating_sub(self.options.before_ns);
-        while let Some((ts, front)) = self.recent.front() {
-            if self.recent_bytes <= self.options.bytes && *ts >= oldest {
-                break;
-            }
-            self.recent_bytes -= size_of(front);
-            self.recent.pop_front();
         }
     }
 
@@ -117,10 +100,10 @@ impl FlightRecorder {
                 return;
             }
         };
-        let first = self.recent.front().map_or(self.now_ns, |(ts, _)| *ts);
-        rec.start(first);
-        self.pods.iter().for_each(|i| rec.input(i));
-        self.recent.iter().for_each(|(_, i)| rec.input(i));
+        self.live.with_memory(|m| {
+            rec.start(m.oldest_ns().unwrap_or(self.now_ns));
+            m.since(0).for_each(|i| rec.input(i));
+        });
         rec.anomaly(a);
         log::info!(
             "flight recording of the minutes around {} (replay it with dnstrace replay): {}",
@@ -167,26 +150,6 @@ impl FlightRecorder {
     }
 }
 
-/// Bytes an input holds in memory, allocations included: what the bound
-/// is kept in.
-fn size_of(input: &Input) -> usize {
-    use std::mem::size_of;
-    /// What an allocator adds to each allocation, about.
-    const ALLOC: usize = 16;
-    let each = size_of::<(u64, Input)>() + ALLOC;
-    match input {
-        Input::Packets(batch) => {
-            let packets: usize = batch
-                .iter()
-                .map(|p| size_of::<Packet>() + p.payload.len() + ALLOC)
-                .sum();
-            each + packets
-        }
-        Input::Conntrack { events, .. } => each + std::mem::size_of_val(events.as_slice()),
-        _ => each,
-    }
-}
-
 /// Makes `dir`, and removes its oldest recordings to leave room for one
 /// more within `files`.
 fn prepare(dir: &Path, files: usize) -> anyhow::Result<()> {
@@ -222,7 +185,6 @@ impl Tap for FlightRecorder {
         if let Input::Tick(now) = input {
             self.now_ns = self.now_ns.max(*now);
         }
-        self.keep(input);
         let ended = match &mut self.writing {
             Some((rec, until)) => {
                 rec.input(input);
@@ -264,13 +226,20 @@ mod tests {
         decode::{KernelNames, Transport},
         diagnose::{AnomalyKind, Context, Severity},
         output::Labels,
+        pipeline::Taps,
         pods::testdir::TestDir,
-        record::tests::{packet, replayed},
+        record::{
+            live::size_of,
+            tests::{packet, replayed},
+        },
     };
 
     const S: u64 = 1_000_000_000;
 
-    fn flight_recorder(dir: &Path, bytes: usize) -> FlightRecorder {
+    type Latest = Arc<Mutex<Option<Flight>>>;
+
+    /// The flight recorder behind the memory it writes out.
+    fn flight_recorder(dir: &Path, bytes: usize) -> (Taps, Latest) {
         let labels = Labels::new(Default::default(), Clock::EPOCH, KernelNames::default());
         let meta = crate::record::meta(&labels, &Context::default(), Limits::default());
         let options = FlightOptions {
@@ -282,11 +251,17 @@ mod tests {
             node: "node-1".into(),
             latest: Arc::default(),
         };
-        FlightRecorder::new(options, meta, Clock::EPOCH)
+        let latest = options.latest.clone();
+        let live = Live::new(MemoryOptions {
+            bytes,
+            age_ns: 60 * S,
+        });
+        let f = FlightRecorder::new(options, meta, Clock::EPOCH, live.clone());
+        (Taps(vec![Box::new(live), Box::new(f)]), latest)
     }
 
     /// A packet at `ts` and a tick just after it.
-    fn feed(f: &mut FlightRecorder, ts: u64) {
+    fn feed(f: &mut Taps, ts: u64) {
         let mut p = packet(
             "10.244.0.10:4000",
             "10.96.0.10:53",
@@ -337,14 +312,15 @@ mod tests {
             Transport::Udp,
             &[0u8; 40],
         )]);
-        let mut f = flight_recorder(dir.path(), 4 * (size_of(&one) + size_of(&Input::Tick(0))));
+        let (mut f, latest) =
+            flight_recorder(dir.path(), 4 * (size_of(&one) + size_of(&Input::Tick(0))));
         f.start(0);
         (1..=10).for_each(|s| feed(&mut f, s * S));
         f.anomaly(&anomaly(10 * S));
         feed(&mut f, 10 * S + S / 2);
         feed(&mut f, 11 * S + S / 2);
         feed(&mut f, 12 * S);
-        let latest = f.options.latest.lock().unwrap().clone().unwrap();
+        let latest = latest.lock().unwrap().clone().unwrap();
         let path = latest.path.unwrap();
         assert_eq!(
             path.file_name().unwrap(),
@@ -359,7 +335,7 @@ mod tests {
     #[test]
     fn the_oldest_recordings_go_past_the_cap() {
         let dir = TestDir::new();
-        let mut f = flight_recorder(dir.path(), 1 << 20);
+        let (mut f, latest) = flight_recorder(dir.path(), 1 << 20);
         f.start(0);
         for at in [10, 20, 30] {
             feed(&mut f, at * S);
@@ -378,6 +354,6 @@ mod tests {
                 "dnstrace-flight-node-1-19700101T000030Z-dropped.pcapng"
             ]
         );
-        assert_eq!(f.options.latest.lock().unwrap().as_ref().unwrap().count, 3);
+        assert_eq!(latest.lock().unwrap().as_ref().unwrap().count, 3);
     }
 }

@@ -634,41 +634,44 @@ impl<R: Read> Lane<R> {
         self.replay.now().saturating_add_signed(self.shift_ns)
     }
 
-    /// `input` on the common time line, its packets and sampling this
-    /// node's.
-    fn moved(&self, mut input: Input) -> Input {
-        let by = self.shift_ns;
-        let at = |t: &mut u64| *t = t.saturating_add_signed(by);
-        match &mut input {
-            Input::Packets(batch) => {
-                for p in batch {
-                    at(&mut p.ts_ns);
-                    p.node = self.node;
-                }
-            }
-            Input::Sample(c) => {
-                at(&mut c.since_ns);
-                at(&mut c.now_ns);
-                c.node = self.node;
-            }
-            Input::Lost {
-                since_ns, now_ns, ..
-            } => {
-                at(since_ns);
-                at(now_ns);
-            }
-            Input::Pods { now_ns, refresh } => {
-                at(now_ns);
-                if !self.first {
-                    refresh.target = None;
-                }
-            }
-            Input::Conntrack { now_ns, .. }
-            | Input::Counters { now_ns, .. }
-            | Input::Tick(now_ns) => at(now_ns),
-        }
-        input
+    fn moved(&self, input: Input) -> Input {
+        moved(input, self.shift_ns, self.node, self.first)
     }
+}
+
+/// `input` on the common time line (`shift_ns` later), its packets and
+/// sampling `node`'s; a target's moves only from the `first` node.
+pub(super) fn moved(mut input: Input, by: i64, node: NodeId, first: bool) -> Input {
+    let at = |t: &mut u64| *t = t.saturating_add_signed(by);
+    match &mut input {
+        Input::Packets(batch) => {
+            for p in batch {
+                at(&mut p.ts_ns);
+                p.node = node;
+            }
+        }
+        Input::Sample(c) => {
+            at(&mut c.since_ns);
+            at(&mut c.now_ns);
+            c.node = node;
+        }
+        Input::Lost {
+            since_ns, now_ns, ..
+        } => {
+            at(since_ns);
+            at(now_ns);
+        }
+        Input::Pods { now_ns, refresh } => {
+            at(now_ns);
+            if !first {
+                refresh.target = None;
+            }
+        }
+        Input::Conntrack { now_ns, .. } | Input::Counters { now_ns, .. } | Input::Tick(now_ns) => {
+            at(now_ns)
+        }
+    }
+    input
 }
 
 impl<R: Read> Source for Merge<R> {

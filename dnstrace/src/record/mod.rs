@@ -3,11 +3,14 @@
 //! of plain tcpdump captures) through the same pipeline; a report.
 pub mod flight;
 pub mod frame;
+pub mod lanes;
+pub mod live;
 pub mod merge;
 pub mod notes;
 pub mod pcapng;
 mod recorder;
 pub mod replay;
+pub mod watch;
 
 #[cfg(test)]
 pub(crate) mod tests;

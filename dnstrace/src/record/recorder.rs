@@ -6,7 +6,7 @@
 use std::{
     collections::HashMap,
     fmt::Write as _,
-    fs::{File, OpenOptions},
+    fs::OpenOptions,
     io::{self, BufWriter},
     os::unix::fs::{OpenOptionsExt, PermissionsExt},
     path::PathBuf,
@@ -36,7 +36,8 @@ pub struct RecordOptions {
 }
 
 pub struct Recorder {
-    options: RecordOptions,
+    /// None for a stream, which has no files to rotate.
+    options: Option<RecordOptions>,
     meta: Meta,
     out: Option<Out>,
     /// Files started so far, minus one.
@@ -47,7 +48,7 @@ pub struct Recorder {
 
 /// One open file and the interfaces described in it.
 struct Out {
-    w: Writer<BufWriter<File>>,
+    w: Writer<Box<dyn io::Write + Send>>,
     ifaces: HashMap<(String, u32, u8), u32>,
 }
 
@@ -58,12 +59,30 @@ impl Recorder {
             .with_context(|| format!("cannot record to {}", path.display()))?;
         Ok(Self {
             status: format!("recording to {}", path.display()),
-            options,
+            options: Some(options),
             meta,
             out: Some(out),
             part: 0,
             status_sent: false,
         })
+    }
+
+    /// A recording written to `w` as it goes (a cluster view's stream).
+    pub fn to_writer(w: Box<dyn io::Write + Send>, meta: Meta) -> Result<Self> {
+        let out = start(w, &meta, 0).context("cannot start the stream")?;
+        Ok(Self {
+            status: "streaming".into(),
+            options: None,
+            meta,
+            out: Some(out),
+            part: 0,
+            status_sent: false,
+        })
+    }
+
+    /// What is buffered, written out.
+    pub fn flush(&mut self) {
+        self.write(|out| out.w.flush());
     }
 }
 
@@ -177,7 +196,8 @@ impl Recorder {
         }
         let full = self
             .options
-            .max_bytes
+            .as_ref()
+            .and_then(|o| o.max_bytes)
             .is_some_and(|max| out.w.bytes_written() >= max);
         if full {
             self.rotate();
@@ -190,9 +210,10 @@ impl Recorder {
                 return self.stop(&e);
             }
         }
+        let Some(options) = &self.options else { return };
         self.part += 1;
-        let index = self.options.files.map_or(self.part, |n| self.part % n);
-        let path = path_of(&self.options.path, index);
+        let index = options.files.map_or(self.part, |n| self.part % n);
+        let path = path_of(&options.path, index);
         match open(&path, &self.meta, self.part) {
             Ok(out) => {
                 self.out = Some(out);
@@ -223,8 +244,7 @@ fn path_of(path: &std::path::Path, index: u32) -> PathBuf {
     }
 }
 
-/// Creates (or empties) a file only its owner reads, and writes the
-/// section header and dnstrace's notes about the capture.
+/// Creates (or empties) a file only its owner reads, and starts it.
 fn open(path: &std::path::Path, meta: &Meta, part: u32) -> io::Result<Out> {
     let file = OpenOptions::new()
         .write(true)
@@ -234,7 +254,16 @@ fn open(path: &std::path::Path, meta: &Meta, part: u32) -> io::Result<Out> {
         .open(path)?;
     // `mode` applies to new files only.
     file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
-    let mut w = Writer::new(BufWriter::with_capacity(64 << 10, file), &meta.section)?;
+    start(
+        Box::new(BufWriter::with_capacity(64 << 10, file)),
+        meta,
+        part,
+    )
+}
+
+/// Writes the section header and dnstrace's notes about the capture.
+fn start(w: Box<dyn io::Write + Send>, meta: &Meta, part: u32) -> io::Result<Out> {
+    let mut w = Writer::new(w, &meta.section)?;
     let mut header = meta.header.clone();
     header.part = part;
     for note in [

@@ -34,6 +34,19 @@ impl Rng {
     }
 }
 
+/// A UDP query for `name` at `ts`.
+pub fn query(src: &str, dst: &str, name: &str, ts: u64) -> Packet {
+    let mut msg = vec![0u8; 12];
+    for label in name.split('.').filter(|l| !l.is_empty()) {
+        msg.push(label.len() as u8);
+        msg.extend_from_slice(label.as_bytes());
+    }
+    msg.extend_from_slice(&[0, 0, 1, 0, 1]);
+    let mut p = packet(src, dst, Transport::Udp, &msg);
+    p.ts_ns = ts;
+    p
+}
+
 pub fn packet(src: &str, dst: &str, transport: Transport, payload: &[u8]) -> Packet {
     Packet {
         ts_ns: 1,

@@ -33,6 +33,7 @@ impl Bench {
     fn agent_tracer(&self, listen: &str, extra: &[&str]) -> Result<Tracer> {
         let mut cmd = Command::new(&self.bin);
         cmd.args(["agent", "--node-netns", &format!("/run/netns/{NODE}")])
+            .args(["--api-addr", "127.0.0.1:0"])
             .args(["--containerd-root", CONTAINERD, "--metrics-addr", listen])
             .arg("--flight-dir")
             .arg(self.dir.join("flights"))

@@ -1,0 +1,406 @@
+//! `dnstrace cluster`: one live view of a pod's lookups, whole across
+//! nodes, from the agents already running on them. It asks every agent
+//! which runs the pod, then every agent for the evidence of that pod's
+//! lookups on its node (the client's legs on one, the resolvers' and
+//! upstreams' on others), from `--since` ago, and merges the streams into
+//! one time line (`record::lanes`) through the same pipeline, rules and
+//! views as `trace`. A node whose agent goes away is shown down and
+//! reconnected; the view resumes after what it already has.
+use std::{
+    net::{IpAddr, SocketAddr},
+    path::PathBuf,
+    time::Duration,
+};
+
+use anyhow::{anyhow, bail, Context as _, Result};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+
+use super::{
+    agent::api::PORT,
+    observer::{observer_client::ObserverClient, NodeReply, NodeRequest, WatchRequest},
+    ready::Ready,
+    Show,
+};
+use crate::{
+    output::Format,
+    pipeline::{Pipeline, Stop, View},
+    record::{
+        lanes::{LaneHandle, Lanes},
+        merge::{self, Recording},
+        replay::About,
+    },
+    view,
+};
+
+/// What `dnstrace cluster` was asked for.
+pub struct ClusterOptions {
+    /// Agents' `ADDR:PORT`s, or names whose addresses are the agents'
+    /// (the headless Service), port 9356 unless given.
+    pub agents: Vec<String>,
+    /// `[namespace/]name` of the pod watched.
+    pub pod: Option<String>,
+    /// Client addresses watched, besides the pod's.
+    pub ips: Vec<IpAddr>,
+    /// How far back the view starts.
+    pub since: Duration,
+    pub tls: Option<ClientTls>,
+    /// How long an input waits for a lagging node.
+    pub window: Duration,
+    pub ports: Vec<u16>,
+    pub output: Option<Format>,
+    pub live: bool,
+    pub log_file: Option<PathBuf>,
+    pub ready_file: Option<PathBuf>,
+}
+
+/// The viewer's certificate, key and the agents' CA (PEM), and the name
+/// the agents' certificates carry (they are reached by address).
+#[derive(Clone, Debug)]
+pub struct ClientTls {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub ca: PathBuf,
+    pub server_name: String,
+}
+
+/// How long an agent has to answer before the view goes on without it.
+const CONNECT: Duration = Duration::from_secs(5);
+/// Between tries to reach an agent that went away.
+const RETRY: Duration = Duration::from_secs(1);
+
+pub async fn run(o: ClusterOptions) -> Result<()> {
+    let endpoints = Endpoints::new(o.tls.as_ref())?;
+    let agents = find_agents(&o.agents).await?;
+    let nodes = ask_nodes(&endpoints, &agents).await;
+    if nodes.is_empty() {
+        bail!(
+            "no agent answered at {}: check the addresses, that the agents serve the API (--api-addr), and that --cert is signed by the CA they trust (--api-ca)",
+            o.agents.join(", ")
+        );
+    }
+    let ips = watched(&o, &nodes)?;
+    let request = WatchRequest {
+        ips: ips.iter().map(IpAddr::to_string).collect(),
+        since_ms: o.since.as_millis() as u64,
+        after_ns: 0,
+    };
+    let mut streams = Vec::new();
+    for (agent, reply) in &nodes {
+        match open(&endpoints, *agent, request.clone()).await {
+            Ok((first, stream)) => streams.push((*agent, reply.node.clone(), first, stream)),
+            Err(e) => log::warn!(
+                "node {} ({agent}): {e:#}; the view goes on without it",
+                reply.node
+            ),
+        }
+    }
+    let recs = streams
+        .iter()
+        .map(|(agent, node, first, _)| recording(*agent, node, first))
+        .collect::<Result<Vec<_>>>()?;
+    let (mut lanes, handles) = Lanes::new(&recs, o.window, &o.ports);
+    for ((agent, _, first, stream), handle) in streams.into_iter().zip(handles) {
+        let feed = Feed {
+            endpoints: endpoints.clone(),
+            agent,
+            request: request.clone(),
+            handle,
+            dropped: 0,
+        };
+        tokio::spawn(feed.run(first, stream));
+    }
+    let nodes: Vec<String> = recs.iter().map(|r| r.node.clone()).collect();
+    let ready = Ready::view(nodes, &o.ports);
+    if o.output == Some(Format::Json) {
+        eprintln!("{}", ready.json());
+    }
+    let _ready_file = o
+        .ready_file
+        .as_deref()
+        .map(|p| ready.write(p))
+        .transpose()?;
+    let about = merge::about(&recs);
+    let limits = about.limits();
+    let show = Show {
+        view: if o.live {
+            View::Live(limits)
+        } else {
+            View::Journeys(limits)
+        },
+        format: o.output.unwrap_or(Format::Text),
+        labels: merge::labels(&recs),
+        context: merge::context(&recs),
+        target: None,
+        about: view::state::About {
+            target: headline(o.pod.as_deref(), &ips, &recs),
+            hooks: 0,
+            log: None,
+        },
+        log: o.log_file,
+        hold: false,
+    };
+    let mut pipe = Pipeline::default();
+    let tally = show.run(&mut pipe, &mut lanes, &mut Stop::new()?).await?;
+    let tally = tally.map(|t| format!(", {t}")).unwrap_or_default();
+    eprintln!(
+        "dnstrace: cluster view of {} nodes: {}{tally}",
+        recs.len(),
+        pipe.counts.brief()
+    );
+    Ok(())
+}
+
+/// `web-7d9f8 (10.244.1.5) on 3 nodes`.
+fn headline(pod: Option<&str>, ips: &[IpAddr], recs: &[Recording]) -> String {
+    let ips: Vec<String> = ips.iter().map(IpAddr::to_string).collect();
+    let nodes: Vec<&str> = recs.iter().map(|r| r.node.as_str()).collect();
+    match pod {
+        Some(p) => format!("{p} ({}) on nodes {}", ips.join(", "), nodes.join(", ")),
+        None => format!("{} on nodes {}", ips.join(", "), nodes.join(", ")),
+    }
+}
+
+/// A node's stream read as a recording is: what its first message says.
+fn recording(agent: SocketAddr, node: &str, first: &[u8]) -> Result<Recording> {
+    let path = PathBuf::from(format!("{node} ({agent})"));
+    let reader = crate::record::pcapng::Reader::new(std::io::Cursor::new(first))
+        .map_err(|e| anyhow!("the stream of {node} ({agent}): {e}"))?;
+    let about = About::scan(reader, &path)?;
+    Ok(Recording {
+        path,
+        about,
+        node: node.to_owned(),
+    })
+}
+
+/// The addresses watched: the pod's, found on the agent that runs it,
+/// and those given.
+fn watched(o: &ClusterOptions, nodes: &[(SocketAddr, NodeReply)]) -> Result<Vec<IpAddr>> {
+    let mut ips = o.ips.clone();
+    if let Some(pod) = &o.pod {
+        let (ns, name) = match pod.split_once('/') {
+            Some((ns, name)) => (Some(ns), name),
+            None => (None, pod.as_str()),
+        };
+        let found: Vec<(&str, &crate::commands::observer::Pod)> = nodes
+            .iter()
+            .flat_map(|(_, r)| r.pods.iter().map(move |p| (r.node.as_str(), p)))
+            .filter(|(_, p)| p.name == name && ns.is_none_or(|ns| p.namespace == ns))
+            .collect();
+        match found.as_slice() {
+            [] => bail!(
+                "no agent runs a pod {pod}: `kubectl get pod -A -o wide` says where it runs; is the agent on its node up?"
+            ),
+            [(node, p)] => {
+                log::info!("{}/{} runs on {node}", p.namespace, p.name);
+                for ip in &p.ips {
+                    ips.push(ip.parse().with_context(|| format!("the agent's address {ip} of {pod}"))?);
+                }
+            }
+            several => {
+                let names: Vec<String> = several
+                    .iter()
+                    .map(|(node, p)| format!("{}/{} on {node}", p.namespace, p.name))
+                    .collect();
+                bail!("{pod} is several pods: {}; give its namespace", names.join(", "));
+            }
+        }
+    }
+    if ips.is_empty() {
+        bail!("nothing to watch: give --pod or --ip");
+    }
+    Ok(ips)
+}
+
+/// How agents are reached: in the clear (loopback) or with mutual TLS.
+#[derive(Clone)]
+struct Endpoints {
+    tls: Option<ClientTlsConfig>,
+}
+
+impl Endpoints {
+    fn new(tls: Option<&ClientTls>) -> Result<Self> {
+        let Some(t) = tls else {
+            return Ok(Self { tls: None });
+        };
+        let read =
+            |p: &PathBuf| std::fs::read(p).with_context(|| format!("cannot read {}", p.display()));
+        let config = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(read(&t.ca)?))
+            .identity(Identity::from_pem(read(&t.cert)?, read(&t.key)?))
+            .domain_name(t.server_name.clone());
+        Ok(Self { tls: Some(config) })
+    }
+
+    async fn connect(&self, agent: SocketAddr) -> Result<ObserverClient<Channel>> {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{agent}"))?
+            .connect_timeout(CONNECT)
+            .tcp_nodelay(true);
+        if let Some(tls) = &self.tls {
+            endpoint = endpoint.tls_config(tls.clone())?;
+        }
+        let channel = endpoint
+            .connect()
+            .await
+            .map_err(|e| anyhow!("{}", error_chain(&e)))?;
+        Ok(ObserverClient::new(channel).max_decoding_message_size(64 << 20))
+    }
+}
+
+/// An error and its causes, on one line.
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cause = c.source();
+    }
+    s
+}
+
+/// The agents' addresses: each given as `ADDR:PORT`, or a name (with a
+/// port, or 9356) resolved to all its addresses.
+async fn find_agents(given: &[String]) -> Result<Vec<SocketAddr>> {
+    let mut found = Vec::new();
+    for g in given {
+        if let Ok(a) = g.parse::<SocketAddr>() {
+            found.push(a);
+            continue;
+        }
+        if let Ok(ip) = g.parse::<IpAddr>() {
+            found.push((ip, PORT).into());
+            continue;
+        }
+        let host = if g.contains(':') {
+            g.clone()
+        } else {
+            format!("{g}:{PORT}")
+        };
+        let addrs = tokio::net::lookup_host(&host)
+            .await
+            .with_context(|| format!("cannot resolve the agents' name {host}"))?;
+        found.extend(addrs);
+    }
+    // In the order given, each once: the first is the time line's
+    // reference.
+    let mut seen = std::collections::HashSet::new();
+    found.retain(|a| seen.insert(*a));
+    if found.is_empty() {
+        bail!("no agents: give --agents ADDR,… or the agents' Service name");
+    }
+    Ok(found)
+}
+
+/// Each agent that answers, with what it says of its node, asked all at
+/// once: one that does not answer holds the others up `CONNECT` at most.
+async fn ask_nodes(endpoints: &Endpoints, agents: &[SocketAddr]) -> Vec<(SocketAddr, NodeReply)> {
+    let mut asks = tokio::task::JoinSet::new();
+    for (i, &agent) in agents.iter().enumerate() {
+        let endpoints = endpoints.clone();
+        asks.spawn(async move {
+            let reply = async {
+                let mut client = endpoints.connect(agent).await?;
+                let reply = tokio::time::timeout(CONNECT, client.node(NodeRequest {}))
+                    .await
+                    .map_err(|_| anyhow!("no answer in {CONNECT:?}"))??;
+                anyhow::Ok(reply.into_inner())
+            }
+            .await;
+            (i, agent, reply)
+        });
+    }
+    let mut nodes = Vec::new();
+    while let Some(Ok((i, agent, reply))) = asks.join_next().await {
+        match reply {
+            Ok(r) => nodes.push((i, agent, r)),
+            Err(e) => log::warn!("agent {agent}: {}", status_text(&e)),
+        }
+    }
+    // In the order given: the first is the time line's reference.
+    nodes.sort_by_key(|(i, ..)| *i);
+    nodes.into_iter().map(|(_, a, r)| (a, r)).collect()
+}
+
+/// What a failed call says, a refusal of our certificate in plain words.
+fn status_text(e: &anyhow::Error) -> String {
+    match e.downcast_ref::<tonic::Status>() {
+        Some(s) => format!("{}: {}", s.code(), s.message()),
+        None => format!("{e:#}"),
+    }
+}
+
+type EvidenceStream = tonic::Streaming<crate::commands::observer::Evidence>;
+
+/// A watch of `agent`'s, and its first message's bytes.
+async fn open(
+    endpoints: &Endpoints,
+    agent: SocketAddr,
+    request: WatchRequest,
+) -> Result<(Vec<u8>, EvidenceStream)> {
+    let mut client = endpoints.connect(agent).await?;
+    let mut stream = client.watch(request).await?.into_inner();
+    let first = tokio::time::timeout(CONNECT, stream.message())
+        .await
+        .map_err(|_| anyhow!("no evidence in {CONNECT:?}"))??
+        .ok_or_else(|| anyhow!("the stream ended at once"))?;
+    Ok((first.pcapng, stream))
+}
+
+/// One node's stream, fed to its lane; reconnected when it breaks.
+struct Feed {
+    endpoints: Endpoints,
+    agent: SocketAddr,
+    request: WatchRequest,
+    handle: LaneHandle,
+    dropped: u64,
+}
+
+impl Feed {
+    async fn run(mut self, first: Vec<u8>, stream: EvidenceStream) {
+        let mut next = Some((first, stream));
+        loop {
+            if let Some((first, stream)) = next.take() {
+                let why = self.pour(first, stream).await;
+                self.handle.down(why).await;
+            }
+            tokio::time::sleep(RETRY).await;
+            match open(&self.endpoints, self.agent, self.request.clone()).await {
+                Ok(opened) => next = Some(opened),
+                Err(e) => self.handle.down(format!("{e:#}")).await,
+            }
+        }
+    }
+
+    /// Hands a connection's bytes over until it ends; why it did. The
+    /// next connection asks for what came after.
+    async fn pour(&mut self, first: Vec<u8>, mut stream: EvidenceStream) -> String {
+        // Each connection counts its own drops.
+        self.dropped = 0;
+        let chunks = match self.handle.connected(first) {
+            Ok(tx) => tx,
+            Err(e) => return format!("its stream does not read: {e}"),
+        };
+        loop {
+            match stream.message().await {
+                Ok(Some(ev)) => {
+                    if ev.now_ns > 0 {
+                        self.request.after_ns = ev.now_ns;
+                        // However long it was away, the rest from memory.
+                        self.request.since_ms = u64::MAX / 2_000_000;
+                    }
+                    if ev.dropped > self.dropped {
+                        self.handle.dropped(ev.dropped - self.dropped).await;
+                        self.dropped = ev.dropped;
+                    }
+                    if chunks.send(ev.pcapng).await.is_err() {
+                        return "its stream stopped reading".into();
+                    }
+                }
+                Ok(None) => return "its agent ended the stream".into(),
+                Err(s) => return format!("{}: {}", s.code(), s.message()),
+            }
+        }
+    }
+}

@@ -1,0 +1,509 @@
+//! Several nodes' live streams as one time line (`dnstrace cluster`):
+//! each stream is read as a recording is (`Replay`), on a thread of its
+//! own, its times put on the first node's by the clocks the headers give,
+//! its packets tagged with their node, as a merged replay does. Inputs
+//! wait in a reorder window until every node that is up has got past
+//! them, or until they have waited `window`: a node that lags or is cut
+//! off holds the view back that long at most. While a node is down, what
+//! is handed on follows a loss that covers it: every journey of that time
+//! is incomplete, and the node's absence is never a lookup lost between
+//! nodes.
+use std::{
+    cmp::Reverse,
+    collections::{BinaryHeap, VecDeque},
+    io::{self, Read},
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use anyhow::Result;
+use tokio::sync::mpsc;
+
+use super::{
+    merge::{moved, Recording},
+    pcapng::Reader,
+    replay::{time_of, About, Replay, Speed},
+};
+use crate::{
+    decode::{NodeId, Packet},
+    pipeline::{Input, Source},
+};
+
+/// Chunks of a stream in flight to its reading thread.
+const CHUNKS: usize = 64;
+/// Inputs of all nodes in flight to the merge.
+const INPUTS: usize = 4096;
+/// Packets handed on at once.
+const BATCH: usize = 1024;
+/// How long the view waits for a node's first inputs.
+const FIRST_WINDOW: Duration = Duration::from_secs(5);
+
+/// What a node's lane says.
+enum Event {
+    Input(usize, Input),
+    /// Its stream ended or was cut; why.
+    Down(usize, String),
+    /// Events its agent dropped for this view, more of them.
+    Dropped(usize, u64),
+}
+
+/// A node as the view shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeLane {
+    pub node: String,
+    pub up: bool,
+    /// How far its stream has got, on the common time line.
+    pub at_ns: u64,
+    pub dropped: u64,
+    /// Why it went down, when it is.
+    pub why: Option<String>,
+}
+
+/// One held input, in time order then arrival order.
+type Held = Reverse<(u64, u64, usize)>;
+
+pub struct Lanes {
+    rx: mpsc::Receiver<Event>,
+    nodes: Vec<NodeLane>,
+    /// When each node went down, on the common time line.
+    down_since: Vec<Option<u64>>,
+    heap: BinaryHeap<Held>,
+    slots: Vec<Option<(Input, Instant)>>,
+    free: Vec<usize>,
+    seq: u64,
+    window: Duration,
+    /// How far what was released has got, and what was handed on.
+    now_ns: u64,
+    handed_ns: u64,
+    ready: VecDeque<Input>,
+    lost_total: u64,
+}
+
+/// What the commands side holds of one node: where its connections'
+/// bytes go.
+#[derive(Clone)]
+pub struct LaneHandle {
+    lane: usize,
+    node: NodeId,
+    shift_ns: i64,
+    first: bool,
+    tx: mpsc::Sender<Event>,
+    ports: Vec<u16>,
+    name: String,
+}
+
+impl Lanes {
+    /// A lane for each recording (a node's stream, read as one: its
+    /// `About` from the stream's first message), with a reorder window.
+    pub fn new(recs: &[Recording], window: Duration, ports: &[u16]) -> (Self, Vec<LaneHandle>) {
+        let (tx, rx) = mpsc::channel(INPUTS);
+        let reference = recs.first().map_or(0, offset_of);
+        let several = recs.len() > 1;
+        let handles = recs
+            .iter()
+            .enumerate()
+            .map(|(i, r)| LaneHandle {
+                lane: i,
+                node: NodeId(if several { i as u16 + 1 } else { 0 }),
+                shift_ns: reference - offset_of(r),
+                first: i == 0,
+                tx: tx.clone(),
+                ports: ports.to_vec(),
+                name: r.node.clone(),
+            })
+            .collect::<Vec<_>>();
+        let nodes = recs
+            .iter()
+            // Up from the start, at time 0: each holds the others back
+            // until its first inputs come (its past, for `--since`), or
+            // for the window at most.
+            .map(|r| NodeLane {
+                node: r.node.clone(),
+                up: true,
+                at_ns: 0,
+                dropped: 0,
+                why: None,
+            })
+            .collect();
+        let lanes = Self {
+            rx,
+            down_since: vec![None; recs.len()],
+            nodes,
+            heap: BinaryHeap::new(),
+            slots: Vec::new(),
+            free: Vec::new(),
+            seq: 0,
+            window,
+            now_ns: 0,
+            handed_ns: 0,
+            ready: VecDeque::new(),
+            lost_total: 0,
+        };
+        (lanes, handles)
+    }
+
+    fn event(&mut self, ev: Event) {
+        match ev {
+            Event::Input(lane, input) => self.arrived(lane, input),
+            Event::Down(lane, why) => {
+                let n = &mut self.nodes[lane];
+                if n.up {
+                    log::warn!("node {} is down: {why}", n.node);
+                }
+                n.up = false;
+                n.why = Some(why);
+                self.down_since[lane].get_or_insert(self.now_ns.max(n.at_ns));
+            }
+            Event::Dropped(lane, more) => {
+                let n = &mut self.nodes[lane];
+                n.dropped += more;
+                self.lost_total += more;
+                // Since the last time it was sure to have everything.
+                let since = self.now_ns.min(n.at_ns);
+                self.ready.push_back(Input::Lost {
+                    since_ns: since,
+                    now_ns: self.now_ns.max(n.at_ns),
+                    total: self.lost_total,
+                });
+            }
+        }
+    }
+
+    fn arrived(&mut self, lane: usize, input: Input) {
+        let n = &mut self.nodes[lane];
+        if !n.up {
+            log::info!("node {} is back", n.node);
+            n.up = true;
+            n.why = None;
+            self.down_since[lane] = None;
+        }
+        let at = time_of(&input).unwrap_or(0);
+        n.at_ns = n.at_ns.max(at);
+        match input {
+            // Packet by packet: two nodes' batches interleave in time.
+            Input::Packets(batch) => batch
+                .into_iter()
+                .for_each(|p| self.hold(p.ts_ns, Input::Packets(vec![p]))),
+            other => self.hold(at, other),
+        }
+    }
+
+    fn hold(&mut self, at: u64, input: Input) {
+        let slot = match self.free.pop() {
+            Some(s) => {
+                self.slots[s] = Some((input, Instant::now()));
+                s
+            }
+            None => {
+                self.slots.push(Some((input, Instant::now())));
+                self.slots.len() - 1
+            }
+        };
+        self.seq += 1;
+        self.heap.push(Reverse((at, self.seq, slot)));
+    }
+
+    /// Where every node that is up has got: what is older is in order.
+    fn watermark(&self) -> Option<u64> {
+        self.nodes.iter().filter(|n| n.up).map(|n| n.at_ns).min()
+    }
+
+    /// Moves what is in order, or has waited its window, to `ready`;
+    /// while a node is down, after a loss that covers it.
+    fn release(&mut self) {
+        let mark = self.watermark();
+        let window = self.window();
+        let mut out: Vec<Input> = Vec::new();
+        let mut packets: Vec<Packet> = Vec::new();
+        let start = self.now_ns;
+        while let Some(Reverse((at, _, slot))) = self.heap.peek().copied() {
+            let waited = self.slots[slot]
+                .as_ref()
+                .is_some_and(|(_, since)| since.elapsed() >= window);
+            if !(mark.is_none_or(|m| at <= m) || waited) {
+                break;
+            }
+            self.heap.pop();
+            let Some((input, _)) = self.slots[slot].take() else {
+                continue;
+            };
+            self.free.push(slot);
+            self.now_ns = self.now_ns.max(at);
+            match input {
+                Input::Packets(b) if packets.len() < BATCH => packets.extend(b),
+                other => {
+                    if !packets.is_empty() {
+                        out.push(Input::Packets(std::mem::take(&mut packets)));
+                    }
+                    out.push(other);
+                }
+            }
+        }
+        if !packets.is_empty() {
+            out.push(Input::Packets(packets));
+        }
+        if out.is_empty() {
+            return;
+        }
+        // Every journey of these may have had legs on a node down.
+        if let Some(since) = self.down_since.iter().flatten().min() {
+            self.ready.push_back(Input::Lost {
+                since_ns: (*since).min(start),
+                now_ns: self.now_ns,
+                total: self.lost_total,
+            });
+        }
+        self.ready.extend(out);
+    }
+
+    /// When the oldest input held has waited its window.
+    fn deadline(&self) -> Option<Instant> {
+        let Reverse((_, _, slot)) = self.heap.peek()?;
+        let window = self.window();
+        self.slots[*slot].as_ref().map(|(_, since)| *since + window)
+    }
+
+    /// How long an input waits for the nodes behind it: longer for a node
+    /// yet to say anything (its past coming) than for one that lags.
+    fn window(&self) -> Duration {
+        if self.nodes.iter().any(|n| n.up && n.at_ns == 0) {
+            self.window.max(FIRST_WINDOW)
+        } else {
+            self.window
+        }
+    }
+}
+
+impl Source for Lanes {
+    fn now(&self) -> u64 {
+        self.handed_ns
+    }
+
+    async fn next(&mut self) -> Result<Option<Input>> {
+        loop {
+            if let Some(input) = self.ready.pop_front() {
+                self.handed_ns = self.handed_ns.max(time_of(&input).unwrap_or(0));
+                return Ok(Some(input));
+            }
+            let wait = self.deadline().map(tokio::time::Instant::from_std);
+            let ev = match wait {
+                Some(at) => tokio::select! {
+                    ev = self.rx.recv() => ev,
+                    () = tokio::time::sleep_until(at) => {
+                        self.release();
+                        continue;
+                    }
+                },
+                None => self.rx.recv().await,
+            };
+            // Every lane's sender is held by its handle: None never comes
+            // while the view runs.
+            let Some(ev) = ev else { return Ok(None) };
+            self.event(ev);
+            while let Ok(more) = self.rx.try_recv() {
+                self.event(more);
+            }
+            self.release();
+        }
+    }
+
+    fn rest(&mut self) -> Vec<Input> {
+        let mut rest: Vec<Input> = self.ready.drain(..).collect();
+        while let Some(Reverse((_, _, slot))) = self.heap.pop() {
+            rest.extend(self.slots[slot].take().map(|(i, _)| i));
+        }
+        rest
+    }
+}
+
+fn offset_of(r: &Recording) -> i64 {
+    r.about.header.as_ref().map_or(0, |h| h.clock_offset_ns)
+}
+
+impl LaneHandle {
+    /// A new connection of the node's: its bytes, the first message's
+    /// first, are read on a thread of their own until the connection's
+    /// sender is dropped.
+    pub fn connected(&self, first: Vec<u8>) -> io::Result<mpsc::Sender<Vec<u8>>> {
+        let (tx, rx) = mpsc::channel(CHUNKS);
+        let about = About::scan(
+            Reader::new(io::Cursor::new(&first)).map_err(io::Error::other)?,
+            &PathBuf::from(&self.name),
+        )
+        .map_err(io::Error::other)?;
+        let reader = Reader::new(Chunks {
+            rx,
+            at: io::Cursor::new(first),
+        })
+        .map_err(io::Error::other)?;
+        let mut replay = Replay::with_reader(
+            &PathBuf::from(&self.name),
+            reader,
+            &about,
+            self.ports.clone(),
+            Speed::Fast,
+        );
+        let this = self.clone();
+        std::thread::Builder::new()
+            .name(format!("lane-{}", self.lane))
+            .spawn(move || {
+                while let Some(input) = replay.next_input() {
+                    let input = moved(input, this.shift_ns, this.node, this.first);
+                    if this
+                        .tx
+                        .blocking_send(Event::Input(this.lane, input))
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+                let why = replay
+                    .error
+                    .take()
+                    .map_or_else(|| "its stream ended".to_owned(), |e| format!("{e:#}"));
+                let _ = this.tx.blocking_send(Event::Down(this.lane, why));
+            })?;
+        Ok(tx)
+    }
+
+    /// The node could not be reached, or its stream failed.
+    pub async fn down(&self, why: String) {
+        let _ = self.tx.send(Event::Down(self.lane, why)).await;
+    }
+
+    /// Its agent dropped `more` events for this view.
+    pub async fn dropped(&self, more: u64) {
+        let _ = self.tx.send(Event::Dropped(self.lane, more)).await;
+    }
+}
+
+/// The bytes of a connection's messages, read as one stream.
+struct Chunks {
+    rx: mpsc::Receiver<Vec<u8>>,
+    at: io::Cursor<Vec<u8>>,
+}
+
+impl Read for Chunks {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            let n = self.at.read(buf)?;
+            if n > 0 || buf.is_empty() {
+                return Ok(n);
+            }
+            match self.rx.blocking_recv() {
+                Some(next) => self.at = io::Cursor::new(next),
+                // The connection ended: so does the stream.
+                None => return Ok(0),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+    use crate::{
+        clock::Clock,
+        correlate::Limits,
+        decode::KernelNames,
+        diagnose::Context,
+        output::Labels,
+        pipeline::Tap as _,
+        record::{tests::query, Recorder},
+    };
+
+    /// A writer whose bytes the test takes.
+    struct Shared(Arc<Mutex<Vec<u8>>>);
+
+    impl io::Write for Shared {
+        fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A node's stream: `web`'s queries at the times given, ticks after.
+    fn stream(times: &[u64], tick: u64) -> Vec<u8> {
+        let labels = Labels::new(Default::default(), Clock::EPOCH, KernelNames::default());
+        let meta = crate::record::meta(&labels, &Context::default(), Limits::default());
+        let buf = Arc::new(Mutex::new(Vec::new()));
+        let mut rec = Recorder::to_writer(Box::new(Shared(buf.clone())), meta).unwrap();
+        rec.start(0);
+        for &t in times {
+            let p = query(
+                "10.244.1.10:4000",
+                "10.96.0.10:53",
+                &format!("t{t}.example.com"),
+                t,
+            );
+            rec.input(&Input::Packets(vec![p]));
+        }
+        rec.input(&Input::Tick(tick));
+        rec.flush();
+        let bytes = std::mem::take(&mut *buf.lock().unwrap());
+        bytes
+    }
+
+    fn recording(node: &str, bytes: &[u8]) -> Recording {
+        let path = PathBuf::from(node);
+        let about = About::scan(Reader::new(io::Cursor::new(bytes)).unwrap(), &path).unwrap();
+        Recording {
+            path,
+            about,
+            node: node.into(),
+        }
+    }
+
+    /// Packets of the merged line, with their nodes, and the losses (as
+    /// `(0, 0)`), up to a tick at `until_ns`.
+    async fn drain(lanes: &mut Lanes, until_ns: u64) -> Vec<(u64, u16)> {
+        let mut seen = Vec::new();
+        loop {
+            let next = tokio::time::timeout(Duration::from_secs(10), lanes.next());
+            match next.await.expect("inputs in time").unwrap() {
+                Some(Input::Packets(b)) => seen.extend(b.iter().map(|p| (p.ts_ns, p.node.0))),
+                Some(Input::Lost { .. }) => seen.push((0, 0)),
+                Some(Input::Tick(t)) if t >= until_ns => return seen,
+                _ => {}
+            }
+        }
+    }
+
+    /// Node b's packet came before node a's second, though its stream
+    /// came after all of a's: the line is in time order, each packet
+    /// tagged with its node.
+    #[tokio::test]
+    async fn two_nodes_streams_make_one_line_in_time_order() {
+        let (a, b) = (stream(&[100, 300], 400), stream(&[150], 400));
+        let recs = [recording("a", &a), recording("b", &b)];
+        let (mut lanes, handles) = Lanes::new(&recs, Duration::from_secs(5), &[53]);
+        let _a = handles[0].connected(a).unwrap();
+        // a is all in before b says anything.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let _b = handles[1].connected(b).unwrap();
+        let seen = drain(&mut lanes, 400).await;
+        assert_eq!(seen, [(100, 1), (150, 2), (300, 1)]);
+    }
+
+    /// A node down: what is handed on while it is follows a loss (the
+    /// journeys then are incomplete, never lost between nodes).
+    #[tokio::test]
+    async fn what_comes_while_a_node_is_down_follows_a_loss() {
+        let a = stream(&[100], 200);
+        let recs = [recording("a", &a), recording("b", &stream(&[], 200))];
+        let (mut lanes, handles) = Lanes::new(&recs, Duration::from_secs(5), &[53]);
+        // b's agent is not reached at all.
+        handles[1].down("cut".into()).await;
+        let _a = handles[0].connected(a).unwrap();
+        let seen = drain(&mut lanes, 200).await;
+        // A loss first; one before each release, however they fall.
+        assert_eq!(seen.first(), Some(&(0, 0)), "{seen:?}");
+        let packets: Vec<_> = seen.iter().filter(|s| s.0 > 0).collect();
+        assert_eq!(packets, [&(100, 1)]);
+    }
+}

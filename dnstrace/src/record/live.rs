@@ -1,0 +1,417 @@
+//! The agent's evidence for cluster views (`dnstrace cluster`): the
+//! pipeline's recent inputs kept in memory, which the flight recorder
+//! writes out and a view's `since` reaches back into; and each viewer's
+//! share of what comes, the lookups it watches, handed over a bounded queue
+//! that drops, and counts, rather than hold the pipeline up.
+use std::{
+    collections::{BTreeMap, VecDeque},
+    net::IpAddr,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex, MutexGuard, PoisonError,
+    },
+};
+
+use tokio::sync::mpsc;
+
+use super::{watch::Watch, Meta};
+use crate::{
+    decode::Packet,
+    diagnose::Anomaly,
+    pipeline::{Input, Tap},
+};
+
+/// How much of the recent past is kept.
+#[derive(Clone, Copy, Debug)]
+pub struct MemoryOptions {
+    /// Bytes of inputs, at most.
+    pub bytes: usize,
+    /// Inputs older than this go.
+    pub age_ns: u64,
+}
+
+/// Pod refreshes kept apart from the window (names a recording needs
+/// however old), at most.
+const PODS_KEPT: usize = 1024;
+
+/// Inputs a viewer's queue holds before it drops: a tick's worth of a
+/// busy node's watched lookups many times over.
+const QUEUE: usize = 4096;
+
+/// The recent past, bounded by bytes and age.
+pub struct Memory {
+    options: MemoryOptions,
+    recent: VecDeque<(u64, Input)>,
+    bytes: usize,
+    pods: VecDeque<Input>,
+}
+
+impl Memory {
+    fn new(options: MemoryOptions) -> Self {
+        Self {
+            options,
+            recent: VecDeque::new(),
+            bytes: 0,
+            pods: VecDeque::new(),
+        }
+    }
+
+    fn keep(&mut self, now_ns: u64, input: &Input) {
+        if let Input::Pods { .. } = input {
+            if self.pods.len() >= PODS_KEPT {
+                self.pods.pop_front();
+            }
+            self.pods.push_back(input.clone());
+            return;
+        }
+        self.recent.push_back((now_ns, input.clone()));
+        self.bytes += size_of(input);
+        let oldest = now_ns.saturating_sub(self.options.age_ns);
+        while let Some((ts, front)) = self.recent.front() {
+            if self.bytes <= self.options.bytes && *ts >= oldest {
+                break;
+            }
+            self.bytes -= size_of(front);
+            self.recent.pop_front();
+        }
+    }
+
+    /// The pods' refreshes, then what came from `from_ns` on.
+    pub fn since(&self, from_ns: u64) -> impl Iterator<Item = &Input> {
+        let recent = self
+            .recent
+            .iter()
+            .filter(move |(ts, _)| *ts >= from_ns)
+            .map(|(_, i)| i);
+        self.pods.iter().chain(recent)
+    }
+
+    /// When the oldest input kept came.
+    pub fn oldest_ns(&self) -> Option<u64> {
+        self.recent.front().map(|(ts, _)| *ts)
+    }
+}
+
+/// Bytes an input holds in memory, allocations included: what the bound
+/// is kept in.
+pub(super) fn size_of(input: &Input) -> usize {
+    use std::mem::size_of;
+    /// What an allocator adds to each allocation, about.
+    const ALLOC: usize = 16;
+    let each = size_of::<(u64, Input)>() + ALLOC;
+    match input {
+        Input::Packets(batch) => {
+            let packets: usize = batch
+                .iter()
+                .map(|p| size_of::<Packet>() + p.payload.len() + ALLOC)
+                .sum();
+            each + packets
+        }
+        Input::Conntrack { events, .. } => each + std::mem::size_of_val(events.as_slice()),
+        _ => each,
+    }
+}
+
+/// One viewer: what it watches, and its queue.
+struct Viewer {
+    watch: Watch,
+    tx: mpsc::Sender<Input>,
+    dropped: Arc<AtomicU64>,
+}
+
+impl Viewer {
+    /// Hands over its share of `input`; false once the viewer has gone.
+    fn offer(&mut self, input: &Input) -> bool {
+        let Some(share) = self.watch.share(input) else {
+            return true;
+        };
+        let lost = events_in(&share);
+        match self.tx.try_send(share) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                self.dropped.fetch_add(lost, Ordering::Relaxed);
+                true
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => false,
+        }
+    }
+}
+
+/// Packets and conntrack events an input holds (1 for the others): what
+/// a viewer is told it missed.
+fn events_in(input: &Input) -> u64 {
+    match input {
+        Input::Packets(b) => b.len() as u64,
+        Input::Conntrack { events, .. } => events.len() as u64,
+        _ => 1,
+    }
+}
+
+struct Hub {
+    memory: Memory,
+    viewers: Vec<Viewer>,
+    /// What a stream starts with, once tracing has started.
+    meta: Option<Meta>,
+    /// The node's pods: `namespace/name` by address.
+    pods: BTreeMap<IpAddr, String>,
+    now_ns: u64,
+}
+
+/// The memory and the viewers, shared by the pipeline (a `Tap`) and the
+/// agent's API.
+#[derive(Clone)]
+pub struct Live(Arc<Mutex<Hub>>);
+
+/// What a new viewer gets: the stream's start, the past it asked for, and
+/// its queue of what comes.
+pub struct Subscription {
+    pub meta: Meta,
+    pub past: Vec<Input>,
+    pub queue: mpsc::Receiver<Input>,
+    /// Events its queue dropped so far.
+    pub dropped: Arc<AtomicU64>,
+}
+
+/// The node as a viewer is told about it.
+pub struct NodeState {
+    /// How far back the memory reaches now.
+    pub memory_ns: u64,
+    pub pods: BTreeMap<String, Vec<IpAddr>>,
+}
+
+impl Live {
+    pub fn new(memory: MemoryOptions) -> Self {
+        Self(Arc::new(Mutex::new(Hub {
+            memory: Memory::new(memory),
+            viewers: Vec::new(),
+            meta: None,
+            pods: BTreeMap::new(),
+            now_ns: 0,
+        })))
+    }
+
+    fn hub(&self) -> MutexGuard<'_, Hub> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Tracing has started: what streams begin with, and the node's pods.
+    pub fn started(&self, meta: Meta, pods: &[(String, Vec<IpAddr>)]) {
+        let mut hub = self.hub();
+        hub.meta = Some(meta);
+        for (name, ips) in pods {
+            ips.iter().for_each(|ip| {
+                hub.pods.insert(*ip, name.clone());
+            });
+        }
+    }
+
+    /// Runs `f` over the memory (the flight recorder writing it out).
+    pub fn with_memory<T>(&self, f: impl FnOnce(&Memory) -> T) -> T {
+        f(&self.hub().memory)
+    }
+
+    pub fn state(&self) -> NodeState {
+        let hub = self.hub();
+        let mut pods: BTreeMap<String, Vec<IpAddr>> = BTreeMap::new();
+        for (ip, name) in &hub.pods {
+            pods.entry(name.clone()).or_default().push(*ip);
+        }
+        NodeState {
+            memory_ns: hub
+                .memory
+                .oldest_ns()
+                .map_or(0, |t| hub.now_ns.saturating_sub(t)),
+            pods,
+        }
+    }
+
+    /// A new viewer of `watch`, its past from `since_ns` ago and after
+    /// `after_ns`; None before tracing has started.
+    pub fn subscribe(
+        &self,
+        mut watch: Watch,
+        since_ns: u64,
+        after_ns: u64,
+    ) -> Option<Subscription> {
+        let mut hub = self.hub();
+        let meta = hub.meta.clone()?;
+        let from = hub.now_ns.saturating_sub(since_ns).max(after_ns);
+        let past = hub
+            .memory
+            .since(from)
+            .filter_map(|i| watch.share(i))
+            .filter_map(|i| after(i, after_ns))
+            .collect();
+        let (tx, queue) = mpsc::channel(QUEUE);
+        let dropped = Arc::new(AtomicU64::new(0));
+        hub.viewers.push(Viewer {
+            watch,
+            tx,
+            dropped: dropped.clone(),
+        });
+        Some(Subscription {
+            meta,
+            past,
+            queue,
+            dropped,
+        })
+    }
+
+    /// How many view the node now.
+    pub fn viewers(&self) -> usize {
+        self.hub().viewers.len()
+    }
+}
+
+/// What of `input` happened after `after_ns` (a viewer that has the rest).
+fn after(input: Input, after_ns: u64) -> Option<Input> {
+    match input {
+        Input::Packets(mut b) => {
+            b.retain(|p| p.ts_ns > after_ns);
+            (!b.is_empty()).then_some(Input::Packets(b))
+        }
+        Input::Pods { .. } => Some(input),
+        other => (time_of(&other) > after_ns).then_some(other),
+    }
+}
+
+/// When an input that is no packet happened.
+fn time_of(input: &Input) -> u64 {
+    match input {
+        Input::Packets(b) => b.last().map_or(0, |p| p.ts_ns),
+        Input::Conntrack { now_ns, .. }
+        | Input::Counters { now_ns, .. }
+        | Input::Lost { now_ns, .. }
+        | Input::Pods { now_ns, .. }
+        | Input::Tick(now_ns) => *now_ns,
+        Input::Sample(c) => c.now_ns,
+    }
+}
+
+impl Tap for Live {
+    fn start(&mut self, now_ns: u64) {
+        self.hub().now_ns = now_ns;
+    }
+
+    fn input(&mut self, input: &Input) {
+        let mut hub = self.hub();
+        if let Input::Tick(now) = input {
+            hub.now_ns = hub.now_ns.max(*now);
+        }
+        if let Input::Pods { refresh, .. } = input {
+            for (ip, name) in &refresh.names {
+                if refresh.uids.iter().any(|(u, _)| u == ip) {
+                    hub.pods.insert(*ip, name.clone());
+                }
+            }
+        }
+        let now = hub.now_ns;
+        hub.memory.keep(now, input);
+        hub.viewers.retain_mut(|v| v.offer(input));
+    }
+
+    fn anomaly(&mut self, _: &Anomaly) {}
+
+    fn status_changed(&mut self) -> Option<String> {
+        None
+    }
+
+    fn end(&mut self, _: u64) {
+        // The queues close: each viewer's stream ends.
+        self.hub().viewers.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        clock::Clock, correlate::Limits, decode::KernelNames, diagnose::Context, output::Labels,
+        record::tests::query,
+    };
+
+    const S: u64 = 1_000_000_000;
+
+    fn live(bytes: usize) -> Live {
+        let labels = Labels::new(Default::default(), Clock::EPOCH, KernelNames::default());
+        let meta = crate::record::meta(&labels, &Context::default(), Limits::default());
+        let live = Live::new(MemoryOptions {
+            bytes,
+            age_ns: 60 * S,
+        });
+        live.started(
+            meta,
+            &[("default/web".into(), vec!["10.244.1.5".parse().unwrap()])],
+        );
+        live
+    }
+
+    /// A packet of web's (or another pod's) at `ts`, and a tick.
+    fn feed(live: &mut Live, client: &str, ts: u64) {
+        let p = query(client, "10.96.0.10:53", &format!("n{ts}.example.com"), ts);
+        live.input(&Input::Packets(vec![p]));
+        live.input(&Input::Tick(ts + 1));
+    }
+
+    fn packets(inputs: &[Input]) -> Vec<(String, u64)> {
+        inputs
+            .iter()
+            .filter_map(|i| match i {
+                Input::Packets(b) => Some(b.iter().map(|p| (p.src.to_string(), p.ts_ns))),
+                _ => None,
+            })
+            .flatten()
+            .collect()
+    }
+
+    fn watch_web() -> Watch {
+        Watch::of(["10.244.1.5".parse().unwrap()])
+    }
+
+    /// A viewer gets the past it asked for, web's packets only, then
+    /// what comes; one that reconnects after what it has gets the rest.
+    #[test]
+    fn a_viewer_gets_its_past_then_what_comes() {
+        let mut live = live(1 << 20);
+        live.start(0);
+        for s in 1..=10 {
+            feed(&mut live, "10.244.1.5:4000", s * S);
+            feed(&mut live, "10.244.2.9:4000", s * S + 1000);
+        }
+        let mut sub = live.subscribe(watch_web(), 3 * S, 0).unwrap();
+        let web = |ts: u64| ("10.244.1.5:4000".to_owned(), ts);
+        assert_eq!(packets(&sub.past), [web(8 * S), web(9 * S), web(10 * S)]);
+        feed(&mut live, "10.244.1.5:4000", 11 * S);
+        feed(&mut live, "10.244.2.9:4000", 11 * S + 1000);
+        let mut came = Vec::new();
+        while let Ok(i) = sub.queue.try_recv() {
+            came.push(i);
+        }
+        assert_eq!(packets(&came), [web(11 * S)]);
+        let again = live.subscribe(watch_web(), 60 * S, 9 * S).unwrap();
+        assert_eq!(packets(&again.past), [web(10 * S), web(11 * S)]);
+        assert_eq!(
+            live.state().pods["default/web"],
+            ["10.244.1.5".parse::<IpAddr>().unwrap()]
+        );
+    }
+
+    /// A viewer that does not read loses what overflows its queue, each
+    /// event counted, and the pipeline goes on; one gone is forgotten.
+    #[test]
+    fn a_stuck_viewer_loses_and_counts_and_a_gone_one_is_dropped() {
+        let mut live = live(0);
+        live.start(0);
+        let stuck = live.subscribe(watch_web(), 0, 0).unwrap();
+        let gone = live.subscribe(watch_web(), 0, 0).unwrap();
+        drop(gone);
+        let n = QUEUE as u64;
+        for s in 1..=n {
+            feed(&mut live, "10.244.1.5:4000", s * S);
+        }
+        assert_eq!(live.viewers(), 1);
+        // Each feed is a packet and a tick: half of them fit.
+        assert_eq!(stuck.dropped.load(Ordering::Relaxed), n);
+        assert!(stuck.past.is_empty() || packets(&stuck.past).is_empty());
+    }
+}

@@ -1,0 +1,316 @@
+//! `dnstrace cluster` on the 3-node lab: one agent per node, each serving
+//! its node's evidence over its API, and one view of web's lookups whole
+//! across the nodes, live.
+use std::{process::Command, time::Duration};
+
+use serde_json::Value;
+
+use dnstrace_tests::{prometheus::free_port, *};
+
+/// node1's client.
+const WEB_IP: &str = "10.244.1.10";
+const NAME: &str = "kube-dns.kube-system.svc.cluster.local";
+
+/// One agent per node, each scoped to its node, serving cluster views.
+struct Agents {
+    running: Vec<Option<Dnstrace>>,
+    /// Each one's API and metrics addresses.
+    apis: Vec<String>,
+    metrics: Vec<String>,
+    extra: Vec<String>,
+}
+
+impl Agents {
+    fn start(extra: &[&str]) -> Self {
+        let addr = || format!("127.0.0.1:{}", free_port());
+        let mut agents = Self {
+            running: Vec::new(),
+            apis: (0..3).map(|_| addr()).collect(),
+            metrics: (0..3).map(|_| addr()).collect(),
+            extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+        };
+        agents.running = (1..=3).map(|n| Some(agents.spawn(n))).collect();
+        agents
+    }
+
+    fn spawn(&self, n: u8) -> Dnstrace {
+        let i = usize::from(n) - 1;
+        let mut args: Vec<String> = ["agent", "--metrics-addr", &self.metrics[i]]
+            .map(String::from)
+            .to_vec();
+        args.extend(["--api-addr".into(), self.apis[i].clone()]);
+        args.extend(node_flags(n));
+        args.extend(self.extra.iter().cloned());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Dnstrace::start_here(Keep::Every, &args).unwrap()
+    }
+
+    fn list(&self) -> String {
+        self.apis.join(",")
+    }
+
+    fn stop(self) {
+        for agent in self.running.into_iter().flatten() {
+            let (status, _, stderr) = agent.stop(libc::SIGTERM).unwrap();
+            assert!(status.success(), "{status}: {stderr:?}");
+        }
+    }
+}
+
+/// The flags that make an agent node `n`'s.
+fn node_flags(n: u8) -> Vec<String> {
+    [
+        "--node".to_owned(),
+        format!("node{n}"),
+        "--node-netns".to_owned(),
+        format!("/run/netns/{}", lab_ns(&format!("node{n}"))),
+        "--containerd-root".to_owned(),
+        lab_path(&format!("node{n}/containerd")),
+        "--cri-socket".to_owned(),
+        lab_path(&format!("node{n}/cri/containerd.sock")),
+    ]
+    .to_vec()
+}
+
+/// `dnstrace cluster` of web's lookups over `agents`, as JSON lines.
+fn view(agents: &Agents, extra: &[&str]) -> Dnstrace {
+    let pod = format!("default/{}", WEB.pod());
+    let list = agents.list();
+    // A reorder window long enough for an agent held up on a busy
+    // machine: what is shown is then in order whatever the load.
+    let mut args = vec![
+        "cluster", "--agents", &list, "-o", "json", "--pod", &pod, "--window", "5s",
+    ];
+    args.extend_from_slice(extra);
+    Dnstrace::start_here(Keep::Sampled, &args).unwrap()
+}
+
+/// A journey of web's lookup `id`, with its legs' nodes.
+fn is_lookup(j: &Value, id: u16) -> bool {
+    j["type"] == "journey"
+        && j["dns_id"] == id
+        && j["name"] == format!("{NAME}.")
+        && j["client"]
+            .as_str()
+            .is_some_and(|c| c.starts_with(&format!("{WEB_IP}:")))
+}
+
+fn nodes_of(j: &Value) -> Vec<String> {
+    j["legs"]
+        .as_array()
+        .map(|legs| {
+            legs.iter()
+                .map(|l| l["node"].as_str().unwrap_or("").to_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A journey whole across nodes: from node 1, through the CoreDNS pod's
+/// node, back to node 1, in time order, answered.
+fn assert_whole_across_nodes(j: &Value) {
+    let nodes = nodes_of(j);
+    assert_eq!(nodes.first().map(String::as_str), Some("node1"), "{j}");
+    assert_eq!(nodes.last().map(String::as_str), Some("node1"), "{j}");
+    assert!(nodes.iter().any(|n| n == "node2" || n == "node3"), "{j}");
+    let legs = j["legs"].as_array().unwrap();
+    let times: Vec<u64> = legs.iter().filter_map(|l| l["ts_ns"].as_u64()).collect();
+    assert!(times.windows(2).all(|w| w[0] <= w[1]), "{j}");
+    assert_eq!(j["outcome"]["rcode"], "NOERROR", "{j}");
+    assert_eq!(j["incomplete"], false, "{j}");
+}
+
+/// web looks a name up: dig's query id.
+fn lookup(lab: &Lab) -> u16 {
+    let out = lab.dig(&WEB, NAME);
+    assert_eq!(dig_status(&out), "NOERROR", "{out}");
+    dig_id(&out).expect("dig's query id")
+}
+
+/// Each of web's lookups is on the view within seconds of its answer,
+/// whole across the nodes it crossed; the view names every node.
+#[test]
+fn the_cluster_view_shows_each_lookup_whole_across_nodes_as_it_happens() {
+    require_root();
+    let lab = Lab::up(&["--nodes", "3"]);
+    let agents = Agents::start(&[]);
+    let mut view = view(&agents, &[]);
+    assert_eq!(
+        view.ready["nodes"],
+        serde_json::json!(["node1", "node2", "node3"])
+    );
+    for _ in 0..5 {
+        let id = lookup(&lab);
+        let j = view
+            .wait_stdout_for(Duration::from_secs(10), |j| is_lookup(j, id))
+            .unwrap();
+        assert_whole_across_nodes(&j);
+    }
+    let (status, _, stderr) = view.stop(libc::SIGINT).unwrap();
+    assert!(status.success(), "{status}: {stderr:?}");
+    agents.stop();
+}
+
+/// `--since`: the view opens with lookups made before it started, from
+/// the agents' memory, each as whole as if it had been watching.
+#[test]
+fn since_shows_the_lookups_made_before_the_view_started() {
+    require_root();
+    let lab = Lab::up(&["--nodes", "3"]);
+    let agents = Agents::start(&[]);
+    let before: Vec<u16> = (0..3).map(|_| lookup(&lab)).collect();
+    let mut view = view(&agents, &["--since", "2m"]);
+    for id in before {
+        let j = view
+            .wait_stdout_for(Duration::from_secs(10), |j| is_lookup(j, id))
+            .unwrap();
+        assert_whole_across_nodes(&j);
+    }
+    let (status, _, stderr) = view.stop(libc::SIGINT).unwrap();
+    assert!(status.success(), "{status}: {stderr:?}");
+    agents.stop();
+}
+
+/// A CA, and certificates it signs for the agents and a viewer (each
+/// good for both ends, as the DaemonSet's one Secret is), and another CA's
+/// viewer, made with openssl.
+struct Certs {
+    dir: Dir,
+}
+
+impl Certs {
+    fn make() -> Self {
+        let dir = Dir::new("certs");
+        let d = dir.0.display().to_string();
+        let script = format!(
+            r#"set -e
+cd {d}
+for ca in ca other; do
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 \
+    -subj "/CN=dnstrace $ca" -keyout $ca.key -out $ca.pem 2>/dev/null
+done
+mk() {{
+  openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj "/CN=$1" \
+    -keyout $1.key -out $1.csr 2>/dev/null
+  printf 'subjectAltName=DNS:dnstrace-agent\nextendedKeyUsage=serverAuth,clientAuth\n' > $1.ext
+  openssl x509 -req -in $1.csr -CA $2.pem -CAkey $2.key -CAcreateserial -days 1 \
+    -extfile $1.ext -out $1.pem 2>/dev/null
+}}
+mk agent ca
+mk stranger other
+"#
+        );
+        run(Command::new("sh").args(["-c", &script])).expect("openssl makes the certificates");
+        Self { dir }
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.dir.file(name).display().to_string()
+    }
+
+    /// `--cert`/`--api-cert` style flags: certificate, key, CA.
+    fn flags(&self, prefix: &str, who: &str, ca: &str) -> Vec<String> {
+        vec![
+            format!("--{prefix}cert"),
+            self.path(&format!("{who}.pem")),
+            format!("--{prefix}key"),
+            self.path(&format!("{who}.key")),
+            format!("--{prefix}ca"),
+            self.path(&format!("{ca}.pem")),
+        ]
+    }
+}
+
+/// With mutual TLS, a viewer with the agents' CA's certificate sees the
+/// cluster; one with none, or another CA's, is refused with a line that
+/// says so; and the agents' metrics go on.
+#[test]
+fn mutual_tls_lets_the_cas_viewers_in_and_no_one_else() {
+    require_root();
+    let lab = Lab::up(&["--nodes", "3"]);
+    let certs = Certs::make();
+    let tls = certs.flags("api-", "agent", "ca");
+    let tls: Vec<&str> = tls.iter().map(String::as_str).collect();
+    let agents = Agents::start(&tls);
+    let pod = format!("default/{}", WEB.pod());
+    let refused = |flags: &[String]| {
+        let mut args = vec![
+            "cluster",
+            "--agents",
+            &agents.apis[0],
+            "--pod",
+            &pod,
+            "-o",
+            "json",
+        ];
+        args.extend(flags.iter().map(String::as_str));
+        let out = dnstrace(&args);
+        assert!(!out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let none = refused(&[]);
+    assert!(none.contains("no agent answered"), "{none}");
+    let stranger = refused(&certs.flags("", "stranger", "ca"));
+    assert!(stranger.contains("no agent answered"), "{stranger}");
+    let good = certs.flags("", "agent", "ca");
+    let good: Vec<&str> = good.iter().map(String::as_str).collect();
+    let mut view = view(&agents, &good);
+    let id = lookup(&lab);
+    let j = view
+        .wait_stdout_for(Duration::from_secs(10), |j| is_lookup(j, id))
+        .unwrap();
+    assert_whole_across_nodes(&j);
+    for m in &agents.metrics {
+        let page = run(Command::new("curl").args(["-sf", &format!("http://{m}/metrics")]))
+            .expect("the agent's metrics");
+        assert!(page.contains("dnstrace_lookups_total"), "{page}");
+    }
+    let (status, _, stderr) = view.stop(libc::SIGINT).unwrap();
+    assert!(status.success(), "{status}: {stderr:?}");
+    agents.stop();
+}
+
+/// The anomalies of the view's summary, at exit.
+fn summary_kinds(out: &str) -> Vec<String> {
+    let lines = json_lines(out);
+    anomaly_kinds(&lines)
+}
+
+/// Node 2's agent killed while the view runs: the view says the node is
+/// down, and its absence raises nothing (lookups that crossed to it are
+/// incomplete, never lost between nodes); the agent started again, the
+/// view says it is back, and lookups are whole again.
+#[test]
+fn a_node_whose_agent_goes_is_down_raises_nothing_and_comes_back() {
+    require_root();
+    let lab = Lab::up(&["--nodes", "3"]);
+    let mut agents = Agents::start(&[]);
+    let mut view = view(&agents, &[]);
+    let id = lookup(&lab);
+    let j = view
+        .wait_stdout_for(Duration::from_secs(10), |j| is_lookup(j, id))
+        .unwrap();
+    assert_whole_across_nodes(&j);
+    let gone = agents.running[1].take().unwrap();
+    let _ = gone.stop(libc::SIGKILL);
+    view.wait_stderr_for("node node2 is down", Duration::from_secs(10))
+        .unwrap();
+    // CoreDNS on node 2 answers some of these, seen from node 1 alone.
+    for _ in 0..8 {
+        lookup(&lab);
+    }
+    agents.running[1] = Some(agents.spawn(2));
+    view.wait_stderr_for("node node2 is back", Duration::from_secs(15))
+        .unwrap();
+    for _ in 0..4 {
+        let id = lookup(&lab);
+        let j = view
+            .wait_stdout_for(Duration::from_secs(10), |j| is_lookup(j, id))
+            .unwrap();
+        assert_whole_across_nodes(&j);
+    }
+    let (status, out, stderr) = view.stop(libc::SIGINT).unwrap();
+    assert!(status.success(), "{status}: {stderr:?}");
+    assert_eq!(summary_kinds(&out), Vec::<String>::new(), "{stderr:?}");
+    agents.stop();
+}
