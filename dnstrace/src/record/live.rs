@@ -64,6 +64,10 @@ impl Memory {
             self.pods.push_back(input.clone());
             return;
         }
+        // No memory (no flight recorder): nothing to copy.
+        if self.options.bytes == 0 {
+            return;
+        }
         self.recent.push_back((now_ns, input.clone()));
         self.bytes += size_of(input);
         let oldest = now_ns.saturating_sub(self.options.age_ns);

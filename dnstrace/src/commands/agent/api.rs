@@ -35,6 +35,9 @@ use crate::{
 /// node.
 pub const PORT: u16 = 9356;
 
+/// Viewers at once: each holds a queue, bounded, of its own.
+const MAX_VIEWERS: usize = 16;
+
 /// Evidence messages a viewer's connection holds before its encoder waits
 /// (and its queue fills, and drops).
 const IN_FLIGHT: usize = 16;
@@ -172,6 +175,11 @@ impl Observer for Api {
             .map_err(|e| Status::invalid_argument(format!("an address to watch: {e}")))?;
         if ips.is_empty() {
             return Err(Status::invalid_argument("no address to watch"));
+        }
+        if self.live.viewers() >= MAX_VIEWERS {
+            return Err(Status::resource_exhausted(format!(
+                "{MAX_VIEWERS} cluster views watch this node already"
+            )));
         }
         let sub = self
             .live
