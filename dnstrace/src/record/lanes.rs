@@ -47,16 +47,14 @@ enum Event {
     Dropped(usize, u64),
 }
 
-/// A node as the view shows it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NodeLane {
-    pub node: String,
-    pub up: bool,
+/// A node as the view follows it.
+struct NodeLane {
+    node: String,
+    up: bool,
     /// How far its stream has got, on the common time line.
-    pub at_ns: u64,
-    pub dropped: u64,
-    /// Why it went down, when it is.
-    pub why: Option<String>,
+    at_ns: u64,
+    /// Events its agent dropped for this view.
+    dropped: u64,
 }
 
 /// One held input, in time order then arrival order.
@@ -122,7 +120,6 @@ impl Lanes {
                 up: true,
                 at_ns: 0,
                 dropped: 0,
-                why: None,
             })
             .collect();
         let lanes = Self {
@@ -151,12 +148,20 @@ impl Lanes {
                     log::warn!("node {} is down: {why}", n.node);
                 }
                 n.up = false;
-                n.why = Some(why);
                 self.down_since[lane].get_or_insert(self.now_ns.max(n.at_ns));
             }
             Event::Dropped(lane, more) => {
                 let n = &mut self.nodes[lane];
+                let was = n.dropped;
                 n.dropped += more;
+                // Said as it doubles: a few lines however long it goes on.
+                if was.leading_zeros() != n.dropped.leading_zeros() {
+                    log::warn!(
+                        "node {}'s agent dropped {} events for this view so far: it sends less than it sees (the view or the network is slow)",
+                        n.node,
+                        n.dropped
+                    );
+                }
                 self.lost_total += more;
                 // Since the last time it was sure to have everything.
                 let since = self.now_ns.min(n.at_ns);
@@ -174,7 +179,6 @@ impl Lanes {
         if !n.up {
             log::info!("node {} is back", n.node);
             n.up = true;
-            n.why = None;
             self.down_since[lane] = None;
         }
         let at = time_of(&input).unwrap_or(0);
