@@ -43,6 +43,9 @@ const TEST_PACKAGES: &[&str] = &[
     // through its HTTP API with curl; promtool checks the page.
     "prometheus",
     "curl",
+    // The cluster view's certificates, made as docs/CLUSTER.md makes them
+    // (tests/tests/cluster_view.rs).
+    "openssl",
     // The agent's image is built and run with podman (tests/tests/image.rs).
     "podman",
     // Load for the agent's exact counts (tests/tests/agent.rs).
