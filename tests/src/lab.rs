@@ -173,6 +173,22 @@ pub fn lab_scope() -> Vec<&'static str> {
     .concat()
 }
 
+/// The flags that make a dnstrace node `n`'s of a lab of several
+/// (`lab up --nodes N`): its name, namespace and containerd.
+pub fn node_flags(n: u8) -> Vec<String> {
+    [
+        "--node".to_owned(),
+        format!("node{n}"),
+        "--node-netns".to_owned(),
+        format!("/run/netns/{}", lab_ns(&format!("node{n}"))),
+        "--containerd-root".to_owned(),
+        lab_path(&format!("node{n}/containerd")),
+        "--cri-socket".to_owned(),
+        lab_path(&format!("node{n}/cri/containerd.sock")),
+    ]
+    .to_vec()
+}
+
 /// The agent's API on a port of its own: several agents run at once.
 const API_ANY_PORT: [&str; 2] = ["--api-addr", "127.0.0.1:0"];
 

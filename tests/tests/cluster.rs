@@ -80,21 +80,6 @@ fn a_lookup_crosses_nodes_over_the_overlay_and_back() {
     assert_eq!(journey["outcome"]["rcode"], "NOERROR", "{journey}");
 }
 
-/// The flags that make a dnstrace node `n`'s (`lab status` prints them).
-fn node_flags(n: u8) -> Vec<String> {
-    [
-        "--node".to_owned(),
-        format!("node{n}"),
-        "--node-netns".to_owned(),
-        format!("/run/netns/{}", lab_ns(&format!("node{n}"))),
-        "--containerd-root".to_owned(),
-        lab_path(&format!("node{n}/containerd")),
-        "--cri-socket".to_owned(),
-        lab_path(&format!("node{n}/cri/containerd.sock")),
-    ]
-    .to_vec()
-}
-
 /// The network namespace inodes of node `n` and of its pods.
 fn node_scope(n: u8, pods: &[&str]) -> Vec<u64> {
     let mut all = vec![node_netns(n)];

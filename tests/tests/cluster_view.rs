@@ -57,21 +57,6 @@ impl Agents {
     }
 }
 
-/// The flags that make an agent node `n`'s.
-fn node_flags(n: u8) -> Vec<String> {
-    [
-        "--node".to_owned(),
-        format!("node{n}"),
-        "--node-netns".to_owned(),
-        format!("/run/netns/{}", lab_ns(&format!("node{n}"))),
-        "--containerd-root".to_owned(),
-        lab_path(&format!("node{n}/containerd")),
-        "--cri-socket".to_owned(),
-        lab_path(&format!("node{n}/cri/containerd.sock")),
-    ]
-    .to_vec()
-}
-
 /// `dnstrace cluster` of web's lookups over `agents`, as JSON lines.
 fn view(agents: &Agents, extra: &[&str]) -> Dnstrace {
     let pod = format!("default/{}", WEB.pod());
@@ -127,6 +112,14 @@ fn lookup(lab: &Lab) -> u16 {
     dig_id(&out).expect("dig's query id")
 }
 
+/// The view shows web's lookup `id` whole across nodes within seconds.
+fn shown_whole(view: &mut Dnstrace, id: u16) {
+    let j = view
+        .wait_stdout_for(Duration::from_secs(10), |j| is_lookup(j, id))
+        .unwrap();
+    assert_whole_across_nodes(&j);
+}
+
 /// Each of web's lookups is on the view within seconds of its answer,
 /// whole across the nodes it crossed; the view names every node.
 #[test]
@@ -140,11 +133,7 @@ fn the_cluster_view_shows_each_lookup_whole_across_nodes_as_it_happens() {
         serde_json::json!(["node1", "node2", "node3"])
     );
     for _ in 0..5 {
-        let id = lookup(&lab);
-        let j = view
-            .wait_stdout_for(Duration::from_secs(10), |j| is_lookup(j, id))
-            .unwrap();
-        assert_whole_across_nodes(&j);
+        shown_whole(&mut view, lookup(&lab));
     }
     let (status, _, stderr) = view.stop(libc::SIGINT).unwrap();
     assert!(status.success(), "{status}: {stderr:?}");
@@ -161,10 +150,7 @@ fn since_shows_the_lookups_made_before_the_view_started() {
     let before: Vec<u16> = (0..3).map(|_| lookup(&lab)).collect();
     let mut view = view(&agents, &["--since", "2m"]);
     for id in before {
-        let j = view
-            .wait_stdout_for(Duration::from_secs(10), |j| is_lookup(j, id))
-            .unwrap();
-        assert_whole_across_nodes(&j);
+        shown_whole(&mut view, id);
     }
     let (status, _, stderr) = view.stop(libc::SIGINT).unwrap();
     assert!(status.success(), "{status}: {stderr:?}");
@@ -255,11 +241,7 @@ fn mutual_tls_lets_the_cas_viewers_in_and_no_one_else() {
     let good = certs.flags("", "agent", "ca");
     let good: Vec<&str> = good.iter().map(String::as_str).collect();
     let mut view = view(&agents, &good);
-    let id = lookup(&lab);
-    let j = view
-        .wait_stdout_for(Duration::from_secs(10), |j| is_lookup(j, id))
-        .unwrap();
-    assert_whole_across_nodes(&j);
+    shown_whole(&mut view, lookup(&lab));
     for m in &agents.metrics {
         let page = run(Command::new("curl").args(["-sf", &format!("http://{m}/metrics")]))
             .expect("the agent's metrics");
@@ -286,11 +268,7 @@ fn a_node_whose_agent_goes_is_down_raises_nothing_and_comes_back() {
     let lab = Lab::up(&["--nodes", "3"]);
     let mut agents = Agents::start(&[]);
     let mut view = view(&agents, &[]);
-    let id = lookup(&lab);
-    let j = view
-        .wait_stdout_for(Duration::from_secs(10), |j| is_lookup(j, id))
-        .unwrap();
-    assert_whole_across_nodes(&j);
+    shown_whole(&mut view, lookup(&lab));
     let gone = agents.running[1].take().unwrap();
     let _ = gone.stop(libc::SIGKILL);
     view.wait_stderr_for("node node2 is down", Duration::from_secs(10))
@@ -303,11 +281,7 @@ fn a_node_whose_agent_goes_is_down_raises_nothing_and_comes_back() {
     view.wait_stderr_for("node node2 is back", Duration::from_secs(15))
         .unwrap();
     for _ in 0..4 {
-        let id = lookup(&lab);
-        let j = view
-            .wait_stdout_for(Duration::from_secs(10), |j| is_lookup(j, id))
-            .unwrap();
-        assert_whole_across_nodes(&j);
+        shown_whole(&mut view, lookup(&lab));
     }
     let (status, out, stderr) = view.stop(libc::SIGINT).unwrap();
     assert!(status.success(), "{status}: {stderr:?}");

@@ -14,7 +14,7 @@ use std::{
 
 use tokio::sync::mpsc;
 
-use super::{watch::Watch, Meta};
+use super::{replay::time_of, watch::Watch, Meta};
 use crate::{
     decode::Packet,
     diagnose::Anomaly,
@@ -275,20 +275,7 @@ fn after(input: Input, after_ns: u64) -> Option<Input> {
             (!b.is_empty()).then_some(Input::Packets(b))
         }
         Input::Pods { .. } => Some(input),
-        other => (time_of(&other) > after_ns).then_some(other),
-    }
-}
-
-/// When an input that is no packet happened.
-fn time_of(input: &Input) -> u64 {
-    match input {
-        Input::Packets(b) => b.last().map_or(0, |p| p.ts_ns),
-        Input::Conntrack { now_ns, .. }
-        | Input::Counters { now_ns, .. }
-        | Input::Lost { now_ns, .. }
-        | Input::Pods { now_ns, .. }
-        | Input::Tick(now_ns) => *now_ns,
-        Input::Sample(c) => c.now_ns,
+        other => (time_of(&other).unwrap_or(0) > after_ns).then_some(other),
     }
 }
 
