@@ -24,3 +24,13 @@ pub const ROLE_RESOLVER: u8 = 2;
 
 /// Addresses watched at most.
 pub const MAX_WATCHED: u32 = 256;
+
+/// Client addresses a cluster view follows whole at most (`VIEWED`):
+/// every viewer's pods on this node, together.
+pub const MAX_VIEWED: u32 = 64;
+/// Labels of viewed lookups remembered at most (`VIEWED_LABELS`).
+pub const MAX_VIEWED_LABELS: u32 = 4096;
+/// How long after a viewed lookup's packet its label keeps the packets of
+/// other addresses: a resolver's queries upstream for it carry the
+/// resolver's address, and its retries and upstream's timeout fit in this.
+pub const VIEWED_LABEL_NS: u64 = 10_000_000_000;

@@ -19,8 +19,8 @@ use dnstrace_common::{
     port_slot, sample, wakes_reader, ApartHead, EventHeader, EventKind, IfaceConfig, KernelOffsets,
     PacketMeta, SampleLevel, TargetFilter, APART_HEAD_SIZE, COUNTERS, COUNT_APART_LOST, COUNT_LOST,
     COUNT_SHED, CT_SPAN_MAX, FLAG_CONNTRACK, FLAG_PAYLOAD_APART, L2_LEN_MIXED, MAX_SCOPE,
-    MAX_WATCHED, PACKET_META_SIZE, PAYLOAD_MAX, PORT_WORDS, ROLE_RESOLVER, ROLE_TARGET,
-    SCHEMA_VERSION,
+    MAX_VIEWED, MAX_VIEWED_LABELS, MAX_WATCHED, PACKET_META_SIZE, PAYLOAD_MAX, PORT_WORDS,
+    ROLE_RESOLVER, ROLE_TARGET, SCHEMA_VERSION, VIEWED_LABEL_NS,
 };
 
 #[map]
@@ -281,6 +281,55 @@ pub fn sampled_in(head: &[u8; 32], valid: u32) -> bool {
         name,
         (valid as usize).saturating_sub(sample::QNAME_AT),
     ))
+}
+
+/// Client addresses a cluster view follows whole (`dnstrace cluster`),
+/// whatever the level, the budget and the windows; as WATCHED's keys.
+#[map]
+static VIEWED: HashMap<[u32; 4], u8> = HashMap::with_max_entries(MAX_VIEWED, 0);
+
+/// How many addresses VIEWED holds: with none, no packet pays for a look.
+#[map]
+static VIEWING: Array<u32> = Array::with_max_entries(1, 0);
+
+/// Label hashes of viewed lookups, and when a packet of theirs was last
+/// seen: a resolver's queries upstream for them carry its own address.
+#[map]
+static VIEWED_LABELS: LruHashMap<u32, u64> = LruHashMap::with_max_entries(MAX_VIEWED_LABELS, 0);
+
+/// Whether a cluster view follows some addresses: the device hooks then
+/// run between windows too, for their lookups.
+#[inline(always)]
+pub fn viewing() -> bool {
+    VIEWING.get(0).is_some_and(|n| *n > 0)
+}
+
+/// Whether a cluster view follows the lookup of a UDP packet whose payload
+/// starts with `head` (`valid` bytes of it the packet's): to or from a
+/// viewed address, or of the label of one lately seen.
+#[inline(always)]
+pub fn viewed(m: &PacketMeta, head: &[u8; 32], valid: u32) -> bool {
+    if !viewing() {
+        return false;
+    }
+    let Some(name) = head[sample::QNAME_AT..].first_chunk::<{ sample::HEAD }>() else {
+        return false;
+    };
+    let label = sample::label_hash(name, (valid as usize).saturating_sub(sample::QNAME_AT));
+    // SAFETY: a helper with no arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let by_address = |a: &[u8; 16]| {
+        // SAFETY: as in `role`.
+        let key = unsafe { (&raw const *a).cast::<[u32; 4]>().read() };
+        VIEWED.get_ptr(key).is_some()
+    };
+    if by_address(&m.saddr) || by_address(&m.daddr) {
+        let _ = VIEWED_LABELS.insert(label, now, 0);
+        return true;
+    }
+    // SAFETY: map lookup; the value is copied out.
+    unsafe { VIEWED_LABELS.get(label) }
+        .is_some_and(|seen| now.saturating_sub(*seen) < VIEWED_LABEL_NS)
 }
 
 /// Whether the level follows nothing now (`SampleLevel::PAUSED`): a

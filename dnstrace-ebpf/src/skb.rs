@@ -11,7 +11,7 @@ use crate::{
     lookups::{self, Ends},
     maps::{
         filtered, in_scope, offset, offsets, paused, sampled_in, scoped, scratch, send, send_apart,
-        shed, wanted, Scratch,
+        shed, viewed, viewing, wanted, Scratch,
     },
     parse::{
         copy_payload, dns_headers, helper_result, transport, Reader, ETH_P_IP, ETH_P_IPV6,
@@ -109,7 +109,7 @@ pub fn try_capture<K: Kernel, const APART: bool>(
 ) -> Result<(), i64> {
     // Between the agent's windows of following, only a drop is read: it
     // marks its lookup's count.
-    if hook != Hook::Drop && paused() {
+    if hook != Hook::Drop && paused() && !viewing() {
         return Ok(());
     }
     // Everything up to the ports is on the path of every packet: as few
@@ -145,7 +145,7 @@ pub fn try_capture<K: Kernel, const APART: bool>(
         if hook == Hook::Drop && valid >= 12 && s.meta.frag_offset == 0 && lookups::enabled() {
             mark_dropped::<K>(skb, &o, s);
         }
-        if !filtered() && !sampled_in(&s.head, valid) {
+        if !filtered() && !sampled_in(&s.head, valid) && !viewed(&s.meta, &s.head, valid) {
             return Err(shed());
         }
     }
@@ -159,7 +159,7 @@ pub fn try_capture<K: Kernel, const APART: bool>(
         return Err(skip(Why::NotTarget, s.meta.netns));
     }
     if let Some(valid) = head {
-        if filtered() && !sampled_in(&s.head, valid) {
+        if filtered() && !sampled_in(&s.head, valid) && !viewed(&s.meta, &s.head, valid) {
             return Err(shed());
         }
     }

@@ -4,7 +4,7 @@ use dnstrace_common::{Hook, L2_LEN_MIXED};
 
 use crate::{
     debug::{skip, Why},
-    maps::{iface, in_scope, sampled_in, scoped, scratch, send, shed, tc_l2_len, wanted},
+    maps::{iface, in_scope, sampled_in, scoped, scratch, send, shed, tc_l2_len, viewed, wanted},
     packet::Packet,
     parse::{copy_payload, dns_headers, transport, Reader, IPPROTO_UDP},
 };
@@ -43,7 +43,7 @@ pub fn try_capture(ctx: &TcContext, hook: Hook) -> Result<(), i64> {
     let cap = copy_payload(&r, &l4, s)?;
     if s.meta.l4_proto == IPPROTO_UDP {
         let head = s.payload.first_chunk::<32>().copied().unwrap_or([0; 32]);
-        if !sampled_in(&head, cap as u32) {
+        if !sampled_in(&head, cap as u32) && !viewed(&s.meta, &head, cap as u32) {
             return Err(shed());
         }
     }

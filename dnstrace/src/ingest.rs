@@ -16,7 +16,7 @@ mod sampler;
 
 use reader::{Batch, Chunk};
 pub use ring::Ring;
-pub use sampler::{SampleChange, SampleMode, Sampler};
+pub use sampler::{SampleChange, SampleMode, Sampler, Viewed};
 
 pub struct Ingest {
     batches: mpsc::Receiver<Batch>,

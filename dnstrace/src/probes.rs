@@ -11,6 +11,7 @@ mod offsets;
 use std::{
     collections::BTreeSet,
     fmt::Write as _,
+    net::IpAddr,
     path::{Path, PathBuf},
 };
 
@@ -30,7 +31,8 @@ pub use kernel_log::{BpfLog, KernelLog};
 use dnstrace_common::{
     lookups::{LookupCount, LookupKey, Pending, PendingKey},
     port_slot, IfaceConfig, KernelOffsets, SampleLevel, TargetFilter, COUNT_APART_LOST,
-    COUNT_FOLLOWED, COUNT_LOST, COUNT_SHED, COUNT_STARTED, L2_LEN_MIXED, MAX_SCOPE, PORT_WORDS,
+    COUNT_FOLLOWED, COUNT_LOST, COUNT_SHED, COUNT_STARTED, L2_LEN_MIXED, MAX_SCOPE, MAX_VIEWED,
+    PORT_WORDS,
 };
 
 /// What to attach, and how: the probes' own options, which the command
@@ -192,6 +194,51 @@ impl Watched {
             self.addrs.insert(key, role, 0).context("WATCHED map")?;
         }
         Ok(())
+    }
+}
+
+/// Addresses as the programs store them: IPv4 in the first four bytes.
+pub fn address_key(ip: IpAddr) -> [u8; 16] {
+    match ip {
+        IpAddr::V4(v4) => {
+            let mut k = [0; 16];
+            k[..4].copy_from_slice(&v4.octets());
+            k
+        }
+        IpAddr::V6(v6) => v6.octets(),
+    }
+}
+
+/// The client addresses cluster views follow whole, whatever the level
+/// (`VIEWED`), and their count, which spares every packet the look while
+/// it is 0.
+pub struct ViewMap {
+    addrs: HashMap<MapData, [u8; 16], u8>,
+    count: Array<MapData, u32>,
+}
+
+impl ViewMap {
+    /// Makes the map hold `ips` and nothing else: the count first to 0 and
+    /// last to how many, so that no packet looks while it changes.
+    pub fn set(&mut self, ips: &[IpAddr]) -> Result<()> {
+        anyhow::ensure!(
+            ips.len() <= MAX_VIEWED as usize,
+            "{} addresses viewed, more than {MAX_VIEWED}",
+            ips.len()
+        );
+        self.count.set(0, 0, 0).context("VIEWING map")?;
+        let old: Vec<[u8; 16]> = self.addrs.keys().filter_map(Result::ok).collect();
+        for key in &old {
+            self.addrs.remove(key).context("VIEWED map")?;
+        }
+        for ip in ips {
+            self.addrs
+                .insert(address_key(*ip), 1, 0)
+                .context("VIEWED map")?;
+        }
+        self.count
+            .set(0, ips.len() as u32, 0)
+            .context("VIEWING map")
     }
 }
 
@@ -928,6 +975,14 @@ impl Probes {
         Ok(Watched {
             addrs: self.own_map("WATCHED")?.try_into()?,
             netns: self.own_map("TARGET_NETNS")?.try_into()?,
+        })
+    }
+
+    /// A handle of its own on the addresses cluster views follow.
+    pub fn view_map(&self) -> Result<ViewMap> {
+        Ok(ViewMap {
+            addrs: self.own_map("VIEWED")?.try_into()?,
+            count: self.own_map("VIEWING")?.try_into()?,
         })
     }
 

@@ -19,7 +19,7 @@ use crate::{
         workload::Workload,
         Pod,
     },
-    probes::{KernelFilter, KernelScope},
+    probes::{address_key, KernelFilter, KernelScope},
 };
 
 pub mod follow;
@@ -244,7 +244,7 @@ fn watched(target: &[IpAddr], resolvers: &BTreeSet<IpAddr>) -> Result<Vec<([u8; 
         .map(|ip| (*ip, ROLE_TARGET))
         .chain(resolvers.iter().map(|ip| (*ip, ROLE_RESOLVER)));
     for (ip, role) in roles {
-        let key = key(ip);
+        let key = address_key(ip);
         match watched.iter_mut().find(|(k, _)| *k == key) {
             Some((_, r)) => *r |= role,
             None => watched.push((key, role)),
@@ -256,18 +256,6 @@ fn watched(target: &[IpAddr], resolvers: &BTreeSet<IpAddr>) -> Result<Vec<([u8; 
         watched.len()
     );
     Ok(watched)
-}
-
-/// Addresses as the programs store them: IPv4 in the first four bytes.
-fn key(ip: IpAddr) -> [u8; 16] {
-    match ip {
-        IpAddr::V4(v4) => {
-            let mut k = [0; 16];
-            k[..4].copy_from_slice(&v4.octets());
-            k
-        }
-        IpAddr::V6(v6) => v6.octets(),
-    }
 }
 
 /// The node's running pods, as the runtime's state and their namespaces
@@ -429,13 +417,13 @@ mod tests {
         let role = |s: &str| {
             k.watched
                 .iter()
-                .find(|(a, _)| *a == key(ip(s)))
+                .find(|(a, _)| *a == address_key(ip(s)))
                 .map(|(_, r)| *r)
         };
         assert_eq!(role("10.244.0.10"), Some(ROLE_TARGET | ROLE_RESOLVER));
         assert_eq!(role("10.244.0.53"), Some(ROLE_RESOLVER));
         assert_eq!(role("fd00::10"), Some(ROLE_TARGET));
-        assert_eq!(key(ip("10.1.2.3"))[..5], [10, 1, 2, 3, 0]);
+        assert_eq!(address_key(ip("10.1.2.3"))[..5], [10, 1, 2, 3, 0]);
     }
 
     #[test]

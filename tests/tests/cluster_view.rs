@@ -18,16 +18,23 @@ struct Agents {
     apis: Vec<String>,
     metrics: Vec<String>,
     extra: Vec<String>,
+    keep: Keep,
 }
 
 impl Agents {
+    /// Agents that keep every lookup.
     fn start(extra: &[&str]) -> Self {
+        Self::start_keeping(Keep::Every, extra)
+    }
+
+    fn start_keeping(keep: Keep, extra: &[&str]) -> Self {
         let addr = || format!("127.0.0.1:{}", free_port());
         let mut agents = Self {
             running: Vec::new(),
             apis: (0..3).map(|_| addr()).collect(),
             metrics: (0..3).map(|_| addr()).collect(),
             extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+            keep,
         };
         agents.running = (1..=3).map(|n| Some(agents.spawn(n))).collect();
         agents
@@ -42,7 +49,7 @@ impl Agents {
         args.extend(node_flags(n));
         args.extend(self.extra.iter().cloned());
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        Dnstrace::start_here(Keep::Every, &args).unwrap()
+        Dnstrace::start_here(self.keep, &args).unwrap()
     }
 
     fn list(&self) -> String {
@@ -154,6 +161,56 @@ fn since_shows_the_lookups_made_before_the_view_started() {
     }
     let (status, _, stderr) = view.stop(libc::SIGINT).unwrap();
     assert!(status.success(), "{status}: {stderr:?}");
+    agents.stop();
+}
+
+/// Every agent on a budget of a lookup a second, past it on every node
+/// and so following in windows, the device tracepoints detached most of
+/// the time: while the view watches web, each of web's lookups is still
+/// followed whole on every node it crosses; once the view goes, the
+/// agents are back on their budget alone.
+#[test]
+fn a_watched_pods_lookups_are_followed_whole_whatever_the_budget() {
+    require_root();
+    let lab = Lab::up(&["--nodes", "3"]);
+    let mut agents = Agents::start_keeping(Keep::Sampled, &["--follow-max", "1"]);
+    let mut traffic = Command::new(dnstrace_bin())
+        .args(["lab", "traffic", "--rate", "5", "--duration", "90s"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("lab traffic");
+    for agent in agents.running.iter_mut().flatten() {
+        agent
+            .wait_stderr_for("following in windows", Duration::from_secs(30))
+            .unwrap();
+    }
+    let mut view = view(&agents, &[]);
+    for agent in agents.running.iter_mut().flatten() {
+        agent
+            .wait_stderr_for(
+                &format!("a cluster view watches {WEB_IP}"),
+                Duration::from_secs(10),
+            )
+            .unwrap();
+    }
+    // Over several seconds: most of them while the windows are shut.
+    let ids: Vec<u16> = (0..20)
+        .map(|_| {
+            std::thread::sleep(Duration::from_millis(250));
+            lookup(&lab)
+        })
+        .collect();
+    for id in ids {
+        shown_whole(&mut view, id);
+    }
+    let (status, _, stderr) = view.stop(libc::SIGINT).unwrap();
+    assert!(status.success(), "{status}: {stderr:?}");
+    let node1 = agents.running[0].as_mut().unwrap();
+    node1
+        .wait_stderr_for("no cluster view now", Duration::from_secs(10))
+        .unwrap();
+    let _ = traffic.kill();
+    let _ = traffic.wait();
     agents.stop();
 }
 

@@ -14,11 +14,11 @@ use crate::{
     correlate::Limits,
     decode::{kernel::Preload, KernelNames, NodeId, Packet},
     diagnose::{ConntrackAtStart, Context, Translation},
-    ingest::SampleChange,
     ingest::{
         lookups::{Counted, LookupCounter},
         Ingest, Read, Ring, SampleMode, Sampler,
     },
+    ingest::{SampleChange, Viewed},
     links::LinkWatch,
     metrics::Stats,
     naming::{Names, Services},
@@ -111,6 +111,20 @@ pub(super) struct Started {
     pub log_file: Option<std::path::PathBuf>,
 }
 
+/// Whose lookups cluster views follow now, said on stderr.
+fn say_viewed(viewed: &Viewed) {
+    match viewed.ips() {
+        [] => log::info!("no cluster view now: following by the budget alone again"),
+        ips => {
+            let ips: Vec<String> = ips.iter().map(ToString::to_string).collect();
+            log::info!(
+                "a cluster view watches {}: their lookups followed whole, whatever the budget",
+                ips.join(", ")
+            );
+        }
+    }
+}
+
 /// `trace`'s views: lines of packets or journeys, or the live view.
 struct Views(View);
 
@@ -180,12 +194,18 @@ pub(super) async fn capture<C: Consume>(
         ),
         false => None,
     };
+    // The agent's cluster views follow their lookups whole.
+    let views = match &args.live {
+        Some(live) => Some((probes.view_map()?, live.views())),
+        None => None,
+    };
     let sampler = Sampler::new(probes.take_sample_level()?, probes.counts()?, args.sample)
         .with_seed(args.sample_seed)
         .with_budget(args.follow_max)
         .with_windows(
             (args.follow_windows && args.probes.count_lookups).then(|| probes.take_device_hooks()),
-        );
+        )
+        .with_views(views);
     // Root reads real addresses from kallsyms; drop locations need them.
     // Opened now, while privileged; read once a drop is seen, or now when
     // recording.
@@ -515,6 +535,8 @@ pub(super) struct LiveSource<'a> {
     preload: Preload,
     /// The sampling level now, and how it is chosen.
     level: SampleLevel,
+    /// Whose lookups cluster views follow whole now.
+    viewed: Viewed,
     mode: SampleMode,
     /// The lookups the kernel counts, when it does (the agent).
     lookups: Option<LookupCounter>,
@@ -542,6 +564,7 @@ impl<'a> LiveSource<'a> {
             looked_ns: monotonic_now(),
             queued: VecDeque::new(),
             level: SampleLevel::default(),
+            viewed: Viewed::default(),
             mode,
             lookups,
         }
@@ -558,6 +581,10 @@ impl<'a> LiveSource<'a> {
     /// A change of the sampling level, said on stderr (a new seed alone
     /// is not).
     fn sampling(&mut self, change: SampleChange) -> Input {
+        if change.viewed != self.viewed {
+            say_viewed(&change.viewed);
+            self.viewed = change.viewed.clone();
+        }
         // The agent's windows pause every few seconds: said once, by the
         // governor.
         if change.level.paused() {

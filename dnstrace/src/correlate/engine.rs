@@ -457,7 +457,7 @@ impl Engine {
         ready
             .into_iter()
             .take(CLOSE_BATCH)
-            .filter_map(|(_, id, slot)| self.close(Ref::new(slot, id), now_ns))
+            .filter_map(|(_, id, slot)| self.close(Ref::new(slot, id), now_ns, None))
             .collect()
     }
 
@@ -590,19 +590,22 @@ impl Engine {
                     .all(|&c| self.open.at(c).is_none_or(|c| self.finished(c, now))))
     }
 
-    fn close(&mut self, r: Ref, now_ns: u64) -> Option<Journey> {
+    /// Closes a journey, and its upstream queries as the lookup of `root`'s
+    /// client (a cluster view follows them whole for it).
+    fn close(&mut self, r: Ref, now_ns: u64, root: Option<IpAddr>) -> Option<Journey> {
         let mut o = self.open.remove(r)?;
         self.forget(r.slot, &o);
+        let client = root.unwrap_or(o.client().ip());
         let upstream = std::mem::take(&mut o.children)
             .into_vec()
             .into_iter()
-            .filter_map(|c| self.close(c, now_ns))
+            .filter_map(|c| self.close(c, now_ns, Some(client)))
             .collect();
         if self.overlaps_loss(o.started_ns, now_ns) {
             o.incomplete = Some(Gap::Lost);
         }
         let label = (!o.has(JourneyFlags::TCP)).then_some(o.label);
-        let Some(sampled) = self.sampling.kept(label, o.first_ns(), now_ns) else {
+        let Some(sampled) = self.sampling.kept(label, client, o.first_ns(), now_ns) else {
             self.shed += 1;
             return None;
         };

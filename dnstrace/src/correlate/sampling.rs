@@ -5,12 +5,16 @@
 //! out otherwise, never shown with legs missing. In a replay of several
 //! nodes' recordings each node's kernel had a level of its own: a journey
 //! must pass every node's, as which nodes it would have crossed is not
-//! known where a level left its legs out.
-use std::collections::VecDeque;
+//! known where a level left its legs out. A lookup whose client a cluster
+//! view followed (`SampleChange::viewed`) was kept whatever the level.
+use std::{collections::VecDeque, net::IpAddr};
 
 use dnstrace_common::SampleLevel;
 
-use crate::{decode::NodeId, ingest::SampleChange};
+use crate::{
+    decode::NodeId,
+    ingest::{SampleChange, Viewed},
+};
 
 /// How far from a change a packet may have been decided by the level on
 /// its other side: a program reads the level before it takes the time,
@@ -35,8 +39,9 @@ impl Sampling {
             Some((_, levels)) => levels.change(c),
             None => {
                 let mut levels = Levels::default();
+                let node = c.node;
                 levels.change(c);
-                self.nodes.push((c.node, levels));
+                self.nodes.push((node, levels));
             }
         }
     }
@@ -53,12 +58,18 @@ impl Sampling {
         levels.max_by_key(|l| l.shift).unwrap_or_default()
     }
 
-    /// The strictest level of any node a journey was kept under (see
-    /// `Levels::kept`); None if one of them would have left it out.
-    pub(super) fn kept(&self, label: Option<u32>, start: u64, end: u64) -> Option<SampleLevel> {
+    /// The strictest level of any node a journey of `client` was kept
+    /// under (see `Levels::kept`); None if one of them would have left it out.
+    pub(super) fn kept(
+        &self,
+        label: Option<u32>,
+        client: IpAddr,
+        start: u64,
+        end: u64,
+    ) -> Option<SampleLevel> {
         let mut strictest = SampleLevel::default();
         for (_, levels) in &self.nodes {
-            let level = levels.kept(label, start, end)?;
+            let level = levels.kept(label, client, start, end)?;
             if level.shift > strictest.shift {
                 strictest = level;
             }
@@ -70,8 +81,9 @@ impl Sampling {
 /// One node's levels: the changes a journey that may still close spans.
 #[derive(Default)]
 struct Levels {
-    /// The level before the first change remembered.
-    first: SampleLevel,
+    /// The level, and whom views followed, before the first change
+    /// remembered.
+    first: (SampleLevel, Viewed),
     changes: VecDeque<SampleChange>,
 }
 
@@ -96,24 +108,34 @@ impl Levels {
 
     fn fold_oldest(&mut self) {
         if let Some(c) = self.changes.pop_front() {
-            self.first = c.level;
+            self.first = (c.level, c.viewed);
         }
     }
 
     /// The level in effect now.
     fn now(&self) -> SampleLevel {
-        self.changes.back().map_or(self.first, |c| c.level)
+        self.changes.back().map_or(self.first.0, |c| c.level)
     }
 
-    /// The strictest level a journey whose first label hashes to `label`
-    /// (None over TCP, which is never left out) was kept under while open
-    /// from `start` to `end`; None if one of them would have left it out.
-    fn kept(&self, label: Option<u32>, start: u64, end: u64) -> Option<SampleLevel> {
+    /// The strictest level a journey of `client` whose first label hashes
+    /// to `label` (None over TCP, which is never left out) was kept under
+    /// while open from `start` to `end`, the level of none while a view
+    /// followed its client; None if one of them would have left it out.
+    fn kept(
+        &self,
+        label: Option<u32>,
+        client: IpAddr,
+        start: u64,
+        end: u64,
+    ) -> Option<SampleLevel> {
         let Some(label) = label else {
             return Some(SampleLevel::default());
         };
         let mut strictest = SampleLevel::default();
-        for level in self.in_effect(start, end) {
+        for (level, viewed) in self.in_effect(start, end) {
+            if viewed.contains(client) {
+                continue;
+            }
             if !level.keeps(label) {
                 return None;
             }
@@ -124,12 +146,14 @@ impl Levels {
         Some(strictest)
     }
 
-    /// The levels in effect at some moment from `start` to `end`: each
-    /// level from the change that set it to the one that ended it, with
-    /// each change's window and slack counted on both sides of it.
-    fn in_effect(&self, start: u64, end: u64) -> impl Iterator<Item = SampleLevel> + '_ {
+    /// The levels in effect at some moment from `start` to `end`, with
+    /// whom views followed: each from the change that set it to the one
+    /// that ended it, with each change's window and slack counted on both
+    /// sides of it.
+    fn in_effect(&self, start: u64, end: u64) -> impl Iterator<Item = (SampleLevel, &Viewed)> {
         let changes = self.changes.iter();
-        let levels = std::iter::once(self.first).chain(changes.clone().map(|c| c.level));
+        let levels = std::iter::once((self.first.0, &self.first.1))
+            .chain(changes.clone().map(|c| (c.level, &c.viewed)));
         let from =
             std::iter::once(0).chain(changes.clone().map(|c| c.since_ns.saturating_sub(SLACK_NS)));
         let to = changes
@@ -147,6 +171,7 @@ mod tests {
     use super::*;
 
     const MS: u64 = 1_000_000;
+    const CLIENT: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(10, 244, 1, 5));
 
     fn level(shift: u32) -> SampleLevel {
         SampleLevel { shift, seed: 42 }
@@ -175,6 +200,7 @@ mod tests {
             level: level(shift),
             budget: false,
             node,
+            viewed: Default::default(),
         };
         sampling.change(c);
     }
@@ -190,19 +216,26 @@ mod tests {
             level: SampleLevel::PAUSED,
             budget: false,
             node: NodeId(0),
+            viewed: Default::default(),
         });
         at(&mut s, 16_000, 0);
-        assert_eq!(shift(s.kept(Some(7), 500 * MS, 600 * MS)), Some(0));
-        assert_eq!(shift(s.kept(Some(7), 1950 * MS, 2050 * MS)), None);
-        assert_eq!(shift(s.kept(Some(7), 15_950 * MS, 16_050 * MS)), None);
-        assert_eq!(shift(s.kept(Some(7), 16_500 * MS, 16_600 * MS)), Some(0));
+        assert_eq!(shift(s.kept(Some(7), CLIENT, 500 * MS, 600 * MS)), Some(0));
+        assert_eq!(shift(s.kept(Some(7), CLIENT, 1950 * MS, 2050 * MS)), None);
+        assert_eq!(
+            shift(s.kept(Some(7), CLIENT, 15_950 * MS, 16_050 * MS)),
+            None
+        );
+        assert_eq!(
+            shift(s.kept(Some(7), CLIENT, 16_500 * MS, 16_600 * MS)),
+            Some(0)
+        );
         assert_eq!(s.now(), level(0));
     }
 
     #[test]
     fn nothing_is_left_out_before_any_change() {
         let s = Sampling::default();
-        assert_eq!(shift(s.kept(Some(7), 0, 10 * MS)), Some(0));
+        assert_eq!(shift(s.kept(Some(7), CLIENT, 0, 10 * MS)), Some(0));
         assert_eq!(s.now(), SampleLevel::default());
     }
 
@@ -214,13 +247,25 @@ mod tests {
         at(&mut s, 1000, 2);
         let half = label_kept_up_to(1);
         let quarter = label_kept_up_to(2);
-        assert_eq!(shift(s.kept(Some(half), 100 * MS, 200 * MS)), Some(0));
-        assert_eq!(shift(s.kept(Some(half), 900 * MS, 1200 * MS)), None);
-        assert_eq!(shift(s.kept(Some(quarter), 900 * MS, 1200 * MS)), Some(2));
-        assert_eq!(shift(s.kept(Some(half), 1500 * MS, 1600 * MS)), None);
+        assert_eq!(
+            shift(s.kept(Some(half), CLIENT, 100 * MS, 200 * MS)),
+            Some(0)
+        );
+        assert_eq!(shift(s.kept(Some(half), CLIENT, 900 * MS, 1200 * MS)), None);
+        assert_eq!(
+            shift(s.kept(Some(quarter), CLIENT, 900 * MS, 1200 * MS)),
+            Some(2)
+        );
+        assert_eq!(
+            shift(s.kept(Some(half), CLIENT, 1500 * MS, 1600 * MS)),
+            None
+        );
         // Within the slack of the change: either level may have decided.
-        assert_eq!(shift(s.kept(Some(half), 1050 * MS, 1060 * MS)), None);
-        assert_eq!(shift(s.kept(Some(half), 850 * MS, 920 * MS)), None);
+        assert_eq!(
+            shift(s.kept(Some(half), CLIENT, 1050 * MS, 1060 * MS)),
+            None
+        );
+        assert_eq!(shift(s.kept(Some(half), CLIENT, 850 * MS, 920 * MS)), None);
         assert_eq!(s.now(), level(2));
     }
 
@@ -232,9 +277,19 @@ mod tests {
         at(&mut s, 1000, 2);
         at(&mut s, 2000, 1);
         let half = label_kept_up_to(1);
-        assert_eq!(shift(s.kept(Some(half), 2050 * MS, 2060 * MS)), None);
-        assert_eq!(shift(s.kept(Some(half), 2200 * MS, 2300 * MS)), Some(1));
-        assert_eq!(shift(s.kept(None, 1500 * MS, 2500 * MS)), Some(0), "TCP");
+        assert_eq!(
+            shift(s.kept(Some(half), CLIENT, 2050 * MS, 2060 * MS)),
+            None
+        );
+        assert_eq!(
+            shift(s.kept(Some(half), CLIENT, 2200 * MS, 2300 * MS)),
+            Some(1)
+        );
+        assert_eq!(
+            shift(s.kept(None, CLIENT, 1500 * MS, 2500 * MS)),
+            Some(0),
+            "TCP"
+        );
     }
 
     #[test]
@@ -249,11 +304,14 @@ mod tests {
         assert_eq!(levels(&s).changes.len(), 2, "a journey from 1 s spans both");
         s.forget_before(2000 * MS);
         assert_eq!(levels(&s).changes.len(), 1);
-        assert_eq!(levels(&s).first, level(3));
+        assert_eq!(levels(&s).first.0, level(3));
         let quarter = label_kept_up_to(2);
-        assert_eq!(shift(s.kept(Some(quarter), 59_000 * MS, 59_010 * MS)), None);
         assert_eq!(
-            shift(s.kept(Some(quarter), 61_000 * MS, 61_010 * MS)),
+            shift(s.kept(Some(quarter), CLIENT, 59_000 * MS, 59_010 * MS)),
+            None
+        );
+        assert_eq!(
+            shift(s.kept(Some(quarter), CLIENT, 61_000 * MS, 61_010 * MS)),
             Some(2)
         );
         for n in 0..300 {
@@ -272,8 +330,40 @@ mod tests {
         at_node(&mut s, NodeId(2), 2000, 0);
         let half = label_kept_up_to(1);
         let quarter = label_kept_up_to(2);
-        assert_eq!(shift(s.kept(Some(half), 3000 * MS, 3100 * MS)), None);
-        assert_eq!(shift(s.kept(Some(quarter), 3000 * MS, 3100 * MS)), Some(2));
+        assert_eq!(
+            shift(s.kept(Some(half), CLIENT, 3000 * MS, 3100 * MS)),
+            None
+        );
+        assert_eq!(
+            shift(s.kept(Some(quarter), CLIENT, 3000 * MS, 3100 * MS)),
+            Some(2)
+        );
         assert_eq!(s.now(), level(2));
+    }
+
+    /// A view follows web's lookups whole from when it began: under any
+    /// level and across a pause; not one open as it began, nor another
+    /// client's.
+    #[test]
+    fn a_viewed_clients_lookups_are_kept_whatever_the_level() {
+        let mut s = Sampling::default();
+        let change = |ms: u64, level, viewed: &Viewed| SampleChange {
+            since_ns: ms * MS,
+            now_ns: ms * MS + MS,
+            level,
+            budget: true,
+            node: NodeId(0),
+            viewed: viewed.clone(),
+        };
+        let web = Viewed::new([CLIENT]);
+        s.change(change(1000, level(10), &Viewed::default()));
+        s.change(change(2000, level(10), &web));
+        s.change(change(3000, SampleLevel::PAUSED, &web));
+        let out = Some(label_kept_up_to(0));
+        assert_eq!(shift(s.kept(out, CLIENT, 2500 * MS, 2600 * MS)), Some(0));
+        assert_eq!(shift(s.kept(out, CLIENT, 2900 * MS, 3200 * MS)), Some(0));
+        assert_eq!(shift(s.kept(out, CLIENT, 1900 * MS, 2050 * MS)), None);
+        let other = IpAddr::V4(std::net::Ipv4Addr::new(10, 244, 2, 7));
+        assert_eq!(shift(s.kept(out, other, 2500 * MS, 2600 * MS)), None);
     }
 }

@@ -1066,6 +1066,7 @@ fn a_rise_leaves_out_whole_the_journeys_it_may_have_cut() {
         level,
         budget: false,
         node: Default::default(),
+        viewed: Default::default(),
     });
     for r in &kept_legs[4..] {
         e.push(r);
@@ -1098,6 +1099,7 @@ fn journeys_under_one_level_are_all_shown() {
         level,
         budget: false,
         node: Default::default(),
+        viewed: Default::default(),
     });
     let after = healthy_named(
         3000 * MS,

@@ -345,6 +345,8 @@ impl<R: Records + AsRawFd> Reader<R> {
             }
             self.changes.extend(change);
         }
+        // The level stays: what fills the ring is kept as before.
+        self.changes.extend(g.sampler.view());
     }
 
     /// A batch was queued: counted, and once the reader has read past where

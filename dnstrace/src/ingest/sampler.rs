@@ -3,17 +3,20 @@
 //! keeps fewer lookups, each whole (see `dnstrace_common::sample`), rather
 //! than losing events at random from all of them; when it has kept up for
 //! a while, it keeps more again. Until then it keeps every lookup.
+use std::{net::IpAddr, sync::Arc};
+
 use dnstrace_common::{sample::MAX_SHIFT, SampleLevel};
+use tokio::sync::watch;
 
 use crate::{
     clock::monotonic_now,
     decode::NodeId,
-    probes::{Counts, DeviceHooks, SampleMap},
+    probes::{Counts, DeviceHooks, SampleMap, ViewMap},
 };
 
 /// The kernel's level became `level` at some moment from `since_ns` to
 /// `now_ns` (before and after user space set it).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SampleChange {
     pub since_ns: u64,
     pub now_ns: u64,
@@ -22,6 +25,35 @@ pub struct SampleChange {
     pub budget: bool,
     /// The node whose kernel it is, in a merged replay.
     pub node: NodeId,
+    /// Whose lookups the kernel follows whole besides, for cluster views.
+    pub viewed: Viewed,
+}
+
+/// The client addresses cluster views follow whole, whatever the level:
+/// their lookups' packets, and those of the same label on the node (a
+/// resolver's queries upstream for them), are all kept.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Viewed(Arc<[IpAddr]>);
+
+impl Viewed {
+    pub fn new(ips: impl IntoIterator<Item = IpAddr>) -> Self {
+        let mut ips: Vec<IpAddr> = ips.into_iter().collect();
+        ips.sort_unstable();
+        ips.dedup();
+        Self(ips.into())
+    }
+
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        self.0.binary_search(&ip).is_ok()
+    }
+
+    pub fn ips(&self) -> &[IpAddr] {
+        &self.0
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
 }
 
 /// How the level is chosen (`--sample`).
@@ -381,6 +413,10 @@ pub struct Sampler {
     hooks: Option<DeviceHooks>,
     /// Attaching them again failed, and was said.
     reattach_failed: bool,
+    /// Where cluster views say whose lookups they follow, and the
+    /// kernel's map of them.
+    views: Option<(ViewMap, watch::Receiver<Viewed>)>,
+    viewed: Viewed,
 }
 
 impl Sampler {
@@ -398,7 +434,16 @@ impl Sampler {
             counts,
             hooks: None,
             reattach_failed: false,
+            views: None,
+            viewed: Viewed::default(),
         }
+    }
+
+    /// Follows the lookups of the addresses `views` name whole, whatever
+    /// the level, through `map`: for the agent's cluster views.
+    pub fn with_views(mut self, views: Option<(ViewMap, watch::Receiver<Viewed>)>) -> Self {
+        self.views = views;
+        self
     }
 
     /// Starts from `seed` rather than a random one, when given.
@@ -470,32 +515,74 @@ impl Sampler {
         std::mem::replace(&mut self.lost, lost) < lost
     }
 
+    /// Whether the device tracepoints are to run: following some lookups,
+    /// by the level or for a view.
+    fn hooks_wanted(&self) -> bool {
+        !self.governor.level().paused() || !self.viewed.is_empty()
+    }
+
+    /// Attaches or closes the device tracepoints as `hooks_wanted` says:
+    /// attached before the kernel is told to follow, closed after it is
+    /// told to stop.
+    fn fit_hooks(&mut self, before: bool) {
+        match (self.hooks_wanted(), before) {
+            (true, true) => self.open_hooks(),
+            (false, false) => {
+                if let Some(hooks) = self.hooks.as_mut() {
+                    hooks.close();
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Follows whom the views now name, if that changed: the change, with
+    /// the level as it is; None if nothing changed.
+    pub fn view(&mut self) -> Option<SampleChange> {
+        let (_, views) = self.views.as_mut()?;
+        if !views.has_changed().unwrap_or(false) {
+            return None;
+        }
+        let since_ns = monotonic_now();
+        self.viewed = views.borrow_and_update().clone();
+        self.fit_hooks(true);
+        let (map, _) = self.views.as_mut()?;
+        if let Err(e) = map.set(self.viewed.ips()) {
+            // The map left viewing nothing.
+            log::warn!("could not follow the lookups of a cluster view: {e:#}");
+            self.viewed = Viewed::default();
+        }
+        self.fit_hooks(false);
+        Some(self.change(since_ns))
+    }
+
+    fn change(&self, since_ns: u64) -> SampleChange {
+        SampleChange {
+            since_ns,
+            now_ns: monotonic_now(),
+            level: self.governor.level(),
+            budget: self.governor.by_budget(),
+            node: NodeId::default(),
+            viewed: self.viewed.clone(),
+        }
+    }
+
     /// Sets the kernel's level to the governor's: the change, or None if
     /// the map refused it (the level then stays as it was).
     pub fn apply(&mut self) -> Option<SampleChange> {
         let level = self.governor.level();
-        if !level.paused() {
-            self.open_hooks();
-        }
+        self.fit_hooks(true);
         let since_ns = monotonic_now();
         if let Err(e) = self.map.set(0, level, 0) {
             log::warn!("could not set the sampling level: {e}");
             return None;
         }
-        if let Some(hooks) = self.hooks.as_mut().filter(|_| level.paused()) {
-            hooks.close();
-        }
+        self.fit_hooks(false);
         // The next measure of lookups followed is wholly under this level.
         if let (Ok(started), Ok(followed)) = (self.counts.started(), self.counts.followed()) {
             self.started = (started, followed, monotonic_now());
         }
-        Some(SampleChange {
-            since_ns,
-            now_ns: monotonic_now(),
-            level,
-            budget: self.governor.by_budget(),
-            node: NodeId::default(),
-        })
+        Some(self.change(since_ns))
     }
 }
 

@@ -12,12 +12,13 @@ use std::{
     },
 };
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use super::{replay::time_of, watch::Watch, Meta};
 use crate::{
     decode::Packet,
     diagnose::Anomaly,
+    ingest::Viewed,
     pipeline::{Input, Tap},
 };
 
@@ -154,6 +155,9 @@ fn events_in(input: &Input) -> u64 {
 struct Hub {
     memory: Memory,
     viewers: Vec<Viewer>,
+    /// Whose lookups the viewers watch, all together: the kernel follows
+    /// them whole.
+    viewed: watch::Sender<Viewed>,
     /// What a stream starts with, once tracing has started.
     meta: Option<Meta>,
     /// The node's pods: `namespace/name` by address.
@@ -188,6 +192,7 @@ impl Live {
         Self(Arc::new(Mutex::new(Hub {
             memory: Memory::new(memory),
             viewers: Vec::new(),
+            viewed: watch::Sender::new(Viewed::default()),
             meta: None,
             pods: BTreeMap::new(),
             now_ns: 0,
@@ -253,12 +258,18 @@ impl Live {
             tx,
             dropped: dropped.clone(),
         });
+        hub.say_viewed();
         Some(Subscription {
             meta,
             past,
             queue,
             dropped,
         })
+    }
+
+    /// Whose lookups the viewers watch, as it changes.
+    pub fn views(&self) -> watch::Receiver<Viewed> {
+        self.hub().viewed.subscribe()
     }
 
     /// How many view the node now.
@@ -276,6 +287,18 @@ fn after(input: Input, after_ns: u64) -> Option<Input> {
         }
         Input::Pods { .. } => Some(input),
         other => (time_of(&other).unwrap_or(0) > after_ns).then_some(other),
+    }
+}
+
+impl Hub {
+    /// Tells the kernel's side whose lookups the viewers now watch.
+    fn say_viewed(&self) {
+        let viewed = Viewed::new(self.viewers.iter().flat_map(|v| v.watch.ips()));
+        self.viewed.send_if_modified(|was| {
+            let changed = *was != viewed;
+            *was = viewed;
+            changed
+        });
     }
 }
 
@@ -298,7 +321,11 @@ impl Tap for Live {
         }
         let now = hub.now_ns;
         hub.memory.keep(now, input);
+        let viewers = hub.viewers.len();
         hub.viewers.retain_mut(|v| v.offer(input));
+        if hub.viewers.len() < viewers {
+            hub.say_viewed();
+        }
     }
 
     fn anomaly(&mut self, _: &Anomaly) {}
@@ -309,7 +336,9 @@ impl Tap for Live {
 
     fn end(&mut self, _: u64) {
         // The queues close: each viewer's stream ends.
-        self.hub().viewers.clear();
+        let mut hub = self.hub();
+        hub.viewers.clear();
+        hub.say_viewed();
     }
 }
 
@@ -404,5 +433,21 @@ mod tests {
         // Each feed is a packet and a tick: half of them fit.
         assert_eq!(stuck.dropped.load(Ordering::Relaxed), n);
         assert!(stuck.past.is_empty() || packets(&stuck.past).is_empty());
+    }
+
+    /// While a viewer watches web, the kernel is told to follow web's
+    /// lookups whole; once it has gone, no one's.
+    #[test]
+    fn the_kernel_follows_whom_the_viewers_watch() {
+        let mut live = live(1 << 20);
+        let mut views = live.views();
+        let web: IpAddr = "10.244.1.5".parse().unwrap();
+        let viewer = live.subscribe(Watch::of([web]), 0, 0).unwrap();
+        assert!(views.has_changed().unwrap());
+        assert_eq!(views.borrow_and_update().ips(), [web]);
+        drop(viewer);
+        feed(&mut live, "10.244.1.5:40000", 5 * S);
+        assert!(views.has_changed().unwrap());
+        assert!(views.borrow_and_update().is_empty());
     }
 }

@@ -59,12 +59,15 @@ pub enum Note {
         now_ns: u64,
         total: u64,
     },
-    /// The kernel's sampling level changed (1 lookup in 2^shift kept).
+    /// The kernel's sampling level changed (1 lookup in 2^shift kept), or
+    /// whose lookups it follows whole besides, for cluster views.
     Sample {
         since_ns: u64,
         now_ns: u64,
         shift: u32,
         seed: u32,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        viewed: Vec<IpAddr>,
     },
     /// The node's pods changed while recording: names, the target's new
     /// sandbox.

@@ -112,6 +112,7 @@ impl Tap for Recorder {
                 now_ns: c.now_ns,
                 shift: c.level.shift,
                 seed: c.level.seed,
+                viewed: c.viewed.ips().to_vec(),
             }),
             Input::Pods { now_ns, refresh } => self.note(&Note::Pods {
                 now_ns: *now_ns,

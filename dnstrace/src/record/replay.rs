@@ -25,7 +25,7 @@ use crate::{
     correlate::Limits,
     decode::{KernelNames, NodeId, Packet},
     diagnose::Context,
-    ingest::SampleChange,
+    ingest::{SampleChange, Viewed},
     naming::Names,
     output::Labels,
     pipeline::{Input, Source},
@@ -337,6 +337,7 @@ impl<R: Read> Replay<R> {
                 now_ns,
                 shift,
                 seed,
+                viewed,
             } => Input::Sample(SampleChange {
                 since_ns,
                 now_ns,
@@ -348,6 +349,7 @@ impl<R: Read> Replay<R> {
                 },
                 budget: false,
                 node: NodeId::default(),
+                viewed: Viewed::new(viewed),
             }),
             Note::Pods { now_ns, refresh } => Input::Pods { now_ns, refresh },
             Note::End { now_ns } => {

@@ -418,6 +418,7 @@ pub fn inputs() -> Vec<crate::pipeline::Input> {
             },
             budget: false,
             node: Default::default(),
+            viewed: Default::default(),
         }),
         Input::Sample(crate::ingest::SampleChange {
             since_ns: 5_000_750_000,
@@ -425,6 +426,7 @@ pub fn inputs() -> Vec<crate::pipeline::Input> {
             level: dnstrace_common::SampleLevel::PAUSED,
             budget: false,
             node: Default::default(),
+            viewed: Default::default(),
         }),
         Input::Pods {
             now_ns: 5_000_800_000,

@@ -95,6 +95,11 @@ impl Watch {
         kept
     }
 
+    /// The client addresses watched.
+    pub fn ips(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        self.ips.iter().copied()
+    }
+
     fn watched(&self, ip: IpAddr) -> bool {
         self.ips.contains(&ip)
     }

@@ -29,7 +29,7 @@ fn now(sandboxes: &[(String, (Pod, Metadata))]) -> BTreeMap<String, (Pod, Metada
 }
 
 fn role(watched: &[([u8; 16], u8)], addr: &str) -> Option<u8> {
-    let key = super::super::key(ip(addr));
+    let key = crate::probes::address_key(ip(addr));
     watched.iter().find(|(k, _)| *k == key).map(|(_, r)| *r)
 }
 
