@@ -637,6 +637,11 @@ pub struct ClusterArgs {
     /// (`{"event":"ready","nodes":[…]}`); removed at exit.
     #[arg(long, value_name = "PATH")]
     pub ready_file: Option<PathBuf>,
+
+    /// Record the merged view to this pcapng file, every node's evidence
+    /// on one time line; `dnstrace replay FILE` shows the same journeys.
+    #[arg(long, value_name = "FILE")]
+    pub record: Option<PathBuf>,
 }
 
 impl ClusterArgs {
@@ -662,6 +667,7 @@ impl ClusterArgs {
             output: self.output,
             log_file: self.log_file,
             ready_file: self.ready_file,
+            record: self.record,
         }
     }
 }

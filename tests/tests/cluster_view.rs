@@ -128,13 +128,16 @@ fn shown_whole(view: &mut Dnstrace, id: u16) {
 }
 
 /// Each of web's lookups is on the view within seconds of its answer,
-/// whole across the nodes it crossed; the view names every node.
+/// whole across the nodes it crossed; the view names every node. Its
+/// recording replays to the same journeys, and tshark reads it.
 #[test]
 fn the_cluster_view_shows_each_lookup_whole_across_nodes_as_it_happens() {
     require_root();
     let lab = Lab::up(&["--nodes", "3"]);
     let agents = Agents::start(&[]);
-    let mut view = view(&agents, &[]);
+    let dir = Dir::new("cluster-record");
+    let file = dir.file("view.pcapng").display().to_string();
+    let mut view = view(&agents, &["--record", &file]);
     assert_eq!(
         view.ready["nodes"],
         serde_json::json!(["node1", "node2", "node3"])
@@ -142,9 +145,31 @@ fn the_cluster_view_shows_each_lookup_whole_across_nodes_as_it_happens() {
     for _ in 0..5 {
         shown_whole(&mut view, lookup(&lab));
     }
-    let (status, _, stderr) = view.stop(libc::SIGINT).unwrap();
+    let (status, out, stderr) = view.stop(libc::SIGINT).unwrap();
     assert!(status.success(), "{status}: {stderr:?}");
     agents.stop();
+
+    let journeys = |out: &str| -> Vec<Value> {
+        let mut js: Vec<Value> = json_lines(out)
+            .into_iter()
+            .filter(|j| j["type"] == "journey")
+            .collect();
+        js.sort_by_key(|j| (j["started_ns"].as_u64(), j["dns_id"].as_u64()));
+        js
+    };
+    let live = journeys(&out);
+    assert!(live.len() >= 5, "{out}");
+    let replay = dnstrace(&["replay", &file, "-o", "json"]);
+    assert!(replay.status.success(), "{replay:?}");
+    assert_eq!(
+        journeys(&String::from_utf8_lossy(&replay.stdout)),
+        live,
+        "the recording replays to the live view's journeys"
+    );
+    let legs: usize = live.iter().map(|j| nodes_of(j).len()).sum();
+    let frames = run(Command::new("tshark").args(["-r", &file, "-Y", "dns"]))
+        .expect("tshark reads the recording");
+    assert!(frames.lines().count() >= legs, "{frames}");
 }
 
 /// `--since`: the view opens with lookups made before it started, from

@@ -98,10 +98,13 @@ pub fn check(cmd: &mut Command) -> Result<()> {
 }
 
 pub fn workspace_root() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace root")
-        .to_path_buf()
+    // `cargo xtask` says which checkout it runs in: another worktree
+    // sharing the target directory may have built this binary.
+    let manifest = std::env::var_os("CARGO_MANIFEST_DIR").map_or_else(
+        || env!("CARGO_MANIFEST_DIR").into(),
+        std::path::PathBuf::from,
+    );
+    manifest.parent().expect("workspace root").to_path_buf()
 }
 
 fn test(o: &suite::Options) -> Result<()> {

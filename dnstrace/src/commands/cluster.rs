@@ -23,11 +23,13 @@ use super::{
 };
 use crate::{
     output::Format,
-    pipeline::{Pipeline, Stop, View},
+    pipeline::{Pipeline, Source as _, Stop, Tap, View},
     record::{
+        self,
         lanes::{LaneHandle, Lanes},
         merge::{self, Recording},
         replay::About,
+        RecordOptions, Recorder,
     },
     view,
 };
@@ -51,6 +53,9 @@ pub struct ClusterOptions {
     pub live: bool,
     pub log_file: Option<PathBuf>,
     pub ready_file: Option<PathBuf>,
+    /// One recording of the merged view, which `replay` reads back to the
+    /// same journeys.
+    pub record: Option<PathBuf>,
 }
 
 /// The viewer's certificate, key and the agents' CA (PEM), and the name
@@ -139,7 +144,19 @@ pub async fn run(o: ClusterOptions) -> Result<()> {
         log: o.log_file,
         hold: false,
     };
-    let mut pipe = Pipeline::default();
+    let recorder = match &o.record {
+        Some(path) => {
+            let meta = record::meta(&show.labels, &show.context, limits).of_cluster(lanes.now());
+            let options = RecordOptions {
+                path: path.clone(),
+                max_bytes: None,
+                files: None,
+            };
+            Some(Box::new(Recorder::create(options, meta)?) as Box<dyn Tap>)
+        }
+        None => None,
+    };
+    let mut pipe = Pipeline::recording(recorder);
     let tally = show.run(&mut pipe, &mut lanes, &mut Stop::new()?).await?;
     let tally = tally.map(|t| format!(", {t}")).unwrap_or_default();
     eprintln!(

@@ -43,9 +43,33 @@ pub struct Meta {
 }
 
 impl Meta {
-    /// The device a packet was seen on, by name where known.
+    /// The device a packet was seen on, by name where known, after its
+    /// node's in a cluster view's recording.
     fn place(&self, p: &Packet) -> String {
-        p.device_name(&self.iface_names)
+        let device = p.device_name(&self.iface_names);
+        let nodes = &self.labels.nodes;
+        match usize::from(p.node.0)
+            .checked_sub(1)
+            .and_then(|i| nodes.get(i))
+        {
+            Some(node) => format!("{node}/{device}"),
+            None => device,
+        }
+    }
+
+    /// A cluster view's recording (`dnstrace cluster --record`): every
+    /// node's evidence on the view's one time line, each packet's node in
+    /// its note, made on `host`.
+    #[must_use]
+    pub fn of_cluster(mut self, started_ns: u64) -> Self {
+        let nodes = self.labels.nodes.join(", ");
+        self.section.comment = vec![format!(
+            "dnstrace cluster view of nodes {nodes} (from {})",
+            self.header.node
+        )];
+        // On the first node's clock, which the time line is.
+        self.header.started_ns = started_ns;
+        self
     }
 
     /// Names the node recorded alone (`--node`), in the notes and in the
@@ -104,6 +128,7 @@ pub fn meta(labels: &Labels, context: &Context, limits: Limits) -> Meta {
             names: labels.names().entries().clone(),
             drop_reasons: labels.kernel().drop_reasons().clone().into_iter().collect(),
             workloads: labels.names().workloads().clone(),
+            nodes: labels.nodes().to_vec(),
         },
         context: ContextNote::of(context),
         clock: labels.clock(),

@@ -68,6 +68,9 @@ pub enum Note {
         seed: u32,
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         viewed: Vec<IpAddr>,
+        /// The node whose kernel it is, in a cluster view's recording.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        node: u16,
     },
     /// The node's pods changed while recording: names, the target's new
     /// sandbox.
@@ -125,6 +128,10 @@ pub struct LabelsNote {
     /// recordings made before they were noted.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub workloads: BTreeMap<IpAddr, Workload>,
+    /// The nodes of a cluster view's recording, by node id less one;
+    /// absent from one node's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<String>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -300,6 +307,14 @@ pub struct PacketNote {
     pub ct: Option<CtNote>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub drop: Option<DropNote>,
+    /// The node it was seen on, in a cluster view's recording (0: the
+    /// recording's one node).
+    #[serde(skip_serializing_if = "is_zero", default)]
+    pub node: u16,
+}
+
+fn is_zero(n: &u16) -> bool {
+    *n == 0
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -342,6 +357,7 @@ impl PacketNote {
     pub fn of(p: &Packet, location: impl Fn(u64) -> String) -> Self {
         Self {
             mono_ns: p.ts_ns,
+            node: p.node.0,
             netns: p.netns,
             ifindex: p.ifindex,
             hook: p.hook as u8,
@@ -430,6 +446,10 @@ impl PacketNote {
             string(out, &d.at);
             out.push(b'}');
         }
+        if self.node != 0 {
+            out.extend_from_slice(b",\"node\":");
+            number(out, self.node);
+        }
         out.push(b'}');
     }
 
@@ -468,6 +488,7 @@ mod tests {
             ifname: ifname.map(str::to_owned),
             ct,
             drop,
+            node: 0,
         }
     }
 
@@ -490,8 +511,13 @@ mod tests {
             }),
             ..note(None, None, None)
         };
+        let on_node_3 = PacketNote {
+            node: 3,
+            ..note(Some("eth0"), None, None)
+        };
         let notes = [
             later,
+            on_node_3,
             note(None, None, None),
             note(Some("eth0"), None, None),
             note(Some("we\"ird\\\n\u{7f}é"), None, None),

@@ -113,6 +113,7 @@ impl Tap for Recorder {
                 shift: c.level.shift,
                 seed: c.level.seed,
                 viewed: c.viewed.ips().to_vec(),
+                node: c.node.0,
             }),
             Input::Pods { now_ns, refresh } => self.note(&Note::Pods {
                 now_ns: *now_ns,

@@ -108,6 +108,7 @@ impl About {
             kernel,
         )
         .with_names(names)
+        .with_nodes(self.labels.nodes.clone())
     }
 
     pub fn context(&self) -> Context {
@@ -338,6 +339,7 @@ impl<R: Read> Replay<R> {
                 shift,
                 seed,
                 viewed,
+                node,
             } => Input::Sample(SampleChange {
                 since_ns,
                 now_ns,
@@ -348,7 +350,7 @@ impl<R: Read> Replay<R> {
                     s => SampleLevel { shift: s, seed },
                 },
                 budget: false,
-                node: NodeId::default(),
+                node: NodeId(node),
                 viewed: Viewed::new(viewed),
             }),
             Note::Pods { now_ns, refresh } => Input::Pods { now_ns, refresh },
@@ -482,7 +484,7 @@ fn recorded(note: &PacketNote, data: &[u8]) -> Option<Packet> {
     }
     Some(Packet {
         ts_ns: note.mono_ns,
-        node: NodeId::default(),
+        node: NodeId(note.node),
         netns: note.netns,
         ifindex: note.ifindex,
         hook: Hook::from_u8(note.hook)?,

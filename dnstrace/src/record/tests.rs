@@ -425,8 +425,9 @@ pub fn inputs() -> Vec<crate::pipeline::Input> {
             now_ns: 5_000_750_100,
             level: dnstrace_common::SampleLevel::PAUSED,
             budget: false,
-            node: Default::default(),
-            viewed: Default::default(),
+            // A cluster view's recording: whose, and whom it followed.
+            node: crate::decode::NodeId(2),
+            viewed: crate::ingest::Viewed::new(["10.244.0.10".parse().unwrap()]),
         }),
         Input::Pods {
             now_ns: 5_000_800_000,
