@@ -26,7 +26,7 @@ use super::{
 };
 use crate::{
     decode::{NodeId, Packet},
-    pipeline::{Input, Source},
+    pipeline::{Input, NodeStatus, Source},
 };
 
 /// Chunks of a stream in flight to its reading thread.
@@ -55,6 +55,8 @@ struct NodeLane {
     at_ns: u64,
     /// Events its agent dropped for this view.
     dropped: u64,
+    /// What its times are moved by onto the first node's clock.
+    offset_ns: i64,
 }
 
 /// One held input, in time order then arrival order.
@@ -103,7 +105,7 @@ impl Lanes {
             .map(|(i, r)| LaneHandle {
                 lane: i,
                 node: NodeId(if several { i as u16 + 1 } else { 0 }),
-                shift_ns: reference - offset_of(r),
+                shift_ns: offset_of(r) - reference,
                 first: i == 0,
                 tx: tx.clone(),
                 ports: ports.to_vec(),
@@ -120,6 +122,7 @@ impl Lanes {
                 up: true,
                 at_ns: 0,
                 dropped: 0,
+                offset_ns: offset_of(r) - reference,
             })
             .collect();
         let lanes = Self {
@@ -318,6 +321,20 @@ impl Source for Lanes {
         }
         rest
     }
+
+    fn nodes(&self) -> Vec<NodeStatus> {
+        let ahead = self.nodes.iter().map(|n| n.at_ns).max().unwrap_or(0);
+        self.nodes
+            .iter()
+            .map(|n| NodeStatus {
+                name: n.node.clone(),
+                up: n.up,
+                lag_ns: ahead.saturating_sub(n.at_ns),
+                offset_ns: n.offset_ns,
+                dropped: n.dropped,
+            })
+            .collect()
+    }
 }
 
 fn offset_of(r: &Recording) -> i64 {
@@ -433,7 +450,12 @@ mod tests {
 
     /// A node's stream: `web`'s queries at the times given, ticks after.
     fn stream(times: &[u64], tick: u64) -> Vec<u8> {
-        let labels = Labels::new(Default::default(), Clock::EPOCH, KernelNames::default());
+        stream_on(Clock::EPOCH, times, tick)
+    }
+
+    /// The same from a node whose monotonic clock is `clock`'s.
+    fn stream_on(clock: Clock, times: &[u64], tick: u64) -> Vec<u8> {
+        let labels = Labels::new(Default::default(), clock, KernelNames::default());
         let meta = crate::record::meta(&labels, &Context::default(), Limits::default());
         let buf = Arc::new(Mutex::new(Vec::new()));
         let mut rec = Recorder::to_writer(Box::new(Shared(buf.clone())), meta).unwrap();
@@ -492,6 +514,23 @@ mod tests {
         let _b = handles[1].connected(b).unwrap();
         let seen = drain(&mut lanes, 400).await;
         assert_eq!(seen, [(100, 1), (150, 2), (300, 1)]);
+    }
+
+    /// Node b booted a microsecond before a: its monotonic times are a's
+    /// plus one. Its packet is put on a's clock by the headers' clocks,
+    /// between a's two; and the view says how its times were moved.
+    #[tokio::test]
+    async fn a_node_whose_clock_is_ahead_is_put_on_the_first_nodes() {
+        let a = stream_on(Clock::with_offset(10_000), &[100, 300], 400);
+        let b = stream_on(Clock::with_offset(9_000), &[1_150], 1_400);
+        let recs = [recording("a", &a), recording("b", &b)];
+        let (mut lanes, handles) = Lanes::new(&recs, Duration::from_secs(5), &[53]);
+        let _a = handles[0].connected(a).unwrap();
+        let _b = handles[1].connected(b).unwrap();
+        let seen = drain(&mut lanes, 400).await;
+        assert_eq!(seen, [(100, 1), (150, 2), (300, 1)]);
+        let offsets: Vec<i64> = lanes.nodes().iter().map(|n| n.offset_ns).collect();
+        assert_eq!(offsets, [0, -1_000]);
     }
 
     /// A node down: what is handed on while it is follows a loss (the
