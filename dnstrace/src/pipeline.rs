@@ -53,6 +53,8 @@ pub trait Sink {
     fn lost(&mut self, total: u64, since_ns: u64, now_ns: u64);
     /// The kernel's sampling level changed.
     fn sampling(&mut self, _change: SampleChange) {}
+    /// How a cluster view's nodes go, before each tick.
+    fn nodes(&mut self, _nodes: Vec<NodeStatus>) {}
     /// The node's pods changed: new names, the target's new sandbox.
     fn pods(&mut self, _refresh: &Refresh, _now_ns: u64) -> io::Result<()> {
         Ok(())
@@ -94,6 +96,8 @@ pub struct JourneySink<O: JourneyOut> {
     /// New anomalies not yet taken by `raised`.
     raised: Vec<Anomaly>,
     recording: Option<String>,
+    /// A cluster view's nodes, as their streams go.
+    nodes: Vec<NodeStatus>,
     /// With a target: its network namespace, and its addresses with
     /// those of every sandbox it had before (their last journeys may close
     /// after the new one is found; a namespace's inode number, unlike an
@@ -138,6 +142,7 @@ impl<O: JourneyOut> JourneySink<O> {
             lost: 0,
             raised: Vec::new(),
             recording: None,
+            nodes: Vec::new(),
             only: None,
             held: Vec::new(),
         }
@@ -232,6 +237,7 @@ impl<O: JourneyOut> JourneySink<O> {
             open: self.engine.open_count(),
             one_in: self.engine.sampling_level().one_in(),
             recording: self.recording.clone(),
+            nodes: self.nodes.clone(),
         }
     }
 }
@@ -287,6 +293,9 @@ impl<O: JourneyOut> Sink for JourneySink<O> {
     }
     fn sampling(&mut self, change: SampleChange) {
         self.engine.sampling(change);
+    }
+    fn nodes(&mut self, nodes: Vec<NodeStatus>) {
+        self.nodes = nodes;
     }
     fn pods(&mut self, refresh: &Refresh, now_ns: u64) -> io::Result<()> {
         self.out.pods(refresh);
@@ -367,6 +376,10 @@ pub trait Source {
     async fn next(&mut self) -> Result<Option<Input>>;
     /// What is queued at the end, without waiting.
     fn rest(&mut self) -> Vec<Input>;
+    /// The nodes it merges, as their streams go (a cluster view's).
+    fn nodes(&self) -> Vec<NodeStatus> {
+        Vec::new()
+    }
 }
 
 #[derive(Default, Debug, serde::Serialize)]
@@ -445,6 +458,22 @@ pub struct Health {
     pub one_in: u32,
     /// How the recording goes, when there is one.
     pub recording: Option<String>,
+    /// A cluster view's nodes; none for one node.
+    pub nodes: Vec<NodeStatus>,
+}
+
+/// A node of a cluster view, as its stream goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeStatus {
+    pub name: String,
+    pub up: bool,
+    /// How far its stream is behind the furthest node's.
+    pub lag_ns: u64,
+    /// What its times are moved by onto the first node's clock, which
+    /// the view's are on (the headers' clocks tell).
+    pub offset_ns: i64,
+    /// Events its agent dropped for this view.
+    pub dropped: u64,
 }
 
 /// What sees every input before the sink does, and each anomaly raised:
@@ -523,6 +552,9 @@ impl Pipeline {
                 input = src.next() => input?,
             };
             let Some(input) = input else { break Ok(()) };
+            if matches!(input, Input::Tick(_)) {
+                sink.nodes(src.nodes());
+            }
             if let Err(e) = self.step(input, sink) {
                 break Err(e);
             }

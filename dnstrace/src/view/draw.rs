@@ -14,21 +14,25 @@ use super::{
 };
 use crate::decode::Rcode;
 use crate::diagnose::Severity;
+use crate::pipeline::NodeStatus;
 use dnstrace_common::Direction;
 
 const WARN: Style = Style::new().fg(Color::Yellow).add_modifier(Modifier::BOLD);
 const BAD: Style = Style::new().fg(Color::Red).add_modifier(Modifier::BOLD);
 const DIM: Style = Style::new().fg(Color::DarkGray);
 const SELECTED: Style = Style::new().add_modifier(Modifier::REVERSED);
+/// A node's stream this far behind the furthest is said to lag.
+const LAGGING_NS: u64 = 250_000_000;
 
 pub fn draw(app: &App, f: &mut Frame) {
+    let lines = header_lines(app);
     let [header, body, bar] = Layout::vertical([
-        Constraint::Length(3),
+        Constraint::Length(lines.len() as u16),
         Constraint::Min(0),
         Constraint::Length(1),
     ])
     .areas(f.area());
-    f.render_widget(Paragraph::new(header_lines(app)), header);
+    f.render_widget(Paragraph::new(lines), header);
     match app.screen {
         Screen::List => list_screen(app, f, body),
         Screen::Journey(id) => journey_screen(app, f, body, id),
@@ -97,7 +101,37 @@ fn header_lines(app: &App) -> Vec<Line<'_>> {
     if app.dropped_updates > 0 {
         health.push(counter("view behind", app.dropped_updates));
     }
-    vec![Line::from(first), Line::from(counts), Line::from(health)]
+    let mut lines = vec![Line::from(first), Line::from(counts), Line::from(health)];
+    if !app.health.nodes.is_empty() {
+        lines.push(nodes_line(&app.health.nodes));
+    }
+    lines
+}
+
+/// A cluster view's nodes: each up or down, with how far it lags, how
+/// its clock was moved and what its agent dropped, where any.
+fn nodes_line(nodes: &[NodeStatus]) -> Line<'_> {
+    let mut spans = vec![Span::raw(" nodes")];
+    for n in nodes {
+        spans.push(Span::raw(format!(" │ {} ", n.name)));
+        if !n.up {
+            spans.push(Span::styled("DOWN", BAD));
+            continue;
+        }
+        spans.push(Span::raw("up"));
+        if n.lag_ns >= LAGGING_NS {
+            spans.push(Span::styled(format!(" lag {}", latency(n.lag_ns)), WARN));
+        }
+        if n.offset_ns != 0 {
+            let sign = if n.offset_ns < 0 { '-' } else { '+' };
+            let by = latency(n.offset_ns.unsigned_abs());
+            spans.push(Span::styled(format!(" clock {sign}{by}"), DIM));
+        }
+        if n.dropped > 0 {
+            spans.push(Span::styled(format!(" dropped {}", n.dropped), BAD));
+        }
+    }
+    Line::from(spans)
 }
 
 fn list_screen(app: &App, f: &mut Frame, area: Rect) {

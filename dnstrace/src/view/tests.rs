@@ -29,7 +29,7 @@ use crate::{
     diagnose::{AnomalyKind, Context, Severity},
     naming::{Names, Services},
     output::Labels,
-    pipeline::{Health, JourneySink, Sink},
+    pipeline::{Health, JourneySink, NodeStatus, Sink},
 };
 
 const S: u64 = 1_000_000_000;
@@ -292,6 +292,7 @@ fn busy() -> App {
         open: 2,
         one_in: 1,
         recording: None,
+        nodes: Vec::new(),
     }));
     app
 }
@@ -603,8 +604,35 @@ fn snapshot_help_paused_and_losing() {
         recording: Some(
             "recording stopped: No space left on device (os error 28); tracing goes on".into(),
         ),
+        nodes: Vec::new(),
     }));
     insta::assert_snapshot!(render(&app, 80, 24));
+}
+
+/// A cluster view: a line of its nodes under the header, one of them
+/// down, one lagging with its clock moved and events dropped.
+#[test]
+fn snapshot_cluster_nodes() {
+    let mut app = busy();
+    let node = |name: &str, up, lag_ns, offset_ns, dropped| NodeStatus {
+        name: name.into(),
+        up,
+        lag_ns,
+        offset_ns,
+        dropped,
+    };
+    app.update(Update::Health(Health {
+        now_ns: 11 * S,
+        open: 2,
+        one_in: 1,
+        nodes: vec![
+            node("node1", true, 0, 0, 0),
+            node("node2", true, 1_500_000_000, -2_500_000, 17),
+            node("node3", false, 0, 0, 0),
+        ],
+        ..Health::default()
+    }));
+    insta::assert_snapshot!(render(&app, 120, 32));
 }
 
 /// A pod started while tracing is named in the rows built after, and the
