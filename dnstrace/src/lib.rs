@@ -53,7 +53,7 @@ static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// ago goes back to the kernel (the default waits ten), from one background
 /// thread (the default is one a CPU).
 #[cfg(not(feature = "fuzzing"))]
-#[export_name = "_rjem_malloc_conf"]
+#[export_name = "malloc_conf"]
 static MALLOC_CONF: &[u8; 45] = b"dirty_decay_ms:1000,max_background_threads:1\0";
 
 /// The command line, run to the end.
@@ -214,4 +214,21 @@ fn setuid() -> bool {
 fn fail(e: anyhow::Error) -> ExitCode {
     eprintln!("dnstrace: error: {e:#}");
     ExitCode::FAILURE
+}
+
+#[cfg(all(test, not(feature = "fuzzing")))]
+mod tests {
+    /// jemalloc read our options: `MALLOC_CONF`'s symbol is the one it
+    /// looks for, in the library built from source and the system's alike.
+    #[test]
+    fn jemalloc_takes_our_options() {
+        // SAFETY: both are read-only options of these types.
+        let (decay, threads) = unsafe {
+            (
+                tikv_jemalloc_ctl::raw::read::<isize>(b"opt.dirty_decay_ms\0").unwrap(),
+                tikv_jemalloc_ctl::raw::read::<usize>(b"opt.max_background_threads\0").unwrap(),
+            )
+        };
+        assert_eq!((decay, threads), (1000, 1));
+    }
 }

@@ -16,9 +16,11 @@ const TOOLCHAIN_PACKAGES: &[&str] = &[
     "libzstd-dev",
     "zlib1g-dev",
 ];
-/// What builds jemalloc, dnstrace's allocator, from its C sources, and
-/// protoc, which the CRI bindings (k8s-cri) are generated with.
-const BUILD_PACKAGES: &[&str] = &["gcc", "make", "protobuf-compiler"];
+/// jemalloc, dnstrace's allocator, built (`cargo xtask` links it rather
+/// than build it from its C sources, which a plain `cargo build` does
+/// with gcc and make), and protoc, which the CRI bindings (k8s-cri) are
+/// generated with.
+const BUILD_PACKAGES: &[&str] = &["gcc", "make", "libjemalloc-dev", "protobuf-compiler"];
 /// Real programs the tests and the demo run.
 const TEST_PACKAGES: &[&str] = &[
     "dnsmasq-base",
