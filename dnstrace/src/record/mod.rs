@@ -59,7 +59,7 @@ impl Meta {
 
     /// A cluster view's recording (`dnstrace cluster --record`): every
     /// node's evidence on the view's one time line, each packet's node in
-    /// its note, made on `host`.
+    /// its note; the comment names the host the view ran on.
     #[must_use]
     pub fn of_cluster(mut self, started_ns: u64) -> Self {
         let nodes = self.labels.nodes.join(", ");
@@ -67,7 +67,7 @@ impl Meta {
             "dnstrace cluster view of nodes {nodes} (from {})",
             self.header.node
         )];
-        // On the first node's clock, which the time line is.
+        // The time line's, on the first node's clock: not the host's.
         self.header.started_ns = started_ns;
         self
     }
