@@ -194,15 +194,20 @@ mod tests {
     }
 
     fn at_node(sampling: &mut Sampling, node: NodeId, ms: u64, shift: u32) {
-        let c = SampleChange {
+        sampling.change(change(node, ms, level(shift), &Viewed::default()));
+    }
+
+    /// Node `node`'s kernel set `level`, following `viewed` besides, over
+    /// a millisecond from `ms`.
+    fn change(node: NodeId, ms: u64, level: SampleLevel, viewed: &Viewed) -> SampleChange {
+        SampleChange {
             since_ns: ms * MS,
             now_ns: ms * MS + MS,
-            level: level(shift),
+            level,
             budget: false,
             node,
-            viewed: Default::default(),
-        };
-        sampling.change(c);
+            viewed: viewed.clone(),
+        }
     }
 
     /// The agent's pause between windows keeps nothing: a journey open
@@ -347,18 +352,10 @@ mod tests {
     #[test]
     fn a_viewed_clients_lookups_are_kept_whatever_the_level() {
         let mut s = Sampling::default();
-        let change = |ms: u64, level, viewed: &Viewed| SampleChange {
-            since_ns: ms * MS,
-            now_ns: ms * MS + MS,
-            level,
-            budget: true,
-            node: NodeId(0),
-            viewed: viewed.clone(),
-        };
         let web = Viewed::new([CLIENT]);
-        s.change(change(1000, level(10), &Viewed::default()));
-        s.change(change(2000, level(10), &web));
-        s.change(change(3000, SampleLevel::PAUSED, &web));
+        s.change(change(NodeId(0), 1000, level(10), &Viewed::default()));
+        s.change(change(NodeId(0), 2000, level(10), &web));
+        s.change(change(NodeId(0), 3000, SampleLevel::PAUSED, &web));
         let out = Some(label_kept_up_to(0));
         assert_eq!(shift(s.kept(out, CLIENT, 2500 * MS, 2600 * MS)), Some(0));
         assert_eq!(shift(s.kept(out, CLIENT, 2900 * MS, 3200 * MS)), Some(0));
