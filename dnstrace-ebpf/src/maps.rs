@@ -216,6 +216,41 @@ pub struct Scratch {
     /// A conntrack entry's tuples and status, as the kernel lays them out;
     /// in words, so that its fields are read a word at a time (`skb::at`).
     pub ct_span: [u64; CT_SPAN_MAX / 8],
+    /// Lengths passed through memory (`Scratch::opaque`).
+    pub lengths: [u32; 4],
+}
+
+/// The lengths `Scratch::opaque` passes through memory.
+#[derive(Clone, Copy)]
+pub enum Length {
+    /// Where the payload starts, from the IP header.
+    PayloadAt,
+    /// The payload's length, as the headers say.
+    Payload,
+    /// Bytes of linear data from the IP header on.
+    Linear,
+    /// The packet's length on the wire.
+    Wire,
+}
+
+impl Scratch {
+    /// `v`, stored in this CPU's event and loaded back. The verifier keeps a
+    /// length read from the packet exact (where a helper's size comes from
+    /// it), so every way through the header parse (IPv4 or IPv6, each count
+    /// of extension headers, fragments) left a different one: each was a
+    /// state of its own, verified again to the end of the program. Loaded
+    /// from a map, it is one unknown number on every path, and they merge:
+    /// 134,492 instructions verified in `dns_dev_xmit` became 29,356, and
+    /// its load 1.3 s of CPU 0.1 s.
+    #[inline(always)]
+    pub fn opaque(&mut self, which: Length, v: u32) -> u32 {
+        let Some(p) = self.lengths.get_mut(which as usize) else {
+            return v;
+        };
+        *p = v;
+        // SAFETY: a field of this CPU's scratch event, just written.
+        unsafe { core::ptr::read_volatile(p) }
+    }
 }
 
 #[map]

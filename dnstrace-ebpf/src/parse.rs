@@ -5,7 +5,7 @@ use dnstrace_common::{
 
 use crate::{
     debug::{skip, Why},
-    maps::{fragment_ports, is_dns_port, remember_fragment, Scratch},
+    maps::{fragment_ports, is_dns_port, remember_fragment, Length, Scratch},
 };
 
 pub const ETH_P_IP: u16 = 0x0800;
@@ -54,6 +54,15 @@ impl L4 {
     #[inline(always)]
     pub fn payload_len(&self) -> u32 {
         self.payload_len
+    }
+
+    /// The same, its lengths passed through memory (`Scratch::opaque`):
+    /// every way through the header parse goes on from here as one.
+    #[inline(always)]
+    pub fn forgotten(mut self, s: &mut Scratch) -> Self {
+        self.offset = s.opaque(Length::PayloadAt, self.offset);
+        self.payload_len = s.opaque(Length::Payload, self.payload_len);
+        self
     }
 
     /// A fragment after the first: its payload is data, with no L4 header.

@@ -11,7 +11,7 @@ use crate::{
     lookups::{self, Ends},
     maps::{
         filtered, in_scope, offset, offsets, paused, sampled_in, scoped, scratch, send, send_apart,
-        shed, viewed, viewing, wanted, Scratch,
+        shed, viewed, viewing, wanted, Length, Scratch,
     },
     parse::{
         copy_payload, dns_headers, helper_result, transport, Reader, ETH_P_IP, ETH_P_IPV6,
@@ -130,7 +130,9 @@ pub fn try_capture<K: Kernel, const APART: bool>(
     let (wire_len, data);
     (r.len, wire_len, data) = linear_len::<K>(skb, r.l3, &o)?;
     let s = scratch().ok_or_else(|| skip(Why::NoScratch, 0))?;
-    let l4 = transport(&r, dns, &mut s.meta)?;
+    let l4 = transport(&r, dns, &mut s.meta)?.forgotten(s);
+    r.len = s.opaque(Length::Linear, r.len);
+    let wire_len = s.opaque(Length::Wire, wire_len);
     let dev = if dev.is_null() {
         K::read::<*const u8>(skb, o.skb_dev)?
     } else {

@@ -29,7 +29,7 @@ pub fn try_capture(ctx: &TcContext, hook: Hook) -> Result<(), i64> {
     let dns = dns_headers(&r, ethertype, l3)?;
     let found = early.unwrap_or_else(|| iface(ifindex));
     let s = scratch().ok_or_else(|| skip(Why::NoScratch, 0))?;
-    let l4 = transport(&r, dns, &mut s.meta)?;
+    let l4 = transport(&r, dns, &mut s.meta)?.forgotten(s);
     s.meta.ifindex = ifindex;
     s.meta.netns = found.map_or(0, |c| c.netns);
     if scoped() && !in_scope(s.meta.netns) {

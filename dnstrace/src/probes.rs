@@ -949,6 +949,11 @@ impl Probes {
         misses::skipped_runs(&self.ebpf)
     }
 
+    /// The instructions the verifier walked to load `program`.
+    pub fn verified(&self, program: &str) -> Option<u32> {
+        misses::verified(&self.ebpf, program)
+    }
+
     fn count(&self, counter: u32) -> Result<u64> {
         let map: PerCpuArray<_, u64> = self.ebpf.map("COUNTS").context("COUNTS map")?.try_into()?;
         Ok(map.get(&counter, 0)?.iter().sum())

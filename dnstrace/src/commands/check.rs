@@ -42,11 +42,16 @@ async fn cri(given: Option<&Path>) -> CriAnswer {
     first_answer(&cri_sockets(given)).await.1
 }
 
-/// Says what is attached, and what is off and why.
+/// Says what is attached (and what verifying it cost: the verifier's work
+/// is most of start-up), and what is off and why.
 pub(super) fn announce(probes: &Probes) {
     for a in &probes.attachments {
+        let verified = probes
+            .verified(a.program)
+            .map(|n| format!(", {n} instructions verified"))
+            .unwrap_or_default();
         log::info!(
-            "{} (prog id {}) attached to {} ({})",
+            "{} (prog id {}{verified}) attached to {} ({})",
             a.program,
             a.prog_id,
             a.target,
