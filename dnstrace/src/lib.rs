@@ -44,15 +44,16 @@ use clap::Parser as _;
 /// Journeys, legs and messages are many small allocations made and freed
 /// per packet: jemalloc does that for less CPU than glibc's malloc (about 14%
 /// more events a second in `benches/pipeline.rs`). Not under the
-/// fuzzers, whose sanitizers watch malloc.
-#[cfg(not(feature = "fuzzing"))]
+/// fuzzers (cargo-fuzz builds with `--cfg fuzzing`), whose sanitizers
+/// watch malloc; the `fuzzing` feature, which the suite builds, keeps it.
+#[cfg(not(fuzzing))]
 #[global_allocator]
 static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 /// jemalloc's options, read at its first allocation: memory freed a second
 /// ago goes back to the kernel (the default waits ten), from one background
 /// thread (the default is one a CPU).
-#[cfg(not(feature = "fuzzing"))]
+#[cfg(not(fuzzing))]
 #[export_name = "malloc_conf"]
 static MALLOC_CONF: &[u8; 45] = b"dirty_decay_ms:1000,max_background_threads:1\0";
 
@@ -216,7 +217,7 @@ fn fail(e: anyhow::Error) -> ExitCode {
     ExitCode::FAILURE
 }
 
-#[cfg(all(test, not(feature = "fuzzing")))]
+#[cfg(all(test, not(fuzzing)))]
 mod tests {
     /// jemalloc read our options: `MALLOC_CONF`'s symbol is the one it
     /// looks for, in the library built from source and the system's alike.

@@ -134,27 +134,13 @@ fn test(o: &suite::Options) -> Result<()> {
     let mut phases = Phases::default();
     phases.time("formatting", || cargo(&["fmt", "--all", "--", "--check"]))?;
     let release = suite::Release::start()?;
-    phases.time("lints", lint)?;
-    phases.time("building and running the tests", || suite::run(o, release))?;
+    phases.time("the eBPF crate's lints", clippy_ebpf)?;
+    // The rest is linted as it is built for the tests (suite::build).
+    phases.time("building, linting and running the tests", || {
+        suite::run(o, release)
+    })?;
     phases.print();
     Ok(())
-}
-
-/// clippy over everything the tests build (the harness's switches, the
-/// pipeline bench, the fuzz targets' entry points) in one pass, then the
-/// eBPF crate. The fuzzing feature leaves out only the allocator's set-up,
-/// which this pass then does not see.
-fn lint() -> Result<()> {
-    cargo(&[
-        "clippy",
-        "--all-targets",
-        "--features",
-        "dnstrace/harness,dnstrace/bench,dnstrace/fuzzing",
-        "--",
-        "-D",
-        "warnings",
-    ])?;
-    clippy_ebpf()
 }
 
 /// How long each step of `cargo xtask test` took, said at the end.

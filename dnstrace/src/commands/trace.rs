@@ -360,7 +360,7 @@ pub(super) async fn capture<C: Consume>(
 /// A thread has the capabilities of the one that starts it: call this once
 /// they are dropped.
 fn return_freed_memory_in_background() {
-    #[cfg(not(feature = "fuzzing"))]
+    #[cfg(not(fuzzing))]
     if let Err(e) = tikv_jemalloc_ctl::background_thread::write(true) {
         log::info!("off: returning freed memory to the kernel while idle: {e}");
     }

@@ -2,17 +2,23 @@
 //! start (`DNSTRACE_BIN`, `DNSTRACE_HARNESS_BIN`), built before any of them
 //! starts, so that no test builds one while others run; and the release
 //! binary (`DNSTRACE_RELEASE_BIN`), built beside the first of them.
+//!
+//! clippy lints the workspace in the same build: `cargo clippy` is `cargo
+//! check` with clippy-driver wrapping rustc for the workspace's crates, and
+//! the same wrapper over `cargo test --no-run` lints each crate as it
+//! compiles it, so the dependencies are not checked apart from their build
+//! (1:40 of a fresh clone's five minutes of compiling; docs/PERFORMANCE.md).
 use std::{
     fs::File,
     io::{BufRead as _, BufReader},
     path::{Path, PathBuf},
-    process::{Child, Stdio},
+    process::{Child, Command, Stdio},
 };
 
 use anyhow::{bail, Context as _, Result};
 use serde_json::Value;
 
-use crate::{cargo, cargo_cmd, target_dir};
+use crate::{cargo_cmd, target_dir};
 
 /// A test binary: its name in the report, and whether its tests run one
 /// a process (the integration tests) or all in one (unit tests).
@@ -30,10 +36,11 @@ pub struct Binaries {
     pub harness: PathBuf,
 }
 
-/// The feature the tests' debug builds share: the harness's switches
-/// (`dnstrace-harness`). One set of features for the test build and the
-/// binaries, so that the library is built once for both.
-const FEATURES: &str = "dnstrace/harness";
+/// The features the tests' debug builds share: the harness's switches
+/// (`dnstrace-harness`), the pipeline bench's and the fuzz targets' entry
+/// points (linted, and their seeds run). One set of features for the test
+/// build and the binaries, so that the library is built once for both.
+const FEATURES: &str = "dnstrace/harness,dnstrace/bench,dnstrace/fuzzing";
 
 /// The optimised dnstrace, as shipped, for the tests that measure what it
 /// keeps up with. Built in a target directory of its own, beside the rest
@@ -99,7 +106,7 @@ impl Drop for Release {
 /// The tests and the debug binaries.
 pub fn all() -> Result<Binaries> {
     let tests = test_binaries()?;
-    cargo(&["build", "--quiet", "--features", FEATURES, "--bins"])?;
+    crate::check(linted().args(["build", "--quiet", "--features", FEATURES, "--bins"]))?;
     let target = target_dir();
     Ok(Binaries {
         tests,
@@ -118,12 +125,34 @@ impl Binaries {
     }
 }
 
-/// `cargo test --no-run`: every test binary of the workspace.
-fn test_binaries() -> Result<Vec<TestBinary>> {
+/// cargo, with clippy-driver wrapping rustc for the workspace's crates and
+/// every warning an error, as `cargo clippy -- -D warnings` runs it
+/// (`CLIPPY_ARGS` is how cargo-clippy hands clippy-driver its arguments).
+fn linted() -> Command {
     let mut cmd = cargo_cmd();
+    cmd.env("RUSTC_WORKSPACE_WRAPPER", clippy_driver()).env(
+        "CLIPPY_ARGS",
+        "-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__",
+    );
+    cmd
+}
+
+/// The toolchain's clippy-driver, beside the cargo that runs xtask.
+fn clippy_driver() -> PathBuf {
+    std::env::var_os("CARGO")
+        .map(|cargo| PathBuf::from(cargo).with_file_name("clippy-driver"))
+        .filter(|driver| driver.exists())
+        .unwrap_or_else(|| "clippy-driver".into())
+}
+
+/// `cargo test --no-run --all-targets`, linted: every test binary of the
+/// workspace.
+fn test_binaries() -> Result<Vec<TestBinary>> {
+    let mut cmd = linted();
     cmd.args([
         "test",
         "--no-run",
+        "--all-targets",
         "--features",
         FEATURES,
         "--message-format",
@@ -154,10 +183,14 @@ fn test_binary(msg: &Value) -> Option<TestBinary> {
     if msg["reason"] != "compiler-artifact" || msg["profile"]["test"] != true {
         return None;
     }
-    let path = PathBuf::from(msg["executable"].as_str()?);
     let target = &msg["target"];
-    let name = target["name"].as_str()?;
     let kind = target["kind"][0].as_str()?;
+    // Built to be linted; the pipeline bench runs under `cargo xtask bench`.
+    if kind == "bench" {
+        return None;
+    }
+    let path = PathBuf::from(msg["executable"].as_str()?);
+    let name = target["name"].as_str()?;
     let one_a_process = kind == "test";
     let name = if one_a_process {
         name.to_owned()
@@ -201,6 +234,7 @@ mod tests {
         let lib = test_binary(&msg("lib", "dnstrace_tests")).unwrap();
         assert_eq!(lib.name, "tests (lib dnstrace_tests)");
         assert!(!lib.one_a_process);
+        assert_eq!(test_binary(&msg("bench", "pipeline")), None);
         let mut built = msg("lib", "dnstrace");
         built["profile"]["test"] = false.into();
         assert_eq!(test_binary(&built), None);
