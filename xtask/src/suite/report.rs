@@ -59,7 +59,7 @@ impl Times {
     }
 }
 
-/// `test: N passed, N failed[, N skipped]`.
+/// `test: N passed, N failed[, N skipped: which]`.
 pub fn summary(outcomes: &[Outcome]) -> String {
     let (passed, failed, ignored) = outcomes.iter().fold((0, 0, 0), |(p, f, i), o| {
         (
@@ -68,9 +68,15 @@ pub fn summary(outcomes: &[Outcome]) -> String {
             i + o.counts.ignored,
         )
     });
+    let which: Vec<&str> = outcomes
+        .iter()
+        .flat_map(|o| &o.ignored)
+        .map(String::as_str)
+        .collect();
     let skipped = match ignored {
         0 => String::new(),
-        n => format!(", {n} skipped"),
+        n if which.is_empty() => format!(", {n} skipped"),
+        n => format!(", {n} skipped: {}", which.join(", ")),
     };
     format!("test: {passed} passed, {failed} failed{skipped}")
 }
@@ -136,6 +142,7 @@ mod tests {
             end,
             alone: false,
             needs_release: false,
+            ignored: Vec::new(),
         }
     }
 
@@ -154,7 +161,7 @@ mod tests {
             ignored: 1,
             ..Counts::default()
         };
-        let outcomes = [
+        let mut outcomes = [
             outcome("record::a", "record", 40.0, End::Passed, one),
             outcome("record::b", "record", 2.0, End::Failed("x".into()), failed),
             outcome("lab::c", "lab", 30.0, End::Passed, one),
@@ -167,6 +174,11 @@ mod tests {
             ),
         ];
         assert_eq!(summary(&outcomes), "test: 220 passed, 1 failed, 1 skipped");
+        outcomes[3].ignored = vec!["fuzz::w (rewrites seeds)".into()];
+        assert_eq!(
+            summary(&outcomes),
+            "test: 220 passed, 1 failed, 1 skipped: fuzz::w (rewrites seeds)"
+        );
         let rows = by_binary(&outcomes);
         assert_eq!(
             (rows[0].0.as_str(), rows[0].1, rows[0].2),

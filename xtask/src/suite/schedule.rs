@@ -69,6 +69,8 @@ pub struct Outcome {
     pub alone: bool,
     /// It needed the release build.
     pub needs_release: bool,
+    /// The tests it left out (`#[ignore]`), with libtest's reason.
+    pub ignored: Vec<String>,
 }
 
 #[derive(Debug, PartialEq)]
@@ -106,6 +108,21 @@ impl Counts {
             ignored: count(result, " ignored"),
         })
     }
+}
+
+/// The tests libtest says it ignored (`test a::b ... ignored, why`), each
+/// as `a::b (why)`.
+fn ignored(out: &str) -> Vec<String> {
+    out.lines()
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("test ")?.split_once(" ... ")?;
+            let why = rest.strip_prefix("ignored")?.trim_start_matches(", ");
+            Some(match why {
+                "" => name.to_owned(),
+                why => format!("{name} ({why})"),
+            })
+        })
+        .collect()
 }
 
 /// The number before `what` in a result line.
@@ -272,6 +289,7 @@ fn outcome(job: Job, run: Run, output: &str, secs: f64, alone: bool) -> Outcome 
         end,
         alone,
         needs_release: job.needs_release,
+        ignored: ignored(output),
     }
 }
 
@@ -286,10 +304,11 @@ fn run_one(
     shared: &Shared,
 ) -> (Run, String) {
     let mut cmd = Command::new(&job.path);
-    match &job.test {
-        Some(test) => cmd.args(["--exact", test, "--test-threads", "1"]),
-        None => cmd.arg("--quiet"),
-    };
+    // A whole binary says each test's name, so that the tally can name
+    // those it ignored.
+    if let Some(test) = &job.test {
+        cmd.args(["--exact", test, "--test-threads", "1"]);
+    }
     match release {
         Release::Built(bin) => cmd.env("DNSTRACE_RELEASE_BIN", bin),
         _ => cmd.env("DNSTRACE_RELEASE_PENDING", "1"),
@@ -426,9 +445,10 @@ mod tests {
 
     #[test]
     fn a_whole_binary_counts_its_tests() {
-        let out = "test result: ok. 218 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 3.1s\n";
+        let out = "test fuzz::w ... ignored, rewrites seeds\ntest a ... ok\n\ntest result: ok. 218 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 3.1s\n";
         let whole = outcome(job(None), Run::Exited(Some(0)), out, 3.1, false);
         assert!(whole.passed());
+        assert_eq!(whole.ignored, ["fuzz::w (rewrites seeds)"]);
         assert_eq!(
             whole.counts,
             Counts {
