@@ -186,8 +186,16 @@ fn check() -> String {
     checked
 }
 
+/// The first line of `checked` that holds `needle`.
+fn said_about<'a>(checked: &'a str, needle: &str) -> &'a str {
+    checked
+        .lines()
+        .find(|l| l.contains(needle))
+        .unwrap_or_else(|| panic!("nothing said about {needle}: {checked}"))
+}
+
 /// The verifier's walk of each device program, most of every start-up,
-/// stays short: it had grown fourfold, a feature at a time, unseen (105,450
+/// stays short: it had grown a feature at a time, unseen (105,450
 /// to 134,492 instructions, 1 to 1.3 s of CPU each), until the header
 /// parse's ways merged (`Scratch::opaque`: 29,356 to 31,943).
 #[test]
@@ -195,10 +203,7 @@ fn the_device_programs_verify_in_few_instructions() {
     require_root();
     let checked = check();
     for program in ["dns_dev_xmit", "dns_dev_receive", "dns_kfree_skb"] {
-        let line = checked
-            .lines()
-            .find(|l| l.contains(&format!("{program} (prog id")))
-            .unwrap_or_else(|| panic!("{program} not attached: {checked}"));
+        let line = said_about(&checked, &format!("{program} (prog id"));
         let verified: u32 = line
             .split(", ")
             .nth(1)
@@ -213,10 +218,7 @@ fn probe_read_twins_pass_the_verifier_on_standby() {
     require_root();
     let checked = check();
     for twin in ["dns_xmit_read", "dns_recv_read", "dns_kfree_read"] {
-        let line = checked
-            .lines()
-            .find(|l| l.contains(twin))
-            .unwrap_or_else(|| panic!("nothing said about {twin}: {checked}"));
+        let line = said_about(&checked, twin);
         assert!(
             line.contains("loaded and verified (prog id")
                 && line.contains("attached only where dns_"),
