@@ -3,7 +3,9 @@
 //! own, its times put on the first node's by the clocks the headers give,
 //! its packets tagged with their node, as a merged replay does. Inputs
 //! wait in a reorder window until every node that is up has got past
-//! them, or until they have waited `window`: a node that lags or is cut
+//! them (a node has got as far as its last tick: its agent's conntrack
+//! events come ahead of its ring), or until they have waited `window`:
+//! a node that lags or is cut
 //! off holds the view back that long at most. While a node is down, what
 //! is handed on follows a loss that covers it: every journey of that time
 //! is incomplete, and the node's absence is never a lookup lost between
@@ -37,6 +39,10 @@ const INPUTS: usize = 4096;
 const BATCH: usize = 1024;
 /// How long the view waits for a node's first inputs.
 const FIRST_WINDOW: Duration = Duration::from_secs(5);
+/// How far before a tick a packet may still come after it: one whose
+/// program took its time just before the tick and committed it to the
+/// ring just after the agent read how far the ring had got.
+const TICK_SLACK_NS: u64 = 1_000_000;
 
 /// What a node's lane says.
 enum Event {
@@ -51,7 +57,8 @@ enum Event {
 struct NodeLane {
     node: String,
     up: bool,
-    /// How far its stream has got, on the common time line.
+    /// How far its stream has got, on the common time line: its last
+    /// tick's time, less the slack.
     at_ns: u64,
     /// Events its agent dropped for this view.
     dropped: u64,
@@ -185,7 +192,13 @@ impl Lanes {
             self.down_since[lane] = None;
         }
         let at = time_of(&input).unwrap_or(0);
-        n.at_ns = n.at_ns.max(at);
+        // Only a tick says what came before it is all handed on: the
+        // agent drains its ring up to each, while conntrack events,
+        // counters and pod changes come as read, ahead of packets of the
+        // same moment still in the ring.
+        if let Input::Tick(now) = input {
+            n.at_ns = n.at_ns.max(now.saturating_sub(TICK_SLACK_NS));
+        }
         match input {
             // Packet by packet: two nodes' batches interleave in time.
             Input::Packets(batch) => batch
@@ -448,31 +461,47 @@ mod tests {
         }
     }
 
-    /// A node's stream: `web`'s queries at the times given, ticks after.
+    const MS: u64 = 1_000_000;
+
+    /// A node's stream: `web`'s queries at the times given (ms), then
+    /// ticks at `tick` and just after (what says `tick` is all in).
     fn stream(times: &[u64], tick: u64) -> Vec<u8> {
         stream_on(Clock::EPOCH, times, tick)
     }
 
     /// The same from a node whose monotonic clock is `clock`'s.
     fn stream_on(clock: Clock, times: &[u64], tick: u64) -> Vec<u8> {
+        let (mut rec, buf) = recorder(clock);
+        for &t in times {
+            rec.input(&Input::Packets(vec![web_query(t)]));
+        }
+        ticks(&mut rec, tick);
+        take(&mut rec, &buf)
+    }
+
+    fn recorder(clock: Clock) -> (Recorder, Arc<Mutex<Vec<u8>>>) {
         let labels = Labels::new(Default::default(), clock, KernelNames::default());
         let meta = crate::record::meta(&labels, &Context::default(), Limits::default());
         let buf = Arc::new(Mutex::new(Vec::new()));
         let mut rec = Recorder::to_writer(Box::new(Shared(buf.clone())), meta).unwrap();
         rec.start(0);
-        for &t in times {
-            let p = query(
-                "10.244.1.10:4000",
-                "10.96.0.10:53",
-                &format!("t{t}.example.com"),
-                t,
-            );
-            rec.input(&Input::Packets(vec![p]));
-        }
-        rec.input(&Input::Tick(tick));
+        (rec, buf)
+    }
+
+    fn web_query(ms: u64) -> Packet {
+        let name = format!("t{ms}.example.com");
+        query("10.244.1.10:4000", "10.96.0.10:53", &name, ms * MS)
+    }
+
+    fn ticks(rec: &mut Recorder, ms: u64) {
+        rec.input(&Input::Tick(ms * MS));
+        rec.input(&Input::Tick((ms + 2) * MS));
+    }
+
+    /// What the recorder wrote since the last take.
+    fn take(rec: &mut Recorder, buf: &Mutex<Vec<u8>>) -> Vec<u8> {
         rec.flush();
-        let bytes = std::mem::take(&mut *buf.lock().unwrap());
-        bytes
+        std::mem::take(&mut *buf.lock().unwrap())
     }
 
     fn recording(node: &str, bytes: &[u8]) -> Recording {
@@ -485,16 +514,16 @@ mod tests {
         }
     }
 
-    /// Packets of the merged line, with their nodes, and the losses (as
-    /// `(0, 0)`), up to a tick at `until_ns`.
-    async fn drain(lanes: &mut Lanes, until_ns: u64) -> Vec<(u64, u16)> {
+    /// Packets of the merged line (ms), with their nodes, and the losses
+    /// (as `(0, 0)`), up to a tick at `until` ms.
+    async fn drain(lanes: &mut Lanes, until: u64) -> Vec<(u64, u16)> {
         let mut seen = Vec::new();
         loop {
             let next = tokio::time::timeout(Duration::from_secs(10), lanes.next());
             match next.await.expect("inputs in time").unwrap() {
-                Some(Input::Packets(b)) => seen.extend(b.iter().map(|p| (p.ts_ns, p.node.0))),
+                Some(Input::Packets(b)) => seen.extend(b.iter().map(|p| (p.ts_ns / MS, p.node.0))),
                 Some(Input::Lost { .. }) => seen.push((0, 0)),
-                Some(Input::Tick(t)) if t >= until_ns => return seen,
+                Some(Input::Tick(t)) if t >= until * MS => return seen,
                 _ => {}
             }
         }
@@ -521,8 +550,8 @@ mod tests {
     /// between a's two; and the view says how its times were moved.
     #[tokio::test]
     async fn a_node_whose_clock_is_ahead_is_put_on_the_first_nodes() {
-        let a = stream_on(Clock::with_offset(10_000), &[100, 300], 400);
-        let b = stream_on(Clock::with_offset(9_000), &[1_150], 1_400);
+        let a = stream_on(Clock::with_offset(10_000 * MS as i64), &[100, 300], 400);
+        let b = stream_on(Clock::with_offset(9_000 * MS as i64), &[1_150], 1_400);
         let recs = [recording("a", &a), recording("b", &b)];
         let (mut lanes, handles) = Lanes::new(&recs, Duration::from_secs(5), &[53]);
         let _a = handles[0].connected(a).unwrap();
@@ -530,7 +559,49 @@ mod tests {
         let seen = drain(&mut lanes, 400).await;
         assert_eq!(seen, [(100, 1), (150, 2), (300, 1)]);
         let offsets: Vec<i64> = lanes.nodes().iter().map(|n| n.offset_ns).collect();
-        assert_eq!(offsets, [0, -1_000]);
+        assert_eq!(offsets, [0, -1_000 * MS as i64]);
+    }
+
+    /// Node a's agent read a conntrack event of 500 ms before its packet
+    /// of 100 ms left its ring (ctnetlink is read at once, the ring on
+    /// ticks), and b's packet of 150 ms came between: the event does not
+    /// say a has got to 500 ms, its next tick does, and the line is in
+    /// time order.
+    #[tokio::test]
+    async fn a_conntrack_event_read_ahead_of_the_ring_holds_nothing_back_out_of_order() {
+        let (mut a_rec, a_buf) = recorder(Clock::EPOCH);
+        a_rec.input(&Input::Conntrack {
+            now_ns: 500 * MS,
+            events: vec![ct_new()],
+        });
+        let a_first = take(&mut a_rec, &a_buf);
+        a_rec.input(&Input::Packets(vec![web_query(100)]));
+        ticks(&mut a_rec, 600);
+        let a_rest = take(&mut a_rec, &a_buf);
+        let b = stream(&[150], 600);
+        let recs = [recording("a", &a_first), recording("b", &b)];
+        let (mut lanes, handles) = Lanes::new(&recs, Duration::from_secs(5), &[53]);
+        let a = handles[0].connected(a_first).unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let _b = handles[1].connected(b).unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        a.send(a_rest).await.unwrap();
+        let seen = drain(&mut lanes, 600).await;
+        assert_eq!(seen, [(100, 1), (150, 2)]);
+    }
+
+    fn ct_new() -> crate::conntrack::CtEvent {
+        let tuple = |src: &str, dst: &str| crate::decode::packet::CtTuple {
+            src: src.parse().unwrap(),
+            dst: dst.parse().unwrap(),
+        };
+        crate::conntrack::CtEvent {
+            kind: crate::conntrack::CtEventKind::New,
+            original: tuple("10.244.1.10:4000", "10.96.0.10:53"),
+            reply: tuple("10.244.3.53:53", "10.244.1.10:4000"),
+            proto: 17,
+            status: 8,
+        }
     }
 
     /// A node down: what is handed on while it is follows a loss (the
