@@ -5,11 +5,10 @@
 //! wait in a reorder window until every node that is up has got past
 //! them (a node has got as far as its last tick: its agent's conntrack
 //! events come ahead of its ring), or until they have waited `window`:
-//! a node that lags or is cut
-//! off holds the view back that long at most. While a node is down, what
-//! is handed on follows a loss that covers it: every journey of that time
-//! is incomplete, and the node's absence is never a lookup lost between
-//! nodes.
+//! a node that lags or is cut off holds the view back that long at most.
+//! While a node is down, what is handed on follows a loss that covers it:
+//! every journey of that time is incomplete, and the node's absence is
+//! never a lookup lost between nodes.
 use std::{
     cmp::Reverse,
     collections::{BinaryHeap, VecDeque},
@@ -471,37 +470,24 @@ mod tests {
 
     /// The same from a node whose monotonic clock is `clock`'s.
     fn stream_on(clock: Clock, times: &[u64], tick: u64) -> Vec<u8> {
-        let (mut rec, buf) = recorder(clock);
-        for &t in times {
-            rec.input(&Input::Packets(vec![web_query(t)]));
-        }
-        ticks(&mut rec, tick);
-        take(&mut rec, &buf)
-    }
-
-    fn recorder(clock: Clock) -> (Recorder, Arc<Mutex<Vec<u8>>>) {
         let labels = Labels::new(Default::default(), clock, KernelNames::default());
         let meta = crate::record::meta(&labels, &Context::default(), Limits::default());
         let buf = Arc::new(Mutex::new(Vec::new()));
         let mut rec = Recorder::to_writer(Box::new(Shared(buf.clone())), meta).unwrap();
         rec.start(0);
-        (rec, buf)
+        for &t in times {
+            rec.input(&Input::Packets(vec![web_query(t)]));
+        }
+        rec.input(&Input::Tick(tick * MS));
+        rec.input(&Input::Tick((tick + 2) * MS));
+        rec.flush();
+        let bytes = std::mem::take(&mut *buf.lock().unwrap());
+        bytes
     }
 
     fn web_query(ms: u64) -> Packet {
         let name = format!("t{ms}.example.com");
         query("10.244.1.10:4000", "10.96.0.10:53", &name, ms * MS)
-    }
-
-    fn ticks(rec: &mut Recorder, ms: u64) {
-        rec.input(&Input::Tick(ms * MS));
-        rec.input(&Input::Tick((ms + 2) * MS));
-    }
-
-    /// What the recorder wrote since the last take.
-    fn take(rec: &mut Recorder, buf: &Mutex<Vec<u8>>) -> Vec<u8> {
-        rec.flush();
-        std::mem::take(&mut *buf.lock().unwrap())
     }
 
     fn recording(node: &str, bytes: &[u8]) -> Recording {
@@ -567,41 +553,45 @@ mod tests {
     /// ticks), and b's packet of 150 ms came between: the event does not
     /// say a has got to 500 ms, its next tick does, and the line is in
     /// time order.
-    #[tokio::test]
-    async fn a_conntrack_event_read_ahead_of_the_ring_holds_nothing_back_out_of_order() {
-        let (mut a_rec, a_buf) = recorder(Clock::EPOCH);
-        a_rec.input(&Input::Conntrack {
-            now_ns: 500 * MS,
-            events: vec![ct_new()],
-        });
-        let a_first = take(&mut a_rec, &a_buf);
-        a_rec.input(&Input::Packets(vec![web_query(100)]));
-        ticks(&mut a_rec, 600);
-        let a_rest = take(&mut a_rec, &a_buf);
-        let b = stream(&[150], 600);
-        let recs = [recording("a", &a_first), recording("b", &b)];
-        let (mut lanes, handles) = Lanes::new(&recs, Duration::from_secs(5), &[53]);
-        let a = handles[0].connected(a_first).unwrap();
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let _b = handles[1].connected(b).unwrap();
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        a.send(a_rest).await.unwrap();
-        let seen = drain(&mut lanes, 600).await;
-        assert_eq!(seen, [(100, 1), (150, 2)]);
-    }
-
-    fn ct_new() -> crate::conntrack::CtEvent {
-        let tuple = |src: &str, dst: &str| crate::decode::packet::CtTuple {
-            src: src.parse().unwrap(),
-            dst: dst.parse().unwrap(),
+    #[test]
+    fn a_conntrack_event_read_ahead_of_the_ring_holds_nothing_back_out_of_order() {
+        let recs = [
+            recording("a", &stream(&[], 0)),
+            recording("b", &stream(&[], 0)),
+        ];
+        let (mut lanes, _handles) = Lanes::new(&recs, Duration::from_secs(5), &[53]);
+        let on = |node: u16, ms: u64| {
+            let mut p = web_query(ms);
+            p.node = NodeId(node);
+            Input::Packets(vec![p])
         };
-        crate::conntrack::CtEvent {
-            kind: crate::conntrack::CtEventKind::New,
-            original: tuple("10.244.1.10:4000", "10.96.0.10:53"),
-            reply: tuple("10.244.3.53:53", "10.244.1.10:4000"),
-            proto: 17,
-            status: 8,
+        // What the event says does not matter here, only when it comes.
+        let event = Input::Conntrack {
+            now_ns: 500 * MS,
+            events: Vec::new(),
+        };
+        let arrivals = [
+            (0, event),
+            (1, on(2, 150)),
+            (1, Input::Tick(600 * MS)),
+            (0, on(1, 100)),
+            (0, Input::Tick(600 * MS)),
+        ];
+        // As `next` does with each event.
+        for (lane, input) in arrivals {
+            lanes.event(Event::Input(lane, input));
+            lanes.release();
         }
+        let seen: Vec<(u64, u16)> = lanes
+            .ready
+            .iter()
+            .filter_map(|i| match i {
+                Input::Packets(b) => Some(b.iter().map(|p| (p.ts_ns / MS, p.node.0))),
+                _ => None,
+            })
+            .flatten()
+            .collect();
+        assert_eq!(seen, [(100, 1), (150, 2)]);
     }
 
     /// A node down: what is handed on while it is follows a loss (the
