@@ -34,8 +34,10 @@ fn main() {
 }
 
 /// The agent's API for cluster views, from its proto (protoc, as k8s-cri's
-/// build needs too).
+/// build needs too). Said to cargo by hand: once `build` names what it
+/// watches, cargo reruns this script for those alone.
 fn observer() -> std::io::Result<()> {
+    println!("cargo:rerun-if-changed=proto");
     tonic_prost_build::configure().compile_protos(&["proto/dnstrace/v1/observer.proto"], &["proto"])
 }
 
