@@ -585,6 +585,11 @@ pub struct ClusterArgs {
     #[arg(long, value_name = "IP")]
     pub ip: Vec<std::net::IpAddr>,
 
+    /// A node: the lookups of every pod on it (its resolvers' aside); with
+    /// --pod, the node the pod is looked for on.
+    #[arg(long, value_name = "NODE")]
+    pub node: Option<String>,
+
     /// Start this far in the past, as far as the agents' memory (their
     /// flight recorders') reaches, e.g. 5m.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
@@ -659,6 +664,7 @@ impl ClusterArgs {
             agents: self.agents,
             pod: self.pod,
             ips: self.ip,
+            node: self.node,
             since: self.since,
             tls,
             window: self.window,

@@ -9,6 +9,8 @@ use dnstrace_tests::{prometheus::free_port, *};
 
 /// node1's client.
 const WEB_IP: &str = "10.244.1.10";
+/// node2's client.
+const CHECKOUT_IP: &str = "10.244.2.10";
 const NAME: &str = "kube-dns.kube-system.svc.cluster.local";
 
 /// One agent per node, each scoped to its node, serving cluster views.
@@ -67,24 +69,34 @@ impl Agents {
 /// `dnstrace cluster` of web's lookups over `agents`, as JSON lines.
 fn view(agents: &Agents, extra: &[&str]) -> Dnstrace {
     let pod = format!("default/{}", WEB.pod());
+    let mut args = vec!["--pod", &pod];
+    args.extend_from_slice(extra);
+    view_of(agents, &args)
+}
+
+/// `dnstrace cluster` over `agents` as JSON lines, following `args`.
+fn view_of(agents: &Agents, args: &[&str]) -> Dnstrace {
     let list = agents.list();
     // A reorder window long enough for an agent held up on a busy
     // machine: what is shown is then in order whatever the load.
-    let mut args = vec![
-        "cluster", "--agents", &list, "-o", "json", "--pod", &pod, "--window", "5s",
-    ];
-    args.extend_from_slice(extra);
-    Dnstrace::start_here(Keep::Sampled, &args).unwrap()
+    let mut all = vec!["cluster", "--agents", &list, "-o", "json", "--window", "5s"];
+    all.extend_from_slice(args);
+    Dnstrace::start_here(Keep::Sampled, &all).unwrap()
 }
 
-/// A journey of web's lookup `id`, with its legs' nodes.
+/// A journey of web's lookup `id`.
 fn is_lookup(j: &Value, id: u16) -> bool {
+    is_lookup_from(j, id, WEB_IP)
+}
+
+/// A journey of the lookup `id` of the client at `ip`.
+fn is_lookup_from(j: &Value, id: u16, ip: &str) -> bool {
     j["type"] == "journey"
         && j["dns_id"] == id
         && j["name"] == format!("{NAME}.")
         && j["client"]
             .as_str()
-            .is_some_and(|c| c.starts_with(&format!("{WEB_IP}:")))
+            .is_some_and(|c| c.starts_with(&format!("{ip}:")))
 }
 
 fn nodes_of(j: &Value) -> Vec<String> {
@@ -183,6 +195,37 @@ fn since_shows_the_lookups_made_before_the_view_started() {
     let mut view = view(&agents, &["--since", "2m"]);
     for id in before {
         shown_whole(&mut view, id);
+    }
+    let (status, _, stderr) = view.stop(libc::SIGINT).unwrap();
+    assert!(status.success(), "{status}: {stderr:?}");
+    agents.stop();
+}
+
+/// `--node node2`: the lookups of node 2's client, checkout (CoreDNS's pod
+/// there aside), which reach node 2 and CoreDNS's other node, 3, never
+/// node 1. The view asks those two agents alone, and shows each of
+/// checkout's lookups whole on them.
+#[test]
+fn a_nodes_lookups_are_asked_of_the_nodes_they_reach_alone() {
+    require_root();
+    let lab = Lab::up(&["--nodes", "3"]);
+    let agents = Agents::start(&[]);
+    let mut view = view_of(&agents, &["--node", "node2"]);
+    assert_eq!(view.ready["nodes"], serde_json::json!(["node2", "node3"]));
+    for _ in 0..4 {
+        let out = lab.dig(&CHECKOUT, NAME);
+        assert_eq!(dig_status(&out), "NOERROR", "{out}");
+        let id = dig_id(&out).expect("dig's query id");
+        let j = view
+            .wait_stdout_for(Duration::from_secs(10), |j| {
+                is_lookup_from(j, id, CHECKOUT_IP)
+            })
+            .unwrap();
+        let nodes = nodes_of(&j);
+        assert_eq!(nodes.first().map(String::as_str), Some("node2"), "{j}");
+        assert!(nodes.iter().all(|n| n == "node2" || n == "node3"), "{j}");
+        assert_eq!(j["outcome"]["rcode"], "NOERROR", "{j}");
+        assert_eq!(j["incomplete"], false, "{j}");
     }
     let (status, _, stderr) = view.stop(libc::SIGINT).unwrap();
     assert!(status.success(), "{status}: {stderr:?}");

@@ -1,8 +1,8 @@
 //! `dnstrace cluster`: one live view of a pod's lookups, whole across
 //! nodes, from the agents already running on them. It asks every agent
-//! which runs the pod, then every agent for the evidence of that pod's
-//! lookups on its node (the client's legs on one, the resolvers' and
-//! upstreams' on others), from `--since` ago, and merges the streams into
+//! which runs the pod, then the agents of the nodes its lookups reach
+//! (`choose`) for their evidence of them (the client's legs on one, the
+//! resolvers' and upstreams' on others), from `--since` ago, and merges the streams into
 //! one time line (`record::lanes`) through the same pipeline, rules and
 //! views as `trace`. A node whose agent goes away is shown down and
 //! reconnected; the view resumes after what it already has.
@@ -14,6 +14,10 @@ use std::{
 
 use anyhow::{anyhow, bail, Context as _, Result};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+
+mod choose;
+
+use choose::choose;
 
 use super::{
     agent::api::PORT,
@@ -43,6 +47,8 @@ pub struct ClusterOptions {
     pub pod: Option<String>,
     /// Client addresses watched, besides the pod's.
     pub ips: Vec<IpAddr>,
+    /// A node whose pods' lookups are watched, or where `pod` is.
+    pub node: Option<String>,
     /// How far back the view starts.
     pub since: Duration,
     pub tls: Option<ClientTls>,
@@ -83,7 +89,23 @@ pub async fn run(o: ClusterOptions) -> Result<()> {
             o.agents.join(", ")
         );
     }
-    let ips = watched(&o, &nodes)?;
+    let replies: Vec<NodeReply> = nodes.iter().map(|(_, r)| r.clone()).collect();
+    let chosen = choose(o.pod.as_deref(), o.node.as_deref(), &o.ips, &replies)?;
+    let asked: Vec<&str> = chosen
+        .nodes
+        .iter()
+        .map(|&i| replies[i].node.as_str())
+        .collect();
+    match &chosen.everyone {
+        Some(why) => log::info!("asking every node ({why})"),
+        None => log::info!(
+            "asking {}: the nodes the lookups reach, the clients' and their resolvers'",
+            asked.join(", ")
+        ),
+    }
+    let ips = chosen.ips;
+    let nodes: Vec<(SocketAddr, NodeReply)> =
+        chosen.nodes.iter().map(|&i| nodes[i].clone()).collect();
     let request = WatchRequest {
         ips: ips.iter().map(IpAddr::to_string).collect(),
         since_ms: o.since.as_millis() as u64,
@@ -188,45 +210,6 @@ fn recording(agent: SocketAddr, node: &str, first: &[u8]) -> Result<Recording> {
         about,
         node: node.to_owned(),
     })
-}
-
-/// The addresses watched: the pod's, found on the agent that runs it,
-/// and those given.
-fn watched(o: &ClusterOptions, nodes: &[(SocketAddr, NodeReply)]) -> Result<Vec<IpAddr>> {
-    let mut ips = o.ips.clone();
-    if let Some(pod) = &o.pod {
-        let (ns, name) = match pod.split_once('/') {
-            Some((ns, name)) => (Some(ns), name),
-            None => (None, pod.as_str()),
-        };
-        let found: Vec<(&str, &crate::commands::observer::Pod)> = nodes
-            .iter()
-            .flat_map(|(_, r)| r.pods.iter().map(move |p| (r.node.as_str(), p)))
-            .filter(|(_, p)| p.name == name && ns.is_none_or(|ns| p.namespace == ns))
-            .collect();
-        match found.as_slice() {
-            [] => bail!(
-                "no agent runs a pod {pod}: `kubectl get pod -A -o wide` says where it runs; is the agent on its node up?"
-            ),
-            [(node, p)] => {
-                log::info!("{}/{} runs on {node}", p.namespace, p.name);
-                for ip in &p.ips {
-                    ips.push(ip.parse().with_context(|| format!("the agent's address {ip} of {pod}"))?);
-                }
-            }
-            several => {
-                let names: Vec<String> = several
-                    .iter()
-                    .map(|(node, p)| format!("{}/{} on {node}", p.namespace, p.name))
-                    .collect();
-                bail!("{pod} is several pods: {}; give its namespace", names.join(", "));
-            }
-        }
-    }
-    if ips.is_empty() {
-        bail!("nothing to watch: give --pod or --ip");
-    }
-    Ok(ips)
 }
 
 /// How agents are reached: in the clear (loopback) or with mutual TLS.

@@ -185,6 +185,8 @@ pub struct NodeState {
     /// How far back the memory reaches now.
     pub memory_ns: u64,
     pub pods: BTreeMap<String, Vec<IpAddr>>,
+    /// The cluster's resolvers, as the node knows them.
+    pub resolvers: Vec<IpAddr>,
 }
 
 impl Live {
@@ -231,6 +233,10 @@ impl Live {
                 .oldest_ns()
                 .map_or(0, |t| hub.now_ns.saturating_sub(t)),
             pods,
+            resolvers: hub
+                .meta
+                .as_ref()
+                .map_or_else(Vec::new, |m| m.resolvers().to_vec()),
         }
     }
 

@@ -72,6 +72,11 @@ impl Meta {
         self
     }
 
+    /// The cluster's resolvers as the node knows them.
+    pub fn resolvers(&self) -> &[std::net::IpAddr] {
+        &self.context.resolvers
+    }
+
     /// Names the node recorded alone (`--node`), in the notes and in the
     /// comment Wireshark shows.
     #[must_use]

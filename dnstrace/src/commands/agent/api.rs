@@ -159,6 +159,7 @@ impl Observer for Api {
             clock_offset_ns: Clock::now().offset_ns(),
             pods,
             memory_ms: state.memory_ns / 1_000_000,
+            resolvers: state.resolvers.iter().map(IpAddr::to_string).collect(),
         }))
     }
 
