@@ -160,6 +160,7 @@ fn the_cluster_view_shows_each_lookup_whole_across_nodes_as_it_happens() {
     let (status, out, stderr) = view.stop(libc::SIGINT).unwrap();
     assert!(status.success(), "{status}: {stderr:?}");
     agents.stop();
+    assert_clocks_found_true(&stderr);
 
     let journeys = |out: &str| -> Vec<Value> {
         let mut js: Vec<Value> = json_lines(out)
@@ -182,6 +183,29 @@ fn the_cluster_view_shows_each_lookup_whole_across_nodes_as_it_happens() {
     let frames = run(Command::new("tshark").args(["-r", &file, "-Y", "dns"]))
         .expect("tshark reads the recording");
     assert!(frames.lines().count() >= legs, "{frames}");
+}
+
+/// The view's last estimate of each node's clock, from the messages that
+/// crossed between nodes: the lab's nodes share one kernel's clock, so
+/// the truth is 0. Each lookup crossed to node 2 or 3, so one of them at
+/// least was estimated; a millisecond is a hundred times the error seen.
+fn assert_clocks_found_true(stderr: &[String]) {
+    let clocks = stderr
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|l| l["event"] == "clocks")
+        .unwrap_or_else(|| panic!("a clocks line: {stderr:?}"));
+    let nodes = clocks["nodes"].as_array().unwrap();
+    let estimated: Vec<&Value> = nodes
+        .iter()
+        .filter(|n| n["pairs"].as_u64() > Some(0))
+        .collect();
+    assert!(!estimated.is_empty(), "{clocks}");
+    for n in estimated {
+        let us = n["offset_us"].as_f64().unwrap();
+        assert!(us.abs() < 1_000.0, "{clocks}");
+        assert_eq!(n["against"], "node1", "{clocks}");
+    }
 }
 
 /// `--since`: the view opens with lookups made before it started, from

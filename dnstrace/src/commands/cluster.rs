@@ -180,6 +180,7 @@ pub async fn run(o: ClusterOptions) -> Result<()> {
     };
     let mut pipe = Pipeline::recording(recorder);
     let tally = show.run(&mut pipe, &mut lanes, &mut Stop::new()?).await?;
+    lanes.clocks().print(o.output == Some(Format::Json));
     let tally = tally.map(|t| format!(", {t}")).unwrap_or_default();
     eprintln!(
         "dnstrace: cluster view of {} nodes: {}{tally}",

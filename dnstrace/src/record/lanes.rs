@@ -1,7 +1,10 @@
 //! Several nodes' live streams as one time line (`dnstrace cluster`):
 //! each stream is read as a recording is (`Replay`), on a thread of its
 //! own, its times put on the first node's by the clocks the headers give,
-//! its packets tagged with their node, as a merged replay does. Inputs
+//! its packets tagged with their node, as a merged replay does. What is
+//! left of each node's clock error is estimated again every second from
+//! the messages that crossed between nodes in the last ten, as `replay`
+//! estimates it from a recording's first messages. Inputs
 //! wait in a reorder window until every node that is up has got past
 //! them (a node has got as far as its last tick: its agent's conntrack
 //! events come ahead of its ring), or until they have waited `window`:
@@ -21,7 +24,7 @@ use anyhow::Result;
 use tokio::sync::mpsc;
 
 use super::{
-    merge::{moved, Recording},
+    merge::{errors, moved, shifted, Alignment, Clocks, Estimate, Recording, Sample},
     pcapng::Reader,
     replay::{time_of, About, Replay, Speed},
 };
@@ -42,6 +45,12 @@ const FIRST_WINDOW: Duration = Duration::from_secs(5);
 /// program took its time just before the tick and committed it to the
 /// ring just after the agent read how far the ring had got.
 const TICK_SLACK_NS: u64 = 1_000_000;
+/// How often the clocks are estimated again, on the time line.
+const ESTIMATE_NS: u64 = 1_000_000_000;
+/// How far back the messages they are estimated on go.
+const CROSSINGS_NS: i64 = 10_000_000_000;
+/// A change of a clock's estimate worth a line in the log.
+const SAID_NS: i64 = 1_000_000;
 
 /// What a node's lane says.
 enum Event {
@@ -61,8 +70,11 @@ struct NodeLane {
     at_ns: u64,
     /// Events its agent dropped for this view.
     dropped: u64,
-    /// What its times are moved by onto the first node's clock.
+    /// What its times are moved by onto the first node's clock, by the
+    /// headers' clocks.
     offset_ns: i64,
+    /// What is left of its clock's error, as last estimated.
+    error: Estimate,
 }
 
 /// One held input, in time order then arrival order.
@@ -83,6 +95,9 @@ pub struct Lanes {
     handed_ns: u64,
     ready: VecDeque<Input>,
     lost_total: u64,
+    /// The messages each node saw lately, on the headers' clocks.
+    crossings: Vec<Sample>,
+    estimated_ns: u64,
 }
 
 /// What the commands side holds of one node: where its connections'
@@ -129,6 +144,7 @@ impl Lanes {
                 at_ns: 0,
                 dropped: 0,
                 offset_ns: offset_of(r) - reference,
+                error: Estimate::default(),
             })
             .collect();
         let lanes = Self {
@@ -144,6 +160,8 @@ impl Lanes {
             handed_ns: 0,
             ready: VecDeque::new(),
             lost_total: 0,
+            crossings: recs.iter().map(|_| Sample::default()).collect(),
+            estimated_ns: 0,
         };
         (lanes, handles)
     }
@@ -184,19 +202,25 @@ impl Lanes {
     }
 
     fn arrived(&mut self, lane: usize, input: Input) {
-        let n = &mut self.nodes[lane];
-        if !n.up {
-            log::info!("node {} is back", n.node);
-            n.up = true;
+        if !self.nodes[lane].up {
+            log::info!("node {} is back", self.nodes[lane].node);
+            self.nodes[lane].up = true;
             self.down_since[lane] = None;
         }
+        if let Input::Packets(batch) = &input {
+            let sample = &mut self.crossings[lane];
+            batch.iter().for_each(|p| sample.add(p, 0, i64::MIN));
+        }
+        let input = shifted(input, -self.nodes[lane].error.error_ns);
         let at = time_of(&input).unwrap_or(0);
         // Only a tick says what came before it is all handed on: the
         // agent drains its ring up to each, while conntrack events,
         // counters and pod changes come as read, ahead of packets of the
         // same moment still in the ring.
         if let Input::Tick(now) = input {
+            let n = &mut self.nodes[lane];
             n.at_ns = n.at_ns.max(now.saturating_sub(TICK_SLACK_NS));
+            self.estimate(now);
         }
         match input {
             // Packet by packet: two nodes' batches interleave in time.
@@ -205,6 +229,51 @@ impl Lanes {
                 .for_each(|p| self.hold(p.ts_ns, Input::Packets(vec![p]))),
             other => self.hold(at, other),
         }
+    }
+
+    /// Each node's clock error again, once a second, from the messages
+    /// that crossed between nodes lately; a node none crossed to lately
+    /// keeps its last.
+    fn estimate(&mut self, now_ns: u64) {
+        if now_ns >= self.estimated_ns.saturating_add(ESTIMATE_NS) {
+            self.estimate_at(now_ns);
+        }
+    }
+
+    fn estimate_at(&mut self, now_ns: u64) {
+        self.estimated_ns = now_ns;
+        let from = i64::try_from(now_ns).unwrap_or(i64::MAX) - CROSSINGS_NS;
+        self.crossings
+            .iter_mut()
+            .for_each(|s| s.forget_before(from));
+        let found = errors(&self.crossings, self.nodes.len());
+        for (i, e) in found.into_iter().enumerate().skip(1) {
+            let Some(e) = e else { continue };
+            let was = self.nodes[i].error;
+            self.nodes[i].error = e;
+            if was.pairs == 0 || (e.error_ns - was.error_ns).abs() >= SAID_NS {
+                log::info!("{}", self.alignment(i).describe(false));
+            }
+        }
+    }
+
+    /// How node `i`'s times are put on the first node's.
+    fn alignment(&self, i: usize) -> Alignment {
+        let n = &self.nodes[i];
+        Alignment {
+            node: n.node.clone(),
+            shift_ns: n.offset_ns - n.error.error_ns,
+            error_ns: n.error.error_ns,
+            pairs: n.error.pairs,
+            against: n.error.against.map(|a| self.nodes[a].node.clone()),
+        }
+    }
+
+    /// How every node's times are put on the first node's, estimated
+    /// once more from the messages of the last seconds.
+    pub fn clocks(&mut self) -> Clocks {
+        self.estimate_at(self.estimated_ns.max(self.now_ns));
+        Clocks((0..self.nodes.len()).map(|i| self.alignment(i)).collect())
     }
 
     fn hold(&mut self, at: u64, input: Input) {
@@ -342,7 +411,7 @@ impl Source for Lanes {
                 name: n.node.clone(),
                 up: n.up,
                 lag_ns: ahead.saturating_sub(n.at_ns),
-                offset_ns: n.offset_ns,
+                offset_ns: n.offset_ns - n.error.error_ns,
                 dropped: n.dropped,
             })
             .collect()
@@ -446,6 +515,7 @@ mod tests {
         pipeline::Tap as _,
         record::{tests::query, Recorder},
     };
+    use dnstrace_common::Hook;
 
     /// A writer whose bytes the test takes.
     struct Shared(Arc<Mutex<Vec<u8>>>);
@@ -592,6 +662,59 @@ mod tests {
             .flatten()
             .collect();
         assert_eq!(seen, [(100, 1), (150, 2)]);
+    }
+
+    /// Node b's kernel clock runs 3 ms ahead of a's, which the headers
+    /// do not show (their clocks agree). A query crossed from a to b and
+    /// its answer back, 100 µs each way: a second on, the view has found
+    /// b 3 ms ahead from them, and puts b's later packets 3 ms back.
+    #[test]
+    fn a_clock_error_the_headers_miss_is_found_from_messages_that_crossed() {
+        const US: u64 = 1_000;
+        let recs = [
+            recording("a", &stream(&[], 0)),
+            recording("b", &stream(&[], 0)),
+        ];
+        let (mut lanes, _handles) = Lanes::new(&recs, Duration::from_secs(5), &[53]);
+        let leg = |node: u16, us: u64, hook: Hook, answer: bool| {
+            let mut p = query(
+                "10.244.1.10:4000",
+                "10.244.3.53:53",
+                "a.example.com",
+                us * US,
+            );
+            if answer {
+                (p.src, p.dst) = (p.dst, p.src);
+                let mut m = p.payload.to_vec();
+                m[2] |= 0x80;
+                p.payload = m.into();
+            }
+            p.hook = hook;
+            p.node = NodeId(node);
+            Input::Packets(vec![p])
+        };
+        let arrivals = [
+            (0, leg(1, 100_000, Hook::TcEgress, false)),
+            (1, leg(2, 103_100, Hook::TcIngress, false)),
+            (1, leg(2, 103_200, Hook::TcEgress, true)),
+            (0, leg(1, 100_300, Hook::TcIngress, true)),
+            (1, Input::Tick(1_003_000 * US)),
+            (0, Input::Tick(1_000_000 * US)),
+            (1, leg(2, 1_203_000, Hook::TcEgress, false)),
+        ];
+        for (lane, input) in arrivals {
+            lanes.event(Event::Input(lane, input));
+        }
+        let clocks = lanes.clocks();
+        let b = &clocks.0[1];
+        assert_eq!((b.error_ns, b.pairs), (3_000_000, 2));
+        assert_eq!(b.against.as_deref(), Some("a"));
+        assert_eq!(lanes.nodes()[1].offset_ns, -3_000_000);
+        let last = lanes.rest().into_iter().filter_map(|i| match i {
+            Input::Packets(b) => b.last().map(|p| p.ts_ns),
+            _ => None,
+        });
+        assert_eq!(last.max(), Some(1_200_000 * US));
     }
 
     /// A node down: what is handed on while it is follows a loss (the

@@ -251,7 +251,7 @@ fn micros<S: serde::Serializer>(ns: &i64, s: S) -> Result<S::Ok, S::Error> {
 
 impl Alignment {
     /// A line for stderr; `reference` for the first file's.
-    fn describe(&self, reference: bool) -> String {
+    pub(super) fn describe(&self, reference: bool) -> String {
         let us = self.error_ns as f64 / 1e3;
         match &self.against {
             Some(to) => format!(
@@ -315,18 +315,18 @@ impl Clocks {
 }
 
 /// A file's clock error against the first file's.
-#[derive(Clone, Copy, Default)]
-struct Estimate {
-    error_ns: i64,
+#[derive(Clone, Copy, Default, PartialEq, Eq, Debug)]
+pub(super) struct Estimate {
+    pub error_ns: i64,
     /// Messages it was estimated on.
-    pairs: usize,
+    pub pairs: usize,
     /// The file it was estimated against.
-    against: Option<usize>,
+    pub against: Option<usize>,
 }
 
 /// Each of `n` files' clock error against the first's, estimated against
 /// any file already estimated; none where no messages crossed both ways.
-fn errors(samples: &[Sample], n: usize) -> Vec<Option<Estimate>> {
+pub(super) fn errors(samples: &[Sample], n: usize) -> Vec<Option<Estimate>> {
     let mut found = vec![None; n];
     found[0] = Some(Estimate::default());
     let m = samples.len();
@@ -409,7 +409,8 @@ fn common_start(recs: &[Recording], ports: &[u16]) -> Result<i64> {
 /// Messages one file saw through devices, by wall time as its header
 /// gives it, from `from` on; the first `MAX_SAMPLE` of them, and the
 /// file read no further than a crossing's span after they are in.
-struct Sample(HashMap<Message, Seen>);
+#[derive(Default)]
+pub(super) struct Sample(HashMap<Message, Seen>);
 
 impl Sample {
     fn read(rec: &Recording, ports: &[u16], from: i64) -> Result<Self> {
@@ -437,7 +438,7 @@ impl Sample {
         Ok(sample)
     }
 
-    fn add(&mut self, p: &Packet, offset_ns: i64, from: i64) {
+    pub(super) fn add(&mut self, p: &Packet, offset_ns: i64, from: i64) {
         let dir = p.hook.direction();
         let wall = i64::try_from(p.ts_ns)
             .ok()
@@ -464,6 +465,13 @@ impl Sample {
             }
             None => {}
         }
+    }
+}
+
+impl Sample {
+    /// Leaves out the messages last seen before `t`: a sliding sample.
+    pub(super) fn forget_before(&mut self, t: i64) {
+        self.0.retain(|_, s| s.last.0 >= t);
     }
 }
 
@@ -641,19 +649,28 @@ impl<R: Read> Lane<R> {
 
 /// `input` on the common time line (`shift_ns` later), its packets and
 /// sampling `node`'s; a target's moves only from the `first` node.
-pub(super) fn moved(mut input: Input, by: i64, node: NodeId, first: bool) -> Input {
+pub(super) fn moved(input: Input, by: i64, node: NodeId, first: bool) -> Input {
+    let mut input = shifted(input, by);
+    match &mut input {
+        Input::Packets(batch) => batch.iter_mut().for_each(|p| p.node = node),
+        Input::Sample(c) => c.node = node,
+        Input::Pods { refresh, .. } if !first => refresh.target = None,
+        _ => {}
+    }
+    input
+}
+
+/// `input` with its times `by` later.
+pub(super) fn shifted(mut input: Input, by: i64) -> Input {
+    if by == 0 {
+        return input;
+    }
     let at = |t: &mut u64| *t = t.saturating_add_signed(by);
     match &mut input {
-        Input::Packets(batch) => {
-            for p in batch {
-                at(&mut p.ts_ns);
-                p.node = node;
-            }
-        }
+        Input::Packets(batch) => batch.iter_mut().for_each(|p| at(&mut p.ts_ns)),
         Input::Sample(c) => {
             at(&mut c.since_ns);
             at(&mut c.now_ns);
-            c.node = node;
         }
         Input::Lost {
             since_ns, now_ns, ..
@@ -661,15 +678,10 @@ pub(super) fn moved(mut input: Input, by: i64, node: NodeId, first: bool) -> Inp
             at(since_ns);
             at(now_ns);
         }
-        Input::Pods { now_ns, refresh } => {
-            at(now_ns);
-            if !first {
-                refresh.target = None;
-            }
-        }
-        Input::Conntrack { now_ns, .. } | Input::Counters { now_ns, .. } | Input::Tick(now_ns) => {
-            at(now_ns)
-        }
+        Input::Pods { now_ns, .. }
+        | Input::Conntrack { now_ns, .. }
+        | Input::Counters { now_ns, .. }
+        | Input::Tick(now_ns) => at(now_ns),
     }
     input
 }
