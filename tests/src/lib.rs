@@ -352,6 +352,24 @@ impl Dnstrace {
         Self::spawn(cmd)
     }
 
+    /// Starts dnstrace here in a mount namespace of its own whose
+    /// /etc/hosts is `hosts`, and which looks names up there alone (its
+    /// nsswitch.conf says `hosts: files`): names the test gives, and no
+    /// query ever leaves for the machine's resolvers.
+    pub fn start_with_hosts(hosts: &Path, keep: Keep, args: &[&str]) -> Result<Self> {
+        let nsswitch = hosts.with_extension("nsswitch.conf");
+        std::fs::write(&nsswitch, "hosts: files\n")?;
+        let mut cmd = Command::new("unshare");
+        cmd.args(["--mount", "--propagation", "private", "sh", "-c"])
+            .arg(r#"mount --bind "$1" /etc/hosts && mount --bind "$2" /etc/nsswitch.conf && shift 2 && exec "$@""#)
+            .arg("sh")
+            .arg(hosts)
+            .arg(&nsswitch)
+            .arg(dnstrace_bin())
+            .args(keep.args(args));
+        Self::spawn(cmd)
+    }
+
     /// Starts dnstrace here with its stdout not read until `read_stdout`,
     /// as a terminal that stops reading: once the pipe is full, its
     /// pipeline waits on the write.

@@ -30,10 +30,16 @@ impl Agents {
     }
 
     fn start_keeping(keep: Keep, extra: &[&str]) -> Self {
+        let apis = (0..3).map(|_| format!("127.0.0.1:{}", free_port()));
+        Self::start_at(keep, apis.collect(), extra)
+    }
+
+    /// Agents whose APIs listen at `apis`.
+    fn start_at(keep: Keep, apis: Vec<String>, extra: &[&str]) -> Self {
         let addr = || format!("127.0.0.1:{}", free_port());
         let mut agents = Self {
             running: Vec::new(),
-            apis: (0..3).map(|_| addr()).collect(),
+            apis,
             metrics: (0..3).map(|_| addr()).collect(),
             extra: extra.iter().map(|s| (*s).to_owned()).collect(),
             keep,
@@ -398,6 +404,78 @@ fn mutual_tls_lets_the_cas_viewers_in_and_no_one_else() {
     }
     let (status, _, stderr) = view.stop(libc::SIGINT).unwrap();
     assert!(status.success(), "{status}: {stderr:?}");
+    agents.stop();
+}
+
+/// The agents found by name, as the headless Service gives them (here
+/// from a hosts file the view alone reads): node 2's agent is killed and
+/// comes back at another address, which the name gives from then on. The
+/// view finds it there by the name, resumes, and shows lookups whole.
+#[test]
+fn an_agent_back_at_another_address_is_found_again_by_the_agents_name() {
+    require_root();
+    let lab = Lab::up(&["--nodes", "3"]);
+    let port = free_port();
+    let at = |host: u8| format!("127.0.0.{host}:{port}");
+    let mut agents = Agents::start_at(Keep::Every, vec![at(11), at(12), at(13)], &[]);
+    let dir = Dir::new("cluster-hosts");
+    let hosts = dir.file("hosts");
+    const NAME_OF_AGENTS: &str = "dnstrace-agents.dnstrace.svc.cluster.local";
+    // The same length each time, written over in place: the view never
+    // reads a file without the name.
+    let give = |last: [u8; 3]| {
+        let lines: String = last
+            .iter()
+            .map(|h| format!("127.0.0.{h} {NAME_OF_AGENTS}\n"))
+            .collect();
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&hosts)
+            .unwrap();
+        std::io::Write::write_all(&mut f, lines.as_bytes()).unwrap();
+    };
+    give([11, 12, 13]);
+    let pod = format!("default/{}", WEB.pod());
+    let agents_arg = format!("{NAME_OF_AGENTS}:{port}");
+    let mut view = Dnstrace::start_with_hosts(
+        &hosts,
+        Keep::Sampled,
+        &[
+            "cluster",
+            "--agents",
+            &agents_arg,
+            "-o",
+            "json",
+            "--window",
+            "5s",
+            "--pod",
+            &pod,
+        ],
+    )
+    .unwrap();
+    shown_whole(&mut view, lookup(&lab));
+    let gone = agents.running[1].take().unwrap();
+    let _ = gone.stop(libc::SIGKILL);
+    view.wait_stderr_for("node node2 is down", Duration::from_secs(10))
+        .unwrap();
+    agents.apis[1] = at(22);
+    give([11, 22, 13]);
+    agents.running[1] = Some(agents.spawn(2));
+    view.wait_stderr_for(
+        &format!("node node2's agent answers at {} now", at(22)),
+        Duration::from_secs(20),
+    )
+    .unwrap();
+    view.wait_stderr_for("node node2 is back", Duration::from_secs(15))
+        .unwrap();
+    for _ in 0..4 {
+        shown_whole(&mut view, lookup(&lab));
+    }
+    let (status, out, stderr) = view.stop(libc::SIGINT).unwrap();
+    assert!(status.success(), "{status}: {stderr:?}");
+    assert_eq!(summary_kinds(&out), Vec::<String>::new(), "{stderr:?}");
     agents.stop();
 }
 

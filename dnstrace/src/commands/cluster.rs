@@ -9,6 +9,7 @@
 use std::{
     net::{IpAddr, SocketAddr},
     path::PathBuf,
+    sync::Arc,
     time::Duration,
 };
 
@@ -78,6 +79,9 @@ pub struct ClientTls {
 const CONNECT: Duration = Duration::from_secs(5);
 /// Between tries to reach an agent that went away.
 const RETRY: Duration = Duration::from_secs(1);
+/// Tries after which the names given are resolved again, in case the
+/// agent answers elsewhere now.
+const RELOCATE_TRIES: u32 = 5;
 
 pub async fn run(o: ClusterOptions) -> Result<()> {
     let endpoints = Endpoints::new(o.tls.as_ref())?;
@@ -126,10 +130,13 @@ pub async fn run(o: ClusterOptions) -> Result<()> {
         .map(|(agent, node, first, _)| recording(*agent, node, first))
         .collect::<Result<Vec<_>>>()?;
     let (mut lanes, handles) = Lanes::new(&recs, o.window, &o.ports);
-    for ((agent, _, first, stream), handle) in streams.into_iter().zip(handles) {
+    let given: Arc<[String]> = o.agents.clone().into();
+    for ((agent, node, first, stream), handle) in streams.into_iter().zip(handles) {
         let feed = Feed {
             endpoints: endpoints.clone(),
             agent,
+            given: given.clone(),
+            node,
             request: request.clone(),
             handle,
             dropped: 0,
@@ -353,6 +360,9 @@ async fn open(
 struct Feed {
     endpoints: Endpoints,
     agent: SocketAddr,
+    /// `--agents`: where a node's agent is looked for again.
+    given: Arc<[String]>,
+    node: String,
     request: WatchRequest,
     handle: LaneHandle,
     dropped: u64,
@@ -361,16 +371,44 @@ struct Feed {
 impl Feed {
     async fn run(mut self, first: Vec<u8>, stream: EvidenceStream) {
         let mut next = Some((first, stream));
+        let mut tries = 0;
         loop {
             if let Some((first, stream)) = next.take() {
                 let why = self.pour(first, stream).await;
                 self.handle.down(why).await;
+                tries = 0;
             }
             tokio::time::sleep(RETRY).await;
+            tries += 1;
+            if tries % RELOCATE_TRIES == 0 {
+                self.relocate().await;
+            }
             match open(&self.endpoints, self.agent, self.request.clone()).await {
                 Ok(opened) => next = Some(opened),
                 Err(e) => self.handle.down(format!("{e:#}")).await,
             }
+        }
+    }
+
+    /// Looks for the node's agent among the addresses the names given
+    /// have now: an agent restarted in a pod with a new address, or a
+    /// node come back at another.
+    async fn relocate(&mut self) {
+        if self
+            .given
+            .iter()
+            .all(|g| g.parse::<IpAddr>().is_ok() || g.parse::<SocketAddr>().is_ok())
+        {
+            return;
+        }
+        let Ok(mut agents) = find_agents(&self.given).await else {
+            return;
+        };
+        agents.retain(|a| *a != self.agent);
+        let found = ask_nodes(&self.endpoints, &agents).await;
+        if let Some((agent, _)) = found.into_iter().find(|(_, r)| r.node == self.node) {
+            log::info!("node {}'s agent answers at {agent} now", self.node);
+            self.agent = agent;
         }
     }
 
