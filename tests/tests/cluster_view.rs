@@ -435,7 +435,7 @@ fn a_lookup_lost_on_the_overlay_is_said_lost_between_its_two_nodes_live() {
     shown_whole(&mut view, lookup(&lab));
     fault("overlay-drop", true, "3");
     // kube-proxy picks an endpoint at random: until one lookup went to
-    // each (twenty to one alone is a one-in-a-million chance).
+    // each (twenty all to one is a one-in-500,000 chance).
     let (mut whole, mut lost) = (Vec::new(), Vec::new());
     for id in 40_000..40_020 {
         if answered(&lab, id) {
