@@ -1,19 +1,23 @@
 //! The README's first command: the built-in lab with a classic failure, and
 //! dnstrace watching the node's pod veths while a client pod looks names up;
-//! then the lab as three nodes, one dnstrace each, and a lookup lost
-//! between nodes.
+//! then the lab as three nodes, an agent on each, and the cluster view
+//! over them saying a lookup was lost between nodes as it happens.
 use std::{
+    io::{BufRead as _, BufReader},
     path::Path,
     process::{Child, Command, Stdio},
+    sync::mpsc,
     thread::sleep,
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use anyhow::{bail, Context, Result};
 
 use crate::{cargo, check, setup::is_root, workspace_root};
 
-const NODE: &str = "dtlab-node";
+/// The lab's client pod on node 1 (its network namespace's name, after
+/// the lab's prefix).
+const WEB: &str = "web-7d9f8c6b5-x2x4k";
 
 pub fn run() -> Result<()> {
     if !is_root() {
@@ -39,7 +43,7 @@ pub fn run() -> Result<()> {
 
 fn story(bin: &Path) -> Result<()> {
     step("tracing every DNS query on the machine, end to end (dnstrace trace)");
-    let node_netns = format!("/run/netns/{NODE}");
+    let node_netns = format!("/run/netns/{}node", lab_prefix());
     let mut trace = Kill(
         Command::new(bin)
             // Lines between the demo's steps; `dnstrace trace` alone on a
@@ -72,63 +76,182 @@ fn story(bin: &Path) -> Result<()> {
     Ok(())
 }
 
-/// One dnstrace per node, each seeing its node alone and recording it; a
-/// lookup lost between nodes; the client node's word on it, then the
-/// three recordings merged into whole journeys.
+/// One agent per node, as the DaemonSet runs them, and the cluster view
+/// of web's lookups over them: a lookup whole across nodes, then one lost
+/// between node 1 and node 3 (`overlay-drop`), said so as it happens.
 fn across_nodes(bin: &Path) -> Result<()> {
     let dir = std::env::temp_dir().join(format!("dnstrace-demo-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    step("one dnstrace per node, as a DaemonSet runs them: each sees only its node's namespaces and records them (node1's lines below)");
-    let mut tracers = Vec::new();
-    for node in 1..=3 {
-        let file = dir.join(format!("node{node}.pcapng"));
-        let mut cmd = Command::new(bin);
-        cmd.args(["trace", "--no-tui", "--timeout", "3s"])
-            .args(node_flags(node))
-            .arg("--record")
-            .arg(&file)
-            .stdin(Stdio::null());
-        if node != 1 {
-            cmd.stdout(Stdio::null()).stderr(Stdio::null());
-        }
-        tracers.push(Kill(cmd.spawn().context("starting dnstrace")?));
-    }
-    sleep(Duration::from_secs(3));
-    step("three healthy lookups from default/web on node 1: DNATed there to CoreDNS on node 2 or 3, across the overlay and back");
-    for _ in 0..3 {
-        traffic(bin, "kube-dns.kube-system.svc.cluster.local.")?;
-    }
-    step("fault overlay-drop: the underlay drops VXLAN from node 1 to node 3; web (node 1) looks kube-dns up until a lookup DNATed to node 3's CoreDNS is lost");
-    dnstrace(bin, &["lab", "fault", "overlay-drop", "on", "--node", "3"])?;
-    lost_lookup()?;
-    sleep(Duration::from_secs(4));
-    for t in &mut tracers {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(t.0.id() as i32, libc::SIGINT) };
-        t.0.wait()?;
-    }
-    dnstrace(bin, &["lab", "fault", "overlay-drop", "off"])?;
-    step("node1 alone could only say the query left it for node 3's CoreDNS; the three recordings merged show each lookup whole, every leg named by its node, the clocks' offsets, and the lost one said lost between node 1 and node 3: node 3 never saw it");
-    let files: Vec<_> = (1..=3)
-        .map(|n| dir.join(format!("node{n}.pcapng")))
-        .collect();
-    let result = check(Command::new(bin).arg("replay").args(&files));
+    let result = cluster_view(bin, &dir);
     let _ = std::fs::remove_dir_all(&dir);
     result
 }
 
-/// The flags of `lab status` that make a dnstrace node `n`'s.
+fn cluster_view(bin: &Path, dir: &Path) -> Result<()> {
+    step("one dnstrace agent per node, as the DaemonSet runs them: each sees only its node, and serves what it sees of a pod's lookups to cluster views (on loopback here; mutual TLS on a cluster)");
+    let mut agents = Vec::new();
+    let mut apis = Vec::new();
+    for node in 1..=3 {
+        let (api, metrics) = (loopback()?, loopback()?);
+        let ready = dir.join(format!("agent{node}.ready"));
+        let log = std::fs::File::create(dir.join(format!("agent{node}.log")))?;
+        let agent = Kill(
+            Command::new(bin)
+                .args(["agent", "--api-addr", &api, "--metrics-addr", &metrics])
+                .args(node_flags(node))
+                .arg("--ready-file")
+                .arg(&ready)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .context("starting dnstrace agent")?,
+        );
+        agents.push((agent, ready, node));
+        apis.push(api);
+    }
+    for (agent, ready, node) in &mut agents {
+        wait_ready(agent, ready).with_context(|| {
+            let log = std::fs::read_to_string(dir.join(format!("agent{node}.log")));
+            format!("node{node}'s agent: {}", log.unwrap_or_default())
+        })?;
+    }
+    let pod = format!("default/{WEB}");
+    step(&format!("dnstrace cluster --agents {} --pod {pod}: the view asks every agent which node runs the pod, then each for its part of the pod's lookups, and shows each lookup whole, its legs named by node", apis.join(",")));
+    let ready = dir.join("view.ready");
+    let mut view = View::start(
+        Command::new(bin)
+            .args(["cluster", "--agents", &apis.join(","), "--pod", &pod])
+            .args(["-o", "text", "--ready-file"])
+            .arg(&ready),
+    )?;
+    wait_ready(&mut view.child, &ready)?;
+    step("a healthy lookup from web on node 1: DNATed there to CoreDNS on node 2 or 3, across the overlay and back");
+    traffic(bin, "kube-dns.kube-system.svc.cluster.local.")?;
+    view.wait_for("NOERROR", Duration::from_secs(15))?;
+    step("fault overlay-drop: the underlay drops VXLAN from node 1 to node 3; web looks kube-dns up until a lookup DNATed to node 3's CoreDNS is lost (5.5 s after it, the view calls it timed out and says where it was lost)");
+    dnstrace(bin, &["lab", "fault", "overlay-drop", "on", "--node", "3"])?;
+    let lost = lost_lookup()
+        .and_then(|()| view.wait_for("lost between node1 and node3", Duration::from_secs(30)));
+    dnstrace(bin, &["lab", "fault", "overlay-drop", "off", "--node", "3"])?;
+    lost?;
+    step("the view stopped (SIGINT): its summary, every anomaly raised");
+    view.stop()?;
+    for (agent, ..) in &mut agents {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(agent.0.id() as i32, libc::SIGTERM) };
+        agent.0.wait()?;
+    }
+    Ok(())
+}
+
+/// The cluster view, its lines shown as they come and watched for.
+struct View {
+    child: Kill,
+    lines: mpsc::Receiver<String>,
+    echo: Option<std::thread::JoinHandle<()>>,
+}
+
+impl View {
+    fn start(cmd: &mut Command) -> Result<Self> {
+        let mut child = Kill(
+            cmd.stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .spawn()
+                .context("starting dnstrace cluster")?,
+        );
+        let out = child.0.stdout.take().context("the view's stdout")?;
+        let (tx, lines) = mpsc::channel();
+        let echo = std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                println!("{line}");
+                let _ = tx.send(line);
+            }
+        });
+        Ok(Self {
+            child,
+            lines,
+            echo: Some(echo),
+        })
+    }
+
+    /// Waits until the view has shown a line with `needle`.
+    fn wait_for(&self, needle: &str, wait: Duration) -> Result<()> {
+        let deadline = Instant::now() + wait;
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            match self.lines.recv_timeout(left) {
+                Ok(line) if line.contains(needle) => return Ok(()),
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+        bail!("the cluster view showed no line with {needle:?} in {wait:?}")
+    }
+
+    /// SIGINT, as Ctrl-C: the view prints its summary and ends.
+    fn stop(mut self) -> Result<()> {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.0.id() as i32, libc::SIGINT) };
+        let status = self.child.0.wait()?;
+        if let Some(echo) = self.echo.take() {
+            let _ = echo.join();
+        }
+        if !status.success() {
+            bail!("dnstrace cluster ended with {status}");
+        }
+        Ok(())
+    }
+}
+
+/// Waits for `child`'s `--ready-file`; fails if it exits first.
+fn wait_ready(child: &mut Kill, ready: &Path) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !ready.exists() {
+        if let Some(status) = child.0.try_wait()? {
+            bail!("it ended with {status} before it was ready");
+        }
+        if Instant::now() > deadline {
+            bail!("not ready in a minute");
+        }
+        sleep(Duration::from_millis(100));
+    }
+    Ok(())
+}
+
+/// A free port on loopback, as `127.0.0.1:PORT`.
+fn loopback() -> Result<String> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.to_string())
+}
+
+/// The flags that make a dnstrace node `n`'s of the lab.
 fn node_flags(n: u8) -> Vec<String> {
     vec![
         "--node".into(),
         format!("node{n}"),
         "--node-netns".into(),
-        format!("/run/netns/dtlab-node{n}"),
+        format!("/run/netns/{}node{n}", lab_prefix()),
         "--containerd-root".into(),
-        format!("/run/dnstrace-lab/node{n}/containerd"),
+        format!("{}/node{n}/containerd", lab_dir()),
         "--cri-socket".into(),
-        format!("/run/dnstrace-lab/node{n}/cri/containerd.sock"),
+        format!("{}/node{n}/cri/containerd.sock", lab_dir()),
     ]
+}
+
+/// The lab's instance (`DNSTRACE_LAB_INSTANCE`, as `dnstrace lab` reads
+/// it): none is the first lab's, `dtlab-*`.
+fn instance() -> String {
+    std::env::var("DNSTRACE_LAB_INSTANCE").unwrap_or_default()
+}
+
+/// The prefix of the lab's namespaces' names.
+fn lab_prefix() -> String {
+    format!("dtlab{}-", instance())
+}
+
+/// The lab's state directory.
+fn lab_dir() -> String {
+    format!("/run/dnstrace-lab{}", instance())
 }
 
 /// Lookups from web, one a second at most, until one times out (half go
@@ -136,7 +259,7 @@ fn node_flags(n: u8) -> Vec<String> {
 fn lost_lookup() -> Result<()> {
     for _ in 0..20 {
         let out = Command::new("ip")
-            .args(["netns", "exec", "dtlab-web-7d9f8c6b5-x2x4k", "dig"])
+            .args(["netns", "exec", &format!("{}{WEB}", lab_prefix()), "dig"])
             .args([
                 "+tries=1",
                 "+time=1",
