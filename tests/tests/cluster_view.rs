@@ -194,7 +194,8 @@ fn the_cluster_view_shows_each_lookup_whole_across_nodes_as_it_happens() {
 /// The view's last estimate of each node's clock, from the messages that
 /// crossed between nodes: the lab's nodes share one kernel's clock, so
 /// the truth is 0. Each lookup crossed to node 2 or 3, so one of them at
-/// least was estimated; a millisecond is a hundred times the error seen.
+/// least was estimated. The bench finds a microsecond or so; a
+/// millisecond leaves room for a machine under load.
 fn assert_clocks_found_true(stderr: &[String]) {
     let clocks = stderr
         .iter()

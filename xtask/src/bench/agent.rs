@@ -422,7 +422,7 @@ fn per_thousand(pid: i32, queries: &Path, secs: u32, rate: u32) -> Result<f64> {
 }
 
 /// A loopback address with a port free now.
-fn free_listen() -> Result<String> {
+pub(super) fn free_listen() -> Result<String> {
     let l = std::net::TcpListener::bind("127.0.0.1:0")?;
     Ok(l.local_addr()?.to_string())
 }

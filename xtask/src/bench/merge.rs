@@ -237,7 +237,7 @@ impl Bench {
 
 /// Each node's name and the dnstrace flags `lab status` gives for it
 /// ("node node2: …; trace it with --node node2 --node-netns …").
-fn node_flags(bin: &Path) -> Result<Vec<(String, Vec<String>)>> {
+pub(super) fn node_flags(bin: &Path) -> Result<Vec<(String, Vec<String>)>> {
     let status = output(Command::new(bin).args(["lab", "status"]))?;
     let nodes = parse_node_flags(&status);
     if nodes.is_empty() {
@@ -258,7 +258,7 @@ fn parse_node_flags(status: &str) -> Vec<(String, Vec<String>)> {
 }
 
 /// The nodes of a merged replay's `{"event":"clocks"}` line.
-fn clocks_line(stderr: &str) -> Result<Vec<serde_json::Value>> {
+pub(super) fn clocks_line(stderr: &str) -> Result<Vec<serde_json::Value>> {
     stderr
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())

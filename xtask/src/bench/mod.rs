@@ -30,6 +30,7 @@ use crate::{cargo_cmd, setup, workspace_root};
 mod against;
 mod agent;
 mod bpf;
+mod cluster;
 mod dns;
 mod kernel_cost;
 mod lab;
@@ -150,11 +151,16 @@ const FIGURES: &[(&str, &str, Stage)] = &[
         "dnstrace agent: capacity, exact counts, CPU, memory, scrapes",
         Bench::agent,
     ),
-    // Last: it rebuilds the lab as a cluster.
+    // Last: they rebuild the lab as a cluster.
     (
         "merge",
         "several nodes' recordings replayed as one, against each alone",
         Bench::merge,
+    ),
+    (
+        "cluster",
+        "the cluster view: the agents' cost of streaming, keeping up, lag, clocks",
+        Bench::cluster,
     ),
 ];
 
@@ -226,6 +232,10 @@ struct Plan {
     agent_secs: u32,
     agent_rounds: usize,
     agent_counts: usize,
+    /// The cluster view's figures: each run, and the CPU figure's rounds
+    /// (each side once a round).
+    cluster_secs: u32,
+    cluster_rounds: usize,
 }
 
 impl Plan {
@@ -255,6 +265,8 @@ impl Plan {
                 agent_secs: 6,
                 agent_rounds: 4,
                 agent_counts: 4,
+                cluster_secs: 8,
+                cluster_rounds: 3,
             }
         } else {
             Self {
@@ -281,6 +293,8 @@ impl Plan {
                 agent_secs: 10,
                 agent_rounds: 10,
                 agent_counts: 6,
+                cluster_secs: 15,
+                cluster_rounds: 7,
             }
         }
     }
@@ -355,8 +369,8 @@ pub fn run(args: &[String]) -> Result<()> {
         capacity: None,
         rate: None,
     };
-    // The merge figure builds its own lab, a cluster.
-    let lab = if figures.iter().any(|f| *f != "merge") {
+    // The merge and cluster figures build their own lab, a cluster.
+    let lab = if figures.iter().any(|f| *f != "merge" && *f != "cluster") {
         step("building the lab (dnstrace lab up)");
         Some(Lab::up(&bench.bin, &[])?)
     } else {
