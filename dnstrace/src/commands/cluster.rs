@@ -113,7 +113,7 @@ pub async fn run(o: ClusterOptions) -> Result<()> {
     let request = WatchRequest {
         ips: ips.iter().map(IpAddr::to_string).collect(),
         since_ms: o.since.as_millis() as u64,
-        after_ns: 0,
+        ..WatchRequest::default()
     };
     let mut streams = Vec::new();
     for (agent, reply) in &nodes {
@@ -428,6 +428,9 @@ impl Feed {
                         self.request.after_ns = ev.now_ns;
                         // However long it was away, the rest from memory.
                         self.request.since_ms = u64::MAX / 2_000_000;
+                    }
+                    if ev.seq > 0 {
+                        (self.request.after_seq, self.request.epoch) = (ev.seq, ev.epoch);
                     }
                     if ev.dropped > self.dropped {
                         self.handle.dropped(ev.dropped - self.dropped).await;

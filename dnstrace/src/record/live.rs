@@ -39,10 +39,11 @@ const PODS_KEPT: usize = 1024;
 /// busy node's watched lookups many times over.
 const QUEUE: usize = 4096;
 
-/// The recent past, bounded by bytes and age.
+/// The recent past, bounded by bytes and age: each input with when it
+/// came (the last tick's time) and its place in the hub's order.
 pub struct Memory {
     options: MemoryOptions,
-    recent: VecDeque<(u64, Input)>,
+    recent: VecDeque<(u64, u64, Input)>,
     bytes: usize,
     pods: VecDeque<Input>,
 }
@@ -57,7 +58,7 @@ impl Memory {
         }
     }
 
-    fn keep(&mut self, now_ns: u64, input: &Input) {
+    fn keep(&mut self, now_ns: u64, seq: u64, input: &Input) {
         if let Input::Pods { .. } = input {
             if self.pods.len() >= PODS_KEPT {
                 self.pods.pop_front();
@@ -69,10 +70,10 @@ impl Memory {
         if self.options.bytes == 0 {
             return;
         }
-        self.recent.push_back((now_ns, input.clone()));
+        self.recent.push_back((now_ns, seq, input.clone()));
         self.bytes += size_of(input);
         let oldest = now_ns.saturating_sub(self.options.age_ns);
-        while let Some((ts, front)) = self.recent.front() {
+        while let Some((ts, _, front)) = self.recent.front() {
             if self.bytes <= self.options.bytes && *ts >= oldest {
                 break;
             }
@@ -83,17 +84,38 @@ impl Memory {
 
     /// The pods' refreshes, then what came from `from_ns` on.
     pub fn since(&self, from_ns: u64) -> impl Iterator<Item = &Input> {
+        self.since_seq(from_ns).map(|(_, i)| i)
+    }
+
+    /// The same, each with its place in the hub's order (0 for the
+    /// pods').
+    fn since_seq(&self, from_ns: u64) -> impl Iterator<Item = (u64, &Input)> {
         let recent = self
             .recent
             .iter()
-            .filter(move |(ts, _)| *ts >= from_ns)
-            .map(|(_, i)| i);
-        self.pods.iter().chain(recent)
+            .filter(move |(ts, ..)| *ts >= from_ns)
+            .map(|(_, seq, i)| (*seq, i));
+        self.pods.iter().map(|i| (0, i)).chain(recent)
+    }
+
+    /// The pods' refreshes, then what came after the `seq`th input; None
+    /// when some of that is no longer kept.
+    fn after_seq(&self, seq: u64) -> Option<impl Iterator<Item = (u64, &Input)>> {
+        let first = self.recent.front().map_or(u64::MAX, |(_, s, _)| *s);
+        if first > seq.saturating_add(1) && self.recent.back().is_some_and(|b| b.1 > seq) {
+            return None;
+        }
+        let recent = self
+            .recent
+            .iter()
+            .filter(move |(_, s, _)| *s > seq)
+            .map(|(_, s, i)| (*s, i));
+        Some(self.pods.iter().map(|i| (0, i)).chain(recent))
     }
 
     /// When the oldest input kept came.
     pub fn oldest_ns(&self) -> Option<u64> {
-        self.recent.front().map(|(ts, _)| *ts)
+        self.recent.front().map(|(ts, ..)| *ts)
     }
 }
 
@@ -120,18 +142,18 @@ pub(super) fn size_of(input: &Input) -> usize {
 /// One viewer: what it watches, and its queue.
 struct Viewer {
     watch: Watch,
-    tx: mpsc::Sender<Input>,
+    tx: mpsc::Sender<(u64, Input)>,
     dropped: Arc<AtomicU64>,
 }
 
 impl Viewer {
     /// Hands over its share of `input`; false once the viewer has gone.
-    fn offer(&mut self, input: &Input) -> bool {
+    fn offer(&mut self, seq: u64, input: &Input) -> bool {
         let Some(share) = self.watch.share(input) else {
             return true;
         };
         let lost = events_in(&share);
-        match self.tx.try_send(share) {
+        match self.tx.try_send((seq, share)) {
             Ok(()) => true,
             Err(mpsc::error::TrySendError::Full(_)) => {
                 self.dropped.fetch_add(lost, Ordering::Relaxed);
@@ -163,6 +185,10 @@ struct Hub {
     /// The node's pods: `namespace/name` by address.
     pods: BTreeMap<IpAddr, String>,
     now_ns: u64,
+    /// Inputs seen so far: each one's place, which a viewer resumes
+    /// after; and this process's, which a place belongs to.
+    seq: u64,
+    epoch: u64,
 }
 
 /// The memory and the viewers, shared by the pipeline (a `Tap`) and the
@@ -171,11 +197,13 @@ struct Hub {
 pub struct Live(Arc<Mutex<Hub>>);
 
 /// What a new viewer gets: the stream's start, the past it asked for, and
-/// its queue of what comes.
+/// its queue of what comes, each input with its place in the hub's order
+/// (of this `epoch`).
 pub struct Subscription {
     pub meta: Meta,
-    pub past: Vec<Input>,
-    pub queue: mpsc::Receiver<Input>,
+    pub past: Vec<(u64, Input)>,
+    pub queue: mpsc::Receiver<(u64, Input)>,
+    pub epoch: u64,
     /// Events its queue dropped so far.
     pub dropped: Arc<AtomicU64>,
 }
@@ -198,6 +226,10 @@ impl Live {
             meta: None,
             pods: BTreeMap::new(),
             now_ns: 0,
+            seq: 0,
+            // Unique to the process: a restarted agent's places are not
+            // its predecessor's.
+            epoch: crate::clock::monotonic_now(),
         })))
     }
 
@@ -241,22 +273,11 @@ impl Live {
     }
 
     /// A new viewer of `watch`, its past from `since_ns` ago and after
-    /// `after_ns`; None before tracing has started.
-    pub fn subscribe(
-        &self,
-        mut watch: Watch,
-        since_ns: u64,
-        after_ns: u64,
-    ) -> Option<Subscription> {
+    /// `after`; None before tracing has started.
+    pub fn subscribe(&self, mut watch: Watch, since_ns: u64, after: After) -> Option<Subscription> {
         let mut hub = self.hub();
         let meta = hub.meta.clone()?;
-        let from = hub.now_ns.saturating_sub(since_ns).max(after_ns);
-        let past = hub
-            .memory
-            .since(from)
-            .filter_map(|i| watch.share(i))
-            .filter_map(|i| after(i, after_ns))
-            .collect();
+        let past = hub.past(&mut watch, since_ns, after);
         let (tx, queue) = mpsc::channel(QUEUE);
         let dropped = Arc::new(AtomicU64::new(0));
         hub.viewers.push(Viewer {
@@ -269,6 +290,7 @@ impl Live {
             meta,
             past,
             queue,
+            epoch: hub.epoch,
             dropped,
         })
     }
@@ -284,6 +306,15 @@ impl Live {
     }
 }
 
+/// Where a viewer that reconnects has got: the last input it has, by its
+/// place in the order of the agent `epoch` it came from; failing that
+/// (another agent process, or its memory moved past), by time.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct After {
+    pub ns: u64,
+    pub seq: Option<(u64, u64)>,
+}
+
 /// What of `input` happened after `after_ns` (a viewer that has the rest).
 fn after(input: Input, after_ns: u64) -> Option<Input> {
     match input {
@@ -297,6 +328,26 @@ fn after(input: Input, after_ns: u64) -> Option<Input> {
 }
 
 impl Hub {
+    /// A new viewer's past: by place when it resumes from this process
+    /// and all it missed is kept, else by time.
+    fn past(&self, watch: &mut Watch, since_ns: u64, after_at: After) -> Vec<(u64, Input)> {
+        let resumed = after_at
+            .seq
+            .filter(|(epoch, _)| *epoch == self.epoch)
+            .and_then(|(_, seq)| self.memory.after_seq(seq));
+        if let Some(rest) = resumed {
+            return rest
+                .filter_map(|(s, i)| Some((s, watch.share(i)?)))
+                .collect();
+        }
+        let from = self.now_ns.saturating_sub(since_ns).max(after_at.ns);
+        self.memory
+            .since_seq(from)
+            .filter_map(|(s, i)| Some((s, watch.share(i)?)))
+            .filter_map(|(s, i)| Some((s, after(i, after_at.ns)?)))
+            .collect()
+    }
+
     /// Tells the kernel's side whose lookups the viewers now watch.
     fn say_viewed(&self) {
         let viewed = Viewed::new(self.viewers.iter().flat_map(|v| v.watch.ips()));
@@ -326,9 +377,11 @@ impl Tap for Live {
             }
         }
         let now = hub.now_ns;
-        hub.memory.keep(now, input);
+        hub.seq += 1;
+        let seq = hub.seq;
+        hub.memory.keep(now, seq, input);
         let viewers = hub.viewers.len();
-        hub.viewers.retain_mut(|v| v.offer(input));
+        hub.viewers.retain_mut(|v| v.offer(seq, input));
         if hub.viewers.len() < viewers {
             hub.say_viewed();
         }
@@ -379,10 +432,10 @@ mod tests {
         live.input(&Input::Tick(ts + 1));
     }
 
-    fn packets(inputs: &[Input]) -> Vec<(String, u64)> {
+    fn packets(inputs: &[(u64, Input)]) -> Vec<(String, u64)> {
         inputs
             .iter()
-            .filter_map(|i| match i {
+            .filter_map(|(_, i)| match i {
                 Input::Packets(b) => Some(b.iter().map(|p| (p.src.to_string(), p.ts_ns))),
                 _ => None,
             })
@@ -404,7 +457,9 @@ mod tests {
             feed(&mut live, "10.244.1.5:4000", s * S);
             feed(&mut live, "10.244.2.9:4000", s * S + 1000);
         }
-        let mut sub = live.subscribe(watch_web(), 3 * S, 0).unwrap();
+        let mut sub = live
+            .subscribe(watch_web(), 3 * S, After::default())
+            .unwrap();
         let web = |ts: u64| ("10.244.1.5:4000".to_owned(), ts);
         assert_eq!(packets(&sub.past), [web(8 * S), web(9 * S), web(10 * S)]);
         feed(&mut live, "10.244.1.5:4000", 11 * S);
@@ -414,12 +469,83 @@ mod tests {
             came.push(i);
         }
         assert_eq!(packets(&came), [web(11 * S)]);
-        let again = live.subscribe(watch_web(), 60 * S, 9 * S).unwrap();
+        let again = live
+            .subscribe(
+                watch_web(),
+                60 * S,
+                After {
+                    ns: 9 * S,
+                    seq: None,
+                },
+            )
+            .unwrap();
         assert_eq!(packets(&again.past), [web(10 * S), web(11 * S)]);
         assert_eq!(
             live.state().pods["default/web"],
             ["10.244.1.5".parse::<IpAddr>().unwrap()]
         );
+    }
+
+    /// A viewer cut off after web's packet of 2 s and before the tick
+    /// after it, which came with a packet of 2.5 s, reconnects after the
+    /// last input it had: it gets the rest exactly, the 2.5 s packet and
+    /// nothing twice (by time it would get the 2 s packet again, the tick
+    /// it resumed from being 1 s). From another agent process, or once
+    /// the memory has moved past, it resumes by time.
+    #[test]
+    fn a_viewer_that_reconnects_gets_exactly_what_it_missed() {
+        let mut live = live(1 << 20);
+        live.start(0);
+        let web = |ts: u64| query("10.244.1.5:4000", "10.96.0.10:53", "a.example.com", ts);
+        let mut sub = live.subscribe(watch_web(), 0, After::default()).unwrap();
+        live.input(&Input::Packets(vec![web(S)]));
+        live.input(&Input::Tick(S));
+        live.input(&Input::Packets(vec![web(2 * S)]));
+        let mut had = Vec::new();
+        while let Ok(i) = sub.queue.try_recv() {
+            had.push(i);
+        }
+        let last = had.last().unwrap().0;
+        drop(sub);
+        live.input(&Input::Packets(vec![web(2 * S + S / 2)]));
+        live.input(&Input::Tick(3 * S));
+        let resumed = |seq| After {
+            ns: S,
+            seq: Some(seq),
+        };
+        let epoch = live.hub().epoch;
+        // However long it was away, as `dnstrace cluster` asks.
+        let again = live
+            .subscribe(watch_web(), 60 * S, resumed((epoch, last)))
+            .unwrap();
+        let web_at = |ts| ("10.244.1.5:4000".to_owned(), ts);
+        assert_eq!(packets(&again.past), [web_at(2 * S + S / 2)]);
+        let other = live
+            .subscribe(watch_web(), 60 * S, resumed((epoch + 1, last)))
+            .unwrap();
+        assert_eq!(packets(&other.past), [web_at(2 * S), web_at(2 * S + S / 2)]);
+    }
+
+    /// A memory that holds two ticks: a viewer that had the third of five
+    /// gets the last two, one that had only the first cannot be resumed
+    /// by place (the second is gone).
+    #[test]
+    fn a_place_the_memory_has_moved_past_is_no_place_to_resume_from() {
+        let mut memory = Memory::new(MemoryOptions {
+            bytes: 2 * size_of(&Input::Tick(0)),
+            age_ns: 60 * S,
+        });
+        for seq in 1..=5 {
+            memory.keep(seq * S, seq, &Input::Tick(seq * S));
+        }
+        let places = |from| {
+            memory
+                .after_seq(from)
+                .map(|i| i.map(|(s, _)| s).collect::<Vec<_>>())
+        };
+        assert_eq!(places(3), Some(vec![4, 5]));
+        assert_eq!(places(5), Some(vec![]));
+        assert_eq!(places(1), None);
     }
 
     /// A viewer that does not read loses what overflows its queue, each
@@ -428,8 +554,8 @@ mod tests {
     fn a_stuck_viewer_loses_and_counts_and_a_gone_one_is_dropped() {
         let mut live = live(0);
         live.start(0);
-        let stuck = live.subscribe(watch_web(), 0, 0).unwrap();
-        let gone = live.subscribe(watch_web(), 0, 0).unwrap();
+        let stuck = live.subscribe(watch_web(), 0, After::default()).unwrap();
+        let gone = live.subscribe(watch_web(), 0, After::default()).unwrap();
         drop(gone);
         let n = QUEUE as u64;
         for s in 1..=n {
@@ -448,7 +574,9 @@ mod tests {
         let mut live = live(1 << 20);
         let mut views = live.views();
         let web: IpAddr = "10.244.1.5".parse().unwrap();
-        let viewer = live.subscribe(Watch::of([web]), 0, 0).unwrap();
+        let viewer = live
+            .subscribe(Watch::of([web]), 0, After::default())
+            .unwrap();
         assert!(views.has_changed().unwrap());
         assert_eq!(views.borrow_and_update().ips(), [web]);
         drop(viewer);

@@ -25,7 +25,7 @@ use crate::{
     },
     pipeline::{Input, Tap as _},
     record::{
-        live::{Live, Subscription},
+        live::{After, Live, Subscription},
         watch::Watch,
         Recorder,
     },
@@ -182,12 +182,16 @@ impl Observer for Api {
                 "{MAX_VIEWERS} cluster views watch this node already"
             )));
         }
+        let after = After {
+            ns: req.after_ns,
+            seq: (req.after_seq > 0).then_some((req.epoch, req.after_seq)),
+        };
         let sub = self
             .live
             .subscribe(
                 Watch::of(ips.iter().copied()),
                 req.since_ms.saturating_mul(1_000_000),
-                req.after_ns,
+                after,
             )
             .ok_or_else(|| Status::unavailable("the agent is starting: try again"))?;
         log::info!(
@@ -214,15 +218,19 @@ async fn stream(mut sub: Subscription, tx: mpsc::Sender<Result<Evidence, Status>
         }
     };
     rec.start(monotonic_now());
-    sub.past.iter().for_each(|i| rec.input(i));
-    let mut now_ns = 0;
+    let mut at = Place::default();
+    for input in std::mem::take(&mut sub.past) {
+        at.take(input, &mut rec);
+    }
     loop {
         rec.flush();
         let pcapng = std::mem::take(&mut *buf.lock().unwrap_or_else(|e| e.into_inner()));
         let evidence = Evidence {
             pcapng,
             dropped: sub.dropped.load(Ordering::Relaxed),
-            now_ns,
+            now_ns: at.now_ns,
+            seq: at.seq,
+            epoch: sub.epoch,
         };
         if tx.send(Ok(evidence)).await.is_err() {
             return;
@@ -230,12 +238,25 @@ async fn stream(mut sub: Subscription, tx: mpsc::Sender<Result<Evidence, Status>
         let Some(first) = sub.queue.recv().await else {
             return;
         };
-        now_ns = now_ns.max(tick_of(&first));
-        rec.input(&first);
+        at.take(first, &mut rec);
         while let Ok(more) = sub.queue.try_recv() {
-            now_ns = now_ns.max(tick_of(&more));
-            rec.input(&more);
+            at.take(more, &mut rec);
         }
+    }
+}
+
+/// How far a stream has got: its last tick, and its last input's place.
+#[derive(Default)]
+struct Place {
+    now_ns: u64,
+    seq: u64,
+}
+
+impl Place {
+    fn take(&mut self, (seq, input): (u64, Input), rec: &mut Recorder) {
+        self.now_ns = self.now_ns.max(tick_of(&input));
+        self.seq = self.seq.max(seq);
+        rec.input(&input);
     }
 }
 
