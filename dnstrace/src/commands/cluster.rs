@@ -88,8 +88,13 @@ pub async fn run(o: ClusterOptions) -> Result<()> {
     let agents = find_agents(&o.agents).await?;
     let nodes = ask_nodes(&endpoints, &agents).await;
     if nodes.is_empty() {
+        let tls = match o.tls {
+            // Plain HTTP/2 to a TLS port reads as a protocol error.
+            None => "agents past loopback serve mutual TLS alone: give --cert, --key and --ca (in an agent's pod, its own are given)",
+            Some(_) => "check too that --cert is signed by the CA they trust (--api-ca)",
+        };
         bail!(
-            "no agent answered at {}: check the addresses, that the agents serve the API (--api-addr), and that --cert is signed by the CA they trust (--api-ca)",
+            "no agent answered at {}: check the addresses and that the agents serve the API (--api-addr); {tls}",
             o.agents.join(", ")
         );
     }

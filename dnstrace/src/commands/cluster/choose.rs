@@ -102,23 +102,42 @@ fn node_at(node: &str, replies: &[NodeReply]) -> Result<usize> {
     })
 }
 
-/// The one pod `pod` names, on node `on` if given, and its node.
+/// The one pod `pod` names (`name`, `namespace/name`, or a unique prefix
+/// of either, an exact match winning, as `trace --pod` takes it), on node
+/// `on` if given, and its node.
 fn find_pod<'a>(
     pod: &str,
     on: Option<usize>,
     replies: &'a [NodeReply],
 ) -> Result<(usize, &'a Pod)> {
-    let (ns, name) = match pod.split_once('/') {
-        Some((ns, name)) => (Some(ns), name),
-        None => (None, pod),
-    };
-    let found: Vec<(usize, &Pod)> = replies
+    let candidates: Vec<(usize, &Pod)> = replies
         .iter()
         .enumerate()
         .filter(|(i, _)| on.is_none_or(|on| on == *i))
         .flat_map(|(i, r)| r.pods.iter().map(move |p| (i, p)))
-        .filter(|(_, p)| p.name == name && ns.is_none_or(|ns| p.namespace == ns))
         .collect();
+    let matching = |exact: bool| -> Vec<(usize, &'a Pod)> {
+        candidates
+            .iter()
+            .filter(|(_, p)| {
+                let full = format!("{}/{}", p.namespace, p.name);
+                [p.name.as_str(), full.as_str()].iter().any(|c| {
+                    if exact {
+                        *c == pod
+                    } else {
+                        c.starts_with(pod)
+                    }
+                })
+            })
+            .copied()
+            .collect()
+    };
+    let exact = matching(true);
+    let found = if exact.is_empty() {
+        matching(false)
+    } else {
+        exact
+    };
     match found.as_slice() {
         [] => bail!(
             "no agent runs a pod {pod}{}: `kubectl get pod -A -o wide` says where it runs; is the agent on its node up?",
@@ -130,7 +149,10 @@ fn find_pod<'a>(
                 .iter()
                 .map(|(i, p)| format!("{}/{} on {}", p.namespace, p.name, replies[*i].node))
                 .collect();
-            bail!("{pod} is several pods: {}; give its namespace", names.join(", "))
+            bail!(
+                "{pod} is several pods: {}; give namespace/name or a longer prefix",
+                names.join(", ")
+            )
         }
     }
 }
@@ -251,6 +273,18 @@ mod tests {
         blind[0].resolvers.clear();
         let web = choose(Some("web"), None, &[], &blind).unwrap();
         assert_eq!(web.nodes, [0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn a_pod_is_named_as_trace_takes_it_a_unique_prefix_too() {
+        let mut lab = lab();
+        lab[0].pods[0].name = "web-7d9f8c6b5-x2x4k".into();
+        for name in ["default/web", "web-7d9f", "default/web-7d9f8c6b5-x2x4k"] {
+            let web = choose(Some(name), None, &[], &lab).unwrap();
+            assert_eq!(web.ips, [ip("10.244.1.10")], "{name}");
+        }
+        let e = choose(Some("kube-system/coredns"), None, &[], &lab).unwrap_err();
+        assert!(e.to_string().contains("a longer prefix"), "{e}");
     }
 
     #[test]
