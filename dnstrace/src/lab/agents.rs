@@ -186,7 +186,12 @@ fn spawn(exe: &Path, node: Node) -> Result<u32> {
     let log = File::create(resolvers::log_path(&log_name(node)))?;
     let _ = std::fs::remove_file(ready_file(node));
     let mut cmd = Command::new(exe);
-    cmd.arg("agent")
+    // The pod's environment is the DaemonSet's, none of the shell's
+    // DNSTRACE_* settings: its flags say what the DaemonSet's env would.
+    cmd.env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("NODE_NAME", node.name())
+        .arg("agent")
         .args(node.flags().split_whitespace())
         .args([
             "--api-addr",
