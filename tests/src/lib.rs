@@ -370,6 +370,13 @@ impl Dnstrace {
         Self::spawn(cmd)
     }
 
+    /// Starts `cmd`, which runs dnstrace in the end (a wrapper that execs
+    /// it with its arguments, as `dnstrace lab exec NODE -- dnstrace …`
+    /// does), `--ready-file` given after its arguments.
+    pub fn start_command(cmd: Command) -> Result<Self> {
+        Self::spawn(cmd)
+    }
+
     /// Starts dnstrace here with its stdout not read until `read_stdout`,
     /// as a terminal that stops reading: once the pipe is full, its
     /// pipeline waits on the write.

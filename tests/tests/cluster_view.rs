@@ -716,3 +716,65 @@ fn a_coredns_pod_that_hangs_is_named_live_with_its_node() {
     );
     agents.stop();
 }
+
+/// `lab up --agents`: the DaemonSet on the lab, an agent per node in the
+/// node's namespace serving mutual TLS on its address. A view run as
+/// `kubectl exec -n dnstrace ds/dnstrace -- dnstrace cluster --pod …` runs,
+/// by `lab exec node1`, with no other flag: it finds every agent by the
+/// Service's name, which the lab's CoreDNS answered, is let in with the
+/// pod's certificate, and shows web's lookups whole across nodes. A viewer
+/// on node1 without the certificate is refused by every agent: a warning
+/// each, and one line of error.
+#[test]
+fn a_view_in_an_agents_pod_finds_the_agents_by_name_and_is_let_in_by_its_certificate() {
+    require_root();
+    let lab = Lab::up(&["--nodes", "3", "--agents"]);
+    let bin = dnstrace_bin().to_str().expect("a UTF-8 path");
+    let pod = format!("default/{}", WEB.pod());
+    let mut exec = Command::new(bin);
+    exec.args(["lab", "exec", "node1", "--", bin, "cluster", "--pod", &pod])
+        .args(["-o", "json", "--window", "5s"]);
+    let mut view = Dnstrace::start_command(exec).unwrap();
+    assert_eq!(
+        view.ready["nodes"],
+        serde_json::json!(["node1", "node2", "node3"])
+    );
+    let coredns = format!("{}{}", lab.log(COREDNS_A), lab.log(COREDNS_B));
+    assert!(
+        coredns.contains("query[A] dnstrace-agents.dnstrace.svc.cluster.local from"),
+        "the agents' name was asked of the lab's CoreDNS: {coredns}"
+    );
+    for _ in 0..3 {
+        shown_whole(&mut view, lookup(&lab));
+    }
+    let (status, _, stderr) = view.stop(libc::SIGINT).unwrap();
+    assert!(status.success(), "{status}: {stderr:?}");
+
+    let agents = (2..5)
+        .map(|n| format!("172.18.0.{n}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let out = Command::new("ip")
+        .args(["netns", "exec", &lab_ns("node1"), bin, "cluster"])
+        .args(["--agents", &agents, "--pod", &pod, "-o", "json"])
+        .env_remove("DNSTRACE_API_CERT")
+        .env_remove("DNSTRACE_API_KEY")
+        .env_remove("DNSTRACE_API_CA")
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "{out:?}");
+    // A warning for each agent, then the one error.
+    let said = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = said.trim().lines().collect();
+    let (last, before) = lines.split_last().expect("what it said");
+    assert!(
+        last.starts_with("dnstrace: error: no agent answered"),
+        "{said}"
+    );
+    assert!(
+        before
+            .iter()
+            .all(|l| l.contains("warning: agent 172.18.0.")),
+        "{said}"
+    );
+}

@@ -1,7 +1,9 @@
 //! The README's first command: the built-in lab with a classic failure, and
 //! dnstrace watching the node's pod veths while a client pod looks names up;
-//! then the lab as three nodes, an agent on each, and the cluster view
-//! over them saying a lookup was lost between nodes as it happens.
+//! then the lab as three nodes, an agent on each as the DaemonSet runs
+//! them, and the cluster view run in node 1's agent pod (`lab exec`, as
+//! `kubectl exec` runs it) saying a lookup was lost between nodes as it
+//! happens.
 use std::{
     io::{BufRead as _, BufReader},
     path::Path,
@@ -28,9 +30,9 @@ pub fn run() -> Result<()> {
     step("building the lab: a node, two client pods, two CoreDNS pods behind kube-dns 10.96.0.10");
     dnstrace(&bin, &["lab", "up"])?;
     let result = story(&bin).and_then(|()| {
-        step("building a cluster instead: three nodes over a VXLAN overlay as flannel links them, CoreDNS on nodes 2 and 3");
+        step("building a cluster instead: three nodes over a VXLAN overlay as flannel links them, CoreDNS on nodes 2 and 3, and (--agents) the DaemonSet: a dnstrace agent in each node's namespace, as its hostNetwork pod, serving cluster views with mutual TLS on the node's address, the certificates made for the lab, the agents' Service name in CoreDNS");
         dnstrace(&bin, &["lab", "down"])?;
-        dnstrace(&bin, &["lab", "up", "--nodes", "3"])?;
+        dnstrace(&bin, &["lab", "up", "--nodes", "3", "--agents"])?;
         across_nodes(&bin)
     });
     step("removing the lab");
@@ -76,9 +78,9 @@ fn story(bin: &Path) -> Result<()> {
     Ok(())
 }
 
-/// One agent per node, as the DaemonSet runs them, and the cluster view
-/// of web's lookups over them: a lookup whole across nodes, then one lost
-/// between node 1 and node 3 (`overlay-drop`), said so as it happens.
+/// The cluster view of web's lookups over the lab's agents, run in node
+/// 1's agent pod: a lookup whole across nodes, then one lost between node
+/// 1 and node 3 (`overlay-drop`), said so as it happens.
 fn across_nodes(bin: &Path) -> Result<()> {
     let dir = std::env::temp_dir().join(format!("dnstrace-demo-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
@@ -88,40 +90,14 @@ fn across_nodes(bin: &Path) -> Result<()> {
 }
 
 fn cluster_view(bin: &Path, dir: &Path) -> Result<()> {
-    step("one dnstrace agent per node, as the DaemonSet runs them: each sees only its node, and serves what it sees of a pod's lookups to cluster views (on loopback here; mutual TLS on a cluster)");
-    let mut agents = Vec::new();
-    let mut apis = Vec::new();
-    for node in 1..=3 {
-        let (api, metrics) = (loopback()?, loopback()?);
-        let ready = dir.join(format!("agent{node}.ready"));
-        let log = std::fs::File::create(dir.join(format!("agent{node}.log")))?;
-        let agent = Kill(
-            Command::new(bin)
-                .args(["agent", "--api-addr", &api, "--metrics-addr", &metrics])
-                .args(node_flags(node))
-                .arg("--ready-file")
-                .arg(&ready)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(log)
-                .spawn()
-                .context("starting dnstrace agent")?,
-        );
-        agents.push((agent, ready, node));
-        apis.push(api);
-    }
-    for (agent, ready, node) in &mut agents {
-        wait_ready(agent, ready).with_context(|| {
-            let log = std::fs::read_to_string(dir.join(format!("agent{node}.log")));
-            format!("node{node}'s agent: {}", log.unwrap_or_default())
-        })?;
-    }
     let pod = format!("default/{WEB}");
-    step(&format!("dnstrace cluster --agents {} --pod {pod}: the view asks every agent which node runs the pod, then each for its part of the pod's lookups, and shows each lookup whole, its legs named by node", apis.join(",")));
+    step(&format!("dnstrace lab exec node1 -- dnstrace cluster --pod {pod}: on a cluster, exactly `kubectl exec -it -n dnstrace ds/dnstrace -- dnstrace cluster --pod {pod}`. In node1's agent pod the view finds the agents by their Service's name (dnstrace-agents.dnstrace.svc.cluster.local, through CoreDNS) and is let in by the pod's certificate; it asks every agent which node runs the pod, then each for its part of the pod's lookups, and shows each lookup whole, its legs named by node"));
     let ready = dir.join("view.ready");
     let mut view = View::start(
         Command::new(bin)
-            .args(["cluster", "--agents", &apis.join(","), "--pod", &pod])
+            .args([
+                "lab", "exec", "node1", "--", "dnstrace", "cluster", "--pod", &pod,
+            ])
             .args(["-o", "text", "--ready-file"])
             .arg(&ready),
     )?;
@@ -136,13 +112,7 @@ fn cluster_view(bin: &Path, dir: &Path) -> Result<()> {
     dnstrace(bin, &["lab", "fault", "overlay-drop", "off", "--node", "3"])?;
     lost?;
     step("the view stopped (SIGINT): its summary, every anomaly raised");
-    view.stop()?;
-    for (agent, ..) in &mut agents {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(agent.0.id() as i32, libc::SIGTERM) };
-        agent.0.wait()?;
-    }
-    Ok(())
+    view.stop()
 }
 
 /// The cluster view, its lines shown as they come and watched for.
@@ -218,26 +188,6 @@ fn wait_ready(child: &mut Kill, ready: &Path) -> Result<()> {
     Ok(())
 }
 
-/// A free port on loopback, as `127.0.0.1:PORT`.
-fn loopback() -> Result<String> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(listener.local_addr()?.to_string())
-}
-
-/// The flags that make a dnstrace node `n`'s of the lab.
-fn node_flags(n: u8) -> Vec<String> {
-    vec![
-        "--node".into(),
-        format!("node{n}"),
-        "--node-netns".into(),
-        format!("/run/netns/{}node{n}", lab_prefix()),
-        "--containerd-root".into(),
-        format!("{}/node{n}/containerd", lab_dir()),
-        "--cri-socket".into(),
-        format!("{}/node{n}/cri/containerd.sock", lab_dir()),
-    ]
-}
-
 /// The lab's instance (`DNSTRACE_LAB_INSTANCE`, as `dnstrace lab` reads
 /// it): none is the first lab's, `dtlab-*`.
 fn instance() -> String {
@@ -247,11 +197,6 @@ fn instance() -> String {
 /// The prefix of the lab's namespaces' names.
 fn lab_prefix() -> String {
     format!("dtlab{}-", instance())
-}
-
-/// The lab's state directory.
-fn lab_dir() -> String {
-    format!("/run/dnstrace-lab{}", instance())
 }
 
 /// Lookups from web, one a second at most, until one times out (half go

@@ -4,6 +4,7 @@
 //! /etc/netns entries and its directory under /run (its containerd's
 //! included); in socket-lb mode, also cgroup programs at the root cgroup
 //! that act only on its namespaces' sockets (`socketlb`).
+mod agents;
 mod cluster;
 pub mod containerd;
 mod delay;
@@ -90,11 +91,29 @@ pub enum LabCommand {
         /// every node, CoreDNS on the last two, upstream behind node 1.
         #[arg(long, value_parser = clap::value_parser!(u8).range(2..=3))]
         nodes: Option<u8>,
+        /// With --nodes: the DaemonSet, a `dnstrace agent` per node in its
+        /// network namespace, serving cluster views with mutual TLS on
+        /// the node's address (a CA and certificate made for the lab);
+        /// CoreDNS answers their Service's name,
+        /// dnstrace-agents.dnstrace.svc.<cluster domain>.
+        #[arg(long, requires = "nodes")]
+        agents: bool,
     },
     /// Remove every namespace, process, rule and file the lab made.
     Down,
     /// Show what of the lab exists.
     Status,
+    /// Run a command as in a node's agent pod (`lab up --agents`), as
+    /// `kubectl exec -n dnstrace ds/dnstrace -- COMMAND` does: in the
+    /// node's network namespace, with the pod's resolv.conf and the
+    /// DaemonSet's environment (the agents' name and certificate).
+    Exec {
+        /// node1, node2 or node3.
+        node: String,
+        /// The command and its arguments, after `--`.
+        #[arg(last = true, required = true, value_name = "COMMAND")]
+        command: Vec<String>,
+    },
     /// Switch a fault on or off in the running lab.
     Fault {
         #[arg(value_enum)]
@@ -168,6 +187,12 @@ pub struct LabState {
     pub sandboxes: BTreeMap<String, sandboxes::Sandbox>,
     /// Long-running processes by name.
     pub pids: BTreeMap<String, u32>,
+    /// An agent per node (`--agents`).
+    #[serde(default)]
+    pub agents: bool,
+    /// The agents' pids by node name, stopped first and gently.
+    #[serde(default)]
+    pub agent_pids: BTreeMap<String, u32>,
 }
 
 fn one_node() -> u8 {
@@ -275,6 +300,7 @@ pub async fn run(cmd: LabCommand, instance: Option<u8>) -> Result<()> {
             host_network_client,
             cni,
             nodes,
+            agents,
         } => {
             let state = LabState {
                 ipv6,
@@ -288,12 +314,14 @@ pub async fn run(cmd: LabCommand, instance: Option<u8>) -> Result<()> {
                 host_client: host_network_client,
                 cni,
                 nodes: nodes.unwrap_or(1),
+                agents,
                 ..LabState::default()
             };
             up(faults, state).await
         }
         LabCommand::Down => down(true).await,
         LabCommand::Status => status(),
+        LabCommand::Exec { node, command } => agents::exec(&LabState::load()?, &node, &command),
         LabCommand::Fault { fault, state, node } => switch_fault(fault, state == Switch::On, node),
         LabCommand::Traffic(args) => traffic::run(args),
         LabCommand::Reload => reload_coredns(&LabState::load()?),
@@ -465,7 +493,11 @@ async fn build_cluster(state: &mut LabState) -> Result<()> {
         cluster_rules(state, &node.netns())?;
     }
     start_upstream(state)?;
-    start_resolvers(state, true)
+    start_resolvers(state, true)?;
+    if state.agents {
+        agents::start(state)?;
+    }
+    Ok(())
 }
 
 /// kube-proxy's rules on one node of a cluster: every node has the
@@ -888,8 +920,18 @@ fn start_unbound(state: &mut LabState, ns: &str, name: &str, conf: &str) -> Resu
 /// that starts with a loop fault would have each looping query multiplied
 /// every 2 s, a storm no real CoreDNS meets (its loop plugin stops it).
 fn start_coredns(state: &mut LabState, pod: &Pod, forward_retries: bool) -> Result<()> {
-    let mut args =
-        resolvers::coredns_args(pod, state.ipv6, &state.cluster_domain, &lab_pods(state));
+    let agents = if state.agents {
+        agents::addresses(state.nodes)
+    } else {
+        Vec::new()
+    };
+    let mut args = resolvers::coredns_args(
+        pod,
+        state.ipv6,
+        &state.cluster_domain,
+        &lab_pods(state),
+        &agents,
+    );
     if !forward_retries {
         args.retain(|a| a != resolvers::FORWARD_TRIES);
     }
@@ -1216,6 +1258,8 @@ fn set_delay_line(state: &mut LabState, on: bool) -> Result<()> {
 async fn down(loud: bool) -> Result<()> {
     let mut sandboxes = Vec::new();
     if let Ok(state) = LabState::load() {
+        // Before the node's processes are killed: their programs detached.
+        agents::stop(&state);
         for &pid in state.pids.values() {
             sys::kill(pid);
         }
@@ -1314,6 +1358,9 @@ fn status_text() -> String {
                 "process {name}: pid {pid} {}",
                 sys::Liveness::of(*pid).name()
             );
+        }
+        for line in agents::status(&state) {
+            say!(out, "{line}");
         }
         let faults = state.fault_names();
         say!(
@@ -1481,6 +1528,9 @@ fn print_cluster_summary(state: &LabState) {
     log::info!(target: "lab", "try `dnstrace lab traffic`, and `dnstrace lab down` to remove it");
     for node in cluster::nodes(state.nodes) {
         log::info!(target: "lab", "trace {}: dnstrace trace {}", node.name(), node.flags());
+    }
+    for line in agents::status(state) {
+        log::info!(target: "lab", "{line}");
     }
 }
 

@@ -1,6 +1,9 @@
 //! The lab's real resolvers: dnsmasq standing in for CoreDNS, unbound for
 //! NodeLocalDNS and as the "internet" resolver behind the node.
-use std::{net::IpAddr, path::PathBuf};
+use std::{
+    net::{IpAddr, Ipv4Addr},
+    path::PathBuf,
+};
 
 use super::plan::{self, lab_dir, Domain, NodeLocal, Pod, BIG_NAME, HUGE_NAME};
 
@@ -16,8 +19,8 @@ pub fn pid_path(name: &str) -> PathBuf {
 }
 
 /// The records CoreDNS's kubernetes plugin would serve in `domain`, with
-/// the pod records of `pods`.
-fn cluster_records(ipv6: bool, domain: &Domain, pods: &[Pod]) -> Vec<String> {
+/// the pod records of `pods`, and the agents' headless Service at `agents`.
+fn cluster_records(ipv6: bool, domain: &Domain, pods: &[Pod], agents: &[Ipv4Addr]) -> Vec<String> {
     let mut kube_dns = format!("kube-dns.kube-system.svc.{domain},{}", plan::SERVICE4);
     if ipv6 {
         kube_dns += &format!(",{}", plan::SERVICE6);
@@ -30,6 +33,10 @@ fn cluster_records(ipv6: bool, domain: &Domain, pods: &[Pod]) -> Vec<String> {
     for last in 20..23 {
         records.push(format!("db.default.svc.{domain},10.244.0.{last}"));
     }
+    // dnsmasq gives one name every address of its host-records.
+    for ip in agents {
+        records.push(format!("{},{ip}", agents_name(domain)));
+    }
     for pod in pods {
         let dashed = pod.ip4.to_string().replace('.', "-");
         records.push(format!(
@@ -40,13 +47,25 @@ fn cluster_records(ipv6: bool, domain: &Domain, pods: &[Pod]) -> Vec<String> {
     records
 }
 
+/// The agents' headless Service (deploy/dnstrace.yaml), whose A records
+/// are every agent's address: what `dnstrace cluster` finds them by.
+pub fn agents_name(domain: &Domain) -> String {
+    format!("dnstrace-agents.dnstrace.svc.{domain}")
+}
+
 /// dnsmasq's own retries of a query upstream: first after 2 s, none after 5 s.
 pub const FORWARD_TRIES: &str = "--fast-dns-retry=2000,5000";
 
 /// dnsmasq as CoreDNS: authoritative for the cluster domain and the pod PTRs,
 /// everything else forwarded to the servers of its own /etc/resolv.conf
 /// (CoreDNS's `forward . /etc/resolv.conf`), re-read on SIGHUP (a reload).
-pub fn coredns_args(pod: &Pod, ipv6: bool, domain: &Domain, pods: &[Pod]) -> Vec<String> {
+pub fn coredns_args(
+    pod: &Pod,
+    ipv6: bool,
+    domain: &Domain,
+    pods: &[Pod],
+    agents: &[Ipv4Addr],
+) -> Vec<String> {
     let mut args = vec![
         "--no-hosts".to_owned(),
         "--no-poll".into(),
@@ -73,7 +92,7 @@ pub fn coredns_args(pod: &Pod, ipv6: bool, domain: &Domain, pods: &[Pod]) -> Vec
         "--cache-rr=TXT".into(),
     ];
     args.extend(
-        cluster_records(ipv6, domain, pods)
+        cluster_records(ipv6, domain, pods, agents)
             .into_iter()
             .map(|r| format!("--host-record={r}")),
     );
@@ -218,6 +237,7 @@ mod tests {
             false,
             &Domain::cluster_default(),
             &plan::PODS,
+            &[],
         )
         .join(" ");
         assert!(args.contains("--host-record=kubernetes.default.svc.cluster.local,10.96.0.1"));
@@ -228,6 +248,23 @@ mod tests {
             args.contains("--fast-dns-retry=2000,5000"),
             "a deadline per try"
         );
+    }
+
+    #[test]
+    fn coredns_serves_the_agents_headless_service_with_every_agents_address() {
+        let pods = &plan::PODS;
+        let agents: Vec<Ipv4Addr> = (2..5).map(|n| Ipv4Addr::new(172, 18, 0, n)).collect();
+        let domain: Domain = "corp.internal".parse().unwrap();
+        let args = coredns_args(&pods[2], false, &domain, pods, &agents);
+        let records: Vec<&str> = args
+            .iter()
+            .filter_map(|a| {
+                a.strip_prefix("--host-record=dnstrace-agents.dnstrace.svc.corp.internal,")
+            })
+            .collect();
+        assert_eq!(records, ["172.18.0.2", "172.18.0.3", "172.18.0.4"]);
+        let without = coredns_args(&pods[2], false, &domain, pods, &[]).join(" ");
+        assert!(!without.contains("dnstrace-agents"), "{without}");
     }
 
     #[test]
@@ -256,7 +293,7 @@ mod tests {
     #[test]
     fn the_cluster_domain_is_served_and_forwarded_under_its_own_name() {
         let domain: Domain = "corp.internal".parse().unwrap();
-        let args = coredns_args(&plan::PODS[2], false, &domain, &plan::PODS).join(" ");
+        let args = coredns_args(&plan::PODS[2], false, &domain, &plan::PODS, &[]).join(" ");
         assert!(args.contains("--local=/corp.internal/"));
         assert!(args.contains("--host-record=kube-dns.kube-system.svc.corp.internal,10.96.0.10"));
         assert!(!args.contains("cluster.local"));

@@ -24,10 +24,15 @@ pub const PROGRAMS: &[(&str, &str)] = &[
 ];
 
 pub fn require_programs() -> Result<()> {
-    for (program, package) in PROGRAMS {
-        if !on_path(program) {
-            bail!("the lab needs `{program}`, which is not installed: apt-get install {package}");
-        }
+    PROGRAMS
+        .iter()
+        .try_for_each(|(program, package)| require(program, package))
+}
+
+/// Refuses when `program` (of Debian's `package`) is not installed.
+pub fn require(program: &str, package: &str) -> Result<()> {
+    if !on_path(program) {
+        bail!("the lab needs `{program}`, which is not installed: apt-get install {package}");
     }
     Ok(())
 }
@@ -204,6 +209,12 @@ pub fn freeze(pid: u32, frozen: bool) {
     let sig = if frozen { libc::SIGSTOP } else { libc::SIGCONT };
     // SAFETY: plain kill(2) on a pid the lab started.
     unsafe { libc::kill(pid as i32, sig) };
+}
+
+/// Asks a process to stop (`SIGTERM`), as the kubelet does a pod's.
+pub fn terminate(pid: u32) {
+    // SAFETY: plain kill(2) on a pid the lab started.
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
 }
 
 pub fn kill(pid: u32) {
