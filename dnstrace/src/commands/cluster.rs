@@ -2,10 +2,11 @@
 //! nodes, from the agents already running on them. It asks every agent
 //! which runs the pod, then the agents of the nodes its lookups reach
 //! (`choose`) for their evidence of them (the client's legs on one, the
-//! resolvers' and upstreams' on others), from `--since` ago, and merges the streams into
-//! one time line (`record::lanes`) through the same pipeline, rules and
-//! views as `trace`. A node whose agent goes away is shown down and
-//! reconnected; the view resumes after what it already has.
+//! resolvers' and upstreams' on others), from `--since` ago, and merges
+//! the streams into one time line (`record::lanes`) through the same
+//! pipeline, rules and views as `trace`. A node whose agent goes away is
+//! shown down and reconnected, looked for again by name if it must be;
+//! the view resumes after what it already has.
 use std::{
     net::{IpAddr, SocketAddr},
     path::PathBuf,
