@@ -105,6 +105,7 @@ fn cluster_view(bin: &Path, dir: &Path) -> Result<()> {
     step("a healthy lookup from web on node 1: DNATed there to CoreDNS on node 2 or 3, across the overlay and back");
     traffic(bin, "kube-dns.kube-system.svc.cluster.local.")?;
     view.wait_for("NOERROR", Duration::from_secs(15))?;
+    view.settle();
     step("fault overlay-drop: the underlay drops VXLAN from node 1 to node 3; web looks kube-dns up until a lookup DNATed to node 3's CoreDNS is lost (5.5 s after it, the view calls it timed out and says where it was lost)");
     dnstrace(bin, &["lab", "fault", "overlay-drop", "on", "--node", "3"])?;
     let lost = lost_lookup()
@@ -156,6 +157,16 @@ impl View {
             }
         }
         bail!("the cluster view showed no line with {needle:?} in {wait:?}")
+    }
+
+    /// Lets what is being shown end (a journey's legs follow its first
+    /// line) before the demo says its next step: until no line has come
+    /// for a moment, two seconds at most.
+    fn settle(&self) {
+        let until = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < until && self.lines.recv_timeout(Duration::from_millis(300)).is_ok()
+        {
+        }
     }
 
     /// SIGINT, as Ctrl-C: the view prints its summary and ends.
