@@ -56,6 +56,18 @@ pub fn lab_ns(name: &str) -> String {
     format!("{}{name}", lab_prefix())
 }
 
+/// `lab fault NAME on|off` with `extra` flags.
+fn switch_fault(name: &str, on: bool, extra: &[&str]) {
+    let mut args = vec!["lab", "fault", name, if on { "on" } else { "off" }];
+    args.extend_from_slice(extra);
+    let out = dnstrace(&args);
+    assert!(
+        out.status.success(),
+        "lab fault {name}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Where the lab keeps its state, configs and logs.
 pub fn lab_dir() -> &'static str {
     static DIR: OnceLock<String> = OnceLock::new();
@@ -308,12 +320,12 @@ impl Lab {
     }
 
     pub fn fault(&self, name: &str, on: bool) {
-        let out = dnstrace(&["lab", "fault", name, if on { "on" } else { "off" }]);
-        assert!(
-            out.status.success(),
-            "lab fault {name}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        switch_fault(name, on, &[]);
+    }
+
+    /// A cluster fault on node `node` (`--node`).
+    pub fn fault_on(&self, name: &str, on: bool, node: &str) {
+        switch_fault(name, on, &["--node", node]);
     }
 
     /// `lab restart coredns`: each CoreDNS pod's resolver stopped and

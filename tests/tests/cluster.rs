@@ -430,7 +430,7 @@ fn faults_between_nodes_are_diagnosed_from_the_merged_recordings() {
         ["DNS queries lost between node1 and node3"]
     );
 
-    fault("overlay-mtu", true, "1");
+    lab.fault_on("overlay-mtu", true, "1");
     // Straight to node 3's CoreDNS pod, so that every answer takes one
     // path: large ones lost before any small one arrived, then after.
     let big = "@10.244.3.53 +bufsize=4096 +ignore big.example.com TXT";
@@ -445,7 +445,7 @@ fn faults_between_nodes_are_diagnosed_from_the_merged_recordings() {
         dig("@10.244.3.53 www.example.com", "NOERROR");
         dig(big, "timeout");
     });
-    fault("overlay-mtu", false, "1");
+    lab.fault_on("overlay-mtu", false, "1");
     let lines = merged(&nodes);
     // Lost before a small answer showed what passes: the generic loss.
     assert_eq!(
@@ -527,7 +527,7 @@ fn faults_in_one_coredns_pod_name_the_endpoint_that_does_not_answer() {
     require_root();
     let lab = Lab::up(&["--nodes", "3"]);
     let dir = Dir::new("cluster-endpoint-down");
-    fault("coredns-down", true, "3");
+    lab.fault_on("coredns-down", true, "3");
     let nodes = record_nodes(&dir, "down-", || {
         // kube-proxy picks an endpoint at random: until each has its share.
         let (mut answered, mut lost) = (0, 0);
@@ -544,7 +544,7 @@ fn faults_in_one_coredns_pod_name_the_endpoint_that_does_not_answer() {
         }
         panic!("40 lookups: {answered} answered, {lost} timed out");
     });
-    fault("coredns-down", false, "3");
+    lab.fault_on("coredns-down", false, "3");
     let summary = |view: &str| {
         format!("the resolver endpoint 10.244.3.53{view} of 10.96.0.10 does not answer; 10.244.2.53 does")
     };
@@ -580,7 +580,7 @@ fn record_a_lookup_lost_on_the_overlay(
     dir: &Dir,
     prefix: &str,
 ) -> Vec<(Vec<Value>, std::path::PathBuf)> {
-    fault("overlay-drop", true, "3");
+    lab.fault_on("overlay-drop", true, "3");
     let nodes = record_nodes(dir, prefix, || {
         let lost = (0..20).any(|_| {
             let out = lab.dig(&WEB, "kube-dns.kube-system.svc.cluster.local");
@@ -588,19 +588,8 @@ fn record_a_lookup_lost_on_the_overlay(
         });
         assert!(lost, "twenty lookups answered with overlay-drop on");
     });
-    fault("overlay-drop", false, "3");
+    lab.fault_on("overlay-drop", false, "3");
     nodes
-}
-
-/// Switches a lab fault on node `node`.
-fn fault(name: &str, on: bool, node: &str) {
-    let state = if on { "on" } else { "off" };
-    let out = dnstrace(&["lab", "fault", name, state, "--node", node]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// Node 1 alone names the node its lost queries went to, from its own
@@ -635,9 +624,9 @@ fn one_node_names_the_node_its_lost_queries_went_to() {
         );
     }
 
-    fault("coredns-down", true, "3");
+    lab.fault_on("coredns-down", true, "3");
     let status = String::from_utf8_lossy(&dnstrace(&["lab", "status"]).stdout).into_owned();
-    fault("coredns-down", false, "3");
+    lab.fault_on("coredns-down", false, "3");
     let line = |status: &str| {
         status
             .lines()

@@ -517,17 +517,6 @@ fn a_node_whose_agent_goes_is_down_raises_nothing_and_comes_back() {
     agents.stop();
 }
 
-/// Switches a lab fault on node `node`.
-fn fault(name: &str, on: bool, node: &str) {
-    let state = if on { "on" } else { "off" };
-    let out = dnstrace(&["lab", "fault", name, state, "--node", node]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// web looks the name up with query id `id`: whether it was answered
 /// (dig gives up after 2 s).
 fn answered(lab: &Lab, id: u16) -> bool {
@@ -537,6 +526,23 @@ fn answered(lab: &Lab, id: u16) -> bool {
         "timeout" => false,
         other => panic!("{other}: {out}"),
     }
+}
+
+/// web's lookups (query ids from 40,000), at most `tries`, until `each`
+/// were answered and `each` were not: their ids, answered and not.
+fn answered_and_not(lab: &Lab, tries: u16, each: usize) -> (Vec<u16>, Vec<u16>) {
+    let (mut whole, mut lost) = (Vec::new(), Vec::new());
+    for id in 40_000..40_000 + tries {
+        if answered(lab, id) {
+            whole.push(id);
+        } else {
+            lost.push(id);
+        }
+        if whole.len() >= each && lost.len() >= each {
+            break;
+        }
+    }
+    (whole, lost)
 }
 
 /// The view's lines, each kept, until `done` holds for those seen.
@@ -579,20 +585,10 @@ fn a_lookup_lost_on_the_overlay_is_said_lost_between_its_two_nodes_live() {
     let agents = Agents::start(&[]);
     let mut view = view(&agents, &[]);
     shown_whole(&mut view, lookup(&lab));
-    fault("overlay-drop", true, "3");
+    lab.fault_on("overlay-drop", true, "3");
     // kube-proxy picks an endpoint at random: until one lookup went to
     // each (twenty all to one is a one-in-500,000 chance).
-    let (mut whole, mut lost) = (Vec::new(), Vec::new());
-    for id in 40_000..40_020 {
-        if answered(&lab, id) {
-            whole.push(id);
-        } else {
-            lost.push(id);
-        }
-        if !whole.is_empty() && !lost.is_empty() {
-            break;
-        }
-    }
+    let (whole, lost) = answered_and_not(&lab, 20, 1);
     assert!(
         !whole.is_empty() && !lost.is_empty(),
         "{whole:?} answered, {lost:?} lost"
@@ -605,7 +601,7 @@ fn a_lookup_lost_on_the_overlay_is_said_lost_between_its_two_nodes_live() {
                 .chain(&lost)
                 .all(|&id| journey(seen, id).is_some())
     });
-    fault("overlay-drop", false, "3");
+    lab.fault_on("overlay-drop", false, "3");
     let a = raised(&lines, "lost_between_nodes").unwrap();
     assert_eq!(
         a["summary"], "DNS queries lost between node1 and node3",
@@ -656,19 +652,9 @@ fn a_coredns_pod_that_hangs_is_named_live_with_its_node() {
     let agents = Agents::start(&[]);
     let mut view = view(&agents, &[]);
     shown_whole(&mut view, lookup(&lab));
-    fault("coredns-down", true, "3");
+    lab.fault_on("coredns-down", true, "3");
     // kube-proxy picks an endpoint at random: until each has its share.
-    let (mut whole, mut lost) = (Vec::new(), Vec::new());
-    for id in 40_000..40_040 {
-        if answered(&lab, id) {
-            whole.push(id);
-        } else {
-            lost.push(id);
-        }
-        if whole.len() >= ENDPOINT_LOOKUPS && lost.len() >= ENDPOINT_LOOKUPS {
-            break;
-        }
-    }
+    let (whole, lost) = answered_and_not(&lab, 40, ENDPOINT_LOOKUPS);
     assert!(
         whole.len() >= ENDPOINT_LOOKUPS && lost.len() >= ENDPOINT_LOOKUPS,
         "40 lookups: {whole:?} answered, {lost:?} timed out"
@@ -677,7 +663,7 @@ fn a_coredns_pod_that_hangs_is_named_live_with_its_node() {
         raised(seen, "resolver_endpoint_down").is_some()
             && lost.iter().all(|&id| journey(seen, id).is_some())
     });
-    fault("coredns-down", false, "3");
+    lab.fault_on("coredns-down", false, "3");
     let down = raised(&lines, "resolver_endpoint_down").unwrap();
     assert_eq!(
         down["summary"],

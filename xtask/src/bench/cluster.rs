@@ -290,19 +290,7 @@ impl Bench {
 
     /// The offsets the view estimated (its `{"event":"clocks"}` line).
     fn view_clock_row(&mut self, stderr: &str) -> Result<()> {
-        let nodes = merge::clocks_line(stderr)?;
-        let each: Vec<String> = nodes
-            .iter()
-            .filter_map(|n| {
-                let against = n["against"].as_str()?;
-                Some(format!(
-                    "{} {:+.1} µs off {against} ({} messages)",
-                    n["node"].as_str().unwrap_or("?"),
-                    n["offset_us"].as_f64().unwrap_or(f64::NAN),
-                    n["pairs"]
-                ))
-            })
-            .collect();
+        let each = merge::offsets(&merge::clocks_line(stderr)?);
         self.rows.push(Row {
             figure: "Cluster view: the clock offsets it estimated at the end of the last run, from the messages that crossed between nodes in its last ten seconds (the truth is 0: the lab's nodes share one kernel's clock)".into(),
             baseline: "0 µs".into(),

@@ -202,18 +202,7 @@ impl Bench {
     /// where the truth is 0: the nodes share one kernel.
     fn clock_row(&mut self, replay_stderr: &str) -> Result<()> {
         let nodes = clocks_line(replay_stderr)?;
-        let each: Vec<String> = nodes
-            .iter()
-            .filter_map(|n| {
-                let against = n["against"].as_str()?;
-                Some(format!(
-                    "{} {:+.1} µs off {against} ({} messages)",
-                    n["node"].as_str().unwrap_or("?"),
-                    n["offset_us"].as_f64().unwrap_or(f64::NAN),
-                    n["pairs"]
-                ))
-            })
-            .collect();
+        let each = offsets(&nodes);
         let worst = nodes
             .iter()
             .filter_map(|n| n["offset_us"].as_f64())
@@ -253,6 +242,23 @@ fn parse_node_flags(status: &str) -> Vec<(String, Vec<String>)> {
             let (head, flags) = l.strip_prefix("node ")?.split_once("; trace it with ")?;
             let name = head.split(':').next()?.to_owned();
             Some((name, flags.split_whitespace().map(str::to_owned).collect()))
+        })
+        .collect()
+}
+
+/// Each node estimated against another, from a clocks line's nodes:
+/// `node2 -0.2 µs off node1 (572 messages)`.
+pub(super) fn offsets(nodes: &[serde_json::Value]) -> Vec<String> {
+    nodes
+        .iter()
+        .filter_map(|n| {
+            let against = n["against"].as_str()?;
+            Some(format!(
+                "{} {:+.1} µs off {against} ({} messages)",
+                n["node"].as_str().unwrap_or("?"),
+                n["offset_us"].as_f64().unwrap_or(f64::NAN),
+                n["pairs"]
+            ))
         })
         .collect()
 }
