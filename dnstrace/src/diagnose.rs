@@ -44,6 +44,7 @@ use crate::{
     correlate::{Connection, Journey},
     decode::{KernelNames, Qtype},
     pods::resolv::ResolvConf,
+    target::follow::Joined,
 };
 
 pub struct Diagnoser {
@@ -110,6 +111,11 @@ impl Diagnoser {
         }
         let found = target_checks(&self.ctx);
         self.raised.record(found, now_ns, None).raised
+    }
+
+    /// A node a cluster view joined, for the rules that know nodes.
+    pub fn joined(&mut self, j: &Joined) {
+        self.ctx.join(j);
     }
 
     /// The node's conntrack counters moved: (name, increase).

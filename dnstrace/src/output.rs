@@ -106,10 +106,14 @@ impl Labels {
         self.clock
     }
 
-    /// Addresses named while tracing: a pod started, or re-created.
+    /// Addresses named while tracing (a pod started, or re-created), and
+    /// a node a cluster view joined.
     pub fn rename(&mut self, refresh: &Refresh) {
         self.names
             .extend(&refresh.names, &refresh.workloads, &refresh.uids);
+        if let Some(j) = &refresh.joined {
+            j.name_in(&mut self.nodes);
+        }
     }
 
     /// The pod or service at `ip`, if known.

@@ -55,7 +55,8 @@ pub trait Sink {
     fn sampling(&mut self, _change: SampleChange) {}
     /// How a cluster view's nodes go, before each tick.
     fn nodes(&mut self, _nodes: Vec<NodeStatus>) {}
-    /// The node's pods changed: new names, the target's new sandbox.
+    /// The node's pods changed: new names, the target's new sandbox; or
+    /// a cluster view joined a node.
     fn pods(&mut self, _refresh: &Refresh, _now_ns: u64) -> io::Result<()> {
         Ok(())
     }
@@ -74,7 +75,7 @@ pub trait JourneyOut {
     /// An anomaly raised for the first time.
     fn anomaly(&mut self, a: &Anomaly) -> io::Result<()>;
     /// The node's pods changed: addresses named since the start (or named
-    /// anew), with their workloads.
+    /// anew), with their workloads; or a cluster view joined a node.
     fn pods(&mut self, _refresh: &Refresh) {}
     /// Every tick: every anomaly so far and the capture's health.
     fn state(&mut self, _all: &[&Anomaly], _health: &Health) -> io::Result<()> {
@@ -299,6 +300,9 @@ impl<O: JourneyOut> Sink for JourneySink<O> {
     }
     fn pods(&mut self, refresh: &Refresh, now_ns: u64) -> io::Result<()> {
         self.out.pods(refresh);
+        if let Some(j) = &refresh.joined {
+            self.diagnoser.joined(j);
+        }
         let Some(moved) = &refresh.target else {
             return Ok(());
         };

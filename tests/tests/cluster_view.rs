@@ -11,6 +11,8 @@ use dnstrace_tests::{prometheus::free_port, *};
 const WEB_IP: &str = "10.244.1.10";
 /// node2's client.
 const CHECKOUT_IP: &str = "10.244.2.10";
+/// The CoreDNS pod on node3.
+const COREDNS_ON_NODE3: &str = "10.244.3.53";
 const NAME: &str = "kube-dns.kube-system.svc.cluster.local";
 
 /// One agent per node, each scoped to its node, serving cluster views.
@@ -517,6 +519,48 @@ fn a_node_whose_agent_goes_is_down_raises_nothing_and_comes_back() {
     agents.stop();
 }
 
+/// Node 3's agent is not running when the view starts: the view follows
+/// the nodes that answered. Started, it is found when the view asks the
+/// agents again (every 10 s), and node 3 joins the view: a lookup of
+/// web's sent to node 3's CoreDNS pod is then whole, its legs there named
+/// node3 and the pod named by node 3's word.
+#[test]
+fn a_node_whose_agent_starts_after_the_view_joins_it() {
+    require_root();
+    let lab = Lab::up(&["--nodes", "3"]);
+    let mut agents = Agents::start(&[]);
+    let late = agents.running[2].take().unwrap();
+    let (status, _, stderr) = late.stop(libc::SIGTERM).unwrap();
+    assert!(status.success(), "{status}: {stderr:?}");
+    let mut view = view(&agents, &[]);
+    assert_eq!(view.ready["nodes"], serde_json::json!(["node1", "node2"]));
+    agents.running[2] = Some(agents.spawn(3));
+    view.wait_stderr_for("node node3 joins the view", Duration::from_secs(30))
+        .unwrap();
+    // Straight to the CoreDNS pod on node 3, not through kube-dns's pick.
+    let out = lab.dig(&WEB, &format!("@{COREDNS_ON_NODE3} {NAME}"));
+    assert_eq!(dig_status(&out), "NOERROR", "{out}");
+    let id = dig_id(&out).expect("dig's query id");
+    let j = view
+        .wait_stdout_for(Duration::from_secs(10), |j| is_lookup(j, id))
+        .unwrap();
+    assert_whole_across_nodes(&j);
+    assert!(nodes_of(&j).iter().any(|n| n == "node3"), "{j}");
+    assert_eq!(
+        j["names"][COREDNS_ON_NODE3],
+        format!("kube-system/{COREDNS_B}"),
+        "{j}"
+    );
+    let (status, out, stderr) = view.stop(libc::SIGINT).unwrap();
+    assert!(status.success(), "{status}: {stderr:?}");
+    assert_eq!(summary_kinds(&out), Vec::<String>::new(), "{stderr:?}");
+    assert!(
+        stderr.iter().any(|l| l.contains("cluster view of 3 nodes")),
+        "{stderr:?}"
+    );
+    agents.stop();
+}
+
 /// web looks the name up with query id `id`: whether it was answered
 /// (dig gives up after 2 s).
 fn answered(lab: &Lab, id: u16) -> bool {
@@ -609,7 +653,7 @@ fn a_lookup_lost_on_the_overlay_is_said_lost_between_its_two_nodes_live() {
     );
     for &id in &lost {
         let j = journey(&lines, id).unwrap();
-        assert_eq!(endpoint(j), "10.244.3.53:53", "{j}");
+        assert_eq!(endpoint(j), format!("{COREDNS_ON_NODE3}:53"), "{j}");
         assert_eq!(j["outcome"]["status"], "timeout", "{j}");
         assert!(nodes_of(j).iter().all(|n| n == "node1"), "{j}");
     }
@@ -685,7 +729,7 @@ fn a_coredns_pod_that_hangs_is_named_live_with_its_node() {
     // Each went to node 3's CoreDNS and got there.
     for &id in &lost {
         let j = journey(&lines, id).unwrap();
-        assert_eq!(endpoint(j), "10.244.3.53:53", "{j}");
+        assert_eq!(endpoint(j), format!("{COREDNS_ON_NODE3}:53"), "{j}");
         assert_eq!(j["outcome"]["status"], "timeout", "{j}");
         assert!(nodes_of(j).iter().any(|n| n == "node3"), "{j}");
     }

@@ -6,8 +6,11 @@
 //! the streams into one time line (`record::lanes`) through the same
 //! pipeline, rules and views as `trace`. A node whose agent goes away is
 //! shown down and reconnected, looked for again by name if it must be;
-//! the view resumes after what it already has.
+//! the view resumes after what it already has. Every ten seconds the
+//! agents are asked again, and a node the lookups reach now (an agent
+//! that answers now, a resolver moved) joins the view (`Roster`).
 use std::{
+    collections::{BTreeMap, BTreeSet},
     net::{IpAddr, SocketAddr},
     path::PathBuf,
     sync::Arc,
@@ -32,7 +35,7 @@ use crate::{
     pipeline::{Pipeline, Source as _, Stop, Tap, View},
     record::{
         self,
-        lanes::{LaneHandle, Lanes},
+        lanes::{Joiner, LaneHandle, Lanes},
         merge::{self, Recording},
         replay::About,
         RecordOptions, Recorder,
@@ -83,11 +86,14 @@ const RETRY: Duration = Duration::from_secs(1);
 /// Tries after which the names given are resolved again, in case the
 /// agent answers elsewhere now.
 const RELOCATE_TRIES: u32 = 5;
+/// How often the agents are asked again which nodes the watched lookups
+/// reach.
+const ROSTER: Duration = Duration::from_secs(10);
 
 pub async fn run(o: ClusterOptions) -> Result<()> {
     let endpoints = Endpoints::new(o.tls.as_ref())?;
     let agents = find_agents(&o.agents).await?;
-    let nodes = ask_nodes(&endpoints, &agents).await;
+    let nodes = ask_nodes(&endpoints, &agents, log::Level::Warn).await;
     if nodes.is_empty() {
         let tls = match o.tls {
             // Plain HTTP/2 to a TLS port reads as a protocol error.
@@ -114,6 +120,7 @@ pub async fn run(o: ClusterOptions) -> Result<()> {
         ),
     }
     let ips = chosen.ips;
+    let known = nodes.clone();
     let nodes: Vec<(SocketAddr, NodeReply)> =
         chosen.nodes.iter().map(|&i| nodes[i].clone()).collect();
     let request = WatchRequest {
@@ -136,19 +143,28 @@ pub async fn run(o: ClusterOptions) -> Result<()> {
         .map(|(agent, node, first, _)| recording(*agent, node, first))
         .collect::<Result<Vec<_>>>()?;
     let (mut lanes, handles) = Lanes::new(&recs, o.window, &o.ports);
-    let given: Arc<[String]> = o.agents.clone().into();
+    let roster = Roster {
+        endpoints,
+        given: o.agents.clone().into(),
+        ips: ips.clone(),
+        // A node that joins shows what comes from then on: what came
+        // before has been handed on.
+        request: WatchRequest {
+            since_ms: 0,
+            ..request.clone()
+        },
+        known: known
+            .into_iter()
+            .map(|(a, r)| (r.node.clone(), (a, r)))
+            .collect(),
+        followed: recs.iter().map(|r| r.node.clone()).collect(),
+        joiner: lanes.joiner(),
+    };
     for ((agent, node, first, stream), handle) in streams.into_iter().zip(handles) {
-        let feed = Feed {
-            endpoints: endpoints.clone(),
-            agent,
-            given: given.clone(),
-            node,
-            request: request.clone(),
-            handle,
-            dropped: 0,
-        };
+        let feed = roster.feed(agent, node, request.clone(), handle);
         tokio::spawn(feed.run(first, stream));
     }
+    tokio::spawn(roster.run());
     let nodes: Vec<String> = recs.iter().map(|r| r.node.clone()).collect();
     let ready = Ready::view(nodes, &o.ports);
     if o.output == Some(Format::Json) {
@@ -161,6 +177,7 @@ pub async fn run(o: ClusterOptions) -> Result<()> {
         .transpose()?;
     let about = merge::about(&recs);
     let limits = about.limits();
+    // Numbered from 1 however many: more may join.
     let show = Show {
         view: if o.live {
             View::Live(limits)
@@ -168,8 +185,8 @@ pub async fn run(o: ClusterOptions) -> Result<()> {
             View::Journeys(limits)
         },
         format: o.output.unwrap_or(Format::Text),
-        labels: merge::labels(&recs),
-        context: merge::context(&recs),
+        labels: merge::numbered_labels(&recs),
+        context: merge::numbered_context(&recs),
         target: None,
         about: view::state::About {
             target: headline(o.pod.as_deref(), &ips, &recs),
@@ -197,7 +214,7 @@ pub async fn run(o: ClusterOptions) -> Result<()> {
     let tally = tally.map(|t| format!(", {t}")).unwrap_or_default();
     eprintln!(
         "dnstrace: cluster view of {} nodes: {}{tally}",
-        recs.len(),
+        lanes.nodes().len(),
         pipe.counts.brief()
     );
     Ok(())
@@ -210,6 +227,92 @@ fn headline(pod: Option<&str>, ips: &[IpAddr], recs: &[Recording]) -> String {
     match pod {
         Some(p) => format!("{p} ({}) on nodes {}", ips.join(", "), nodes.join(", ")),
         None => format!("{} on nodes {}", ips.join(", "), nodes.join(", ")),
+    }
+}
+
+/// The nodes the view follows, and what brings in those it should follow
+/// and does not: an agent that answers now, a resolver moved to a node
+/// not followed, a node come into the cluster.
+struct Roster {
+    endpoints: Endpoints,
+    /// `--agents`: where agents are looked for.
+    given: Arc<[String]>,
+    /// The clients' addresses watched.
+    ips: Vec<IpAddr>,
+    request: WatchRequest,
+    /// What each node's agent said last, by the node's name.
+    known: BTreeMap<String, (SocketAddr, NodeReply)>,
+    followed: BTreeSet<String>,
+    joiner: Joiner,
+}
+
+impl Roster {
+    async fn run(mut self) {
+        let mut every = tokio::time::interval_at(tokio::time::Instant::now() + ROSTER, ROSTER);
+        loop {
+            every.tick().await;
+            self.look().await;
+        }
+    }
+
+    /// Asks the agents again which nodes they are, and follows those the
+    /// watched lookups reach now that it does not. A node followed whose
+    /// agent does not answer keeps its last word: its feed reconnects it.
+    async fn look(&mut self) {
+        let Ok(agents) = find_agents(&self.given).await else {
+            return;
+        };
+        // Those that do not answer were said at the start, or by their feed.
+        for (agent, reply) in ask_nodes(&self.endpoints, &agents, log::Level::Debug).await {
+            self.known.insert(reply.node.clone(), (agent, reply));
+        }
+        let replies: Vec<NodeReply> = self.known.values().map(|(_, r)| r.clone()).collect();
+        let chosen = match choose(None, None, &self.ips, &replies) {
+            Ok(c) => c,
+            Err(e) => return log::debug!("no nodes chosen anew: {e:#}"),
+        };
+        for i in chosen.nodes {
+            let node = &replies[i].node;
+            if !self.followed.contains(node) {
+                let (agent, _) = self.known[node];
+                self.join(agent, node.clone()).await;
+            }
+        }
+    }
+
+    async fn join(&mut self, agent: SocketAddr, node: String) {
+        let opened = open(&self.endpoints, agent, self.request.clone()).await;
+        let (first, stream) = match opened {
+            Ok(o) => o,
+            Err(e) => return log::debug!("node {node} ({agent}) is not followed yet: {e:#}"),
+        };
+        let rec = match recording(agent, &node, &first) {
+            Ok(r) => r,
+            Err(e) => return log::warn!("{e:#}"),
+        };
+        let handle = self.joiner.join(&rec).await;
+        self.followed.insert(node.clone());
+        let feed = self.feed(agent, node, self.request.clone(), handle);
+        tokio::spawn(feed.run(first, stream));
+    }
+
+    /// What keeps `node`'s lane fed from its agent at `agent`.
+    fn feed(
+        &self,
+        agent: SocketAddr,
+        node: String,
+        request: WatchRequest,
+        handle: LaneHandle,
+    ) -> Feed {
+        Feed {
+            endpoints: self.endpoints.clone(),
+            agent,
+            given: self.given.clone(),
+            node,
+            request,
+            handle,
+            dropped: 0,
+        }
     }
 }
 
@@ -308,8 +411,13 @@ async fn find_agents(given: &[String]) -> Result<Vec<SocketAddr>> {
 }
 
 /// Each agent that answers, with what it says of its node, asked all at
-/// once: one that does not answer holds the others up `CONNECT` at most.
-async fn ask_nodes(endpoints: &Endpoints, agents: &[SocketAddr]) -> Vec<(SocketAddr, NodeReply)> {
+/// once: one that does not answer holds the others up `CONNECT` at most,
+/// and is said at `level`.
+async fn ask_nodes(
+    endpoints: &Endpoints,
+    agents: &[SocketAddr],
+    level: log::Level,
+) -> Vec<(SocketAddr, NodeReply)> {
     let mut asks = tokio::task::JoinSet::new();
     for (i, &agent) in agents.iter().enumerate() {
         let endpoints = endpoints.clone();
@@ -329,7 +437,7 @@ async fn ask_nodes(endpoints: &Endpoints, agents: &[SocketAddr]) -> Vec<(SocketA
     while let Some(Ok((i, agent, reply))) = asks.join_next().await {
         match reply {
             Ok(r) => nodes.push((i, agent, r)),
-            Err(e) => log::warn!("agent {agent}: {}", status_text(&e)),
+            Err(e) => log::log!(level, "agent {agent}: {}", status_text(&e)),
         }
     }
     // In the order given: the first is the time line's reference.
@@ -411,7 +519,7 @@ impl Feed {
             return;
         };
         agents.retain(|a| *a != self.agent);
-        let found = ask_nodes(&self.endpoints, &agents).await;
+        let found = ask_nodes(&self.endpoints, &agents, log::Level::Debug).await;
         if let Some((agent, _)) = found.into_iter().find(|(_, r)| r.node == self.node) {
             log::info!("node {}'s agent answers at {agent} now", self.node);
             self.agent = agent;

@@ -6,7 +6,12 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use crate::{decode::NodeId, pods::net::Attachment, routes::Routes, target::Target};
+use crate::{
+    decode::NodeId,
+    pods::net::Attachment,
+    routes::Routes,
+    target::{follow::Joined, Target},
+};
 
 /// What the rules know about the node besides journeys.
 #[derive(Clone, Debug, Default)]
@@ -43,6 +48,22 @@ pub struct Context {
     /// Each node's routes through a gateway (over VXLAN, to which node),
     /// by the `NodeId` its legs carry: where a query leaving it went next.
     pub routes: BTreeMap<NodeId, Routes>,
+}
+
+impl Context {
+    /// A node a cluster view joined: its name, its pods' homes and
+    /// routes; the resolvers and services it knows besides.
+    pub fn join(&mut self, j: &Joined) {
+        let id = NodeId(j.id);
+        j.name_in(&mut self.nodes);
+        for (ip, a) in &j.attachments {
+            self.homes.entry(*ip).or_insert(id);
+            self.attachments.entry(*ip).or_insert_with(|| a.clone());
+        }
+        self.routes.insert(id, j.routes.clone());
+        self.resolvers.extend(&j.resolvers);
+        self.service_ips.extend(&j.service_ips);
+    }
 }
 
 /// Who gives a query to a service IP an endpoint's address.

@@ -11,11 +11,13 @@
 //! a node that lags or is cut off holds the view back that long at most.
 //! While a node is down, what is handed on follows a loss that covers it:
 //! every journey of that time is incomplete, and the node's absence is
-//! never a lookup lost between nodes.
+//! never a lookup lost between nodes. A node may join while the view runs
+//! (`Joiner`): its name and pods reach the pipeline ahead of its inputs.
 use std::{
     cmp::Reverse,
     collections::{BinaryHeap, VecDeque},
     io::{self, Read},
+    net::IpAddr,
     path::PathBuf,
     time::{Duration, Instant},
 };
@@ -31,6 +33,7 @@ use super::{
 use crate::{
     decode::{NodeId, Packet},
     pipeline::{Input, NodeStatus, Source},
+    target::follow::{Joined, Refresh},
 };
 
 /// Chunks of a stream in flight to its reading thread.
@@ -59,6 +62,9 @@ enum Event {
     Down(usize, String),
     /// Events its agent dropped for this view, more of them.
     Dropped(usize, u64),
+    /// A node followed from now on: its lane, and what the view learns of
+    /// it (the next lane's).
+    Joined(Box<(NodeLane, Refresh)>),
 }
 
 /// A node as the view follows it.
@@ -98,6 +104,16 @@ pub struct Lanes {
     /// The messages each node saw lately, on the headers' clocks.
     crossings: Vec<Sample>,
     estimated_ns: u64,
+    joiner: Joiner,
+}
+
+/// What adds a lane for a node that joins the view while it runs.
+#[derive(Clone)]
+pub struct Joiner {
+    next: usize,
+    reference_ns: i64,
+    tx: mpsc::Sender<Event>,
+    ports: Vec<u16>,
 }
 
 /// What the commands side holds of one node: where its connections'
@@ -119,13 +135,13 @@ impl Lanes {
     pub fn new(recs: &[Recording], window: Duration, ports: &[u16]) -> (Self, Vec<LaneHandle>) {
         let (tx, rx) = mpsc::channel(INPUTS);
         let reference = recs.first().map_or(0, offset_of);
-        let several = recs.len() > 1;
         let handles = recs
             .iter()
             .enumerate()
             .map(|(i, r)| LaneHandle {
                 lane: i,
-                node: NodeId(if several { i as u16 + 1 } else { 0 }),
+                // Numbered from 1 however many: more may join.
+                node: NodeId(i as u16 + 1),
                 shift_ns: offset_of(r) - reference,
                 first: i == 0,
                 tx: tx.clone(),
@@ -162,13 +178,25 @@ impl Lanes {
             lost_total: 0,
             crossings: recs.iter().map(|_| Sample::default()).collect(),
             estimated_ns: 0,
+            joiner: Joiner {
+                next: recs.len(),
+                reference_ns: reference,
+                tx,
+                ports: ports.to_vec(),
+            },
         };
         (lanes, handles)
+    }
+
+    /// What adds lanes while the view runs; one only.
+    pub fn joiner(&self) -> Joiner {
+        self.joiner.clone()
     }
 
     fn event(&mut self, ev: Event) {
         match ev {
             Event::Input(lane, input) => self.arrived(lane, input),
+            Event::Joined(new) => self.joined(*new),
             Event::Down(lane, why) => {
                 let n = &mut self.nodes[lane];
                 if n.up {
@@ -199,6 +227,17 @@ impl Lanes {
                 });
             }
         }
+    }
+
+    /// A node's lane added: it holds the others back as the first ones
+    /// did, until its first tick; what the view learns of it goes first.
+    fn joined(&mut self, (node, refresh): (NodeLane, Refresh)) {
+        log::info!("node {} joins the view", node.node);
+        self.nodes.push(node);
+        self.down_since.push(None);
+        self.crossings.push(Sample::default());
+        let now_ns = self.now_ns;
+        self.hold(now_ns, Input::Pods { now_ns, refresh });
     }
 
     fn arrived(&mut self, lane: usize, input: Input) {
@@ -384,8 +423,7 @@ impl Source for Lanes {
                 },
                 None => self.rx.recv().await,
             };
-            // Every lane's sender is held by its handle: None never comes
-            // while the view runs.
+            // The joiner here holds a sender: None never comes.
             let Some(ev) = ev else { return Ok(None) };
             self.event(ev);
             while let Ok(more) = self.rx.try_recv() {
@@ -420,6 +458,63 @@ impl Source for Lanes {
 
 fn offset_of(r: &Recording) -> i64 {
     r.about.header.as_ref().map_or(0, |h| h.clock_offset_ns)
+}
+
+impl Joiner {
+    /// A lane for `r` (a node's stream, read as one), the next after the
+    /// last; the node and its pods named to the pipeline before its
+    /// inputs.
+    pub async fn join(&mut self, r: &Recording) -> LaneHandle {
+        let lane = self.next;
+        self.next += 1;
+        let handle = LaneHandle {
+            lane,
+            node: NodeId(lane as u16 + 1),
+            shift_ns: offset_of(r) - self.reference_ns,
+            first: false,
+            tx: self.tx.clone(),
+            ports: self.ports.clone(),
+            name: r.node.clone(),
+        };
+        let node = NodeLane {
+            node: r.node.clone(),
+            up: true,
+            at_ns: 0,
+            dropped: 0,
+            offset_ns: handle.shift_ns,
+            error: Estimate::default(),
+        };
+        let refresh = joined(r, handle.node);
+        let _ = self.tx.send(Event::Joined(Box::new((node, refresh)))).await;
+        handle
+    }
+}
+
+/// What the view learns of a node that joins: its pods' names (its own
+/// word on them), homes and routes, and the resolvers and services it
+/// knows.
+fn joined(r: &Recording, node: NodeId) -> Refresh {
+    let (labels, cx) = (&r.about.labels, &r.about.context);
+    let own = |ip: &IpAddr| cx.attachments.contains_key(ip);
+    Refresh {
+        names: (labels.names.iter())
+            .filter(|(ip, _)| own(ip))
+            .map(|(ip, n)| (*ip, n.clone()))
+            .collect(),
+        workloads: (labels.workloads.iter())
+            .filter(|(ip, _)| own(ip))
+            .map(|(ip, w)| (*ip, w.clone()))
+            .collect(),
+        joined: Some(Box::new(Joined {
+            id: node.0,
+            name: r.node.clone(),
+            attachments: cx.attachments.clone(),
+            routes: cx.routes.clone(),
+            resolvers: cx.resolvers.clone(),
+            service_ips: cx.service_ips.clone(),
+        })),
+        ..Refresh::default()
+    }
 }
 
 impl LaneHandle {
@@ -715,6 +810,39 @@ mod tests {
             _ => None,
         });
         assert_eq!(last.max(), Some(1_200_000 * US));
+    }
+
+    /// Node c joins after a's and b's first inputs are out: the pipeline
+    /// learns its name and number before its packet, which is tagged 3
+    /// and comes in time order after a's and b's.
+    #[tokio::test]
+    async fn a_node_that_joins_is_named_before_its_packets() {
+        let (a, b) = (stream(&[100, 300], 400), stream(&[150], 400));
+        let recs = [recording("a", &a), recording("b", &b)];
+        let (mut lanes, handles) = Lanes::new(&recs, Duration::from_millis(50), &[53]);
+        let _a = handles[0].connected(a).unwrap();
+        let _b = handles[1].connected(b).unwrap();
+        assert_eq!(drain(&mut lanes, 400).await, [(100, 1), (150, 2), (300, 1)]);
+        let c = stream(&[450], 600);
+        let handle = lanes.joiner().join(&recording("c", &c)).await;
+        let _c = handle.connected(c).unwrap();
+        let mut seen = Vec::new();
+        while seen.len() < 2 {
+            let next = tokio::time::timeout(Duration::from_secs(10), lanes.next());
+            match next.await.expect("inputs in time").unwrap() {
+                Some(Input::Pods { refresh, .. }) => {
+                    let j = refresh.joined.expect("a node joined");
+                    seen.push(format!("{} joined as {}", j.name, j.id));
+                }
+                Some(Input::Packets(b)) => seen.extend(
+                    b.iter()
+                        .map(|p| format!("{} ms on {}", p.ts_ns / MS, p.node.0)),
+                ),
+                _ => {}
+            }
+        }
+        assert_eq!(seen, ["c joined as 3", "450 ms on 3"]);
+        assert_eq!(lanes.nodes().len(), 3);
     }
 
     /// A node down: what is handed on while it is follows a loss (the

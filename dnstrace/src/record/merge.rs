@@ -193,19 +193,26 @@ pub fn about(recs: &[Recording]) -> About {
 /// names, the node each pod address lives on (its own recording's pods),
 /// and each node's own routes.
 pub fn context(recs: &[Recording]) -> Context {
-    let mut cx = about(recs).context();
-    if recs.len() > 1 {
-        cx.nodes = recs.iter().map(|r| r.node.clone()).collect();
-        for (i, r) in recs.iter().enumerate() {
-            let node = NodeId(i as u16 + 1);
-            for ip in r.about.context.attachments.keys() {
-                cx.homes.entry(*ip).or_insert(node);
-            }
-        }
-        cx.routes = (recs.iter().enumerate())
-            .map(|(i, r)| (NodeId(i as u16 + 1), r.about.context.routes.clone()))
-            .collect();
+    match recs {
+        [_] => about(recs).context(),
+        _ => numbered_context(recs),
     }
+}
+
+/// [`context`] with each node numbered from 1, one alone too (a cluster
+/// view's, which more may join).
+pub fn numbered_context(recs: &[Recording]) -> Context {
+    let mut cx = about(recs).context();
+    cx.nodes = recs.iter().map(|r| r.node.clone()).collect();
+    for (i, r) in recs.iter().enumerate() {
+        let node = NodeId(i as u16 + 1);
+        for ip in r.about.context.attachments.keys() {
+            cx.homes.entry(*ip).or_insert(node);
+        }
+    }
+    cx.routes = (recs.iter().enumerate())
+        .map(|(i, r)| (NodeId(i as u16 + 1), r.about.context.routes.clone()))
+        .collect();
     cx
 }
 
@@ -220,11 +227,16 @@ fn extend_new<T: Clone + PartialEq>(to: &mut Vec<T>, from: &[T]) {
 /// Names as [`about`] gives them, and each leg's node where there are
 /// several.
 pub fn labels(recs: &[Recording]) -> Labels {
-    let labels = about(recs).labels();
     match recs {
-        [_] => labels,
-        _ => labels.with_nodes(recs.iter().map(|r| r.node.clone()).collect()),
+        [_] => about(recs).labels(),
+        _ => numbered_labels(recs),
     }
+}
+
+/// [`labels`] naming each node, one alone too.
+pub fn numbered_labels(recs: &[Recording]) -> Labels {
+    let nodes = recs.iter().map(|r| r.node.clone()).collect();
+    about(recs).labels().with_nodes(nodes)
 }
 
 /// How one file's times were put on the first file's.
@@ -654,7 +666,13 @@ pub(super) fn moved(input: Input, by: i64, node: NodeId, first: bool) -> Input {
     match &mut input {
         Input::Packets(batch) => batch.iter_mut().for_each(|p| p.node = node),
         Input::Sample(c) => c.node = node,
-        Input::Pods { refresh, .. } if !first => refresh.target = None,
+        Input::Pods { refresh, .. } => {
+            // A file's own node numbers are not the merge's.
+            refresh.joined = None;
+            if !first {
+                refresh.target = None;
+            }
+        }
         _ => {}
     }
     input

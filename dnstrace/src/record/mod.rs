@@ -28,6 +28,7 @@ use crate::{
     decode::{KernelNames, Packet},
     diagnose::Context,
     output::Labels,
+    target::follow::Joined,
 };
 
 /// What every file of a recording starts with, and what its packets need.
@@ -70,6 +71,12 @@ impl Meta {
         // The time line's, on the first node's clock: not the host's.
         self.header.started_ns = started_ns;
         self
+    }
+
+    /// A node a cluster view joined: its packets are named after it, and
+    /// the files that follow list it.
+    pub fn joined(&mut self, j: &Joined) {
+        j.name_in(&mut self.labels.nodes);
     }
 
     /// The cluster's resolvers as the node knows them.

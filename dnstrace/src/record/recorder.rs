@@ -115,10 +115,15 @@ impl Tap for Recorder {
                 viewed: c.viewed.ips().to_vec(),
                 node: c.node.0,
             }),
-            Input::Pods { now_ns, refresh } => self.note(&Note::Pods {
-                now_ns: *now_ns,
-                refresh: refresh.clone(),
-            }),
+            Input::Pods { now_ns, refresh } => {
+                if let Some(j) = &refresh.joined {
+                    self.meta.joined(j);
+                }
+                self.note(&Note::Pods {
+                    now_ns: *now_ns,
+                    refresh: refresh.clone(),
+                });
+            }
             Input::Tick(now_ns) => {
                 self.note(&Note::Tick { now_ns: *now_ns });
                 // What a kill -9 can lose: one tick's worth.

@@ -454,6 +454,19 @@ pub fn inputs() -> Vec<crate::pipeline::Input> {
                         options: vec![],
                     }),
                 }),
+                // A node a cluster view joined.
+                joined: Some(Box::new(crate::target::follow::Joined {
+                    id: 3,
+                    name: "node3".into(),
+                    attachments: [(
+                        "10.244.3.53".parse().unwrap(),
+                        crate::pods::net::Attachment::Routed,
+                    )]
+                    .into(),
+                    routes: Default::default(),
+                    resolvers: vec!["10.244.3.53".parse().unwrap()],
+                    service_ips: vec!["10.96.0.10".parse().unwrap()],
+                })),
             },
         },
         Input::Tick(5_100_000_000),

@@ -22,8 +22,12 @@ use tokio::sync::{mpsc, Notify};
 use super::{resolvers, watched, NodePods, Scope, Target};
 use crate::{
     naming::Services,
-    pods::{cri::Cri, resolv::ResolvConf, select, workload::Workload, Inventory, Metadata, Pod},
+    pods::{
+        cri::Cri, net::Attachment, resolv::ResolvConf, select, workload::Workload, Inventory,
+        Metadata, Pod,
+    },
     probes::{KernelScope, ScopeMap, Watched},
+    routes::Routes,
 };
 
 /// How often the pods are read again when nothing pokes sooner.
@@ -50,6 +54,35 @@ pub struct Refresh {
     pub uids: Vec<(IpAddr, String)>,
     /// The target's new sandbox, when it moved to one.
     pub target: Option<Moved>,
+    /// A node a cluster view follows from now on (its pods' names above).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub joined: Option<Box<Joined>>,
+}
+
+/// A node a cluster view began to follow while it ran: its legs carry
+/// `NodeId(id)`; what the rules know of it, as of a node the view began
+/// with.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Joined {
+    pub id: u16,
+    pub name: String,
+    /// Its pods' addresses and how they are attached: their home.
+    pub attachments: BTreeMap<IpAddr, Attachment>,
+    #[serde(default, skip_serializing_if = "Routes::is_empty")]
+    pub routes: Routes,
+    pub resolvers: Vec<IpAddr>,
+    pub service_ips: Vec<IpAddr>,
+}
+
+impl Joined {
+    /// Names it in a list of nodes by `NodeId` less one.
+    pub fn name_in(&self, nodes: &mut Vec<String>) {
+        let at = usize::from(self.id).saturating_sub(1);
+        if nodes.len() <= at {
+            nodes.resize(at + 1, String::new());
+        }
+        nodes[at].clone_from(&self.name);
+    }
 }
 
 /// Where the target went: its new sandbox's network namespace, addresses
