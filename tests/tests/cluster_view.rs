@@ -170,14 +170,6 @@ fn the_cluster_view_shows_each_lookup_whole_across_nodes_as_it_happens() {
     agents.stop();
     assert_clocks_found_true(&stderr);
 
-    let journeys = |out: &str| -> Vec<Value> {
-        let mut js: Vec<Value> = json_lines(out)
-            .into_iter()
-            .filter(|j| j["type"] == "journey")
-            .collect();
-        js.sort_by_key(|j| (j["started_ns"].as_u64(), j["dns_id"].as_u64()));
-        js
-    };
     let live = journeys(&out);
     assert!(live.len() >= 5, "{out}");
     let replay = dnstrace(&["replay", &file, "-o", "json"]);
@@ -191,6 +183,16 @@ fn the_cluster_view_shows_each_lookup_whole_across_nodes_as_it_happens() {
     let frames = run(Command::new("tshark").args(["-r", &file, "-Y", "dns"]))
         .expect("tshark reads the recording");
     assert!(frames.lines().count() >= legs, "{frames}");
+}
+
+/// The journeys of JSON lines, in the order they started.
+fn journeys(out: &str) -> Vec<Value> {
+    let mut js: Vec<Value> = json_lines(out)
+        .into_iter()
+        .filter(|j| j["type"] == "journey")
+        .collect();
+    js.sort_by_key(|j| (j["started_ns"].as_u64(), j["dns_id"].as_u64()));
+    js
 }
 
 /// The view's last estimate of each node's clock, from the messages that
@@ -523,7 +525,8 @@ fn a_node_whose_agent_goes_is_down_raises_nothing_and_comes_back() {
 /// the nodes that answered. Started, it is found when the view asks the
 /// agents again (every 10 s), and node 3 joins the view: a lookup of
 /// web's sent to node 3's CoreDNS pod is then whole, its legs there named
-/// node3 and the pod named by node 3's word.
+/// node3 and the pod named by node 3's word; the view's recording replays
+/// to the same journeys, node 3's legs named.
 #[test]
 fn a_node_whose_agent_starts_after_the_view_joins_it() {
     require_root();
@@ -532,7 +535,9 @@ fn a_node_whose_agent_starts_after_the_view_joins_it() {
     let late = agents.running[2].take().unwrap();
     let (status, _, stderr) = late.stop(libc::SIGTERM).unwrap();
     assert!(status.success(), "{status}: {stderr:?}");
-    let mut view = view(&agents, &[]);
+    let dir = Dir::new("cluster-join");
+    let file = dir.file("view.pcapng").display().to_string();
+    let mut view = view(&agents, &["--record", &file]);
     assert_eq!(view.ready["nodes"], serde_json::json!(["node1", "node2"]));
     agents.running[2] = Some(agents.spawn(3));
     view.wait_stderr_for("node node3 joins the view", Duration::from_secs(30))
@@ -559,6 +564,13 @@ fn a_node_whose_agent_starts_after_the_view_joins_it() {
         "{stderr:?}"
     );
     agents.stop();
+    let replay = dnstrace(&["replay", &file, "-o", "json"]);
+    assert!(replay.status.success(), "{replay:?}");
+    assert_eq!(
+        journeys(&String::from_utf8_lossy(&replay.stdout)),
+        journeys(&out),
+        "the recording replays to the live view's journeys"
+    );
 }
 
 /// web looks the name up with query id `id`: whether it was answered
