@@ -207,6 +207,9 @@ fn spawn(exe: &Path, node: Node) -> Result<u32> {
         .arg(&s.ca)
         .arg("--ready-file")
         .arg(ready_file(node))
+        // The lab's, gone with it: not the node's /var/lib.
+        .arg("--flight-dir")
+        .arg(dir().join("flights").join(node.name()))
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)
