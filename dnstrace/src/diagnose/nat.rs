@@ -13,7 +13,17 @@ use dnstrace_common::Direction;
 
 pub(super) fn unexpected_source<'a>(j: &'a Journey, ctx: &'a Context) -> Option<Finding<'a>> {
     let o = j.origin()?;
-    let wrong = j.answers_at_client().find(|l| l.src != o.dst)?;
+    // One socket may ask several servers under one id (musl asks every
+    // nameserver at once): an answer from any of them is its own.
+    let asked = |from: std::net::SocketAddr| {
+        j.legs.iter().any(|l| {
+            !l.response
+                && l.dst == from
+                && (l.node, l.netns, l.ifindex, l.direction())
+                    == (o.node, o.netns, o.ifindex, o.direction())
+        })
+    };
+    let wrong = j.answers_at_client().find(|l| !asked(l.src))?;
     let mut evidence = vec![
         format!("the query {} → {} left {}", j.client, o.dst, place(o)),
         format!(

@@ -185,6 +185,38 @@ fn a_healthy_journey_raises_nothing() {
     assert!(kinds(&external).is_empty());
 }
 
+/// musl asks every nameserver at once, from one socket under one id: here
+/// the service and, as a second nameserver, the CoreDNS pod behind it. The
+/// pod's own answer to the query sent to it is no un-NATed reply.
+#[test]
+fn an_answer_to_a_query_sent_to_its_source_is_not_unnated() {
+    let mut j = healthy();
+    let to_pod = leg(
+        10_000,
+        "dev_xmit",
+        CLIENT_NS,
+        2,
+        "10.244.0.10:4000",
+        "10.244.0.53:53",
+        false,
+    );
+    let from_pod = leg(
+        200_000,
+        "dev_receive",
+        CLIENT_NS,
+        2,
+        "10.244.0.53:53",
+        "10.244.0.10:4000",
+        true,
+    );
+    j.legs.insert(1, to_pod);
+    j.legs.insert(3, from_pod);
+    assert_eq!(kinds(&j), Vec::<&str>::new());
+    // Without the query to the pod, its answer is un-NATed.
+    j.legs.remove(1);
+    assert_eq!(kinds(&j), ["reply_from_unexpected_source"]);
+}
+
 #[test]
 fn an_unnated_answer_is_named_and_its_drop_not_repeated() {
     let mut j = healthy();
