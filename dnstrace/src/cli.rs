@@ -83,8 +83,15 @@ pub enum Command {
         /// One line per DNS packet instead of journeys.
         #[arg(long)]
         packets: bool,
-        /// Ports that count as DNS in captures without dnstrace's notes.
-        #[arg(short, long = "port", value_name = "PORT", default_value = "53")]
+        /// Ports that count as DNS in captures without dnstrace's notes
+        /// (repeatable, or `53,5353`).
+        #[arg(
+            short,
+            long = "port",
+            value_delimiter = ',',
+            value_name = "PORT",
+            default_value = "53"
+        )]
         ports: Vec<u16>,
         /// Output format; without it, on a terminal, the live view.
         #[arg(short, long, value_enum)]
@@ -110,8 +117,15 @@ pub enum Command {
         /// Write the report here instead of to stdout.
         #[arg(short, long, value_name = "PATH")]
         write: Option<PathBuf>,
-        /// Ports that count as DNS in captures without dnstrace's notes.
-        #[arg(short, long = "port", value_name = "PORT", default_value = "53")]
+        /// Ports that count as DNS in captures without dnstrace's notes
+        /// (repeatable, or `53,5353`).
+        #[arg(
+            short,
+            long = "port",
+            value_delimiter = ',',
+            value_name = "PORT",
+            default_value = "53"
+        )]
         ports: Vec<u16>,
     },
     /// Whether dnstrace can trace on this node: loads every program (the
@@ -162,8 +176,15 @@ pub struct CaptureArgs {
     #[arg(short, long = "iface", value_name = "IF")]
     pub ifaces: Vec<String>,
 
-    /// Port treated as DNS (repeatable; replaces the default 53).
-    #[arg(short, long = "port", value_name = "PORT", default_value = "53")]
+    /// Port treated as DNS (repeatable, or `53,5353`; replaces the default
+    /// 53).
+    #[arg(
+        short,
+        long = "port",
+        value_delimiter = ',',
+        value_name = "PORT",
+        default_value = "53"
+    )]
     pub ports: Vec<u16>,
 
     /// Output format: one line (text or JSON) per DNS message, or per
@@ -298,7 +319,8 @@ pub struct AgentArgs {
     #[arg(long, env = "DNSTRACE_METRICS_QUERY_NAMES")]
     pub metrics_query_names: bool,
 
-    /// Port treated as DNS (repeatable; replaces the default 53).
+    /// Port treated as DNS (repeatable, or `53,5353`; replaces the default
+    /// 53).
     #[arg(
         short,
         long = "port",
@@ -621,8 +643,14 @@ pub struct ClusterArgs {
     #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
     pub window: std::time::Duration,
 
-    /// Ports that count as DNS.
-    #[arg(short, long = "port", value_name = "PORT", default_value = "53")]
+    /// Ports that count as DNS (repeatable, or `53,5353`).
+    #[arg(
+        short,
+        long = "port",
+        value_delimiter = ',',
+        value_name = "PORT",
+        default_value = "53"
+    )]
     pub ports: Vec<u16>,
 
     /// Output format; without it, on a terminal, the live view.
@@ -917,6 +945,13 @@ mod tests {
         let cli = Cli::try_parse_from(["dnstrace", "-i", "eth0", "--port", "53", "--port", "5353"])
             .unwrap();
         assert_eq!(cli.capture.ports, vec![53, 5353]);
+        let cli = Cli::try_parse_from(["dnstrace", "-p", "53,5353"]).unwrap();
+        assert_eq!(cli.capture.ports, vec![53, 5353]);
+        let replay = Cli::try_parse_from(["dnstrace", "replay", "f", "-p", "53,5353", "-p", "54"]);
+        let Some(Command::Replay { ports, .. }) = replay.unwrap().command else {
+            panic!("not the replay command");
+        };
+        assert_eq!(ports, vec![53, 5353, 54]);
     }
 
     #[test]

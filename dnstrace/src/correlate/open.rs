@@ -428,12 +428,15 @@ impl Open {
     /// Adds `p`, seen at device `dev`.
     pub(super) fn add_leg(&mut self, p: &Packet, seen: &Sighting, dev: u16, devs: &Devices) {
         let msg = seen.msg;
+        // The same message seen twice at one place; a capture's coarse
+        // clock gives an answer its query's time there too.
         let duplicate = self.legs.iter().any(|l| {
             let d = devs.get(l.dev);
             l.ts_ns == p.ts_ns
                 && d.ifindex == p.ifindex
                 && d.ns() == (p.node, p.netns)
                 && l.hook == p.hook
+                && l.response() == msg.response
         });
         if duplicate || self.legs.len() >= MAX_LEGS {
             return;

@@ -336,6 +336,29 @@ fn a_journey_read_after_the_loss_was_noticed_is_incomplete() {
     assert_eq!(js[0].incomplete, None);
 }
 
+/// A capture whose clock is coarse gives a query and its answer the same
+/// time at the one place it saw them: the answer is not the query seen
+/// twice, and it answers the lookup.
+#[test]
+fn an_answer_with_its_querys_timestamp_answers_it() {
+    let at = |src, dst| ev(MS, Hook::DevReceive, 0, 2, src, dst);
+    const CLIENT: &str = "10.244.1.10:40001";
+    const SERVICE: &str = "10.96.0.10:53";
+    let name = "a.example.com.";
+    let query = rec(&at(CLIENT, SERVICE), msg(7, name, "A", false), None, None);
+    let answer = rec(&at(SERVICE, CLIENT), msg(7, name, "A", true), None, None);
+    let mut e = Engine::new(Limits::default());
+    [query, answer].iter().for_each(|r| e.push(r));
+    let js = e.finish(10 * MS);
+    assert_eq!(js.len(), 1);
+    assert!(
+        matches!(js[0].outcome, Outcome::Answered { .. }),
+        "{:?}",
+        js[0].outcome
+    );
+    assert_eq!(js[0].legs.len(), 2);
+}
+
 /// A capture that stops (or a recording cut short) mid-lookup has not seen
 /// it time out: the journey says it was cut off, which silences the rules.
 #[test]

@@ -316,6 +316,8 @@ impl std::error::Error for FormatError {}
 
 #[derive(Debug)]
 pub enum ReadError {
+    /// Not a byte in it.
+    Empty,
     /// The file ends inside the block (or record) that starts at `offset`: an
     /// interrupted recording, readable up to there.
     Truncated {
@@ -328,6 +330,11 @@ pub enum ReadError {
 impl fmt::Display for ReadError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            Self::Empty => write!(f, "the file is empty: nothing was captured into it"),
+            // Before any packet: a capture stopped as it began.
+            Self::Truncated { offset: 0 } => {
+                write!(f, "the file ends inside its header: no packets in it")
+            }
             Self::Truncated { offset } => {
                 write!(f, "at byte {offset}: the file ends inside a block")
             }
@@ -406,7 +413,12 @@ impl<R: io::Read> Reader<R> {
     /// which becomes interface 0.
     pub fn new(r: R) -> Result<Self, ReadError> {
         let mut r = Counting { inner: r, pos: 0 };
-        let magic = r.array::<4>(0)?;
+        let mut magic = [0; 4];
+        match r.fill(&mut magic)? {
+            0 => return Err(ReadError::Empty),
+            4 => {}
+            _ => return Err(ReadError::Truncated { offset: 0 }),
+        }
         let (format, order) = match u32::from_le_bytes(magic) {
             SHB => (Format::Pcapng, Order::Little),
             0xa1b2_c3d4 => (Format::Pcap { nanos: false }, Order::Little),

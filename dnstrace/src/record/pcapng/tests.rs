@@ -416,7 +416,9 @@ fn a_cut_file_gives_its_complete_blocks_then_truncated() {
         let complete = ends.iter().filter(|&&e| e <= cut as u64).count();
         let (read, err) = read_all(&bytes[..cut]);
         assert_eq!(read, blocks[..complete], "cut at {cut}");
-        if ends.contains(&(cut as u64)) {
+        if cut == 0 {
+            assert_eq!(err, Some(ReadError::Empty));
+        } else if ends.contains(&(cut as u64)) {
             assert!(err.is_none(), "cut at {cut}: {err:?}");
         } else {
             let start = complete.checked_sub(1).map_or(0, |i| ends[i]);
@@ -432,6 +434,7 @@ fn a_cut_file_gives_its_complete_blocks_then_truncated() {
         assert_eq!(read.len(), complete, "cut at {cut}");
         match err {
             None => assert!(ends.contains(&cut)),
+            Some(ReadError::Empty) => assert_eq!(cut, 0),
             Some(ReadError::Truncated { offset }) => {
                 assert_eq!(offset, [0, 24, 46][complete] as u64, "cut at {cut}")
             }
@@ -575,8 +578,16 @@ fn errors_read_well() {
     let e = ReadError::Truncated { offset: 96 };
     assert_eq!(e.to_string(), "at byte 96: the file ends inside a block");
     // Too short for any magic: a recording stopped at once.
+    let cut = read_all(&[0x0a, 0x0d]).1;
+    assert_eq!(cut, Some(ReadError::Truncated { offset: 0 }));
     assert_eq!(
-        read_all(&[0x0a, 0x0d]).1,
-        Some(ReadError::Truncated { offset: 0 })
+        cut.unwrap().to_string(),
+        "the file ends inside its header: no packets in it"
+    );
+    let empty = read_all(&[]).1;
+    assert_eq!(empty, Some(ReadError::Empty));
+    assert_eq!(
+        empty.unwrap().to_string(),
+        "the file is empty: nothing was captured into it"
     );
 }

@@ -1,0 +1,96 @@
+//! Captures as other tools write them (`tests/golden/captures`, made with
+//! scapy by its `make.py`): each holds one way real captures bend what
+//! dnstrace expects, and each test says what dnstrace must read in it.
+//! Replay needs no root.
+use std::path::PathBuf;
+
+use serde_json::Value;
+
+use dnstrace_tests::*;
+
+fn capture(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("golden/captures");
+    dir.join(format!("{name}.pcap"))
+}
+
+/// The journeys `dnstrace replay` reads in the capture `name`.
+fn journeys(name: &str) -> Vec<Value> {
+    let file = capture(name);
+    let out = dnstrace(&["replay", file.to_str().unwrap(), "-o", "json"]);
+    assert!(out.status.success(), "{out:?}");
+    json_lines(&String::from_utf8_lossy(&out.stdout))
+        .into_iter()
+        .filter(|j| j["type"] == "journey")
+        .collect()
+}
+
+/// Each lookup's name and how it ended.
+fn outcomes(js: &[Value]) -> Vec<(String, String)> {
+    js.iter()
+        .map(|j| {
+            let s = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+            (s(&j["name"]), s(&j["outcome"]["status"]))
+        })
+        .collect()
+}
+
+/// A coarse clock gives two lookups' answers their queries' timestamps:
+/// each is answered, as the third, a few milliseconds apart, is.
+#[test]
+fn an_answer_with_its_querys_timestamp_is_an_answer() {
+    let js = journeys("same-timestamp");
+    let answered = |name: &str| (name.to_owned(), "answered".to_owned());
+    assert_eq!(
+        outcomes(&js),
+        [
+            answered("a.example.com."),
+            answered("b.example.com."),
+            answered("c.example.com."),
+        ]
+    );
+    assert_eq!(js[0]["total_ms"], 0.0, "{}", js[0]);
+}
+
+/// An empty file, and one cut inside its header (a capture stopped as it
+/// began): one plain line each, no talk of blocks.
+#[test]
+fn an_empty_or_cut_file_is_one_plain_line() {
+    let dir = Dir::new("captures-empty");
+    let file = dir.file("x.pcap");
+    let cases: [(&[u8], &str); 2] = [
+        (
+            b"",
+            "x.pcap: the file is empty: nothing was captured into it",
+        ),
+        (
+            b"\x0a\x0d",
+            "x.pcap: the file ends inside its header: no packets in it",
+        ),
+    ];
+    for (bytes, says) in cases {
+        std::fs::write(&file, bytes).unwrap();
+        let out = dnstrace(&["replay", file.to_str().unwrap()]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(stderr.starts_with("dnstrace: error: "), "{stderr}");
+        assert!(stderr.trim_end().ends_with(says), "{stderr}");
+    }
+}
+
+/// `-p 53,5353` counts both ports as DNS, as `-p 53 -p 5353` does: the
+/// lookups of the capture, on port 53, are read either way.
+#[test]
+fn ports_are_given_as_a_list_or_one_by_one() {
+    let file = capture("same-timestamp");
+    let file = file.to_str().unwrap();
+    for ports in [&["-p", "53,5353"][..], &["-p", "5353", "-p", "53"]] {
+        let mut args = vec!["replay", file, "-o", "json"];
+        args.extend_from_slice(ports);
+        let out = dnstrace(&args);
+        assert!(out.status.success(), "{ports:?}: {out:?}");
+        let lines = json_lines(&String::from_utf8_lossy(&out.stdout));
+        let js = lines.iter().filter(|j| j["type"] == "journey").count();
+        assert_eq!(js, 3, "{ports:?}");
+    }
+}
