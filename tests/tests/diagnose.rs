@@ -460,3 +460,42 @@ fn fragments_dropped_is_a_fragment_lost_with_its_place() {
     );
     assert!(evidence.contains("NETFILTER_DROP"), "{a}");
 }
+
+/// musl's resolver asks every nameserver at once, from one socket under
+/// one id. web asks, as musl would with a resolv.conf listing both, the
+/// kube-dns service and a CoreDNS pod's own address: both answer, and the
+/// pod's answer to the query sent to it is no un-NATed reply.
+#[test]
+fn one_socket_asking_the_service_and_a_pod_behind_it_raises_nothing() {
+    require_root();
+    let _lab = Lab::up(&[]);
+    // One query, sent to both; each source that answered it, sorted.
+    const ASK_BOTH: &str = r#"
+import socket, struct, sys
+name = b"".join(bytes([len(l)]) + l for l in b"kubernetes.default.svc.cluster.local".split(b".")) + b"\0"
+query = struct.pack(">HHHHHH", 0x4242, 0x0100, 1, 0, 0, 0) + name + struct.pack(">HH", 1, 1)
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(2)
+for server in sys.argv[1:]:
+    s.sendto(query, (server, 53))
+seen = set()
+for _ in sys.argv[1:]:
+    data, (src, _) = s.recvfrom(4096)
+    assert data[:2] == query[:2] and data[2] & 0x80, data
+    seen.add(src)
+print(" ".join(sorted(seen)))
+"#;
+    let coredns = "10.244.0.53";
+    let (kinds, _) = diagnose(&[], || {
+        let out = std::process::Command::new("ip")
+            .args(["netns", "exec", &WEB, "/usr/bin/python3", "-c", ASK_BOTH])
+            .args([SERVICE, coredns])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let answered = String::from_utf8_lossy(&out.stdout);
+        // Sorted as strings.
+        assert_eq!(answered.trim(), format!("{coredns} {SERVICE}"));
+    });
+    assert_eq!(kinds, set(&[]), "{kinds:?}");
+}
