@@ -142,7 +142,7 @@ pub async fn run(o: ClusterOptions) -> Result<()> {
         .iter()
         .map(|(agent, node, first, _)| recording(*agent, node, first))
         .collect::<Result<Vec<_>>>()?;
-    let (mut lanes, handles) = Lanes::new(&recs, o.window, &o.ports);
+    let (mut lanes, handles, joiner) = Lanes::new(&recs, o.window, &o.ports);
     let roster = Roster {
         endpoints,
         given: o.agents.clone().into(),
@@ -158,7 +158,7 @@ pub async fn run(o: ClusterOptions) -> Result<()> {
             .map(|(a, r)| (r.node.clone(), (a, r)))
             .collect(),
         followed: recs.iter().map(|r| r.node.clone()).collect(),
-        joiner: lanes.joiner(),
+        joiner,
     };
     for ((agent, node, first, stream), handle) in streams.into_iter().zip(handles) {
         let feed = roster.feed(agent, node, request.clone(), handle);

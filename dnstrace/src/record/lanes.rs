@@ -104,11 +104,10 @@ pub struct Lanes {
     /// The messages each node saw lately, on the headers' clocks.
     crossings: Vec<Sample>,
     estimated_ns: u64,
-    joiner: Joiner,
 }
 
-/// What adds a lane for a node that joins the view while it runs.
-#[derive(Clone)]
+/// What adds a lane for a node that joins the view while it runs: one,
+/// which numbers the lanes it adds.
 pub struct Joiner {
     next: usize,
     reference_ns: i64,
@@ -131,8 +130,13 @@ pub struct LaneHandle {
 
 impl Lanes {
     /// A lane for each recording (a node's stream, read as one: its
-    /// `About` from the stream's first message), with a reorder window.
-    pub fn new(recs: &[Recording], window: Duration, ports: &[u16]) -> (Self, Vec<LaneHandle>) {
+    /// `About` from the stream's first message), with a reorder window;
+    /// and what adds more.
+    pub fn new(
+        recs: &[Recording],
+        window: Duration,
+        ports: &[u16],
+    ) -> (Self, Vec<LaneHandle>, Joiner) {
         let (tx, rx) = mpsc::channel(INPUTS);
         let reference = recs.first().map_or(0, offset_of);
         let handles = recs
@@ -178,19 +182,14 @@ impl Lanes {
             lost_total: 0,
             crossings: recs.iter().map(|_| Sample::default()).collect(),
             estimated_ns: 0,
-            joiner: Joiner {
-                next: recs.len(),
-                reference_ns: reference,
-                tx,
-                ports: ports.to_vec(),
-            },
         };
-        (lanes, handles)
-    }
-
-    /// What adds lanes while the view runs; one only.
-    pub fn joiner(&self) -> Joiner {
-        self.joiner.clone()
+        let joiner = Joiner {
+            next: recs.len(),
+            reference_ns: reference,
+            tx,
+            ports: ports.to_vec(),
+        };
+        (lanes, handles, joiner)
     }
 
     fn event(&mut self, ev: Event) {
@@ -423,7 +422,8 @@ impl Source for Lanes {
                 },
                 None => self.rx.recv().await,
             };
-            // The joiner here holds a sender: None never comes.
+            // Every lane's sender is held by its handle, and the joiner
+            // holds one: None never comes while the view runs.
             let Some(ev) = ev else { return Ok(None) };
             self.event(ev);
             while let Ok(more) = self.rx.try_recv() {
@@ -687,7 +687,7 @@ mod tests {
     async fn two_nodes_streams_make_one_line_in_time_order() {
         let (a, b) = (stream(&[100, 300], 400), stream(&[150], 400));
         let recs = [recording("a", &a), recording("b", &b)];
-        let (mut lanes, handles) = Lanes::new(&recs, Duration::from_secs(5), &[53]);
+        let (mut lanes, handles, _) = Lanes::new(&recs, Duration::from_secs(5), &[53]);
         let _a = handles[0].connected(a).unwrap();
         // a is all in before b says anything.
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -704,7 +704,7 @@ mod tests {
         let a = stream_on(Clock::with_offset(10_000 * MS as i64), &[100, 300], 400);
         let b = stream_on(Clock::with_offset(9_000 * MS as i64), &[1_150], 1_400);
         let recs = [recording("a", &a), recording("b", &b)];
-        let (mut lanes, handles) = Lanes::new(&recs, Duration::from_secs(5), &[53]);
+        let (mut lanes, handles, _) = Lanes::new(&recs, Duration::from_secs(5), &[53]);
         let _a = handles[0].connected(a).unwrap();
         let _b = handles[1].connected(b).unwrap();
         let seen = drain(&mut lanes, 400).await;
@@ -724,7 +724,7 @@ mod tests {
             recording("a", &stream(&[], 0)),
             recording("b", &stream(&[], 0)),
         ];
-        let (mut lanes, _handles) = Lanes::new(&recs, Duration::from_secs(5), &[53]);
+        let (mut lanes, _handles, _) = Lanes::new(&recs, Duration::from_secs(5), &[53]);
         let on = |node: u16, ms: u64| {
             let mut p = web_query(ms);
             p.node = NodeId(node);
@@ -770,7 +770,7 @@ mod tests {
             recording("a", &stream(&[], 0)),
             recording("b", &stream(&[], 0)),
         ];
-        let (mut lanes, _handles) = Lanes::new(&recs, Duration::from_secs(5), &[53]);
+        let (mut lanes, _handles, _) = Lanes::new(&recs, Duration::from_secs(5), &[53]);
         let leg = |node: u16, us: u64, hook: Hook, answer: bool| {
             let mut p = query(
                 "10.244.1.10:4000",
@@ -819,12 +819,12 @@ mod tests {
     async fn a_node_that_joins_is_named_before_its_packets() {
         let (a, b) = (stream(&[100, 300], 400), stream(&[150], 400));
         let recs = [recording("a", &a), recording("b", &b)];
-        let (mut lanes, handles) = Lanes::new(&recs, Duration::from_millis(50), &[53]);
+        let (mut lanes, handles, mut joiner) = Lanes::new(&recs, Duration::from_millis(50), &[53]);
         let _a = handles[0].connected(a).unwrap();
         let _b = handles[1].connected(b).unwrap();
         assert_eq!(drain(&mut lanes, 400).await, [(100, 1), (150, 2), (300, 1)]);
         let c = stream(&[450], 600);
-        let handle = lanes.joiner().join(&recording("c", &c)).await;
+        let handle = joiner.join(&recording("c", &c)).await;
         let _c = handle.connected(c).unwrap();
         let mut seen = Vec::new();
         while seen.len() < 2 {
@@ -851,7 +851,7 @@ mod tests {
     async fn what_comes_while_a_node_is_down_follows_a_loss() {
         let a = stream(&[100], 200);
         let recs = [recording("a", &a), recording("b", &stream(&[], 200))];
-        let (mut lanes, handles) = Lanes::new(&recs, Duration::from_secs(5), &[53]);
+        let (mut lanes, handles, _) = Lanes::new(&recs, Duration::from_secs(5), &[53]);
         // b's agent is not reached at all.
         handles[1].down("cut".into()).await;
         let _a = handles[0].connected(a).unwrap();
