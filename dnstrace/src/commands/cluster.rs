@@ -249,6 +249,8 @@ struct Roster {
 impl Roster {
     async fn run(mut self) {
         let mut every = tokio::time::interval_at(tokio::time::Instant::now() + ROSTER, ROSTER);
+        // A look held up by agents that do not answer is not made up for.
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             every.tick().await;
             self.look().await;
