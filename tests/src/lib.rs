@@ -415,6 +415,9 @@ impl Dnstrace {
         let mut child = cmd
             .arg("--ready-file")
             .arg(&ready_file)
+            // An agent's flight recordings, unless a test says where: its
+            // own, removed with it, not the machine's /var/lib.
+            .env("DNSTRACE_FLIGHT_DIR", flights_of(&ready_file))
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -554,7 +557,13 @@ impl Drop for Dnstrace {
         let _ = self.child.wait();
         // dnstrace removes it, unless killed.
         let _ = std::fs::remove_file(&self.ready_file);
+        let _ = std::fs::remove_dir_all(flights_of(&self.ready_file));
     }
+}
+
+/// Where the dnstrace of `ready_file` keeps its flight recordings.
+fn flights_of(ready_file: &Path) -> PathBuf {
+    ready_file.with_extension("flights")
 }
 
 /// A path of its own for each dnstrace a test starts.
