@@ -83,16 +83,8 @@ pub enum Command {
         /// One line per DNS packet instead of journeys.
         #[arg(long)]
         packets: bool,
-        /// Ports that count as DNS in captures without dnstrace's notes
-        /// (repeatable, or `53,5353`).
-        #[arg(
-            short,
-            long = "port",
-            value_delimiter = ',',
-            value_name = "PORT",
-            default_value = "53"
-        )]
-        ports: Vec<u16>,
+        #[command(flatten)]
+        ports: DnsPorts,
         /// Output format; without it, on a terminal, the live view.
         #[arg(short, long, value_enum)]
         output: Option<Format>,
@@ -117,16 +109,8 @@ pub enum Command {
         /// Write the report here instead of to stdout.
         #[arg(short, long, value_name = "PATH")]
         write: Option<PathBuf>,
-        /// Ports that count as DNS in captures without dnstrace's notes
-        /// (repeatable, or `53,5353`).
-        #[arg(
-            short,
-            long = "port",
-            value_delimiter = ',',
-            value_name = "PORT",
-            default_value = "53"
-        )]
-        ports: Vec<u16>,
+        #[command(flatten)]
+        ports: DnsPorts,
     },
     /// Whether dnstrace can trace on this node: loads every program (the
     /// kernel's verifier checks each, kprobes too where they cannot attach),
@@ -586,6 +570,22 @@ impl AgentArgs {
     }
 }
 
+/// The ports that count as DNS where a stream or capture does not say
+/// (replay, report, cluster).
+#[derive(clap::Args, Debug)]
+pub struct DnsPorts {
+    /// Ports that count as DNS in captures without dnstrace's notes
+    /// (repeatable, or `53,5353`).
+    #[arg(
+        short,
+        long = "port",
+        value_delimiter = ',',
+        value_name = "PORT",
+        default_value = "53"
+    )]
+    pub ports: Vec<u16>,
+}
+
 #[derive(clap::Args, Debug)]
 pub struct ClusterArgs {
     /// The agents: `ADDR[:PORT]`s, or a name whose addresses are theirs
@@ -643,15 +643,8 @@ pub struct ClusterArgs {
     #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
     pub window: std::time::Duration,
 
-    /// Ports that count as DNS (repeatable, or `53,5353`).
-    #[arg(
-        short,
-        long = "port",
-        value_delimiter = ',',
-        value_name = "PORT",
-        default_value = "53"
-    )]
-    pub ports: Vec<u16>,
+    #[command(flatten)]
+    pub ports: DnsPorts,
 
     /// Output format; without it, on a terminal, the live view.
     #[arg(short, long, value_enum)]
@@ -696,7 +689,7 @@ impl ClusterArgs {
             since: self.since,
             tls,
             window: self.window,
-            ports: self.ports,
+            ports: self.ports.ports,
             live: live(self.output, self.no_tui),
             output: self.output,
             log_file: self.log_file,
@@ -951,7 +944,7 @@ mod tests {
         let Some(Command::Replay { ports, .. }) = replay.unwrap().command else {
             panic!("not the replay command");
         };
-        assert_eq!(ports, vec![53, 5353, 54]);
+        assert_eq!(ports.ports, vec![53, 5353, 54]);
     }
 
     #[test]

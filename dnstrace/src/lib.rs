@@ -154,7 +154,7 @@ fn run(
                     files,
                     speed,
                     packets,
-                    ports,
+                    ports: ports.ports,
                     output,
                     live: cli::live(output, no_tui),
                     log_file,
@@ -166,7 +166,7 @@ fn run(
                 format,
                 write,
                 ports,
-            }) => commands::report::run(&files, format, write.as_deref(), ports).await,
+            }) => commands::report::run(&files, format, write.as_deref(), ports.ports).await,
             Some(cli::Command::Trace {
                 capture,
                 timeout,
