@@ -60,12 +60,19 @@ pub fn lab_ns(name: &str) -> String {
 fn switch_fault(name: &str, on: bool, extra: &[&str]) {
     let mut args = vec!["lab", "fault", name, if on { "on" } else { "off" }];
     args.extend_from_slice(extra);
-    let out = dnstrace(&args);
+    lab_command(&args);
+}
+
+/// `dnstrace lab …` (`args` from `lab`), which must succeed: its output.
+fn lab_command(args: &[&str]) -> std::process::Output {
+    let out = dnstrace(args);
     assert!(
         out.status.success(),
-        "lab fault {name}: {}",
+        "{}: {}",
+        args[..2].join(" "),
         String::from_utf8_lossy(&out.stderr)
     );
+    out
 }
 
 /// Where the lab keeps its state, configs and logs.
@@ -310,12 +317,7 @@ impl Lab {
         let _ = dnstrace(&["lab", "down"]);
         let mut all = vec!["lab", "up"];
         all.extend_from_slice(args);
-        let out = dnstrace(&all);
-        assert!(
-            out.status.success(),
-            "lab up failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        lab_command(&all);
         Self { _lock: lock }
     }
 
@@ -331,12 +333,7 @@ impl Lab {
     /// `lab restart coredns`: each CoreDNS pod's resolver stopped and
     /// started again, as a rollout does.
     pub fn restart_coredns(&self) {
-        let out = dnstrace(&["lab", "restart", "coredns"]);
-        assert!(
-            out.status.success(),
-            "lab restart coredns: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        lab_command(&["lab", "restart", "coredns"]);
     }
 
     /// dig in a lab namespace, one try, short timeout; returns dig's output.
@@ -353,12 +350,7 @@ impl Lab {
     pub fn traffic(&self, args: &[&str]) -> Vec<serde_json::Value> {
         let mut all = vec!["lab", "traffic", "-o", "json"];
         all.extend_from_slice(args);
-        let out = dnstrace(&all);
-        assert!(
-            out.status.success(),
-            "lab traffic: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let out = lab_command(&all);
         json_lines(&String::from_utf8_lossy(&out.stdout))
     }
 
