@@ -820,12 +820,15 @@ fn rcvbuf_errors(snmp: &str) -> u64 {
     v4.unwrap_or(0) + v6.unwrap_or(0)
 }
 
-/// The anomalies the kernel does not vouch for: all but the `dropped`
-/// ones for full socket buffers whose namespaces counted at least as many
-/// overflows since `before`. Two cores running three labs do overflow a
-/// server's socket at times, and saying so is no false alarm.
-pub fn not_counted_by_the_kernel<'a>(
+/// The anomalies that nothing vouches for: all but the `dropped` ones for
+/// full socket buffers whose namespaces counted at least as many overflows
+/// since `before`, and the `slow_answers` whose journeys among `lines` took
+/// as long as the rule says. Two cores running three labs do overflow a
+/// server's socket and stall a resolver at times, and saying so is no
+/// false alarm; the kernel's counters and timestamps say it happened.
+pub fn false_alarms<'a>(
     anomalies: impl IntoIterator<Item = &'a serde_json::Value>,
+    lines: &[serde_json::Value],
     before: &std::collections::BTreeMap<u64, u64>,
 ) -> Vec<&'a serde_json::Value> {
     let after = socket_overflows();
@@ -835,21 +838,44 @@ pub fn not_counted_by_the_kernel<'a>(
     };
     anomalies
         .into_iter()
-        .filter(|a| {
-            let evidence: Vec<&str> = a["evidence"]
-                .as_array()
-                .map(|e| e.iter().filter_map(|e| e.as_str()).collect())
-                .unwrap_or_default();
-            let inodes: Option<std::collections::BTreeSet<u64>> =
-                evidence.iter().map(|e| overflow_inode(e)).collect();
-            let counted = |inodes: std::collections::BTreeSet<u64>| -> u64 {
-                inodes.into_iter().map(grown).sum()
-            };
-            a["kind"] != "dropped"
-                || evidence.is_empty()
-                || inodes.is_none_or(|i| counted(i) < a["count"].as_u64().unwrap_or(u64::MAX))
+        .filter(|a| match a["kind"].as_str() {
+            Some("dropped") => !overflows_counted(a, grown),
+            Some("slow_answers") => !slow_journeys_shown(a, lines),
+            _ => true,
         })
         .collect()
+}
+
+/// Whether `a` is drops for full socket buffers, no more of them than
+/// their namespaces counted (`grown`).
+fn overflows_counted(a: &serde_json::Value, grown: impl Fn(u64) -> u64) -> bool {
+    let evidence: Vec<&str> = a["evidence"]
+        .as_array()
+        .map(|e| e.iter().filter_map(|e| e.as_str()).collect())
+        .unwrap_or_default();
+    let inodes: Option<std::collections::BTreeSet<u64>> =
+        evidence.iter().map(|e| overflow_inode(e)).collect();
+    !evidence.is_empty()
+        && inodes.is_some_and(|i| {
+            i.into_iter().map(grown).sum::<u64>() >= a["count"].as_u64().unwrap_or(u64::MAX)
+        })
+}
+
+/// Whether the journeys `a` names are among `lines`, each taking at least
+/// the 200 ms the rule calls slow.
+fn slow_journeys_shown(a: &serde_json::Value, lines: &[serde_json::Value]) -> bool {
+    let ids: Vec<u64> = a["journeys"]
+        .as_array()
+        .map(|j| j.iter().filter_map(|id| id.as_u64()).collect())
+        .unwrap_or_default();
+    let shown: Vec<&serde_json::Value> = lines
+        .iter()
+        .filter(|l| l["type"] == "journey" && l["id"].as_u64().is_some_and(|id| ids.contains(&id)))
+        .collect();
+    !shown.is_empty()
+        && shown
+            .iter()
+            .all(|j| j["total_ms"].as_f64().is_some_and(|ms| ms >= 200.0))
 }
 
 /// The namespace inode of a drop for a full socket buffer
@@ -878,5 +904,18 @@ mod tests {
         assert_eq!(overflow_inode(drop), Some(4026533356));
         let other = drop.replace("SOCKET_RCVBUFF", "NETFILTER_DROP");
         assert_eq!(overflow_inode(&other), None);
+    }
+
+    #[test]
+    fn a_slow_answer_is_vouched_for_only_by_slow_journeys_shown() {
+        let slow = serde_json::json!({"kind": "slow_answers", "journeys": [7, 9]});
+        let journey =
+            |id: u64, ms: f64| serde_json::json!({"type": "journey", "id": id, "total_ms": ms});
+        let none = std::collections::BTreeMap::new();
+        let shown = [journey(7, 245.0), journey(9, 201.0), journey(8, 1.0)];
+        assert!(false_alarms([&slow], &shown, &none).is_empty());
+        let fast = [journey(7, 245.0), journey(9, 20.0)];
+        assert_eq!(false_alarms([&slow], &fast, &none).len(), 1);
+        assert_eq!(false_alarms([&slow], &[journey(8, 300.0)], &none).len(), 1);
     }
 }

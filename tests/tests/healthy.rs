@@ -168,7 +168,8 @@ fn whole_client_journeys(lines: &[Value]) -> usize {
 }
 
 /// Each anomaly of the summary but the socket overflows the kernel
-/// counted since `overflows`: its kind, summary and evidence.
+/// counted since `overflows` and the slow answers its journeys timed: its
+/// kind, summary and evidence.
 fn anomalies(lines: &[Value], overflows: &BTreeMap<u64, u64>) -> Vec<String> {
     let summary = lines
         .iter()
@@ -177,7 +178,7 @@ fn anomalies(lines: &[Value], overflows: &BTreeMap<u64, u64>) -> Vec<String> {
     let all = summary["anomalies"]
         .as_array()
         .expect("anomalies in the summary");
-    not_counted_by_the_kernel(all, overflows)
+    false_alarms(all, lines, overflows)
         .into_iter()
         .map(|a| {
             format!(
