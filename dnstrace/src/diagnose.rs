@@ -18,6 +18,7 @@ mod nodes;
 mod outcome;
 mod rules;
 mod search;
+mod slow;
 mod transport;
 mod upstream;
 
@@ -37,6 +38,7 @@ use self::{
     nat::LocalListeners,
     rules::Known,
     search::MissCosts,
+    slow::SlowAnswers,
     transport::Pending,
     upstream::Upstreams,
 };
@@ -55,6 +57,7 @@ pub struct Diagnoser {
     paths: PathSizes,
     recent: Recent,
     miss_costs: MissCosts,
+    slow: SlowAnswers,
     truncated: Pending,
     local: LocalListeners,
     ct: CtSeen,
@@ -72,6 +75,7 @@ impl Diagnoser {
             paths: PathSizes::default(),
             recent: Recent::default(),
             miss_costs: MissCosts::default(),
+            slow: SlowAnswers::default(),
             truncated: Pending::default(),
             local: LocalListeners::default(),
             ct: CtSeen::default(),
@@ -167,6 +171,7 @@ impl Diagnoser {
             miss_cost,
         };
         let mut found = rules::findings(j, &known);
+        found.extend(self.slow.judge(j));
         found.extend(backed);
         found.extend(down.into_iter().map(|(f, _)| f));
         let mut checked = self.raised.record(found, j.ended_ns, Some(j.id));

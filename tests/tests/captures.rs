@@ -94,3 +94,40 @@ fn ports_are_given_as_a_list_or_one_by_one() {
         assert_eq!(js, 3, "{ports:?}");
     }
 }
+
+/// One cold lookup of 372 ms among quick ones is no finding; three slow
+/// answers from one server within a minute are, counted from the first of
+/// them, with their typical and worst time in the headline.
+#[test]
+fn slow_answers_are_a_pattern_not_one_cold_lookup() {
+    let file = capture("slow-answers");
+    let out = dnstrace(&["replay", file.to_str().unwrap(), "-o", "json"]);
+    assert!(out.status.success(), "{out:?}");
+    let lines = json_lines(&String::from_utf8_lossy(&out.stdout));
+    let id_of = |name: &str| {
+        lines
+            .iter()
+            .find(|j| j["type"] == "journey" && j["name"] == name)
+            .and_then(|j| j["id"].as_u64())
+            .unwrap_or_else(|| panic!("no journey for {name}"))
+    };
+    let summary = lines.iter().find(|l| l["type"] == "summary").unwrap();
+    let anomalies = summary["anomalies"].as_array().unwrap();
+    assert_eq!(anomalies.len(), 1, "{anomalies:#?}");
+    let slow = &anomalies[0];
+    assert_eq!(slow["kind"], "slow_answers");
+    assert_eq!(slow["count"], 3);
+    let pattern: Vec<u64> = ["s0", "s1", "s2"]
+        .map(|s| id_of(&format!("{s}.example.com.")))
+        .to_vec();
+    assert_eq!(slow["journeys"], serde_json::json!(pattern));
+    let headline = slow["summary"].as_str().unwrap();
+    assert!(
+        headline.starts_with("slow answers: typically 450 ms, worst 1312 ms"),
+        "{headline}"
+    );
+    assert_eq!(
+        slow["evidence"][1],
+        "3 answers from the server 10.96.0.10 took over 200 ms within 60 s"
+    );
+}

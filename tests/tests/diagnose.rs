@@ -273,10 +273,20 @@ fn servfail_comes_from_the_upstream() {
 fn slow_upstream_is_a_slow_answer_spent_upstream() {
     require_root();
     let lab = Lab::up(&["--fault", "slow-upstream"]);
+    // Slow answers are a finding as a pattern: three of them.
     let (kinds, anomalies) = diagnose(&[], || {
-        lab.dig(&WEB, &format!("@{SERVICE} {}", fresh("slow")));
+        for _ in 0..3 {
+            lab.dig(&WEB, &format!("@{SERVICE} {}", fresh("slow")));
+        }
     });
     assert_eq!(kinds, set(&["slow_answers"]), "{anomalies:#?}");
+    let slow = find(&anomalies, "slow_answers");
+    assert!(
+        slow["evidence"][1]
+            .as_str()
+            .is_some_and(|e| e.starts_with("3 answers ") && e.contains(" took over 200 ms")),
+        "{slow:#}"
+    );
     assert!(find(&anomalies, "slow_answers")["summary"]
         .as_str()
         .unwrap()

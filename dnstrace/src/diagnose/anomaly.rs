@@ -49,6 +49,9 @@ pub(super) struct Finding<'a> {
     /// failing or slow answers) would otherwise write evidence thousands
     /// of times a second for nobody.
     words: Box<dyn FnOnce() -> Words + 'a>,
+    /// Earlier journeys it stands for too, not counted before: a rule
+    /// that waits for a pattern counts its first members when it holds.
+    earlier: Vec<u64>,
 }
 
 impl<'a> Finding<'a> {
@@ -57,7 +60,13 @@ impl<'a> Finding<'a> {
             kind,
             key,
             words: Box::new(words),
+            earlier: Vec::new(),
         }
+    }
+
+    /// The finding stands for the `earlier` journeys too.
+    pub(super) fn standing_for(self, earlier: Vec<u64>) -> Self {
+        Self { earlier, ..self }
     }
 }
 
@@ -137,16 +146,19 @@ impl Raised {
                 .0
                 .entry(key)
                 .or_insert_with(|| raise(kind, (f.words)(), now_ns));
-            a.count += 1;
+            let new = a.count == 0;
+            a.count += 1 + f.earlier.len() as u64;
             a.last_ns = a.last_ns.max(now_ns);
             if let Some(id) = journey {
                 checked.hits.push((a.kind, a.summary.clone()));
-                if a.journeys.len() == JOURNEYS_KEPT {
-                    a.journeys.remove(0);
+                for id in f.earlier.into_iter().chain([id]) {
+                    if a.journeys.len() == JOURNEYS_KEPT {
+                        a.journeys.remove(0);
+                    }
+                    a.journeys.push(id);
                 }
-                a.journeys.push(id);
             }
-            if a.count == 1 {
+            if new {
                 checked.raised.push(a.clone());
             }
         }

@@ -16,9 +16,6 @@ use crate::{
 };
 use dnstrace_common::Direction;
 
-/// An answer slower than this, most of it in one place, is worth a word.
-const SLOW_NS: u64 = 200_000_000;
-
 pub(super) fn dropped<'a>(j: &'a Journey, names: &KernelNames) -> Option<Finding<'a>> {
     let Outcome::Dropped { reason, location } = j.outcome else {
         return None;
@@ -263,182 +260,12 @@ fn earlier_attempts(j: &Journey, recent: &[&Asked]) -> Option<String> {
     ))
 }
 
-/// Where the time of a slow answer went: the server's own work, its
-/// upstream queries, or the network in between; or, with the server on
-/// another node, past this node, where those cannot be told apart.
-pub(super) fn slow(j: &Journey) -> Option<Finding<'_>> {
-    if !matches!(j.outcome, Outcome::Answered { .. }) || j.total_ns() < SLOW_NS {
-        return None;
-    }
-    let arrival = j.legs.iter().rfind(|l| !l.response)?;
-    let reply = j.legs.iter().find(|l| l.response)?;
-    let away = reply.ts_ns.saturating_sub(arrival.ts_ns);
-    let network = j.total_ns().saturating_sub(away);
-    let split = if resolver_here(j) {
-        let upstream = upstream_time(j, reply.ts_ns);
-        Split::Here {
-            upstream,
-            resolver: away.saturating_sub(upstream),
-            network,
-        }
-    } else {
-        Split::Elsewhere {
-            away,
-            network,
-            left: arrival,
-        }
-    };
-    let most = split.most();
-    Some(Finding::new(
-        AnomalyKind::SlowAnswers,
-        most.name().to_owned(),
-        move || {
-            let summary = format!(
-                "slow answers: {:.0} ms, most of it in {}",
-                ms(j.total_ns()),
-                most.name()
-            );
-            let evidence = vec![format!(
-                "{} {}: {:.1} ms in all; {}",
-                j.name,
-                j.qtype,
-                ms(j.total_ns()),
-                split.parts()
-            )];
-            let words = Words::new(summary, evidence).cause(most.cause().into());
-            match most {
-                Part::PastThisNode => words.fix("trace on the resolver's node, where its own time and its upstream queries are visible; `dig @<resolver>` from this node and from that one compares the path with the resolver"),
-                _ => words,
-            }
-        },
-    ))
-}
-
-fn ms(ns: u64) -> f64 {
-    ns as f64 / 1e6
-}
-
-/// Where a slow answer's time can go, as this node sees it.
-#[derive(Clone, Copy)]
-enum Part {
-    Upstream,
-    Resolver,
-    Network,
-    /// Past this node, where the resolver and its upstream queries run.
-    PastThisNode,
-}
-
-impl Part {
-    fn name(self) -> &'static str {
-        match self {
-            Part::Upstream => "upstream",
-            Part::Resolver => "the resolver itself",
-            Part::Network => "the network",
-            Part::PastThisNode => "the resolver's node, out of sight from here",
-        }
-    }
-
-    fn cause(self) -> &'static str {
-        match self {
-            Part::Upstream => "the upstream resolver is slow to answer",
-            Part::Resolver => "the resolver is slow (overloaded, throttled CPU, or waiting on something other than its upstream)",
-            Part::Network => "the network between the client and the resolver is slow or lossy",
-            Part::PastThisNode => "the time went past this node: the path to the resolver's node, the resolver, or its upstream; this node sees none of them apart",
-        }
-    }
-}
-
-/// How a slow answer's time divides, as far as this node can see.
-enum Split<'a> {
-    /// The query ended its way on this node: the resolver runs here.
-    Here {
-        upstream: u64,
-        resolver: u64,
-        network: u64,
-    },
-    /// The query left this node at `left`: the resolver, its upstream
-    /// queries and the path to it are one time seen from here.
-    Elsewhere {
-        away: u64,
-        network: u64,
-        left: &'a Leg,
-    },
-}
-
-impl Split<'_> {
-    /// The part that took the most time (the later one of equals).
-    fn most(&self) -> Part {
-        let parts = match *self {
-            Split::Here {
-                upstream,
-                resolver,
-                network,
-            } => vec![
-                (Part::Upstream, upstream),
-                (Part::Resolver, resolver),
-                (Part::Network, network),
-            ],
-            Split::Elsewhere { away, network, .. } => {
-                vec![(Part::PastThisNode, away), (Part::Network, network)]
-            }
-        };
-        parts
-            .into_iter()
-            .max_by_key(|(_, ns)| *ns)
-            .map_or(Part::Network, |(p, _)| p)
-    }
-
-    fn parts(&self) -> String {
-        match *self {
-            Split::Here {
-                upstream,
-                resolver,
-                network,
-            } => format!(
-                "{:.1} ms upstream, {:.1} ms in the resolver, {:.1} ms on the network",
-                ms(upstream),
-                ms(resolver),
-                ms(network)
-            ),
-            Split::Elsewhere { away, network, left } => format!(
-                "{:.1} ms from when the query left this node ({}, to {}) until its answer came back, {:.1} ms on this node; the resolver is on another node: its own time and its upstream queries are not visible from here",
-                ms(away),
-                place(left),
-                left.dst,
-                ms(network)
-            ),
-        }
-    }
-}
-
 /// The query's last sighting was its arrival (an ingress), not its
 /// leaving (an egress): it ended its way on this node, at the resolver.
-fn resolver_here(j: &Journey) -> bool {
+pub(super) fn resolver_here(j: &Journey) -> bool {
     let last = j
         .legs
         .iter()
         .rfind(|l| !l.response && matches!(l.direction(), Direction::Ingress | Direction::Egress));
     last.is_some_and(|l| l.direction() == Direction::Ingress)
-}
-
-/// The time the resolver waited on its upstream queries (at once or one
-/// after another): an answered one until its answer, an unanswered try
-/// until the resolver moved on (its next try, or its own answer at
-/// `answered_ns`), none past that answer.
-fn upstream_time(j: &Journey, answered_ns: u64) -> u64 {
-    let mut tries: Vec<&Journey> = j.upstream.iter().collect();
-    tries.sort_by_key(|u| u.started_ns);
-    let (mut total, mut until) = (0, 0);
-    for (i, u) in tries.iter().enumerate() {
-        let end = match u.outcome {
-            Outcome::Answered { .. } => u.ended_ns,
-            _ => tries.get(i + 1).map_or(answered_ns, |next| next.started_ns),
-        };
-        // An answer after the resolver's own was not waited for.
-        let end = end.min(answered_ns);
-        let start = u.started_ns.max(until);
-        total += end.saturating_sub(start);
-        until = until.max(end);
-    }
-    total
 }

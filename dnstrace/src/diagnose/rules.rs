@@ -7,7 +7,7 @@ use super::{
     mtu::{overlay_mtu, PathSizes},
     nat::{loopback_nameserver, not_translated, unexpected_source, LocalListeners},
     nodes::lost_between_nodes,
-    outcome::{dropped, failing_answer, slow, unanswered},
+    outcome::{dropped, failing_answer, unanswered},
     search::{ndots_amplification, search_leak, MissCosts},
     transport::fragment_lost,
     upstream::{upstream_failures, Upstreams},
@@ -79,7 +79,6 @@ pub(super) fn findings<'a>(j: &'a Journey, known: &Known<'a>) -> Vec<Finding<'a>
             out.extend(unanswered(j, recent, ctx));
         }
     }
-    out.extend(slow(j));
     out.extend(search_leak(j, recent, ctx));
     out.extend(ndots_amplification(j, recent, miss_cost, miss_costs));
     out

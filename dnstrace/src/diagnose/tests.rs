@@ -609,9 +609,7 @@ fn a_slow_answer_says_where_the_time_went() {
         answered(Rcode::NOERROR),
         800_000_000,
     ));
-    let found = Diagnoser::new(ctx())
-        .journey(&j, &KernelNames::default())
-        .raised;
+    let found = thrice(&j);
     assert_eq!(
         found.iter().map(|a| a.kind.as_str()).collect::<Vec<_>>(),
         vec!["slow_answers"]
@@ -1641,6 +1639,68 @@ fn coredns_answering_its_own_loop_probe_is_no_loopback_nameserver() {
     assert_eq!(kinds(&lost), vec!["loopback_nameserver"]);
 }
 
+/// What `j` raises, seen three times a second apart (ids 1 to 3): slow
+/// answers are a finding only as a pattern.
+fn thrice(j: &Journey) -> Vec<Anomaly> {
+    let mut d = Diagnoser::new(ctx());
+    (0..3u64)
+        .flat_map(|i| {
+            d.journey(&shifted(j, i, i * 1_000_000_000), &KernelNames::default())
+                .raised
+        })
+        .collect()
+}
+
+/// `j` as journey `i + 1`, `by_ns` later.
+fn shifted(j: &Journey, i: u64, by_ns: u64) -> Journey {
+    let mut j = j.clone();
+    j.id = i + 1;
+    j.started_ns += by_ns;
+    j.ended_ns += by_ns;
+    for l in &mut j.legs {
+        l.ts_ns += by_ns;
+    }
+    j
+}
+
+#[test]
+fn one_slow_answer_is_no_pattern_and_three_within_a_minute_are() {
+    let slow = answered_after(healthy(), 372);
+    let quick = answered_after(healthy(), 2);
+    let mut d = Diagnoser::new(ctx());
+    let names = KernelNames::default();
+    assert!(d.journey(&shifted(&slow, 0, 0), &names).raised.is_empty());
+    for i in 1..20 {
+        let at = i * 100_000_000;
+        assert!(d.journey(&shifted(&quick, i, at), &names).raised.is_empty());
+    }
+    // Past the minute the first one no longer counts.
+    let later = 61_000_000_000;
+    assert!(d
+        .journey(&shifted(&slow, 20, later), &names)
+        .raised
+        .is_empty());
+    let worse = answered_after(healthy(), 1312);
+    assert!(d
+        .journey(&shifted(&worse, 21, later + 1), &names)
+        .raised
+        .is_empty());
+    let raised = d.journey(&shifted(&slow, 22, later + 2), &names).raised;
+    assert_eq!(kinds_of(&raised), vec!["slow_answers"]);
+    let a = &raised[0];
+    assert_eq!(
+        a.summary,
+        "slow answers: typically 372 ms, worst 1312 ms, most of it in the resolver itself"
+    );
+    assert_eq!(
+        a.evidence[1],
+        "3 answers from the server 10.244.0.53 took over 200 ms within 60 s"
+    );
+    assert_eq!((a.count, a.journeys.clone()), (3, vec![21, 22, 23]));
+    let all = d.summary();
+    assert_eq!(all[0].count, 3, "the pattern's answers, no more");
+}
+
 /// The answer legs of `healthy` moved to `ms` after the query.
 fn answered_after(mut j: Journey, ms: u64) -> Journey {
     let at = ms * 1_000_000;
@@ -1673,9 +1733,7 @@ fn a_slow_answer_from_a_resolver_on_another_node_is_not_blamed_on_it() {
         "10.244.0.10:4000",
         true,
     );
-    let found = Diagnoser::new(ctx())
-        .journey(&j, &KernelNames::default())
-        .raised;
+    let found = thrice(&j);
     assert_eq!(kinds_of(&found), vec!["slow_answers"]);
     let a = &found[0];
     assert!(
@@ -1728,9 +1786,7 @@ fn an_unanswered_upstream_try_counts_until_the_next_try() {
     second.started_ns = 500_000_000;
     second.ended_ns = 520_000_000;
     j.upstream.push(second);
-    let found = Diagnoser::new(ctx())
-        .journey(&j, &KernelNames::default())
-        .raised;
+    let found = thrice(&j);
     let slow = found
         .iter()
         .find(|a| a.kind.as_str() == "slow_answers")

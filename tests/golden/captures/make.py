@@ -1,9 +1,9 @@
 #!/usr/bin/python3
 """Captures as other tools write them, made with scapy (Debian's
 python3-scapy): each the smallest traffic that shows one case of issue 55.
-Run from this directory to write them again: `/usr/bin/python3 make.py`.
-Each NAME.pcap sits beside NAME.jsonl, `dnstrace replay NAME.pcap -o json`
-as it should read; tests/tests/captures.rs checks both."""
+Run from this directory to write them again: `/usr/bin/python3 make.py`;
+the same captures come out. tests/tests/captures.rs says what
+`dnstrace replay NAME.pcap` must read in each."""
 from scapy.all import DNS, DNSQR, DNSRR, IP, UDP, Ether, wrpcap
 
 CLIENT, SERVER = "10.244.1.10", "10.96.0.10"
@@ -33,7 +33,22 @@ def same_timestamp():
     )
 
 
-CASES = {"same-timestamp": same_timestamp}
+def slow_answers():
+    """One cold lookup of 372 ms among ten quick ones, then, 70 s later,
+    three slow answers within a few seconds: 310, 1312 and 450 ms."""
+    quick = [
+        lookup(0x100 + i, f"q{i}.example.com.", T0 + i, T0 + i + 0.002, 41000 + i)
+        for i in range(10)
+    ]
+    cold = lookup(0x200, "cold.example.com.", T0 + 5.5, T0 + 5.5 + 0.372, 42000)
+    later = [
+        lookup(0x300 + i, f"s{i}.example.com.", T0 + 80 + 2 * i, T0 + 80 + 2 * i + d, 43000 + i)
+        for i, d in enumerate([0.310, 1.312, 0.450])
+    ]
+    return sorted(sum(quick + later, cold), key=lambda p: p.time)
+
+
+CASES = {"same-timestamp": same_timestamp, "slow-answers": slow_answers}
 
 if __name__ == "__main__":
     for name, make in CASES.items():
