@@ -131,3 +131,22 @@ fn slow_answers_are_a_pattern_not_one_cold_lookup() {
         "3 answers from the server 10.96.0.10 took over 200 ms within 60 s"
     );
 }
+
+/// A plain capture sees both ways at one tap: an answer back there is
+/// whole however soon the capture stops after it; a query still waiting
+/// when it stops is what the capture cut off.
+#[test]
+fn an_answer_just_before_the_capture_ends_is_whole() {
+    for name in ["same-timestamp", "capture-end"] {
+        for j in journeys(name) {
+            let answered = j["outcome"]["status"] == "answered";
+            assert_eq!(j["incomplete"], !answered, "{name}: {j}");
+        }
+    }
+    let js = journeys("capture-end");
+    assert_eq!(js.len(), 2);
+    assert_eq!(
+        js[1]["incomplete_why"],
+        "the capture ended before it could finish"
+    );
+}

@@ -506,7 +506,9 @@ impl Open {
     /// arrival in the query's network namespace is: behind a macvlan, VLAN
     /// device or bond, the kernel fires `netif_receive_skb` on the lower
     /// device only, as the kernel's lookup counting knows
-    /// (`dnstrace_common::lookups`).
+    /// (`dnstrace_common::lookups`). A plain capture (no namespace) saw
+    /// both ways at one tap, with no direction: the reply back at the tap
+    /// that saw the query first is as far as it can be followed.
     fn reached_client(&self, p: &Packet, devs: &Devices) -> bool {
         let origin = self
             .legs
@@ -519,10 +521,9 @@ impl Open {
             let from = devs.get(o.dev);
             let device_or_namespace = from.ifindex == p.ifindex
                 || (o.hook == Hook::DevXmit && p.hook == Hook::DevReceive);
-            through_device
-                && from.ns() == (p.node, p.netns)
-                && device_or_namespace
-                && o.hook.direction() != p.hook.direction()
+            let back = o.hook.direction() != p.hook.direction()
+                || (p.netns == 0 && from.ifindex == p.ifindex);
+            through_device && from.ns() == (p.node, p.netns) && device_or_namespace && back
         })
     }
 

@@ -48,7 +48,21 @@ def slow_answers():
     return sorted(sum(quick + later, cold), key=lambda p: p.time)
 
 
-CASES = {"same-timestamp": same_timestamp, "slow-answers": slow_answers}
+def capture_end():
+    """The capture stops 50 ms after an answer, and 1 s after a query
+    that got none."""
+    answered = lookup(0x400, "answered.example.com.", T0, T0 + 0.004, 44000)
+    unanswered = lookup(0x401, "open.example.com.", T0 + 0.054, T0 + 9, 44001)[:1]
+    last = Ether() / IP(src=CLIENT, dst="10.244.1.1") / UDP(sport=9, dport=9)
+    last.time = T0 + 1.054
+    return answered + unanswered + [last]
+
+
+CASES = {
+    "same-timestamp": same_timestamp,
+    "slow-answers": slow_answers,
+    "capture-end": capture_end,
+}
 
 if __name__ == "__main__":
     for name, make in CASES.items():
