@@ -185,10 +185,14 @@ impl Labels {
                 rcode,
                 answers,
                 truncated,
+                malformed,
             } => {
                 let mut s = rcode.to_string();
                 if *truncated {
                     s += " (truncated)";
+                }
+                if let Some(why) = malformed {
+                    s += &format!(" MALFORMED ({why})");
                 }
                 if !answers.is_empty() {
                     let shown: Vec<String> = answers.iter().take(3).map(|a| shorten(a)).collect();
@@ -820,6 +824,7 @@ mod tests {
             }],
             authority_count: 0,
             additional_count: 0,
+            malformed: None,
         };
         Body::Dns(m.into())
     }
@@ -1040,6 +1045,7 @@ mod tests {
                 rcode: Rcode::NOERROR,
                 answers: vec!["A 10.1.2.3".into()],
                 truncated: false,
+                malformed: None,
             },
             dnat: Some(Box::new((
                 "10.96.0.10:53".parse().unwrap(),

@@ -643,7 +643,10 @@ impl Pipeline {
         // By reference, not drained: a record is a few hundred bytes to move.
         let fed = records.iter().try_for_each(|rec| {
             match rec.body {
-                Body::Dns(_) => self.counts.messages += 1,
+                Body::Dns(ref m) => {
+                    self.counts.messages += 1;
+                    self.counts.malformed += u64::from(m.malformed.is_some());
+                }
                 Body::Cut(_) => self.counts.cut += 1,
                 Body::Gap { .. } => self.counts.cut += 1,
                 Body::Malformed { .. } if rec.packet.truncated => self.counts.cut += 1,
@@ -774,6 +777,7 @@ mod tests {
             answers: vec![],
             authority_count: 0,
             additional_count: 0,
+            malformed: None,
         };
         Record {
             packet: p,

@@ -150,3 +150,51 @@ fn an_answer_just_before_the_capture_ends_is_whole() {
         "the capture ended before it could finish"
     );
 }
+
+/// Two answers arrive that do not read whole (an SVCB parameter longer
+/// than its record, an A record running past the message): each ends its
+/// lookup as an answer marked malformed, with what was read before the
+/// break and where it is, and one finding names the server sending them.
+#[test]
+fn a_malformed_answer_is_an_answer_and_a_finding() {
+    let file = capture("malformed-answers");
+    let out = dnstrace(&["replay", file.to_str().unwrap(), "-o", "json"]);
+    assert!(out.status.success(), "{out:?}");
+    let lines = json_lines(&String::from_utf8_lossy(&out.stdout));
+    let js: Vec<&Value> = lines.iter().filter(|l| l["type"] == "journey").collect();
+    assert_eq!(js.len(), 3);
+    for (j, breaks) in js.iter().zip([
+        Some("answer record 2 of 2, at byte 66: incorrect rdata length"),
+        Some("answer record 2 of 2, at byte 66: rdata length too large"),
+        None,
+    ]) {
+        let o = &j["outcome"];
+        assert_eq!(
+            (&o["status"], &o["answers"][0]),
+            (&"answered".into(), &"A 10.0.0.1".into()),
+            "{j}"
+        );
+        assert_eq!(j["incomplete"], false, "{j}");
+        match breaks {
+            Some(b) => assert!(
+                o["malformed"].as_str().is_some_and(|m| m.starts_with(b)),
+                "{j}"
+            ),
+            None => assert!(o.get("malformed").is_none(), "{j}"),
+        }
+    }
+    let summary = lines.iter().find(|l| l["type"] == "summary").unwrap();
+    let anomalies = summary["anomalies"].as_array().unwrap();
+    assert_eq!(anomalies.len(), 1, "{anomalies:#?}");
+    let a = &anomalies[0];
+    assert_eq!(
+        (&a["kind"], &a["count"], &a["summary"]),
+        (
+            &"malformed_answer".into(),
+            &2.into(),
+            &"answers from 10.96.0.10:53 cannot be read whole".into()
+        )
+    );
+    let exit = String::from_utf8_lossy(&out.stderr);
+    assert!(exit.contains("6 messages, 2 malformed"), "{exit}");
+}

@@ -96,6 +96,9 @@ pub enum Outcome {
         rcode: Rcode,
         answers: Vec<String>,
         truncated: bool,
+        /// The answer could not be read whole: where and why.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        malformed: Option<Arc<str>>,
     },
     Dropped {
         reason: u32,
@@ -244,6 +247,7 @@ pub mod fixtures {
             rcode,
             answers: answers.iter().map(|a| (*a).to_owned()).collect(),
             truncated: false,
+            malformed: None,
         }
     }
 }

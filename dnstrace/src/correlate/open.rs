@@ -594,6 +594,7 @@ impl Open {
                     .map(|a| [a.rtype, " ", &a.data].concat())
                     .collect(),
                 truncated: msg.flags.tc,
+                malformed: msg.malformed.clone(),
             },
             None => Outcome::Timeout,
         }

@@ -50,6 +50,7 @@ fn msg(id: u16, name: &str, qtype: &'static str, response: bool) -> DnsMessage {
         },
         authority_count: 0,
         additional_count: 0,
+        malformed: None,
     }
 }
 

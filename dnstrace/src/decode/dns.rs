@@ -4,7 +4,7 @@ use std::{
     collections::BTreeMap,
     fmt,
     net::Ipv4Addr,
-    sync::{Mutex, PoisonError},
+    sync::{Arc, Mutex, PoisonError},
 };
 
 use hickory_proto::{
@@ -28,6 +28,10 @@ pub struct DnsMessage {
     pub answers: Vec<Answer>,
     pub authority_count: usize,
     pub additional_count: usize,
+    /// Where and why the message could not be read whole: what is above
+    /// is what was read before that.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub malformed: Option<Arc<str>>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -57,15 +61,54 @@ pub struct Answer {
     pub data: String,
 }
 
-/// Parses a DNS message with hickory alone.
+/// Parses a DNS message with hickory alone; one that does not read whole
+/// but whose header does is what could be read of it, marked malformed.
 pub fn hickory(payload: &[u8]) -> Body {
     match Message::from_vec(payload) {
-        Ok(msg) => Body::Dns(std::sync::Arc::new(summarize(&msg))),
-        Err(e) => Body::Malformed {
-            reason: e.to_string(),
-            len: payload.len(),
+        Ok(msg) => Body::Dns(Arc::new(summarize(&msg))),
+        Err(e) => match lenient(payload, &e.to_string()) {
+            Some(msg) => Body::Dns(Arc::new(msg)),
+            None => Body::Malformed {
+                reason: e.to_string(),
+                len: payload.len(),
+            },
         },
     }
+}
+
+/// What can be read of a message that does not read whole but whose
+/// header and questions do: those, and the answers before the first record
+/// that fails, as Wireshark shows them, with where reading stopped and why
+/// (`whole_error` when every record reads and the message as a whole does
+/// not).
+fn lenient(payload: &[u8], whole_error: &str) -> Option<DnsMessage> {
+    let mut decoder = BinDecoder::new(payload);
+    let header = Header::read(&mut decoder).ok()?;
+    let mut msg = head(&header);
+    // Without its question a message says nothing to go by: not DNS.
+    let queries = Message::read_queries(&mut decoder, header.query_count().into()).ok()?;
+    msg.questions = queries.iter().map(question).collect();
+    let sections = [
+        ("answer", header.answer_count()),
+        ("authority", header.name_server_count()),
+        ("additional", header.additional_count()),
+    ];
+    for (section, count) in sections {
+        for i in 0..count {
+            let at = decoder.index();
+            match Record::read(&mut decoder) {
+                Ok(r) if section == "answer" => msg.answers.push(answer(&r)),
+                Ok(_) => {}
+                Err(e) => {
+                    let why = format!("{section} record {} of {count}, at byte {at}: {e}", i + 1);
+                    msg.malformed = Some(why.into());
+                    return Some(msg);
+                }
+            }
+        }
+    }
+    msg.malformed = Some(format!("end of its records: {whole_error}").into());
+    Some(msg)
 }
 
 /// The header and questions of a message whose end is missing (a
@@ -91,6 +134,7 @@ fn summarize(msg: &Message) -> DnsMessage {
         answers: msg.answers().iter().map(answer).collect(),
         authority_count: msg.name_servers().len(),
         additional_count: msg.additionals().len(),
+        malformed: None,
         ..head(msg.header())
     }
 }
@@ -114,6 +158,7 @@ fn head(h: &Header) -> DnsMessage {
         answers: Vec::new(),
         authority_count: 0,
         additional_count: 0,
+        malformed: None,
     }
 }
 
@@ -537,10 +582,16 @@ mod tests {
     fn header_claiming_more_records_than_present_is_malformed() {
         let mut raw = response(vec![]);
         raw[7] = 5; // ANCOUNT = 5, none present
-        match parse(&raw) {
-            Body::Malformed { len, .. } => assert_eq!(len, raw.len()),
-            other => panic!("accepted {other:?}"),
-        }
+                    // What it is, as far as it reads, and where it stops.
+        let read = dns(parse(&raw));
+        assert_eq!(
+            (read.id, read.questions[0].name.as_str(), read.answers.len()),
+            (0xbeef, "www.example.test.", 0)
+        );
+        assert_eq!(
+            read.malformed.as_deref(),
+            Some("answer record 1 of 5, at byte 34: unexpected end of input reached")
+        );
         // Cut short, it still says which query it answers, and no more.
         let cut = header_and_questions(&raw).unwrap();
         assert_eq!(

@@ -235,10 +235,11 @@ pub fn parse(payload: &[u8]) -> Body {
 }
 
 /// A payload the capture cut: the message may still be whole in what it
-/// kept (the rest padding); otherwise its header and questions.
+/// kept (the rest padding); otherwise its header and questions, never what
+/// reading past the cut made of it.
 fn cut_payload(packet: &Packet) -> Body {
     match parse(&packet.payload) {
-        Body::Dns(msg) => Body::Dns(msg),
+        Body::Dns(msg) if msg.malformed.is_none() => Body::Dns(msg),
         _ => cut_message(packet),
     }
 }

@@ -63,6 +63,7 @@ pub fn common(msg: &[u8]) -> Option<DnsMessage> {
         answers,
         authority_count: usize::from(ns),
         additional_count: 0,
+        malformed: None,
     })
 }
 

@@ -35,6 +35,7 @@ pub enum AnomalyKind {
     FragmentLost,
     LoopbackNameserver,
     LostBetweenNodes,
+    MalformedAnswer,
     NdotsAmplification,
     OverlayMtu,
     ParallelQueryLost,
@@ -65,6 +66,7 @@ impl AnomalyKind {
             Self::FragmentLost => "fragment_lost",
             Self::LoopbackNameserver => "loopback_nameserver",
             Self::LostBetweenNodes => "lost_between_nodes",
+            Self::MalformedAnswer => "malformed_answer",
             Self::NdotsAmplification => "ndots_amplification",
             Self::OverlayMtu => "overlay_mtu",
             Self::ParallelQueryLost => "parallel_query_lost",
@@ -102,6 +104,7 @@ impl AnomalyKind {
             Self::ConntrackDropsBeforeStart
             | Self::FailingAnswers
             | Self::ForeignSearchDomain
+            | Self::MalformedAnswer
             | Self::NdotsAmplification
             | Self::SearchDomainLeak
             | Self::SlowAnswers
@@ -127,6 +130,7 @@ impl AnomalyKind {
             Self::FragmentLost => Some("the message was larger than the path's MTU and went as IP fragments, and something on the path does not let later fragments through: a firewall, security group or NetworkPolicy that drops fragments (they carry no ports), or an overlay (VXLAN, IPIP) whose smaller MTU they do not fit"),
             Self::LoopbackNameserver => Some("the pod's resolv.conf names a loopback nameserver: dnsPolicy Default (or kubelet --resolv-conf) on a node whose resolv.conf points at systemd-resolved (127.0.0.53); inside the pod nothing listens there (or, in a resolver's own pod, the resolver itself does: a loop)"),
             Self::LostBetweenNodes => Some("the network between the two nodes lost it: the underlay drops the overlay's packets (a firewall or security group without VXLAN's UDP 8472, or a route gone), the nodes' overlay state is stale (a VTEP's FDB or neighbour entry), or the packet outgrew what the underlay carries (its MTU below the overlay's and VXLAN's 50 bytes)"),
+            Self::MalformedAnswer => Some("the answer that came back cannot be read whole: the resolver wrote it wrong (a bug, or a record type it mangles), or something on the path rewrote it (a DNS proxy, a firewall's DNS inspection, a NAT that edits payloads); stub resolvers throw such answers away, so the client waits for its timeout or retries"),
             Self::NdotsAmplification => Some("with ndots:5 every name with fewer than five dots is tried with each search suffix first, and those NXDOMAINs are slow here"),
             Self::OverlayMtu => None,
             Self::ParallelQueryLost => Some("A and AAAA sent at once from one socket race to insert the same conntrack entry through DNAT; the loser is dropped (insert_failed) and the client waits for its 5 s timeout"),
@@ -157,6 +161,7 @@ impl AnomalyKind {
             Self::FragmentLost => Some("keep DNS answers under the path MTU: a smaller EDNS buffer (CoreDNS `bufsize 1232`), and DNS over TCP for the rest; fix the overlay's MTU, or let fragments through the firewall"),
             Self::LoopbackNameserver => Some("use dnsPolicy ClusterFirst, or point kubelet --resolv-conf at /run/systemd/resolve/resolv.conf"),
             Self::LostBetweenNodes => Some("check the underlay between the two nodes: that UDP 8472 (VXLAN) passes both ways, the overlay's routes and FDB entries on each (`ip route`, `bridge fdb show dev flannel.1`), and the underlay's MTU against the overlay's (`ping -M do -s 1422` between the nodes)"),
+            Self::MalformedAnswer => Some("ask the resolver the same question directly (`dig @<server> <name> <type>`) and from the client's node, and compare: broken both ways is the resolver (upgrade it, or drop the record or option it mangles); broken only on the path is a middlebox that rewrites DNS"),
             Self::NdotsAmplification => Some("use fully qualified names with a trailing dot, lower ndots in the pod's dnsConfig, or add NodeLocalDNS to answer the misses quickly"),
             Self::OverlayMtu => Some("set the overlay's MTU (flannel's, and the pods' interfaces) to the underlay's less the encapsulation (VXLAN: 50 bytes) and check it with `ping -M do -s <size>` between the nodes; until then keep answers small (CoreDNS `bufsize 1232`, or less) so that large ones go over TCP"),
             Self::ParallelQueryLost => Some("`options single-request-reopen` in the pods' resolv.conf (dnsConfig), NodeLocalDNS, or a kernel that resolves the clash"),

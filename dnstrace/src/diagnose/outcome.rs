@@ -269,3 +269,32 @@ pub(super) fn resolver_here(j: &Journey) -> bool {
         .rfind(|l| !l.response && matches!(l.direction(), Direction::Ingress | Direction::Egress));
     last.is_some_and(|l| l.direction() == Direction::Ingress)
 }
+
+/// An answer arrived and could not be read whole: its own finding, not
+/// silence. Per server: which one sends them is the finding.
+pub(super) fn malformed_answer(j: &Journey) -> Option<Finding<'_>> {
+    let Outcome::Answered {
+        malformed: Some(why),
+        rcode,
+        ..
+    } = &j.outcome
+    else {
+        return None;
+    };
+    let reply = j.legs.iter().find(|l| l.response)?;
+    let from = reply.src;
+    Some(Finding::new(
+        AnomalyKind::MalformedAnswer,
+        from.ip().to_string(),
+        move || {
+            let summary = format!("answers from {from} cannot be read whole");
+            let evidence = vec![format!(
+                "{} {}: the {rcode} answer from {from}, seen on {}, breaks at the {why}",
+                j.name,
+                j.qtype,
+                place(reply)
+            )];
+            Words::new(summary, evidence).about(vec![from.ip()])
+        },
+    ))
+}

@@ -7,7 +7,7 @@ use super::{
     mtu::{overlay_mtu, PathSizes},
     nat::{loopback_nameserver, not_translated, unexpected_source, LocalListeners},
     nodes::lost_between_nodes,
-    outcome::{dropped, failing_answer, unanswered},
+    outcome::{dropped, failing_answer, malformed_answer, unanswered},
     search::{ndots_amplification, search_leak, MissCosts},
     transport::fragment_lost,
     upstream::{upstream_failures, Upstreams},
@@ -75,6 +75,7 @@ pub(super) fn findings<'a>(j: &'a Journey, known: &Known<'a>) -> Vec<Finding<'a>
         out.extend(upstream);
         out.extend(dropped(j, names));
         out.extend(failing_answer(j));
+        out.extend(malformed_answer(j));
         if !upstream_failed && seen_all {
             out.extend(unanswered(j, recent, ctx));
         }

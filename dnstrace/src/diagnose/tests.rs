@@ -65,6 +65,7 @@ fn answered(rcode: Rcode) -> Outcome {
         rcode,
         answers: vec!["A 10.96.0.1".into()],
         truncated: false,
+        malformed: None,
     }
 }
 
@@ -1189,6 +1190,7 @@ fn truncated_answer() -> Journey {
             rcode: Rcode::NOERROR,
             answers: vec![],
             truncated: true,
+            malformed: None,
         },
         ..healthy()
     }

@@ -384,9 +384,12 @@ fn outcome(j: &Journey) -> &'static str {
 }
 
 /// Error for what failed the client (a server failure, a refusal, no
-/// answer); NXDOMAIN is an answer.
+/// answer, one it cannot read); NXDOMAIN is an answer.
 fn status(j: &Journey) -> (StatusCode, String) {
     match &j.outcome {
+        Outcome::Answered {
+            malformed: Some(_), ..
+        } => (StatusCode::Error, "malformed answer".to_owned()),
         Outcome::Answered { rcode, .. } if [Rcode::NOERROR, Rcode::NXDOMAIN].contains(rcode) => {
             (StatusCode::Unset, String::new())
         }

@@ -337,6 +337,7 @@ mod tests {
             rcode: Rcode::NOERROR,
             answers: vec!["A 10.1.2.3".into(); 5],
             truncated: true,
+            malformed: None,
         };
         j.dnat = Some(Box::new((
             "10.96.0.10:53".parse().unwrap(),

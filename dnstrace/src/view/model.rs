@@ -18,7 +18,12 @@ pub type AnomalyKey = (AnomalyKind, String);
 /// How a lookup ended, in the words of the lookup list.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Status {
-    Answered { rcode: Rcode, truncated: bool },
+    /// `malformed`: the answer could not be read whole.
+    Answered {
+        rcode: Rcode,
+        truncated: bool,
+        malformed: bool,
+    },
     Dropped,
     Timeout,
 }
@@ -26,6 +31,9 @@ pub enum Status {
 impl Status {
     pub fn word(&self) -> &str {
         match self {
+            Self::Answered {
+                malformed: true, ..
+            } => "malformed",
             Self::Answered { rcode, .. } if *rcode == Rcode::NOERROR => "answered",
             Self::Answered { rcode, .. } => rcode.name(),
             Self::Dropped => "dropped",
@@ -36,7 +44,9 @@ impl Status {
     /// SERVFAIL, REFUSED and the like: an answer that is a failure.
     pub fn failed(&self) -> bool {
         match self {
-            Self::Answered { rcode, .. } => ![Rcode::NOERROR, Rcode::NXDOMAIN].contains(rcode),
+            Self::Answered {
+                rcode, malformed, ..
+            } => *malformed || ![Rcode::NOERROR, Rcode::NXDOMAIN].contains(rcode),
             Self::Dropped => true,
             Self::Timeout => false,
         }
@@ -160,10 +170,14 @@ pub fn lookup(j: Journey, badges: &[AnomalyKey], labels: &Labels) -> Lookup {
     let time = labels.time_of_day(j.started_ns);
     let status = match &j.outcome {
         Outcome::Answered {
-            rcode, truncated, ..
+            rcode,
+            truncated,
+            malformed,
+            ..
         } => Status::Answered {
             rcode: *rcode,
             truncated: *truncated,
+            malformed: malformed.is_some(),
         },
         Outcome::Dropped { .. } => Status::Dropped,
         Outcome::Timeout => Status::Timeout,

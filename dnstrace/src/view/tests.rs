@@ -189,6 +189,7 @@ fn noerror(answer: &str) -> Outcome {
         rcode: Rcode::NOERROR,
         answers: vec![answer.into()],
         truncated: false,
+        malformed: None,
     }
 }
 
@@ -197,6 +198,7 @@ fn rcode(r: Rcode) -> Outcome {
         rcode: r,
         answers: vec![],
         truncated: false,
+        malformed: None,
     }
 }
 

@@ -4,7 +4,7 @@ python3-scapy): each the smallest traffic that shows one case of issue 55.
 Run from this directory to write them again: `/usr/bin/python3 make.py`;
 the same captures come out. tests/tests/captures.rs says what
 `dnstrace replay NAME.pcap` must read in each."""
-from scapy.all import DNS, DNSQR, DNSRR, IP, UDP, Ether, wrpcap
+from scapy.all import DNS, DNSQR, DNSRR, IP, UDP, Ether, Raw, wrpcap
 
 CLIENT, SERVER = "10.244.1.10", "10.96.0.10"
 T0 = 1_700_000_000
@@ -58,10 +58,39 @@ def capture_end():
     return answered + unanswered + [last]
 
 
+def broken(qid, name, t, sport, tail):
+    """A lookup whose answer carries `tail`, one more answer record that
+    does not read, after a good one."""
+    q, a = lookup(qid, name, t, t + 0.003, sport)
+    raw = bytearray(bytes(a[DNS]))
+    raw[6:8] = (2).to_bytes(2, "big")  # ANCOUNT: the good one and `tail`
+    a[UDP].remove_payload()
+    a = a / Raw(bytes(raw) + tail)
+    a[IP].len = a[UDP].len = a[UDP].chksum = None
+    a = Ether(bytes(a))
+    a.time = t + 0.003
+    return [q, a]
+
+
+def malformed_answers():
+    """Two answers that arrive and do not read whole: an SVCB record whose
+    parameter claims more bytes than its RDATA holds, and an A record whose
+    RDATA runs past the message's end."""
+    # SVCB (64): priority 1, root target, alpn (key 1) of length 10, 2 there.
+    svcb = b"\xc0\x0c\x00\x40\x00\x01\x00\x00\x00\x1e\x00\x09" + b"\x00\x01\x00\x00\x01\x00\x0a\x02h2"
+    past = b"\xc0\x0c\x00\x01\x00\x01\x00\x00\x00\x1e\x00\x04\x0a\x00"
+    return (
+        broken(0x500, "svcb.example.com.", T0, 45000, svcb)
+        + broken(0x501, "past.example.com.", T0 + 0.5, 45001, past)
+        + lookup(0x502, "fine.example.com.", T0 + 1, T0 + 1.002, 45002)
+    )
+
+
 CASES = {
     "same-timestamp": same_timestamp,
     "slow-answers": slow_answers,
     "capture-end": capture_end,
+    "malformed-answers": malformed_answers,
 }
 
 if __name__ == "__main__":
