@@ -401,3 +401,66 @@ fn conntrack_events_and_statistics_of_the_node_namespace() {
         .starts_with("10.77.0.1:"));
     assert_eq!(new["dnat"], Value::Null);
 }
+
+/// A server whose answers do not read whole (a second A record running
+/// past the message's end), seen on the kernel path: the lookup ends
+/// answered and marked malformed, with the record read before the break,
+/// never as a timeout, and `malformed_answer` names the server.
+#[test]
+fn a_malformed_answer_seen_live_is_an_answer() {
+    require_root();
+    let pair = Pair::new().unwrap();
+    let server = format!("{}:53", Pair::SERVER4);
+    let bound = server.clone();
+    let sock = pair
+        .server
+        .enter(move || std::net::UdpSocket::bind(bound))
+        .unwrap()
+        .unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let answering = std::thread::spawn(move || {
+        let mut buf = [0u8; 512];
+        let (n, from) = sock.recv_from(&mut buf).unwrap();
+        let mut reply = buf[..n].to_vec();
+        reply[2] |= 0x80; // QR
+        reply[7] = 2; // ANCOUNT: a good record and a broken one
+        let a = [0xc0, 12, 0, 1, 0, 1, 0, 0, 0, 30, 0, 4];
+        reply.extend_from_slice(&a);
+        reply.extend_from_slice(&[10, 77, 0, 80]);
+        reply.extend_from_slice(&a);
+        reply.extend_from_slice(&[10, 77]);
+        sock.send_to(&reply, from).unwrap();
+    });
+    let args = ["trace", "--iface", Pair::SERVER_IF, "-o", "json"];
+    let trace = Dnstrace::start(&pair.server, Keep::Every, &args).unwrap();
+    let query = query_bytes(0x4242, "www.test", 1);
+    let wait = Duration::from_secs(2);
+    let replies = udp_exchange(&pair.client, &server, vec![query], wait).unwrap();
+    answering.join().unwrap();
+    assert_eq!(replies.len(), 1, "the broken answer reached the client");
+    let (status, out, stderr) = trace.stop(libc::SIGINT).unwrap();
+    assert!(status.success(), "{stderr:?}");
+    let lines = json_lines(&out);
+    let j = lines
+        .iter()
+        .find(|l| l["type"] == "journey" && l["dns_id"] == 0x4242)
+        .unwrap_or_else(|| panic!("no journey in {lines:#?}"));
+    let o = &j["outcome"];
+    assert_eq!(o["status"], "answered", "{j}");
+    assert_eq!(o["answers"], serde_json::json!(["A 10.77.0.80"]), "{j}");
+    assert!(
+        o["malformed"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("answer record 2 of 2, at byte 42: ")),
+        "{j}"
+    );
+    let summary = lines.iter().find(|l| l["type"] == "summary").unwrap();
+    let kinds: Vec<&Value> = summary["anomalies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| &a["kind"])
+        .collect();
+    assert_eq!(kinds, [&Value::from("malformed_answer")], "{summary:#}");
+}
