@@ -198,3 +198,23 @@ fn a_malformed_answer_is_an_answer_and_a_finding() {
     let exit = String::from_utf8_lossy(&out.stderr);
     assert!(exit.contains("6 messages, 2 malformed"), "{exit}");
 }
+
+/// A capture merged from two points whose clocks differ stamps each
+/// answer 1 to 3 ms before its query: each still answers its query, at
+/// the query's time, and an answer whose query is nowhere answers nothing.
+#[test]
+fn an_answer_stamped_a_little_before_its_query_answers_it() {
+    let js = journeys("answers-before-queries");
+    let answered = |name: &str| (name.to_owned(), "answered".to_owned());
+    assert_eq!(
+        outcomes(&js),
+        [answered("e0.example.com."), answered("e1.example.com.")]
+    );
+    for j in &js {
+        assert_eq!(
+            (&j["total_ms"], &j["incomplete"]),
+            (&0.0.into(), &false.into()),
+            "{j}"
+        );
+    }
+}

@@ -32,6 +32,14 @@ const MAX_LOSSES: usize = 256;
 /// journeys, at the same time.
 pub const CLOSE_BATCH: usize = 4096;
 
+/// How long an answer whose query was not seen is kept for it: a capture
+/// taken at two points, or with a coarse clock, may stamp an answer a
+/// little before its query.
+const EARLY_NS: u64 = 10_000_000;
+
+/// Such answers kept at most.
+const EARLY_KEPT: usize = 64;
+
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
     /// A journey without an answer ends after this long.
@@ -100,6 +108,8 @@ pub struct Engine {
     /// were open would have left their later legs out.
     shed: u64,
     devices: Devices,
+    /// Answers whose query was not seen, for `EARLY_NS`.
+    early: VecDeque<Record>,
 }
 
 impl Engine {
@@ -125,6 +135,7 @@ impl Engine {
             sampling: Sampling::default(),
             shed: 0,
             devices: Devices::new(),
+            early: VecDeque::new(),
         }
     }
 
@@ -215,6 +226,9 @@ impl Engine {
         };
         let p = &rec.packet;
         let Some(slot) = self.journey_of(msg, p) else {
+            if msg.response && !cut {
+                self.keep_early(rec);
+            }
             return;
         };
         let dev = self.device(p);
@@ -270,6 +284,56 @@ impl Engine {
         }
         if let Some((key, lookup)) = truncated {
             self.lookups.note_truncated(key, lookup, p.ts_ns);
+        }
+        if !msg.response && !self.early.is_empty() {
+            self.answer_early(msg, p);
+        }
+    }
+
+    /// Keeps an answer no journey was waiting for, in case its query,
+    /// stamped a little later, comes next.
+    fn keep_early(&mut self, rec: &Record) {
+        let now = rec.packet.ts_ns;
+        while self.early.front().is_some_and(|r| {
+            r.packet.ts_ns.saturating_add(EARLY_NS) < now || self.early.len() >= EARLY_KEPT
+        }) {
+            self.early.pop_front();
+        }
+        self.early.push_back(rec.clone());
+    }
+
+    /// The answers kept for the query `msg` just seen at `p`, added to its
+    /// journey at the query's time: no earlier, as the clocks that stamped
+    /// them cannot tell.
+    fn answer_early(&mut self, msg: &DnsMessage, p: &Packet) {
+        let asker = p.ct.as_ref().map_or(p.src, |ct| ct.original.src);
+        let q = msg.questions.first();
+        let answers = |r: &Record| {
+            let Body::Dns(a) = &r.body else {
+                return false;
+            };
+            let to = r
+                .packet
+                .ct
+                .as_ref()
+                .map_or(r.packet.dst, |ct| ct.original.src);
+            let same_question = match (q, a.questions.first()) {
+                (Some(q), Some(aq)) => q.qtype == aq.qtype && q.name.eq_ignore_ascii_case(&aq.name),
+                (_, None) => true,
+                (None, Some(_)) => false,
+            };
+            a.id == msg.id
+                && to == asker
+                && std::mem::discriminant(&r.packet.transport)
+                    == std::mem::discriminant(&p.transport)
+                && same_question
+                && r.packet.ts_ns.saturating_add(EARLY_NS) >= p.ts_ns
+        };
+        let (mine, rest): (Vec<Record>, Vec<Record>) = self.early.drain(..).partition(answers);
+        self.early = rest.into();
+        for mut r in mine {
+            r.packet.ts_ns = r.packet.ts_ns.max(p.ts_ns);
+            self.push(&r);
         }
     }
 

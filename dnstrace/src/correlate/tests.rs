@@ -360,6 +360,56 @@ fn an_answer_with_its_querys_timestamp_answers_it() {
     assert_eq!(js[0].legs.len(), 2);
 }
 
+/// A capture taken at two points stamps answers a little before their
+/// queries: one up to 10 ms early answers its query, at the query's time;
+/// one earlier than that, or for another socket, answers nothing; and no
+/// more than 64 wait at once.
+#[test]
+fn an_answer_a_little_before_its_query_answers_it() {
+    const SERVICE: &str = "10.96.0.10:53";
+    let name = "a.example.com.";
+    let at = |ms: u64, src, dst| ev(ms * MS, Hook::DevReceive, 0, 2, src, dst);
+    let answer = |ms, client, id| {
+        rec(
+            &at(ms, SERVICE, client),
+            msg(id, name, "A", true),
+            None,
+            None,
+        )
+    };
+    let query = |ms, client, id| {
+        rec(
+            &at(ms, client, SERVICE),
+            msg(id, name, "A", false),
+            None,
+            None,
+        )
+    };
+    let mut e = Engine::new(Limits::default());
+    let early = answer(100, "10.244.1.10:40001", 7);
+    let too_early = answer(100, "10.244.1.10:40002", 8);
+    let elsewhere = answer(100, "10.244.1.11:40001", 7);
+    for r in [&early, &too_early, &elsewhere] {
+        e.push(r);
+    }
+    e.push(&query(108, "10.244.1.10:40001", 7));
+    e.push(&query(111, "10.244.1.10:40002", 8));
+    for i in 0..100 {
+        e.push(&answer(112, "10.244.2.10:40001", i));
+    }
+    assert_eq!(e.early.len(), 64);
+    let js = e.finish(200 * MS);
+    assert_eq!(js.len(), 2);
+    assert!(
+        matches!(js[0].outcome, Outcome::Answered { .. }),
+        "{:?}",
+        js[0]
+    );
+    assert_eq!((js[0].started_ns, js[0].ended_ns), (108 * MS, 108 * MS));
+    assert_eq!(js[0].legs.len(), 2);
+    assert_eq!(js[1].outcome, Outcome::Timeout);
+}
+
 /// A capture that stops (or a recording cut short) mid-lookup has not seen
 /// it time out: the journey says it was cut off, which silences the rules.
 #[test]

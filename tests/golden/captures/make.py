@@ -86,11 +86,23 @@ def malformed_answers():
     )
 
 
+def answers_before_queries():
+    """A capture merged from two points whose clocks differ: each answer is
+    stamped 1 to 3 ms before its query; a last answer has no query at all."""
+    out = []
+    for i, early in enumerate([0.001, 0.003]):
+        t = T0 + i
+        out += lookup(0x600 + i, f"e{i}.example.com.", t, t - early, 46000 + i)
+    out += lookup(0x610, "lone.example.com.", T0 + 5, T0 + 5, 46010)[1:]
+    return sorted(out, key=lambda p: p.time)
+
+
 CASES = {
     "same-timestamp": same_timestamp,
     "slow-answers": slow_answers,
     "capture-end": capture_end,
     "malformed-answers": malformed_answers,
+    "answers-before-queries": answers_before_queries,
 }
 
 if __name__ == "__main__":
