@@ -218,3 +218,20 @@ fn an_answer_stamped_a_little_before_its_query_answers_it() {
         );
     }
 }
+
+/// Names with bytes outside hostname rules are traced, and shown as dig
+/// shows them: `=`, `/` and `+` as they are, a space and a byte above 127
+/// as `\DDD`.
+#[test]
+fn names_with_any_bytes_are_traced_and_shown_as_dig_shows_them() {
+    let js = journeys("odd-names");
+    let answered = |name: &str| (name.to_owned(), "answered".to_owned());
+    assert_eq!(
+        outcomes(&js),
+        [
+            answered("a=b/c+d.example.com."),
+            answered("sp\\032ace.example.com."),
+            answered("\\255.example.com."),
+        ]
+    );
+}

@@ -272,28 +272,41 @@ fn opcode_name(op: OpCode) -> Cow<'static, str> {
     }
 }
 
-/// A name as hickory writes it, without its per-character formatting for
-/// the usual letters, digits, `-` and `_`; anything else (escapes, IDNA)
-/// is left to hickory.
+/// A name as dig writes it: printable bytes as they are, in the case
+/// sent, `.`, `\`, `"`, `(`, `)`, `;`, `@` and `$` after a backslash, the
+/// others (space included) as `\DDD`; IDNA labels in their `xn--` form.
 fn name_text(name: &Name) -> String {
     let mut text = Vec::with_capacity(name.len());
     for (i, label) in name.iter().enumerate() {
-        if !plain(label) {
-            return name.to_string();
-        }
         if i > 0 {
             text.push(b'.');
         }
-        text.extend_from_slice(label);
+        if plain(label) {
+            text.extend_from_slice(label);
+        } else {
+            escape(label, &mut text);
+        }
     }
     if name.is_root() || name.is_fqdn() {
         text.push(b'.');
     }
-    String::from_utf8(text).unwrap_or_else(|_| name.to_string())
+    // ASCII throughout: the plain labels' bytes and the escapes'.
+    String::from_utf8_lossy(&text).into_owned()
 }
 
-/// A label hickory writes as it is: letters, digits and `_`, `-` past the
-/// first byte, `*` as the first; not IDNA.
+/// One label's bytes as dig escapes them.
+fn escape(label: &[u8], out: &mut Vec<u8>) {
+    for &b in label {
+        match b {
+            b'.' | b'\\' | b'"' | b'(' | b')' | b';' | b'@' | b'$' => out.extend([b'\\', b]),
+            0x21..=0x7e => out.push(b),
+            _ => out.extend(format!("\\{b:03}").bytes()),
+        }
+    }
+}
+
+/// A label written as it is, the fast path's: letters, digits and `_`,
+/// `-` past the first byte, `*` as the first; not IDNA.
 pub(super) fn plain(label: &[u8]) -> bool {
     let Some((&first, rest)) = label.split_first() else {
         return true;
@@ -494,26 +507,27 @@ mod tests {
         assert!(m.answers.is_empty());
     }
 
-    /// The fast path writes names exactly as hickory would, and leaves it
-    /// the ones it cannot (escapes, IDNA).
+    /// Names as dig writes them: the fast path's labels as they are, any
+    /// other byte escaped, nothing lowercased.
     #[test]
-    fn names_read_as_hickory_writes_them() {
-        let labels: [&[u8]; 9] = [
-            b"www",
-            b"Mixed-Case",
-            b"_srv",
-            b"*",
-            b"-lead",
-            b"a.b",
-            b"sp ace",
-            b"\xff\x01",
-            b"xn--bcher-kva",
+    fn names_read_as_dig_writes_them() {
+        let labels: [(&[u8], &str); 10] = [
+            (b"www", "www"),
+            (b"Mixed-Case", "Mixed-Case"),
+            (b"_srv", "_srv"),
+            (b"*", "*"),
+            (b"-lead", "-lead"),
+            (b"a=b/c+d", "a=b/c+d"),
+            (b"a.b", "a\\.b"),
+            (b"sp ace", "sp\\032ace"),
+            (b"\xff\x01\"@", "\\255\\001\\\"\\@"),
+            (b"xn--bcher-kva", "xn--bcher-kva"),
         ];
-        for label in labels {
-            for fqdn in [true, false] {
+        for (label, text) in labels {
+            for (fqdn, dot) in [(true, "."), (false, "")] {
                 let mut n = Name::from_labels([label, &b"example"[..]]).unwrap();
                 n.set_fqdn(fqdn);
-                assert_eq!(name_text(&n), n.to_string(), "{label:?}");
+                assert_eq!(name_text(&n), format!("{text}.example{dot}"), "{label:?}");
             }
         }
         assert_eq!(name_text(&Name::root()), ".");

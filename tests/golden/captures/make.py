@@ -97,12 +97,23 @@ def answers_before_queries():
     return sorted(out, key=lambda p: p.time)
 
 
+def odd_names():
+    """Names with bytes outside hostname rules, as clients do send them:
+    `=`, `/` and `+` (base64 in a label), a space, a byte above 127."""
+    names = [b"a=b/c+d.example.com.", b"sp ace.example.com.", b"\xff.example.com."]
+    out = []
+    for i, name in enumerate(names):
+        out += lookup(0x700 + i, name, T0 + i, T0 + i + 0.002, 47000 + i)
+    return out
+
+
 CASES = {
     "same-timestamp": same_timestamp,
     "slow-answers": slow_answers,
     "capture-end": capture_end,
     "malformed-answers": malformed_answers,
     "answers-before-queries": answers_before_queries,
+    "odd-names": odd_names,
 }
 
 if __name__ == "__main__":
