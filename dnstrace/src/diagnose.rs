@@ -171,7 +171,9 @@ impl Diagnoser {
             miss_cost,
         };
         let mut found = rules::findings(j, &known);
-        found.extend(self.slow.judge(j));
+        if j.opcode.is_none() {
+            found.extend(self.slow.judge(j));
+        }
         found.extend(backed);
         found.extend(down.into_iter().map(|(f, _)| f));
         let mut checked = self.raised.record(found, j.ended_ns, Some(j.id));

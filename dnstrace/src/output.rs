@@ -1030,6 +1030,7 @@ mod tests {
             incomplete: None,
             sampled: Default::default(),
             connection: None,
+            opcode: None,
         };
         let j = Journey {
             id: 1,
@@ -1056,6 +1057,7 @@ mod tests {
             incomplete: Some(Gap::Lost),
             sampled: dnstrace_common::SampleLevel { shift: 2, seed: 77 },
             connection: None,
+            opcode: None,
         };
         let mut s = sink(Format::Json);
         s.write_journey(&j).unwrap();

@@ -235,3 +235,36 @@ fn names_with_any_bytes_are_traced_and_shown_as_dig_shows_them() {
         ]
     );
 }
+
+/// Zone operations are no lookups: a NOTIFY and a refused UPDATE are
+/// matched to their answers by ports and id and named for what they are;
+/// the UPDATE's echoed prerequisite is no answer, and its refusal raises
+/// no failing lookup.
+#[test]
+fn zone_operations_are_named_for_what_they_are_and_are_no_failed_lookups() {
+    let file = capture("zone-operations");
+    let out = dnstrace(&["replay", file.to_str().unwrap(), "-o", "json"]);
+    assert!(out.status.success(), "{out:?}");
+    let lines = json_lines(&String::from_utf8_lossy(&out.stdout));
+    let js: Vec<(&Value, &Value, &Value)> = lines
+        .iter()
+        .filter(|l| l["type"] == "journey")
+        .map(|j| {
+            (
+                &j["opcode"],
+                &j["outcome"]["rcode"],
+                &j["outcome"]["answers"],
+            )
+        })
+        .collect();
+    let none = serde_json::json!([]);
+    assert_eq!(
+        js,
+        [
+            (&"NOTIFY".into(), &"NOERROR".into(), &none),
+            (&"UPDATE".into(), &"REFUSED".into(), &none),
+        ]
+    );
+    let summary = lines.iter().find(|l| l["type"] == "summary").unwrap();
+    assert_eq!(summary["anomalies"], none, "{summary:#}");
+}

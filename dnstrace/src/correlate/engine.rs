@@ -386,7 +386,13 @@ impl Engine {
                     name: q.name.to_ascii_lowercase().into(),
                     qtype: q.qtype,
                 };
-                Some(self.start(key, p))
+                let slot = self.start(key, p);
+                if msg.opcode != "QUERY" {
+                    if let Some(o) = self.open.get_mut(slot) {
+                        o.extra.get_or_insert_default().opcode = Some(msg.opcode.clone());
+                    }
+                }
+                Some(slot)
             }
         }
     }

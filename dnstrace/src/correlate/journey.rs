@@ -1,6 +1,6 @@
 //! The journeys correlation hands on: what output, diagnose, view and
 //! record read once a journey is closed.
-use std::{net::SocketAddr, sync::Arc};
+use std::{borrow::Cow, net::SocketAddr, sync::Arc};
 
 use dnstrace_common::{Direction, Hook, SampleLevel};
 use serde::Serialize;
@@ -131,6 +131,9 @@ pub struct Journey {
     pub sampled: SampleLevel,
     /// Over TCP: how its connection was set up and ended. Boxed: few have one.
     pub connection: Option<Box<Connection>>,
+    /// A zone operation or another opcode than a standard QUERY (NOTIFY,
+    /// UPDATE, IQUERY, STATUS): no lookup, kept out of the lookup rules.
+    pub opcode: Option<Cow<'static, str>>,
 }
 
 /// Why a journey may not show everything that happened to it: absence of a
@@ -239,6 +242,7 @@ pub mod fixtures {
             incomplete: None,
             sampled: Default::default(),
             connection: None,
+            opcode: None,
         }
     }
 

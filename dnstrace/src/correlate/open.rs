@@ -2,6 +2,7 @@
 //! where they are kept, how legs join one and decide its outcome, and how it
 //! becomes a `Journey` when it closes.
 use std::{
+    borrow::Cow,
     net::{IpAddr, SocketAddr, SocketAddrV4, SocketAddrV6},
     sync::Arc,
 };
@@ -138,6 +139,8 @@ pub(super) struct Extra {
     pub(super) dnat: Option<(SocketAddr, SocketAddr)>,
     /// The IPv6 socket addresses its legs name, each once.
     v6: Vec<SocketAddrV6>,
+    /// Its opcode, if not a standard QUERY.
+    pub(super) opcode: Option<Cow<'static, str>>,
 }
 
 /// A question as a packet asks it: the name in any case. Over TCP or UDP:
@@ -574,6 +577,7 @@ impl Open {
             incomplete: self.incomplete,
             sampled: SampleLevel::default(),
             connection: None,
+            opcode: self.extra.as_ref().and_then(|e| e.opcode.clone()),
         }
     }
 }
@@ -588,11 +592,15 @@ impl Open {
         match self.answer.as_ref().filter(|_| self.decided > 0) {
             Some(msg) => Outcome::Answered {
                 rcode: msg.rcode,
-                answers: msg
-                    .answers
-                    .iter()
-                    .map(|a| [a.rtype, " ", &a.data].concat())
-                    .collect(),
+                // An UPDATE's records are its changes, not answers.
+                answers: match self.extra.as_ref().and_then(|e| e.opcode.as_ref()) {
+                    Some(_) => Vec::new(),
+                    None => msg
+                        .answers
+                        .iter()
+                        .map(|a| [a.rtype, " ", &a.data].concat())
+                        .collect(),
+                },
                 truncated: msg.flags.tc,
                 malformed: msg.malformed.clone(),
             },

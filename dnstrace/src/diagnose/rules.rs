@@ -69,18 +69,25 @@ pub(super) fn findings<'a>(j: &'a Journey, known: &Known<'a>) -> Vec<Finding<'a>
     ];
     let explained = specific.iter().any(Option::is_some);
     out.extend(specific.into_iter().flatten());
+    // A zone operation is no lookup: what its answer says, and names, are
+    // no lookup's business.
+    let lookup = j.opcode.is_none();
     if !explained {
         let upstream = upstream_failures(j, upstream, names);
         let upstream_failed = !upstream.is_empty();
         out.extend(upstream);
         out.extend(dropped(j, names));
-        out.extend(failing_answer(j));
+        if lookup {
+            out.extend(failing_answer(j));
+        }
         out.extend(malformed_answer(j));
         if !upstream_failed && seen_all {
             out.extend(unanswered(j, recent, ctx));
         }
     }
-    out.extend(search_leak(j, recent, ctx));
-    out.extend(ndots_amplification(j, recent, miss_cost, miss_costs));
+    if lookup {
+        out.extend(search_leak(j, recent, ctx));
+        out.extend(ndots_amplification(j, recent, miss_cost, miss_costs));
+    }
     out
 }

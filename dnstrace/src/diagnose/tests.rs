@@ -125,6 +125,7 @@ fn healthy() -> Journey {
         incomplete: None,
         sampled: Default::default(),
         connection: None,
+        opcode: None,
     }
 }
 

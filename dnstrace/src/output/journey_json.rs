@@ -62,6 +62,10 @@ impl JourneyJson<'_> {
         value(out, &j.name)?;
         key!(out, "qtype");
         value(out, j.qtype.name())?;
+        if let Some(op) = &j.opcode {
+            key!(out, "opcode");
+            value(out, op)?;
+        }
         key!(out, "tcp");
         boolean(out, j.tcp);
         key!(out, "started_ns");

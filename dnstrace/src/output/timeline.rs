@@ -37,6 +37,10 @@ fn header(out: &mut Vec<u8>, labels: &Labels, j: &Journey, indent: &str) {
     }
     out.extend_from_slice(if j.tcp { b" tcp id=" } else { b" udp id=" });
     number(out, j.dns_id);
+    if let Some(op) = &j.opcode {
+        out.push(b' ');
+        out.extend_from_slice(op.as_bytes());
+    }
     for part in [" ", &j.name, " ", j.qtype.name(), ": "] {
         out.extend_from_slice(part.as_bytes());
     }
@@ -255,6 +259,7 @@ mod tests {
             incomplete: None,
             sampled: Default::default(),
             connection: None,
+            opcode: None,
         }
     }
 

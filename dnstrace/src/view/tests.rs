@@ -159,6 +159,7 @@ fn journey(id: u64, name: &str, start: u64, outcome: Outcome, upstream: bool) ->
         incomplete: None,
         sampled: Default::default(),
         connection: None,
+        opcode: None,
     });
     Journey {
         id,
@@ -181,6 +182,7 @@ fn journey(id: u64, name: &str, start: u64, outcome: Outcome, upstream: bool) ->
         incomplete: None,
         sampled: Default::default(),
         connection: None,
+        opcode: None,
     }
 }
 

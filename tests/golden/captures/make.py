@@ -107,6 +107,29 @@ def odd_names():
     return out
 
 
+def zone_operations():
+    """A NOTIFY from a primary, answered; an UPDATE, refused, whose answer
+    echoes its prerequisite (a CNAME record) where a query's answers are."""
+    primary, secondary = "10.244.1.20", "10.244.1.53"
+    notify = Ether() / IP(src=primary, dst=secondary) / UDP(sport=48000, dport=53) / DNS(
+        id=0x800, opcode=4, aa=1, qd=DNSQR(qname="example.com.", qtype="SOA")
+    )
+    notified = Ether() / IP(src=secondary, dst=primary) / UDP(sport=53, dport=48000) / DNS(
+        id=0x800, qr=1, opcode=4, aa=1, qd=DNSQR(qname="example.com.", qtype="SOA")
+    )
+    prerequisite = DNSRR(rrname="www.example.com.", type="CNAME", rclass=255, ttl=0, rdata="x.example.com.")
+    update = Ether() / IP(src=CLIENT, dst=secondary) / UDP(sport=48001, dport=53) / DNS(
+        id=0x801, opcode=5, qd=DNSQR(qname="example.com.", qtype="SOA"), an=prerequisite
+    )
+    refused = Ether() / IP(src=secondary, dst=CLIENT) / UDP(sport=53, dport=48001) / DNS(
+        id=0x801, qr=1, opcode=5, rcode=5, qd=DNSQR(qname="example.com.", qtype="SOA"),
+        an=prerequisite,
+    )
+    for i, p in enumerate([notify, notified, update, refused]):
+        p.time = T0 + (i // 2) * 0.5 + (i % 2) * 0.002
+    return [notify, notified, update, refused]
+
+
 CASES = {
     "same-timestamp": same_timestamp,
     "slow-answers": slow_answers,
@@ -114,6 +137,7 @@ CASES = {
     "malformed-answers": malformed_answers,
     "answers-before-queries": answers_before_queries,
     "odd-names": odd_names,
+    "zone-operations": zone_operations,
 }
 
 if __name__ == "__main__":
