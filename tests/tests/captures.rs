@@ -2,7 +2,7 @@
 //! scapy by its `make.py`): each holds one way real captures bend what
 //! dnstrace expects, and each test says what dnstrace must read in it.
 //! Replay needs no root.
-use std::path::PathBuf;
+use std::{collections::BTreeSet, path::PathBuf};
 
 use serde_json::Value;
 
@@ -267,4 +267,60 @@ fn zone_operations_are_named_for_what_they_are_and_are_no_failed_lookups() {
     );
     let summary = lines.iter().find(|l| l["type"] == "summary").unwrap();
     assert_eq!(summary["anomalies"], none, "{summary:#}");
+}
+
+/// tshark as the oracle: in every capture here, each query tshark sees a
+/// response to (same id, client address and port; malformed or early
+/// ones too) is an answered journey in dnstrace's replay.
+#[test]
+fn every_query_tshark_sees_answered_is_answered() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("golden/captures");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "pcap"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 7, "{files:?}");
+    for file in files {
+        let name = file.file_stem().unwrap().to_str().unwrap().to_owned();
+        let seen = |response: u8, addr: &str, port: &str| -> BTreeSet<String> {
+            let filter = format!("dns.flags.response == {response}");
+            let out = run(std::process::Command::new("tshark").args([
+                "-r",
+                file.to_str().unwrap(),
+                "-Y",
+                &filter,
+                "-T",
+                "fields",
+                "-e",
+                "dns.id",
+                "-e",
+                addr,
+                "-e",
+                port,
+            ]))
+            .expect("tshark reads the capture");
+            out.lines().map(str::to_owned).collect()
+        };
+        let asked = seen(0, "ip.src", "udp.srcport");
+        let answered: BTreeSet<String> = seen(1, "ip.dst", "udp.dstport")
+            .intersection(&asked)
+            .cloned()
+            .collect();
+        let ours: BTreeSet<String> = journeys(&name)
+            .iter()
+            .filter(|j| j["outcome"]["status"] == "answered")
+            .map(|j| {
+                let (ip, port) = j["client"].as_str().unwrap().rsplit_once(':').unwrap();
+                format!("0x{:04x}\t{ip}\t{port}", j["dns_id"].as_u64().unwrap())
+            })
+            .collect();
+        let missed: Vec<&String> = answered.difference(&ours).collect();
+        assert!(!answered.is_empty(), "{name}: tshark saw no answers");
+        assert!(
+            missed.is_empty(),
+            "{name}: answered for tshark, not here: {missed:?}"
+        );
+    }
 }
