@@ -541,7 +541,12 @@ impl<W: Write> LineSink<W> {
             transport(p.transport)
         );
         match &rec.body {
-            Body::Dns(m) => line += &format!(" {}", dns_text(m)),
+            Body::Dns(m) => {
+                line += &format!(" {}", dns_text(m));
+                if let Some(why) = &m.malformed {
+                    line += &format!(" MALFORMED at the {why}");
+                }
+            }
             Body::Cut(m) => line += &format!(" {} CUT", dns_text(m)),
             Body::Malformed { reason, len } => line += &format!(" MALFORMED {len} bytes: {reason}"),
             Body::Gap { reason } => line += &format!(" GAP: {reason}"),

@@ -324,3 +324,25 @@ fn every_query_tshark_sees_answered_is_answered() {
         );
     }
 }
+
+/// A query whose EDNS option claims more bytes than it has is still a
+/// query: its lookup is a journey, answered, and the packet line says
+/// where the query breaks.
+#[test]
+fn a_query_with_a_broken_edns_option_is_a_lookup() {
+    let js = journeys("odd-edns");
+    assert_eq!(
+        outcomes(&js),
+        [("cookie.example.com.".to_owned(), "answered".to_owned())]
+    );
+    let file = capture("odd-edns");
+    let out = dnstrace(&["replay", file.to_str().unwrap(), "--packets"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let query = text.lines().next().unwrap_or_default();
+    assert!(
+        query.contains(
+            " Q rd cookie.example.com. A MALFORMED at the additional record 1 of 1, at byte 36: "
+        ),
+        "{text}"
+    );
+}

@@ -130,6 +130,21 @@ def zone_operations():
     return [notify, notified, update, refused]
 
 
+def odd_edns():
+    """A query whose EDNS cookie option claims 40 bytes where 8 are, and
+    its answer: the lookup is a journey all the same."""
+    q, a = lookup(0x900, "cookie.example.com.", T0, T0 + 0.002, 49000)
+    raw = bytearray(bytes(q[DNS]))
+    raw[10:12] = (1).to_bytes(2, "big")  # ARCOUNT: the OPT record
+    opt = b"\x00\x00\x29\x04\xd0\x00\x00\x00\x00\x00\x0c" + b"\x00\x0a\x00\x28" + b"\x01" * 8
+    q[UDP].remove_payload()
+    q = q / Raw(bytes(raw) + opt)
+    q[IP].len = q[UDP].len = q[UDP].chksum = None
+    q = Ether(bytes(q))
+    q.time = T0
+    return [q, a]
+
+
 CASES = {
     "same-timestamp": same_timestamp,
     "slow-answers": slow_answers,
@@ -138,6 +153,7 @@ CASES = {
     "answers-before-queries": answers_before_queries,
     "odd-names": odd_names,
     "zone-operations": zone_operations,
+    "odd-edns": odd_edns,
 }
 
 if __name__ == "__main__":
