@@ -329,6 +329,10 @@ impl Engine {
                 && same_question
                 && r.packet.ts_ns.saturating_add(EARLY_NS) >= p.ts_ns
         };
+        // Most queries have none: nothing is moved for them.
+        if !self.early.iter().any(answers) {
+            return;
+        }
         let (mine, rest): (Vec<Record>, Vec<Record>) = self.early.drain(..).partition(answers);
         self.early = rest.into();
         for mut r in mine {

@@ -98,7 +98,8 @@ fn lenient(payload: &[u8], whole_error: &str) -> Option<DnsMessage> {
             let at = decoder.index();
             match Record::read(&mut decoder) {
                 Ok(r) if section == "answer" => msg.answers.push(answer(&r)),
-                Ok(_) => {}
+                Ok(_) if section == "authority" => msg.authority_count += 1,
+                Ok(_) => msg.additional_count += 1,
                 Err(e) => {
                     let why = format!("{section} record {} of {count}, at byte {at}: {e}", i + 1);
                     msg.malformed = Some(why.into());

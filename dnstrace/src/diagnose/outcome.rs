@@ -1,4 +1,4 @@
-//! Rules on how a lookup ended: dropped, failed, unanswered or slow.
+//! Rules on how a lookup ended: dropped, failed, malformed or unanswered.
 use std::{collections::BTreeSet, net::IpAddr};
 
 use super::{

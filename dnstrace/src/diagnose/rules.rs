@@ -1,4 +1,5 @@
-//! Every journey rule, in order.
+//! Every journey rule, in order; slow answers, a pattern across
+//! journeys, are judged beside them (`slow`).
 use super::{
     anomaly::Finding,
     conntrack::{half_pair_lost, CtSeen},
