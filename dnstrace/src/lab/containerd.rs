@@ -180,8 +180,9 @@ pub async fn start(setup: &Setup) -> Result<Containerd> {
     }
     write_files(setup)?;
     spawn(setup)?;
-    let cri = connect_when_up(setup).await?;
+    let mut cri = connect_when_up(setup).await?;
     import_pause_image(setup)?;
+    pause_image_known(&mut cri).await?;
     Ok(Containerd {
         setup: setup.clone(),
         cri,
@@ -461,6 +462,20 @@ async fn connect_when_up(setup: &Setup) -> Result<Cri> {
             Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
         }
     }
+}
+
+/// Waits until the CRI knows the imported pause image. containerd's CRI
+/// learns of images from its events, after `ctr import` returns; a pod run
+/// before then makes it pull the image from the network, and fail.
+async fn pause_image_known(cri: &mut Cri) -> Result<()> {
+    let started = Instant::now();
+    while !cri.has_image(PAUSE_IMAGE).await? {
+        if started.elapsed() > START_TIMEOUT {
+            bail!("containerd's CRI does not know the pause image {PAUSE_IMAGE} it imported");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
 }
 
 /// Builds the pause image (busybox-static sleeping until killed) as an

@@ -13,9 +13,9 @@ use std::{
 use anyhow::{anyhow, bail, Context as _, Result};
 use hyper_util::rt::TokioIo;
 use k8s_cri::v1::{
-    runtime_service_client::RuntimeServiceClient, ListPodSandboxRequest, PodSandboxFilter,
-    PodSandboxState, PodSandboxStateValue, PodSandboxStatusRequest, PodSandboxStatusResponse,
-    VersionRequest,
+    image_service_client::ImageServiceClient, runtime_service_client::RuntimeServiceClient,
+    ImageSpec, ImageStatusRequest, ListPodSandboxRequest, PodSandboxFilter, PodSandboxState,
+    PodSandboxStateValue, PodSandboxStatusRequest, PodSandboxStatusResponse, VersionRequest,
 };
 use serde::Deserialize;
 use tokio::net::UnixStream;
@@ -33,6 +33,8 @@ const API_VERSION: &str = "v1";
 /// A connection to one runtime's CRI socket.
 pub struct Cri {
     client: RuntimeServiceClient<Channel>,
+    /// For the image service, on the same connection.
+    channel: Channel,
     socket: PathBuf,
     /// The runtime's name and version, as it says in `Version`.
     pub version: RuntimeVersion,
@@ -70,7 +72,7 @@ impl Cri {
         })
         .await
         .with_context(|| format!("connecting to {}", socket.display()))?;
-        let mut client = RuntimeServiceClient::new(channel);
+        let mut client = RuntimeServiceClient::new(channel.clone());
         let answer = deadline(QUERY_TIMEOUT, async {
             let request = VersionRequest {
                 version: API_VERSION.to_owned(),
@@ -81,12 +83,32 @@ impl Cri {
         .with_context(|| format!("asking {} its CRI version", socket.display()))?;
         Ok(Self {
             client,
+            channel,
             socket: socket.to_owned(),
             version: RuntimeVersion {
                 name: answer.runtime_name,
                 version: answer.runtime_version,
             },
         })
+    }
+
+    /// Whether the runtime's CRI knows the image `name` (ImageStatus): the
+    /// runtime may hold an image its CRI has not caught up with yet.
+    pub async fn has_image(&mut self, name: &str) -> Result<bool> {
+        let mut images = ImageServiceClient::new(self.channel.clone());
+        let request = ImageStatusRequest {
+            image: Some(ImageSpec {
+                image: name.to_owned(),
+                ..ImageSpec::default()
+            }),
+            verbose: false,
+        };
+        let answer = deadline(QUERY_TIMEOUT, async {
+            Ok(images.image_status(request).await?.into_inner())
+        })
+        .await
+        .with_context(|| format!("asking {} about the image {name}", self.socket.display()))?;
+        Ok(answer.image.is_some())
     }
 
     /// The ready pod sandboxes, each with what its status says.
