@@ -13,15 +13,38 @@ fn capture(name: &str) -> PathBuf {
     dir.join(format!("{name}.pcap"))
 }
 
-/// The journeys `dnstrace replay` reads in the capture `name`.
-fn journeys(name: &str) -> Vec<Value> {
+/// What `dnstrace replay NAME.pcap -o json` wrote: its JSON lines, and
+/// its stderr (the exit line).
+struct Replayed {
+    lines: Vec<Value>,
+    stderr: String,
+}
+
+fn replay(name: &str) -> Replayed {
     let file = capture(name);
     let out = dnstrace(&["replay", file.to_str().unwrap(), "-o", "json"]);
     assert!(out.status.success(), "{out:?}");
-    json_lines(&String::from_utf8_lossy(&out.stdout))
-        .into_iter()
-        .filter(|j| j["type"] == "journey")
-        .collect()
+    Replayed {
+        lines: json_lines(&String::from_utf8_lossy(&out.stdout)),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+impl Replayed {
+    fn journeys(&self) -> impl Iterator<Item = &Value> {
+        self.lines.iter().filter(|l| l["type"] == "journey")
+    }
+
+    /// The anomalies of the summary at its end.
+    fn anomalies(&self) -> &[Value] {
+        let summary = self.lines.iter().find(|l| l["type"] == "summary");
+        summary.expect("a summary")["anomalies"].as_array().unwrap()
+    }
+}
+
+/// The journeys `dnstrace replay` reads in the capture `name`.
+fn journeys(name: &str) -> Vec<Value> {
+    replay(name).journeys().cloned().collect()
 }
 
 /// Each lookup's name and how it ended.
@@ -100,19 +123,15 @@ fn ports_are_given_as_a_list_or_one_by_one() {
 /// them, with their typical and worst time in the headline.
 #[test]
 fn slow_answers_are_a_pattern_not_one_cold_lookup() {
-    let file = capture("slow-answers");
-    let out = dnstrace(&["replay", file.to_str().unwrap(), "-o", "json"]);
-    assert!(out.status.success(), "{out:?}");
-    let lines = json_lines(&String::from_utf8_lossy(&out.stdout));
+    let replayed = replay("slow-answers");
     let id_of = |name: &str| {
-        lines
-            .iter()
-            .find(|j| j["type"] == "journey" && j["name"] == name)
+        replayed
+            .journeys()
+            .find(|j| j["name"] == name)
             .and_then(|j| j["id"].as_u64())
             .unwrap_or_else(|| panic!("no journey for {name}"))
     };
-    let summary = lines.iter().find(|l| l["type"] == "summary").unwrap();
-    let anomalies = summary["anomalies"].as_array().unwrap();
+    let anomalies = replayed.anomalies();
     assert_eq!(anomalies.len(), 1, "{anomalies:#?}");
     let slow = &anomalies[0];
     assert_eq!(slow["kind"], "slow_answers");
@@ -157,11 +176,8 @@ fn an_answer_just_before_the_capture_ends_is_whole() {
 /// break and where it is, and one finding names the server sending them.
 #[test]
 fn a_malformed_answer_is_an_answer_and_a_finding() {
-    let file = capture("malformed-answers");
-    let out = dnstrace(&["replay", file.to_str().unwrap(), "-o", "json"]);
-    assert!(out.status.success(), "{out:?}");
-    let lines = json_lines(&String::from_utf8_lossy(&out.stdout));
-    let js: Vec<&Value> = lines.iter().filter(|l| l["type"] == "journey").collect();
+    let replayed = replay("malformed-answers");
+    let js: Vec<&Value> = replayed.journeys().collect();
     assert_eq!(js.len(), 3);
     for (j, breaks) in js.iter().zip([
         Some("answer record 2 of 2, at byte 66: incorrect rdata length"),
@@ -183,8 +199,7 @@ fn a_malformed_answer_is_an_answer_and_a_finding() {
             None => assert!(o.get("malformed").is_none(), "{j}"),
         }
     }
-    let summary = lines.iter().find(|l| l["type"] == "summary").unwrap();
-    let anomalies = summary["anomalies"].as_array().unwrap();
+    let anomalies = replayed.anomalies();
     assert_eq!(anomalies.len(), 1, "{anomalies:#?}");
     let a = &anomalies[0];
     assert_eq!(
@@ -195,7 +210,7 @@ fn a_malformed_answer_is_an_answer_and_a_finding() {
             &"answers from 10.96.0.10:53 cannot be read whole".into()
         )
     );
-    let exit = String::from_utf8_lossy(&out.stderr);
+    let exit = &replayed.stderr;
     assert!(exit.contains("6 messages, 2 malformed"), "{exit}");
 }
 
@@ -242,13 +257,9 @@ fn names_with_any_bytes_are_traced_and_shown_as_dig_shows_them() {
 /// no failing lookup.
 #[test]
 fn zone_operations_are_named_for_what_they_are_and_are_no_failed_lookups() {
-    let file = capture("zone-operations");
-    let out = dnstrace(&["replay", file.to_str().unwrap(), "-o", "json"]);
-    assert!(out.status.success(), "{out:?}");
-    let lines = json_lines(&String::from_utf8_lossy(&out.stdout));
-    let js: Vec<(&Value, &Value, &Value)> = lines
-        .iter()
-        .filter(|l| l["type"] == "journey")
+    let replayed = replay("zone-operations");
+    let js: Vec<(&Value, &Value, &Value)> = replayed
+        .journeys()
         .map(|j| {
             (
                 &j["opcode"],
@@ -265,8 +276,8 @@ fn zone_operations_are_named_for_what_they_are_and_are_no_failed_lookups() {
             (&"UPDATE".into(), &"REFUSED".into(), &none),
         ]
     );
-    let summary = lines.iter().find(|l| l["type"] == "summary").unwrap();
-    assert_eq!(summary["anomalies"], none, "{summary:#}");
+    let anomalies = replayed.anomalies();
+    assert!(anomalies.is_empty(), "{anomalies:#?}");
 }
 
 /// tshark as the oracle: in every capture here, each query tshark sees a

@@ -369,22 +369,16 @@ fn an_answer_a_little_before_its_query_answers_it() {
     const SERVICE: &str = "10.96.0.10:53";
     let name = "a.example.com.";
     let at = |ms: u64, src, dst| ev(ms * MS, Hook::DevReceive, 0, 2, src, dst);
-    let answer = |ms, client, id| {
-        rec(
-            &at(ms, SERVICE, client),
-            msg(id, name, "A", true),
-            None,
-            None,
-        )
+    let message = |ms, client, id, response| {
+        let e = if response {
+            at(ms, SERVICE, client)
+        } else {
+            at(ms, client, SERVICE)
+        };
+        rec(&e, msg(id, name, "A", response), None, None)
     };
-    let query = |ms, client, id| {
-        rec(
-            &at(ms, client, SERVICE),
-            msg(id, name, "A", false),
-            None,
-            None,
-        )
-    };
+    let answer = |ms, client, id| message(ms, client, id, true);
+    let query = |ms, client, id| message(ms, client, id, false);
     let mut e = Engine::new(Limits::default());
     let early = answer(100, "10.244.1.10:40001", 7);
     let too_early = answer(100, "10.244.1.10:40002", 8);
