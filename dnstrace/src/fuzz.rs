@@ -274,6 +274,7 @@ fn udp_packet(payload: &[u8]) -> Packet {
         ifname: None,
         ct: None,
         drop: None,
+        underlay: None,
     }
 }
 
@@ -397,9 +398,20 @@ mod tests {
                     .unwrap(),
             ),
             ("edns", edns.to_vec().unwrap()),
+            ("malformed-answer", malformed(&answer)),
             ("answers", answer.to_vec().unwrap()),
             ("nxdomain", nx.to_vec().unwrap()),
         ]
+    }
+
+    /// `answer` with one more record, an A whose data runs past the end:
+    /// what the lenient read keeps the rest of.
+    fn malformed(answer: &Message) -> Vec<u8> {
+        let mut bytes = answer.to_vec().unwrap();
+        let count = u16::from_be_bytes([bytes[6], bytes[7]]) + 1;
+        bytes[6..8].copy_from_slice(&count.to_be_bytes());
+        bytes.extend_from_slice(b"\xc0\x0c\x00\x01\x00\x01\x00\x00\x00\x1e\x00\x04\x0a");
+        bytes
     }
 
     /// DNS over TCP's framing: a 16-bit length first.
@@ -629,17 +641,23 @@ mod tests {
         ]
     }
 
-    /// A whole recording by `--record`, and tcpdump's captures.
+    /// A whole recording by `--record`, tcpdump's captures, and scapy's.
     fn recording_seeds() -> Seeds {
         let dir = TestDir::new();
         let path = dir.path().join("r.pcapng");
         record_inputs(&path, Clock::with_offset(7));
         let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/record/fixtures");
         let fixture = |f: &str| std::fs::read(fixtures.join(f)).unwrap();
+        // Captures that bend the rules: tunnels, broken answers and options.
+        let captures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/golden/captures");
+        let capture = |f: &str| std::fs::read(captures.join(f)).unwrap();
         vec![
             ("dnstrace.pcapng", std::fs::read(&path).unwrap()),
             ("tcpdump-lo.pcap", fixture("lo.pcap")),
             ("tcpdump-any-cut.pcap", fixture("any-cut.pcap")),
+            ("tunnels.pcap", capture("tunnels.pcap")),
+            ("malformed-answers.pcap", capture("malformed-answers.pcap")),
+            ("odd-edns.pcap", capture("odd-edns.pcap")),
         ]
     }
 
@@ -683,11 +701,11 @@ mod tests {
     /// The seeds are what these tests make, and reach past the first checks.
     #[test]
     fn seeds_are_meaningful() {
-        for (_, seed) in dns_seeds() {
-            assert!(matches!(
-                crate::decode::parse(&seed),
-                crate::decode::Body::Dns(_)
-            ));
+        for (name, seed) in dns_seeds() {
+            let crate::decode::Body::Dns(m) = crate::decode::parse(&seed) else {
+                panic!("{name}: not read as DNS");
+            };
+            assert_eq!(m.malformed.is_some(), name == "malformed-answer", "{name}");
         }
         let events = event_seeds();
         let frags: Vec<_> = events

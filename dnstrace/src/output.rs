@@ -17,7 +17,7 @@ use crate::{
     correlate::{Journey, Leg, Outcome},
     decode::{
         Body, Conntrack, DnsMessage, Fragment, KernelNames, Missing, NodeId, Packet, Record, Seen,
-        Transport,
+        Transport, Underlay,
     },
     diagnose::{Anomaly, AnomalyKind},
     naming::Names,
@@ -254,6 +254,8 @@ struct JsonLine<'a> {
     conntrack: Option<JsonConntrack>,
     #[serde(skip_serializing_if = "Option::is_none")]
     drop: Option<JsonDrop>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    underlay: Option<Underlay>,
     #[serde(flatten)]
     body: &'a Body,
 }
@@ -567,6 +569,9 @@ impl<W: Write> LineSink<W> {
                 self.labels.kernel.location(d.location)
             );
         }
+        if let Some(u) = &p.underlay {
+            line += &format!(" [in {u}]");
+        }
         line
     }
 
@@ -636,6 +641,7 @@ impl<W: Write> LineSink<W> {
                 reason: self.labels.kernel.drop_reason(d.reason),
                 location: self.labels.kernel.location(d.location),
             }),
+            underlay: p.underlay.as_deref().copied(),
             body: &rec.body,
         }
     }
@@ -799,6 +805,7 @@ mod tests {
                 ifname: None,
                 ct: None,
                 drop: None,
+                underlay: None,
             },
             body,
             missing: None,
@@ -1000,6 +1007,7 @@ mod tests {
             snat: None,
             drop: None,
             fragment: None,
+            underlay: None,
         }
     }
 

@@ -292,14 +292,19 @@ fn every_query_tshark_sees_answered_is_answered() {
         .filter(|p| p.extension().is_some_and(|x| x == "pcap"))
         .collect();
     files.sort();
-    assert!(files.len() >= 7, "{files:?}");
+    assert!(files.len() >= 9, "{files:?}");
     for file in files {
         let name = file.file_stem().unwrap().to_str().unwrap().to_owned();
         let seen = |response: u8, addr: &str, port: &str| -> BTreeSet<String> {
             let filter = format!("dns.flags.response == {response}");
+            // Inside a tunnel, the innermost addresses: the lookup's.
             let out = run(std::process::Command::new("tshark").args([
                 "-r",
                 file.to_str().unwrap(),
+                "-d",
+                "udp.port==8472,vxlan",
+                "-E",
+                "occurrence=l",
                 "-Y",
                 &filter,
                 "-T",
@@ -354,6 +359,68 @@ fn a_query_with_a_broken_edns_option_is_a_lookup() {
         query.contains(
             " Q rd cookie.example.com. A MALFORMED at the additional record 1 of 1, at byte 36: "
         ),
+        "{text}"
+    );
+}
+
+/// A node's underlay: each cross-node lookup inside VXLAN (IANA's port and
+/// flannel's), Geneve, IP-in-IP or GRE is a journey, answered, each leg
+/// saying which tunnel and which two nodes it crossed between; the node's
+/// own lookup upstream crossed no tunnel.
+#[test]
+fn dns_inside_tunnels_is_traced_with_the_nodes_it_crossed() {
+    let js = journeys("tunnels");
+    let names: Vec<(String, String)> = outcomes(&js);
+    let answered = |name: &str| (name.to_owned(), "answered".to_owned());
+    assert_eq!(
+        names,
+        [
+            answered("vxlan.example.com."),
+            answered("flannel.example.com."),
+            answered("geneve.example.com."),
+            answered("ipip.example.com."),
+            answered("gre.example.com."),
+            answered("example.org."),
+        ]
+    );
+    let underlays = |j: &Value| -> Vec<String> {
+        let legs = j["legs"].as_array().unwrap();
+        legs.iter()
+            .map(|l| match &l["underlay"] {
+                Value::Null => "none".to_owned(),
+                u => format!("{} {} {} {}", u["tunnel"], u["src"], u["dst"], u["vni"]),
+            })
+            .collect()
+    };
+    let (a, b, c) = ("\"192.168.0.1\"", "\"192.168.0.2\"", "\"192.168.0.3\"");
+    let both = |tunnel: &str, other: &str, vni: &str| {
+        vec![
+            format!("\"{tunnel}\" {a} {other} {vni}"),
+            format!("\"{tunnel}\" {other} {a} {vni}"),
+        ]
+    };
+    let want = [
+        both("vxlan", b, "1"),
+        both("vxlan", c, "1"),
+        both("geneve", b, "5"),
+        both("ipip", c, "null"),
+        both("gre", b, "77"),
+        vec!["none".to_owned(), "none".to_owned()],
+    ];
+    for (j, want) in js.iter().zip(want) {
+        assert_eq!(underlays(j), want, "{j}");
+    }
+    let file = capture("tunnels");
+    let out = dnstrace(&["replay", file.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("  in vxlan node 192.168.0.3 → node 192.168.0.1 (vni 1)\n"),
+        "{text}"
+    );
+    let packets = dnstrace(&["replay", file.to_str().unwrap(), "--packets"]);
+    let text = String::from_utf8_lossy(&packets.stdout);
+    assert!(
+        text.contains(" [in gre node 192.168.0.1 → node 192.168.0.2 (key 77)]"),
         "{text}"
     );
 }

@@ -656,3 +656,91 @@ fn one_node_names_the_node_its_lost_queries_went_to() {
         out.status
     );
 }
+
+/// What an SRE captures on a node's underlay (`tcpdump -i eth0` in node1,
+/// where flannel's VXLAN on port 8472 carries every cross-node packet):
+/// replayed, each of web's lookups to a CoreDNS pod on another node is a
+/// journey, answered, each leg saying it crossed in VXLAN between node1's
+/// underlay address and that node's.
+#[test]
+fn an_underlay_capture_shows_the_lookups_between_nodes_and_the_nodes() {
+    require_root();
+    let lab = Lab::up(&["--nodes", "3"]);
+    let dir = Dir::new("underlay");
+    let file = dir.file("node1-eth0.pcap");
+    let mut tcpdump = std::process::Command::new("ip")
+        .args(["netns", "exec", &lab_ns("node1"), "tcpdump", "-i", "eth0"])
+        // Each packet to the file as it comes: SIGINT drops what the
+        // kernel's buffer still holds.
+        .args(["--immediate-mode", "-U", "-n", "-w"])
+        .arg(&file)
+        .args(["udp", "port", "8472"])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("tcpdump");
+    wait_for(|| std::fs::metadata(&file).ok().filter(|m| m.len() > 0)).unwrap();
+    let ids: Vec<u16> = (0..6)
+        .map(|_| {
+            let out = lab.dig(&WEB, "kube-dns.kube-system.svc.cluster.local");
+            assert_eq!(dig_status(&out), "NOERROR", "{out}");
+            dig_id(&out).expect("dig's id")
+        })
+        .collect();
+    // Each query and its answer, in the file before tcpdump stops.
+    wait_for(|| (pcap_records(&file) >= 2 * ids.len()).then_some(())).unwrap();
+    // SAFETY: a signal to the child this test started.
+    unsafe { libc::kill(tcpdump.id() as i32, libc::SIGINT) };
+    tcpdump.wait().unwrap();
+    let out = dnstrace(&["replay", file.to_str().unwrap(), "-o", "json"]);
+    assert!(out.status.success(), "{out:?}");
+    let lines = json_lines(&String::from_utf8_lossy(&out.stdout));
+    let journeys: Vec<&Value> = lines.iter().filter(|l| l["type"] == "journey").collect();
+    // Only lookups that crossed are on the underlay: the CoreDNS pods are
+    // on nodes 2 and 3, so all of them did.
+    for id in ids {
+        let j = journeys
+            .iter()
+            .find(|j| j["dns_id"] == id && j["client"].as_str().unwrap().starts_with(WEB_IP))
+            .unwrap_or_else(|| panic!("lookup {id} not on the underlay: {journeys:#?} {out:?}"));
+        assert_eq!(j["outcome"]["status"], "answered", "{j}");
+        // Past node1's DNAT: a CoreDNS pod's address, 10.244.N.x.
+        let server = j["legs"][0]["dst"].as_str().unwrap();
+        let node: u8 = server.split('.').nth(2).unwrap().parse().unwrap();
+        let remote = format!("172.18.0.{}", node + 1);
+        let crossed: Vec<(String, String, String)> = j["legs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| {
+                let u = &l["underlay"];
+                let s = |v: &Value| v.as_str().unwrap_or("none").to_owned();
+                (s(&u["tunnel"]), s(&u["src"]), s(&u["dst"]))
+            })
+            .collect();
+        let way = |src: &str, dst: &str| ("vxlan".to_owned(), src.to_owned(), dst.to_owned());
+        assert_eq!(
+            crossed,
+            [way("172.18.0.2", &remote), way(&remote, "172.18.0.2")],
+            "{j}"
+        );
+        assert!(j["legs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|l| l["underlay"]["vni"] == 1));
+    }
+}
+
+/// The packets a classic pcap file holds so far, counted from its record
+/// headers.
+fn pcap_records(file: &std::path::Path) -> usize {
+    let data = std::fs::read(file).unwrap_or_default();
+    let mut at = 24;
+    let mut n = 0;
+    while let Some(head) = data.get(at..at + 16) {
+        let len = u32::from_le_bytes(head[8..12].try_into().unwrap()) as usize;
+        at += 16 + len;
+        n += usize::from(at <= data.len());
+    }
+    n
+}

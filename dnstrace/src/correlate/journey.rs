@@ -6,7 +6,7 @@ use dnstrace_common::{Direction, Hook, SampleLevel};
 use serde::Serialize;
 
 use super::Connection;
-use crate::decode::{NodeId, Qtype, Rcode};
+use crate::decode::{NodeId, Qtype, Rcode, Underlay};
 use crate::decode::{Record, Seen};
 
 /// One sighting of a journey's packet.
@@ -40,6 +40,8 @@ pub struct Leg {
     pub drop: Option<Box<(u32, u64)>>,
     /// Where it saw part of a fragmented message only. Boxed: rare.
     pub fragment: Option<Box<FragmentNote>>,
+    /// The tunnel between nodes a capture found it in. Boxed: rare.
+    pub underlay: Option<Box<Underlay>>,
 }
 
 /// A leg that saw part of a fragmented message: the fragment at `offset`
@@ -220,6 +222,7 @@ pub mod fixtures {
             snat: None,
             drop: None,
             fragment: None,
+            underlay: None,
         }
     }
 

@@ -10,7 +10,7 @@ use std::{
 use dnstrace_common::{sample, Direction, Hook, SampleLevel};
 
 use super::{devices::Devices, FragmentNote, Gap, Journey, Leg, Outcome};
-use crate::decode::{Conntrack, DnsMessage, NodeId, Packet, Qtype};
+use crate::decode::{Conntrack, DnsMessage, NodeId, Packet, Qtype, Underlay};
 
 /// Where an open journey is kept: its place in `Slab`. Indexes hold slots
 /// (4 bytes, where ids are 8) and drop them when the journey closes.
@@ -489,11 +489,13 @@ impl Open {
             snat: ct.and_then(Conntrack::snat),
             drop: p.drop.map(|d| (d.reason, d.location)),
             fragment,
+            underlay: p.underlay.as_deref().copied(),
         };
         if marks.dnat.is_none()
             && marks.snat.is_none()
             && marks.drop.is_none()
             && marks.fragment.is_none()
+            && marks.underlay.is_none()
         {
             return None;
         }
@@ -661,14 +663,15 @@ impl LegFlags {
 }
 
 /// What some legs carry: the NAT conntrack showed, the kernel's drop
-/// (reason, location). One copy for a journey's legs that carry the same:
-/// past a DNAT, each leg shows it.
+/// (reason, location), the tunnel a capture found it in. One copy for a
+/// journey's legs that carry the same: past a DNAT, each leg shows it.
 #[derive(PartialEq)]
 pub(super) struct Marks {
     dnat: Option<(SocketAddr, SocketAddr)>,
     snat: Option<(SocketAddr, SocketAddr)>,
     drop: Option<(u32, u64)>,
     fragment: Option<Box<FragmentNote>>,
+    underlay: Option<Underlay>,
 }
 
 /// A record's message as a leg takes it.
@@ -709,6 +712,7 @@ impl OpenLeg {
             snat: self.marks.as_ref().and_then(|m| m.snat).map(Box::new),
             drop: self.marks.as_ref().and_then(|m| m.drop).map(Box::new),
             fragment: self.marks.as_ref().and_then(|m| m.fragment.clone()),
+            underlay: self.marks.as_ref().and_then(|m| m.underlay).map(Box::new),
         }
     }
 }

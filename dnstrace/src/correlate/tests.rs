@@ -93,6 +93,7 @@ fn rec(e: &Ev, m: DnsMessage, ct: Option<Conntrack>, drop: Option<Dropped>) -> R
             ifname: None,
             ct,
             drop,
+            underlay: None,
         },
         body: Body::Dns(m.into()),
         missing: None,

@@ -9,7 +9,9 @@ pub mod wire;
 pub use dns::{DnsMessage, Qtype, Rcode};
 pub use frag::{Missing, Seen};
 pub use kernel::KernelNames;
-pub use packet::{Conntrack, CtTuple, Dropped, Fragment, NodeId, Packet, Transport};
+pub use packet::{
+    Conntrack, CtTuple, Dropped, Fragment, NodeId, Packet, Transport, Tunnel, Underlay,
+};
 
 use std::sync::Arc;
 

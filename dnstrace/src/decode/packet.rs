@@ -55,6 +55,9 @@ pub struct Packet {
     pub ifname: Option<Arc<str>>,
     pub ct: Option<Conntrack>,
     pub drop: Option<Dropped>,
+    /// The tunnel it was captured inside, on a node's underlay. Boxed:
+    /// only captures have any.
+    pub underlay: Option<Box<Underlay>>,
 }
 
 impl Packet {
@@ -69,6 +72,53 @@ impl Packet {
             Transport::Tcp { .. } => 20,
         };
         u16::try_from(self.payload_len.saturating_add(ip + l4)).unwrap_or(u16::MAX)
+    }
+}
+
+/// An encapsulation between nodes, as an underlay capture shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Tunnel {
+    Vxlan,
+    Geneve,
+    /// IP in IP (IPv4 or IPv6 inside IPv4 or IPv6).
+    Ipip,
+    Gre,
+}
+
+impl Tunnel {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Vxlan => "vxlan",
+            Self::Geneve => "geneve",
+            Self::Ipip => "ipip",
+            Self::Gre => "gre",
+        }
+    }
+}
+
+/// The outer packet a DNS message was carried in: the two nodes (tunnel
+/// endpoints) it crossed between.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct Underlay {
+    pub tunnel: Tunnel,
+    pub src: IpAddr,
+    pub dst: IpAddr,
+    /// VXLAN's or Geneve's network identifier, GRE's key.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vni: Option<u32>,
+}
+
+impl std::fmt::Display for Underlay {
+    /// `vxlan node 192.168.0.1 → node 192.168.0.2 (vni 1)`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (tunnel, src, dst) = (self.tunnel.name(), self.src, self.dst);
+        write!(f, "{tunnel} node {src} → node {dst}")?;
+        match self.vni {
+            Some(vni) if self.tunnel == Tunnel::Gre => write!(f, " (key {vni})"),
+            Some(vni) => write!(f, " (vni {vni})"),
+            None => Ok(()),
+        }
     }
 }
 
@@ -193,6 +243,7 @@ impl Packet {
                 reason: meta.drop_reason,
                 location: meta.drop_location,
             }),
+            underlay: None,
         })
     }
 }

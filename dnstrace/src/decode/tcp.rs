@@ -285,6 +285,7 @@ mod tests {
             ifname: None,
             ct: None,
             drop: None,
+            underlay: None,
         }
     }
 

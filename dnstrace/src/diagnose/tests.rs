@@ -57,6 +57,7 @@ fn leg(
         snat: None,
         drop: (hook == Hook::Drop).then(|| Box::new((3, 0x10))),
         fragment: None,
+        underlay: None,
     }
 }
 

@@ -210,6 +210,10 @@ fn leg(out: &mut Vec<u8>, l: &Leg, labels: &Labels) -> serde_json::Result<()> {
         key!(out, "fragment");
         value(out, &FragmentJson::of(f))?;
     }
+    if let Some(u) = l.underlay.as_deref() {
+        key!(out, "underlay");
+        value(out, u)?;
+    }
     out.push(b'}');
     Ok(())
 }

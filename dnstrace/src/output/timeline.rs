@@ -103,6 +103,9 @@ fn leg(out: &mut Vec<u8>, labels: &Labels, leg: &Leg, indent: &str) {
         out.extend_from_slice(b"  dropped: ");
         out.extend_from_slice(labels.drop_text(reason, at).as_bytes());
     }
+    if let Some(u) = leg.underlay.as_deref() {
+        let _ = write!(out, "  in {u}");
+    }
     out.push(b'\n');
 }
 
@@ -238,6 +241,7 @@ mod tests {
             snat: None,
             drop: None,
             fragment: None,
+            underlay: None,
         }
     }
 

@@ -8,7 +8,7 @@ use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
 };
 
-use crate::decode::{Fragment, Packet, Transport};
+use crate::decode::{Fragment, Packet, Transport, Tunnel, Underlay};
 
 pub const LINKTYPE_NULL: u16 = 0;
 pub const LINKTYPE_ETHERNET: u16 = 1;
@@ -25,9 +25,19 @@ const ETH_P_IP: u16 = 0x0800;
 const ETH_P_IPV6: u16 = 0x86dd;
 const ETH_P_8021Q: u16 = 0x8100;
 const ETH_P_8021AD: u16 = 0x88a8;
+const ETH_P_TEB: u16 = 0x6558;
+const IPPROTO_IPIP: u8 = 4;
 const IPPROTO_TCP: u8 = 6;
 const IPPROTO_UDP: u8 = 17;
+const IPPROTO_IPV6: u8 = 41;
 const IPPROTO_FRAGMENT: u8 = 44;
+const IPPROTO_GRE: u8 = 47;
+/// VXLAN's IANA port, and the Linux kernel's (flannel's) before it.
+const VXLAN_PORTS: [u16; 2] = [4789, 8472];
+const GENEVE_PORT: u16 = 6081;
+/// Tunnels opened inside one another before giving up: a node's overlay
+/// over a cloud's own is two.
+const MAX_TUNNELS: usize = 2;
 const IPV4_MF: u16 = 0x2000;
 /// IPv6 extension headers walked before giving up, as in the kernel.
 const MAX_EXT_HEADERS: usize = 6;
@@ -243,6 +253,8 @@ pub struct Decoded<'a> {
     /// A fragment of an IP datagram. A later one has no ports (0 here) and
     /// its payload is the fragment's data.
     pub frag: Option<Fragment>,
+    /// The outermost tunnel it came out of.
+    pub underlay: Option<Underlay>,
 }
 
 /// A frame that does not parse as what its headers say.
@@ -267,19 +279,147 @@ enum Ip {
     V6,
 }
 
-/// `Ok(None)`: not UDP or TCP over IP (nor a later fragment of UDP).
+/// `Ok(None)`: not UDP or TCP over IP (nor a later fragment of UDP),
+/// directly or inside VXLAN, Geneve, IP-in-IP or GRE.
 pub fn decode(linktype: u16, data: &[u8]) -> Result<Option<Decoded<'_>>, FrameError> {
-    let Some((ip, packet)) = link(linktype, data)? else {
+    let Some((mut ip, mut packet)) = link(linktype, data)? else {
         return Ok(None);
     };
-    let l3 = match ip {
-        Ip::V4 => ipv4(packet)?,
-        Ip::V6 => ipv6(packet)?,
-    };
-    let Some(l3) = l3 else {
+    let mut underlay = None;
+    for depth in 0..=MAX_TUNNELS {
+        let Some(l3) = network(ip, packet)? else {
+            return Ok(None);
+        };
+        let inner = match depth < MAX_TUNNELS {
+            true => tunnel(&l3)?,
+            false => None,
+        };
+        let Some((outer, (inner_ip, inner_packet))) = inner else {
+            let mut d = transport(l3)?;
+            if let Some(d) = &mut d {
+                d.underlay = underlay;
+            }
+            return Ok(d);
+        };
+        underlay.get_or_insert(outer);
+        (ip, packet) = (inner_ip, inner_packet);
+    }
+    Ok(None)
+}
+
+fn network(ip: Ip, packet: &[u8]) -> Result<Option<L3<'_>>, FrameError> {
+    match ip {
+        Ip::V4 => ipv4(packet),
+        Ip::V6 => ipv6(packet),
+    }
+}
+
+/// A network-layer packet, as a link layer or a tunnel carries it.
+type Carried<'a> = (Ip, &'a [u8]);
+/// What a tunnel's header says: its network id or key, and what it carries.
+type Opened<'a> = Result<Option<(Option<u32>, Carried<'a>)>, FrameError>;
+
+/// The packet `l3` carries through a tunnel, and the tunnel; None when it
+/// is not one (or is a fragment of one: outer fragments are not put back
+/// together).
+fn tunnel<'a>(l3: &L3<'a>) -> Result<Option<(Underlay, Carried<'a>)>, FrameError> {
+    if l3.frag.is_some() {
         return Ok(None);
+    }
+    let under = |tunnel, vni| Underlay {
+        tunnel,
+        src: l3.src,
+        dst: l3.dst,
+        vni,
     };
-    transport(l3)
+    let inner = match l3.proto {
+        IPPROTO_IPIP => Some((under(Tunnel::Ipip, None), (Ip::V4, l3.l4))),
+        IPPROTO_IPV6 => Some((under(Tunnel::Ipip, None), (Ip::V6, l3.l4))),
+        IPPROTO_GRE => gre(l3.l4)?.map(|(key, inner)| (under(Tunnel::Gre, key), inner)),
+        IPPROTO_UDP => match l3.l4.get(2..4) {
+            Some(&[a, b]) => match u16::from_be_bytes([a, b]) {
+                p if VXLAN_PORTS.contains(&p) => vxlan(&l3.l4[8.min(l3.l4.len())..])?
+                    .map(|(vni, inner)| (under(Tunnel::Vxlan, vni), inner)),
+                GENEVE_PORT => geneve(&l3.l4[8.min(l3.l4.len())..])?
+                    .map(|(vni, inner)| (under(Tunnel::Geneve, vni), inner)),
+                _ => None,
+            },
+            _ => None,
+        },
+        _ => None,
+    };
+    Ok(inner)
+}
+
+/// VXLAN (RFC 7348): 8 bytes, the I flag and a 24-bit VNI, then Ethernet.
+fn vxlan(p: &[u8]) -> Opened<'_> {
+    let Some(&[flags, _, _, _, a, b, c, _]) = p.get(..8) else {
+        return bad(format!("VXLAN header cut at {} bytes", p.len()));
+    };
+    if flags & 0x08 == 0 {
+        return bad("VXLAN header without a VNI (I flag clear)");
+    }
+    let vni = u32::from_be_bytes([0, a, b, c]);
+    Ok(ethernet(&p[8..])?.map(|inner| (Some(vni), inner)))
+}
+
+/// Geneve (RFC 8926): 8 bytes and options, then what its protocol type
+/// says (Ethernet, or IP directly).
+fn geneve(p: &[u8]) -> Opened<'_> {
+    let Some(&[first, _, t0, t1, a, b, c, _]) = p.get(..8) else {
+        return bad(format!("Geneve header cut at {} bytes", p.len()));
+    };
+    if first >> 6 != 0 {
+        return bad(format!("Geneve version {} is not known", first >> 6));
+    }
+    let len = 8 + usize::from(first & 0x3f) * 4;
+    let Some(rest) = p.get(len..) else {
+        return bad(format!("Geneve options of {} bytes cut", len - 8));
+    };
+    let vni = u32::from_be_bytes([0, a, b, c]);
+    Ok(inner_of(u16::from_be_bytes([t0, t1]), rest)?.map(|inner| (Some(vni), inner)))
+}
+
+/// GRE (RFC 2784, with RFC 2890's key and sequence number), version 0.
+fn gre(p: &[u8]) -> Opened<'_> {
+    let Some(&[f0, f1, t0, t1]) = p.get(..4) else {
+        return bad(format!("GRE header cut at {} bytes", p.len()));
+    };
+    // Version 1 is PPTP's, which carries PPP.
+    if f1 & 0x07 != 0 {
+        return Ok(None);
+    }
+    let (checksum, keyed, seq) = (f0 & 0x80 != 0, f0 & 0x20 != 0, f0 & 0x10 != 0);
+    let key_at = 4 + 4 * usize::from(checksum);
+    let len = key_at + 4 * usize::from(keyed) + 4 * usize::from(seq);
+    let Some(rest) = p.get(len..) else {
+        return bad(format!("GRE header of {len} bytes cut"));
+    };
+    let key = match p[key_at..].first_chunk::<4>() {
+        Some(k) if keyed => Some(u32::from_be_bytes(*k)),
+        _ => None,
+    };
+    Ok(inner_of(u16::from_be_bytes([t0, t1]), rest)?.map(|inner| (key, inner)))
+}
+
+/// What a tunnel's protocol type carries: IP, or Ethernet bridged.
+fn inner_of(ethertype: u16, rest: &[u8]) -> Result<Option<(Ip, &[u8])>, FrameError> {
+    match ethertype {
+        ETH_P_TEB => ethernet(rest),
+        ETH_P_IP => Ok(Some((Ip::V4, rest))),
+        ETH_P_IPV6 => Ok(Some((Ip::V6, rest))),
+        _ => Ok(None),
+    }
+}
+
+fn ethernet(frame: &[u8]) -> Result<Option<(Ip, &[u8])>, FrameError> {
+    match frame.get(12..14) {
+        Some(&[a, b]) => vlan(u16::from_be_bytes([a, b]), &frame[14..]),
+        _ => bad(format!(
+            "inner Ethernet header cut at {} bytes",
+            frame.len()
+        )),
+    }
 }
 
 /// The network layer a link-layer frame carries.
@@ -425,7 +565,10 @@ fn ipv6(p: &[u8]) -> Result<Option<L3<'_>>, FrameError> {
             None => bad("IPv6 extension header cut"),
         };
         let len = match l3.proto {
-            IPPROTO_UDP | IPPROTO_TCP => return Ok(Some(l3)),
+            // Transports, and what tunnels carry.
+            IPPROTO_UDP | IPPROTO_TCP | IPPROTO_IPIP | IPPROTO_IPV6 | IPPROTO_GRE => {
+                return Ok(Some(l3))
+            }
             // hop-by-hop, routing, destination options
             0 | 43 | 60 => ext_len(8, 1)?,
             // authentication header
@@ -500,6 +643,7 @@ fn transport(l3: L3<'_>) -> Result<Option<Decoded<'_>>, FrameError> {
         payload_len,
         truncated: (payload.len() as u32) < payload_len,
         frag: l3.frag,
+        underlay: None,
     }))
 }
 
@@ -514,6 +658,7 @@ fn later_fragment_of(l3: L3<'_>, f: Fragment) -> Option<Decoded<'_>> {
         payload_len: l3.l4_len,
         truncated: (l3.l4.len() as u32) < l3.l4_len,
         frag: Some(f),
+        underlay: None,
     })
 }
 

@@ -429,6 +429,7 @@ impl<R: Read> Replay<R> {
             }),
             ct: None,
             drop: None,
+            underlay: d.underlay.map(Box::new),
         })
     }
 
@@ -499,6 +500,7 @@ fn recorded(note: &PacketNote, data: &[u8]) -> Option<Packet> {
         ifname: note.ifname.as_deref().map(std::sync::Arc::from),
         ct: note.conntrack(),
         drop: note.dropped(),
+        underlay: None,
     })
 }
 

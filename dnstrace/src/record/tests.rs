@@ -65,6 +65,7 @@ pub fn packet(src: &str, dst: &str, transport: Transport, payload: &[u8]) -> Pac
         ifname: None,
         ct: None,
         drop: None,
+        underlay: None,
     }
 }
 

@@ -250,6 +250,9 @@ fn legs(j: &Journey, depth: u8, labels: &Labels) -> Vec<LegRow> {
             if let Some(&(reason, at)) = l.drop.as_deref() {
                 notes.push(format!("dropped: {}", labels.drop_text(reason, at)));
             }
+            if let Some(u) = l.underlay.as_deref() {
+                notes.push(format!("in {u}"));
+            }
             let row = LegRow {
                 depth,
                 heading: None,

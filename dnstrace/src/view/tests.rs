@@ -77,6 +77,7 @@ fn leg(ts: u64, prev: u64, place: (&str, u32), dir: &'static str, src: &str, dst
         snat: None,
         drop: None,
         fragment: None,
+        underlay: None,
     }
 }
 
@@ -533,6 +534,29 @@ fn journey_legs_nest_the_upstream_query_where_it_happened() {
     );
     assert_eq!(d.legs[2].notes, ["DNAT kube-system/kube-dns (10.96.0.10:53) → kube-system/coredns-7db6d8ff4d-4xk9m (10.244.0.53:53)"]);
     assert_eq!(d.legs[0].from, "web-7d9f8c6b5-x2x4k:40000");
+}
+
+#[test]
+fn a_leg_in_a_tunnel_says_between_which_nodes() {
+    let mut j = journey(
+        3,
+        "www.example.com.",
+        7 * S,
+        noerror("A 198.51.100.80"),
+        false,
+    );
+    j.legs[1].underlay = Some(Box::new(crate::decode::Underlay {
+        tunnel: crate::decode::Tunnel::Geneve,
+        src: "192.168.0.1".parse().unwrap(),
+        dst: "192.168.0.2".parse().unwrap(),
+        vni: Some(5),
+    }));
+    let d = detail(&j, &labels());
+    assert_eq!(
+        d.legs[1].notes,
+        ["in geneve node 192.168.0.1 → node 192.168.0.2 (vni 5)"]
+    );
+    assert!(d.legs[0].notes.is_empty());
 }
 
 #[test]

@@ -4,7 +4,8 @@ python3-scapy): each the smallest traffic that shows one case of issue 55.
 Run from this directory to write them again: `/usr/bin/python3 make.py`;
 the same captures come out. tests/tests/captures.rs says what
 `dnstrace replay NAME.pcap` must read in each."""
-from scapy.all import DNS, DNSQR, DNSRR, IP, UDP, Ether, Raw, wrpcap
+from scapy.all import DNS, DNSQR, DNSRR, GRE, IP, UDP, VXLAN, Ether, Raw, wrpcap
+from scapy.contrib.geneve import GENEVE
 
 CLIENT, SERVER = "10.244.1.10", "10.96.0.10"
 T0 = 1_700_000_000
@@ -145,6 +146,61 @@ def odd_edns():
     return [q, a]
 
 
+NODE_A, NODE_B, NODE_C = "192.168.0.1", "192.168.0.2", "192.168.0.3"
+
+
+def tunneled(outer, qid, name, client, server, t, sport):
+    """A lookup from a pod on node A to a CoreDNS pod on another node, as
+    node A's underlay sees it: `outer(there, back)` wraps the query going
+    there and the answer coming back."""
+    q, a = lookup(qid, name, t, t + 0.004, sport)
+    q[IP].src, q[IP].dst, a[IP].src, a[IP].dst = client, server, server, client
+    there, back = outer(True), outer(False)
+    q, a = there / q[IP], back / a[IP]
+    q.time, a.time = t, t + 0.004
+    return [q, a]
+
+
+def between(node, vni, port=4789):
+    """VXLAN between node A and `node`, on `port`."""
+    def outer(there):
+        src, dst = (NODE_A, node) if there else (node, NODE_A)
+        return (Ether() / IP(src=src, dst=dst) / UDP(sport=50000 + vni, dport=port)
+                / VXLAN(vni=vni) / Ether())
+    return outer
+
+
+def tunnels():
+    """A node's underlay (node A's eth0): cross-node lookups inside VXLAN
+    (IANA's port and flannel's), Geneve, IP-in-IP and GRE, and the node's
+    own lookup upstream, not in any tunnel."""
+    def geneve(there):
+        src, dst = (NODE_A, NODE_B) if there else (NODE_B, NODE_A)
+        return Ether() / IP(src=src, dst=dst) / UDP(sport=50100, dport=6081) / GENEVE(vni=5, proto=0x6558) / Ether()
+
+    def ipip(there):
+        src, dst = (NODE_A, NODE_C) if there else (NODE_C, NODE_A)
+        return Ether() / IP(src=src, dst=dst, proto=4)
+
+    def gre(there):
+        src, dst = (NODE_A, NODE_B) if there else (NODE_B, NODE_A)
+        return Ether() / IP(src=src, dst=dst) / GRE(key_present=1, key=77, proto=0x0800)
+
+    upstream = lookup(0xa05, "example.org.", T0 + 0.5, T0 + 0.52, 50005)
+    for p in upstream:
+        p[IP].src, p[IP].dst = (NODE_A, "192.0.2.53") if p[IP].dst == SERVER else ("192.0.2.53", NODE_A)
+        del p[IP].chksum, p[UDP].chksum
+    return sorted(
+        tunneled(between(NODE_B, 1), 0xa00, "vxlan.example.com.", "10.244.1.10", "10.244.2.5", T0, 50000)
+        + tunneled(between(NODE_C, 1, 8472), 0xa01, "flannel.example.com.", "10.244.1.11", "10.244.3.5", T0 + 0.1, 50001)
+        + tunneled(geneve, 0xa02, "geneve.example.com.", "10.244.1.12", "10.244.2.5", T0 + 0.2, 50002)
+        + tunneled(ipip, 0xa03, "ipip.example.com.", "10.244.1.13", "10.244.3.5", T0 + 0.3, 50003)
+        + tunneled(gre, 0xa04, "gre.example.com.", "10.244.1.14", "10.244.2.5", T0 + 0.4, 50004)
+        + upstream,
+        key=lambda p: p.time,
+    )
+
+
 CASES = {
     "same-timestamp": same_timestamp,
     "slow-answers": slow_answers,
@@ -154,6 +210,7 @@ CASES = {
     "odd-names": odd_names,
     "zone-operations": zone_operations,
     "odd-edns": odd_edns,
+    "tunnels": tunnels,
 }
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ fn decoded(p: &Packet) -> Decoded<'_> {
         payload_len: p.payload_len,
         truncated: p.truncated,
         frag: p.frag,
+        underlay: None,
     }
 }
 
@@ -332,7 +333,21 @@ fn malformed_frames_are_errors() {
 #[test]
 fn mutated_frames_never_panic() {
     let linktypes = [0, 1, 12, 101, 108, 113, 228, 229, 276];
-    let frames: Vec<Vec<u8>> = cases().iter().map(|p| encode(p).data).collect();
+    let mut frames: Vec<Vec<u8>> = cases().iter().map(|p| encode(p).data).collect();
+    // And inside tunnels, for the decapsulation's bounds.
+    let vxlan = [vxlan_header(7), eth(ETH_P_IP, &[], &frames[0])].concat();
+    let gre = [&[0x20, 0, 0x86, 0xdd, 0, 0, 0, 1][..], &frames[1]].concat();
+    let geneve = [
+        &[0x01, 0, 0x65, 0x58, 0, 0, 9, 0, 1, 2, 3, 0][..],
+        &vxlan[8..],
+    ]
+    .concat();
+    frames.extend([
+        over_udp(4789, &vxlan),
+        over_udp(6081, &geneve),
+        over_ip(IPPROTO_GRE, &gre),
+        over_ip(IPPROTO_IPIP, &frames[2]),
+    ]);
     let mut rng = Rng(0x2545_f491_4f6c_dd1d);
     for _ in 0..5_000 {
         let mut f = frames[rng.below(frames.len())].clone();
@@ -350,4 +365,181 @@ fn mutated_frames_never_panic() {
             assert!(d.payload.len() <= d.payload_len as usize);
         }
     }
+}
+
+const NODE_A: Ipv4Addr = Ipv4Addr::new(192, 168, 0, 1);
+const NODE_B: Ipv4Addr = Ipv4Addr::new(192, 168, 0, 2);
+
+/// `inner` in an IPv4 packet of protocol `proto` between the two nodes.
+fn over_ip(proto: u8, inner: &[u8]) -> Vec<u8> {
+    let (mut h, _) = ipv4_header(NODE_A, NODE_B, proto, inner.len() as u32, None);
+    h.extend_from_slice(inner);
+    h
+}
+
+/// `inner` in UDP between the two nodes, to `port`.
+fn over_udp(port: u16, inner: &[u8]) -> Vec<u8> {
+    let outer = packet(
+        "192.168.0.1:40001",
+        &format!("192.168.0.2:{port}"),
+        Transport::Udp,
+        inner,
+    );
+    encode(&outer).data
+}
+
+fn vxlan_header(vni: u32) -> Vec<u8> {
+    let mut h = vec![0x08, 0, 0, 0];
+    h.extend_from_slice(&(vni << 8).to_be_bytes());
+    h
+}
+
+fn underlay(tunnel: Tunnel, vni: Option<u32>) -> Option<Underlay> {
+    Some(Underlay {
+        tunnel,
+        src: NODE_A.into(),
+        dst: NODE_B.into(),
+        vni,
+    })
+}
+
+#[test]
+fn dns_inside_every_tunnel_is_found_with_its_nodes() {
+    let all = cases();
+    let (p, p6) = (&all[0], &all[1]);
+    let ip = encode(p).data;
+    let ip6 = encode(p6).data;
+    let in_eth = eth(ETH_P_IP, &[], &ip);
+    let vxlan = [vxlan_header(7), in_eth.clone()].concat();
+    // Geneve with one 8-byte option, carrying Ethernet, then IP directly.
+    let geneve = |ethertype: u16, inner: &[u8]| {
+        let mut h = vec![0x02, 0];
+        h.extend_from_slice(&ethertype.to_be_bytes());
+        h.extend_from_slice(&[0, 0, 9, 0]);
+        h.extend_from_slice(&[1, 2, 3, 1, 0xab, 0xcd, 0xef, 0x01]);
+        [h, inner.to_vec()].concat()
+    };
+    // GRE with a checksum, a key and a sequence number.
+    let gre = |ethertype: u16, inner: &[u8]| {
+        let mut h = vec![0xb0, 0];
+        h.extend_from_slice(&ethertype.to_be_bytes());
+        h.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 42, 0, 0, 0, 1]);
+        [h, inner.to_vec()].concat()
+    };
+    let tunnels = [
+        (over_udp(4789, &vxlan), underlay(Tunnel::Vxlan, Some(7))),
+        (over_udp(8472, &vxlan), underlay(Tunnel::Vxlan, Some(7))),
+        (
+            over_udp(6081, &geneve(ETH_P_TEB, &in_eth)),
+            underlay(Tunnel::Geneve, Some(9)),
+        ),
+        (
+            over_udp(6081, &geneve(ETH_P_IP, &ip)),
+            underlay(Tunnel::Geneve, Some(9)),
+        ),
+        (over_ip(IPPROTO_IPIP, &ip), underlay(Tunnel::Ipip, None)),
+        (
+            over_ip(IPPROTO_GRE, &gre(ETH_P_IP, &ip)),
+            underlay(Tunnel::Gre, Some(42)),
+        ),
+        (
+            over_ip(IPPROTO_GRE, &gre(ETH_P_TEB, &in_eth)),
+            underlay(Tunnel::Gre, Some(42)),
+        ),
+        // A node's overlay over a cloud's own: the outer one is the nodes.
+        (
+            over_ip(IPPROTO_GRE, &gre(ETH_P_IP, &over_udp(4789, &vxlan))),
+            underlay(Tunnel::Gre, Some(42)),
+        ),
+    ];
+    for (i, (frame, under)) in tunnels.into_iter().enumerate() {
+        let mut want = decoded(p);
+        want.underlay = under;
+        let framed = eth(ETH_P_IP, &[], &frame);
+        assert_eq!(
+            decode(LINKTYPE_ETHERNET, &framed),
+            Ok(Some(want)),
+            "case {i}"
+        );
+    }
+    let six_in_four = over_ip(IPPROTO_IPV6, &ip6);
+    let d = decode(LINKTYPE_RAW, &six_in_four).unwrap().unwrap();
+    assert_eq!((d.src, d.underlay), (p6.src, underlay(Tunnel::Ipip, None)));
+}
+
+#[test]
+fn tunnels_are_opened_only_where_they_are_whole() {
+    let ip = encode(&cases()[0]).data;
+    let vxlan = [vxlan_header(7), eth(ETH_P_IP, &[], &ip)].concat();
+    // Three deep: past the limit, the innermost is not looked for.
+    let deep = over_ip(
+        IPPROTO_IPIP,
+        &over_ip(IPPROTO_IPIP, &over_ip(IPPROTO_IPIP, &ip)),
+    );
+    assert_eq!(decode(LINKTYPE_RAW, &deep), Ok(None));
+    // An outer fragment is not put back together: it stays the tunnel's.
+    let mut fragment = over_udp(4789, &vxlan);
+    fragment[6] = 0x20;
+    let d = decode(LINKTYPE_RAW, &fragment).unwrap().unwrap();
+    assert_eq!((d.dst.port(), d.underlay), (4789, None));
+    // PPTP's GRE (version 1), and what a tunnel carries that is not IP.
+    let pptp = over_ip(IPPROTO_GRE, &[0x30, 0x81, 0x88, 0x0b, 0, 0, 0, 0]);
+    assert_eq!(decode(LINKTYPE_RAW, &pptp), Ok(None));
+    let arp = over_udp(
+        4789,
+        &[vxlan_header(1), eth(0x0806, &[], &[0; 28])].concat(),
+    );
+    let d = decode(LINKTYPE_RAW, &arp).unwrap().unwrap();
+    assert_eq!((d.dst.port(), d.underlay), (4789, None));
+    let errors = [
+        (over_udp(4789, &vxlan[..5]), "VXLAN header cut at 5 bytes"),
+        (
+            over_udp(4789, &[&[0, 0, 0, 0, 0, 0, 7, 0][..], &vxlan[8..]].concat()),
+            "VXLAN header without a VNI (I flag clear)",
+        ),
+        (
+            over_udp(4789, &vxlan[..18]),
+            "inner Ethernet header cut at 10 bytes",
+        ),
+        (
+            over_udp(6081, &[0x02, 0, 0x08, 0, 0, 0, 1, 0]),
+            "Geneve options of 8 bytes cut",
+        ),
+        (
+            over_udp(6081, &[0x40, 0, 0x08, 0, 0, 0, 1, 0]),
+            "Geneve version 1 is not known",
+        ),
+        (
+            over_ip(IPPROTO_GRE, &[0x20, 0, 0x08, 0, 0]),
+            "GRE header of 8 bytes cut",
+        ),
+        (
+            over_ip(IPPROTO_IPIP, &ip[..12]),
+            "IPv4 header cut at 12 bytes",
+        ),
+    ];
+    for (frame, error) in errors {
+        assert_eq!(decode(LINKTYPE_RAW, &frame), Err(FrameError(error.into())));
+    }
+}
+
+#[test]
+fn a_tunnel_is_written_with_its_nodes() {
+    let u = underlay(Tunnel::Vxlan, Some(7)).unwrap();
+    assert_eq!(
+        u.to_string(),
+        "vxlan node 192.168.0.1 → node 192.168.0.2 (vni 7)"
+    );
+    let gre = Underlay {
+        tunnel: Tunnel::Gre,
+        ..u
+    };
+    assert_eq!(
+        gre.to_string(),
+        "gre node 192.168.0.1 → node 192.168.0.2 (key 7)"
+    );
+    assert_eq!(
+        serde_json::to_string(&Underlay { vni: None, ..gre }).unwrap(),
+        r#"{"tunnel":"gre","src":"192.168.0.1","dst":"192.168.0.2"}"#
+    );
 }
