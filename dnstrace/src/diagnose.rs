@@ -171,7 +171,7 @@ impl Diagnoser {
             miss_cost,
         };
         let mut found = rules::findings(j, &known);
-        if j.opcode.is_none() {
+        if j.is_lookup() {
             found.extend(self.slow.judge(j));
         }
         found.extend(backed);

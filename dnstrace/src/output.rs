@@ -1044,6 +1044,7 @@ mod tests {
             sampled: Default::default(),
             connection: None,
             opcode: None,
+            asked_as: None,
         };
         let j = Journey {
             id: 1,
@@ -1071,6 +1072,7 @@ mod tests {
             sampled: dnstrace_common::SampleLevel { shift: 2, seed: 77 },
             connection: None,
             opcode: None,
+            asked_as: None,
         };
         let mut s = sink(Format::Json);
         s.write_journey(&j).unwrap();

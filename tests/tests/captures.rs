@@ -424,3 +424,34 @@ fn dns_inside_tunnels_is_traced_with_the_nodes_it_crossed() {
         "{text}"
     );
 }
+
+/// Names keep the case their clients sent (a resolver's DNS 0x20), and
+/// match their answers without case: one echoed, one lowercased by the
+/// server.
+#[test]
+fn names_keep_the_case_they_were_sent_in_and_match_without_it() {
+    let answered = |name: &str| (name.to_owned(), "answered".to_owned());
+    assert_eq!(
+        outcomes(&journeys("mixed-case")),
+        [answered("wWw.ExAmPlE.cOm."), answered("API.Example.COM.")]
+    );
+}
+
+/// A query with no question (asking for a server cookie) is matched to
+/// its answer by ports and id, named for what it is, and is no failed
+/// lookup.
+#[test]
+fn a_query_with_no_question_is_matched_by_ports_and_id() {
+    let replayed = replay("no-question");
+    let js: Vec<&Value> = replayed.journeys().collect();
+    assert_eq!(
+        outcomes(&js.iter().map(|j| (*j).clone()).collect::<Vec<_>>()),
+        [("(no question)".to_owned(), "answered".to_owned())]
+    );
+    assert_eq!(js[0]["dns_id"], 0xc00, "{}", js[0]);
+    assert!(
+        replayed.anomalies().is_empty(),
+        "{:?}",
+        replayed.anomalies()
+    );
+}

@@ -366,18 +366,19 @@ impl Engine {
             (None, false) => p.src,
         };
         let tcp = matches!(p.transport, Transport::Tcp { .. });
-        let Some(q) = msg.questions.first() else {
+        let (name, qtype) = match msg.questions.first() {
+            Some(q) => (q.name.as_str(), q.qtype),
             // Some FORMERR and REFUSED answers carry no question.
-            return msg
-                .response
-                .then(|| self.answered(client, msg.id, tcp, p))
-                .flatten();
+            None if msg.response => return self.answered(client, msg.id, tcp, p),
+            // Nor do some queries (a first exchange of cookies, RFC 7873
+            // 5.4): matched by ports and id alone.
+            None => ("", Qtype::NONE),
         };
         let asked = Question {
             client,
             dns_id: msg.id,
-            qtype: q.qtype,
-            name: &q.name,
+            qtype,
+            name,
             tcp,
         };
         match self.by_key.find(&self.open, &asked) {
@@ -387,13 +388,16 @@ impl Engine {
                 let key = Key {
                     client,
                     dns_id: msg.id,
-                    name: q.name.to_ascii_lowercase().into(),
-                    qtype: q.qtype,
+                    name: name.to_ascii_lowercase().into(),
+                    qtype,
                 };
+                let asked_as = (*key.name != *name).then(|| name.into());
                 let slot = self.start(key, p);
-                if msg.opcode != "QUERY" {
+                let opcode = (msg.opcode != "QUERY").then(|| msg.opcode.clone());
+                if asked_as.is_some() || opcode.is_some() {
                     if let Some(o) = self.open.get_mut(slot) {
-                        o.extra.get_or_insert_default().opcode = Some(msg.opcode.clone());
+                        let extra = o.extra.get_or_insert_default();
+                        (extra.asked_as, extra.opcode) = (asked_as, opcode);
                     }
                 }
                 Some(slot)

@@ -116,7 +116,11 @@ pub struct Journey {
     pub lookup: u64,
     pub client: SocketAddr,
     pub dns_id: u16,
+    /// Lowercase: what journeys and rules compare, as DNS compares names.
     pub name: Arc<str>,
+    /// The name as the client wrote it, where its case differs from
+    /// `name` (DNS 0x20, or a client's own spelling): what is shown.
+    pub asked_as: Option<Arc<str>>,
     pub qtype: Qtype,
     pub tcp: bool,
     pub started_ns: u64,
@@ -136,6 +140,24 @@ pub struct Journey {
     /// A zone operation or another opcode than a standard QUERY (NOTIFY,
     /// UPDATE, IQUERY, STATUS): no lookup, kept out of the lookup rules.
     pub opcode: Option<Cow<'static, str>>,
+}
+
+impl Journey {
+    /// The name as asked, case and all.
+    pub fn shown_name(&self) -> &str {
+        match (&self.asked_as, self.name.is_empty()) {
+            (Some(asked), _) => asked,
+            (None, true) => "(no question)",
+            (None, false) => &self.name,
+        }
+    }
+
+    /// A lookup of a name: a standard query with a question. Zone
+    /// operations and questionless queries are none of the lookup rules'
+    /// business.
+    pub fn is_lookup(&self) -> bool {
+        self.opcode.is_none() && !self.name.is_empty()
+    }
 }
 
 /// Why a journey may not show everything that happened to it: absence of a
@@ -246,6 +268,7 @@ pub mod fixtures {
             sampled: Default::default(),
             connection: None,
             opcode: None,
+            asked_as: None,
         }
     }
 

@@ -141,6 +141,8 @@ pub(super) struct Extra {
     v6: Vec<SocketAddrV6>,
     /// Its opcode, if not a standard QUERY.
     pub(super) opcode: Option<Cow<'static, str>>,
+    /// Its name as asked, where not all lowercase.
+    pub(super) asked_as: Option<Box<str>>,
 }
 
 /// A question as a packet asks it: the name in any case. Over TCP or UDP:
@@ -568,6 +570,10 @@ impl Open {
             client: self.client(),
             dns_id: self.dns_id,
             name: self.name.into(),
+            asked_as: self
+                .extra
+                .as_ref()
+                .and_then(|e| e.asked_as.as_deref().map(Arc::from)),
             qtype: self.qtype,
             tcp,
             started_ns,

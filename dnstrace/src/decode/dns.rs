@@ -212,6 +212,8 @@ impl Serialize for Rcode {
 pub struct Qtype(pub u16);
 
 impl Qtype {
+    /// What a message with no question asks.
+    pub const NONE: Self = Self(0);
     pub const A: Self = Self(1);
     pub const HINFO: Self = Self(13);
     /// The tests' type for a large answer; no rule asks for it.

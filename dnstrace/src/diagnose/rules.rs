@@ -72,7 +72,7 @@ pub(super) fn findings<'a>(j: &'a Journey, known: &Known<'a>) -> Vec<Finding<'a>
     out.extend(specific.into_iter().flatten());
     // A zone operation is no lookup: what its answer says, and names, are
     // no lookup's business.
-    let lookup = j.opcode.is_none();
+    let lookup = j.is_lookup();
     if !explained {
         let upstream = upstream_failures(j, upstream, names);
         let upstream_failed = !upstream.is_empty();

@@ -127,6 +127,7 @@ fn healthy() -> Journey {
         sampled: Default::default(),
         connection: None,
         opcode: None,
+        asked_as: None,
     }
 }
 

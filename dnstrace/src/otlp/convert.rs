@@ -129,7 +129,7 @@ impl Builder<'_> {
     fn root(&mut self, j: &Journey) -> Vec<u8> {
         let cx = self.cx;
         let mut attrs = vec![
-            kv("dns.question.name", s(&j.name)),
+            kv("dns.question.name", s(j.shown_name())),
             kv("dnstrace.dns.type", s(j.qtype.name())),
             kv("dnstrace.dns.id", i(i64::from(j.dns_id))),
             kv("client.address", s(&j.client.ip().to_string())),
@@ -230,7 +230,7 @@ impl Builder<'_> {
 
     fn upstream(&mut self, u: &Journey, parent: &[u8]) {
         let mut attrs = vec![
-            kv("dns.question.name", s(&u.name)),
+            kv("dns.question.name", s(u.shown_name())),
             kv("dnstrace.dns.type", s(u.qtype.name())),
             kv("network.transport", s(if u.tcp { "tcp" } else { "udp" })),
             kv("dnstrace.outcome", s(outcome(u))),

@@ -59,7 +59,7 @@ impl JourneyJson<'_> {
         key!(out, "dns_id");
         number(out, j.dns_id);
         key!(out, "name");
-        value(out, &j.name)?;
+        value(out, j.shown_name())?;
         key!(out, "qtype");
         value(out, j.qtype.name())?;
         if let Some(op) = &j.opcode {

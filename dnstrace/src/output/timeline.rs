@@ -41,7 +41,7 @@ fn header(out: &mut Vec<u8>, labels: &Labels, j: &Journey, indent: &str) {
         out.push(b' ');
         out.extend_from_slice(op.as_bytes());
     }
-    for part in [" ", &j.name, " ", j.qtype.name(), ": "] {
+    for part in [" ", j.shown_name(), " ", j.qtype.name(), ": "] {
         out.extend_from_slice(part.as_bytes());
     }
     out.extend_from_slice(labels.outcome(&j.outcome).as_bytes());
@@ -178,7 +178,7 @@ mod tests {
             named(j.client),
             if j.tcp { "tcp" } else { "udp" },
             j.dns_id,
-            j.name,
+            j.shown_name(),
             j.qtype,
             labels.outcome(&j.outcome),
             ms(j.total_ns()),
@@ -264,6 +264,7 @@ mod tests {
             sampled: Default::default(),
             connection: None,
             opcode: None,
+            asked_as: None,
         }
     }
 

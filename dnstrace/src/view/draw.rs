@@ -366,7 +366,7 @@ fn lookup_row(l: &Lookup, wide: bool) -> Row<'_> {
     let mut cells = vec![
         Cell::from(l.time.as_str()),
         Cell::from(pod),
-        Cell::from(&*l.journey.name),
+        Cell::from(l.journey.shown_name()),
         Cell::from(l.journey.qtype.name()),
         Cell::from(Span::styled(l.status.word(), status_style(&l.status))),
         Cell::from(l.latency_ns.map(latency).unwrap_or_else(|| "-".into())),

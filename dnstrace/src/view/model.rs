@@ -211,7 +211,7 @@ pub fn detail(j: &Journey, labels: &Labels) -> Detail {
             "#{} {} → {} {} {}",
             j.id,
             labels.named(j.client),
-            j.name,
+            j.shown_name(),
             j.qtype,
             if j.tcp { "tcp" } else { "udp" }
         ),
@@ -272,7 +272,7 @@ fn legs(j: &Journey, depth: u8, labels: &Labels) -> Vec<LegRow> {
             depth: depth + 1,
             heading: Some(format!(
                 "upstream {} {}: {} in {}",
-                up.name,
+                up.shown_name(),
                 up.qtype,
                 labels.outcome(&up.outcome),
                 latency(up.total_ns())

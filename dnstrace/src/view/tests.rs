@@ -161,6 +161,7 @@ fn journey(id: u64, name: &str, start: u64, outcome: Outcome, upstream: bool) ->
         sampled: Default::default(),
         connection: None,
         opcode: None,
+        asked_as: None,
     });
     Journey {
         id,
@@ -184,6 +185,7 @@ fn journey(id: u64, name: &str, start: u64, outcome: Outcome, upstream: bool) ->
         sampled: Default::default(),
         connection: None,
         opcode: None,
+        asked_as: None,
     }
 }
 

@@ -146,6 +146,33 @@ def odd_edns():
     return [q, a]
 
 
+def mixed_case():
+    """Names in the case their clients sent them: a resolver's DNS 0x20
+    (random case, echoed), and a server that answers in lowercase."""
+    echoed = lookup(0xb00, "wWw.ExAmPlE.cOm.", T0, T0 + 0.002, 51000)
+    lowered = lookup(0xb01, "API.Example.COM.", T0 + 1, T0 + 1.002, 51001)
+    lowered[1][DNS].qd.qname = b"api.example.com."
+    lowered[1][DNS].an.rrname = b"api.example.com."
+    return echoed + lowered
+
+
+def no_question():
+    """A query with no question, asking only for a server cookie (RFC 7873
+    5.4), and its answer with none either."""
+    cookie = b"\x00\x0a\x00\x08" + b"\x01" * 8
+    both = b"\x00\x0a\x00\x18" + b"\x01" * 8 + b"\x02" * 16
+
+    def message(flags, option):
+        head = (0xc00).to_bytes(2, "big") + flags + b"\x00\x00\x00\x00\x00\x00\x00\x01"
+        opt = b"\x00\x00\x29\x04\xd0\x00\x00\x00\x00" + len(option).to_bytes(2, "big")
+        return head + opt + option
+
+    q = Ether() / IP(src=CLIENT, dst=SERVER) / UDP(sport=52000, dport=53) / Raw(message(b"\x00\x00", cookie))
+    a = Ether() / IP(src=SERVER, dst=CLIENT) / UDP(sport=53, dport=52000) / Raw(message(b"\x80\x00", both))
+    q.time, a.time = T0, T0 + 0.001
+    return [q, a]
+
+
 NODE_A, NODE_B, NODE_C = "192.168.0.1", "192.168.0.2", "192.168.0.3"
 
 
@@ -211,6 +238,8 @@ CASES = {
     "zone-operations": zone_operations,
     "odd-edns": odd_edns,
     "tunnels": tunnels,
+    "mixed-case": mixed_case,
+    "no-question": no_question,
 }
 
 if __name__ == "__main__":
