@@ -66,7 +66,7 @@ pub(super) fn findings<'a>(j: &'a Journey, known: &Known<'a>) -> Vec<Finding<'a>
         seen_all
             .then(|| half_pair_lost(j, ctx, recent, names))
             .flatten(),
-        fragment_lost(j, names),
+        fragment_lost(j, names, ctx),
     ];
     let explained = specific.iter().any(Option::is_some);
     out.extend(specific.into_iter().flatten());
@@ -77,11 +77,11 @@ pub(super) fn findings<'a>(j: &'a Journey, known: &Known<'a>) -> Vec<Finding<'a>
         let upstream = upstream_failures(j, upstream, names);
         let upstream_failed = !upstream.is_empty();
         out.extend(upstream);
-        out.extend(dropped(j, names));
+        out.extend(dropped(j, names, ctx));
         if lookup {
             out.extend(failing_answer(j));
         }
-        out.extend(malformed_answer(j));
+        out.extend(malformed_answer(j, ctx));
         if !upstream_failed && seen_all {
             out.extend(unanswered(j, recent, ctx));
         }
