@@ -9,7 +9,8 @@ use std::{
 
 use super::{
     anomaly::{Finding, Words},
-    nodes::{lost_on_the_way, name},
+    nodes::lost_on_the_way,
+    places::name,
     AnomalyKind, Context,
 };
 use crate::correlate::{Journey, Outcome};

@@ -7,8 +7,8 @@ use dnstrace_common::Direction;
 
 use super::{
     anomaly::{Finding, Words},
-    nodes::{lost_on_the_way, name},
-    places::place,
+    nodes::lost_on_the_way,
+    places::{name, place},
     AnomalyKind, Context,
 };
 use crate::{

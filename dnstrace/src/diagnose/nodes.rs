@@ -5,7 +5,7 @@ use dnstrace_common::Direction;
 
 use super::{
     anomaly::{Finding, Words},
-    places::{addr, ip, place},
+    places::{addr, ip, name, place},
     Context,
 };
 use crate::{
@@ -68,13 +68,4 @@ pub(super) fn lost_on_the_way<'a>(j: &'a Journey, ctx: &Context, answer: bool) -
     let after = j.legs.iter().filter(|l| l.ts_ns >= last.ts_ns);
     let reached = after.clone().any(|l| l.node == to && l.response == answer);
     (to != last.node && !reached).then_some(Lost { leg: last, to })
-}
-
-/// The node's name in the replay, or its number.
-pub(super) fn name(ctx: &Context, node: NodeId) -> String {
-    usize::from(node.0)
-        .checked_sub(1)
-        .and_then(|i| ctx.nodes.get(i))
-        .cloned()
-        .unwrap_or_else(|| format!("node #{}", node.0))
 }

@@ -5,8 +5,7 @@ use super::{
     anomaly::{Finding, Words},
     legs::the_message,
     memory::Asked,
-    nodes::name,
-    places::{addr, place},
+    places::{addr, name, place},
     AnomalyKind, Context,
 };
 use crate::decode::Rcode;

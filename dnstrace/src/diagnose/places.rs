@@ -9,7 +9,7 @@ use std::{
 
 use dnstrace_common::Direction;
 
-use super::{nodes, Context};
+use super::Context;
 use crate::{correlate::Leg, decode::NodeId};
 
 /// Namespaces remembered at most; past this the memory starts again (a
@@ -151,5 +151,14 @@ fn named(ctx: &Context, shown: impl Display, ip: IpAddr) -> String {
 
 /// The node's name where legs are from several nodes (numbered from 1).
 fn node_of(ctx: &Context, node: NodeId) -> Option<String> {
-    (node.0 > 0).then(|| nodes::name(ctx, node))
+    (node.0 > 0).then(|| name(ctx, node))
+}
+
+/// The node's name in the replay, or its number.
+pub(super) fn name(ctx: &Context, node: NodeId) -> String {
+    usize::from(node.0)
+        .checked_sub(1)
+        .and_then(|i| ctx.nodes.get(i))
+        .cloned()
+        .unwrap_or_else(|| format!("node #{}", node.0))
 }
