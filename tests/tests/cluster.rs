@@ -424,9 +424,23 @@ fn faults_between_nodes_are_diagnosed_from_the_merged_recordings() {
             .any(|a| a.contains("past this node: look at 10.244.3.53")),
         "node1 alone: {alone:?}"
     );
+    let lines = merged(&nodes);
     assert_eq!(
-        anomalies(&merged(&nodes), "lost_between_nodes"),
+        anomalies(&lines, "lost_between_nodes"),
         ["DNS queries lost between node1 and node3"]
+    );
+    // Named as the recordings know them: web on node1, the CoreDNS pod on
+    // node3, and node1's own namespace the query left, by its inode.
+    let lost = anomalies_of(&lines, "lost_between_nodes");
+    let evidence = lost[0]["evidence"][0].as_str().unwrap_or("");
+    assert!(
+        evidence.starts_with(&format!("{WEB_IP}:"))
+            && evidence.contains(" (default/web-7d9f8c6b5-x2x4k on node node1) asked ")
+            && evidence.contains(" left flannel.1 on node node1 (netns ")
+            && evidence.contains(
+                "where 10.244.3.53 (kube-system/coredns-7db6d8ff4d-vz8lp on node node3) is"
+            ),
+        "{evidence}"
     );
 
     lab.fault_on("overlay-mtu", true, "1");
@@ -474,7 +488,7 @@ fn faults_between_nodes_are_diagnosed_from_the_merged_recordings() {
     assert!((1..=3).contains(&before), "{}", mtu[0]);
     assert!(
         evidence.contains(" answers from node3 to node1 lost on the way")
-            && evidence.contains("left node3 by flannel.1@"),
+            && evidence.contains("left by flannel.1 on node node3 (netns "),
         "{}",
         mtu[0]
     );
