@@ -1048,7 +1048,7 @@ fn answered_aaaa() -> Journey {
 #[test]
 fn a_lost_half_of_a_parallel_pair_is_the_conntrack_race() {
     let names = KernelNames::default();
-    let mut d = Diagnoser::new(ctx());
+    let mut d = Diagnoser::new(named(ctx()));
     assert!(d.journey(&answered_aaaa(), &names).raised.is_empty());
     let retry = Journey {
         id: 3,
@@ -1073,7 +1073,8 @@ fn a_lost_half_of_a_parallel_pair_is_the_conntrack_race() {
         "not also unanswered"
     );
     assert!(
-        found[0].evidence[0].contains("the AAAA was answered, the A was not"),
+        found[0].evidence[0].contains("left 10.244.0.10:4000 (default/web) 0.")
+            && found[0].evidence[0].contains("the AAAA was answered, the A was not"),
         "{:?}",
         found[0].evidence
     );
