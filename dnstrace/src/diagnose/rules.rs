@@ -88,7 +88,7 @@ pub(super) fn findings<'a>(j: &'a Journey, known: &Known<'a>) -> Vec<Finding<'a>
     }
     if lookup {
         out.extend(search_leak(j, recent, ctx));
-        out.extend(ndots_amplification(j, recent, miss_cost, miss_costs));
+        out.extend(ndots_amplification(j, recent, miss_cost, miss_costs, ctx));
     }
     out
 }

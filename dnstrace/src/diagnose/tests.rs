@@ -711,7 +711,7 @@ fn asked(id: u64, name: &str, rcode: Rcode, end_ms: u64, ms: u64) -> Journey {
 fn corp_example_candidate(node_search: &[&str]) -> Vec<Anomaly> {
     let mut d = Diagnoser::new(Context {
         node_search: node_search.iter().map(|d| (*d).to_owned()).collect(),
-        ..ctx()
+        ..named(ctx())
     });
     let names = KernelNames::default();
     for (i, n) in [
@@ -747,6 +747,12 @@ fn a_foreign_search_domain_after_the_cluster_ones_is_a_leak() {
         vec!["search_domain_leak"]
     );
     assert!(found[0].summary.contains("corp.example.com"));
+    assert!(
+        found[0].evidence[0]
+            .starts_with("10.244.0.10 (default/web) asked orders.default.svc.cluster.local., "),
+        "{:?}",
+        found[0].evidence
+    );
     assert!(found[0].evidence[0].contains("orders.cluster.local., then orders.corp.example.com. (sent upstream to 198.51.100.53:53)"), "{:?}", found[0].evidence);
 }
 
