@@ -74,7 +74,7 @@ pub(super) fn findings<'a>(j: &'a Journey, known: &Known<'a>) -> Vec<Finding<'a>
     // no lookup's business.
     let lookup = j.opcode.is_none();
     if !explained {
-        let upstream = upstream_failures(j, upstream, names);
+        let upstream = upstream_failures(j, upstream, names, ctx);
         let upstream_failed = !upstream.is_empty();
         out.extend(upstream);
         out.extend(dropped(j, names, ctx));

@@ -570,13 +570,17 @@ fn an_upstream_that_does_not_answer_is_named_with_its_counts() {
     j.outcome = answered(Rcode::SERVFAIL);
     j.upstream
         .push(upstream("198.51.100.53:53", Outcome::Timeout, 0));
-    let found = Diagnoser::new(ctx())
+    let found = Diagnoser::new(named(ctx()))
         .journey(&j, &KernelNames::default())
         .raised;
     let up = found
         .iter()
         .find(|a| a.kind.as_str() == "upstream_timeout")
         .unwrap();
+    assert_eq!(
+        up.evidence[0],
+        "10.244.0.53 (kube-system/coredns-abc) asked 198.51.100.53:53 for kubernetes.default.svc.cluster.local.: no answer came"
+    );
     assert!(
         up.evidence[1].contains("1 queries, 0 answers, 1 timeouts"),
         "{:?}",
