@@ -578,7 +578,7 @@ fn faults_in_one_coredns_pod_name_the_endpoint_that_does_not_answer() {
     assert!(
         down["evidence"][0]
             .as_str()
-            .is_some_and(|e| e.contains(" lookups to 10.96.0.10 went to 10.244.3.53 and got no answer; 10.244.2.53 answered its ")),
+            .is_some_and(|e| e.contains(&format!(" lookups to 10.96.0.10 (service kube-system/kube-dns) went to 10.244.3.53 (kube-system/{COREDNS_B} on node node3) and got no answer; 10.244.2.53 (kube-system/{COREDNS_A} on node node2) answered its "))),
         "{down}"
     );
     // Its pod, by node 3's own recording of its pods.

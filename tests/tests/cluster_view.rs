@@ -744,6 +744,12 @@ fn a_coredns_pod_that_hangs_is_named_live_with_its_node() {
             .contains(&"10.244.3.53 is a pod on node3".into()),
         "{down}"
     );
+    assert!(
+        down["evidence"][0].as_str().is_some_and(|e| e.contains(&format!(
+            " went to 10.244.3.53 (kube-system/{COREDNS_B} on node node3) and got no answer; 10.244.2.53 (kube-system/{COREDNS_A} on node node2) answered "
+        ))),
+        "{down}"
+    );
     assert_eq!(
         down["names"]["10.244.3.53"],
         format!("kube-system/{COREDNS_B}"),

@@ -2609,7 +2609,7 @@ fn in_a_merged_replay_the_down_endpoint_s_node_is_named_and_queries_lost_on_the_
         j.legs[1].node = NodeId(3);
         d.journey(&j, &KernelNames::default())
     };
-    let mut d = Diagnoser::new(cx.clone());
+    let mut d = Diagnoser::new(named(cx.clone()));
     let all: Vec<Checked> = (0..4)
         .flat_map(|i| {
             [
@@ -2624,6 +2624,11 @@ fn in_a_merged_replay_the_down_endpoint_s_node_is_named_and_queries_lost_on_the_
     assert_eq!(
         down[0].summary,
         "the resolver endpoint 10.244.3.53 on node3 of 10.96.0.10 does not answer; 10.244.2.53 does"
+    );
+    assert!(
+        down[0].evidence[0].starts_with("3 of 6 lookups to 10.96.0.10 (service kube-system/kube-dns) went to 10.244.3.53 (kube-system/coredns-xyz on node node3) and got no answer; 10.244.2.53 answered its "),
+        "{:?}",
+        down[0].evidence
     );
     assert_eq!(down[0].evidence[1], "10.244.3.53 is a pod on node3");
     // Queries that left node1 for node3 and never arrived: the path's.
