@@ -16,6 +16,7 @@ mod mtu;
 mod nat;
 mod nodes;
 mod outcome;
+mod places;
 mod rules;
 mod search;
 mod slow;
@@ -46,7 +47,7 @@ use crate::{
     correlate::{Connection, Journey},
     decode::{KernelNames, Qtype},
     pods::resolv::ResolvConf,
-    target::follow::Joined,
+    target::follow::Refresh,
 };
 
 pub struct Diagnoser {
@@ -117,9 +118,13 @@ impl Diagnoser {
         self.raised.record(found, now_ns, None).raised
     }
 
-    /// A node a cluster view joined, for the rules that know nodes.
-    pub fn joined(&mut self, j: &Joined) {
-        self.ctx.join(j);
+    /// The node's pods changed: names for evidence, and a node a cluster
+    /// view joined, for the rules that know nodes.
+    pub fn pods(&mut self, refresh: &Refresh) {
+        self.ctx.rename(&refresh.names);
+        if let Some(j) = &refresh.joined {
+            self.ctx.join(j);
+        }
     }
 
     /// The node's conntrack counters moved: (name, increase).
@@ -146,6 +151,7 @@ impl Diagnoser {
     /// Checks a finished journey: the anomalies it raised for the first
     /// time, and those it fed (its badges).
     pub fn journey(&mut self, j: &Journey, names: &KernelNames) -> Checked {
+        self.ctx.learn_namespaces(&j.legs);
         self.upstream.count(j);
         let (down, down_before): (Vec<_>, Vec<_>) = self
             .endpoints
@@ -172,7 +178,7 @@ impl Diagnoser {
         };
         let mut found = rules::findings(j, &known);
         if j.is_lookup() {
-            found.extend(self.slow.judge(j));
+            found.extend(self.slow.judge(j, &self.ctx));
         }
         found.extend(backed);
         found.extend(down.into_iter().map(|(f, _)| f));

@@ -300,9 +300,7 @@ impl<O: JourneyOut> Sink for JourneySink<O> {
     }
     fn pods(&mut self, refresh: &Refresh, now_ns: u64) -> io::Result<()> {
         self.out.pods(refresh);
-        if let Some(j) = &refresh.joined {
-            self.diagnoser.joined(j);
-        }
+        self.diagnoser.pods(refresh);
         let Some(moved) = &refresh.target else {
             return Ok(());
         };

@@ -878,12 +878,16 @@ fn slow_journeys_shown(a: &serde_json::Value, lines: &[serde_json::Value]) -> bo
             .all(|j| j["total_ms"].as_f64().is_some_and(|ms| ms >= 200.0))
 }
 
-/// The namespace inode of a drop for a full socket buffer
-/// (`... dropped on eth0@4026532177: SOCKET_RCVBUFF at ...`).
+/// The namespace inode of a drop for a full socket buffer, beside the
+/// pod's name or alone (`... dropped on eth0 in pod kube-system/coredns-a
+/// (netns 4026532177): SOCKET_RCVBUFF at ...`, `... dropped on eth0 in
+/// netns 4026532177: ...`).
 fn overflow_inode(evidence: &str) -> Option<u64> {
     let (place, why) = evidence.rsplit_once(" dropped on ")?.1.split_once(": ")?;
+    let inode = place.rsplit_once("netns ")?.1;
+    let digits = inode.split(|c: char| !c.is_ascii_digit()).next()?;
     why.starts_with("SOCKET_RCVBUFF")
-        .then(|| place.rsplit_once('@')?.1.parse().ok())?
+        .then(|| digits.parse().ok())?
 }
 
 #[cfg(test)]
@@ -899,9 +903,13 @@ mod tests {
                     Udp6InErrors                    \t2\n\
                     Udp6RcvbufErrors                \t2\n";
         assert_eq!(rcvbuf_errors(snmp), 5);
-        let drop = "the query 10.244.0.11:38624 → 10.244.0.53:53 (a.example.com. A) \
-                    was dropped on eth0@4026533356: SOCKET_RCVBUFF at udp_queue_rcv_one_skb+0x437";
+        let drop = "the query for a.example.com. A from 10.244.0.11:38624 (default/web) \
+                    to 10.244.0.53:53 (kube-system/coredns-a) was dropped on eth0 in pod \
+                    kube-system/coredns-a (netns 4026533356): SOCKET_RCVBUFF at udp_queue_rcv_one_skb+0x437";
         assert_eq!(overflow_inode(drop), Some(4026533356));
+        let unnamed = "the query for a.example.com. A from 10.244.0.11:38624 to 10.244.0.53:53 \
+                    was dropped on eth0 in netns 4026533357 on node node3: SOCKET_RCVBUFF at x";
+        assert_eq!(overflow_inode(unnamed), Some(4026533357));
         let other = drop.replace("SOCKET_RCVBUFF", "NETFILTER_DROP");
         assert_eq!(overflow_inode(&other), None);
     }

@@ -424,9 +424,26 @@ fn faults_between_nodes_are_diagnosed_from_the_merged_recordings() {
             .any(|a| a.contains("past this node: look at 10.244.3.53")),
         "node1 alone: {alone:?}"
     );
+    let lines = merged(&nodes);
     assert_eq!(
-        anomalies(&merged(&nodes), "lost_between_nodes"),
+        anomalies(&lines, "lost_between_nodes"),
         ["DNS queries lost between node1 and node3"]
+    );
+    // Named as the recordings know them: web on node1, the CoreDNS pod on
+    // node3, and node1's own namespace the query left, by its inode.
+    let lost = anomalies_of(&lines, "lost_between_nodes");
+    let evidence = lost[0]["evidence"][0].as_str().unwrap_or("");
+    assert!(
+        evidence.starts_with(&format!("{WEB_IP}:"))
+            && evidence.contains(" (default/web-7d9f8c6b5-x2x4k on node node1) asked ")
+            && evidence.contains(&format!(
+                " left flannel.1 on node node1 (netns {})",
+                node_netns(1)
+            ))
+            && evidence.contains(
+                "where 10.244.3.53 (kube-system/coredns-7db6d8ff4d-vz8lp on node node3) is"
+            ),
+        "{evidence}"
     );
 
     lab.fault_on("overlay-mtu", true, "1");
@@ -474,7 +491,7 @@ fn faults_between_nodes_are_diagnosed_from_the_merged_recordings() {
     assert!((1..=3).contains(&before), "{}", mtu[0]);
     assert!(
         evidence.contains(" answers from node3 to node1 lost on the way")
-            && evidence.contains("left node3 by flannel.1@"),
+            && evidence.contains("left by flannel.1 on node node3 (netns "),
         "{}",
         mtu[0]
     );
@@ -561,7 +578,7 @@ fn faults_in_one_coredns_pod_name_the_endpoint_that_does_not_answer() {
     assert!(
         down["evidence"][0]
             .as_str()
-            .is_some_and(|e| e.contains(" lookups to 10.96.0.10 went to 10.244.3.53 and got no answer; 10.244.2.53 answered its ")),
+            .is_some_and(|e| e.contains(&format!(" lookups to 10.96.0.10 (service kube-system/kube-dns) went to 10.244.3.53 (kube-system/{COREDNS_B} on node node3) and got no answer; 10.244.2.53 (kube-system/{COREDNS_A} on node node2) answered its "))),
         "{down}"
     );
     // Its pod, by node 3's own recording of its pods.
@@ -589,6 +606,75 @@ fn record_a_lookup_lost_on_the_overlay(
     });
     lab.fault_on("overlay-drop", false, "3");
     nodes
+}
+
+/// A rule inside node 3's CoreDNS pod drops the queries sent to it: the
+/// merged recordings name the pod and its node where the query was
+/// dropped, with its namespace's inode beside them, and the client by its
+/// pod and node.
+#[test]
+fn a_drop_in_a_coredns_pod_on_another_node_names_the_pod_and_its_node() {
+    require_root();
+    let lab = Lab::up(&["--nodes", "3"]);
+    let dir = Dir::new("cluster-pod-drop");
+    let pod = lab_ns(COREDNS_B);
+    let nodes = {
+        let _rule = DropInPod::add(&pod);
+        record_nodes(&dir, "pod-drop-", || {
+            let out = lab.dig(&WEB, "@10.244.3.53 kube-dns.kube-system.svc.cluster.local");
+            assert_eq!(dig_status(&out), "timeout", "{out}");
+        })
+    };
+    let inode = std::fs::metadata(format!("/run/netns/{pod}"))
+        .expect("the pod's namespace")
+        .ino();
+    let lines = merged(&nodes);
+    let dropped = anomalies_of(&lines, "dropped");
+    assert_eq!(dropped.len(), 1, "{:?}", lines.last());
+    let evidence = dropped[0]["evidence"][0].as_str().unwrap_or("");
+    assert!(
+        evidence.contains(&format!(
+            " (default/web-7d9f8c6b5-x2x4k on node node1) to 10.244.3.53:53 (kube-system/{COREDNS_B} on node node3) was dropped on eth0 in pod kube-system/{COREDNS_B} on node node3 (netns {inode}): NETFILTER_DROP at "
+        )),
+        "{evidence}"
+    );
+}
+
+/// An nftables rule in a pod's namespace that drops DNS queries coming in,
+/// while it lives.
+struct DropInPod(String);
+
+impl DropInPod {
+    const TABLE: &str = "dnstrace_test_pod_drop";
+
+    fn add(ns: &str) -> Self {
+        let table = Self::TABLE;
+        let out = nft_in(
+            ns,
+            &format!("table inet {table} {{ chain input {{ type filter hook input priority 0; policy accept; udp dport 53 counter drop; }}; }}"),
+        );
+        assert!(
+            out.status.success(),
+            "nft in {ns}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Self(ns.to_owned())
+    }
+}
+
+impl Drop for DropInPod {
+    fn drop(&mut self) {
+        // Gone with the lab's namespaces already, if they went first.
+        let _ = nft_in(&self.0, &format!("delete table inet {}", Self::TABLE));
+    }
+}
+
+/// Runs an nft command in the namespace `ns`.
+fn nft_in(ns: &str, command: &str) -> std::process::Output {
+    std::process::Command::new("ip")
+        .args(["netns", "exec", ns, "nft", command])
+        .output()
+        .expect("running nft")
 }
 
 /// Node 1 alone names the node its lost queries went to, from its own

@@ -663,6 +663,17 @@ fn a_lookup_lost_on_the_overlay_is_said_lost_between_its_two_nodes_live() {
         a["summary"], "DNS queries lost between node1 and node3",
         "{a}"
     );
+    // Named as the agents know them: web on node1, the CoreDNS pod on
+    // node3, and node1's own namespace the query left, by its inode.
+    let evidence = a["evidence"][0].as_str().unwrap_or("");
+    assert!(
+        evidence.contains(" (default/web-7d9f8c6b5-x2x4k on node node1) asked ")
+            && evidence.contains(" left flannel.1 on node node1 (netns ")
+            && evidence.contains(&format!(
+                "where {COREDNS_ON_NODE3} (kube-system/{COREDNS_B} on node node3) is"
+            )),
+        "{a}"
+    );
     for &id in &lost {
         let j = journey(&lines, id).unwrap();
         assert_eq!(endpoint(j), format!("{COREDNS_ON_NODE3}:53"), "{j}");
@@ -731,6 +742,12 @@ fn a_coredns_pod_that_hangs_is_named_live_with_its_node() {
             .as_array()
             .unwrap()
             .contains(&"10.244.3.53 is a pod on node3".into()),
+        "{down}"
+    );
+    assert!(
+        down["evidence"][0].as_str().is_some_and(|e| e.contains(&format!(
+            " went to 10.244.3.53 (kube-system/{COREDNS_B} on node node3) and got no answer; 10.244.2.53 (kube-system/{COREDNS_A} on node node2) answered "
+        ))),
         "{down}"
     );
     assert_eq!(

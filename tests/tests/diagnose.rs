@@ -464,8 +464,9 @@ fn fragments_dropped_is_a_fragment_lost_with_its_place() {
     let a = find(&anomalies, "fragment_lost");
     let evidence = a["evidence"].to_string();
     assert!(
-        evidence.contains("the fragment at offset 1480 was dropped on cni0@")
-            || evidence.contains("the fragment at offset 2960 was dropped on cni0@"),
+        evidence.contains("the fragment at offset 1480 was dropped on cni0 on the node (netns ")
+            || evidence
+                .contains("the fragment at offset 2960 was dropped on cni0 on the node (netns "),
         "which fragment and where: {a}"
     );
     assert!(evidence.contains("NETFILTER_DROP"), "{a}");

@@ -229,14 +229,17 @@ pub(super) async fn capture<C: Consume>(
         .attachments
         .iter()
         .any(|a| a.program == "dns_kfree_skb");
-    let context = context_of(
-        node,
-        &services,
-        target.clone(),
-        drops_visible,
-        &pods,
-        resolvers,
-    );
+    let context = Context {
+        names: labels.names().clone(),
+        ..context_of(
+            node,
+            &services,
+            target.clone(),
+            drops_visible,
+            &pods,
+            resolvers,
+        )
+    };
     let scoped_to = scope.as_ref().map(|s| s.node.as_str());
     let meta = || record::meta(&labels, &context, limits).of_node(scoped_to);
     // The memory a flight recorder writes out and cluster views reach back

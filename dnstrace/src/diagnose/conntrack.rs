@@ -2,6 +2,7 @@
 use super::{
     anomaly::{Finding, Words},
     memory::Asked,
+    places::addr,
     AnomalyKind, ConntrackAtStart, Context, Severity,
 };
 use crate::{
@@ -81,7 +82,7 @@ pub(super) fn half_pair_lost<'a>(
         sibling.qtype,
         j.qtype,
         j.name,
-        j.client,
+        addr(ctx, j.client),
         sibling.started_ns.abs_diff(j.started_ns) as f64 / 1e6,
         sibling.qtype,
         j.qtype

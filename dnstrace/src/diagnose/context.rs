@@ -6,8 +6,10 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
+use super::places::Namespaces;
 use crate::{
     decode::NodeId,
+    naming::Names,
     pods::net::Attachment,
     routes::Routes,
     target::{follow::Joined, Target},
@@ -48,9 +50,22 @@ pub struct Context {
     /// Each node's routes through a gateway (over VXLAN, to which node),
     /// by the `NodeId` its legs carry: where a query leaving it went next.
     pub routes: BTreeMap<NodeId, Routes>,
+    /// In a replay of several nodes' recordings: each node's own network
+    /// namespace, by `NodeId` (`node_netns` is the first's).
+    pub node_namespaces: BTreeMap<NodeId, u32>,
+    /// Pods and services by address, as the node (or the recording)
+    /// knows them now: what evidence names addresses and places after.
+    pub names: Names,
+    /// Which pod each network namespace is, learned from legs.
+    pub namespaces: Namespaces,
 }
 
 impl Context {
+    /// Pods (re-)named since the start: evidence names them from now on.
+    pub fn rename(&mut self, names: &[(IpAddr, String)]) {
+        self.names.extend(names, &[], &[]);
+    }
+
     /// A node a cluster view joined: its name, its pods' homes and
     /// routes; the resolvers and services it knows besides.
     pub fn join(&mut self, j: &Joined) {
@@ -61,6 +76,7 @@ impl Context {
             self.attachments.entry(*ip).or_insert_with(|| a.clone());
         }
         self.routes.insert(id, j.routes.clone());
+        self.node_namespaces.insert(id, j.node_netns);
         self.resolvers.extend(&j.resolvers);
         self.service_ips.extend(&j.service_ips);
     }

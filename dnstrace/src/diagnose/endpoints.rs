@@ -3,13 +3,14 @@
 //! own.
 use std::{
     collections::{BTreeMap, BTreeSet, VecDeque},
-    net::SocketAddr,
+    net::{IpAddr, SocketAddr},
     sync::Arc,
 };
 
 use super::{
     anomaly::{Finding, Words},
-    nodes::{lost_on_the_way, name},
+    nodes::lost_on_the_way,
+    places::{ip, name},
     AnomalyKind, Context,
 };
 use crate::correlate::{Journey, Outcome};
@@ -175,6 +176,13 @@ fn finding(ctx: &Context, service: SocketAddr, d: Down) -> Finding<'static> {
         .get(&ep)
         .filter(|_| ctx.nodes.len() >= 2)
         .map(|n| name(ctx, *n));
+    // Named now: the finding outlives the context it is raised in.
+    let others = d.others.iter().map(|(e, _)| e.ip());
+    let named: BTreeMap<IpAddr, String> = [svc, ep]
+        .into_iter()
+        .chain(others)
+        .map(|a| (a, ip(ctx, a)))
+        .collect();
     Finding::new(
         AnomalyKind::ResolverEndpointDown,
         format!("{service}→{}", d.endpoint),
@@ -195,17 +203,20 @@ fn finding(ctx: &Context, service: SocketAddr, d: Down) -> Finding<'static> {
                 .others
                 .iter()
                 .map(|(e, (answered, all))| {
+                    let e = &named[&e.ip()];
                     if answered == all {
-                        format!("{} answered its {all}", e.ip())
+                        format!("{e} answered its {all}")
                     } else {
-                        format!("{} answered {answered} of its {all}", e.ip())
+                        format!("{e} answered {answered} of its {all}")
                     }
                 })
                 .collect();
             let mut evidence = vec![format!(
-                "{} of {} lookups to {svc} went to {ep} and got no answer; {}",
+                "{} of {} lookups to {} went to {} and got no answer; {}",
                 d.unanswered,
                 d.lookups,
+                named[&svc],
+                named[&ep],
                 others.join(", ")
             )];
             if let Some(n) = &node {

@@ -7,8 +7,8 @@ use dnstrace_common::Direction;
 
 use super::{
     anomaly::{Finding, Words},
-    legs::place,
-    nodes::{lost_on_the_way, name},
+    nodes::lost_on_the_way,
+    places::{name, place},
     AnomalyKind, Context,
 };
 use crate::{
@@ -38,10 +38,10 @@ impl Sizes {
         self.lost > 0 && self.delivered.is_some_and(|d| self.smallest_lost > d)
     }
 
-    fn lose(&mut self, leg: &Leg) {
+    fn lose(&mut self, leg: &Leg, ctx: &Context) {
         if self.lost == 0 || leg.ip_len < self.smallest_lost {
             self.smallest_lost = leg.ip_len;
-            self.left_by = format!("{} ({})", place(leg), leg.hook.name());
+            self.left_by = format!("{} at {}", place(ctx, leg), leg.hook.name());
         }
         self.largest_lost = self.largest_lost.max(leg.ip_len);
         self.lost += 1;
@@ -63,7 +63,7 @@ impl PathSizes {
         }
         if let Some(lost) = lost_on_the_way(j, ctx, true).filter(|l| l.leg.ip_len > 0) {
             let s = self.0.entry((lost.leg.node, lost.to)).or_default();
-            s.lose(lost.leg);
+            s.lose(lost.leg, ctx);
             // This journey's rule raises it.
             s.raised |= s.explained();
             return None;
@@ -128,7 +128,7 @@ fn finding(ctx: &Context, (from, to): (NodeId, NodeId), s: Sizes) -> Finding<'st
             );
             let evidence = vec![
             format!(
-                "{} answers from {from} to {to} lost on the way, of {}{up_to} bytes (IP packets); the smallest left {from} by {}",
+                "{} answers from {from} to {to} lost on the way, of {}{up_to} bytes (IP packets); the smallest left by {}",
                 s.lost, s.smallest_lost, s.left_by
             ),
             format!("the largest answer from {from} that reached {to}: {delivered} bytes"),

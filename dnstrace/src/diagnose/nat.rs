@@ -5,7 +5,8 @@ use super::{
     anomaly::{Finding, Words},
     bridged::{between, Way},
     conntrack::{trouble, CtSeen},
-    legs::{is_loopback, place},
+    legs::is_loopback,
+    places::{addr, place},
     AnomalyKind, Context, Translation,
 };
 use crate::correlate::{Journey, Outcome};
@@ -25,11 +26,16 @@ pub(super) fn unexpected_source<'a>(j: &'a Journey, ctx: &'a Context) -> Option<
     };
     let wrong = j.answers_at_client().find(|l| !asked(l.src))?;
     let mut evidence = vec![
-        format!("the query {} → {} left {}", j.client, o.dst, place(o)),
+        format!(
+            "the query {} → {} left {}",
+            addr(ctx, j.client),
+            addr(ctx, o.dst),
+            place(ctx, o)
+        ),
         format!(
             "its answer reached {} from {}, not from {}",
-            place(wrong),
-            wrong.src,
+            place(ctx, wrong),
+            addr(ctx, wrong.src),
             o.dst
         ),
     ];
@@ -71,7 +77,7 @@ pub(super) fn unexpected_source<'a>(j: &'a Journey, ctx: &'a Context) -> Option<
 const NOT_BRIDGED_CAUSE: &str = "the answer missed the conntrack entry of the query's DNAT, so its reverse NAT did not run; the client and the resolver share no bridge on this node (routed pods), so br_netfilter is not why: the answer came back another way than the query went (another node or interface, asymmetric routing), or a rule keeps it from conntrack (NOTRACK)";
 const NOT_BRIDGED_FIX: &str = "follow the answer's legs back to the resolver to see which way it took; `conntrack -L -p udp --orig-dst <service IP>` shows the query's entry, and `iptables -t raw -S` any NOTRACK rule";
 
-pub(super) fn loopback_nameserver<'a>(j: &'a Journey, ctx: &Context) -> Option<Finding<'a>> {
+pub(super) fn loopback_nameserver<'a>(j: &'a Journey, ctx: &'a Context) -> Option<Finding<'a>> {
     let o = j.origin()?;
     let in_pod = o.netns != 0 && o.netns != ctx.node_netns;
     // Answered: something listens there (CoreDNS's loop plugin probing
@@ -90,10 +96,10 @@ pub(super) fn loopback_nameserver<'a>(j: &'a Journey, ctx: &Context) -> Option<F
                 );
                 let evidence = vec![format!(
                     "{} asked {} for {} on {}",
-                    j.client,
+                    addr(ctx, j.client),
                     o.dst,
                     j.name,
-                    place(o)
+                    place(ctx, o)
                 )];
                 Words::new(summary, evidence)
             },
@@ -123,7 +129,7 @@ impl LocalListeners {
 
 pub(super) fn not_translated<'a>(
     j: &'a Journey,
-    ctx: &Context,
+    ctx: &'a Context,
     local: &LocalListeners,
     ct: &CtSeen,
 ) -> Option<Finding<'a>> {
@@ -161,12 +167,14 @@ pub(super) fn not_translated<'a>(
             let mut evidence = vec![
                 format!(
                     "{} asked {} for {}; no leg shows a DNAT",
-                    j.client, o.dst, j.name
+                    addr(ctx, j.client),
+                    addr(ctx, o.dst),
+                    j.name
                 ),
                 format!(
-                    "last seen at {} ({}), still addressed to {}",
-                    place(last),
+                    "last seen by {} at {}, still addressed to {}",
                     last.hook.name(),
+                    place(ctx, last),
                     last.dst
                 ),
             ];

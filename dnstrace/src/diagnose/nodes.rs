@@ -5,7 +5,7 @@ use dnstrace_common::Direction;
 
 use super::{
     anomaly::{Finding, Words},
-    legs::place,
+    places::{addr, ip, name, place},
     Context,
 };
 use crate::{
@@ -36,16 +36,16 @@ pub(super) fn lost_between_nodes<'a>(j: &'a Journey, ctx: &'a Context) -> Option
         format!("{from}→{to}"),
         move || {
             let evidence = vec![format!(
-                "{} asked {} for {} {}; the {} left {from} at {} ({} → {}) and {to}, where {} is, never saw it",
-                j.client,
-                j.origin().map_or(lost.leg.dst, |o| o.dst),
+                "{} asked {} for {} {}; the {} {} → {} left {}, and {to}, where {} is, never saw it",
+                addr(ctx, j.client),
+                addr(ctx, j.origin().map_or(lost.leg.dst, |o| o.dst)),
                 j.name,
                 j.qtype,
                 if lost.leg.response { "answer" } else { "query" },
-                place(lost.leg),
                 lost.leg.src,
                 lost.leg.dst,
-                lost.leg.dst.ip()
+                place(ctx, lost.leg),
+                ip(ctx, lost.leg.dst.ip())
             )];
             Words::new(format!("DNS {what} lost between {from} and {to}"), evidence)
         },
@@ -68,13 +68,4 @@ pub(super) fn lost_on_the_way<'a>(j: &'a Journey, ctx: &Context, answer: bool) -
     let after = j.legs.iter().filter(|l| l.ts_ns >= last.ts_ns);
     let reached = after.clone().any(|l| l.node == to && l.response == answer);
     (to != last.node && !reached).then_some(Lost { leg: last, to })
-}
-
-/// The node's name in the replay, or its number.
-pub(super) fn name(ctx: &Context, node: NodeId) -> String {
-    usize::from(node.0)
-        .checked_sub(1)
-        .and_then(|i| ctx.nodes.get(i))
-        .cloned()
-        .unwrap_or_else(|| format!("node #{}", node.0))
 }

@@ -3,9 +3,9 @@ use std::{collections::BTreeSet, net::IpAddr};
 
 use super::{
     anomaly::{Finding, Words},
-    legs::{place, the_message},
+    legs::the_message,
     memory::Asked,
-    nodes::name,
+    places::{addr, name, place},
     AnomalyKind, Context,
 };
 use crate::decode::Rcode;
@@ -16,7 +16,11 @@ use crate::{
 };
 use dnstrace_common::Direction;
 
-pub(super) fn dropped<'a>(j: &'a Journey, names: &KernelNames) -> Option<Finding<'a>> {
+pub(super) fn dropped<'a>(
+    j: &'a Journey,
+    names: &KernelNames,
+    ctx: &'a Context,
+) -> Option<Finding<'a>> {
     let Outcome::Dropped { reason, location } = j.outcome else {
         return None;
     };
@@ -32,8 +36,8 @@ pub(super) fn dropped<'a>(j: &'a Journey, names: &KernelNames) -> Option<Finding
         );
         let evidence = vec![format!(
             "{} was dropped on {}: {why} at {at}",
-            the_message(j, leg),
-            place(leg)
+            the_message(ctx, j, leg),
+            place(ctx, leg)
         )];
         Words::new(summary, evidence).cause(cause).fix(fix)
     }))
@@ -136,13 +140,13 @@ pub(super) fn unanswered<'a>(
         o.dst.to_string(),
         move || {
             let mut evidence = vec![format!(
-                "{} asked {} for {} {}; last seen at {} ({} {} → {})",
-                j.client,
-                o.dst,
+                "{} asked {} for {} {}; last seen by {} at {}, {} → {}",
+                addr(ctx, j.client),
+                addr(ctx, o.dst),
                 j.name,
                 j.qtype,
-                place(last),
                 last.hook.name(),
+                place(ctx, last),
                 last.src,
                 last.dst
             )];
@@ -176,13 +180,13 @@ fn left_node<'a>(
         let ip = left.dst.ip();
         let route = ctx.routes.get(&left.node).and_then(|r| r.toward(ip));
         let mut evidence = vec![format!(
-            "{} asked {} for {} {}; the query left {node} at {} for {}, and nothing came back",
-            j.client,
-            j.origin().map_or(left.dst, |o| o.dst),
+            "{} asked {} for {} {}; the query left {} for {}, and nothing came back",
+            addr(ctx, j.client),
+            addr(ctx, j.origin().map_or(left.dst, |o| o.dst)),
             j.name,
             j.qtype,
-            place(left),
-            left.dst
+            place(ctx, left),
+            addr(ctx, left.dst)
         )];
         evidence.extend(route.map(|r| routed(ip, r)));
         evidence.extend(earlier_attempts(j, recent));
@@ -272,7 +276,7 @@ pub(super) fn resolver_here(j: &Journey) -> bool {
 
 /// An answer arrived and could not be read whole: its own finding, not
 /// silence. Per server: which one sends them is the finding.
-pub(super) fn malformed_answer(j: &Journey) -> Option<Finding<'_>> {
+pub(super) fn malformed_answer<'a>(j: &'a Journey, ctx: &'a Context) -> Option<Finding<'a>> {
     let Outcome::Answered {
         malformed: Some(why),
         rcode,
@@ -289,10 +293,11 @@ pub(super) fn malformed_answer(j: &Journey) -> Option<Finding<'_>> {
         move || {
             let summary = format!("answers from {from} cannot be read whole");
             let evidence = vec![format!(
-                "{} {}: the {rcode} answer from {from}, seen on {}, breaks at the {why}",
+                "{} {}: the {rcode} answer from {}, seen on {}, breaks at the {why}",
                 j.name,
                 j.qtype,
-                place(reply)
+                addr(ctx, from),
+                place(ctx, reply)
             )];
             Words::new(summary, evidence).about(vec![from.ip()])
         },

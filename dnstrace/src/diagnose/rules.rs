@@ -66,7 +66,7 @@ pub(super) fn findings<'a>(j: &'a Journey, known: &Known<'a>) -> Vec<Finding<'a>
         seen_all
             .then(|| half_pair_lost(j, ctx, recent, names))
             .flatten(),
-        fragment_lost(j, names),
+        fragment_lost(j, names, ctx),
     ];
     let explained = specific.iter().any(Option::is_some);
     out.extend(specific.into_iter().flatten());
@@ -74,21 +74,21 @@ pub(super) fn findings<'a>(j: &'a Journey, known: &Known<'a>) -> Vec<Finding<'a>
     // no lookup's business.
     let lookup = j.is_lookup();
     if !explained {
-        let upstream = upstream_failures(j, upstream, names);
+        let upstream = upstream_failures(j, upstream, names, ctx);
         let upstream_failed = !upstream.is_empty();
         out.extend(upstream);
-        out.extend(dropped(j, names));
+        out.extend(dropped(j, names, ctx));
         if lookup {
             out.extend(failing_answer(j));
         }
-        out.extend(malformed_answer(j));
+        out.extend(malformed_answer(j, ctx));
         if !upstream_failed && seen_all {
             out.extend(unanswered(j, recent, ctx));
         }
     }
     if lookup {
         out.extend(search_leak(j, recent, ctx));
-        out.extend(ndots_amplification(j, recent, miss_cost, miss_costs));
+        out.extend(ndots_amplification(j, recent, miss_cost, miss_costs, ctx));
     }
     out
 }

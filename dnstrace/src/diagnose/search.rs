@@ -7,6 +7,7 @@ use std::{
 use super::{
     anomaly::{Finding, Words},
     memory::Asked,
+    places::ip,
     AnomalyKind, Context,
 };
 use crate::correlate::{Journey, Outcome};
@@ -23,7 +24,7 @@ const AMPLIFICATION_NS: u64 = 100_000_000;
 pub(super) fn search_leak<'a>(
     j: &'a Journey,
     recent: &[&'a Asked],
-    ctx: &Context,
+    ctx: &'a Context,
 ) -> Option<Finding<'a>> {
     let sent = failed_upstream(j)?;
     let domains = cluster_domains(ctx, recent);
@@ -75,7 +76,7 @@ pub(super) fn search_leak<'a>(
             let evidence = vec![
                 format!(
                     "{} asked {}, then {} (sent upstream to {})",
-                    j.client.ip(),
+                    ip(ctx, j.client.ip()),
                     tried.join(", "),
                     j.name,
                     sent.0
@@ -237,6 +238,7 @@ pub(super) fn ndots_amplification<'a>(
     recent: &[&'a Asked],
     cost: Option<u64>,
     costs: &MissCosts,
+    ctx: &'a Context,
 ) -> Option<Finding<'a>> {
     let cost = cost.filter(|&c| c >= AMPLIFICATION_NS)?;
     let w = costs.habit(j.client.ip())?;
@@ -253,7 +255,11 @@ pub(super) fn ndots_amplification<'a>(
         move || {
             let summary = format!("lookups pay for search-list misses: {} NXDOMAINs ({:.0} ms) before {} was answered", misses.len(), cost as f64 / 1e6, j.name);
             let evidence = vec![
-                format!("{} asked {} first", j.client.ip(), tried.join(", ")),
+                format!(
+                    "{} asked {} first",
+                    ip(ctx, j.client.ip()),
+                    tried.join(", ")
+                ),
                 format!(
                     "{} of its {} answers after search-list misses waited {} ms or more for them, over {:.0} s",
                     w.costly,

@@ -4,9 +4,9 @@ use std::{collections::VecDeque, net::IpAddr};
 
 use super::{
     anomaly::{Finding, Words},
-    legs::place,
     outcome::resolver_here,
-    AnomalyKind,
+    places::{addr, ip, place},
+    AnomalyKind, Context,
 };
 use crate::correlate::{Journey, Leg, Outcome};
 
@@ -57,14 +57,14 @@ impl SlowAnswers {
     /// The finding for `j` if it is a slow answer in a pattern; the first
     /// time a pattern holds, the finding stands for its earlier answers
     /// too.
-    pub(super) fn judge<'a>(&mut self, j: &'a Journey) -> Option<Finding<'a>> {
+    pub(super) fn judge<'a>(&mut self, j: &'a Journey, ctx: &'a Context) -> Option<Finding<'a>> {
         if !matches!(j.outcome, Outcome::Answered { .. }) || j.total_ns() < SLOW_NS {
             return None;
         }
         let split = split(j)?;
         self.remember(j);
         let (pattern, earlier) = self.pattern()?;
-        Some(finding(j, split, pattern).standing_for(earlier))
+        Some(finding(j, split, pattern, ctx).standing_for(earlier))
     }
 
     fn remember(&mut self, j: &Journey) {
@@ -135,10 +135,10 @@ impl Shared {
         }
     }
 
-    fn words(self) -> String {
+    fn words(self, ctx: &Context) -> String {
         match self {
-            Shared::Client(ip) => format!("to the client {ip}"),
-            Shared::Server(ip) => format!("from the server {ip}"),
+            Shared::Client(at) => format!("to the client {}", ip(ctx, at)),
+            Shared::Server(at) => format!("from the server {}", ip(ctx, at)),
         }
     }
 }
@@ -169,7 +169,7 @@ fn split(j: &Journey) -> Option<Split<'_>> {
 
 /// The finding for slow answers like `j`'s, keyed by where most of the
 /// time went.
-fn finding<'a>(j: &'a Journey, split: Split<'a>, p: Pattern) -> Finding<'a> {
+fn finding<'a>(j: &'a Journey, split: Split<'a>, p: Pattern, ctx: &'a Context) -> Finding<'a> {
     let most = split.most();
     Finding::new(
         AnomalyKind::SlowAnswers,
@@ -187,12 +187,12 @@ fn finding<'a>(j: &'a Journey, split: Split<'a>, p: Pattern) -> Finding<'a> {
                     j.name,
                     j.qtype,
                     ms(j.total_ns()),
-                    split.parts()
+                    split.parts(ctx)
                 ),
                 format!(
                     "{} answers {} took over {} ms within {} s",
                     p.count,
-                    p.shared.words(),
+                    p.shared.words(ctx),
                     SLOW_NS / 1_000_000,
                     WINDOW_NS / 1_000_000_000
                 ),
@@ -280,7 +280,7 @@ impl Split<'_> {
             .map_or(Part::Network, |(p, _)| p)
     }
 
-    fn parts(&self) -> String {
+    fn parts(&self, ctx: &Context) -> String {
         match *self {
             Split::Here {
                 upstream,
@@ -293,10 +293,10 @@ impl Split<'_> {
                 ms(network)
             ),
             Split::Elsewhere { away, network, left } => format!(
-                "{:.1} ms from when the query left this node ({}, to {}) until its answer came back, {:.1} ms on this node; the resolver is on another node: its own time and its upstream queries are not visible from here",
+                "{:.1} ms from when the query left this node at {} for {} until its answer came back, {:.1} ms on this node; the resolver is on another node: its own time and its upstream queries are not visible from here",
                 ms(away),
-                place(left),
-                left.dst,
+                place(ctx, left),
+                addr(ctx, left.dst),
                 ms(network)
             ),
         }

@@ -311,7 +311,8 @@ fn a_query_lost_past_this_node_names_where_it_went() {
         "lookups sent to 10.244.3.53:53 get no answer past this node: look at 10.244.3.53 and its node next"
     );
     assert!(
-        found[0].evidence[0].contains("left this node at flannel.1@200 for 10.244.3.53:53"),
+        found[0].evidence[0]
+            .contains("the query left flannel.1 on the node (netns 200) for 10.244.3.53:53"),
         "{:?}",
         found[0].evidence
     );
@@ -382,7 +383,7 @@ fn a_query_lost_past_this_node_names_the_node_its_route_leads_to() {
         "lookups sent to 10.244.3.53:53 get no answer past node1: look at 10.244.3.53 on the node at 172.18.0.4 (over flannel.1) next"
     );
     assert!(
-        merged[0].evidence[0].contains("left node1 at flannel.1@200"),
+        merged[0].evidence[0].contains("left flannel.1 on node node1 (netns 200)"),
         "{:?}",
         merged[0].evidence
     );
@@ -446,7 +447,9 @@ fn a_message_that_left_one_node_and_never_reached_the_other_was_lost_between_the
     assert_eq!(query.len(), 1, "{query:?}");
     assert_eq!(query[0].summary, "DNS queries lost between node1 and node3");
     assert!(
-        query[0].evidence[0].contains("left node1 at eth0@200"),
+        query[0].evidence[0].contains(
+            "the query 10.244.1.10:4000 → 10.244.3.53:53 left eth0 on node node1 (netns 200), and node3"
+        ),
         "{:?}",
         query[0].evidence
     );
@@ -569,13 +572,17 @@ fn an_upstream_that_does_not_answer_is_named_with_its_counts() {
     j.outcome = answered(Rcode::SERVFAIL);
     j.upstream
         .push(upstream("198.51.100.53:53", Outcome::Timeout, 0));
-    let found = Diagnoser::new(ctx())
+    let found = Diagnoser::new(named(ctx()))
         .journey(&j, &KernelNames::default())
         .raised;
     let up = found
         .iter()
         .find(|a| a.kind.as_str() == "upstream_timeout")
         .unwrap();
+    assert_eq!(
+        up.evidence[0],
+        "10.244.0.53 (kube-system/coredns-abc) asked 198.51.100.53:53 for kubernetes.default.svc.cluster.local.: no answer came"
+    );
     assert!(
         up.evidence[1].contains("1 queries, 0 answers, 1 timeouts"),
         "{:?}",
@@ -710,7 +717,7 @@ fn asked(id: u64, name: &str, rcode: Rcode, end_ms: u64, ms: u64) -> Journey {
 fn corp_example_candidate(node_search: &[&str]) -> Vec<Anomaly> {
     let mut d = Diagnoser::new(Context {
         node_search: node_search.iter().map(|d| (*d).to_owned()).collect(),
-        ..ctx()
+        ..named(ctx())
     });
     let names = KernelNames::default();
     for (i, n) in [
@@ -746,6 +753,12 @@ fn a_foreign_search_domain_after_the_cluster_ones_is_a_leak() {
         vec!["search_domain_leak"]
     );
     assert!(found[0].summary.contains("corp.example.com"));
+    assert!(
+        found[0].evidence[0]
+            .starts_with("10.244.0.10 (default/web) asked orders.default.svc.cluster.local., "),
+        "{:?}",
+        found[0].evidence
+    );
     assert!(found[0].evidence[0].contains("orders.cluster.local., then orders.corp.example.com. (sent upstream to 198.51.100.53:53)"), "{:?}", found[0].evidence);
 }
 
@@ -1047,7 +1060,7 @@ fn answered_aaaa() -> Journey {
 #[test]
 fn a_lost_half_of_a_parallel_pair_is_the_conntrack_race() {
     let names = KernelNames::default();
-    let mut d = Diagnoser::new(ctx());
+    let mut d = Diagnoser::new(named(ctx()));
     assert!(d.journey(&answered_aaaa(), &names).raised.is_empty());
     let retry = Journey {
         id: 3,
@@ -1072,7 +1085,8 @@ fn a_lost_half_of_a_parallel_pair_is_the_conntrack_race() {
         "not also unanswered"
     );
     assert!(
-        found[0].evidence[0].contains("the AAAA was answered, the A was not"),
+        found[0].evidence[0].contains("left 10.244.0.10:4000 (default/web) 0.")
+            && found[0].evidence[0].contains("the AAAA was answered, the A was not"),
         "{:?}",
         found[0].evidence
     );
@@ -2417,7 +2431,7 @@ fn large_answers_lost_between_nodes_where_small_ones_arrive_are_the_overlay_s_mt
     );
     assert!(
         mtu.evidence[0].contains("of 1342 bytes (IP packets)")
-            && mtu.evidence[0].contains("left node3 by eth0@200 (dev_xmit)")
+            && mtu.evidence[0].contains("left by eth0 on node node3 (netns 200) at dev_xmit")
             && mtu.evidence[1].contains(": 112 bytes"),
         "{:?}",
         mtu.evidence
@@ -2597,7 +2611,7 @@ fn in_a_merged_replay_the_down_endpoint_s_node_is_named_and_queries_lost_on_the_
         j.legs[1].node = NodeId(3);
         d.journey(&j, &KernelNames::default())
     };
-    let mut d = Diagnoser::new(cx.clone());
+    let mut d = Diagnoser::new(named(cx.clone()));
     let all: Vec<Checked> = (0..4)
         .flat_map(|i| {
             [
@@ -2612,6 +2626,11 @@ fn in_a_merged_replay_the_down_endpoint_s_node_is_named_and_queries_lost_on_the_
     assert_eq!(
         down[0].summary,
         "the resolver endpoint 10.244.3.53 on node3 of 10.96.0.10 does not answer; 10.244.2.53 does"
+    );
+    assert!(
+        down[0].evidence[0].starts_with("3 of 6 lookups to 10.96.0.10 (service kube-system/kube-dns) went to 10.244.3.53 (kube-system/coredns-xyz on node node3) and got no answer; 10.244.2.53 answered its "),
+        "{:?}",
+        down[0].evidence
     );
     assert_eq!(down[0].evidence[1], "10.244.3.53 is a pod on node3");
     // Queries that left node1 for node3 and never arrived: the path's.
@@ -2656,4 +2675,183 @@ fn an_endpoint_silent_before_another_answered_is_named_once_that_one_has() {
     // Once only while it stays down.
     let more = alternate(&mut d, 10, 3, false);
     assert!(down_raised(&more).is_empty(), "{more:?}");
+}
+
+/// `ctx` with the names the node knows: the client, CoreDNS and the DNS
+/// service of `healthy`, and `across_nodes`'s client and resolver.
+fn named(cx: Context) -> Context {
+    let names = [
+        ("10.244.0.10", "default/web"),
+        ("10.244.0.53", "kube-system/coredns-abc"),
+        ("10.96.0.10", "kube-system/kube-dns"),
+        ("10.244.1.10", "default/web-1"),
+        ("10.244.3.53", "kube-system/coredns-xyz"),
+    ];
+    let names = names.map(|(ip, n)| (ip.parse().unwrap(), n.to_owned()));
+    Context {
+        names: crate::naming::Names::from_entries(names.into()),
+        ..cx
+    }
+}
+
+/// The healthy query reaching CoreDNS's namespace and dropped there for
+/// `reason` (drop_names: 7 a full socket, 3 a netfilter rule).
+fn dropped_in_coredns(reason: u32) -> Journey {
+    let mut j = healthy();
+    j.legs.truncate(2);
+    let (client, server) = ("10.244.0.10:4000", "10.244.0.53:53");
+    j.legs
+        .push(leg(60_000, "kfree_skb", DNS_NS, 2, client, server, false));
+    j.outcome = Outcome::Dropped {
+        reason,
+        location: 0x10,
+    };
+    j
+}
+
+fn drop_evidence(d: &mut Diagnoser, j: &Journey) -> String {
+    let found = d.journey(j, &drop_names()).raised;
+    let drop = found.iter().find(|a| a.kind == AnomalyKind::Dropped);
+    drop.unwrap_or_else(|| panic!("{found:?}")).evidence[0].clone()
+}
+
+#[test]
+fn a_drop_in_a_known_pods_namespace_names_the_pod_with_its_inode() {
+    let j = dropped_in_coredns(7);
+    assert_eq!(
+        drop_evidence(&mut Diagnoser::new(named(ctx())), &j),
+        "the query for kubernetes.default.svc.cluster.local. A from 10.244.0.10:4000 (default/web) to 10.244.0.53:53 (kube-system/coredns-abc) was dropped on eth0 in pod kube-system/coredns-abc (netns 300): SOCKET_RCVBUFF at udp_queue_rcv_one_skb+0x8"
+    );
+    // Nothing names the namespace: its inode, and the addresses alone.
+    assert_eq!(
+        drop_evidence(&mut Diagnoser::new(ctx()), &j),
+        "the query for kubernetes.default.svc.cluster.local. A from 10.244.0.10:4000 to 10.244.0.53:53 was dropped on eth0 in netns 300: SOCKET_RCVBUFF at udp_queue_rcv_one_skb+0x8"
+    );
+}
+
+#[test]
+fn a_drop_in_a_pod_on_another_node_names_the_pod_and_its_node() {
+    let (one, three) = (NodeId(1), NodeId(3));
+    let mut j = dropped_in_coredns(7);
+    for l in &mut j.legs {
+        l.node = if l.netns == DNS_NS { three } else { one };
+    }
+    let cx = Context {
+        nodes: ["node1", "node2", "node3"].map(String::from).to_vec(),
+        homes: [
+            ("10.244.0.10".parse().unwrap(), one),
+            ("10.244.0.53".parse().unwrap(), three),
+        ]
+        .into(),
+        node_namespaces: [(one, NODE_NS), (three, NODE_NS + 3)].into(),
+        ..named(ctx())
+    };
+    assert_eq!(
+        drop_evidence(&mut Diagnoser::new(cx.clone()), &j),
+        "the query for kubernetes.default.svc.cluster.local. A from 10.244.0.10:4000 (default/web on node node1) to 10.244.0.53:53 (kube-system/coredns-abc on node node3) was dropped on eth0 in pod kube-system/coredns-abc on node node3 (netns 300): SOCKET_RCVBUFF at udp_queue_rcv_one_skb+0x8"
+    );
+    // The same inode on node1 is another namespace, no one's known.
+    for l in &mut j.legs {
+        l.node = one;
+    }
+    j.legs[1].netns = NODE_NS + 1;
+    assert!(drop_evidence(&mut Diagnoser::new(cx), &j)
+        .contains(" was dropped on eth0 in netns 300 on node node1: "));
+}
+
+#[test]
+fn a_pod_named_after_the_start_is_named_in_findings_raised_since() {
+    let mut d = Diagnoser::new(ctx());
+    let before = drop_evidence(&mut d, &dropped_in_coredns(7));
+    assert!(before.contains("dropped on eth0 in netns 300:"), "{before}");
+    d.pods(&Refresh {
+        names: vec![(
+            "10.244.0.53".parse().unwrap(),
+            "kube-system/coredns-abc".into(),
+        )],
+        ..Refresh::default()
+    });
+    let after = drop_evidence(&mut d, &dropped_in_coredns(3));
+    assert!(
+        after.contains(
+            "to 10.244.0.53:53 (kube-system/coredns-abc) was dropped on eth0 in pod kube-system/coredns-abc (netns 300): NETFILTER_DROP"
+        ),
+        "{after}"
+    );
+}
+
+#[test]
+fn the_nodes_namespace_and_one_showing_two_pods_are_no_pods() {
+    let mut cx = named(ctx());
+    let (web, coredns) = ("10.244.0.10:4000", "10.244.0.53:53");
+    // The node forwards both ways; namespace 400 shows both as its own.
+    let legs = [
+        leg(0, "dev_xmit", NODE_NS, 5, web, coredns, false),
+        leg(1, "dev_xmit", 400, 6, web, coredns, false),
+        leg(2, "dev_receive", 400, 6, web, coredns, false),
+    ];
+    cx.learn_namespaces(&legs);
+    assert_eq!(places::place(&cx, &legs[0]), "eth0 on the node (netns 200)");
+    assert_eq!(places::place(&cx, &legs[1]), "eth0 in netns 400");
+    // An address no one named is no pod's either.
+    let unnamed = leg(3, "dev_xmit", 500, 7, "10.244.9.9:4000", coredns, false);
+    cx.learn_namespaces(std::slice::from_ref(&unnamed));
+    assert_eq!(places::place(&cx, &unnamed), "eth0 in netns 500");
+}
+
+#[test]
+fn an_unnated_answer_names_the_client_pod_and_the_resolver() {
+    let found = Diagnoser::new(named(ctx()))
+        .journey(&unnated_answer(), &KernelNames::default())
+        .raised;
+    assert_eq!(kinds_of(&found), ["reply_from_unexpected_source"]);
+    assert_eq!(
+        found[0].evidence[..2],
+        [
+            "the query 10.244.0.10:4000 (default/web) → 10.96.0.10:53 (service kube-system/kube-dns) left eth0 in pod default/web (netns 100)",
+            "its answer reached eth0 in pod default/web (netns 100) from 10.244.0.53:53 (kube-system/coredns-abc), not from 10.96.0.10:53",
+        ]
+    );
+}
+
+#[test]
+fn a_message_lost_between_nodes_names_the_pods_and_their_nodes() {
+    let (j, cx) = across_nodes(false);
+    let found = Diagnoser::new(named(cx))
+        .journey(&j, &KernelNames::default())
+        .raised;
+    assert_eq!(kinds_of(&found), ["lost_between_nodes"]);
+    assert_eq!(
+        found[0].evidence,
+        ["10.244.1.10:4000 (default/web-1 on node node1) asked 10.96.0.10:53 (service kube-system/kube-dns) for kubernetes.default.svc.cluster.local. A; the query 10.244.1.10:4000 → 10.244.3.53:53 left eth0 on node node1 (netns 200), and node3, where 10.244.3.53 (kube-system/coredns-xyz on node node3) is, never saw it"]
+    );
+}
+
+#[test]
+fn slow_answers_name_the_client_and_the_resolver_they_left_for() {
+    let mut j = answered_after(healthy(), 800);
+    let (web, other) = ("10.244.0.10:4000", "10.244.3.53:53");
+    j.legs[1] = leg(50_000, "dev_xmit", NODE_NS, 9, web, other, false);
+    j.legs[2] = leg(800_000_000, "dev_receive", NODE_NS, 9, other, web, true);
+    j.dnat = Some(Box::new((a("10.96.0.10:53"), a(other))));
+    let mut d = Diagnoser::new(named(ctx()));
+    let found: Vec<Anomaly> = (0..3u64)
+        .flat_map(|i| {
+            d.journey(&shifted(&j, i, i * 1_000_000_000), &KernelNames::default())
+                .raised
+        })
+        .collect();
+    assert_eq!(kinds_of(&found), ["slow_answers"]);
+    let evidence = &found[0].evidence;
+    assert!(
+        evidence[0].contains(
+            "left this node at eth0 on the node (netns 200) for 10.244.3.53:53 (kube-system/coredns-xyz) until"
+        ),
+        "{evidence:?}"
+    );
+    assert!(
+        evidence[1]
+            .starts_with("3 answers from the server 10.244.3.53 (kube-system/coredns-xyz) took"),
+        "{evidence:?}"
+    );
 }

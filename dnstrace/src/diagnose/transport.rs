@@ -7,9 +7,10 @@ use std::{
 
 use super::{
     anomaly::{Finding, Words},
-    legs::{place, the_message},
+    legs::the_message,
     memory::Asked,
-    AnomalyKind,
+    places::place,
+    AnomalyKind, Context,
 };
 use crate::{
     correlate::{Connection, Journey, Outcome, Reset},
@@ -18,7 +19,11 @@ use crate::{
 
 /// An answer came in IP fragments and one of them did not come through:
 /// dropped by the kernel on the way, or missing where the rest arrived.
-pub(super) fn fragment_lost<'a>(j: &'a Journey, names: &KernelNames) -> Option<Finding<'a>> {
+pub(super) fn fragment_lost<'a>(
+    j: &'a Journey,
+    names: &KernelNames,
+    ctx: &'a Context,
+) -> Option<Finding<'a>> {
     if matches!(j.outcome, Outcome::Answered { .. }) {
         return None;
     }
@@ -35,11 +40,11 @@ pub(super) fn fragment_lost<'a>(j: &'a Journey, names: &KernelNames) -> Option<F
         Some(&(reason, at)) => format!(
             "{} was dropped on {}: {} at {}",
             f.describe(),
-            place(leg),
+            place(ctx, leg),
             names.drop_reason(reason),
             names.location(at)
         ),
-        None => format!("it reached {} {}", place(leg), f.describe()),
+        None => format!("it reached {} {}", place(ctx, leg), f.describe()),
     };
     Some(Finding::new(
         AnomalyKind::FragmentLost,
@@ -52,7 +57,7 @@ pub(super) fn fragment_lost<'a>(j: &'a Journey, names: &KernelNames) -> Option<F
             );
             let evidence = vec![format!(
                 "{} came in IP fragments; {what}",
-                the_message(j, leg)
+                the_message(ctx, j, leg)
             )];
             Words::new(summary, evidence)
         },

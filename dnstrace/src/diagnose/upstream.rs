@@ -7,7 +7,8 @@ use std::{
 
 use super::{
     anomaly::{Finding, Words},
-    AnomalyKind,
+    places::ip,
+    AnomalyKind, Context,
 };
 use crate::{
     correlate::{Journey, Outcome},
@@ -170,26 +171,34 @@ pub(super) fn upstream_failures<'a>(
     j: &'a Journey,
     stats: &Upstreams,
     names: &KernelNames,
+    ctx: &'a Context,
 ) -> Vec<Finding<'a>> {
     let mut found = Vec::new();
     failed_upstream(j, stats, names, &mut found);
     found
         .into_iter()
         .map(|f| match f.late_ns {
-            Some(late_ns) => late_answer(j, f.server, f.resolver, late_ns),
-            None => no_answer(j, f, stats, names),
+            Some(late_ns) => late_answer(j, f.server, f.resolver, late_ns, ctx),
+            None => no_answer(j, f, stats, names, ctx),
         })
         .collect()
 }
 
 /// An upstream that answered, but after the resolver stopped waiting.
-fn late_answer(j: &Journey, server: SocketAddr, resolver: IpAddr, late_ns: u64) -> Finding<'_> {
+fn late_answer<'a>(
+    j: &'a Journey,
+    server: SocketAddr,
+    resolver: IpAddr,
+    late_ns: u64,
+    ctx: &'a Context,
+) -> Finding<'a> {
     let key = format!("{server} late");
     Finding::new(AnomalyKind::UpstreamTimeout, key, move || {
         let ms = late_ns as f64 / 1e6;
         let summary = format!("the upstream resolver {server} answers after {resolver} gave up");
         let evidence = vec![format!(
-            "{resolver} asked {server} for {}; the answer came {ms:.1} ms later and found no socket at {resolver} (NO_SOCKET): the resolver had stopped waiting",
+            "{} asked {server} for {}; the answer came {ms:.1} ms later and found no socket at {resolver} (NO_SOCKET): the resolver had stopped waiting",
+            ip(ctx, resolver),
             j.name
         )];
         let cause = format!("{server} is slower than {resolver}'s per-try timeout: it answered after {ms:.0} ms, too late to be used");
@@ -205,6 +214,7 @@ fn no_answer<'a>(
     f: UpstreamFailure,
     stats: &Upstreams,
     names: &KernelNames,
+    ctx: &'a Context,
 ) -> Finding<'a> {
     let UpstreamFailure {
         server,
@@ -235,7 +245,7 @@ fn no_answer<'a>(
         move || {
             let summary = format!("the upstream resolver {server} does not answer");
             let evidence = vec![
-                format!("{resolver} asked {server} for {}: {how}", j.name),
+                format!("{} asked {server} for {}: {how}", ip(ctx, resolver), j.name),
                 format!(
                     "{server} so far: {} queries, {} answers, {} timeouts{mean}",
                     s.queries, s.answers, s.timeouts

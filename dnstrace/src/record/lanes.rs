@@ -512,6 +512,7 @@ fn joined(r: &Recording, node: NodeId) -> Refresh {
             routes: cx.routes.clone(),
             resolvers: cx.resolvers.clone(),
             service_ips: cx.service_ips.clone(),
+            node_netns: cx.node_netns,
         })),
         ..Refresh::default()
     }

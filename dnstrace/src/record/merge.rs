@@ -210,8 +210,12 @@ pub fn numbered_context(recs: &[Recording]) -> Context {
             cx.homes.entry(*ip).or_insert(node);
         }
     }
-    cx.routes = (recs.iter().enumerate())
-        .map(|(i, r)| (NodeId(i as u16 + 1), r.about.context.routes.clone()))
+    let numbered = || (recs.iter().enumerate()).map(|(i, r)| (NodeId(i as u16 + 1), r));
+    cx.routes = numbered()
+        .map(|(id, r)| (id, r.about.context.routes.clone()))
+        .collect();
+    cx.node_namespaces = numbered()
+        .map(|(id, r)| (id, r.about.context.node_netns))
         .collect();
     cx
 }

@@ -111,8 +111,12 @@ impl About {
         .with_nodes(self.labels.nodes.clone())
     }
 
+    /// What the rules know, with the recording's names for evidence.
     pub fn context(&self) -> Context {
-        self.context.clone().context()
+        Context {
+            names: Names::from_entries(self.labels.names.clone()),
+            ..self.context.clone().context()
+        }
     }
 
     /// `replay of FILE (node lab-node; pod default/web)`: the file, and

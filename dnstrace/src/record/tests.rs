@@ -467,6 +467,7 @@ pub fn inputs() -> Vec<crate::pipeline::Input> {
                     routes: Default::default(),
                     resolvers: vec!["10.244.3.53".parse().unwrap()],
                     service_ips: vec!["10.96.0.10".parse().unwrap()],
+                    node_netns: 4_026_532_300,
                 })),
             },
         },

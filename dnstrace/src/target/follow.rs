@@ -72,6 +72,10 @@ pub struct Joined {
     pub routes: Routes,
     pub resolvers: Vec<IpAddr>,
     pub service_ips: Vec<IpAddr>,
+    /// Its own network namespace's inode; absent from recordings made
+    /// before it was noted (0: not known).
+    #[serde(default)]
+    pub node_netns: u32,
 }
 
 impl Joined {
