@@ -17,7 +17,7 @@ use crate::{
     output::{Format, Labels, LineSink},
     pipeline::Input,
     record::{
-        frame::{self, LINKTYPE_RAW},
+        frame::{self, LINKTYPE_LINUX_SLL2},
         notes::PacketNote,
         pcapng::Reader,
         replay::{About, Replay, Speed},
@@ -191,14 +191,14 @@ fn fragment(payload: &[u8], ctl: u8, offset: u16, len: usize) -> Packet {
 }
 
 /// A kernel packet event, as read from the ring buffer: decoded as the
-/// capture does, printed, and turned into the raw IP frame a recording
-/// keeps (and back).
+/// capture does, printed, and turned into the frame a recording keeps
+/// (and back).
 pub fn event(data: &[u8]) {
     let Ok(packet) = Packet::from_event(data, &mut IfNames::default()) else {
         return;
     };
-    let f = frame::encode(&packet);
-    if let Ok(Some(d)) = frame::decode(LINKTYPE_RAW, &f.data) {
+    let f = frame::cooked(&packet);
+    if let Ok(Some(d)) = frame::decode(LINKTYPE_LINUX_SLL2, &f.data) {
         // A later fragment's ports travel in its note.
         let ports = match packet.frag {
             Some(f) if !f.is_first() => (0, 0),

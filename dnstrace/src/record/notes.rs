@@ -1,7 +1,8 @@
-//! dnstrace's own records inside a pcapng file, as JSON: one `Note` per
-//! custom block (what the pipeline was fed besides packets, and what it
-//! raised), and a `PacketNote` option on each packet with what the frame
-//! cannot say (hook, namespace, conntrack entry, drop, monotonic time).
+//! dnstrace's own records inside a pcapng file, as JSON: `Note`s (about
+//! the file, what the pipeline was fed besides packets, and what it
+//! raised), and a `PacketNote` on each packet with what the frame cannot
+//! say (hook, namespace, conntrack entry, drop, monotonic time). Where in
+//! the file they go: `record::layout`.
 use std::{
     collections::BTreeMap,
     net::{IpAddr, SocketAddr},
@@ -22,13 +23,10 @@ use crate::{
     target::{follow::Refresh, Target},
 };
 
-/// The Private Enterprise Number dnstrace's custom blocks and options are
-/// marked with. This is IANA's number for documentation (RFC 5612) until
-/// dnstrace has one of its own; readers other than dnstrace skip them.
-pub const PEN: u32 = 32473;
-
-/// Bumped when a note's meaning changes; older readers refuse newer files.
-pub const FORMAT: u32 = 1;
+/// Bumped when a note's meaning (or place) changes; older readers refuse
+/// newer files. 2: notes in comments and packets of their own interface,
+/// where format 1 had custom blocks and options (`record::layout`).
+pub const FORMAT: u32 = 2;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -114,6 +112,12 @@ impl Header {
     /// The node it was recorded on: `--node`'s name, else the host's.
     pub fn node_name(&self) -> &str {
         self.scope.as_deref().unwrap_or(&self.node)
+    }
+
+    /// Whether both are of one capture (its rotated files, say).
+    pub fn same_capture(&self, other: &Self) -> bool {
+        (&self.node, self.started_ns, self.clock_offset_ns)
+            == (&other.node, other.started_ns, other.clock_offset_ns)
     }
 }
 

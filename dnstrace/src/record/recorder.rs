@@ -1,5 +1,6 @@
 //! `--record`: every input of the pipeline written to pcapng as it goes,
-//! packets as raw IP frames Wireshark reads, the rest as dnstrace's notes.
+//! packets as frames tcpdump and Wireshark read, the rest as dnstrace's
+//! notes (where they go: `layout`).
 //! Each block is written whole, so a file cut short (kill -9, power loss)
 //! reads up to its last complete block; a write error stops the recording,
 //! never the tracing.
@@ -15,11 +16,13 @@ use std::{
 use anyhow::{Context as _, Result};
 
 use super::{
-    frame,
-    notes::{CtEventNote, Note, PacketNote, PEN},
+    frame::{self, LINKTYPE_LINUX_SLL2},
+    layout,
+    notes::{CtEventNote, Note, PacketNote},
     pcapng::{Interface, PacketOpt, Writer, FLAG_INBOUND, FLAG_OUTBOUND},
     Meta,
 };
+use crate::clock::Clock;
 use crate::{
     decode::Packet,
     diagnose::Anomaly,
@@ -49,6 +52,8 @@ pub struct Recorder {
 /// One open file and the interfaces described in it.
 struct Out {
     w: Writer<Box<dyn io::Write + Send>>,
+    /// The notes' interface.
+    notes: u32,
     ifaces: HashMap<(String, u32, u8), u32>,
 }
 
@@ -90,42 +95,57 @@ impl Tap for Recorder {
     fn input(&mut self, input: &Input) {
         match input {
             Input::Packets(batch) => batch.iter().for_each(|p| self.packet(p)),
-            Input::Conntrack { now_ns, events } => self.note(&Note::Conntrack {
-                now_ns: *now_ns,
-                events: events.iter().map(CtEventNote::of).collect(),
-            }),
-            Input::Counters { now_ns, moved } => self.note(&Note::Counters {
-                now_ns: *now_ns,
-                moved: moved.iter().map(|(n, v)| ((*n).to_owned(), *v)).collect(),
-            }),
+            Input::Conntrack { now_ns, events } => self.note(
+                *now_ns,
+                &Note::Conntrack {
+                    now_ns: *now_ns,
+                    events: events.iter().map(CtEventNote::of).collect(),
+                },
+            ),
+            Input::Counters { now_ns, moved } => self.note(
+                *now_ns,
+                &Note::Counters {
+                    now_ns: *now_ns,
+                    moved: moved.iter().map(|(n, v)| ((*n).to_owned(), *v)).collect(),
+                },
+            ),
             Input::Lost {
                 since_ns,
                 now_ns,
                 total,
-            } => self.note(&Note::Lost {
-                since_ns: *since_ns,
-                now_ns: *now_ns,
-                total: *total,
-            }),
-            Input::Sample(c) => self.note(&Note::Sample {
-                since_ns: c.since_ns,
-                now_ns: c.now_ns,
-                shift: c.level.shift,
-                seed: c.level.seed,
-                viewed: c.viewed.ips().to_vec(),
-                node: c.node.0,
-            }),
+            } => self.note(
+                *now_ns,
+                &Note::Lost {
+                    since_ns: *since_ns,
+                    now_ns: *now_ns,
+                    total: *total,
+                },
+            ),
+            Input::Sample(c) => self.note(
+                c.now_ns,
+                &Note::Sample {
+                    since_ns: c.since_ns,
+                    now_ns: c.now_ns,
+                    shift: c.level.shift,
+                    seed: c.level.seed,
+                    viewed: c.viewed.ips().to_vec(),
+                    node: c.node.0,
+                },
+            ),
             Input::Pods { now_ns, refresh } => {
                 if let Some(j) = &refresh.joined {
                     self.meta.joined(j);
                 }
-                self.note(&Note::Pods {
-                    now_ns: *now_ns,
-                    refresh: refresh.clone(),
-                });
+                self.note(
+                    *now_ns,
+                    &Note::Pods {
+                        now_ns: *now_ns,
+                        refresh: refresh.clone(),
+                    },
+                );
             }
             Input::Tick(now_ns) => {
-                self.note(&Note::Tick { now_ns: *now_ns });
+                self.note(*now_ns, &Note::Tick { now_ns: *now_ns });
                 // What a kill -9 can lose: one tick's worth.
                 self.write(|out| out.w.flush());
             }
@@ -134,17 +154,17 @@ impl Tap for Recorder {
 
     fn anomaly(&mut self, a: &Anomaly) {
         match serde_json::to_value(a) {
-            Ok(anomaly) => self.note(&Note::Anomaly { anomaly }),
+            Ok(anomaly) => self.note(a.last_ns, &Note::Anomaly { anomaly }),
             Err(e) => self.stop(&io::Error::other(e)),
         }
     }
 
     fn start(&mut self, now_ns: u64) {
-        self.note(&Note::Start { now_ns });
+        self.note(now_ns, &Note::Start { now_ns });
     }
 
     fn end(&mut self, now_ns: u64) {
-        self.note(&Note::End { now_ns });
+        self.note(now_ns, &Note::End { now_ns });
         self.write(|out| out.w.flush());
     }
 
@@ -155,10 +175,15 @@ impl Tap for Recorder {
 }
 
 impl Recorder {
-    fn note(&mut self, note: &Note) {
-        match serde_json::to_vec(note) {
-            Ok(data) => self.write(|out| out.w.custom_block(PEN, &data)),
-            Err(e) => self.stop(&io::Error::other(e)),
+    /// A note made at `now_ns`: a packet of the notes' interface.
+    fn note(&mut self, now_ns: u64, note: &Note) {
+        let ts_ns = wall_ns(self.meta.clock, now_ns);
+        match layout::note_frame(note) {
+            Ok(data) => self.write(|out| {
+                let len = data.len() as u32;
+                out.w.packet(out.notes, ts_ns, &data, len, &[])
+            }),
+            Err(e) => self.stop(&e),
         }
     }
 
@@ -171,23 +196,17 @@ impl Recorder {
         // was copied over several times.
         let mut json = Vec::with_capacity(512);
         note.write_json(&mut json);
-        let wall_ns = clock
-            .wall(p.ts_ns)
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
+        let wall_ns = wall_ns(clock, p.ts_ns);
         let flags = match p.hook.direction() {
             Direction::Ingress => FLAG_INBOUND,
             Direction::Egress => FLAG_OUTBOUND,
             Direction::Drop | Direction::Nat | Direction::Clash => 0,
         };
-        let f = frame::encode(p);
+        let f = frame::cooked(p);
         let opts = [
             PacketOpt::Flags(flags),
             PacketOpt::Comment(comment),
-            PacketOpt::Custom {
-                pen: PEN,
-                data: json,
-            },
+            layout::packet_note_comment(&json),
         ];
         self.write(|out| {
             let id = out.interface(&place, p)?;
@@ -268,22 +287,31 @@ fn open(path: &std::path::Path, meta: &Meta, part: u32) -> io::Result<Out> {
     )
 }
 
-/// Writes the section header and dnstrace's notes about the capture.
+/// Writes the section header and the notes' interface, with dnstrace's
+/// notes about the capture.
 fn start(w: Box<dyn io::Write + Send>, meta: &Meta, part: u32) -> io::Result<Out> {
     let mut w = Writer::new(w, &meta.section)?;
     let mut header = meta.header.clone();
     header.part = part;
-    for note in [
+    let notes = w.interface(&layout::notes_interface(&[
         Note::Header(header),
         Note::Labels(meta.labels.clone()),
         Note::Context(meta.context.clone()),
-    ] {
-        w.custom_block(PEN, &serde_json::to_vec(&note).map_err(io::Error::other)?)?;
-    }
+    ])?)?;
     Ok(Out {
         w,
+        notes,
         ifaces: HashMap::new(),
     })
+}
+
+/// A monotonic time as the wall clock's, in nanoseconds since the epoch:
+/// pcapng's timestamps.
+fn wall_ns(clock: Clock, mono_ns: u64) -> u64 {
+    clock
+        .wall(mono_ns)
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
 }
 
 impl Out {
@@ -298,7 +326,7 @@ impl Out {
             ns => format!("{place}@{ns}"),
         };
         let id = self.w.interface(&Interface {
-            linktype: frame::LINKTYPE_RAW,
+            linktype: LINKTYPE_LINUX_SLL2,
             snaplen: 0,
             description: format!(
                 "dnstrace {} ({}) on {name}",
@@ -306,6 +334,7 @@ impl Out {
                 p.hook.direction().name()
             ),
             name,
+            comment: Vec::new(),
         })?;
         self.ifaces.insert(key, id);
         Ok(id)

@@ -169,6 +169,7 @@ fn tshark_reads_our_recordings_without_complaint() {
         snaplen: 0,
         name: name.into(),
         description: "netns 4026531840 tc_egress".into(),
+        comment: vec![],
     };
     let eth0 = w.interface(&iface("eth0")).unwrap();
     let cni0 = w.interface(&iface("cni0")).unwrap();
