@@ -133,7 +133,7 @@ fn tshark_reads_a_recording_and_agrees_with_dnstrace_on_every_packet() {
     );
     let theirs: Vec<String> = String::from_utf8_lossy(&out.stdout)
         .lines()
-        // Custom blocks are rows of their own, with no DNS fields.
+        // Notes' packets are rows of their own, with no DNS fields.
         .filter(|l| !l.trim().is_empty())
         .map(|l| {
             let f: Vec<&str> = l.split('\t').collect();

@@ -762,3 +762,6 @@ fn captured_fragments_replay_whole_and_tshark_reads_them() {
     let errors = tshark_errors(path, "ip");
     assert!(!errors.contains("Errors"), "{errors}");
 }
+
+mod formats;
+mod tools;
