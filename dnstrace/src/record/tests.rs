@@ -214,8 +214,14 @@ fn tshark_reads_our_recordings_without_complaint() {
         w.packet(*iface, ts, &f.data, f.orig_len, &opts).unwrap();
     }
     let tick = layout::note_frame(&Note::Tick { now_ns: 2 }).unwrap();
-    w.packet(notes, 1_700_000_000_000_010_000, &tick, tick.len() as u32, &[])
-        .unwrap();
+    w.packet(
+        notes,
+        1_700_000_000_000_010_000,
+        &tick,
+        tick.len() as u32,
+        &[],
+    )
+    .unwrap();
     w.flush().unwrap();
     drop(w);
 
