@@ -636,8 +636,12 @@ mod tests {
         record_inputs(&path, Clock::with_offset(7));
         let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/record/fixtures");
         let fixture = |f: &str| std::fs::read(fixtures.join(f)).unwrap();
+        // A lab recording of format 1 (custom blocks), still read.
+        let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/golden");
+        let format_1 = std::fs::read(golden.join("loopback-nameserver.pcapng")).unwrap();
         vec![
             ("dnstrace.pcapng", std::fs::read(&path).unwrap()),
+            ("dnstrace-format-1.pcapng", format_1),
             ("tcpdump-lo.pcap", fixture("lo.pcap")),
             ("tcpdump-any-cut.pcap", fixture("any-cut.pcap")),
         ]
