@@ -133,8 +133,8 @@ impl About {
         };
         if !first.same_capture(&h) {
             bail!(
-                "{}: holds two recordings merged into one file (node {}'s and node {}'s); \
-                 replay each recording's own file instead, together: dnstrace replay A.pcapng B.pcapng",
+                "{}: two recordings (of {} and {}) merged into one file, whose packets can no longer be told apart; \
+                 replay the recordings' own files together instead: dnstrace replay A.pcapng B.pcapng",
                 path.display(),
                 first.node_name(),
                 h.node_name()

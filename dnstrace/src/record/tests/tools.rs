@@ -247,7 +247,7 @@ fn two_recordings_merged_by_mergecap_are_refused_in_one_line() {
     run("mergecap", &["-w", path(&both), path(&one), path(&two)]);
     let e = journeys(&[both]).unwrap_err().to_string();
     assert!(
-        e.contains("two recordings merged into one file (node node1's and node node2's)"),
+        e.contains("two recordings (of node1 and node2) merged into one file"),
         "{e}"
     );
     assert!(e.contains("dnstrace replay A.pcapng B.pcapng"), "{e}");
