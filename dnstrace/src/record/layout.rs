@@ -10,7 +10,9 @@
 //!   option holds at most 65,535 bytes, a large cluster's labels more);
 //!   its packets, of ethertype [`ETH_P_NOTE`], the notes made as the
 //!   capture went (ticks, conntrack events, counters, …), one JSON each,
-//!   at the note's time;
+//!   at the note's time: in pieces where it is over what tcpdump and
+//!   editcap take of a packet, each piece but the last with the comment
+//!   [`NOTE_CONTINUES`];
 //! - a packet's own note (`PacketNote`) is its second comment, after
 //!   [`PACKET_NOTE`]; the first is the text Wireshark shows.
 //!
@@ -18,7 +20,7 @@
 //! packet's note in a custom option, under IANA's enterprise number for
 //! documentation; any custom block or option whose data reads as a note is
 //! taken as one.
-use std::io;
+use std::{collections::HashMap, io};
 
 use super::{
     frame::{self, PacketType, LINKTYPE_LINUX_SLL2},
@@ -34,8 +36,15 @@ pub const ETH_P_NOTE: u16 = 0x88b5;
 pub const FILE_NOTES: &str = "dnstrace file notes: ";
 /// What a packet's comment with its note starts with.
 pub const PACKET_NOTE: &str = "dnstrace packet note: ";
+/// The comment of a note's piece that the next piece continues.
+pub const NOTE_CONTINUES: &str = "dnstrace note continues";
 /// An option's largest value.
 const MAX_OPTION: usize = u16::MAX as usize;
+/// The largest packet libpcap and Wireshark read (their snapshot length's
+/// cap for Linux cooked v2): a note's piece is no larger.
+const MAX_PACKET: usize = 262_144;
+/// The most of a note held while its pieces come: a block's cap.
+const MAX_NOTE: usize = super::pcapng::MAX_BLOCK as usize;
 
 /// The notes' interface, the file's notes in its comments.
 pub fn notes_interface(notes: &[Note]) -> io::Result<Interface> {
@@ -72,11 +81,38 @@ fn pieces(s: &str, max: usize) -> impl Iterator<Item = &str> {
     })
 }
 
-/// A note's packet: a cooked header of [`ETH_P_NOTE`], then its JSON.
-pub fn note_frame(note: &Note) -> io::Result<Vec<u8>> {
-    let mut data = frame::cooked_header(ETH_P_NOTE, PacketType::Host).to_vec();
-    serde_json::to_writer(&mut data, note).map_err(io::Error::other)?;
-    Ok(data)
+/// A packet of a note: its frame, and whether the next one continues it.
+#[derive(Debug, PartialEq, Eq)]
+pub struct NotePacket {
+    pub data: Vec<u8>,
+    pub continues: bool,
+}
+
+impl NotePacket {
+    /// Its comment, if it has one.
+    pub fn opts(&self) -> Vec<PacketOpt> {
+        match self.continues {
+            true => vec![PacketOpt::Comment(NOTE_CONTINUES.into())],
+            false => Vec::new(),
+        }
+    }
+}
+
+/// A note's packets: each a cooked header of [`ETH_P_NOTE`], then its JSON
+/// or the next piece of it.
+pub fn note_packets(note: &Note) -> io::Result<Vec<NotePacket>> {
+    let json = serde_json::to_vec(note).map_err(io::Error::other)?;
+    let header = frame::cooked_header(ETH_P_NOTE, PacketType::Host);
+    let pieces: Vec<&[u8]> = json.chunks(MAX_PACKET - header.len()).collect();
+    let last = pieces.len() - 1;
+    Ok(pieces
+        .into_iter()
+        .enumerate()
+        .map(|(i, piece)| NotePacket {
+            data: [&header[..], piece].concat(),
+            continues: i < last,
+        })
+        .collect())
 }
 
 /// A packet's note as its comment: `json` is the note's JSON.
@@ -104,11 +140,44 @@ pub fn file_notes(iface: &Interface) -> Vec<Note> {
         .collect()
 }
 
-/// The note a packet of the notes' interface holds, if it is one.
-pub fn frame_note(data: &[u8]) -> Option<Note> {
-    match frame::cooked_protocol(data)? {
-        (ETH_P_NOTE, json) => serde_json::from_slice(json).ok(),
-        _ => None,
+/// Notes read from their packets, put back together from their pieces,
+/// each notes' interface's apart (mergecap keeps one per file).
+#[derive(Default)]
+pub struct NoteReader {
+    pieces: HashMap<u32, Vec<u8>>,
+}
+
+impl NoteReader {
+    /// A new section: its interfaces are others.
+    pub fn section(&mut self) {
+        self.pieces.clear();
+    }
+
+    /// The note that a packet of the notes' interface `iface` ends, if it
+    /// ends one; a note that does not read (a piece missing) is left out.
+    pub fn packet(&mut self, iface: u32, data: &[u8], opts: &[PacketOpt]) -> Option<Note> {
+        let (ETH_P_NOTE, piece) = frame::cooked_protocol(data)? else {
+            return None;
+        };
+        let continues = opts
+            .iter()
+            .any(|o| matches!(o, PacketOpt::Comment(c) if c == NOTE_CONTINUES));
+        if continues {
+            let held = self.pieces.entry(iface).or_default();
+            if held.len() + piece.len() > MAX_NOTE {
+                self.pieces.remove(&iface);
+            } else {
+                held.extend_from_slice(piece);
+            }
+            return None;
+        }
+        match self.pieces.remove(&iface) {
+            Some(mut held) => {
+                held.extend_from_slice(piece);
+                serde_json::from_slice(&held).ok()
+            }
+            None => serde_json::from_slice(piece).ok(),
+        }
     }
 }
 

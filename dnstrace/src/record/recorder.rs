@@ -175,13 +175,17 @@ impl Tap for Recorder {
 }
 
 impl Recorder {
-    /// A note made at `now_ns`: a packet of the notes' interface.
+    /// A note made at `now_ns`: packets of the notes' interface, all in
+    /// one file.
     fn note(&mut self, now_ns: u64, note: &Note) {
         let ts_ns = wall_ns(self.meta.clock, now_ns);
-        match layout::note_frame(note) {
-            Ok(data) => self.write(|out| {
-                let len = data.len() as u32;
-                out.w.packet(out.notes, ts_ns, &data, len, &[])
+        match layout::note_packets(note) {
+            Ok(packets) => self.write(|out| {
+                for p in &packets {
+                    let len = p.data.len() as u32;
+                    out.w.packet(out.notes, ts_ns, &p.data, len, &p.opts())?;
+                }
+                Ok(())
             }),
             Err(e) => self.stop(&e),
         }

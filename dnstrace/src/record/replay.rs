@@ -66,9 +66,13 @@ impl About {
         let mut about = Self::default();
         // Whether each interface of the section is the notes'.
         let mut notes = Vec::new();
+        let mut pieces = layout::NoteReader::default();
         while let Ok(Some(block)) = reader.next_block() {
             match block {
-                Block::Section { .. } => notes.clear(),
+                Block::Section { .. } => {
+                    notes.clear();
+                    pieces.section();
+                }
                 Block::Interface { iface, .. } => {
                     notes.push(layout::is_notes(&iface));
                     if layout::is_notes(&iface) {
@@ -80,8 +84,10 @@ impl About {
                         about.file_notes(vec![note], path)?;
                     }
                 }
-                Block::Packet { iface, data, .. } if notes.get(iface as usize) == Some(&true) => {
-                    if let Some(note) = layout::frame_note(&data) {
+                Block::Packet {
+                    iface, data, opts, ..
+                } if notes.get(iface as usize) == Some(&true) => {
+                    if let Some(note) = pieces.packet(iface, &data, &opts) {
                         about.file_notes(vec![note], path)?;
                     }
                 }
@@ -247,6 +253,7 @@ pub struct Replay<R: Read = BufReader<File>> {
     reader: Reader<R>,
     /// Each interface of the current section.
     ifaces: Vec<Iface>,
+    notes: layout::NoteReader,
     ports: Vec<u16>,
     queued: VecDeque<Input>,
     batch: Vec<Packet>,
@@ -284,6 +291,7 @@ impl<R: Read> Replay<R> {
             path: path.to_owned(),
             reader,
             ifaces: Vec::new(),
+            notes: layout::NoteReader::default(),
             ports,
             queued: VecDeque::new(),
             batch: Vec::new(),
@@ -331,14 +339,19 @@ impl<R: Read> Replay<R> {
 
     fn block(&mut self, block: Block) {
         match block {
-            Block::Section { .. } => self.ifaces.clear(),
+            Block::Section { .. } => {
+                self.ifaces.clear();
+                self.notes.section();
+            }
             Block::Interface { iface, .. } => self.ifaces.push(Iface {
                 notes: layout::is_notes(&iface),
                 linktype: iface.linktype,
                 name: iface.name,
             }),
-            Block::Packet { iface, data, .. } if self.is_notes(iface) => {
-                if let Some(note) = layout::frame_note(&data) {
+            Block::Packet {
+                iface, data, opts, ..
+            } if self.is_notes(iface) => {
+                if let Some(note) = self.notes.packet(iface, &data, &opts) {
                     self.note(note);
                 }
             }

@@ -213,15 +213,10 @@ fn tshark_reads_our_recordings_without_complaint() {
         let ts = 1_700_000_000_000_000_000 + i as u64 * 1_000;
         w.packet(*iface, ts, &f.data, f.orig_len, &opts).unwrap();
     }
-    let tick = layout::note_frame(&Note::Tick { now_ns: 2 }).unwrap();
-    w.packet(
-        notes,
-        1_700_000_000_000_010_000,
-        &tick,
-        tick.len() as u32,
-        &[],
-    )
-    .unwrap();
+    let tick = layout::note_packets(&Note::Tick { now_ns: 2 }).unwrap();
+    let tick = &tick[0].data;
+    let ts = 1_700_000_000_000_010_000;
+    w.packet(notes, ts, tick, tick.len() as u32, &[]).unwrap();
     w.flush().unwrap();
     drop(w);
 

@@ -16,8 +16,9 @@ use serde_json::Value;
 use super::{dns_message, packet};
 use crate::{
     clock::Clock,
+    conntrack::{CtEvent, CtEventKind},
     correlate::Limits,
-    decode::{KernelNames, Transport},
+    decode::{CtTuple, KernelNames, Transport},
     diagnose::Context,
     naming::Names,
     output::{Format, Labels, LineSink},
@@ -38,7 +39,28 @@ const START_NS: u64 = 1_000_000_000;
 const EVERY_NS: u64 = 100_000_000;
 const LOOKUPS: u64 = 40;
 
-/// Lookup `i`'s query and answer, then a tick.
+/// A burst of 20,000 conntrack events of other traffic: a note of over a
+/// megabyte, more than tcpdump or editcap take of a packet.
+fn burst(now_ns: u64) -> Input {
+    let tuple = |src: &str, dst: &str| CtTuple {
+        src: src.parse().unwrap(),
+        dst: dst.parse().unwrap(),
+    };
+    let event = CtEvent {
+        kind: CtEventKind::New,
+        proto: 17,
+        status: 8,
+        original: tuple("192.0.2.1:40000", "192.0.2.2:123"),
+        reply: tuple("192.0.2.2:123", "192.0.2.1:40000"),
+    };
+    Input::Conntrack {
+        now_ns,
+        events: vec![event; 20_000],
+    }
+}
+
+/// Lookup `i`'s query and answer, then a tick; a burst of conntrack
+/// events after the 16th.
 fn lookups() -> Vec<Input> {
     let mut inputs = Vec::new();
     for i in 0..LOOKUPS {
@@ -56,6 +78,9 @@ fn lookups() -> Vec<Input> {
         let mut a = packet("10.96.0.10:53", &client, Transport::Udp, &answer);
         (a.ts_ns, a.hook, a.ifname) = (t + 1_000_000, Hook::TcIngress, Some("eth0".into()));
         inputs.push(Input::Packets(vec![q, a]));
+        if i == 15 {
+            inputs.push(burst(t + EVERY_NS / 4));
+        }
         inputs.push(Input::Tick(t + EVERY_NS / 2));
     }
     inputs
