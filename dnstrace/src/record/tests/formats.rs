@@ -77,3 +77,31 @@ fn golden_recordings_written_in_this_format_replay_the_same() {
         assert_eq!(journeys(&[new]).unwrap(), js, "{}", old.display());
     }
 }
+
+/// A file of a format newer than this build reads is refused in one line,
+/// as format 1's were.
+#[test]
+fn a_newer_format_is_refused() {
+    use crate::{
+        correlate::Limits,
+        diagnose::Context,
+        output::Labels,
+        record::{layout, notes::Note, pcapng::Writer},
+    };
+    let labels = Labels::new(Default::default(), Clock::EPOCH, Default::default());
+    let mut header = crate::record::meta(&labels, &Context::default(), Limits::default()).header;
+    header.format = FORMAT + 1;
+    let dir = TestDir::new();
+    let path = dir.path().join("newer.pcapng");
+    let file = std::fs::File::create(&path).unwrap();
+    let mut w = Writer::new(file, &SectionInfo::default()).unwrap();
+    let notes = layout::notes_interface(&[Note::Header(header)]).unwrap();
+    w.interface(&notes).unwrap();
+    w.flush().unwrap();
+    let e = About::read(&path).unwrap_err().to_string();
+    let newer = format!(
+        "in a newer format ({}); use that version or newer",
+        FORMAT + 1
+    );
+    assert!(e.contains(&newer) && !e.contains('\n'), "{e}");
+}
