@@ -86,6 +86,27 @@ pub enum Note {
     },
 }
 
+impl Note {
+    /// When it was made (kernel monotonic time): an anomaly when last
+    /// seen, the file's notes at the start (labels and context, never
+    /// packets of their own, say 0).
+    pub fn time_ns(&self) -> u64 {
+        match self {
+            Self::Start { now_ns }
+            | Self::Tick { now_ns }
+            | Self::Conntrack { now_ns, .. }
+            | Self::Counters { now_ns, .. }
+            | Self::Lost { now_ns, .. }
+            | Self::Sample { now_ns, .. }
+            | Self::Pods { now_ns, .. }
+            | Self::End { now_ns } => *now_ns,
+            Self::Anomaly { anomaly } => anomaly["last_ns"].as_u64().unwrap_or(0),
+            Self::Header(h) => h.started_ns,
+            Self::Labels(_) | Self::Context(_) => 0,
+        }
+    }
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Header {
     pub format: u32,
@@ -494,6 +515,19 @@ mod tests {
             drop,
             node: 0,
         }
+    }
+
+    #[test]
+    fn a_note_says_when_it_was_made() {
+        let anomaly = serde_json::json!({ "first_ns": 3, "last_ns": 9 });
+        assert_eq!(Note::Anomaly { anomaly }.time_ns(), 9);
+        assert_eq!(Note::Tick { now_ns: 7 }.time_ns(), 7);
+        let lost = Note::Lost {
+            since_ns: 1,
+            now_ns: 5,
+            total: 2,
+        };
+        assert_eq!(lost.time_ns(), 5);
     }
 
     #[test]

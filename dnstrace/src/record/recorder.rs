@@ -22,8 +22,8 @@ use super::{
     pcapng::{Interface, PacketOpt, Writer, FLAG_INBOUND, FLAG_OUTBOUND},
     Meta,
 };
-use crate::clock::Clock;
 use crate::{
+    clock::Clock,
     decode::Packet,
     diagnose::Anomaly,
     pipeline::{Input, Tap},
@@ -95,57 +95,42 @@ impl Tap for Recorder {
     fn input(&mut self, input: &Input) {
         match input {
             Input::Packets(batch) => batch.iter().for_each(|p| self.packet(p)),
-            Input::Conntrack { now_ns, events } => self.note(
-                *now_ns,
-                &Note::Conntrack {
-                    now_ns: *now_ns,
-                    events: events.iter().map(CtEventNote::of).collect(),
-                },
-            ),
-            Input::Counters { now_ns, moved } => self.note(
-                *now_ns,
-                &Note::Counters {
-                    now_ns: *now_ns,
-                    moved: moved.iter().map(|(n, v)| ((*n).to_owned(), *v)).collect(),
-                },
-            ),
+            Input::Conntrack { now_ns, events } => self.note(&Note::Conntrack {
+                now_ns: *now_ns,
+                events: events.iter().map(CtEventNote::of).collect(),
+            }),
+            Input::Counters { now_ns, moved } => self.note(&Note::Counters {
+                now_ns: *now_ns,
+                moved: moved.iter().map(|(n, v)| ((*n).to_owned(), *v)).collect(),
+            }),
             Input::Lost {
                 since_ns,
                 now_ns,
                 total,
-            } => self.note(
-                *now_ns,
-                &Note::Lost {
-                    since_ns: *since_ns,
-                    now_ns: *now_ns,
-                    total: *total,
-                },
-            ),
-            Input::Sample(c) => self.note(
-                c.now_ns,
-                &Note::Sample {
-                    since_ns: c.since_ns,
-                    now_ns: c.now_ns,
-                    shift: c.level.shift,
-                    seed: c.level.seed,
-                    viewed: c.viewed.ips().to_vec(),
-                    node: c.node.0,
-                },
-            ),
+            } => self.note(&Note::Lost {
+                since_ns: *since_ns,
+                now_ns: *now_ns,
+                total: *total,
+            }),
+            Input::Sample(c) => self.note(&Note::Sample {
+                since_ns: c.since_ns,
+                now_ns: c.now_ns,
+                shift: c.level.shift,
+                seed: c.level.seed,
+                viewed: c.viewed.ips().to_vec(),
+                node: c.node.0,
+            }),
             Input::Pods { now_ns, refresh } => {
                 if let Some(j) = &refresh.joined {
                     self.meta.joined(j);
                 }
-                self.note(
-                    *now_ns,
-                    &Note::Pods {
-                        now_ns: *now_ns,
-                        refresh: refresh.clone(),
-                    },
-                );
+                self.note(&Note::Pods {
+                    now_ns: *now_ns,
+                    refresh: refresh.clone(),
+                });
             }
             Input::Tick(now_ns) => {
-                self.note(*now_ns, &Note::Tick { now_ns: *now_ns });
+                self.note(&Note::Tick { now_ns: *now_ns });
                 // What a kill -9 can lose: one tick's worth.
                 self.write(|out| out.w.flush());
             }
@@ -154,17 +139,17 @@ impl Tap for Recorder {
 
     fn anomaly(&mut self, a: &Anomaly) {
         match serde_json::to_value(a) {
-            Ok(anomaly) => self.note(a.last_ns, &Note::Anomaly { anomaly }),
+            Ok(anomaly) => self.note(&Note::Anomaly { anomaly }),
             Err(e) => self.stop(&io::Error::other(e)),
         }
     }
 
     fn start(&mut self, now_ns: u64) {
-        self.note(now_ns, &Note::Start { now_ns });
+        self.note(&Note::Start { now_ns });
     }
 
     fn end(&mut self, now_ns: u64) {
-        self.note(now_ns, &Note::End { now_ns });
+        self.note(&Note::End { now_ns });
         self.write(|out| out.w.flush());
     }
 
@@ -175,10 +160,10 @@ impl Tap for Recorder {
 }
 
 impl Recorder {
-    /// A note made at `now_ns`: packets of the notes' interface, all in
-    /// one file.
-    fn note(&mut self, now_ns: u64, note: &Note) {
-        let ts_ns = wall_ns(self.meta.clock, now_ns);
+    /// A note: packets of the notes' interface at its time, all in one
+    /// file.
+    fn note(&mut self, note: &Note) {
+        let ts_ns = wall_ns(self.meta.clock, note.time_ns());
         match layout::note_packets(note) {
             Ok(packets) => self.write(|out| {
                 for p in &packets {
