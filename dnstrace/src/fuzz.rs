@@ -17,7 +17,7 @@ use crate::{
     output::{Format, Labels, LineSink},
     pipeline::Input,
     record::{
-        frame::{self, LINKTYPE_RAW},
+        frame::{self, LINKTYPE_LINUX_SLL2},
         notes::PacketNote,
         pcapng::Reader,
         replay::{About, Replay, Speed},
@@ -191,14 +191,14 @@ fn fragment(payload: &[u8], ctl: u8, offset: u16, len: usize) -> Packet {
 }
 
 /// A kernel packet event, as read from the ring buffer: decoded as the
-/// capture does, printed, and turned into the raw IP frame a recording
-/// keeps (and back).
+/// capture does, printed, and turned into the frame a recording keeps
+/// (and back).
 pub fn event(data: &[u8]) {
     let Ok(packet) = Packet::from_event(data, &mut IfNames::default()) else {
         return;
     };
-    let f = frame::encode(&packet);
-    if let Ok(Some(d)) = frame::decode(LINKTYPE_RAW, &f.data) {
+    let f = frame::cooked(&packet);
+    if let Ok(Some(d)) = frame::decode(LINKTYPE_LINUX_SLL2, &f.data) {
         // A later fragment's ports travel in its note.
         let ports = match packet.frag {
             Some(f) if !f.is_first() => (0, 0),
@@ -648,11 +648,14 @@ mod tests {
         record_inputs(&path, Clock::with_offset(7));
         let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/record/fixtures");
         let fixture = |f: &str| std::fs::read(fixtures.join(f)).unwrap();
+        // A lab recording of format 1 (custom blocks), still read.
+        let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/golden");
+        let format_1 = std::fs::read(golden.join("loopback-nameserver.pcapng")).unwrap();
         // Captures that bend the rules: tunnels, broken answers and options.
-        let captures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/golden/captures");
-        let capture = |f: &str| std::fs::read(captures.join(f)).unwrap();
+        let capture = |f: &str| std::fs::read(golden.join("captures").join(f)).unwrap();
         vec![
             ("dnstrace.pcapng", std::fs::read(&path).unwrap()),
+            ("dnstrace-format-1.pcapng", format_1),
             ("tcpdump-lo.pcap", fixture("lo.pcap")),
             ("tcpdump-any-cut.pcap", fixture("any-cut.pcap")),
             ("tunnels.pcap", capture("tunnels.pcap")),

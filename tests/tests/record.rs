@@ -131,9 +131,10 @@ fn tshark_reads_a_recording_and_agrees_with_dnstrace_on_every_packet() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    let rows = String::from_utf8_lossy(&out.stdout).lines().count();
     let theirs: Vec<String> = String::from_utf8_lossy(&out.stdout)
         .lines()
-        // Custom blocks are rows of their own, with no DNS fields.
+        // Notes' packets are rows of their own, with no DNS fields.
         .filter(|l| !l.trim().is_empty())
         .map(|l| {
             let f: Vec<&str> = l.split('\t').collect();
@@ -147,6 +148,22 @@ fn tshark_reads_a_recording_and_agrees_with_dnstrace_on_every_packet() {
         })
         .collect();
     assert_eq!(ours, theirs, "dnstrace and tshark, packet by packet");
+    // tcpdump reads every record too (a note's bytes on lines of their own).
+    let tcpdump = Command::new("tcpdump")
+        .arg("-nr")
+        .arg(&file)
+        .output()
+        .expect("running tcpdump");
+    let err = String::from_utf8_lossy(&tcpdump.stderr);
+    assert!(
+        tcpdump.status.success() && !err.contains("tcpdump:"),
+        "{err}"
+    );
+    let read = String::from_utf8_lossy(&tcpdump.stdout)
+        .lines()
+        .filter(|l| !l.starts_with('\t'))
+        .count();
+    assert_eq!(read, rows, "tcpdump and tshark, record by record");
     let expert = Command::new("tshark")
         .arg("-r")
         .arg(&file)
@@ -312,6 +329,26 @@ fn recordings_rotate_and_cut_or_damaged_files_are_clear_errors() {
     assert!(full >= 2, "files are rotated once full");
     assert!(journeys.iter().map(|(n, _)| n).sum::<usize>() > 0);
     assert!(!dir.file("r.pcapng.3").exists(), "at most 3 files");
+
+    // The kept files (the last three) merged by mergecap replay as one:
+    // every lookup of each, those cut by a rotation whole again.
+    let merged = dir.file("merged.pcapng");
+    let parts = ["r.pcapng", "r.pcapng.1", "r.pcapng.2"].map(|f| dir.file(f));
+    let status = Command::new("mergecap")
+        .arg("-w")
+        .arg(&merged)
+        .args(parts)
+        .status()
+        .expect("running mergecap");
+    assert!(status.success());
+    let (ok, lines, stderr) = replay(&merged, &[]);
+    assert!(ok, "{stderr}");
+    let counts: Vec<usize> = journeys.iter().map(|(n, _)| *n).collect();
+    let n = of_type(&lines, "journey").len();
+    let most = *counts.iter().max().unwrap();
+    assert!(n >= most && n <= counts.iter().sum(), "{n}: {counts:?}");
+    assert!(of_type(&lines, "anomaly").is_empty(), "{lines:#?}");
+    assert!(stderr.contains(" 0 frames skipped"), "{stderr}");
 
     // Killed outright: the file reads up to its last whole block.
     let killed = dir.file("killed.pcapng");

@@ -32,6 +32,8 @@ const TEST_PACKAGES: &[&str] = &[
     "conntrack",
     "tcpdump",
     "tshark",
+    // editcap and mergecap: recordings cut and merged (record::tests::tools).
+    "wireshark-common",
     "bpftool",
     "util-linux",
     "tmux",

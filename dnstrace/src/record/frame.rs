@@ -1,5 +1,6 @@
-//! Packets to raw IP frames for recordings, and link-layer frames (ours or
-//! any capture's) back to addresses, ports and the DNS payload.
+//! Packets to frames for recordings (Linux cooked v2 around the IP packet),
+//! and link-layer frames (ours or any capture's) back to addresses, ports
+//! and the DNS payload.
 //!
 //! Decoding follows the kernel side (dnstrace-ebpf's parse.rs): the same
 //! extension headers, fragments and announced lengths.
@@ -7,6 +8,8 @@ use std::{
     fmt,
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
 };
+
+use dnstrace_common::Direction;
 
 use crate::decode::{Fragment, Packet, Transport, Tunnel, Underlay};
 
@@ -43,26 +46,82 @@ const IPV4_MF: u16 = 0x2000;
 const MAX_EXT_HEADERS: usize = 6;
 const TTL: u8 = 64;
 
-/// A raw IP frame (LINKTYPE_RAW) and the length the packet had.
+/// A frame and the length the packet had.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Frame {
     pub data: Vec<u8>,
     pub orig_len: u32,
 }
 
+/// Linux cooked v2's header length.
+pub const SLL2_LEN: usize = 20;
+/// `ARPHRD_NONE`: no link layer to speak of.
+const ARPHRD_NONE: u16 = 0xfffe;
+
+/// A cooked frame's `sll2_pkttype`: which way the packet went, as
+/// `tcpdump` prints it (In, Out).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PacketType {
+    /// `PACKET_HOST`: to this host.
+    Host = 0,
+    /// `PACKET_OUTGOING`: sent by it.
+    Outgoing = 4,
+}
+
+/// A Linux cooked v2 header for `protocol` (an ethertype): no interface
+/// index (a reader names it after its own machine's device of that index)
+/// and no link-layer address.
+pub fn cooked_header(protocol: u16, kind: PacketType) -> [u8; SLL2_LEN] {
+    let mut h = [0; SLL2_LEN];
+    h[0..2].copy_from_slice(&protocol.to_be_bytes());
+    h[8..10].copy_from_slice(&ARPHRD_NONE.to_be_bytes());
+    h[10] = kind as u8;
+    h
+}
+
+/// The ethertype of a cooked frame (LINKTYPE_LINUX_SLL2), if it has a whole
+/// header, and what follows the header.
+pub fn cooked_protocol(data: &[u8]) -> Option<(u16, &[u8])> {
+    let protocol = u16::from_be_bytes(data.get(..2)?.try_into().ok()?);
+    Some((protocol, data.get(SLL2_LEN..)?))
+}
+
 /// Rebuilds the IP and UDP/TCP headers around `p.payload`: lengths as the
 /// packet announced them, checksums over the bytes captured (so correct
 /// unless the payload was cut). IPv4 options and IPv6 extension headers are
 /// not kept, but fragments are: a fragment's header holds its id, offset
-/// and MF bit, and a later one its data alone, as on the wire.
+/// and MF bit, and a later one its data alone, as on the wire. A raw IP
+/// frame (LINKTYPE_RAW), as recordings of format 1 held: the tests' and
+/// their old files'.
+#[cfg(test)]
 pub fn encode(p: &Packet) -> Frame {
+    build(p, &[])
+}
+
+/// A recording's frame of `p` (LINKTYPE_LINUX_SLL2): a cooked header that
+/// says which way it went (a hook that saw no direction, a drop, says
+/// "to this host"), then the IP packet [`encode`] builds.
+pub fn cooked(p: &Packet) -> Frame {
+    let protocol = match ips(p).0 {
+        IpAddr::V4(_) => ETH_P_IP,
+        IpAddr::V6(_) => ETH_P_IPV6,
+    };
+    let kind = match p.hook.direction() {
+        Direction::Egress => PacketType::Outgoing,
+        _ => PacketType::Host,
+    };
+    build(p, &cooked_header(protocol, kind))
+}
+
+/// `link`'s header, then the packet: built in one buffer.
+fn build(p: &Packet, link: &[u8]) -> Frame {
     match p.frag {
-        Some(f) if !f.is_first() => later_fragment(p),
-        _ => with_transport(p),
+        Some(f) if !f.is_first() => later_fragment(p, link),
+        _ => with_transport(p, link),
     }
 }
 
-fn with_transport(p: &Packet) -> Frame {
+fn with_transport(p: &Packet, link: &[u8]) -> Frame {
     let payload_len = p.payload_len.max(p.payload.len() as u32);
     let (mut l4, checksum_at, proto) = match p.transport {
         Transport::Udp => (udp_header(p, payload_len), 6, IPPROTO_UDP),
@@ -76,9 +135,9 @@ fn with_transport(p: &Packet) -> Frame {
         payload_len
     };
     let l4_len = (l4.len() as u32).saturating_add(in_ip);
-    let (mut data, pseudo) = ip_header(p, proto, l4_len);
+    let (ip, pseudo) = ip_header(p, proto, l4_len);
     let sum = sum16(sum16(pseudo, &l4), &p.payload);
-    let sum = match (fold(sum), p.transport, p.frag, data[0] >> 4) {
+    let sum = match (fold(sum), p.transport, p.frag, ip[0] >> 4) {
         // A fragmented datagram's checksum covers data this packet lacks:
         // IPv4 can say there is none (IPv6 cannot).
         (_, Transport::Udp, Some(_), 4) => 0,
@@ -87,23 +146,21 @@ fn with_transport(p: &Packet) -> Frame {
         (s, ..) => s,
     };
     l4[checksum_at..checksum_at + 2].copy_from_slice(&sum.to_be_bytes());
-    let orig_len = (data.len() as u32).saturating_add(l4_len);
-    data.reserve(l4.len() + p.payload.len());
-    data.extend_from_slice(&l4);
-    data.extend_from_slice(&p.payload);
+    let orig_len = ((link.len() + ip.len()) as u32).saturating_add(l4_len);
+    let data = [link, &ip[..], &l4[..], &p.payload[..]].concat();
     Frame { data, orig_len }
 }
 
 /// A fragment past the first: IP header and data, no transport header.
-fn later_fragment(p: &Packet) -> Frame {
+fn later_fragment(p: &Packet, link: &[u8]) -> Frame {
     let proto = match p.transport {
         Transport::Udp => IPPROTO_UDP,
         Transport::Tcp { .. } => IPPROTO_TCP,
     };
     let len = p.payload_len.max(p.payload.len() as u32);
-    let (mut data, _) = ip_header(p, proto, len);
-    let orig_len = (data.len() as u32).saturating_add(len);
-    data.extend_from_slice(&p.payload);
+    let (ip, _) = ip_header(p, proto, len);
+    let orig_len = ((link.len() + ip.len()) as u32).saturating_add(len);
+    let data = [link, &ip[..], &p.payload[..]].concat();
     Frame { data, orig_len }
 }
 

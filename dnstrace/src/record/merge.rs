@@ -120,9 +120,7 @@ fn refuse_twice(recs: &[Recording]) -> Result<()> {
         matches!((a, b), (Ok(a), Ok(b)) if a == b)
     };
     let same_capture = |a: &Recording, b: &Recording| match (&a.about.header, &b.about.header) {
-        (Some(x), Some(y)) => {
-            (&x.node, x.started_ns, x.clock_offset_ns) == (&y.node, y.started_ns, y.clock_offset_ns)
-        }
+        (Some(x), Some(y)) => x.same_capture(y),
         _ => false,
     };
     for (i, a) in recs.iter().enumerate() {

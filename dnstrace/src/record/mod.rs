@@ -1,9 +1,11 @@
-//! Recordings: pcapng files that Wireshark opens as they are, with
-//! dnstrace's own notes in custom blocks and options; replay of them (and
-//! of plain tcpdump captures) through the same pipeline; a report.
+//! Recordings: pcapng files that Wireshark and tcpdump open as they are
+//! (and editcap and mergecap cut and merge), with dnstrace's own notes in
+//! comments and packets of their own (`layout`); replay of them (and of
+//! plain tcpdump captures) through the same pipeline; a report.
 pub mod flight;
 pub mod frame;
 pub mod lanes;
+pub mod layout;
 pub mod live;
 pub mod merge;
 pub mod notes;

@@ -1,7 +1,8 @@
-//! dnstrace's own records inside a pcapng file, as JSON: one `Note` per
-//! custom block (what the pipeline was fed besides packets, and what it
-//! raised), and a `PacketNote` option on each packet with what the frame
-//! cannot say (hook, namespace, conntrack entry, drop, monotonic time).
+//! dnstrace's own records inside a pcapng file, as JSON: `Note`s (about
+//! the file, what the pipeline was fed besides packets, and what it
+//! raised), and a `PacketNote` on each packet with what the frame cannot
+//! say (hook, namespace, conntrack entry, drop, monotonic time). Where in
+//! the file they go: `record::layout`.
 use std::{
     collections::BTreeMap,
     net::{IpAddr, SocketAddr},
@@ -22,13 +23,10 @@ use crate::{
     target::{follow::Refresh, Target},
 };
 
-/// The Private Enterprise Number dnstrace's custom blocks and options are
-/// marked with. This is IANA's number for documentation (RFC 5612) until
-/// dnstrace has one of its own; readers other than dnstrace skip them.
-pub const PEN: u32 = 32473;
-
-/// Bumped when a note's meaning changes; older readers refuse newer files.
-pub const FORMAT: u32 = 1;
+/// Bumped when a note's meaning (or place) changes; older readers refuse
+/// newer files. 2: notes in comments and packets of their own interface,
+/// where format 1 had custom blocks and options (`record::layout`).
+pub const FORMAT: u32 = 2;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -88,6 +86,27 @@ pub enum Note {
     },
 }
 
+impl Note {
+    /// When it was made (kernel monotonic time): an anomaly when last
+    /// seen, the file's notes at the start (labels and context, never
+    /// packets of their own, say 0).
+    pub fn time_ns(&self) -> u64 {
+        match self {
+            Self::Start { now_ns }
+            | Self::Tick { now_ns }
+            | Self::Conntrack { now_ns, .. }
+            | Self::Counters { now_ns, .. }
+            | Self::Lost { now_ns, .. }
+            | Self::Sample { now_ns, .. }
+            | Self::Pods { now_ns, .. }
+            | Self::End { now_ns } => *now_ns,
+            Self::Anomaly { anomaly } => anomaly["last_ns"].as_u64().unwrap_or(0),
+            Self::Header(h) => h.started_ns,
+            Self::Labels(_) | Self::Context(_) => 0,
+        }
+    }
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Header {
     pub format: u32,
@@ -114,6 +133,12 @@ impl Header {
     /// The node it was recorded on: `--node`'s name, else the host's.
     pub fn node_name(&self) -> &str {
         self.scope.as_deref().unwrap_or(&self.node)
+    }
+
+    /// Whether both are of one capture (its rotated files, say).
+    pub fn same_capture(&self, other: &Self) -> bool {
+        (&self.node, self.started_ns, self.clock_offset_ns)
+            == (&other.node, other.started_ns, other.clock_offset_ns)
     }
 }
 
@@ -490,6 +515,19 @@ mod tests {
             drop,
             node: 0,
         }
+    }
+
+    #[test]
+    fn a_note_says_when_it_was_made() {
+        let anomaly = serde_json::json!({ "first_ns": 3, "last_ns": 9 });
+        assert_eq!(Note::Anomaly { anomaly }.time_ns(), 9);
+        assert_eq!(Note::Tick { now_ns: 7 }.time_ns(), 7);
+        let lost = Note::Lost {
+            since_ns: 1,
+            now_ns: 5,
+            total: 2,
+        };
+        assert_eq!(lost.time_ns(), 5);
     }
 
     #[test]

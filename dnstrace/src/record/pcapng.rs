@@ -60,6 +60,8 @@ pub struct Interface {
     pub snaplen: u32,
     pub name: String,
     pub description: String,
+    /// `opt_comment`s, in order.
+    pub comment: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -140,6 +142,9 @@ impl<W: io::Write> Writer<W> {
         b.u32(iface.snaplen);
         b.opt_str(IF_NAME, &iface.name)?;
         b.opt_str(IF_DESCRIPTION, &iface.description)?;
+        for c in &iface.comment {
+            b.opt_str(OPT_COMMENT, c)?;
+        }
         b.opt(IF_TSRESOL, &[TSRESOL_NS])?;
         self.emit(b)?;
         self.interfaces += 1;
@@ -177,7 +182,9 @@ impl<W: io::Write> Writer<W> {
         self.emit(b)
     }
 
-    /// A Custom Block (copyable) for records of our own; Wireshark skips it.
+    /// A Custom Block (copyable): what recordings of format 1 held their
+    /// notes in, written by the tests that read such recordings.
+    #[cfg(test)]
     pub fn custom_block(&mut self, pen: u32, data: &[u8]) -> io::Result<()> {
         let mut b = self.block(CB_COPY);
         b.u32(pen);
@@ -563,6 +570,7 @@ impl<R: io::Read> Reader<R> {
             match code {
                 IF_NAME => iface.name = text(v),
                 IF_DESCRIPTION => iface.description = text(v),
+                OPT_COMMENT => iface.comment.push(text(v)),
                 IF_TSRESOL => tsresol = *v.first().ok_or("if_tsresol is empty")?,
                 _ => {}
             }

@@ -1,5 +1,6 @@
 //! `--record`: every input of the pipeline written to pcapng as it goes,
-//! packets as raw IP frames Wireshark reads, the rest as dnstrace's notes.
+//! packets as frames tcpdump and Wireshark read, the rest as dnstrace's
+//! notes (where they go: `layout`).
 //! Each block is written whole, so a file cut short (kill -9, power loss)
 //! reads up to its last complete block; a write error stops the recording,
 //! never the tracing.
@@ -15,12 +16,14 @@ use std::{
 use anyhow::{Context as _, Result};
 
 use super::{
-    frame,
-    notes::{CtEventNote, Note, PacketNote, PEN},
+    frame::{self, LINKTYPE_LINUX_SLL2},
+    layout,
+    notes::{CtEventNote, Note, PacketNote},
     pcapng::{Interface, PacketOpt, Writer, FLAG_INBOUND, FLAG_OUTBOUND},
     Meta,
 };
 use crate::{
+    clock::Clock,
     decode::Packet,
     diagnose::Anomaly,
     pipeline::{Input, Tap},
@@ -49,6 +52,8 @@ pub struct Recorder {
 /// One open file and the interfaces described in it.
 struct Out {
     w: Writer<Box<dyn io::Write + Send>>,
+    /// The notes' interface.
+    notes: u32,
     ifaces: HashMap<(String, u32, u8), u32>,
 }
 
@@ -155,10 +160,19 @@ impl Tap for Recorder {
 }
 
 impl Recorder {
+    /// A note: packets of the notes' interface at its time, all in one
+    /// file.
     fn note(&mut self, note: &Note) {
-        match serde_json::to_vec(note) {
-            Ok(data) => self.write(|out| out.w.custom_block(PEN, &data)),
-            Err(e) => self.stop(&io::Error::other(e)),
+        let ts_ns = wall_ns(self.meta.clock, note.time_ns());
+        match layout::note_packets(note) {
+            Ok(packets) => self.write(|out| {
+                for p in &packets {
+                    let len = p.data.len() as u32;
+                    out.w.packet(out.notes, ts_ns, &p.data, len, &p.opts())?;
+                }
+                Ok(())
+            }),
+            Err(e) => self.stop(&e),
         }
     }
 
@@ -171,23 +185,17 @@ impl Recorder {
         // was copied over several times.
         let mut json = Vec::with_capacity(512);
         note.write_json(&mut json);
-        let wall_ns = clock
-            .wall(p.ts_ns)
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
+        let wall_ns = wall_ns(clock, p.ts_ns);
         let flags = match p.hook.direction() {
             Direction::Ingress => FLAG_INBOUND,
             Direction::Egress => FLAG_OUTBOUND,
             Direction::Drop | Direction::Nat | Direction::Clash => 0,
         };
-        let f = frame::encode(p);
+        let f = frame::cooked(p);
         let opts = [
             PacketOpt::Flags(flags),
             PacketOpt::Comment(comment),
-            PacketOpt::Custom {
-                pen: PEN,
-                data: json,
-            },
+            layout::packet_note_comment(&json),
         ];
         self.write(|out| {
             let id = out.interface(&place, p)?;
@@ -268,22 +276,31 @@ fn open(path: &std::path::Path, meta: &Meta, part: u32) -> io::Result<Out> {
     )
 }
 
-/// Writes the section header and dnstrace's notes about the capture.
+/// Writes the section header and the notes' interface, with dnstrace's
+/// notes about the capture.
 fn start(w: Box<dyn io::Write + Send>, meta: &Meta, part: u32) -> io::Result<Out> {
     let mut w = Writer::new(w, &meta.section)?;
     let mut header = meta.header.clone();
     header.part = part;
-    for note in [
+    let notes = w.interface(&layout::notes_interface(&[
         Note::Header(header),
         Note::Labels(meta.labels.clone()),
         Note::Context(meta.context.clone()),
-    ] {
-        w.custom_block(PEN, &serde_json::to_vec(&note).map_err(io::Error::other)?)?;
-    }
+    ])?)?;
     Ok(Out {
         w,
+        notes,
         ifaces: HashMap::new(),
     })
+}
+
+/// A monotonic time as the wall clock's, in nanoseconds since the epoch:
+/// pcapng's timestamps.
+fn wall_ns(clock: Clock, mono_ns: u64) -> u64 {
+    clock
+        .wall(mono_ns)
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
 }
 
 impl Out {
@@ -298,7 +315,7 @@ impl Out {
             ns => format!("{place}@{ns}"),
         };
         let id = self.w.interface(&Interface {
-            linktype: frame::LINKTYPE_RAW,
+            linktype: LINKTYPE_LINUX_SLL2,
             snaplen: 0,
             description: format!(
                 "dnstrace {} ({}) on {name}",
@@ -306,6 +323,7 @@ impl Out {
                 p.hook.direction().name()
             ),
             name,
+            comment: Vec::new(),
         })?;
         self.ifaces.insert(key, id);
         Ok(id)

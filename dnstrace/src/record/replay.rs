@@ -17,7 +17,8 @@ use tokio::time::Instant;
 
 use super::{
     frame::{self, LINKTYPE_RAW},
-    notes::{self, ContextNote, DropNote, Header, LabelsNote, Note, PacketNote, FORMAT, PEN},
+    layout,
+    notes::{self, ContextNote, DropNote, Header, LabelsNote, Note, PacketNote, FORMAT},
     pcapng::{Block, PacketOpt, ReadError, Reader},
 };
 use crate::{
@@ -48,6 +49,9 @@ pub struct About {
     pub started_ns: Option<u64>,
     /// The first packet's timestamp: a plain capture's start.
     pub first_ns: Option<u64>,
+    /// The highest part of the capture seen (mergecap's merge of its
+    /// rotated files holds several), whose labels and context are kept.
+    latest_part: u32,
 }
 
 impl About {
@@ -60,37 +64,94 @@ impl About {
     /// [`About::read`] over any reader; `path` names it in errors.
     pub(crate) fn scan<R: Read>(mut reader: Reader<R>, path: &Path) -> Result<Self> {
         let mut about = Self::default();
+        // Whether each interface of the section is the notes'.
+        let mut notes = Vec::new();
+        let mut pieces = layout::NoteReader::default();
         while let Ok(Some(block)) = reader.next_block() {
             match block {
-                Block::Custom { pen: PEN, data } => match parse(&data) {
-                    Some(Note::Header(h)) if about.header.is_none() => {
-                        if h.format > FORMAT {
-                            bail!(
-                                "{}: written by dnstrace {} in a newer format ({}); use that version or newer",
-                                path.display(),
-                                h.dnstrace,
-                                h.format
-                            );
-                        }
-                        about.header = Some(h);
+                Block::Section { .. } => {
+                    notes.clear();
+                    pieces.section();
+                }
+                Block::Interface { iface, .. } => {
+                    notes.push(layout::is_notes(&iface));
+                    if layout::is_notes(&iface) {
+                        about.file_notes(layout::file_notes(&iface), path)?;
                     }
-                    Some(Note::Labels(l)) => about.labels = l,
-                    Some(Note::Start { now_ns }) => {
-                        about.started_ns.get_or_insert(now_ns);
+                }
+                Block::Custom { data, .. } => {
+                    if let Some(note) = layout::block_note(&data) {
+                        about.file_notes(vec![note], path)?;
                     }
-                    Some(Note::Context(c)) => about.context = c,
-                    _ => {}
-                },
+                }
+                Block::Packet {
+                    iface, data, opts, ..
+                } if notes.get(iface as usize) == Some(&true) => {
+                    if let Some(note) = pieces.packet(iface, &data, &opts) {
+                        about.file_notes(vec![note], path)?;
+                    }
+                }
                 Block::Packet { opts, ts_ns, .. } => {
                     about.first_ns.get_or_insert(ts_ns);
                     if let Some(d) = dropped(&opts) {
                         about.locations.insert(d.location, d.at);
                     }
                 }
-                _ => {}
             }
         }
         Ok(about)
+    }
+
+    /// Notes of one file of the capture (a header first, where they have
+    /// one): the labels and context are its latest file's.
+    fn file_notes(&mut self, notes: Vec<Note>, path: &Path) -> Result<()> {
+        let mut latest = true;
+        for note in notes {
+            match note {
+                Note::Header(h) => latest = self.header(h, path)?,
+                Note::Labels(l) if latest => self.labels = l,
+                Note::Context(c) if latest => self.context = c,
+                Note::Start { now_ns } => {
+                    self.started_ns.get_or_insert(now_ns);
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Keeps the header of the capture's first file; whether `h`'s file is
+    /// the latest seen. Two captures in one file (mergecap's merge of two
+    /// recordings) are refused: their packets can no longer be told apart.
+    fn header(&mut self, h: Header, path: &Path) -> Result<bool> {
+        if h.format > FORMAT {
+            bail!(
+                "{}: written by dnstrace {} in a newer format ({}); use that version or newer",
+                path.display(),
+                h.dnstrace,
+                h.format
+            );
+        }
+        let Some(first) = &mut self.header else {
+            self.latest_part = h.part;
+            self.header = Some(h);
+            return Ok(true);
+        };
+        if !first.same_capture(&h) {
+            bail!(
+                "{}: two recordings (of {} and {}) merged into one file, whose packets can no longer be told apart; \
+                 replay the recordings' own files together instead: dnstrace replay A.pcapng B.pcapng",
+                path.display(),
+                first.node_name(),
+                h.node_name()
+            );
+        }
+        let latest = h.part >= self.latest_part;
+        self.latest_part = self.latest_part.max(h.part);
+        if h.part < first.part {
+            *first = h;
+        }
+        Ok(latest)
     }
 
     /// Names as the recording machine knew them.
@@ -151,28 +212,11 @@ fn open(path: &Path) -> Result<Reader<BufReader<File>>> {
         .map_err(|e| anyhow!("{}: {e}", path.display()))
 }
 
-/// A note, or None for what is not one of ours (or is damaged: JSON with
-/// the zero padding custom blocks get).
-fn parse(data: &[u8]) -> Option<Note> {
-    let end = data.iter().rposition(|b| *b != 0).map_or(0, |i| i + 1);
-    serde_json::from_slice(&data[..end]).ok()
-}
-
-/// A packet's drop note, read only where its note names one: the first
-/// pass then parses a handful of notes, not every packet's.
+/// A packet's drop note, read only where its note names one.
 fn dropped(opts: &[PacketOpt]) -> Option<DropNote> {
-    let named = opts.iter().any(|o| match o {
-        PacketOpt::Custom { pen: PEN, data } => data.windows(7).any(|w| w == b"\"drop\":"),
-        _ => false,
-    });
-    named.then(|| packet_note(opts)?.drop).flatten()
-}
-
-fn packet_note(opts: &[PacketOpt]) -> Option<PacketNote> {
-    opts.iter().find_map(|o| match o {
-        PacketOpt::Custom { pen: PEN, data } => serde_json::from_slice(data).ok(),
-        _ => None,
-    })
+    layout::names_drop(opts)
+        .then(|| layout::packet_note(opts)?.drop)
+        .flatten()
 }
 
 /// How fast to replay: as fast as possible, or at a multiple of real time.
@@ -211,8 +255,9 @@ impl std::str::FromStr for Speed {
 pub struct Replay<R: Read = BufReader<File>> {
     path: PathBuf,
     reader: Reader<R>,
-    /// Link type and name of each interface of the current section.
-    ifaces: Vec<(u16, String)>,
+    /// Each interface of the current section.
+    ifaces: Vec<Iface>,
+    notes: layout::NoteReader,
     ports: Vec<u16>,
     queued: VecDeque<Input>,
     batch: Vec<Packet>,
@@ -250,6 +295,7 @@ impl<R: Read> Replay<R> {
             path: path.to_owned(),
             reader,
             ifaces: Vec::new(),
+            notes: layout::NoteReader::default(),
             ports,
             queued: VecDeque::new(),
             batch: Vec::new(),
@@ -297,8 +343,22 @@ impl<R: Read> Replay<R> {
 
     fn block(&mut self, block: Block) {
         match block {
-            Block::Section { .. } => self.ifaces.clear(),
-            Block::Interface { iface, .. } => self.ifaces.push((iface.linktype, iface.name)),
+            Block::Section { .. } => {
+                self.ifaces.clear();
+                self.notes.section();
+            }
+            Block::Interface { iface, .. } => self.ifaces.push(Iface {
+                notes: layout::is_notes(&iface),
+                linktype: iface.linktype,
+                name: iface.name,
+            }),
+            Block::Packet {
+                iface, data, opts, ..
+            } if self.is_notes(iface) => {
+                if let Some(note) = self.notes.packet(iface, &data, &opts) {
+                    self.note(note);
+                }
+            }
             Block::Packet {
                 iface,
                 ts_ns,
@@ -306,13 +366,23 @@ impl<R: Read> Replay<R> {
                 opts,
                 ..
             } => self.packet(iface, ts_ns, &data, &opts),
-            Block::Custom { pen: PEN, data } => {
-                if let Some(input) = parse(&data).and_then(|n| self.input(n)) {
-                    self.flush_batch();
-                    self.queued.push_back(input);
+            Block::Custom { data, .. } => {
+                if let Some(note) = layout::block_note(&data) {
+                    self.note(note);
                 }
             }
-            Block::Custom { .. } => {}
+        }
+    }
+
+    fn is_notes(&self, iface: u32) -> bool {
+        self.ifaces.get(iface as usize).is_some_and(|i| i.notes)
+    }
+
+    /// A note, queued after the packets before it if it is an input.
+    fn note(&mut self, note: Note) {
+        if let Some(input) = self.input(note) {
+            self.flush_batch();
+            self.queued.push_back(input);
         }
     }
 
@@ -376,10 +446,11 @@ impl<R: Read> Replay<R> {
         let (linktype, name) = self
             .ifaces
             .get(iface as usize)
-            .cloned()
-            .unwrap_or((LINKTYPE_RAW, String::new()));
-        let packet = match packet_note(opts) {
-            Some(note) => recorded(&note, data),
+            .map_or((LINKTYPE_RAW, String::new()), |i| {
+                (i.linktype, i.name.clone())
+            });
+        let packet = match layout::packet_note(opts) {
+            Some(note) => recorded(&note, linktype, data),
             None => self.captured(linktype, iface, name, ts_ns, data),
         };
         let Some(p) = packet else {
@@ -455,6 +526,14 @@ impl<R: Read> Replay<R> {
     }
 }
 
+/// An interface of the section being replayed.
+struct Iface {
+    /// The notes' (`layout`): its packets are notes.
+    notes: bool,
+    linktype: u16,
+    name: String,
+}
+
 /// Replays inputs at the chosen speed.
 pub(super) struct Pacer {
     speed: Speed,
@@ -480,8 +559,8 @@ impl Pacer {
 
 /// A recorded packet: the frame gives addresses and payload, the note the
 /// rest (a later fragment's ports included).
-fn recorded(note: &PacketNote, data: &[u8]) -> Option<Packet> {
-    let d = frame::decode(LINKTYPE_RAW, data).ok().flatten()?;
+fn recorded(note: &PacketNote, linktype: u16, data: &[u8]) -> Option<Packet> {
+    let d = frame::decode(linktype, data).ok().flatten()?;
     let (mut src, mut dst) = (d.src, d.dst);
     if let Some(f) = &note.frag {
         src.set_port(f.ports[0]);

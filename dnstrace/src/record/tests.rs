@@ -10,7 +10,9 @@ use hickory_proto::{
 };
 
 use super::{
-    frame::{self, LINKTYPE_RAW},
+    frame::{self, LINKTYPE_LINUX_SLL2, LINKTYPE_RAW},
+    layout,
+    notes::Note,
     pcapng::{Block, Interface, PacketOpt, Reader, SectionInfo, Writer, FLAG_OUTBOUND},
 };
 use crate::{
@@ -165,11 +167,15 @@ fn tshark_reads_our_recordings_without_complaint() {
         ..Default::default()
     };
     let mut w = Writer::new(file, &info).unwrap();
+    let notes = w
+        .interface(&layout::notes_interface(&[Note::Start { now_ns: 1 }]).unwrap())
+        .unwrap();
     let iface = |name: &str| Interface {
-        linktype: LINKTYPE_RAW,
+        linktype: LINKTYPE_LINUX_SLL2,
         snaplen: 0,
         name: name.into(),
         description: "netns 4026531840 tc_egress".into(),
+        comment: vec![],
     };
     let eth0 = w.interface(&iface("eth0")).unwrap();
     let cni0 = w.interface(&iface("cni0")).unwrap();
@@ -201,17 +207,17 @@ fn tshark_reads_our_recordings_without_complaint() {
     let opts = [
         PacketOpt::Comment("seen at tc_egress".into()),
         PacketOpt::Flags(FLAG_OUTBOUND),
-        PacketOpt::Custom {
-            pen: 32473,
-            data: vec![1, 2, 3, 4, 5],
-        },
+        layout::packet_note_comment(b"{}"),
     ];
     for (i, (iface, p)) in packets.iter().enumerate() {
-        let f = frame::encode(p);
+        let f = frame::cooked(p);
         let ts = 1_700_000_000_000_000_000 + i as u64 * 1_000;
         w.packet(*iface, ts, &f.data, f.orig_len, &opts).unwrap();
     }
-    w.custom_block(32473, br#"{"kind":"anomaly"}"#).unwrap();
+    let tick = layout::note_packets(&Note::Tick { now_ns: 2 }).unwrap();
+    let tick = &tick[0].data;
+    let ts = 1_700_000_000_000_010_000;
+    w.packet(notes, ts, tick, tick.len() as u32, &[]).unwrap();
     w.flush().unwrap();
     drop(w);
 
@@ -232,13 +238,14 @@ fn tshark_reads_our_recordings_without_complaint() {
         args.extend(["-e", f]);
     }
     let name = "kubernetes.default.svc.cluster.local";
-    // Queries carry no rcode field. Wireshark (4.0) lists the custom block
-    // as a record of its own, without packet fields.
+    // Queries carry no rcode field; both comments show, the note after
+    // the text. The note's packet has no DNS fields.
+    let seen = "seen at tc_egress,dnstrace packet note: {}";
     let expected = [
-        format!("eth0|0x1234|{name}||10.244.0.10||40000||seen at tc_egress"),
-        format!("cni0|0x1234|{name}|3||fd00::53|53||seen at tc_egress"),
-        format!("eth0|0x1234|{name}||10.244.0.10|||40002|seen at tc_egress"),
-        "||||||||".to_string(),
+        format!("eth0|0x1234|{name}||10.244.0.10||40000||{seen}"),
+        format!("cni0|0x1234|{name}|3||fd00::53|53||{seen}"),
+        format!("eth0|0x1234|{name}||10.244.0.10|||40002|{seen}"),
+        "dnstrace||||||||".to_string(),
     ];
     assert_eq!(tshark(&args).lines().collect::<Vec<_>>(), expected);
     let errors = tshark_errors(path, "");
@@ -763,3 +770,6 @@ fn captured_fragments_replay_whole_and_tshark_reads_them() {
     let errors = tshark_errors(path, "ip");
     assert!(!errors.contains("Errors"), "{errors}");
 }
+
+mod formats;
+mod tools;

@@ -3,8 +3,8 @@ use std::io::{self, Read as _};
 use super::*;
 use crate::record::tests::Rng;
 
-/// IANA's enterprise number for documentation (RFC 5612).
-const PEN: u32 = 32473;
+/// Any enterprise number: the reader keeps it as it is.
+const PEN: u32 = 0x0102_0304;
 
 fn info() -> SectionInfo {
     SectionInfo {
@@ -22,12 +22,14 @@ fn ifaces() -> [Interface; 2] {
             snaplen: 0,
             name: "eth0".into(),
             description: "netns 4026531840 tc_ingress".into(),
+            comment: vec!["a comment".into(), "and another: é".into()],
         },
         Interface {
             linktype: 1,
             snaplen: 128,
             name: "cni0".into(),
             description: String::new(),
+            comment: vec![],
         },
     ]
 }
