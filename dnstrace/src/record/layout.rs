@@ -14,7 +14,13 @@
 //!   editcap take of a packet, each piece but the last with the comment
 //!   [`NOTE_CONTINUES`];
 //! - a packet's own note (`PacketNote`) is its second comment, after
-//!   [`PACKET_NOTE`]; the first is the text Wireshark shows.
+//!   [`PACKET_NOTE`]; the first is the text Wireshark shows;
+//! - every interface, the notes' too, has a comment [`RECORDING`] naming
+//!   its recording (node, start and clock offset: what `same_capture`
+//!   compares, so a rotated file's parts share it). mergecap keeps each
+//!   input's interfaces apart, but does not say whose they are: the mark
+//!   tells two recordings merged into one file apart. Files written
+//!   before it have none.
 //!
 //! Format 1 had the file's and the running notes in custom blocks, and a
 //! packet's note in a custom option, under IANA's enterprise number for
@@ -24,7 +30,7 @@ use std::{collections::HashMap, io};
 
 use super::{
     frame::{self, PacketType, LINKTYPE_LINUX_SLL2},
-    notes::{Note, PacketNote},
+    notes::{Header, Note, PacketNote},
     pcapng::{Interface, PacketOpt},
 };
 
@@ -38,6 +44,8 @@ pub const FILE_NOTES: &str = "dnstrace file notes: ";
 pub const PACKET_NOTE: &str = "dnstrace packet note: ";
 /// The comment of a note's piece that the next piece continues.
 pub const NOTE_CONTINUES: &str = "dnstrace note continues";
+/// What the comment naming an interface's recording starts with.
+pub const RECORDING: &str = "dnstrace recording: ";
 /// An option's largest value.
 const MAX_OPTION: usize = u16::MAX as usize;
 /// The largest packet libpcap and Wireshark read (their snapshot length's
@@ -46,22 +54,44 @@ const MAX_PACKET: usize = 262_144;
 /// The most of a note held while its pieces come: a block's cap.
 const MAX_NOTE: usize = super::pcapng::MAX_BLOCK as usize;
 
-/// The notes' interface, the file's notes in its comments.
+/// The notes' interface, the file's notes in its comments, and its
+/// recording's mark where they have a header.
 pub fn notes_interface(notes: &[Note]) -> io::Result<Interface> {
     let mut lines = String::new();
     for note in notes {
         lines.push_str(&serde_json::to_string(note).map_err(io::Error::other)?);
         lines.push('\n');
     }
+    let mark = notes.iter().find_map(|n| match n {
+        Note::Header(h) => Some(mark(h)),
+        _ => None,
+    });
     Ok(Interface {
         linktype: LINKTYPE_LINUX_SLL2,
         snaplen: 0,
         name: NOTES_IFACE.into(),
         description: "dnstrace's notes: the file's in comments, the rest as packets".into(),
-        comment: pieces(&lines, MAX_OPTION - FILE_NOTES.len())
-            .map(|p| format!("{FILE_NOTES}{p}"))
+        comment: mark
+            .into_iter()
+            .chain(
+                pieces(&lines, MAX_OPTION - FILE_NOTES.len()).map(|p| format!("{FILE_NOTES}{p}")),
+            )
             .collect(),
     })
+}
+
+/// The comment that marks an interface as the recording's of `h`.
+pub fn mark(h: &Header) -> String {
+    // The node last: a name may hold spaces.
+    format!(
+        "{RECORDING}{} {} {}",
+        h.started_ns, h.clock_offset_ns, h.node
+    )
+}
+
+/// The recording `iface` is marked as of, if it is marked.
+pub fn recording(iface: &Interface) -> Option<&str> {
+    iface.comment.iter().find_map(|c| c.strip_prefix(RECORDING))
 }
 
 /// `s` in pieces of at most `max` bytes, cut between characters.

@@ -1,6 +1,8 @@
 //! `dnstrace replay node1.pcapng node2.pcapng …`: recordings made on
 //! several nodes replayed as one, so that a lookup that crossed nodes (a
 //! client on one, the CoreDNS pod that answered on another) is one journey.
+//! A file mergecap made of several nodes' recordings is those recordings
+//! (`About::read_each`), each a replay of its own interfaces.
 //!
 //! One time line: each file's kernel times are put on the first file's by
 //! the clocks its header gives (`clock_offset_ns`, wall less monotonic),
@@ -62,18 +64,19 @@ pub struct Recording {
 }
 
 impl Recording {
-    /// Reads what each file says about itself, and names its node: the
-    /// header's name, or the file's where the header has none or another
-    /// file claims the same (nodes that share a host name, as the lab's).
+    /// Reads what each file says about itself, one recording each, or
+    /// several where mergecap merged them into one (each a replay of its
+    /// own interfaces), and names its node: the header's name, or the
+    /// file's where the header has none or another recording claims the
+    /// same (nodes that share a host name, as the lab's).
     pub fn read_all(paths: &[PathBuf]) -> Result<Vec<Self>> {
         let mut recs = Vec::new();
         for path in paths {
-            let about = About::read(path)?;
-            recs.push(Self {
+            recs.extend(About::read_each(path)?.into_iter().map(|about| Self {
                 path: path.clone(),
                 about,
                 node: String::new(),
-            });
+            }));
         }
         refuse_twice(&recs)?;
         let claimed = |name: &str| {
@@ -94,7 +97,12 @@ impl Recording {
         }
         for i in 0..recs.len() {
             if recs[..i].iter().any(|r| r.node == recs[i].node) {
-                recs[i].node = recs[i].path.display().to_string();
+                // A file's second recording is its stem's #2.
+                let before = recs[..i].iter().filter(|r| r.path == recs[i].path).count();
+                recs[i].node = match before {
+                    0 => recs[i].path.display().to_string(),
+                    n => format!("{} #{}", stem(&recs[i].path), n + 1),
+                };
             }
         }
         Ok(recs)
@@ -115,9 +123,10 @@ fn stem(path: &Path) -> String {
 /// The same recording given twice (the same file, or parts of one
 /// capture) would be replayed as two nodes: every lookup twice.
 fn refuse_twice(recs: &[Recording]) -> Result<()> {
+    // One file's several recordings are each their own.
     let same_file = |a: &Recording, b: &Recording| {
-        let (a, b) = (a.path.canonicalize(), b.path.canonicalize());
-        matches!((a, b), (Ok(a), Ok(b)) if a == b)
+        let (x, y) = (a.path.canonicalize(), b.path.canonicalize());
+        matches!((x, y), (Ok(x), Ok(y)) if x == y) && a.about.recording == b.about.recording
     };
     let same_capture = |a: &Recording, b: &Recording| match (&a.about.header, &b.about.header) {
         (Some(x), Some(y)) => x.same_capture(y),

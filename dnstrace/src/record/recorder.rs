@@ -54,6 +54,8 @@ struct Out {
     w: Writer<Box<dyn io::Write + Send>>,
     /// The notes' interface.
     notes: u32,
+    /// Each interface's comment saying whose it is (`layout::mark`).
+    mark: String,
     ifaces: HashMap<(String, u32, u8), u32>,
 }
 
@@ -290,6 +292,7 @@ fn start(w: Box<dyn io::Write + Send>, meta: &Meta, part: u32) -> io::Result<Out
     Ok(Out {
         w,
         notes,
+        mark: layout::mark(&meta.header),
         ifaces: HashMap::new(),
     })
 }
@@ -323,7 +326,7 @@ impl Out {
                 p.hook.direction().name()
             ),
             name,
-            comment: Vec::new(),
+            comment: vec![self.mark.clone()],
         })?;
         self.ifaces.insert(key, id);
         Ok(id)

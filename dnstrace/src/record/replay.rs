@@ -52,54 +52,135 @@ pub struct About {
     /// The highest part of the capture seen (mergecap's merge of its
     /// rotated files holds several), whose labels and context are kept.
     latest_part: u32,
+    /// Its recording's mark (`layout::mark`; "" for what is not marked)
+    /// where the file holds several: its replay reads only what is so
+    /// marked.
+    pub recording: Option<String>,
 }
 
 impl About {
     /// Reads what the file says about itself, and checks it can be replayed:
-    /// a first pass that stops at the first damaged block.
+    /// a first pass that stops at the first damaged block. A file of
+    /// several recordings is refused: [`About::read_each`] reads those.
     pub fn read(path: &Path) -> Result<Self> {
         Self::scan(open(path)?, path)
     }
 
     /// [`About::read`] over any reader; `path` names it in errors.
-    pub(crate) fn scan<R: Read>(mut reader: Reader<R>, path: &Path) -> Result<Self> {
-        let mut about = Self::default();
-        // Whether each interface of the section is the notes'.
-        let mut notes = Vec::new();
+    pub(crate) fn scan<R: Read>(reader: Reader<R>, path: &Path) -> Result<Self> {
+        let mut each = Self::scan_each(reader, path)?;
+        if each.len() > 1 {
+            bail!(
+                "{}: {} recordings merged into one file; replay it with dnstrace replay",
+                path.display(),
+                each.len()
+            );
+        }
+        Ok(each.remove(0))
+    }
+
+    /// What each recording in the file says about itself (mergecap's
+    /// merge of several holds them, each interface marked with its own:
+    /// `layout::mark`), the one that started first first; one alone for a
+    /// file of one recording (or of none).
+    pub fn read_each(path: &Path) -> Result<Vec<Self>> {
+        Self::scan_each(open(path)?, path)
+    }
+
+    /// [`About::read_each`] over any reader.
+    pub(crate) fn scan_each<R: Read>(mut reader: Reader<R>, path: &Path) -> Result<Vec<Self>> {
+        let mut each: Vec<Self> = Vec::new();
+        // Each interface of the section: whether it is the notes', and
+        // its recording's place in `each`.
+        let mut ifaces: Vec<(bool, usize)> = Vec::new();
         let mut pieces = layout::NoteReader::default();
         while let Ok(Some(block)) = reader.next_block() {
             match block {
                 Block::Section { .. } => {
-                    notes.clear();
+                    ifaces.clear();
                     pieces.section();
                 }
                 Block::Interface { iface, .. } => {
-                    notes.push(layout::is_notes(&iface));
+                    let at = Self::of(&mut each, layout::recording(&iface).unwrap_or(""));
+                    ifaces.push((layout::is_notes(&iface), at));
                     if layout::is_notes(&iface) {
-                        about.file_notes(layout::file_notes(&iface), path)?;
+                        each[at].file_notes(layout::file_notes(&iface), path)?;
                     }
                 }
                 Block::Custom { data, .. } => {
                     if let Some(note) = layout::block_note(&data) {
-                        about.file_notes(vec![note], path)?;
+                        let at = Self::of(&mut each, "");
+                        each[at].file_notes(vec![note], path)?;
                     }
                 }
                 Block::Packet {
-                    iface, data, opts, ..
-                } if notes.get(iface as usize) == Some(&true) => {
-                    if let Some(note) = pieces.packet(iface, &data, &opts) {
-                        about.file_notes(vec![note], path)?;
+                    iface,
+                    ts_ns,
+                    data,
+                    opts,
+                    ..
+                } => match ifaces.get(iface as usize) {
+                    Some(&(true, at)) => {
+                        if let Some(note) = pieces.packet(iface, &data, &opts) {
+                            each[at].file_notes(vec![note], path)?;
+                        }
                     }
-                }
-                Block::Packet { opts, ts_ns, .. } => {
-                    about.first_ns.get_or_insert(ts_ns);
-                    if let Some(d) = dropped(&opts) {
-                        about.locations.insert(d.location, d.at);
+                    Some(&(false, at)) => each[at].packet(ts_ns, &opts),
+                    None => {
+                        let at = Self::of(&mut each, "");
+                        each[at].packet(ts_ns, &opts);
                     }
-                }
+                },
             }
         }
-        Ok(about)
+        Ok(Self::in_order(each))
+    }
+
+    /// The place in `each` of the recording marked `mark` ("": of what
+    /// is not marked), added if new.
+    fn of(each: &mut Vec<Self>, mark: &str) -> usize {
+        if let Some(at) = each
+            .iter()
+            .position(|a| a.recording.as_deref() == Some(mark))
+        {
+            return at;
+        }
+        each.push(Self {
+            recording: Some(mark.to_owned()),
+            ..Self::default()
+        });
+        each.len() - 1
+    }
+
+    /// A packet of a captured interface: the first's time, drops' places.
+    fn packet(&mut self, ts_ns: u64, opts: &[PacketOpt]) {
+        self.first_ns.get_or_insert(ts_ns);
+        if let Some(d) = dropped(opts) {
+            self.locations.insert(d.location, d.at);
+        }
+    }
+
+    /// The recordings by when they started, on their wall clocks (those
+    /// without a header last): the first is the merge's reference, as it
+    /// would be given first. One alone is the file's: its replay reads
+    /// every interface, as one of a file before marks did.
+    fn in_order(mut each: Vec<Self>) -> Vec<Self> {
+        let start = |a: &Self| {
+            let h = a.header.as_ref()?;
+            Some((
+                i128::from(h.started_ns) + i128::from(h.clock_offset_ns),
+                h.node.clone(),
+            ))
+        };
+        each.sort_by_key(|a| (start(a).is_none(), start(a)));
+        match &mut each[..] {
+            [] => vec![Self::default()],
+            [one] => {
+                one.recording = None;
+                each
+            }
+            _ => each,
+        }
     }
 
     /// Notes of one file of the capture (a header first, where they have
@@ -121,8 +202,9 @@ impl About {
     }
 
     /// Keeps the header of the capture's first file; whether `h`'s file is
-    /// the latest seen. Two captures in one file (mergecap's merge of two
-    /// recordings) are refused: their packets can no longer be told apart.
+    /// the latest seen. Two captures under one mark, or none (mergecap's
+    /// merge of two recordings written before the marks), are refused:
+    /// their packets can no longer be told apart.
     fn header(&mut self, h: Header, path: &Path) -> Result<bool> {
         if h.format > FORMAT {
             bail!(
@@ -139,7 +221,8 @@ impl About {
         };
         if !first.same_capture(&h) {
             bail!(
-                "{}: two recordings (of {} and {}) merged into one file, whose packets can no longer be told apart; \
+                "{}: two recordings (of {} and {}) merged into one file, written before dnstrace marked \
+                 whose each interface is: their packets can no longer be told apart; \
                  replay the recordings' own files together instead: dnstrace replay A.pcapng B.pcapng",
                 path.display(),
                 first.node_name(),
@@ -257,6 +340,8 @@ pub struct Replay<R: Read = BufReader<File>> {
     reader: Reader<R>,
     /// Each interface of the current section.
     ifaces: Vec<Iface>,
+    /// The recording replayed, of several in the file (`About::recording`).
+    only: Option<String>,
     notes: layout::NoteReader,
     ports: Vec<u16>,
     queued: VecDeque<Input>,
@@ -295,6 +380,7 @@ impl<R: Read> Replay<R> {
             path: path.to_owned(),
             reader,
             ifaces: Vec::new(),
+            only: about.recording.clone(),
             notes: layout::NoteReader::default(),
             ports,
             queued: VecDeque::new(),
@@ -349,9 +435,11 @@ impl<R: Read> Replay<R> {
             }
             Block::Interface { iface, .. } => self.ifaces.push(Iface {
                 notes: layout::is_notes(&iface),
+                mine: self.mine_of(layout::recording(&iface)),
                 linktype: iface.linktype,
                 name: iface.name,
             }),
+            Block::Packet { iface, .. } if !self.mine(iface) => {}
             Block::Packet {
                 iface, data, opts, ..
             } if self.is_notes(iface) => {
@@ -366,12 +454,28 @@ impl<R: Read> Replay<R> {
                 opts,
                 ..
             } => self.packet(iface, ts_ns, &data, &opts),
+            // Format 1's: not marked.
+            Block::Custom { .. } if !self.mine_of(None) => {}
             Block::Custom { data, .. } => {
                 if let Some(note) = layout::block_note(&data) {
                     self.note(note);
                 }
             }
         }
+    }
+
+    /// Whether `iface` is of the recording replayed; an undescribed one
+    /// is of none.
+    fn mine(&self, iface: u32) -> bool {
+        match self.ifaces.get(iface as usize) {
+            Some(i) => i.mine,
+            None => self.mine_of(None),
+        }
+    }
+
+    /// Whether what is marked `mark` is of the recording replayed.
+    fn mine_of(&self, mark: Option<&str>) -> bool {
+        (self.only.as_deref()).is_none_or(|m| m == mark.unwrap_or(""))
     }
 
     fn is_notes(&self, iface: u32) -> bool {
@@ -530,6 +634,8 @@ impl<R: Read> Replay<R> {
 struct Iface {
     /// The notes' (`layout`): its packets are notes.
     notes: bool,
+    /// Of the recording replayed.
+    mine: bool,
     linktype: u16,
     name: String,
 }

@@ -67,8 +67,10 @@ fn file_notes_over_an_options_size_are_cut_into_comments_and_put_back() {
     ];
     let iface = notes_interface(&notes).unwrap();
     assert!(is_notes(&iface));
-    assert!(iface.comment.len() >= 4, "{}", iface.comment.len());
-    for c in &iface.comment {
+    assert!(iface.comment.len() >= 5, "{}", iface.comment.len());
+    // The recording's mark first, then the notes.
+    assert_eq!(iface.comment[0], mark(&header()));
+    for c in &iface.comment[1..] {
         assert!(
             c.starts_with(FILE_NOTES) && c.len() <= MAX_OPTION,
             "{}",

@@ -1,7 +1,7 @@
 //! Recordings through Debian's pcapng tools: tcpdump reads every packet,
-//! editcap cuts a time window, mergecap merges rotated files and windows;
-//! what they write replays to the original's journeys, those of the
-//! packets kept.
+//! editcap cuts a time window, mergecap merges rotated files, windows and
+//! several nodes' recordings; what they write replays to the originals'
+//! journeys, those of the packets kept.
 use std::{
     path::{Path, PathBuf},
     process::Command,
@@ -25,8 +25,9 @@ use crate::{
     pipeline::{Input, JourneySink, Pipeline, Sink as _, Source as _, Tap as _},
     pods::testdir::TestDir,
     record::{
+        layout,
         merge::{self, Clocks, Merge, Recording},
-        pcapng::{Block, Reader},
+        pcapng::{Block, Reader, Writer},
         replay::Speed,
         RecordOptions, Recorder,
     },
@@ -97,7 +98,19 @@ fn names() -> Names {
 
 /// Records [`lookups`] on `node` to `path`, in files of `max_bytes`.
 fn record(path: &Path, node: &str, max_bytes: Option<u64>) {
-    let clock = Clock::with_offset(OFFSET_NS);
+    record_as(path, (node, OFFSET_NS, 0), &lookups(), max_bytes);
+}
+
+/// Records `inputs` on `node`, whose wall clock less its monotonic one
+/// is `offset_ns` and whose monotonic clock is `ahead_ns` ahead of node
+/// 1's, from [`START_NS`] to past [`LOOKUPS`] on node 1's clock.
+fn record_as(
+    path: &Path,
+    (node, offset_ns, ahead_ns): (&str, i64, u64),
+    inputs: &[Input],
+    max_bytes: Option<u64>,
+) {
+    let clock = Clock::with_offset(offset_ns);
     let labels = Labels::new(
         [(2, "eth0".to_owned())].into(),
         clock,
@@ -105,21 +118,35 @@ fn record(path: &Path, node: &str, max_bytes: Option<u64>) {
     )
     .with_names(names());
     let mut meta = crate::record::meta(&labels, &Context::default(), Limits::default());
-    (meta.header.node, meta.header.started_ns) = (node.into(), START_NS - 1);
+    let started_ns = START_NS - 1 + ahead_ns;
+    (meta.header.node, meta.header.started_ns) = (node.into(), started_ns);
     let options = RecordOptions {
         path: path.to_owned(),
         max_bytes,
         files: None,
     };
     let mut rec = Recorder::create(options, meta).unwrap();
-    rec.start(START_NS - 1);
-    lookups().iter().for_each(|i| rec.input(i));
-    rec.end(START_NS + LOOKUPS * EVERY_NS);
+    rec.start(started_ns);
+    inputs.iter().for_each(|i| rec.input(i));
+    rec.end(START_NS + LOOKUPS * EVERY_NS + ahead_ns);
 }
 
 /// The journeys `paths` replay to, without their numbers (a window's
 /// count from its first).
 pub(super) fn journeys(paths: &[PathBuf]) -> Result<Vec<Value>> {
+    let (mut js, _) = replayed(paths)?;
+    js.retain(|j| j["type"] == "journey");
+    for j in &mut js {
+        let j = j.as_object_mut().unwrap();
+        j.remove("id");
+        j.remove("lookup");
+    }
+    Ok(js)
+}
+
+/// Every line `paths` replay to (journeys, anomalies), and the clocks
+/// they were put on.
+fn replayed(paths: &[PathBuf]) -> Result<(Vec<Value>, Clocks)> {
     let recs = Recording::read_all(paths)?;
     let clocks = Clocks::estimate(&recs, &[53])?;
     let mut replay = Merge::open(&recs, &clocks, &[53], Speed::Fast)?;
@@ -133,17 +160,8 @@ pub(super) fn journeys(paths: &[PathBuf]) -> Result<Vec<Value>> {
     sink.finish(replay.now())?;
     assert_eq!(replay.skipped(), 0, "no frame of a recording is skipped");
     let out = String::from_utf8(sink.out.written().clone())?;
-    let mut js: Vec<Value> = out
-        .lines()
-        .map(serde_json::from_str::<Value>)
-        .collect::<Result<_, _>>()?;
-    js.retain(|j| j["type"] == "journey");
-    for j in &mut js {
-        let j = j.as_object_mut().unwrap();
-        j.remove("id");
-        j.remove("lookup");
-    }
-    Ok(js)
+    let lines = out.lines().map(serde_json::from_str::<Value>);
+    Ok((lines.collect::<Result<_, _>>()?, clocks))
 }
 
 /// The journeys of lookups `first..=last`.
@@ -260,23 +278,180 @@ fn tcpdump_editcap_and_mergecap_keep_what_a_recording_replays_to() {
     assert_eq!(journeys(&[merged]).unwrap(), all);
 }
 
-/// Two nodes' recordings merged into one file cannot be told apart: the
-/// replay says so, and how to replay them.
-#[test]
-fn two_recordings_merged_by_mergecap_are_refused_in_one_line() {
-    let dir = TestDir::new();
+/// Node 2's monotonic clock reads this much more than node 1's (booted
+/// earlier)...
+const BOOTED_EARLIER: u64 = 3_000_000_000;
+/// ...and its wall clock is this far ahead.
+const ERROR_NS: i64 = 150_000;
+
+/// Lookup `i` of a client on node 1, answered by CoreDNS on node 2 (every
+/// other answer SERVFAIL), as each node saw it on its own clock: node 1
+/// sends the query at 0 and has the answer at 340 µs, node 2 has it at
+/// 110 µs and answers at 230 µs; a tick on each between lookups.
+fn crossing(i: u64) -> [Input; 4] {
+    let t = START_NS + i * EVERY_NS;
+    let client = format!("10.244.1.10:{}", 40_000 + i);
+    let coredns = "10.244.2.53:53";
+    let name = format!("n{i}.example.test.");
+    let rcode = [ResponseCode::NoError, ResponseCode::ServFail][i as usize % 2];
+    let at = |us: u64, hook, (src, dst): (&str, &str), answer: bool| {
+        let m = dns_message(i as u16, &name, answer.then_some(rcode));
+        let mut p = packet(src, dst, Transport::Udp, &m);
+        (p.ts_ns, p.hook, p.ifname) = (t + us * 1_000, hook, Some("flannel.1".into()));
+        p
+    };
+    let (query, answer) = ((&*client, coredns), (coredns, &*client));
+    let node1 = vec![
+        at(0, Hook::DevXmit, query, false),
+        at(340, Hook::DevReceive, answer, true),
+    ];
+    let mut node2 = vec![
+        at(110, Hook::DevReceive, query, false),
+        at(230, Hook::DevXmit, answer, true),
+    ];
+    node2.iter_mut().for_each(|p| p.ts_ns += BOOTED_EARLIER);
+    let tick = t + EVERY_NS / 2;
+    [
+        Input::Packets(node1),
+        Input::Tick(tick),
+        Input::Packets(node2),
+        Input::Tick(tick + BOOTED_EARLIER),
+    ]
+}
+
+/// Node 1's and node 2's recordings of [`crossing`] lookups.
+fn two_nodes(dir: &TestDir) -> [PathBuf; 2] {
     let (one, two) = (dir.path().join("one.pcapng"), dir.path().join("two.pcapng"));
-    record(&one, "node1", None);
-    record(&two, "node2", None);
+    let inputs: Vec<[Input; 4]> = (0..LOOKUPS).map(crossing).collect();
+    let of = |k: usize| -> Vec<Input> {
+        let each = inputs
+            .iter()
+            .flat_map(|i| [i[2 * k].clone(), i[2 * k + 1].clone()]);
+        each.collect()
+    };
+    record_as(&one, ("node1", OFFSET_NS, 0), &of(0), None);
+    let offset2 = OFFSET_NS - BOOTED_EARLIER as i64 + ERROR_NS;
+    record_as(&two, ("node2", offset2, BOOTED_EARLIER), &of(1), None);
+    [one, two]
+}
+
+/// Two nodes' recordings merged into one file by mergecap, in either
+/// order, replay as the two files given together: the same clocks, the
+/// same journeys across both nodes, the same anomalies.
+#[test]
+fn two_recordings_merged_by_mergecap_replay_as_both_files() {
+    let dir = TestDir::new();
+    let [one, two] = two_nodes(&dir);
+    let (lines, clocks) = replayed(&[one.clone(), two.clone()]).unwrap();
+    let of_type = |t: &str| lines.iter().filter(|l| l["type"] == t).count();
+    assert_eq!(of_type("journey"), LOOKUPS as usize, "{lines:?}");
+    assert!(of_type("anomaly") >= 1, "the SERVFAILs: {lines:?}");
+    assert_eq!(clocks.0[1].pairs, 2 * LOOKUPS as usize, "{:?}", clocks.0);
+    let nodes: Vec<&Value> = lines[0]["legs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| &l["node"])
+        .collect();
+    assert_eq!(nodes, ["node1", "node2", "node2", "node1"], "{}", lines[0]);
+    for (name, order) in [("both", [&one, &two]), ("reversed", [&two, &one])] {
+        let both = dir.path().join(format!("{name}.pcapng"));
+        run(
+            "mergecap",
+            &["-w", path(&both), path(order[0]), path(order[1])],
+        );
+        tcpdump_reads_all_of(&both);
+        let (merged, merged_clocks) = replayed(&[both]).unwrap();
+        assert_eq!(merged_clocks.0, clocks.0, "{name}");
+        assert_eq!(merged, lines, "{name}");
+    }
+
+    // A window of the merged file: what both windows replay to.
+    let both = dir.path().join("both.pcapng");
+    let cut = |from: &Path, name: &str| {
+        let to = dir.path().join(name);
+        window(from, &to, 10..=24);
+        to
+    };
+    let (middle, one_middle, two_middle) = (
+        cut(&both, "middle.pcapng"),
+        cut(&one, "one-middle.pcapng"),
+        cut(&two, "two-middle.pcapng"),
+    );
+    let (windowed, _) = replayed(&[middle]).unwrap();
+    let (expected, _) = replayed(&[one_middle, two_middle]).unwrap();
+    assert_eq!(windowed, expected);
+    let journeys = windowed.iter().filter(|l| l["type"] == "journey");
+    assert_eq!(journeys.count(), 15, "{windowed:?}");
+}
+
+/// `from` written again without the recordings' marks: as a file of
+/// format 2 merged before there were any.
+fn unmarked(from: &Path, to: &Path) {
+    let reader = Reader::new(std::fs::File::open(from).unwrap()).unwrap();
+    let mut w = None;
+    for block in reader.map(Result::unwrap) {
+        match block {
+            Block::Section { info } => {
+                let file = std::fs::File::create(to).unwrap();
+                w = Some(Writer::new(file, &info).unwrap());
+            }
+            Block::Interface { mut iface, .. } => {
+                iface.comment.retain(|c| !c.starts_with(layout::RECORDING));
+                w.as_mut().unwrap().interface(&iface).unwrap();
+            }
+            Block::Packet {
+                iface,
+                ts_ns,
+                data,
+                orig_len,
+                opts,
+            } => {
+                let w = w.as_mut().unwrap();
+                w.packet(iface, ts_ns, &data, orig_len, &opts).unwrap();
+            }
+            Block::Custom { .. } => panic!("format 2 has none"),
+        }
+    }
+    w.unwrap().flush().unwrap();
+}
+
+/// Two nodes' recordings merged before interfaces were marked cannot be
+/// told apart: the replay says so, and how to replay them.
+#[test]
+fn two_recordings_merged_without_marks_are_refused_in_one_line() {
+    let dir = TestDir::new();
+    let [one, two] = two_nodes(&dir);
     let both = dir.path().join("both.pcapng");
     run("mergecap", &["-w", path(&both), path(&one), path(&two)]);
-    let e = journeys(&[both]).unwrap_err().to_string();
+    let old = dir.path().join("old.pcapng");
+    unmarked(&both, &old);
+    assert_eq!(packets_in(&old), packets_in(&both));
+    let e = journeys(&[old]).unwrap_err().to_string();
     assert!(
         e.contains("two recordings (of node1 and node2) merged into one file"),
         "{e}"
     );
     assert!(e.contains("dnstrace replay A.pcapng B.pcapng"), "{e}");
     assert!(!e.contains('\n'), "{e}");
-    // Both files replay together, as two nodes that saw the same lookups.
-    assert_eq!(journeys(&[one, two]).unwrap().len(), LOOKUPS as usize);
+}
+
+/// Recordings of nodes that share a host name (the lab's, on one kernel),
+/// merged into one file: each its own node, named after the file.
+#[test]
+fn one_files_recordings_of_one_name_are_numbered() {
+    let dir = TestDir::new();
+    let (c, d) = (dir.path().join("c.pcapng"), dir.path().join("d.pcapng"));
+    let tick = [Input::Tick(START_NS)];
+    record_as(&c, ("host", OFFSET_NS, 0), &tick, None);
+    record_as(&d, ("host", OFFSET_NS + 1, 0), &tick, None);
+    let hosts = dir.path().join("hosts.pcapng");
+    run("mergecap", &["-w", path(&hosts), path(&d), path(&c)]);
+    let recs = Recording::read_all(&[hosts]).unwrap();
+    let names: Vec<_> = recs.iter().map(|r| r.node.as_str()).collect();
+    assert_eq!(names, ["hosts", "hosts #2"]);
+    assert_eq!(
+        recs[1].about.header.as_ref().unwrap().clock_offset_ns,
+        OFFSET_NS + 1
+    );
 }
