@@ -35,6 +35,18 @@ fn dig(pair: &Pair, args: &str) -> u16 {
 }
 
 fn find<'a>(lines: &'a [Value], id: u16, response: bool, transport: &str) -> &'a Value {
+    find_where(lines, id, response, transport, |_| true)
+}
+
+/// [`find`], among the messages `also` accepts: dig picks its ids at
+/// random, and two exchanges may share one.
+fn find_where<'a>(
+    lines: &'a [Value],
+    id: u16,
+    response: bool,
+    transport: &str,
+    also: impl Fn(&Value) -> bool,
+) -> &'a Value {
     lines
         .iter()
         .find(|l| {
@@ -42,6 +54,7 @@ fn find<'a>(lines: &'a [Value], id: u16, response: bool, transport: &str) -> &'a
                 && l["id"] == id
                 && l["response"] == response
                 && l["transport"] == transport
+                && also(l)
         })
         .unwrap_or_else(|| {
             panic!(
@@ -159,11 +172,12 @@ fn every_query_and_response_is_captured_and_decoded() {
         let _ = family;
     }
     let ids: Vec<u16> = cases.iter().map(|c| dig(&pair, &c.dig)).collect();
-    // And from a socket of our own, with an id we chose.
+    // And from a socket of our own, with an id we chose, none of dig's.
+    let own_id = (0x4242..).find(|i| !ids.contains(i)).unwrap();
     let replies = udp_exchange(
         &pair.client,
         &format!("{}:53", Pair::SERVER4),
-        vec![query_bytes(0x4242, "www.test", 1)],
+        vec![query_bytes(own_id, "www.test", 1)],
         Duration::from_secs(3),
     )
     .unwrap();
@@ -173,17 +187,26 @@ fn every_query_and_response_is_captured_and_decoded() {
     assert!(status.success(), "dnstrace exited with {status}");
     let lines = json_lines(&out);
     for (c, id) in cases.iter().zip(ids) {
-        let q = find(&lines, id, false, c.transport);
+        // Each case is one family, transport and question: with the id,
+        // one exchange.
+        let v6 = c.dig.contains(Pair::SERVER6);
+        let of_case = |end: &'static str| {
+            move |l: &Value| {
+                l["questions"][0]["name"] == c.name
+                    && l["questions"][0]["type"] == c.qtype
+                    && l[end].as_str().is_some_and(|a| a.starts_with('[') == v6)
+            }
+        };
+        let q = find_where(&lines, id, false, c.transport, of_case("dst"));
         assert_eq!(q["direction"], "ingress", "{}", c.dig);
         assert_eq!(q["questions"][0]["name"], c.name, "{}", c.dig);
         assert_eq!(q["questions"][0]["type"], c.qtype, "{}", c.dig);
-        let r = find(&lines, id, true, c.transport);
+        let r = find_where(&lines, id, true, c.transport, of_case("src"));
         assert_eq!(r["direction"], "egress", "{}", c.dig);
         assert_eq!(r["iface"], Pair::SERVER_IF);
         assert_eq!(r["rcode"], c.rcode, "{}", c.dig);
         assert_eq!(r["questions"][0]["name"], c.name, "{}", c.dig);
         assert_eq!(answers(r), c.answers, "{}", c.dig);
-        let v6 = c.dig.contains(Pair::SERVER6);
         assert_eq!(
             r["src"].as_str().unwrap().starts_with('['),
             v6,
@@ -192,7 +215,7 @@ fn every_query_and_response_is_captured_and_decoded() {
             r["src"]
         );
     }
-    let own = find(&lines, 0x4242, true, "udp");
+    let own = find(&lines, own_id, true, "udp");
     assert_eq!(answers(own), vec!["A 10.77.0.80"]);
     assert_eq!(
         own["dst"].as_str().unwrap().split(':').next(),
