@@ -62,11 +62,13 @@ impl About {
     /// Reads what the file says about itself, and checks it can be replayed:
     /// a first pass that stops at the first damaged block. A file of
     /// several recordings is refused: [`About::read_each`] reads those.
+    #[cfg(any(test, feature = "bench"))]
     pub fn read(path: &Path) -> Result<Self> {
         Self::scan(open(path)?, path)
     }
 
-    /// [`About::read`] over any reader; `path` names it in errors.
+    /// What the file `reader` reads says about itself, a file of one
+    /// recording; `path` names it in errors.
     pub(crate) fn scan<R: Read>(reader: Reader<R>, path: &Path) -> Result<Self> {
         let mut each = Self::scan_each(reader, path)?;
         if each.len() > 1 {
