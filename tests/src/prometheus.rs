@@ -1,8 +1,9 @@
 //! A real Prometheus (Debian's `prometheus`), run for a test: its own
 //! configuration, storage and port on loopback, scraping one target every
-//! second; asked through its HTTP API with curl.
+//! second (and evaluating rule files as often, when given); asked through
+//! its HTTP API with curl.
 use std::{
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
@@ -26,15 +27,29 @@ impl Prometheus {
     /// Starts Prometheus scraping `target` (`host:port`) every second and
     /// waits until it is ready.
     pub fn scraping(target: &str) -> Result<Self> {
+        Self::start(target, &[])
+    }
+
+    /// `scraping`, evaluating the rules of `rule_files` every second too.
+    pub fn evaluating(target: &str, rule_files: &[&Path]) -> Result<Self> {
+        Self::start(target, rule_files)
+    }
+
+    fn start(target: &str, rule_files: &[&Path]) -> Result<Self> {
         let port = free_port();
         let dir =
             std::env::temp_dir().join(format!("dnstrace-prometheus-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir)?;
         let config = dir.join("prometheus.yml");
+        let rules: Vec<String> = rule_files
+            .iter()
+            .map(|f| format!("'{}'", f.display()))
+            .collect();
+        let rules = rules.join(", ");
         std::fs::write(
             &config,
             format!(
-                "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n  - job_name: dnstrace\n    static_configs:\n      - targets: ['{target}']\n"
+                "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\nrule_files: [{rules}]\nscrape_configs:\n  - job_name: dnstrace\n    static_configs:\n      - targets: ['{target}']\n"
             ),
         )?;
         let child = Command::new("prometheus")
@@ -68,6 +83,13 @@ impl Prometheus {
             bail!("GET {path}: curl {}", out.status);
         }
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// `/api/v1/{what}`'s data, e.g. `alerts` or `rules`.
+    pub fn api(&self, what: &str) -> Result<Value> {
+        let body = self.get(&format!("/api/v1/{what}"))?;
+        let v: Value = serde_json::from_str(&body).with_context(|| format!("/api/v1/{what}"))?;
+        Ok(v["data"].clone())
     }
 
     /// An instant query: its result vector, `[{metric, value: [t, "v"]}]`.
