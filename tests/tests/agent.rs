@@ -300,7 +300,7 @@ fn journeys_reach_an_otlp_collector_as_traces_and_anomalies_as_logs() {
         dropped > 0.0,
         "the queue held the outage's journeys: nothing dropped"
     );
-    assert!(metric("dnstrace_otlp_failures_total") > 0.0);
+    assert!(metric("dnstrace_otlp_failures_total{signal=\"traces\"}") > 0.0);
 
     lab.fault("drop", true);
     for _ in 0..30 {
