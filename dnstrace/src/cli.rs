@@ -16,7 +16,7 @@ use crate::{
     correlate::Limits,
     ingest::SampleMode,
     metrics::MetricsOptions,
-    otlp::{OtlpOptions, Protocol},
+    otlp::{self, OtlpOptions},
     output::Format,
     pods,
     probes::{AttachMode, BpfLog, ProbeOptions},
@@ -383,18 +383,11 @@ pub struct AgentArgs {
     #[arg(long, value_name = "PATH")]
     pub ready_file: Option<PathBuf>,
 
-    /// Send each journey as a trace and each anomaly as a log record to
-    /// this OTLP collector: http://HOST:4317 (gRPC) or http://HOST:4318
-    /// (HTTP/protobuf, with --otlp-protocol).
-    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT", value_name = "URL")]
-    pub otlp_endpoint: Option<String>,
+    #[command(flatten)]
+    pub otlp: OtlpArgs,
 
-    /// OTLP's transport: `grpc` or `http/protobuf`.
-    #[arg(long, env = "OTEL_EXPORTER_OTLP_PROTOCOL", value_name = "PROTOCOL", default_value = "grpc", value_parser = parse_otlp_protocol)]
-    pub otlp_protocol: Protocol,
-
-    /// Traces and log records waiting for the collector, at most; past it
-    /// they are dropped and counted (`dnstrace_otlp_dropped_total`).
+    /// Traces, and log records, waiting for the collector, at most (each);
+    /// past it they are dropped and counted (`dnstrace_otlp_dropped_total`).
     #[arg(long, env = "DNSTRACE_OTLP_QUEUE", value_name = "N", default_value_t = 8192, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub otlp_queue: u64,
 
@@ -471,11 +464,82 @@ pub struct AgentArgs {
     pub flight_files: u64,
 }
 
-fn parse_otlp_protocol(s: &str) -> Result<Protocol, String> {
-    match s {
-        "grpc" => Ok(Protocol::Grpc),
-        "http/protobuf" => Ok(Protocol::HttpProtobuf),
-        _ => Err(format!("{s:?}: `grpc` or `http/protobuf`")),
+/// OTLP export, with the OpenTelemetry specification's variables. Each
+/// also per signal (`OTEL_EXPORTER_OTLP_TRACES_*`, `…_LOGS_*`), which
+/// wins over the general setting, flag or variable (docs/AGENT.md).
+#[derive(clap::Args, Debug, Clone)]
+pub struct OtlpArgs {
+    /// Send each journey as a trace and each anomaly as a log record to
+    /// this OTLP collector: https://HOST:4317 (gRPC; HOST:4317 is TLS
+    /// too, unless --otlp-insecure) or https://HOST:4318 (HTTP/protobuf,
+    /// with --otlp-protocol: /v1/traces and /v1/logs are added). http://
+    /// for no TLS.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT", value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
+
+    /// OTLP's transport: `grpc` (default) or `http/protobuf`.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_PROTOCOL", value_name = "PROTOCOL")]
+    pub otlp_protocol: Option<String>,
+
+    /// A header of every export request, `key=value`, the value
+    /// percent-encoded (repeatable, or `k1=v1,k2=v2`), e.g.
+    /// `authorization=Bearer%20TOKEN`.
+    #[arg(
+        long = "otlp-header",
+        env = "OTEL_EXPORTER_OTLP_HEADERS",
+        value_delimiter = ',',
+        value_name = "KEY=VALUE"
+    )]
+    pub otlp_headers: Vec<String>,
+
+    /// The CA to trust for an https collector (PEM); default the system's
+    /// roots.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_CERTIFICATE", value_name = "FILE")]
+    pub otlp_certificate: Option<String>,
+
+    /// The client certificate shown to the collector, for mutual TLS (PEM).
+    #[arg(
+        long,
+        env = "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+        value_name = "FILE"
+    )]
+    pub otlp_client_certificate: Option<String>,
+
+    /// The key of --otlp-client-certificate (PEM).
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_CLIENT_KEY", value_name = "FILE")]
+    pub otlp_client_key: Option<String>,
+
+    /// `gzip` the export requests, or `none` (default).
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_COMPRESSION", value_name = "gzip|none")]
+    pub otlp_compression: Option<String>,
+
+    /// Each export request's time, connecting included, at most, in
+    /// milliseconds (default 10000).
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_TIMEOUT", value_name = "MS")]
+    pub otlp_timeout: Option<String>,
+
+    /// A gRPC endpoint without a scheme is plain HTTP/2, not TLS.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_INSECURE", value_name = "true|false", num_args = 0..=1, default_missing_value = "true")]
+    pub otlp_insecure: Option<String>,
+}
+
+impl OtlpArgs {
+    /// The general settings, for the otlp layer to resolve with each
+    /// signal's variables.
+    fn general(self) -> otlp::config::General {
+        // An empty variable is an unset one, as the SDKs have it.
+        let set = |v: Option<String>| v.filter(|v| !v.is_empty());
+        otlp::config::General {
+            endpoint: set(self.otlp_endpoint),
+            protocol: set(self.otlp_protocol),
+            headers: self.otlp_headers,
+            certificate: set(self.otlp_certificate),
+            client_certificate: set(self.otlp_client_certificate),
+            client_key: set(self.otlp_client_key),
+            compression: set(self.otlp_compression),
+            timeout: set(self.otlp_timeout),
+            insecure: set(self.otlp_insecure),
+        }
     }
 }
 
@@ -495,13 +559,23 @@ pub enum LogFormat {
 }
 
 impl AgentArgs {
-    /// What the agent is asked for, in the options of the layers.
-    pub fn agent_options(self) -> AgentOptions {
+    /// What the agent is asked for, in the options of the layers; a bad
+    /// OTLP setting is an error naming it.
+    pub fn agent_options(self) -> anyhow::Result<AgentOptions> {
         let node = self
             .node_name
             .or_else(|| self.node.clone())
             .unwrap_or_else(hostname);
-        AgentOptions {
+        let (traces, logs) =
+            otlp::config::resolve(&self.otlp.general(), |name| std::env::var(name).ok())?;
+        let otlp = (traces.is_some() || logs.is_some()).then(|| OtlpOptions {
+            traces,
+            logs,
+            node: node.clone(),
+            queue: self.otlp_queue as usize,
+            batch: 512,
+        });
+        Ok(AgentOptions {
             trace: TraceOptions {
                 probes: ProbeOptions {
                     ports: self.ports,
@@ -553,20 +627,14 @@ impl AgentArgs {
             api: (!self.no_api)
                 .then(|| api_options(self.api_addr, self.api_cert, self.api_key, self.api_ca)),
             services_every: self.reread_services,
-            otlp: self.otlp_endpoint.map(|endpoint| OtlpOptions {
-                endpoint,
-                protocol: self.otlp_protocol,
-                node: node.clone(),
-                queue: self.otlp_queue as usize,
-                batch: 512,
-            }),
+            otlp,
             metrics: MetricsOptions {
                 max_series: self.max_series as usize,
                 series_ttl_ns: self.series_ttl.as_nanos() as u64,
                 query_names: self.metrics_query_names,
                 node,
             },
-        }
+        })
     }
 }
 
@@ -914,7 +982,7 @@ mod tests {
             let Some(Command::Agent(a)) = cli.command else {
                 panic!("not the agent command");
             };
-            a.agent_options()
+            a.agent_options().unwrap()
         };
         let o = agent(&["--node", "n-2"]);
         assert_eq!(o.metrics.node, "n-2");

@@ -120,7 +120,7 @@ fn run(
                 if args.log_format == cli::LogFormat::Json {
                     logging::json_lines();
                 }
-                commands::agent::run(args.agent_options()).await
+                commands::agent::run(args.agent_options()?).await
             }
             Some(cli::Command::Cluster(args)) => {
                 commands::cluster::run(args.cluster_options()).await

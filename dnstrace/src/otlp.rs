@@ -1,6 +1,8 @@
 //! OTLP export for `dnstrace agent`: each journey as a trace, each anomaly
 //! as a log record tied to the trace of a journey behind it. Export never
-//! stalls tracing: a bounded queue to a thread of its own (`export`).
+//! stalls tracing: a bounded queue to a thread of its own for each
+//! signal (`export`).
+pub mod config;
 mod convert;
 mod export;
 
@@ -12,6 +14,7 @@ use std::{
 
 use anyhow::Result;
 
+pub use config::Export;
 use convert::Context;
 pub use export::Counts;
 use export::{Item, Queue};
@@ -29,12 +32,13 @@ pub enum Protocol {
 
 #[derive(Clone, Debug)]
 pub struct OtlpOptions {
-    /// `http://HOST:4317` (gRPC) or `http://HOST:4318` (HTTP).
-    pub endpoint: String,
-    pub protocol: Protocol,
+    /// Where journeys go; none: not exported.
+    pub traces: Option<Export>,
+    /// Where anomalies go; none: not exported.
+    pub logs: Option<Export>,
     /// `k8s.node.name` of every span and record.
     pub node: String,
-    /// Traces and log records waiting to be sent, at most.
+    /// Traces, and log records, waiting to be sent, at most (each).
     pub queue: usize,
     /// Traces and log records a request carries, at most.
     pub batch: usize,

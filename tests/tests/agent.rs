@@ -300,7 +300,7 @@ fn journeys_reach_an_otlp_collector_as_traces_and_anomalies_as_logs() {
         dropped > 0.0,
         "the queue held the outage's journeys: nothing dropped"
     );
-    assert!(metric("dnstrace_otlp_failures_total") > 0.0);
+    assert!(metric("dnstrace_otlp_failures_total{signal=\"traces\"}") > 0.0);
 
     lab.fault("drop", true);
     for _ in 0..30 {
@@ -340,9 +340,232 @@ fn journeys_reach_an_otlp_collector_as_traces_and_anomalies_as_logs() {
 
     let (status, _, stderr) = agent.stop(libc::SIGTERM).unwrap();
     assert!(status.success(), "{status}: {stderr:?}");
+
+    // The lab's drop fault still on: each lookup is a trace and an anomaly.
+    let certs = otlp::Certs::make();
+    for transport in [otlp::Transport::Grpc, otlp::Transport::Http] {
+        secure_collector_gets_traces_and_logs(&lab, &certs, transport);
+    }
+    collectors_that_refuse_are_counted_and_tracing_goes_on(&lab, &certs);
 }
 
-/// Each root span of `pod` carries the conventions' attributes; the trace
+/// `dnstrace agent` on the lab with `args` and the variables `env`.
+fn agent_with_env(listen: &str, args: &[&str], env: &[(&str, String)]) -> Dnstrace {
+    let mut cmd = Command::new(dnstrace_bin());
+    cmd.args(agent_args(listen, args)).args(EVERY_LOOKUP);
+    cmd.envs(env.iter().map(|(k, v)| (k, v)));
+    Dnstrace::start_command(cmd).unwrap()
+}
+
+/// A lookup of a name of its own from web that the drop fault lost (it
+/// loses some): its trace, and its anomaly's log record.
+fn lost_lookup(lab: &Lab, tag: &str) -> String {
+    for n in 0..30 {
+        let name = format!("{tag}-{n}-{}.example.com", std::process::id());
+        if dig_status(&lab.dig(&WEB, &format!("@{SERVICE} {name}"))) == "timeout" {
+            return format!("{name}.");
+        }
+    }
+    panic!("no lookup of {tag} lost to the drop fault");
+}
+
+/// A collector that takes only mutual TLS with its CA's client
+/// certificate and `authorization: Bearer x` gets the trace of a lookup
+/// the test made and the log of its anomaly, gzipped: over gRPC set by
+/// the specification's variables (an endpoint without a scheme is TLS),
+/// over HTTP/protobuf by the flags.
+fn secure_collector_gets_traces_and_logs(lab: &Lab, certs: &otlp::Certs, t: otlp::Transport) {
+    let collector = otlp::Receiver::secure(t, certs.demands());
+    let listen = format!("127.0.0.1:{}", free_port());
+    let agent = match t {
+        otlp::Transport::Grpc => {
+            let env = [
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", collector.addr.to_string()),
+                ("OTEL_EXPORTER_OTLP_CERTIFICATE", certs.path("ca.pem")),
+                (
+                    "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+                    certs.path("agent.pem"),
+                ),
+                ("OTEL_EXPORTER_OTLP_CLIENT_KEY", certs.path("agent.key")),
+                (
+                    "OTEL_EXPORTER_OTLP_HEADERS",
+                    "authorization=Bearer%20x".into(),
+                ),
+                ("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip".into()),
+            ];
+            agent_with_env(&listen, &["--no-flight-recorder"], &env)
+        }
+        otlp::Transport::Http => {
+            let (endpoint, ca, cert, key) = (
+                format!("https://{}", collector.addr),
+                certs.path("ca.pem"),
+                certs.path("agent.pem"),
+                certs.path("agent.key"),
+            );
+            let args = [
+                "--no-flight-recorder",
+                "--otlp-endpoint",
+                &endpoint,
+                "--otlp-protocol",
+                "http/protobuf",
+                "--otlp-certificate",
+                &ca,
+                "--otlp-client-certificate",
+                &cert,
+                "--otlp-client-key",
+                &key,
+                "--otlp-header",
+                "authorization=Bearer%20x",
+                "--otlp-compression",
+                "gzip",
+            ];
+            agent_with_env(&listen, &args, &[])
+        }
+    };
+    let name = lost_lookup(lab, &format!("{t:?}").to_lowercase());
+    let got = || {
+        collector.received(|r| {
+            let trace = r.spans.iter().find(|(_, s)| {
+                otlp::attr(&s.attributes, "dns.question.name") == Some(name.as_str())
+            });
+            let log =
+                trace.and_then(|(_, s)| r.logs.iter().find(|(_, l)| l.trace_id == s.trace_id));
+            log.map(|(_, l)| {
+                let kind = otlp::attr(&l.attributes, "dnstrace.anomaly.kind").map(str::to_owned);
+                (kind, r.encodings.clone())
+            })
+        })
+    };
+    wait_until(SETTLE, || got().is_some());
+    let Some((kind, encodings)) = got() else {
+        let page = page(&listen);
+        let otlp: Vec<_> = page
+            .lines()
+            .filter(|l| l.starts_with("dnstrace_otlp"))
+            .collect();
+        let (names, kinds): (Vec<_>, Vec<_>) = collector.received(|r| {
+            let names = r.spans.iter().map(|(_, s)| s.name.clone()).collect();
+            let kinds = r
+                .logs
+                .iter()
+                .map(|(_, l)| otlp::attr(&l.attributes, "dnstrace.anomaly.kind").map(str::to_owned))
+                .collect();
+            (names, kinds)
+        });
+        let (_, _, stderr) = agent.stop(libc::SIGTERM).unwrap();
+        panic!("{t:?}: no trace of {name} with its anomaly's log; spans {names:?}, logs {kinds:?}, {otlp:?}; the agent said {stderr:?}");
+    };
+    assert_eq!(
+        kind.as_deref(),
+        Some("dropped"),
+        "{t:?}: the log of {name}'s anomaly"
+    );
+    assert!(
+        encodings.iter().all(|e| e == "gzip"),
+        "{t:?}: every request gzipped: {encodings:?}"
+    );
+    assert_eq!(
+        scrape(&listen, "dnstrace_otlp_failures_total{signal=\"traces\"}"),
+        0.0
+    );
+    let (status, _, stderr) = agent.stop(libc::SIGTERM).unwrap();
+    assert!(status.success(), "{status}: {stderr:?}");
+}
+
+/// Traces to a gRPC collector whose certificate another CA signed than
+/// the one the traces' own variable names, logs to an HTTP/protobuf one
+/// without the header it demands: neither keeps anything, the failures
+/// are counted by signal and said once each with their reason, and the
+/// agent goes on counting journeys.
+fn collectors_that_refuse_are_counted_and_tracing_goes_on(lab: &Lab, certs: &otlp::Certs) {
+    let (grpc, http) = (
+        otlp::Receiver::secure(otlp::Transport::Grpc, certs.demands()),
+        otlp::Receiver::secure(otlp::Transport::Http, certs.demands()),
+    );
+    let listen = format!("127.0.0.1:{}", free_port());
+    let env = [
+        (
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            format!("https://{}", grpc.addr),
+        ),
+        ("OTEL_EXPORTER_OTLP_CERTIFICATE", certs.path("ca.pem")),
+        (
+            "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
+            certs.path("other.pem"),
+        ),
+        (
+            "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+            certs.path("agent.pem"),
+        ),
+        ("OTEL_EXPORTER_OTLP_CLIENT_KEY", certs.path("agent.key")),
+        (
+            "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT",
+            format!("https://{}/v1/logs", http.addr),
+        ),
+        ("OTEL_EXPORTER_OTLP_LOGS_PROTOCOL", "http/protobuf".into()),
+    ];
+    let agent = agent_with_env(&listen, &["--no-flight-recorder"], &env);
+    let metric = |name: &str| scrape(&listen, name);
+    let failures = |signal: &str| {
+        metric(&format!(
+            "dnstrace_otlp_failures_total{{signal=\"{signal}\"}}"
+        ))
+    };
+    lost_lookup(lab, "refused");
+    wait_until(SETTLE, || {
+        failures("traces") >= 1.0 && failures("logs") >= 1.0
+    });
+    let (journeys, traces, logs) = (
+        metric("dnstrace_journeys_total"),
+        failures("traces"),
+        failures("logs"),
+    );
+    assert!(
+        journeys >= 1.0 && traces >= 1.0 && logs >= 1.0,
+        "{journeys} {traces} {logs}"
+    );
+    lost_lookup(lab, "refused-again");
+    wait_until(SETTLE, || {
+        metric("dnstrace_journeys_total") > journeys
+            && failures("traces") > traces
+            && failures("logs") > logs
+    });
+    assert!(
+        metric("dnstrace_journeys_total") > journeys,
+        "tracing goes on"
+    );
+    assert!(
+        failures("traces") > traces && failures("logs") > logs,
+        "failures grow"
+    );
+    assert!(
+        grpc.received(|r| r.spans.is_empty() && r.encodings.is_empty()),
+        "the handshake refused"
+    );
+    assert!(
+        http.received(|r| r.logs.is_empty() && !r.encodings.is_empty()),
+        "asked, refused"
+    );
+    let (status, _, stderr) = agent.stop(libc::SIGTERM).unwrap();
+    assert!(status.success(), "{status}: {stderr:?}");
+    let said = |what: &str| {
+        let start = format!("OTLP {what} export to");
+        stderr
+            .iter()
+            .filter(|l| l.contains(&start))
+            .collect::<Vec<_>>()
+    };
+    let (traces, logs) = (said("traces"), said("logs"));
+    assert!(
+        traces.len() == 1 && traces[0].contains("UnknownIssuer"),
+        "one line for the streak, with its reason: {traces:?}"
+    );
+    assert!(
+        logs.len() == 1 && logs[0].contains("401"),
+        "one line for the streak, with its reason: {logs:?}"
+    );
+}
+
 /// of `fresh`, a name no cache held, has the service, the resolver and its
 /// upstream query under it, legs as events.
 fn check_traces(r: &otlp::Received, pod: &str, fresh: &str) {

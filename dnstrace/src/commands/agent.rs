@@ -175,11 +175,15 @@ impl Consume for Agent {
         let otlp = self
             .otlp
             .map(|o| {
-                log::info!(
-                    "exporting traces and logs over OTLP ({:?}) to {}",
-                    o.protocol,
-                    o.endpoint
-                );
+                for (what, export) in [("traces", &o.traces), ("logs", &o.logs)] {
+                    if let Some(e) = export {
+                        log::info!(
+                            "exporting {what} over OTLP ({:?}) to {}",
+                            e.protocol,
+                            e.endpoint
+                        );
+                    }
+                }
                 Otlp::start(o, s.labels.clock())
             })
             .transpose()?;

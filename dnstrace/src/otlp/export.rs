@@ -5,6 +5,7 @@
 //! collector takes it, while the queue holds what comes meanwhile.
 use std::{
     fmt::Write as _,
+    io::Write as _,
     sync::{
         atomic::{AtomicU64, Ordering},
         mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError},
@@ -28,7 +29,18 @@ use opentelemetry_proto::tonic::{
 };
 use prost::Message as _;
 
-use super::{convert, OtlpOptions, Protocol};
+use hyper::{HeaderMap, Uri};
+use tokio_rustls::rustls::pki_types::ServerName;
+use tonic::{
+    codec::CompressionEncoding,
+    metadata::MetadataMap,
+    transport::{Certificate, ClientTlsConfig, Identity},
+};
+
+use super::{
+    config::{self, Compression, Export, Signal},
+    convert, OtlpOptions, Protocol,
+};
 
 /// What the pipeline hands the exporter.
 pub(super) enum Item {
@@ -45,9 +57,10 @@ pub struct Counts {
     /// Traces and log records the queue had no room for.
     pub traces_dropped: AtomicU64,
     pub logs_dropped: AtomicU64,
-    /// Export attempts the collector refused or did not answer.
-    pub failures: AtomicU64,
-    /// Items waiting in the queue now.
+    /// Export attempts the collector refused or did not answer, by signal.
+    pub traces_failures: AtomicU64,
+    pub logs_failures: AtomicU64,
+    /// Items waiting in the queues now.
     pub queued: AtomicU64,
 }
 
@@ -69,70 +82,118 @@ impl Counts {
         );
         let _ = write!(
             out,
-            "# HELP dnstrace_otlp_failures_total Export requests the collector refused or did not answer (each retried).\n# TYPE dnstrace_otlp_failures_total counter\ndnstrace_otlp_failures_total {}\n# HELP dnstrace_otlp_queued Traces and log records waiting to be sent.\n# TYPE dnstrace_otlp_queued gauge\ndnstrace_otlp_queued {}\n",
-            n(&self.failures),
+            "# HELP dnstrace_otlp_failures_total Export requests the collector refused or did not answer, or whose TLS handshake failed (each retried).\n# TYPE dnstrace_otlp_failures_total counter\ndnstrace_otlp_failures_total{{signal=\"traces\"}} {}\ndnstrace_otlp_failures_total{{signal=\"logs\"}} {}\n# HELP dnstrace_otlp_queued Traces and log records waiting to be sent.\n# TYPE dnstrace_otlp_queued gauge\ndnstrace_otlp_queued {}\n",
+            n(&self.traces_failures),
+            n(&self.logs_failures),
             n(&self.queued),
         );
     }
+
+    fn failures(&self, signal: Signal) -> &AtomicU64 {
+        match signal {
+            Signal::Traces => &self.traces_failures,
+            Signal::Logs => &self.logs_failures,
+        }
+    }
 }
 
-/// The pipeline's end of the queue. Dropped, it lets the exporter send
-/// what is queued (for `FLUSH_WAIT` at most) and waits for it.
+/// The pipeline's end of the queues. Dropped, it lets the exporters send
+/// what is queued (for `FLUSH_WAIT` at most) and waits for them.
 pub(super) struct Queue {
+    traces: Option<Lane>,
+    logs: Option<Lane>,
+    pub(super) counts: Arc<Counts>,
+}
+
+/// One signal's queue and the thread that sends it: a collector that
+/// refuses one signal does not hold up the other.
+struct Lane {
     tx: Option<SyncSender<Item>>,
     thread: Option<std::thread::JoinHandle<()>>,
-    pub(super) counts: Arc<Counts>,
 }
 
 impl Drop for Queue {
     fn drop(&mut self) {
-        self.tx = None;
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+        let lanes = [&mut self.traces, &mut self.logs];
+        // Both told first, so that they flush side by side.
+        let mut lanes: Vec<_> = lanes.into_iter().flatten().collect();
+        for lane in &mut lanes {
+            drop(lane.tx.take());
+        }
+        for lane in lanes {
+            if let Some(t) = lane.thread.take() {
+                let _ = t.join();
+            }
         }
     }
 }
 
 impl Queue {
-    /// Never waits: a full queue drops `item` and counts it.
+    /// Never waits: a full queue drops `item` and counts it; a signal not
+    /// exported drops it uncounted.
     pub(super) fn offer(&self, item: Item) {
-        let is_trace = matches!(item, Item::Trace(_));
-        let Some(tx) = &self.tx else { return };
+        let (lane, dropped) = match item {
+            Item::Trace(_) => (&self.traces, &self.counts.traces_dropped),
+            Item::Log(_) => (&self.logs, &self.counts.logs_dropped),
+        };
+        let Some(tx) = lane.as_ref().and_then(|l| l.tx.as_ref()) else {
+            return;
+        };
         // Counted before it is sent: the exporter may take it at once.
         self.counts.queued.fetch_add(1, Ordering::Relaxed);
         match tx.try_send(item) {
             Ok(()) => {}
             Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
                 self.counts.queued.fetch_sub(1, Ordering::Relaxed);
-                let dropped = if is_trace {
-                    &self.counts.traces_dropped
-                } else {
-                    &self.counts.logs_dropped
-                };
                 dropped.fetch_add(1, Ordering::Relaxed);
             }
         }
     }
 }
 
-/// Starts the exporter thread; it ends when the queue's sender is dropped
-/// and what is queued is sent (or given up after `FLUSH_WAIT`).
+/// Starts an exporter thread for each signal exported; each ends when
+/// the queue's sender is dropped and what is queued is sent (or given up
+/// after `FLUSH_WAIT`). A client that cannot be made is an error here.
 pub(super) fn start(o: OtlpOptions) -> Result<Queue> {
-    let (tx, rx) = mpsc::sync_channel(o.queue);
     let counts = Arc::new(Counts::default());
-    let thread_counts = counts.clone();
+    let lane = |signal: Signal, export: &Option<Export>| {
+        export
+            .as_ref()
+            .map(|e| lane(signal, e, &o, counts.clone()))
+            .transpose()
+    };
+    Ok(Queue {
+        traces: lane(Signal::Traces, &o.traces)?,
+        logs: lane(Signal::Logs, &o.logs)?,
+        counts,
+    })
+}
+
+fn lane(signal: Signal, export: &Export, o: &OtlpOptions, counts: Arc<Counts>) -> Result<Lane> {
+    let (tx, rx) = mpsc::sync_channel(o.queue);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the OTLP exporter's runtime")?;
+    let client = {
+        // tonic's lazy channel starts its worker on this runtime.
+        let _in = runtime.enter();
+        Client::new(export).with_context(|| format!("OTLP {} export", signal.name()))?
+    };
+    let sender = Sender {
+        signal,
+        client,
+        resource: resource(&o.node),
+        counts,
+    };
+    let batch = o.batch;
     let thread = std::thread::Builder::new()
-        .name("otlp-export".into())
-        .spawn(move || runtime.block_on(run(o, rx, thread_counts)))
+        .name(format!("otlp-{}", signal.name()))
+        .spawn(move || runtime.block_on(run(sender, rx, batch)))
         .context("starting the OTLP exporter's thread")?;
-    Ok(Queue {
+    Ok(Lane {
         tx: Some(tx),
         thread: Some(thread),
-        counts,
     })
 }
 
@@ -141,29 +202,18 @@ const LINGER: Duration = Duration::from_secs(1);
 const BACKOFF_FIRST: Duration = Duration::from_millis(500);
 /// Short enough that a collector back is seen within seconds.
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
-const TIMEOUT: Duration = Duration::from_secs(10);
 /// At the end, how long the queue's rest may take to send.
 const FLUSH_WAIT: Duration = Duration::from_secs(5);
 
-async fn run(o: OtlpOptions, rx: Receiver<Item>, counts: Arc<Counts>) {
-    let mut client = match Client::new(&o) {
-        Ok(c) => c,
-        Err(e) => {
-            log::warn!("OTLP export off: {e:#}");
-            return;
-        }
-    };
-    let resource = resource(&o.node);
+async fn run(mut sender: Sender, rx: Receiver<Item>, max: usize) {
     let mut ended_at = None;
     loop {
-        let (batch, ended) = take_batch(&rx, o.batch, &counts);
+        let (batch, ended) = take_batch(&rx, max, &sender.counts);
         if ended && ended_at.is_none() {
             ended_at = Some(Instant::now());
         }
         if !batch.is_empty() {
-            client
-                .send_until_taken(batch, &resource, &counts, ended_at)
-                .await;
+            sender.send_until_taken(batch, ended_at).await;
         }
         // The sender is gone and the queue empty.
         if ended {
@@ -210,57 +260,19 @@ fn scope() -> InstrumentationScope {
     }
 }
 
-enum Client {
-    /// Boxed: hundreds of bytes beside the HTTP variant's URI.
-    Grpc {
-        traces: Box<TraceServiceClient<tonic::transport::Channel>>,
-        logs: Box<LogsServiceClient<tonic::transport::Channel>>,
-    },
-    Http {
-        base: hyper::Uri,
-    },
+/// One signal's exporter: its client, and what it counts.
+struct Sender {
+    signal: Signal,
+    client: Client,
+    resource: Resource,
+    counts: Arc<Counts>,
 }
 
-impl Client {
-    fn new(o: &OtlpOptions) -> Result<Self> {
-        match o.protocol {
-            Protocol::Grpc => {
-                let channel = tonic::transport::Endpoint::from_shared(o.endpoint.clone())
-                    .with_context(|| format!("--otlp-endpoint {}", o.endpoint))?
-                    .timeout(TIMEOUT)
-                    .connect_timeout(TIMEOUT)
-                    .connect_lazy();
-                Ok(Self::Grpc {
-                    traces: Box::new(TraceServiceClient::new(channel.clone())),
-                    logs: Box::new(LogsServiceClient::new(channel)),
-                })
-            }
-            Protocol::HttpProtobuf => {
-                let base: hyper::Uri = o
-                    .endpoint
-                    .parse()
-                    .with_context(|| format!("--otlp-endpoint {}", o.endpoint))?;
-                if base.scheme_str() != Some("http") {
-                    bail!(
-                        "--otlp-endpoint {}: http://HOST:PORT (https is not supported)",
-                        o.endpoint
-                    );
-                }
-                Ok(Self::Http { base })
-            }
-        }
-    }
-
+impl Sender {
     /// Sends `batch`, again and again with backoff until the collector
     /// takes it; once the agent is ending (`ended_at`), for `FLUSH_WAIT`
-    /// at most.
-    async fn send_until_taken(
-        &mut self,
-        batch: Vec<Item>,
-        resource: &Resource,
-        counts: &Counts,
-        ended_at: Option<Instant>,
-    ) {
+    /// at most. A streak of failures is one line, with its first reason.
+    async fn send_until_taken(&mut self, batch: Vec<Item>, ended_at: Option<Instant>) {
         let (mut spans, mut logs) = (Vec::new(), Vec::new());
         for item in batch {
             match item {
@@ -268,33 +280,36 @@ impl Client {
                 Item::Log(l) => logs.push(l),
             }
         }
+        let what = self.signal.name();
         let mut backoff = BACKOFF_FIRST;
-        let mut said = false;
+        let mut failing = false;
         loop {
-            match self.send(&spans, &logs, resource).await {
+            match self.client.send(&spans, &logs, &self.resource).await {
                 Ok(()) => {
-                    counts
+                    self.counts
                         .spans_exported
                         .fetch_add(spans.len() as u64, Ordering::Relaxed);
-                    counts
+                    self.counts
                         .logs_exported
                         .fetch_add(logs.len() as u64, Ordering::Relaxed);
-                    if said {
-                        log::info!("OTLP export: the collector takes batches again");
+                    if failing {
+                        log::info!("OTLP {what} export: the collector takes batches again");
                     }
                     return;
                 }
                 Err(e) => {
-                    counts.failures.fetch_add(1, Ordering::Relaxed);
-                    if !said {
-                        log::warn!("OTLP export failed, retrying with backoff (queued items wait, new ones past the queue are dropped and counted): {e:#}");
-                        said = true;
+                    self.counts
+                        .failures(self.signal)
+                        .fetch_add(1, Ordering::Relaxed);
+                    if !failing {
+                        log::warn!("OTLP {what} export to {} failed, retrying with backoff (queued items wait, new ones past the queue are dropped and counted): {e:#}", self.client.endpoint());
+                        failing = true;
                     }
                 }
             }
             if ended_at.is_some_and(|t| t.elapsed() >= FLUSH_WAIT) {
                 log::warn!(
-                    "OTLP export: {} spans and {} log records not sent at exit",
+                    "OTLP {what} export: {} spans and {} log records not sent at exit",
                     spans.len(),
                     logs.len()
                 );
@@ -302,6 +317,86 @@ impl Client {
             }
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(BACKOFF_MAX);
+        }
+    }
+}
+
+enum Client {
+    /// Boxed: hundreds of bytes beside the HTTP variant.
+    Grpc {
+        traces: Box<TraceServiceClient<tonic::transport::Channel>>,
+        logs: Box<LogsServiceClient<tonic::transport::Channel>>,
+        headers: HeaderMap,
+        endpoint: Uri,
+    },
+    Http(Http),
+}
+
+/// OTLP/HTTP's client: a connection per request (a batch a second at
+/// most), over TLS for `https`.
+struct Http {
+    url: Uri,
+    tls: Option<tokio_rustls::TlsConnector>,
+    headers: HeaderMap,
+    gzip: bool,
+    timeout: Duration,
+}
+
+impl Client {
+    fn new(e: &Export) -> Result<Self> {
+        match e.protocol {
+            Protocol::Grpc => Self::grpc(e),
+            Protocol::HttpProtobuf => Ok(Self::Http(Http {
+                url: e.endpoint.clone(),
+                tls: e
+                    .tls
+                    .as_ref()
+                    .map(|t| config::client_config(t).map(tokio_rustls::TlsConnector::from))
+                    .transpose()?,
+                headers: e.headers.clone(),
+                gzip: e.compression == Compression::Gzip,
+                timeout: e.timeout,
+            })),
+        }
+    }
+
+    fn grpc(e: &Export) -> Result<Self> {
+        let mut endpoint = tonic::transport::Endpoint::from_shared(e.endpoint.to_string())
+            .with_context(|| format!("{}", e.endpoint))?
+            .timeout(e.timeout)
+            .connect_timeout(e.timeout);
+        if let Some(tls) = &e.tls {
+            let mut config = ClientTlsConfig::new();
+            config = match &tls.ca {
+                Some(pem) => config.ca_certificate(Certificate::from_pem(pem)),
+                None => config.with_native_roots(),
+            };
+            if let Some((cert, key)) = &tls.identity {
+                config = config.identity(Identity::from_pem(cert, key));
+            }
+            endpoint = endpoint.tls_config(config).context("TLS")?;
+        }
+        let channel = endpoint.connect_lazy();
+        let (mut traces, mut logs) = (
+            TraceServiceClient::new(channel.clone()),
+            LogsServiceClient::new(channel),
+        );
+        if e.compression == Compression::Gzip {
+            traces = traces.send_compressed(CompressionEncoding::Gzip);
+            logs = logs.send_compressed(CompressionEncoding::Gzip);
+        }
+        Ok(Self::Grpc {
+            traces: Box::new(traces),
+            logs: Box::new(logs),
+            headers: e.headers.clone(),
+            endpoint: e.endpoint.clone(),
+        })
+    }
+
+    fn endpoint(&self) -> &Uri {
+        match self {
+            Self::Grpc { endpoint, .. } => endpoint,
+            Self::Http(h) => &h.url,
         }
     }
 
@@ -334,24 +429,29 @@ impl Client {
             }],
         });
         match self {
-            Self::Grpc { traces: t, logs: l } => {
+            Self::Grpc {
+                traces: t,
+                logs: l,
+                headers,
+                ..
+            } => {
                 if let Some(req) = traces {
-                    t.export(req)
+                    t.export(with_headers(req, headers))
                         .await
-                        .map_err(|s| anyhow!("traces: {}", s.message()))?;
+                        .map_err(|s| anyhow!("{}", grpc_reason(&s)))?;
                 }
                 if let Some(req) = records {
-                    l.export(req)
+                    l.export(with_headers(req, headers))
                         .await
-                        .map_err(|s| anyhow!("logs: {}", s.message()))?;
+                        .map_err(|s| anyhow!("{}", grpc_reason(&s)))?;
                 }
             }
-            Self::Http { base } => {
+            Self::Http(h) => {
                 if let Some(req) = traces {
-                    post(base, "/v1/traces", req.encode_to_vec()).await?;
+                    h.post(req.encode_to_vec()).await?;
                 }
                 if let Some(req) = records {
-                    post(base, "/v1/logs", req.encode_to_vec()).await?;
+                    h.post(req.encode_to_vec()).await?;
                 }
             }
         }
@@ -359,36 +459,106 @@ impl Client {
     }
 }
 
-/// One POST of OTLP/HTTP's binary protobuf encoding, on a connection of
-/// its own (a batch a second at most).
-async fn post(base: &hyper::Uri, path: &str, body: Vec<u8>) -> Result<()> {
-    let authority = base
-        .authority()
-        .context("the endpoint has no host")?
-        .clone();
-    let host = authority.host();
-    let port = authority.port_u16().unwrap_or(4318);
-    let prefix = base.path().trim_end_matches('/');
-    let stream = tokio::time::timeout(TIMEOUT, tokio::net::TcpStream::connect((host, port)))
-        .await
-        .context("connecting")??;
+fn with_headers<T>(message: T, headers: &HeaderMap) -> tonic::Request<T> {
+    tonic::Request::from_parts(
+        MetadataMap::from_headers(headers.clone()),
+        tonic::Extensions::default(),
+        message,
+    )
+}
+
+/// The status's code and message, and what lies under it (a refused
+/// handshake says why only there).
+fn grpc_reason(s: &tonic::Status) -> String {
+    let mut reason = format!("{:?}: {}", s.code(), s.message());
+    let mut source = std::error::Error::source(s);
+    while let Some(e) = source {
+        let _ = write!(reason, ": {e}");
+        source = e.source();
+    }
+    reason
+}
+
+impl Http {
+    /// One POST of OTLP/HTTP's binary protobuf encoding, within the
+    /// timeout, connecting included.
+    async fn post(&self, body: Vec<u8>) -> Result<()> {
+        tokio::time::timeout(self.timeout, self.exchange(body))
+            .await
+            .map_err(|_| anyhow!("no answer within {:?}", self.timeout))?
+    }
+
+    async fn exchange(&self, body: Vec<u8>) -> Result<()> {
+        let authority = self
+            .url
+            .authority()
+            .context("the endpoint has no host")?
+            .clone();
+        let host = authority.host();
+        let tls = self.tls.as_ref();
+        let port = authority
+            .port_u16()
+            .unwrap_or(if tls.is_some() { 443 } else { 80 });
+        let tcp = tokio::net::TcpStream::connect((host.trim_matches(['[', ']']), port))
+            .await
+            .context("connecting")?;
+        let req = self.request(&authority, body)?;
+        let status = match tls {
+            None => exchange(tcp, req).await?,
+            Some(tls) => {
+                let name = ServerName::try_from(host.trim_matches(['[', ']']).to_owned())
+                    .context("the endpoint's host is no TLS server name")?;
+                let stream = tls.connect(name, tcp).await.context("TLS handshake")?;
+                exchange(stream, req).await?
+            }
+        };
+        if !status.is_success() {
+            bail!("POST {}: {status}", self.url.path());
+        }
+        Ok(())
+    }
+
+    fn request(
+        &self,
+        authority: &hyper::http::uri::Authority,
+        body: Vec<u8>,
+    ) -> Result<hyper::Request<Full<Bytes>>> {
+        let mut req = hyper::Request::post(self.url.path_and_query().map_or("/", |p| p.as_str()))
+            .header(hyper::header::HOST, authority.as_str())
+            .header(hyper::header::CONTENT_TYPE, "application/x-protobuf");
+        let body = if self.gzip {
+            req = req.header(hyper::header::CONTENT_ENCODING, "gzip");
+            gzip(&body)?
+        } else {
+            body
+        };
+        let mut req = req.body(Full::new(Bytes::from(body)))?;
+        for (k, v) in &self.headers {
+            req.headers_mut().append(k, v.clone());
+        }
+        Ok(req)
+    }
+}
+
+/// Sends `req` on `stream` and reads the answer whole, so that the
+/// connection ends cleanly.
+async fn exchange<S>(stream: S, req: hyper::Request<Full<Bytes>>) -> Result<hyper::StatusCode>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let (mut sender, conn) =
         hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
     tokio::spawn(conn);
-    let req = hyper::Request::post(format!("{prefix}{path}"))
-        .header(hyper::header::HOST, authority.as_str())
-        .header(hyper::header::CONTENT_TYPE, "application/x-protobuf")
-        .body(Full::new(Bytes::from(body)))?;
-    let res = tokio::time::timeout(TIMEOUT, sender.send_request(req))
-        .await
-        .context("waiting for the answer")??;
+    let res = sender.send_request(req).await?;
     let status = res.status();
-    // Read the body whole, so that the connection ends cleanly.
     let _ = res.into_body().collect().await;
-    if !status.is_success() {
-        bail!("POST {path}: {status}");
-    }
-    Ok(())
+    Ok(status)
+}
+
+fn gzip(body: &[u8]) -> Result<Vec<u8>> {
+    let mut z = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    z.write_all(body)?;
+    Ok(z.finish()?)
 }
 
 #[cfg(test)]
@@ -400,8 +570,8 @@ mod tests {
 
     use super::*;
 
-    /// What a collector on loopback was POSTed: (path, content type, body).
-    type Posted = Arc<Mutex<Vec<(String, String, Vec<u8>)>>>;
+    /// What a collector on loopback was POSTed: (path, headers, body).
+    type Posted = Arc<Mutex<Vec<(String, HeaderMap, Vec<u8>)>>>;
 
     async fn collector() -> (String, Posted) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -416,12 +586,9 @@ mod tests {
                         let kept = kept.clone();
                         async move {
                             let path = req.uri().path().to_owned();
-                            let kind = req.headers()[hyper::header::CONTENT_TYPE]
-                                .to_str()
-                                .unwrap()
-                                .to_owned();
+                            let headers = req.headers().clone();
                             let body = req.into_body().collect().await.unwrap().to_bytes().to_vec();
-                            kept.lock().unwrap().push((path, kind, body));
+                            kept.lock().unwrap().push((path, headers, body));
                             Ok::<_, std::convert::Infallible>(Response::new(
                                 Full::new(Bytes::new()),
                             ))
@@ -436,19 +603,31 @@ mod tests {
         (url, posted)
     }
 
-    /// OTLP/HTTP: each signal POSTed to its path as binary protobuf, which
-    /// decodes to what was sent.
-    #[tokio::test]
-    async fn http_protobuf_posts_each_signal_to_its_path() {
-        let (url, posted) = collector().await;
-        let o = OtlpOptions {
-            endpoint: url,
+    fn http(url: &str, compression: Compression, headers: HeaderMap) -> Client {
+        let e = Export {
+            endpoint: url.parse().unwrap(),
             protocol: Protocol::HttpProtobuf,
-            node: "node-1".into(),
-            queue: 4,
-            batch: 4,
+            tls: None,
+            headers,
+            compression,
+            timeout: Duration::from_secs(10),
         };
-        let mut client = Client::new(&o).unwrap();
+        Client::new(&e).unwrap()
+    }
+
+    /// OTLP/HTTP: each signal POSTed to its URL as binary protobuf, which
+    /// decodes to what was sent, with the headers given.
+    #[tokio::test]
+    async fn http_protobuf_posts_each_signal_to_its_url() {
+        let (url, posted) = collector().await;
+        let mut headers = HeaderMap::new();
+        headers.insert("authorization", "Bearer x".parse().unwrap());
+        let mut traces = http(&format!("{url}/v1/traces"), Compression::None, headers);
+        let mut logs = http(
+            &format!("{url}/otlp/logs"),
+            Compression::None,
+            HeaderMap::new(),
+        );
         let span = Span {
             name: "lookup A".into(),
             trace_id: vec![1; 16],
@@ -459,30 +638,55 @@ mod tests {
             severity_text: "ERROR".into(),
             ..LogRecord::default()
         };
-        client
-            .send(
-                std::slice::from_ref(&span),
-                std::slice::from_ref(&record),
-                &resource("node-1"),
-            )
-            .await
-            .unwrap();
+        let resource = resource("node-1");
+        let sent = traces.send(std::slice::from_ref(&span), &[], &resource);
+        sent.await.unwrap();
+        let sent = logs.send(&[], std::slice::from_ref(&record), &resource);
+        sent.await.unwrap();
         let posted = posted.lock().unwrap();
         assert_eq!(posted.len(), 2);
-        let (path, kind, body) = &posted[0];
-        assert_eq!(
-            (path.as_str(), kind.as_str()),
-            ("/v1/traces", "application/x-protobuf")
-        );
+        let (path, headers, body) = &posted[0];
+        assert_eq!(path, "/v1/traces");
+        assert_eq!(headers["content-type"], "application/x-protobuf");
+        assert_eq!(headers["authorization"], "Bearer x");
         let traces = ExportTraceServiceRequest::decode(body.as_slice()).unwrap();
         let rs = &traces.resource_spans[0];
         assert_eq!(rs.scope_spans[0].spans, [span]);
         let node = &rs.resource.as_ref().unwrap().attributes[2];
         assert_eq!(node.key, "k8s.node.name");
-        let (path, _, body) = &posted[1];
-        assert_eq!(path, "/v1/logs");
+        let (path, headers, body) = &posted[1];
+        assert_eq!(path, "/otlp/logs");
+        assert!(!headers.contains_key("authorization"));
         let logs = ExportLogsServiceRequest::decode(body.as_slice()).unwrap();
         assert_eq!(logs.resource_logs[0].scope_logs[0].log_records, [record]);
+    }
+
+    /// With gzip, the body is the request gzipped, and says so.
+    #[tokio::test]
+    async fn gzip_bodies_say_so_and_inflate_to_the_request() {
+        use std::io::Read as _;
+        let (url, posted) = collector().await;
+        let mut client = http(
+            &format!("{url}/v1/traces"),
+            Compression::Gzip,
+            HeaderMap::new(),
+        );
+        let span = Span {
+            name: "lookup AAAA".into(),
+            ..Span::default()
+        };
+        let resource = resource("n");
+        let sent = client.send(std::slice::from_ref(&span), &[], &resource);
+        sent.await.unwrap();
+        let posted = posted.lock().unwrap();
+        let (_, headers, body) = &posted[0];
+        assert_eq!(headers["content-encoding"], "gzip");
+        let mut inflated = Vec::new();
+        flate2::read::GzDecoder::new(body.as_slice())
+            .read_to_end(&mut inflated)
+            .unwrap();
+        let traces = ExportTraceServiceRequest::decode(inflated.as_slice()).unwrap();
+        assert_eq!(traces.resource_spans[0].scope_spans[0].spans, [span]);
     }
 
     /// A collector that refuses: an error, for the caller to retry.
@@ -493,14 +697,8 @@ mod tests {
             .local_addr()
             .unwrap()
             .port();
-        let o = OtlpOptions {
-            endpoint: format!("http://127.0.0.1:{port}"),
-            protocol: Protocol::HttpProtobuf,
-            node: "n".into(),
-            queue: 1,
-            batch: 1,
-        };
-        let mut client = Client::new(&o).unwrap();
+        let url = format!("http://127.0.0.1:{port}/v1/traces");
+        let mut client = http(&url, Compression::None, HeaderMap::new());
         assert!(client
             .send(&[Span::default()], &[], &resource("n"))
             .await
