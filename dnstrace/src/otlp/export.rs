@@ -9,7 +9,7 @@ use std::{
     sync::{
         atomic::{AtomicU64, Ordering},
         mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError},
-        Arc,
+        Arc, OnceLock,
     },
     time::{Duration, Instant},
 };
@@ -110,6 +110,35 @@ pub(super) struct Queue {
 struct Lane {
     tx: Option<SyncSender<Item>>,
     thread: Option<std::thread::JoinHandle<()>>,
+    ending: Arc<Ending>,
+}
+
+/// Told when the pipeline's end of the queue is dropped. An exporter
+/// retrying a batch gives up `FLUSH_WAIT` later, even a batch taken
+/// before the end: otherwise the end is seen only at the next batch, and
+/// a collector away would hold the agent's exit for ever.
+#[derive(Default)]
+struct Ending {
+    at: OnceLock<Instant>,
+    told: tokio::sync::Notify,
+}
+
+impl Ending {
+    fn now(&self) {
+        let _ = self.at.set(Instant::now());
+        self.told.notify_one();
+    }
+
+    /// Resolves `FLUSH_WAIT` after the end; never before it.
+    async fn flush_over(&self) {
+        loop {
+            if let Some(at) = self.at.get() {
+                tokio::time::sleep_until((*at + FLUSH_WAIT).into()).await;
+                return;
+            }
+            self.told.notified().await;
+        }
+    }
 }
 
 impl Drop for Queue {
@@ -118,6 +147,7 @@ impl Drop for Queue {
         // Both told first, so that they flush side by side.
         let mut lanes: Vec<_> = lanes.into_iter().flatten().collect();
         for lane in &mut lanes {
+            lane.ending.now();
             drop(lane.tx.take());
         }
         for lane in lanes {
@@ -180,11 +210,13 @@ fn lane(signal: Signal, export: &Export, o: &OtlpOptions, counts: Arc<Counts>) -
         let _in = runtime.enter();
         Client::new(export).with_context(|| format!("OTLP {} export", signal.name()))?
     };
+    let ending = Arc::new(Ending::default());
     let sender = Sender {
         signal,
         client,
         resource: resource(&o.node),
         counts,
+        ending: ending.clone(),
     };
     let batch = o.batch;
     let thread = std::thread::Builder::new()
@@ -194,6 +226,7 @@ fn lane(signal: Signal, export: &Export, o: &OtlpOptions, counts: Arc<Counts>) -
     Ok(Lane {
         tx: Some(tx),
         thread: Some(thread),
+        ending,
     })
 }
 
@@ -206,14 +239,10 @@ const BACKOFF_MAX: Duration = Duration::from_secs(5);
 const FLUSH_WAIT: Duration = Duration::from_secs(5);
 
 async fn run(mut sender: Sender, rx: Receiver<Item>, max: usize) {
-    let mut ended_at = None;
     loop {
         let (batch, ended) = take_batch(&rx, max, &sender.counts);
-        if ended && ended_at.is_none() {
-            ended_at = Some(Instant::now());
-        }
         if !batch.is_empty() {
-            sender.send_until_taken(batch, ended_at).await;
+            sender.send_until_taken(batch).await;
         }
         // The sender is gone and the queue empty.
         if ended {
@@ -266,13 +295,14 @@ struct Sender {
     client: Client,
     resource: Resource,
     counts: Arc<Counts>,
+    ending: Arc<Ending>,
 }
 
 impl Sender {
     /// Sends `batch`, again and again with backoff until the collector
-    /// takes it; once the agent is ending (`ended_at`), for `FLUSH_WAIT`
-    /// at most. A streak of failures is one line, with its first reason.
-    async fn send_until_taken(&mut self, batch: Vec<Item>, ended_at: Option<Instant>) {
+    /// takes it; once the agent is ending, until `FLUSH_WAIT` after it,
+    /// the request under way cut short. A streak of failures is one line, with its first reason.
+    async fn send_until_taken(&mut self, batch: Vec<Item>) {
         let (mut spans, mut logs) = (Vec::new(), Vec::new());
         for item in batch {
             match item {
@@ -284,7 +314,11 @@ impl Sender {
         let mut backoff = BACKOFF_FIRST;
         let mut failing = false;
         loop {
-            match self.client.send(&spans, &logs, &self.resource).await {
+            let sent = tokio::select! {
+                sent = self.client.send(&spans, &logs, &self.resource) => sent,
+                () = self.ending.flush_over() => return self.not_sent(&spans, &logs),
+            };
+            match sent {
                 Ok(()) => {
                     self.counts
                         .spans_exported
@@ -307,17 +341,21 @@ impl Sender {
                     }
                 }
             }
-            if ended_at.is_some_and(|t| t.elapsed() >= FLUSH_WAIT) {
-                log::warn!(
-                    "OTLP {what} export: {} spans and {} log records not sent at exit",
-                    spans.len(),
-                    logs.len()
-                );
-                return;
+            tokio::select! {
+                () = tokio::time::sleep(backoff) => {}
+                () = self.ending.flush_over() => return self.not_sent(&spans, &logs),
             }
-            tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(BACKOFF_MAX);
         }
+    }
+
+    fn not_sent(&self, spans: &[Span], logs: &[LogRecord]) {
+        log::warn!(
+            "OTLP {} export: {} spans and {} log records not sent at exit",
+            self.signal.name(),
+            spans.len(),
+            logs.len()
+        );
     }
 }
 
@@ -703,5 +741,77 @@ mod tests {
             .send(&[Span::default()], &[], &resource("n"))
             .await
             .is_err());
+    }
+
+    /// Exports of traces to `url` over HTTP, given an hour a request.
+    fn patient(url: &str) -> OtlpOptions {
+        OtlpOptions {
+            traces: Some(Export {
+                endpoint: url.parse().unwrap(),
+                protocol: Protocol::HttpProtobuf,
+                tls: None,
+                headers: HeaderMap::new(),
+                compression: Compression::None,
+                timeout: Duration::from_secs(3600),
+            }),
+            logs: None,
+            node: "n".into(),
+            queue: 8,
+            batch: 8,
+        }
+    }
+
+    /// Drops `queue` on a thread of its own: whether that ended within a
+    /// minute (`FLUSH_WAIT` is 5 s; a batch retried for ever never ends).
+    fn ends(queue: Queue) -> bool {
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            drop(queue);
+            let _ = tx.send(());
+        });
+        rx.recv_timeout(Duration::from_secs(60)).is_ok()
+    }
+
+    fn a_trace() -> Item {
+        Item::Trace(vec![Span {
+            name: "lookup A".into(),
+            ..Span::default()
+        }])
+    }
+
+    /// A collector that takes the connection and never answers: the
+    /// batch under way when the agent ends is given up, the request cut.
+    #[test]
+    fn the_end_cuts_short_a_request_a_silent_collector_holds() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/v1/traces", listener.local_addr().unwrap());
+        let queue = start(patient(&url)).unwrap();
+        queue.offer(a_trace());
+        // The exporter has taken the batch once it connects.
+        let (held, _) = listener.accept().unwrap();
+        assert!(ends(queue), "the exporter waited on past its flush");
+        drop(held);
+    }
+
+    /// A collector away: the batch taken before the end, retried with
+    /// backoff, is given up after the end.
+    #[test]
+    fn the_end_stops_the_retries_of_a_batch_taken_before_it() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let queue = start(patient(&format!("http://127.0.0.1:{port}/v1/traces"))).unwrap();
+        queue.offer(a_trace());
+        while queue
+            .counts
+            .failures(Signal::Traces)
+            .load(Ordering::Relaxed)
+            == 0
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(ends(queue), "the exporter retried on past its flush");
     }
 }
