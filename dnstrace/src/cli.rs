@@ -284,6 +284,18 @@ pub struct AgentArgs {
     )]
     pub metrics_addr: std::net::SocketAddr,
 
+    /// TLS, client certificates, basic auth and a rate limit for
+    /// --metrics-addr: a web config file as Prometheus's own
+    /// --web.config.file (exporter-toolkit), read again when it or its
+    /// certificates change.
+    #[arg(
+        long,
+        alias = "web.config.file",
+        env = "DNSTRACE_WEB_CONFIG_FILE",
+        value_name = "FILE"
+    )]
+    pub web_config_file: Option<PathBuf>,
+
     /// Log lines on stderr as text, or one JSON object each.
     #[arg(long, env = "DNSTRACE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -624,6 +636,7 @@ impl AgentArgs {
                 ..Limits::default()
             },
             listen: self.metrics_addr,
+            web_config: self.web_config_file,
             api: (!self.no_api)
                 .then(|| api_options(self.api_addr, self.api_cert, self.api_key, self.api_ca)),
             services_every: self.reread_services,

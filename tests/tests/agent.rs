@@ -897,16 +897,30 @@ fn web_counts(listen: &str, pod: &str, rcode: &str) -> u64 {
 /// in the lab's node, written to as a remote node would send it, with the
 /// DNAT done there) and is answered by a CoreDNS pod here: that node's
 /// agent counts it, not this one. A lookup of web's, meanwhile, counts.
+///
+/// The agent serves `/metrics` as a web config file says (TLS, a client
+/// certificate required, basic auth): a Prometheus given the certificate
+/// scrapes it and has web's lookup, one without is refused, and the same
+/// file secures that Prometheus's own API. Then slow clients: the issue's
+/// 40 half-sent requests, then hundreds, silent connections and half
+/// ClientHellos; a scrape is answered while they are open, past the cap
+/// the oldest of them are closed for it, and none else.
 #[test]
-fn another_nodes_query_is_not_counted_here() {
+fn another_nodes_query_is_not_counted_here_and_a_secured_prometheus_scrapes_the_rest() {
     require_root();
     let lab = Lab::up(&[]);
     let listen = format!("127.0.0.1:{}", free_port());
-    let args = agent_args(&listen, &["--no-flight-recorder"]);
+    let secure = WebFiles::make();
+    let config = secure.config();
+    let args = agent_args(
+        &listen,
+        &["--no-flight-recorder", "--web-config-file", &config],
+    );
     let agent = Dnstrace::start_binary(dnstrace_release_bin(), Keep::Sampled, &args).unwrap();
     let pod = WEB.pod();
     let sum = |filter: &str| {
-        page(&listen)
+        secure
+            .page(&listen)
             .lines()
             .filter(|l| l.starts_with("dnstrace_lookups_total{") && l.contains(filter))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
@@ -932,10 +946,279 @@ fn another_nodes_query_is_not_counted_here() {
     assert_eq!(dig_status(&out), "NOERROR", "{out}");
     wait_until(SETTLE, || sum(&web) > web_before);
     assert_eq!(sum(&web), web_before + 1);
-    assert_eq!(sum("pod=\"\""), unnamed_before, "{}", page(&listen));
+    assert_eq!(sum("pod=\"\""), unnamed_before, "{}", secure.page(&listen));
     drop(tun);
+
+    prometheus_scrapes_over_tls(&secure, &listen, pod, web_before + 1);
+    slow_clients_cannot_starve_a_scrape(&secure, &listen);
     let (status, _, stderr) = agent.stop(libc::SIGTERM).unwrap();
     assert!(status.success(), "{status}: {stderr:?}");
+}
+
+/// Debian's Prometheus scrapes the agent with the client certificate and
+/// user, and has `pod`'s `lookups`; its job without a certificate is down
+/// for TLS; curl without one, or with a wrong password, is refused; and
+/// Prometheus's own API, behind the same web config file, likewise.
+fn prometheus_scrapes_over_tls(secure: &WebFiles, listen: &str, pod: &str, lookups: u64) {
+    let prom = Prometheus::scraping_securely(listen, secure.secured()).unwrap();
+    let promql = format!("sum(dnstrace_lookups_total{{pod=\"{pod}\"}})");
+    let counted = prom.wait_for(&promql, SETTLE, |v| v >= lookups as f64);
+    assert_eq!(counted, Some(lookups as f64), "{promql} over TLS");
+    assert_eq!(prom.scalar("up{job=\"dnstrace\"}"), Some(1.0));
+    let refused = || prom.targets("no-client-cert").unwrap();
+    wait_until(SETTLE, || refused().iter().any(|(_, e)| !e.is_empty()));
+    let refused = refused();
+    let (health, error) = &refused[0];
+    assert_eq!(health, "down", "{refused:?}");
+    assert!(error.contains("tls"), "{error}");
+
+    let metrics = format!("https://{listen}/metrics");
+    let ca = secure.dir.file("ca.pem").display().to_string();
+    let no_cert = Command::new("curl")
+        .args(["-s", "--cacert", &ca, &metrics])
+        .output()
+        .unwrap();
+    assert!(!no_cert.status.success(), "curl without a certificate");
+    let mut wrong = secure.curl_args();
+    *wrong.last_mut().unwrap() = "scraper:wrong".into();
+    assert_eq!(http_code(&wrong, &metrics), "401", "a wrong password");
+    wrong.truncate(wrong.len() - 2);
+    assert_eq!(http_code(&wrong, &metrics), "401", "no user");
+    assert_eq!(http_code(&secure.curl_args(), &metrics), "200");
+    let own = format!("https://127.0.0.1:{}/api/v1/query?query=up", prom.port);
+    let no_cert = Command::new("curl")
+        .args(["-s", "--cacert", &ca, &own])
+        .output()
+        .unwrap();
+    assert!(
+        !no_cert.status.success(),
+        "Prometheus's API without a certificate"
+    );
+    let mut wrong = secure.curl_args();
+    *wrong.last_mut().unwrap() = "scraper:wrong".into();
+    assert_eq!(
+        http_code(&wrong, &own),
+        "401",
+        "Prometheus, a wrong password"
+    );
+}
+
+/// The HTTP status curl with `args` gets from `url`.
+fn http_code(args: &[String], url: &str) -> String {
+    let out = Command::new("curl")
+        .args(["-s", "-o", "/dev/null", "-w", "%{http_code}"])
+        .args(args)
+        .arg(url)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The agent's connections at once (its `MAX_CONNECTIONS`).
+const MAX_CONNECTIONS: usize = 256;
+
+/// Slow clients cannot starve a scrape. The issue's 40 half-sent requests
+/// first: a scrape is answered while all 40 stay open (no slot is held for
+/// them). Then 240 more, 20 silent connections and 20 half ClientHellos:
+/// past `MAX_CONNECTIONS` the agent closed exactly the oldest for the new
+/// ones and the scrape, and every newer one is still open after it.
+fn slow_clients_cannot_starve_a_scrape(secure: &WebFiles, listen: &str) {
+    let addr: std::net::SocketAddr = listen.parse().unwrap();
+    let tls = secure.client();
+    let gauge = |name: &str| {
+        let page = secure.page(listen);
+        page.lines()
+            .find_map(|l| {
+                l.strip_prefix(name)?
+                    .strip_prefix(' ')?
+                    .parse::<usize>()
+                    .ok()
+            })
+            .unwrap_or_else(|| panic!("no {name}: {page}"))
+    };
+    // Alone: the only connection open is this scrape's own.
+    wait_until(SETTLE, || gauge("dnstrace_http_connections") == 1);
+    assert_eq!(gauge("dnstrace_http_connections"), 1);
+    let evicted = "dnstrace_http_connections_closed_total{reason=\"evicted\"}";
+    let evicted_before = gauge(evicted);
+
+    let mut slow: Vec<TcpStream> = (0..40).map(|_| half_request(addr, &tls)).collect();
+    assert!(secure.page(listen).contains("dnstrace_lookups_total"));
+    assert!(slow.iter_mut().all(still_open), "the 40 closed");
+
+    slow.extend((0..240).map(|_| half_request(addr, &tls)));
+    slow.extend((0..20).map(|_| TcpStream::connect(addr).unwrap()));
+    slow.extend((0..20).map(|_| half_hello(addr, &tls)));
+    assert!(secure.page(listen).contains("dnstrace_lookups_total"));
+    // The newer ones first: checked at once, long before any deadline.
+    let closed = slow.len() + 1 - MAX_CONNECTIONS;
+    for (i, s) in slow.iter_mut().enumerate().skip(closed) {
+        assert!(
+            still_open(s),
+            "slow connection {i} of {} closed",
+            slow.len()
+        );
+    }
+    for (i, s) in slow.iter_mut().enumerate().take(closed) {
+        assert!(closes(s), "slow connection {i} still open");
+    }
+    // Counted as evicted; this scrape takes the room the last one left.
+    assert_eq!(gauge(evicted) - evicted_before, closed);
+}
+
+use std::{io::Read as _, io::Write as _, net::TcpStream, sync::Arc};
+
+/// A TLS connection, handshake done with the client certificate, that
+/// sends half a request head and waits.
+fn half_request(addr: std::net::SocketAddr, tls: &Arc<rustls::ClientConfig>) -> TcpStream {
+    let mut sock = TcpStream::connect(addr).unwrap();
+    let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
+    let mut conn = rustls::ClientConnection::new(tls.clone(), name).unwrap();
+    while conn.is_handshaking() {
+        conn.complete_io(&mut sock).unwrap();
+    }
+    conn.writer()
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        .unwrap();
+    while conn.wants_write() {
+        conn.write_tls(&mut sock).unwrap();
+    }
+    sock
+}
+
+/// A connection that sends the first half of a ClientHello and waits.
+fn half_hello(addr: std::net::SocketAddr, tls: &Arc<rustls::ClientConfig>) -> TcpStream {
+    let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
+    let mut conn = rustls::ClientConnection::new(tls.clone(), name).unwrap();
+    let mut hello = Vec::new();
+    conn.write_tls(&mut hello).unwrap();
+    let mut sock = TcpStream::connect(addr).unwrap();
+    sock.write_all(&hello[..hello.len() / 2]).unwrap();
+    sock
+}
+
+/// Open: what the agent sent read, nothing more to read yet.
+fn still_open(sock: &mut TcpStream) -> bool {
+    sock.set_nonblocking(true).unwrap();
+    let mut buf = [0u8; 4096];
+    loop {
+        match sock.read(&mut buf) {
+            Ok(0) => return false,
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return true,
+            Err(_) => return false,
+        }
+    }
+}
+
+/// Closed by the agent, or closing: its end of the stream arrives.
+fn closes(sock: &mut TcpStream) -> bool {
+    sock.set_nonblocking(false).unwrap();
+    sock.set_read_timeout(Some(SETTLE)).unwrap();
+    let mut buf = [0u8; 4096];
+    loop {
+        match sock.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e) => return e.kind() == std::io::ErrorKind::ConnectionReset,
+        }
+    }
+}
+
+/// A web config as Prometheus's: the agent's certificate (127.0.0.1), a
+/// client certificate required from `ca`, and `scraper`'s bcrypt hash,
+/// made with openssl and htpasswd.
+struct WebFiles {
+    dir: Dir,
+}
+
+const PASSWORD: &str = "s3cret-scrape";
+
+impl WebFiles {
+    fn make() -> Self {
+        let dir = Dir::new("web");
+        let script = r#"set -e
+for ca in ca other; do
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 \
+    -subj "/CN=dnstrace web $ca" -keyout $ca.key -out $ca.pem 2>/dev/null
+done
+mk() {
+  openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj "/CN=$1" \
+    -keyout $1.key -out $1.csr 2>/dev/null
+  printf "subjectAltName=$3\nextendedKeyUsage=serverAuth,clientAuth\n" > $1.ext
+  openssl x509 -req -in $1.csr -CA $2.pem -CAkey $2.key -CAcreateserial -days 1 \
+    -extfile $1.ext -out $1.pem 2>/dev/null
+}
+mk agent ca IP:127.0.0.1
+mk prometheus ca DNS:prometheus
+"#;
+        let ok = Command::new("sh")
+            .args(["-c", script])
+            .current_dir(&dir.0)
+            .status()
+            .unwrap();
+        assert!(ok.success(), "openssl makes the certificates");
+        let htpasswd = Command::new("htpasswd")
+            .args(["-nbBC", "10", "scraper", PASSWORD])
+            .output()
+            .expect("htpasswd (Debian's apache2-utils)");
+        let line = String::from_utf8(htpasswd.stdout).unwrap();
+        let hash = line.trim().strip_prefix("scraper:").expect("user:hash");
+        std::fs::write(
+            dir.file("web.yml"),
+            format!("tls_server_config:\n  cert_file: agent.pem\n  key_file: agent.key\n  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: ca.pem\n  min_version: TLS12\nbasic_auth_users:\n  scraper: '{hash}'\n"),
+        )
+        .unwrap();
+        Self { dir }
+    }
+
+    fn config(&self) -> String {
+        self.dir.file("web.yml").display().to_string()
+    }
+
+    fn secured(&self) -> Secured {
+        Secured {
+            ca: self.dir.file("ca.pem"),
+            cert: self.dir.file("prometheus.pem"),
+            key: self.dir.file("prometheus.key"),
+            basic_auth: ("scraper".into(), PASSWORD.into()),
+            web_config: self.dir.file("web.yml"),
+        }
+    }
+
+    fn curl_args(&self) -> Vec<String> {
+        self.secured().curl_args()
+    }
+
+    /// The agent's `/metrics` page, fetched as Prometheus does.
+    fn page(&self, listen: &str) -> String {
+        let out = Command::new("curl")
+            .arg("-sf")
+            .args(self.curl_args())
+            .arg(format!("https://{listen}/metrics"))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// rustls trusting `ca`, with Prometheus's client certificate.
+    fn client(&self) -> Arc<rustls::ClientConfig> {
+        use rustls::pki_types::{pem::PemObject as _, CertificateDer, PrivateKeyDer};
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(CertificateDer::from_pem_file(self.dir.file("ca.pem")).unwrap())
+            .unwrap();
+        let cert = CertificateDer::from_pem_file(self.dir.file("prometheus.pem")).unwrap();
+        let key = PrivateKeyDer::from_pem_file(self.dir.file("prometheus.key")).unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_client_auth_cert(vec![cert], key)
+            .unwrap();
+        Arc::new(config)
+    }
 }
 
 /// A host-network client whose query leaves through an upper device (a

@@ -54,6 +54,9 @@ const TEST_PACKAGES: &[&str] = &[
     "podman",
     // Load for the agent's exact counts (tests/tests/agent.rs).
     "dnsperf",
+    // htpasswd: the bcrypt hash of the agent's web config's basic auth user
+    // (tests/tests/agent.rs).
+    "apache2-utils",
 ];
 
 pub fn is_root() -> bool {

@@ -5,6 +5,7 @@
 //! endpoints, and the journeys, with an endpoint, traces and logs over OTLP.
 pub mod api;
 mod http;
+pub mod web;
 
 use std::{
     collections::BTreeSet,
@@ -58,6 +59,8 @@ pub struct AgentOptions {
     pub limits: Limits,
     /// Where `/metrics`, `/healthz` and `/readyz` are served.
     pub listen: SocketAddr,
+    /// Their TLS, basic auth and limits: Prometheus's web config file.
+    pub web_config: Option<PathBuf>,
     pub metrics: MetricsOptions,
     /// Traces and logs to an OTLP collector, when asked for.
     pub otlp: Option<OtlpOptions>,
@@ -104,6 +107,11 @@ pub async fn run(mut o: AgentOptions) -> Result<()> {
     let listener = tokio::net::TcpListener::bind(o.listen)
         .await
         .with_context(|| format!("cannot listen on {} (--metrics-addr)", o.listen))?;
+    let web = o.web_config.map(web::WebConfig::open).transpose()?;
+    let scheme = match &web {
+        Some(w) if w.current().tls.is_some() => "https",
+        _ => "http",
+    };
     let node = o.metrics.node.clone();
     let api = match &o.api {
         Some(a) => Some((api::bind(a).await?, a.clone())),
@@ -117,7 +125,7 @@ pub async fn run(mut o: AgentOptions) -> Result<()> {
         flight: o.trace.flight.as_ref().map(|f| f.latest.clone()),
         counted: Mutex::new(Vec::new()),
     });
-    let server = tokio::spawn(http::serve(listener, shared.clone()));
+    let server = tokio::spawn(http::serve(listener, shared.clone(), web));
     let api = api.map(|(bound, a)| {
         // Its history is the flight recorder's memory, when there is one.
         let memory = o.trace.flight.as_ref().map_or(NO_MEMORY, |f| f.memory());
@@ -142,7 +150,7 @@ pub async fn run(mut o: AgentOptions) -> Result<()> {
     let services = watch_services(o.trace.target.node_netns.clone(), o.services_every)
         .context("starting to watch the node's services")?;
     log::info!(
-        "serving metrics on http://{}/metrics, health on /healthz and /readyz",
+        "serving metrics on {scheme}://{}/metrics, health on /healthz and /readyz",
         o.listen
     );
     let agent = Agent {
