@@ -1,7 +1,8 @@
 #!/bin/sh
 # Builds dnstrace's container image from a built binary, with no network:
 # the binary, the tools it reads kube-proxy's rules with (iptables-save in
-# both backends, nft), and what `ldd` says they link, on `scratch`.
+# both backends, nft), what `ldd` says they link, and the system's CA
+# roots, on `scratch`.
 #   deploy/image.sh BINARY TAG [ARCHIVE]
 # ARCHIVE, if given, is an OCI archive of the image (`podman save`), for
 # `ctr -n k8s.io images import` on a node with no registry.
@@ -41,6 +42,11 @@ for ext in /usr/lib/*/xtables /usr/lib/xtables; do
     [ -d "$ext" ] || continue
     for so in "$ext"/*.so; do add "$so"; done
 done
+# The system's CA roots: an https OTLP collector with no CA named.
+roots=/etc/ssl/certs/ca-certificates.crt
+[ -s "$roots" ] || { echo "image.sh: $roots is missing (apt-get install ca-certificates)" >&2; exit 1; }
+mkdir -p "$root/etc/ssl/certs"
+cp -L "$roots" "$root$roots"
 cp "$here/Containerfile" "$ctx/Containerfile"
 podman build --network=none --pull=never -q -t "$tag" "$ctx" >/dev/null
 if [ -n "$archive" ]; then

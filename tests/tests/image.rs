@@ -123,6 +123,11 @@ fn the_image_runs_as_the_daemonset_would_and_traces_the_lab() {
     run.extend([
         "-e".into(),
         "DNSTRACE_CGROUP_ROOT=/host/sys/fs/cgroup".into(),
+        // An https collector with no CA named: the agent starts only if
+        // the image has the system's roots (nothing listens there; the
+        // failures are counted).
+        "-e".into(),
+        "OTEL_EXPORTER_OTLP_ENDPOINT=https://127.0.0.1:9".into(),
     ]);
     run.extend(["--tmpfs".into(), "/var/lib/dnstrace".into(), TAG.into()]);
     run.extend(agent_args(&listen, &[]).into_iter().map(String::from));

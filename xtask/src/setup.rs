@@ -50,8 +50,10 @@ const TEST_PACKAGES: &[&str] = &[
     // The cluster view's certificates, made as docs/CLUSTER.md makes them
     // (tests/tests/cluster_view.rs).
     "openssl",
-    // The agent's image is built and run with podman (tests/tests/image.rs).
+    // The agent's image is built and run with podman (tests/tests/image.rs),
+    // with the system's CA roots (an https OTLP collector).
     "podman",
+    "ca-certificates",
     // Load for the agent's exact counts (tests/tests/agent.rs).
     "dnsperf",
     // htpasswd: the bcrypt hash of the agent's web config's basic auth user
