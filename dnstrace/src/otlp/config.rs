@@ -571,10 +571,10 @@ mod tests {
         ));
     }
 
+    /// A file in the temporary directory, its name the test's own.
     fn file(name: &str, text: &str) -> String {
-        let dir = std::env::temp_dir().join(format!("dnstrace-otlp-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join(name);
+        let dir = std::env::temp_dir();
+        let path = dir.join(format!("dnstrace-otlp-{}-{name}", std::process::id()));
         std::fs::write(&path, text).unwrap();
         path.display().to_string()
     }
@@ -608,5 +608,6 @@ mod tests {
             e.starts_with("--otlp-client-key (OTEL_EXPORTER_OTLP_CLIENT_KEY) is given without"),
             "{e}"
         );
+        let _ = std::fs::remove_file(&garbage);
     }
 }
