@@ -775,6 +775,26 @@ impl Dir {
     pub fn file(&self, name: &str) -> PathBuf {
         self.0.join(name)
     }
+
+    /// Two CAs, `ca` and `other`, and a certificate for each of `leaves`,
+    /// `(name, the CA that signs it, its extensions as openssl's extfile
+    /// lines)`, made here with Debian's openssl: `NAME.pem` and `NAME.key`.
+    pub fn certificates(&self, leaves: &[(&str, &str, &str)]) {
+        let key = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
+        let mut script = format!(
+            "set -e\nfor ca in ca other; do\n  openssl req -x509 {key} -days 1 -subj \"/CN=dnstrace $ca\" -keyout $ca.key -out $ca.pem 2>/dev/null\ndone\n"
+        );
+        for (name, ca, ext) in leaves {
+            std::fs::write(self.file(&format!("{name}.ext")), ext).unwrap();
+            script += &format!(
+                "openssl req {key} -subj /CN={name} -keyout {name}.key -out {name}.csr 2>/dev/null\nopenssl x509 -req -in {name}.csr -CA {ca}.pem -CAkey {ca}.key -CAcreateserial -days 1 -extfile {name}.ext -out {name}.pem 2>/dev/null\n"
+            );
+        }
+        run(Command::new("sh")
+            .args(["-c", &script])
+            .current_dir(&self.0))
+        .expect("openssl makes the certificates");
+    }
 }
 
 impl Drop for Dir {

@@ -407,27 +407,14 @@ pub struct Certs {
 impl Certs {
     pub fn make() -> Self {
         let dir = crate::Dir::new("otlp-certs");
-        let d = dir.0.display().to_string();
-        let script = format!(
-            r#"set -e
-cd {d}
-for ca in ca other; do
-  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 \
-    -subj "/CN=otlp $ca" -keyout $ca.key -out $ca.pem 2>/dev/null
-done
-mk() {{
-  openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj "/CN=$1" \
-    -keyout $1.key -out $1.csr 2>/dev/null
-  printf "$2" > $1.ext
-  openssl x509 -req -in $1.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 \
-    -extfile $1.ext -out $1.pem 2>/dev/null
-}}
-mk collector 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n'
-mk agent 'extendedKeyUsage=clientAuth\n'
-"#
-        );
-        crate::run(std::process::Command::new("sh").args(["-c", &script]))
-            .expect("openssl makes the certificates");
+        dir.certificates(&[
+            (
+                "collector",
+                "ca",
+                "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
+            ),
+            ("agent", "ca", "extendedKeyUsage=clientAuth\n"),
+        ]);
         Self { dir }
     }
 

@@ -1137,27 +1137,12 @@ const PASSWORD: &str = "s3cret-scrape";
 impl WebFiles {
     fn make() -> Self {
         let dir = Dir::new("web");
-        let script = r#"set -e
-for ca in ca other; do
-  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 \
-    -subj "/CN=dnstrace web $ca" -keyout $ca.key -out $ca.pem 2>/dev/null
-done
-mk() {
-  openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj "/CN=$1" \
-    -keyout $1.key -out $1.csr 2>/dev/null
-  printf "subjectAltName=$3\nextendedKeyUsage=serverAuth,clientAuth\n" > $1.ext
-  openssl x509 -req -in $1.csr -CA $2.pem -CAkey $2.key -CAcreateserial -days 1 \
-    -extfile $1.ext -out $1.pem 2>/dev/null
-}
-mk agent ca IP:127.0.0.1
-mk prometheus ca DNS:prometheus
-"#;
-        let ok = Command::new("sh")
-            .args(["-c", script])
-            .current_dir(&dir.0)
-            .status()
-            .unwrap();
-        assert!(ok.success(), "openssl makes the certificates");
+        let ext =
+            |san: &str| format!("subjectAltName={san}\nextendedKeyUsage=serverAuth,clientAuth\n");
+        dir.certificates(&[
+            ("agent", "ca", &ext("IP:127.0.0.1")),
+            ("prometheus", "ca", &ext("DNS:prometheus")),
+        ]);
         let htpasswd = Command::new("htpasswd")
             .args(["-nbBC", "10", "scraper", PASSWORD])
             .output()

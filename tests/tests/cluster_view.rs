@@ -327,26 +327,8 @@ struct Certs {
 impl Certs {
     fn make() -> Self {
         let dir = Dir::new("certs");
-        let d = dir.0.display().to_string();
-        let script = format!(
-            r#"set -e
-cd {d}
-for ca in ca other; do
-  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 \
-    -subj "/CN=dnstrace $ca" -keyout $ca.key -out $ca.pem 2>/dev/null
-done
-mk() {{
-  openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj "/CN=$1" \
-    -keyout $1.key -out $1.csr 2>/dev/null
-  printf 'subjectAltName=DNS:dnstrace-agent\nextendedKeyUsage=serverAuth,clientAuth\n' > $1.ext
-  openssl x509 -req -in $1.csr -CA $2.pem -CAkey $2.key -CAcreateserial -days 1 \
-    -extfile $1.ext -out $1.pem 2>/dev/null
-}}
-mk agent ca
-mk stranger other
-"#
-        );
-        run(Command::new("sh").args(["-c", &script])).expect("openssl makes the certificates");
+        let ext = "subjectAltName=DNS:dnstrace-agent\nextendedKeyUsage=serverAuth,clientAuth\n";
+        dir.certificates(&[("agent", "ca", ext), ("stranger", "other", ext)]);
         Self { dir }
     }
 
