@@ -193,34 +193,35 @@ impl Diagnoser {
     /// Raises truncated answers whose TCP retry did not come in time;
     /// `retried(client, name, qtype, since_ns)` says whether the client
     /// turned to TCP after all (a journey not finished yet, or one whose
-    /// messages could not be read).
+    /// messages could not be read). Its hits are of journeys already out.
     pub fn tick(
         &mut self,
         now_ns: u64,
         retried: impl Fn(IpAddr, &str, Qtype, u64) -> bool,
-    ) -> Vec<Anomaly> {
-        let mut new = Vec::new();
+    ) -> Checked {
+        let mut checked = Checked::default();
         for t in self.truncated.expired(now_ns) {
             // Events lost since the answer: the retry may be among them.
             let unseen = self.lost_ns.is_some_and(|l| l >= t.answered_ns);
             if !unseen && !retried(t.client, &t.name, t.qtype, t.answered_ns) {
                 let found = vec![transport::no_tcp_retry(&t)];
-                new.extend(self.raised.record(found, now_ns, Some(t.journey)).raised);
+                checked.merge(self.raised.record(found, now_ns, Some(t.journey)));
             }
         }
-        new
+        checked
     }
 
     /// TCP connections to a DNS server that were never set up (reset, or
     /// no SYN-ACK within a timeout), with the truncated UDP answer that
-    /// sent the client there, if one did.
+    /// sent the client there, if one did: its hits are of that journey,
+    /// already out.
     pub fn connections_failed(
         &mut self,
         failed: &[Connection],
         names: &KernelNames,
         now_ns: u64,
-    ) -> Vec<Anomaly> {
-        let mut new = Vec::new();
+    ) -> Checked {
+        let mut checked = Checked::default();
         // Events lost since its SYN: the SYN-ACK may be among them.
         let lost_ns = self.lost_ns;
         let unseen = |c: &&Connection| lost_ns.is_some_and(|l| l >= c.syn_ns);
@@ -228,9 +229,9 @@ impl Diagnoser {
             let led = self.recent.truncated_before(c);
             let found = transport::tcp_unreachable(c, led, names);
             let journey = led.map(|a| a.journey);
-            new.extend(self.raised.record(vec![found], now_ns, journey).raised);
+            checked.merge(self.raised.record(vec![found], now_ns, journey));
         }
-        new
+        checked
     }
 
     /// Every anomaly raised so far, most severe first.

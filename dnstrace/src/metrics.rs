@@ -223,6 +223,13 @@ impl Metrics {
         self.expire(now_ns);
     }
 
+    /// Anomalies fed by journeys already counted (see `JourneyOut::late`).
+    pub fn late(&mut self, hits: &[(AnomalyKind, String)], now_ns: u64) {
+        for (k, _) in hits {
+            self.anomaly_kind(*k, now_ns);
+        }
+    }
+
     fn tcp_lookup(&mut self, j: &Journey, client: &Client, now_ns: u64) {
         let seen = Seen {
             server: j.origin().map(|o| o.dst.to_string()).unwrap_or_default(),

@@ -20,7 +20,7 @@ use crate::{
     conntrack::CtEvent,
     correlate::{Engine, Journey, Limits, CLOSE_BATCH},
     decode::{Body, Decoder, KernelNames, Packet, Qtype, Record, Transport},
-    diagnose::{Anomaly, AnomalyKind, Context, Diagnoser, Retarget},
+    diagnose::{Anomaly, AnomalyKind, Checked, Context, Diagnoser, Retarget},
     ingest::SampleChange,
     target::{self, follow::Refresh},
 };
@@ -74,6 +74,10 @@ pub trait JourneyOut {
     fn journey(&mut self, j: Journey, badges: &[(AnomalyKind, String)]) -> io::Result<()>;
     /// An anomaly raised for the first time.
     fn anomaly(&mut self, a: &Anomaly) -> io::Result<()>;
+    /// Anomalies (kind, summary) fed by journeys already out, each time:
+    /// the badges they would have carried (a TCP set-up failed after the
+    /// truncated answer that led there).
+    fn late(&mut self, _hits: &[(AnomalyKind, String)]) {}
     /// The node's pods changed: addresses named since the start (or named
     /// anew), with their workloads; or a cluster view joined a node.
     fn pods(&mut self, _refresh: &Refresh) {}
@@ -230,6 +234,14 @@ impl<O: JourneyOut> JourneySink<O> {
         Ok(())
     }
 
+    /// Findings about journeys already out: their hits go as the badges
+    /// those journeys would have carried.
+    fn raise_late(&mut self, found: Checked) -> io::Result<()> {
+        self.raise(found.raised)?;
+        self.out.late(&found.hits);
+        Ok(())
+    }
+
     fn health(&self, now_ns: u64) -> Health {
         Health {
             now_ns,
@@ -277,12 +289,12 @@ impl<O: JourneyOut> Sink for JourneySink<O> {
         let failed = self.engine.failed_connections();
         let names = self.out.kernel();
         let found = self.diagnoser.connections_failed(&failed, names, now_ns);
-        self.raise(found)?;
+        self.raise_late(found)?;
         let engine = &self.engine;
         let late = self.diagnoser.tick(now_ns, |client, name, qtype, since| {
             engine.asked_over_tcp(client, name, qtype, since)
         });
-        self.raise(late)?;
+        self.raise_late(late)?;
         self.out
             .state(&self.diagnoser.summary(), &self.health(now_ns))?;
         self.out.flush()

@@ -368,6 +368,10 @@ impl JourneyOut for MetricsOut {
         Ok(())
     }
 
+    fn late(&mut self, hits: &[(AnomalyKind, String)]) {
+        self.shared.metrics().late(hits, monotonic_now());
+    }
+
     fn pods(&mut self, refresh: &Refresh) {
         self.labels.rename(refresh);
     }

@@ -33,6 +33,13 @@ pub struct Checked {
     pub hits: Vec<(AnomalyKind, String)>,
 }
 
+impl Checked {
+    pub(super) fn merge(&mut self, other: Checked) {
+        self.raised.extend(other.raised);
+        self.hits.extend(other.hits);
+    }
+}
+
 /// The most recent journeys an anomaly keeps.
 pub(super) const JOURNEYS_KEPT: usize = 16;
 

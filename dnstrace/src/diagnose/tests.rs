@@ -1219,8 +1219,11 @@ fn a_truncated_answer_needs_its_tcp_retry() {
     let no_retry = |_: IpAddr, _: &str, _: Qtype, _: u64| false;
     let mut d = Diagnoser::new(ctx());
     assert!(d.journey(&truncated_answer(), &names).raised.is_empty());
-    assert!(d.tick(900_000_000, no_retry).is_empty(), "too early to say");
-    let raised = d.tick(1_300_000_000, no_retry);
+    assert!(
+        d.tick(900_000_000, no_retry).raised.is_empty(),
+        "too early to say"
+    );
+    let raised = d.tick(1_300_000_000, no_retry).raised;
     assert_eq!(raised[0].kind.as_str(), "truncated_without_tcp_retry");
     assert!(
         raised[0].summary.contains("10.96.0.10:53"),
@@ -1239,7 +1242,7 @@ fn a_truncated_answer_needs_its_tcp_retry() {
         ..truncated_answer()
     };
     d.journey(&tcp, &names);
-    assert!(d.tick(2_000_000_000, no_retry).is_empty());
+    assert!(d.tick(2_000_000_000, no_retry).raised.is_empty());
     let mut d = Diagnoser::new(ctx());
     d.journey(&truncated_answer(), &names);
     let asking = |ip: IpAddr, name: &str, qtype: Qtype, since: u64| {
@@ -1248,13 +1251,13 @@ fn a_truncated_answer_needs_its_tcp_retry() {
             && qtype == Qtype::TXT
             && since == 300_000
     };
-    assert!(d.tick(2_000_000_000, asking).is_empty());
+    assert!(d.tick(2_000_000_000, asking).raised.is_empty());
 
     // Events were lost after the answer: the retry may be among them.
     let mut d = Diagnoser::new(ctx());
     d.journey(&truncated_answer(), &names);
     d.lost(800_000_000);
-    assert!(d.tick(2_000_000_000, no_retry).is_empty());
+    assert!(d.tick(2_000_000_000, no_retry).raised.is_empty());
 }
 
 #[test]
@@ -1273,7 +1276,9 @@ fn a_tcp_connection_never_set_up_is_raised_with_the_truncated_answer_behind_it()
         retransmits: 0,
         dropped: None,
     };
-    let raised = d.connections_failed(&[failed(3, None)], &names, 6_000_000_000);
+    let checked = d.connections_failed(&[failed(3, None)], &names, 6_000_000_000);
+    assert_eq!(checked.hits.len(), 1, "a hit of journey 1, already out");
+    let raised = checked.raised;
     assert_eq!(raised.len(), 1);
     let r = &raised[0];
     assert_eq!(
@@ -1297,9 +1302,12 @@ fn a_tcp_connection_never_set_up_is_raised_with_the_truncated_answer_behind_it()
         to_client: true,
     });
     let again = d.connections_failed(&[failed(1, reset)], &names, 7_000_000_000);
-    assert!(again.is_empty(), "one anomaly per server, counted");
+    assert!(again.raised.is_empty(), "one anomaly per server, counted");
+    assert_eq!(again.hits.len(), 1, "each failure a hit, for the metrics");
     assert_eq!(d.summary()[0].count, 2);
-    let reset = Diagnoser::new(ctx()).connections_failed(&[failed(1, reset)], &names, 1);
+    let reset = Diagnoser::new(ctx())
+        .connections_failed(&[failed(1, reset)], &names, 1)
+        .raised;
     assert!(reset[0].evidence[0].contains("reset towards the client 0.1 ms after its SYN"));
     assert_eq!(reset[0].evidence.len(), 1, "no UDP answer led there");
     // Events lost since the SYN: its SYN-ACK may be among them.
@@ -1307,6 +1315,7 @@ fn a_tcp_connection_never_set_up_is_raised_with_the_truncated_answer_behind_it()
     d.lost(450_000);
     assert!(d
         .connections_failed(&[failed(1, None)], &names, 6_000_000_000)
+        .raised
         .is_empty());
 }
 

@@ -326,6 +326,23 @@ fn a_journey_counts_once_per_anomaly_kind() {
     );
 }
 
+/// A finding about a journey already counted (a TCP set-up that failed
+/// after the truncated answer that led there) counts when it is made.
+#[test]
+fn anomalies_of_journeys_already_counted_count_when_found() {
+    let mut m = Metrics::new(MetricsOptions::default());
+    let hit = (AnomalyKind::DnsTcpUnreachable, "10.96.0.10:53".to_owned());
+    m.late(std::slice::from_ref(&hit), 1);
+    m.late(&[hit], 2);
+    let out = page(&m);
+    assert!(
+        out.contains(
+            "dnstrace_anomalies_total{kind=\"dns_tcp_unreachable\",severity=\"critical\"} 2\n"
+        ),
+        "{out}"
+    );
+}
+
 /// A journey's upstream queries over TCP count at any depth, those over
 /// UDP never (the kernel counts them).
 #[test]
