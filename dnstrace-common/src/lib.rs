@@ -19,7 +19,8 @@ pub use filter::*;
 pub use iface::*;
 pub use ports::*;
 pub use sample::{
-    SampleLevel, COUNTERS, COUNT_APART_LOST, COUNT_FOLLOWED, COUNT_LOST, COUNT_SHED, COUNT_STARTED,
+    SampleLevel, COUNTERS, COUNT_APART_LOST, COUNT_FOLLOWED, COUNT_LAPS, COUNT_LOST, COUNT_SHED,
+    COUNT_STARTED,
 };
 pub use scope::*;
 pub use wakeup::*;

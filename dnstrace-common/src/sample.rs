@@ -83,7 +83,10 @@ pub const COUNT_APART_LOST: u32 = 2;
 pub const COUNT_STARTED: u32 = 3;
 /// Of those, the ones the sampling level keeps: followed whole.
 pub const COUNT_FOLLOWED: u32 = 4;
-pub const COUNTERS: u32 = 5;
+/// Laps of a query going round one place (a forwarding loop) not sent:
+/// the 1st, 2nd, 4th, 8th... are.
+pub const COUNT_LAPS: u32 = 5;
+pub const COUNTERS: u32 = 6;
 
 /// Bytes of the first label that are hashed, with its length: enough to
 /// tell names apart, and read as two words with no loop for the verifier

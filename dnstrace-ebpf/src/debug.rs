@@ -45,6 +45,8 @@ pub enum Why {
     RingFull,
     /// A UDP datagram too short for a DNS header (its UDP length).
     NotDnsHeader,
+    /// A lap of a query going round one place (`laps`).
+    Lapped,
 }
 
 /// The error a program returns when it gives up on a packet: why, in the
@@ -164,6 +166,9 @@ mod log {
             w if w == Why::Sampled as u8 => aya_log_ebpf::debug!(&(), "skipped: sampled out"),
             w if w == Why::NotDnsHeader as u8 && trace => {
                 aya_log_ebpf::trace!(&(), "not DNS: a UDP length of {}", detail)
+            }
+            w if w == Why::Lapped as u8 && trace => {
+                aya_log_ebpf::trace!(&(), "skipped: a lap of a query going round")
             }
             w if w == Why::RingFull as u8 => {
                 aya_log_ebpf::warn!(&(), "lost: ring buffer full, an event of {} bytes", detail)

@@ -8,6 +8,7 @@
 
 mod atomic;
 mod debug;
+mod laps;
 mod lookups;
 mod maps;
 mod packet;

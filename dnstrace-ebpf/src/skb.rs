@@ -4,14 +4,17 @@
 use aya_ebpf::helpers::{
     bpf_probe_read_kernel, generated::bpf_probe_read_kernel as probe_read_raw,
 };
-use dnstrace_common::{CtTuple, Hook, KernelOffsets, APART_MAX, CT_SPAN_MAX, FLAG_CONNTRACK};
+use dnstrace_common::{
+    CtTuple, Hook, KernelOffsets, APART_MAX, COUNT_LAPS, CT_SPAN_MAX, FLAG_CONNTRACK,
+};
 
 use crate::{
     debug::{skip, unreadable, Why},
+    laps,
     lookups::{self, Ends},
     maps::{
-        filtered, in_scope, offset, offsets, paused, sampled_in, scoped, scratch, send, send_apart,
-        shed, viewed, viewing, wanted, Length, Scratch,
+        count, filtered, in_scope, offset, offsets, paused, sampled_in, scoped, scratch, send,
+        send_apart, shed, viewed, viewing, wanted, Length, Scratch,
     },
     parse::{
         copy_payload, dns_headers, helper_result, transport, Reader, ETH_P_IP, ETH_P_IPV6,
@@ -161,6 +164,14 @@ pub fn try_capture<K: Kernel, const APART: bool>(
         return Err(skip(Why::NotTarget, s.meta.netns));
     }
     if let Some(valid) = head {
+        // A loop's laps, sent, would fill the ring and push the level up.
+        if hook != Hook::Drop
+            && is_query(s, valid)
+            && laps::lapped(&laps::Seen::at_device(&s.meta, &s.head, valid))
+        {
+            count(COUNT_LAPS);
+            return Err(skip(Why::Lapped, 0));
+        }
         if filtered() && !sampled_in(&s.head, valid) && !viewed(&s.meta, &s.head, valid) {
             return Err(shed());
         }
@@ -204,6 +215,13 @@ pub fn original_ends(nfct: u64) -> Option<Ends> {
         server: Untyped::read(tuple, offset(|o| &o.tuple_dst_u3)).ok()?,
         server_port: read(offset(|o| &o.tuple_dst_port))?,
     })
+}
+
+/// A UDP datagram's whole DNS header, of a query (QR clear), in its
+/// first fragment.
+#[inline(always)]
+fn is_query(s: &Scratch, valid: u32) -> bool {
+    valid >= 12 && s.meta.frag_offset == 0 && s.head[2] & 0x80 == 0
 }
 
 /// Reads a UDP payload's first bytes (a DNS header and the start of its

@@ -3,9 +3,10 @@
 //! lookups (`lookups`): a query as its client sends it, an answer as its
 //! client takes it.
 use aya_ebpf::{helpers::bpf_probe_read_kernel, programs::SkBuffContext};
-use dnstrace_common::{lookups::QUESTION_READ, COUNT_FOLLOWED};
+use dnstrace_common::{lookups::QUESTION_READ, COUNT_FOLLOWED, COUNT_LAPS};
 
 use crate::{
+    laps,
     lookups::{self, Ends, Query},
     maps::{count, offset, sampled_in},
     packet::Packet,
@@ -44,6 +45,12 @@ pub fn try_query(ctx: &SkBuffContext) -> Result<(), i64> {
         valid,
     };
     let head = message.first_chunk::<32>().ok_or(0i64)?;
+    // A lap of a query going round (a forwarding loop) is the lookup it
+    // was, not one more to count and follow.
+    if laps::lapped(&laps::Seen::at_socket(&d, head, valid)) {
+        count(COUNT_LAPS);
+        return Ok(());
+    }
     if lookups::query_made(&q) && sampled_in(head, valid) {
         count(COUNT_FOLLOWED);
     }

@@ -68,6 +68,8 @@ pub struct Stats {
     pub lost: u64,
     /// Packets left out by the kernel's sampling.
     pub sampled_out: u64,
+    /// Laps of a query going round one place, counted and not sent.
+    pub laps_left_out: u64,
     /// Runs of the programs the kernel skipped.
     pub skipped_runs: u64,
     /// Events that failed their checks.
@@ -405,12 +407,13 @@ impl Metrics {
 
     fn render_health(&self, out: &mut String) {
         let (h, s) = (&self.health, &self.stats);
-        let counters: [(&str, &str, u64); 10] = [
+        let counters: [(&str, &str, u64); 11] = [
             ("dnstrace_journeys_total", "Journeys closed (lookups and the upstream queries not linked under one).", self.journeys),
             ("dnstrace_journeys_incomplete_total", "Journeys that may miss legs or their answer (events lost, capture ended, TCP bytes missed).", self.incomplete),
             ("dnstrace_journeys_evicted_total", "Journeys evicted because too many were open at once.", h.evicted),
             ("dnstrace_events_lost_total", "Kernel events lost because the ring buffer was full.", s.lost),
             ("dnstrace_sampled_out_total", "Packets the kernel left out by sampling (whole lookups, never counted above).", s.sampled_out),
+            ("dnstrace_query_laps_left_out_total", "Laps of a query going round one place (a forwarding loop) the kernel counted and did not send (the 1st, 2nd, 4th, 8th... are).", s.laps_left_out),
             ("dnstrace_skipped_runs_total", "Runs of the eBPF programs the kernel skipped (one already running on that CPU).", s.skipped_runs),
             ("dnstrace_bad_events_total", "Kernel events that failed their checks and were not decoded.", s.bad_events),
             ("dnstrace_lookups_unfollowed_total", "UDP queries the kernel could not follow to their answer: its table of pending queries was full (not in dnstrace_lookups_total).", s.counting.pending_full),

@@ -31,8 +31,8 @@ pub use kernel_log::{BpfLog, KernelLog};
 use dnstrace_common::{
     lookups::{LookupCount, LookupKey, Pending, PendingKey},
     port_slot, IfaceConfig, KernelOffsets, SampleLevel, TargetFilter, COUNT_APART_LOST,
-    COUNT_FOLLOWED, COUNT_LOST, COUNT_SHED, COUNT_STARTED, L2_LEN_MIXED, MAX_SCOPE, MAX_VIEWED,
-    PORT_WORDS,
+    COUNT_FOLLOWED, COUNT_LAPS, COUNT_LOST, COUNT_SHED, COUNT_STARTED, L2_LEN_MIXED, MAX_SCOPE,
+    MAX_VIEWED, PORT_WORDS,
 };
 
 /// What to attach, and how: the probes' own options, which the command
@@ -936,6 +936,11 @@ impl Probes {
     /// Packets the sampling level left out.
     pub fn shed_events(&self) -> Result<u64> {
         self.count(COUNT_SHED)
+    }
+
+    /// Laps of a query going round one place that were not sent.
+    pub fn laps_left_out(&self) -> Result<u64> {
+        self.count(COUNT_LAPS)
     }
 
     /// TCP payloads the perf buffers had no room for.

@@ -21,6 +21,9 @@ pub struct ExitReport {
     pub sampled_out: u64,
     /// 1 lookup in this many kept at the end.
     pub one_in: u32,
+    /// Laps of a query going round one place (a forwarding loop) that the
+    /// kernel counted and did not send.
+    pub laps_left_out: u64,
     /// TCP payloads left cut: no room on their perf buffer.
     pub apart_lost: u64,
     /// Runs of the programs the kernel skipped: one was already running on
@@ -86,6 +89,13 @@ impl ExitReport {
             format!(
                 "sampling left out {} packets (1 lookup in {} kept at the end)",
                 self.sampled_out, self.one_in
+            ),
+        );
+        say(
+            self.laps_left_out,
+            format!(
+                "{} laps of queries going round one place (a forwarding loop) counted, not sent (the 1st, 2nd, 4th, 8th... were)",
+                self.laps_left_out
             ),
         );
         say(
@@ -159,6 +169,7 @@ mod tests {
             }),
             lost: 3,
             sampled_out: 40,
+            laps_left_out: 0,
             one_in: 4,
             apart_lost: 0,
             skipped_runs: 2,

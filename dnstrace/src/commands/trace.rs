@@ -343,6 +343,7 @@ pub(super) async fn capture<C: Consume>(
         journeys: result.as_ref().ok().copied().flatten(),
         lost: probes.lost_events().unwrap_or(0),
         sampled_out: probes.shed_events().unwrap_or(0),
+        laps_left_out: probes.laps_left_out().unwrap_or(0),
         apart_lost: probes.apart_lost().unwrap_or(0),
         skipped_runs: probes.skipped_runs(),
         one_in: src.level.one_in(),
@@ -626,6 +627,7 @@ impl<'a> LiveSource<'a> {
         Stats {
             lost: self.probes.lost_events().unwrap_or(0),
             sampled_out: self.probes.shed_events().unwrap_or(0),
+            laps_left_out: self.probes.laps_left_out().unwrap_or(0),
             skipped_runs: self.probes.skipped_runs(),
             bad_events: self.ingest.bad_events(),
             conntrack: self

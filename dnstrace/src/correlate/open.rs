@@ -639,8 +639,10 @@ const _: () = assert!(std::mem::size_of::<OpenLeg>() <= 32);
 const LEGS: usize = 8;
 
 /// Legs a journey keeps: more are one socket's packets looping or
-/// resent without end, and `Open::decided` counts to this.
-const MAX_LEGS: usize = u16::MAX as usize;
+/// resent without end (the kernel sends a loop's 1st, 2nd, 4th... lap
+/// only, but a recording may hold every one). Each leg added looks for
+/// its duplicate among them: this bounds that look.
+const MAX_LEGS: usize = 1024;
 
 /// What an open leg is, as bits. A type of its own, so that a journey's
 /// flags, whose values overlap, cannot be asked here.

@@ -441,6 +441,28 @@ fn a_query_without_answer_times_out() {
     assert_eq!(js[0].legs.len(), 4);
 }
 
+/// A query going round one place without end (a forwarding loop that
+/// keeps its id), every lap recorded: one journey, its legs bounded.
+#[test]
+fn a_query_going_round_keeps_a_bounded_number_of_legs() {
+    let lap = |i: u64| {
+        let e = ev(
+            i * 1_000,
+            Hook::DevXmit,
+            DNS_NS,
+            1,
+            "127.0.0.1:5000",
+            "127.0.0.53:53",
+        );
+        rec(&e, msg(9, "loop.example.com.", "A", false), None, None)
+    };
+    let recs: Vec<Record> = (0..20_000).map(lap).collect();
+    let (_, js) = run(&recs, 10_000 * MS);
+    assert_eq!(js.len(), 1);
+    assert_eq!(js[0].legs.len(), 1024);
+    assert_eq!(js[0].outcome, Outcome::Timeout);
+}
+
 #[test]
 fn a_drop_ends_the_journey_with_the_reason() {
     let mut recs = healthy(0, "10.244.0.10:4000", CLIENT_NS, 7)[..2].to_vec();

@@ -82,7 +82,7 @@ pub(super) fn loopback_nameserver<'a>(j: &'a Journey, ctx: &'a Context) -> Optio
     let in_pod = o.netns != 0 && o.netns != ctx.node_netns;
     // Answered: something listens there (CoreDNS's loop plugin probing
     // itself at start, a DNS sidecar). Loops are forwarding_loop's.
-    if matches!(j.outcome, Outcome::Answered { .. }) {
+    if matches!(j.outcome, Outcome::Answered { .. }) || super::loops::laps(j).is_some() {
         return None;
     }
     (is_loopback(o.dst.ip()) && in_pod).then(|| {

@@ -533,6 +533,37 @@ fn forwarding_to_loopback_or_back_into_the_path_is_a_loop() {
     assert_eq!(kinds(&round), vec!["forwarding_loop"]);
 }
 
+/// A resolver that keeps the query's id asking itself (dnsmasq): the same
+/// query seen again and again at one place, in a journey of its own once
+/// the one that led there has closed. A forwarding loop, not a pod's
+/// loopback nameserver; a client's retry a second later is neither.
+#[test]
+fn a_query_going_round_one_place_is_a_loop() {
+    let lap = |ts| {
+        let at = (DNS_NS, 1, "127.0.0.1:51836", "127.0.0.53:53");
+        leg(ts, "dev_xmit", at.0, at.1, at.2, at.3, false)
+    };
+    let mut j = healthy();
+    j.legs = vec![lap(0), lap(20_000), lap(60_000), lap(140_000)];
+    j.outcome = Outcome::Timeout;
+    let raised = Diagnoser::new(ctx())
+        .journey(&j, &KernelNames::default())
+        .raised;
+    assert_eq!(kinds(&j), vec!["forwarding_loop"]);
+    let a = &raised[0];
+    assert_eq!(
+        a.summary,
+        "DNS forwarding loop: 127.0.0.1 forwards to 127.0.0.53"
+    );
+    assert!(
+        a.evidence[0].contains("seen 4 times at eth0@300, the first two 0.020 ms apart"),
+        "{:?}",
+        a.evidence
+    );
+    j.legs = vec![lap(0), lap(1_000_000_000)];
+    assert_eq!(kinds(&j), vec!["loopback_nameserver"], "a retry");
+}
+
 #[test]
 fn drops_name_reason_and_place() {
     let mut j = healthy();
