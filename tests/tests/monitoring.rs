@@ -351,6 +351,9 @@ fn bring_out(lab: &Lab, fault: &str) {
     }
     lab.fault(fault, true);
     match fault {
+        "forward-loop" => drop(lab.dig(&WEB, &format!("@10.244.0.53 {}", fresh("loop")))),
+        "upstream-timeout" => drop(lab.dig(&WEB, &format!("@{SERVICE} {}", fresh("ut")))),
+        "no-dns-tcp" => drop(lab.dig(&WEB, &format!("@{SERVICE} +bufsize=1232 {BIG_NAME} TXT"))),
         "loopback-nameserver" => drop(lab.traffic(&["--pod", "web", "--name", KUBERNETES])),
         "fragments-dropped" => drop(lab.dig(&WEB, &format!("@{SERVICE} {huge}"))),
         "search-leak" => drop(lab.traffic(&["--pod", "web", "--name", "orders"])),
@@ -485,12 +488,12 @@ fn the_shipped_alerts_fire_on_the_labs_faults_and_every_panel_has_data() {
 
     // The lab's other faults, each a critical anomaly of its own kind (or,
     // search-leak, a warning): its alert names the kind. Every fault is
-    // tried before the test says which did not show. forward-loop,
-    // upstream-timeout and no-dns-tcp are not here: switched on in this
-    // run, after the faults above, the agent raised none of their
-    // anomalies (docs/ALERTS.md).
+    // tried before the test says which did not show.
     let mut missing = Vec::new();
     for (fault, kind) in [
+        ("forward-loop", "forwarding_loop"),
+        ("upstream-timeout", "upstream_timeout"),
+        ("no-dns-tcp", "dns_tcp_unreachable"),
         ("loopback-nameserver", "loopback_nameserver"),
         ("fragments-dropped", "fragment_lost"),
         ("search-leak", "search_domain_leak"),
