@@ -25,17 +25,18 @@ const LAP_NS: u64 = 10_000_000;
 /// Where the journey's query came back to a place it had been seen at
 /// (the same hook of the same device, the same ends) within `LAP_NS`: the
 /// first sighting there, how many the journey has there, and the time
-/// from the first to the next.
+/// from the first to the next. It runs on every journey judged: no
+/// allocation, over a lookup's few legs.
 pub(super) fn laps(j: &Journey) -> Option<(&Leg, usize, u64)> {
-    let queries: Vec<&Leg> = j.legs.iter().filter(|l| !l.response).collect();
     let same = |a: &Leg, b: &Leg| {
-        (a.node, a.netns, a.ifindex, a.hook, a.src, a.dst)
-            == (b.node, b.netns, b.ifindex, b.hook, b.src, b.dst)
+        !b.response
+            && (a.node, a.netns, a.ifindex, a.hook, a.src, a.dst)
+                == (b.node, b.netns, b.ifindex, b.hook, b.src, b.dst)
     };
-    queries.iter().enumerate().find_map(|(i, a)| {
-        let next = queries[i + 1..].iter().find(|b| same(a, b))?;
+    j.legs.iter().enumerate().find_map(|(i, a)| {
+        let next = j.legs[i + 1..].iter().find(|b| !a.response && same(a, b))?;
         let apart = next.ts_ns.abs_diff(a.ts_ns);
-        (apart <= LAP_NS).then(|| (*a, queries.iter().filter(|b| same(a, b)).count(), apart))
+        (apart <= LAP_NS).then(|| (a, j.legs.iter().filter(|b| same(a, b)).count(), apart))
     })
 }
 
