@@ -115,12 +115,23 @@ impl Service {
     }
 
     /// An endpoint not raised yet that is silent now.
+    /// Asked after every answered lookup: most find every lookup answered,
+    /// and a service has a few endpoints, kept in a list, not a tree.
     fn newly_silent(&self) -> Option<Down> {
-        let mut seen = BTreeSet::new();
+        if self.recent.iter().all(|s| s.answered) {
+            return None;
+        }
+        let mut seen: Vec<SocketAddr> = Vec::new();
         self.recent
             .iter()
             .map(|s| s.endpoint)
-            .filter(|e| seen.insert(*e) && !self.down.contains(e))
+            .filter(|e| {
+                let new = !seen.contains(e);
+                if new {
+                    seen.push(*e);
+                }
+                new && !self.down.contains(e)
+            })
             .find_map(|e| self.silent(e))
     }
 
