@@ -7,9 +7,11 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 pub fn text(out: &mut Vec<u8>, a: &SocketAddr) {
     match a {
         SocketAddr::V4(v4) => {
-            ipv4(out, v4.ip());
-            out.push(b':');
-            port_digits(out, v4.port());
+            let mut buf = Digits::default();
+            buf.ipv4(v4.ip());
+            buf.push(b':');
+            buf.port(v4.port());
+            out.extend_from_slice(buf.written());
         }
         SocketAddr::V6(_) => out.extend_from_slice(a.to_string().as_bytes()),
     }
@@ -26,31 +28,75 @@ pub fn json(out: &mut Vec<u8>, a: &SocketAddr) {
 pub fn json_ip(out: &mut Vec<u8>, ip: &IpAddr) {
     out.push(b'"');
     match ip {
-        IpAddr::V4(v4) => ipv4(out, v4),
+        IpAddr::V4(v4) => {
+            let mut buf = Digits::default();
+            buf.ipv4(v4);
+            out.extend_from_slice(buf.written());
+        }
         IpAddr::V6(_) => out.extend_from_slice(ip.to_string().as_bytes()),
     }
     out.push(b'"');
 }
 
-fn ipv4(out: &mut Vec<u8>, ip: &Ipv4Addr) {
-    for (i, octet) in ip.octets().into_iter().enumerate() {
-        if i > 0 {
-            out.push(b'.');
-        }
-        octet_digits(out, octet);
-    }
+/// Room for the longest IPv4 address and port, `255.255.255.255:65535`,
+/// and the 4-byte copies that write it: written here, then copied out at
+/// once, where a push a digit checked the vector's room each time.
+#[derive(Default)]
+struct Digits {
+    buf: [u8; 28],
+    len: usize,
 }
 
-/// A byte in decimal, pushed digit by digit: a copy of one to three
-/// bytes is a libc call, and addresses are most of a journey's line.
-fn octet_digits(out: &mut Vec<u8>, v: u8) {
-    if v >= 100 {
-        out.push(b'0' + v / 100);
+/// Each byte's decimal digits, padded to 4 bytes, and how many there are:
+/// an octet is one 4-byte copy, not divisions and a push a digit.
+const OCTETS: [([u8; 4], u8); 256] = {
+    let mut t = [([0; 4], 0); 256];
+    let mut v = 0;
+    while v < 256 {
+        let (h, d, u) = ((v / 100) as u8, (v / 10 % 10) as u8, (v % 10) as u8);
+        t[v] = match v {
+            0..=9 => ([b'0' + u, 0, 0, 0], 1),
+            10..=99 => ([b'0' + d, b'0' + u, 0, 0], 2),
+            _ => ([b'0' + h, b'0' + d, b'0' + u, 0], 3),
+        };
+        v += 1;
     }
-    if v >= 10 {
-        out.push(b'0' + v / 10 % 10);
+    t
+};
+
+impl Digits {
+    fn written(&self) -> &[u8] {
+        &self.buf[..self.len]
     }
-    out.push(b'0' + v % 10);
+
+    fn push(&mut self, b: u8) {
+        self.buf[self.len] = b;
+        self.len += 1;
+    }
+
+    fn ipv4(&mut self, ip: &Ipv4Addr) {
+        let [a, b, c, d] = ip.octets();
+        self.octet(a);
+        for o in [b, c, d] {
+            self.push(b'.');
+            self.octet(o);
+        }
+    }
+
+    /// A byte in decimal: its 4 bytes copied, its digits counted.
+    fn octet(&mut self, v: u8) {
+        let (digits, n) = OCTETS[usize::from(v)];
+        self.buf[self.len..self.len + 4].copy_from_slice(&digits);
+        self.len += usize::from(n);
+    }
+
+    /// A port in decimal.
+    fn port(&mut self, v: u16) {
+        let mut b = itoa::Buffer::new();
+        let digits = b.format(v).as_bytes();
+        self.buf[self.len..self.len + digits.len()].copy_from_slice(digits);
+        self.len += digits.len();
+    }
 }
 
 /// An optional (before, after) pair of a NAT: `null` or two strings.
@@ -64,18 +110,6 @@ pub fn pair(out: &mut Vec<u8>, p: Option<&(SocketAddr, SocketAddr)>) {
             json(out, b);
             out.push(b']');
         }
-    }
-}
-
-/// A port in decimal, pushed digit by digit (see `octet_digits`).
-fn port_digits(out: &mut Vec<u8>, v: u16) {
-    let mut div = 10_000;
-    while div > v && div > 1 {
-        div /= 10;
-    }
-    while div > 0 {
-        out.push(b'0' + (v / div % 10) as u8);
-        div /= 10;
     }
 }
 
@@ -115,5 +149,17 @@ mod tests {
         let mut none = Vec::new();
         pair(&mut none, None);
         assert_eq!(none, b"null");
+    }
+
+    #[test]
+    fn every_octet_and_port_width_reads_as_display_writes_it() {
+        for v in 0..=255u8 {
+            for port in [0, 9, 10, 99, 100, 999, 1000, 9999, 10000, 65535] {
+                let a = SocketAddr::from(([v, 255 - v, v / 3, 7], port));
+                let mut out = Vec::new();
+                text(&mut out, &a);
+                assert_eq!(String::from_utf8(out).unwrap(), a.to_string());
+            }
+        }
     }
 }
