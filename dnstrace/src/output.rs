@@ -823,11 +823,7 @@ mod tests {
                 ..Default::default()
             },
             rcode: Rcode::NOERROR,
-            questions: vec![dns::Question {
-                name: "a.test.".into(),
-                qtype: Qtype::A,
-                class: "IN",
-            }],
+            questions: vec![dns::Question::new("a.test.".into(), Qtype::A, "IN")],
             answers: vec![dns::Answer {
                 name: "a.test.".into(),
                 rtype: "A",

@@ -779,11 +779,7 @@ mod tests {
             opcode: "QUERY".into(),
             flags: Default::default(),
             rcode: Rcode::NOERROR,
-            questions: vec![Question {
-                name: "web.example.com.".into(),
-                qtype,
-                class: "IN",
-            }],
+            questions: vec![Question::new("web.example.com.".into(), qtype, "IN")],
             answers: vec![],
             authority_count: 0,
             additional_count: 0,

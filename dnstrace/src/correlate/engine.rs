@@ -21,7 +21,7 @@ use super::{
 };
 use crate::{
     conntrack::CtEvent,
-    decode::{Body, Conntrack, DnsMessage, Packet, Qtype, Record, Transport},
+    decode::{dns, Body, Conntrack, DnsMessage, Packet, Qtype, Record, Transport},
 };
 
 /// Loss windows remembered; past this, the two oldest become one.
@@ -275,10 +275,8 @@ impl Engine {
             let name = o.name.clone();
             let q = Question {
                 client: alias,
-                dns_id: o.dns_id,
-                qtype: o.qtype,
                 name: &name,
-                tcp: o.has(JourneyFlags::TCP),
+                ..o.question()
             };
             self.by_key.file(&self.open, &q, slot);
         }
@@ -366,19 +364,20 @@ impl Engine {
             (None, false) => p.src,
         };
         let tcp = matches!(p.transport, Transport::Tcp { .. });
-        let (name, qtype) = match msg.questions.first() {
-            Some(q) => (q.name.as_str(), q.qtype),
+        let (name, qtype, name_hash) = match msg.questions.first() {
+            Some(q) => (q.name.as_str(), q.qtype, q.name_hash),
             // Some FORMERR and REFUSED answers carry no question.
             None if msg.response => return self.answered(client, msg.id, tcp, p),
             // Nor do some queries (a first exchange of cookies, RFC 7873
             // 5.4): matched by ports and id alone.
-            None => ("", Qtype::NONE),
+            None => ("", Qtype::NONE, dns::name_hash("")),
         };
         let asked = Question {
             client,
             dns_id: msg.id,
             qtype,
             name,
+            name_hash,
             tcp,
         };
         match self.by_key.find(&self.open, &asked) {

@@ -78,23 +78,8 @@ impl<K: Hash + Eq> Index<K> {
     }
 }
 
-/// A name hashed as its lowercase, as names compare ignoring case.
-pub(super) struct AnyCase<'a>(pub(super) &'a str);
-
-impl Hash for AnyCase<'_> {
-    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
-        let mut buf = [0u8; 64];
-        for chunk in self.0.as_bytes().chunks(buf.len()) {
-            let lower = &mut buf[..chunk.len()];
-            lower.copy_from_slice(chunk);
-            lower.make_ascii_lowercase();
-            h.write(lower);
-        }
-    }
-}
-
-/// Open journeys by the hash of client socket, transport, DNS id, type and name (in
-/// any case, hashed lowercase without a copy): a busy socket reuses its
+/// Open journeys by the hash of client socket, transport, DNS id, type and
+/// name (its hash in any case, `name_hash`): a busy socket reuses its
 /// ids within a timeout, for other names, and each would otherwise share a
 /// slot. Each found is confirmed against its own keys. An entry is 8
 /// bytes, not a key.
@@ -114,7 +99,7 @@ impl ByKey {
     fn key(&self, q: &Question<'_>) -> u32 {
         short(
             self.hasher
-                .hash_one((q.client, q.dns_id, q.qtype, q.tcp, AnyCase(q.name))),
+                .hash_one((q.client, q.dns_id, q.qtype, q.tcp, q.name_hash)),
         )
     }
 

@@ -10,7 +10,7 @@ use std::{
 use dnstrace_common::{sample, Direction, Hook, SampleLevel};
 
 use super::{devices::Devices, FragmentNote, Gap, Journey, Leg, Outcome};
-use crate::decode::{Conntrack, DnsMessage, NodeId, Packet, Qtype, Underlay};
+use crate::decode::{dns::name_hash, Conntrack, DnsMessage, NodeId, Packet, Qtype, Underlay};
 
 /// Where an open journey is kept: its place in `Slab`. Indexes hold slots
 /// (4 bytes, where ids are 8) and drop them when the journey closes.
@@ -154,6 +154,8 @@ pub(super) struct Question<'a> {
     pub(super) dns_id: u16,
     pub(super) qtype: Qtype,
     pub(super) name: &'a str,
+    /// `decode::dns::name_hash(name)`.
+    pub(super) name_hash: u64,
     pub(super) tcp: bool,
 }
 
@@ -326,6 +328,7 @@ impl Open {
             dns_id: self.dns_id,
             qtype: self.qtype,
             name: &self.name,
+            name_hash: name_hash(&self.name),
             tcp: self.has(JourneyFlags::TCP),
         }
     }

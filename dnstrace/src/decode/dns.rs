@@ -3,10 +3,12 @@ use std::{
     borrow::Cow,
     collections::BTreeMap,
     fmt,
+    hash::{BuildHasher as _, Hash, Hasher},
     net::Ipv4Addr,
     sync::{Arc, Mutex, PoisonError},
 };
 
+use foldhash::fast::FixedState;
 use hickory_proto::{
     op::{Header, Message, MessageType, OpCode, Query},
     rr::{DNSClass, Name, RData, Record, RecordType},
@@ -50,6 +52,44 @@ pub struct Question {
     #[serde(rename = "type")]
     pub qtype: Qtype,
     pub class: &'static str,
+    /// `name_hash(name)`: hashed once as the message is decoded, not again
+    /// at each hop that carries it.
+    #[serde(skip)]
+    pub name_hash: u64,
+}
+
+impl Question {
+    pub fn new(name: String, qtype: Qtype, class: &'static str) -> Self {
+        Self {
+            name_hash: name_hash(&name),
+            name,
+            qtype,
+            class,
+        }
+    }
+}
+
+/// A name hashed as DNS compares names, ignoring ASCII case; the same in
+/// every run and every process.
+pub fn name_hash(name: &str) -> u64 {
+    FixedState::with_seed(NAME_SEED).hash_one(AnyCase(name))
+}
+
+const NAME_SEED: u64 = 0x646e_7374_7261_6365;
+
+/// A name hashed as its lowercase, as names compare ignoring case.
+pub struct AnyCase<'a>(pub &'a str);
+
+impl Hash for AnyCase<'_> {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        let mut buf = [0u8; 64];
+        for chunk in self.0.as_bytes().chunks(buf.len()) {
+            let lower = &mut buf[..chunk.len()];
+            lower.copy_from_slice(chunk);
+            lower.make_ascii_lowercase();
+            h.write(lower);
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -164,11 +204,11 @@ fn head(h: &Header) -> DnsMessage {
 }
 
 fn question(q: &Query) -> Question {
-    Question {
-        name: name_text(q.name()),
-        qtype: Qtype(q.query_type().into()),
-        class: class_name(q.query_class()),
-    }
+    Question::new(
+        name_text(q.name()),
+        Qtype(q.query_type().into()),
+        class_name(q.query_class()),
+    )
 }
 
 /// A response code, with EDNS's extended bits where the message had them.

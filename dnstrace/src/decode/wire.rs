@@ -141,11 +141,7 @@ impl Reader<'_> {
     fn question(&mut self) -> Option<Question> {
         let name = self.name()?;
         let qtype = self.u16()?;
-        (self.u16()? == CLASS_IN).then_some(Question {
-            name,
-            qtype: Qtype(qtype),
-            class: "IN",
-        })
+        (self.u16()? == CLASS_IN).then(|| Question::new(name, Qtype(qtype), "IN"))
     }
 
     /// Name, type, class IN, TTL and the data's length.
