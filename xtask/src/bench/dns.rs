@@ -2,6 +2,15 @@
 //! rate without loss, and tcpdump side by side.
 use super::*;
 
+/// One run of tcpdump under dnsperf.
+pub(super) struct Dumped {
+    /// Its CPU seconds while dnsperf ran.
+    pub(super) cpu: f64,
+    pub(super) captured: u64,
+    pub(super) dropped: u64,
+    pub(super) perf: PerfResult,
+}
+
 impl Bench {
     pub(super) fn query_file(&self) -> Result<()> {
         // Names CoreDNS (dnsmasq in the lab) answers itself, and names it
@@ -250,33 +259,12 @@ impl Bench {
         }
         let secs = self.plan.side_secs;
         for rate in rates {
-            let file = self.dir.join("tcpdump.pcap");
-            let dump = Proc::spawn(
-                "tcpdump",
-                Command::new("ip")
-                    .args(["netns", "exec", NODE, "tcpdump", "-i", "any", "-n", "-w"])
-                    .arg(&file)
-                    .args(["port", "53"]),
-                Capture::Lines,
-            )?;
-            dump.wait_line("listening on", Duration::from_secs(10))?;
-            let cpu0 = proc_cpu(dump.pid)?;
-            let perf = dnsperf(&self.queries(), secs, Some(rate))?;
-            let cpu = proc_cpu(dump.pid)? - cpu0;
-            let ended = dump.stop(libc::SIGINT, Duration::from_secs(60))?;
-            let _ = std::fs::remove_file(&file);
-            let count = |what: &str| {
-                ended
-                    .output
-                    .lines()
-                    .find(|l| l.ends_with(what))
-                    .and_then(|l| l.split_whitespace().next()?.parse::<u64>().ok())
-                    .unwrap_or(0)
-            };
-            let (captured, dropped) = (
-                count("packets captured"),
-                count("packets dropped by kernel"),
-            );
+            let Dumped {
+                cpu,
+                captured,
+                dropped,
+                perf,
+            } = self.dump(rate, secs)?;
             eprintln!("bench: tcpdump at {rate} qps: {captured} captured, {dropped} dropped, {cpu:.2} s CPU; {perf}");
             settle()?;
             let run = self.offer(rate, secs, (Output::Json, DNS_LOAD), false)?;
@@ -310,6 +298,40 @@ impl Bench {
             "Side by side: tcpdump sees only the node's devices (the veths, cni0, eth0), dnstrace also each pod's own eth0, and decodes every message and follows each lookup end to end. CPU is the process's user+system time while dnsperf ran (from /proc/PID/stat); the kernel-side cost of each (tcpdump's packet socket, dnstrace's BPF programs) is not in it.".into(),
         );
         Ok(())
+    }
+
+    /// `tcpdump -i any -w FILE port 53` in the node's namespace while
+    /// dnsperf offers `rate` for `secs`: its CPU then, and its counts.
+    pub(super) fn dump(&self, rate: u32, secs: u32) -> Result<Dumped> {
+        let file = self.dir.join("tcpdump.pcap");
+        let dump = Proc::spawn(
+            "tcpdump",
+            Command::new("ip")
+                .args(["netns", "exec", NODE, "tcpdump", "-i", "any", "-n", "-w"])
+                .arg(&file)
+                .args(["port", "53"]),
+            Capture::Lines,
+        )?;
+        dump.wait_line("listening on", Duration::from_secs(10))?;
+        let cpu0 = proc_cpu(dump.pid)?;
+        let perf = dnsperf(&self.queries(), secs, Some(rate))?;
+        let cpu = proc_cpu(dump.pid)? - cpu0;
+        let ended = dump.stop(libc::SIGINT, Duration::from_secs(60))?;
+        let _ = std::fs::remove_file(&file);
+        let count = |what: &str| {
+            ended
+                .output
+                .lines()
+                .find(|l| l.ends_with(what))
+                .and_then(|l| l.split_whitespace().next()?.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        Ok(Dumped {
+            cpu,
+            captured: count("packets captured"),
+            dropped: count("packets dropped by kernel"),
+            perf,
+        })
     }
 
     /// dnstrace's CPU at the zero-loss rate by how it shows what it traces,

@@ -31,6 +31,7 @@ mod against;
 mod agent;
 mod bpf;
 mod cluster;
+mod cost;
 mod dns;
 mod kernel_cost;
 mod lab;
@@ -83,7 +84,7 @@ const USAGE: &str =
     "usage: cargo xtask bench [--quick] [--only FIGURE]... [--against REV] [--markdown PATH]
   --quick          short runs (seconds instead of minutes) for trying things
   --only FIGURE    measure only this figure (repeatable): startup, iperf,
-                   capacity, against, zero-loss, tcpdump, outputs, overload,
+                   capacity, against, zero-loss, tcpdump, cost, outputs, overload,
                    defaults, pipeline, memory, agent, merge
   --against REV    also measure the figure `against`: tracing's cost under UDP
                    DNS load, the dnstrace of git revision REV and this tree's
@@ -124,6 +125,11 @@ const FIGURES: &[(&str, &str, Stage)] = &[
         "tcpdump",
         "tcpdump -i any -w at the same rate",
         Bench::tcpdump,
+    ),
+    (
+        "cost",
+        "trace --sample 1 against tcpdump -w, and at twice the rate",
+        Bench::cost,
     ),
     (
         "outputs",
@@ -236,6 +242,9 @@ struct Plan {
     /// (each side once a round).
     cluster_secs: u32,
     cluster_rounds: usize,
+    /// The cost figure: each run, and its rounds (each tool once a round).
+    cost_secs: u32,
+    cost_rounds: usize,
 }
 
 impl Plan {
@@ -267,6 +276,8 @@ impl Plan {
                 agent_counts: 4,
                 cluster_secs: 8,
                 cluster_rounds: 3,
+                cost_secs: 8,
+                cost_rounds: 2,
             }
         } else {
             Self {
@@ -295,6 +306,8 @@ impl Plan {
                 agent_counts: 6,
                 cluster_secs: 15,
                 cluster_rounds: 7,
+                cost_secs: 15,
+                cost_rounds: 7,
             }
         }
     }
