@@ -78,7 +78,7 @@ pub fn name_hash(name: &str) -> u64 {
 const NAME_SEED: u64 = 0x646e_7374_7261_6365;
 
 /// A name hashed as its lowercase, as names compare ignoring case.
-pub struct AnyCase<'a>(pub &'a str);
+struct AnyCase<'a>(&'a str);
 
 impl Hash for AnyCase<'_> {
     fn hash<H: Hasher>(&self, h: &mut H) {
