@@ -84,8 +84,8 @@ const USAGE: &str =
     "usage: cargo xtask bench [--quick] [--only FIGURE]... [--against REV] [--markdown PATH]
   --quick          short runs (seconds instead of minutes) for trying things
   --only FIGURE    measure only this figure (repeatable): startup, iperf,
-                   capacity, against, zero-loss, tcpdump, cost, outputs, overload,
-                   defaults, pipeline, memory, agent, merge
+                   capacity, against, zero-loss, tcpdump, cost, outputs,
+                   overload, defaults, pipeline, memory, agent, merge, cluster
   --against REV    also measure the figure `against`: tracing's cost under UDP
                    DNS load, the dnstrace of git revision REV and this tree's
                    in alternating rounds (`--only against` for it alone)
