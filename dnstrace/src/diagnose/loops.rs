@@ -33,8 +33,9 @@ pub(super) fn laps(j: &Journey) -> Option<(&Leg, usize, u64)> {
             && (a.node, a.netns, a.ifindex, a.hook, a.src, a.dst)
                 == (b.node, b.netns, b.ifindex, b.hook, b.src, b.dst)
     };
-    j.legs.iter().enumerate().find_map(|(i, a)| {
-        let next = j.legs[i + 1..].iter().find(|b| !a.response && same(a, b))?;
+    let mut queries = j.legs.iter().enumerate().filter(|(_, l)| !l.response);
+    queries.find_map(|(i, a)| {
+        let next = j.legs[i + 1..].iter().find(|b| same(a, b))?;
         let apart = next.ts_ns.abs_diff(a.ts_ns);
         (apart <= LAP_NS).then(|| (a, j.legs.iter().filter(|b| same(a, b)).count(), apart))
     })
