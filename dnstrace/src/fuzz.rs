@@ -11,7 +11,7 @@ use dnstrace_common::Hook;
 use crate::{
     clock::Clock,
     decode::{
-        dns, frag, packet::IfNames, tcp, wire, Body, Decoder, Fragment, KernelNames, Packet,
+        dns, frag, packet::Interned, tcp, wire, Body, Decoder, Fragment, KernelNames, Packet,
         Record, Transport,
     },
     output::{Format, Labels, LineSink},
@@ -194,7 +194,7 @@ fn fragment(payload: &[u8], ctl: u8, offset: u16, len: usize) -> Packet {
 /// capture does, printed, and turned into the frame a recording keeps
 /// (and back).
 pub fn event(data: &[u8]) {
-    let Ok(packet) = Packet::from_event(data, &mut IfNames::default()) else {
+    let Ok(packet) = Packet::from_event(data, &mut Interned::default()) else {
         return;
     };
     let f = frame::cooked(&packet);
@@ -714,7 +714,7 @@ mod tests {
         let frags: Vec<_> = events
             .iter()
             .map(|(_, seed)| {
-                Packet::from_event(seed, &mut IfNames::default())
+                Packet::from_event(seed, &mut Interned::default())
                     .unwrap()
                     .frag
             })
@@ -756,7 +756,7 @@ mod tests {
         );
         let mut out = Vec::new();
         Decoder::default().decode(
-            Packet::from_event(&event_seeds()[2].1, &mut IfNames::default()).unwrap(),
+            Packet::from_event(&event_seeds()[2].1, &mut Interned::default()).unwrap(),
             &mut out,
         );
         assert_eq!(out.len(), 1);

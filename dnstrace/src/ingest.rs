@@ -5,7 +5,7 @@ use std::{io, sync::mpsc as std_mpsc, time::Duration};
 
 use tokio::sync::mpsc;
 
-use crate::decode::{packet::IfNames, Packet};
+use crate::decode::{packet::Interned, Packet};
 
 mod apart;
 pub mod lookups;
@@ -40,7 +40,7 @@ pub enum Read {
 struct Events {
     /// Events that did not decode (a kernel/user version mismatch).
     bad: u64,
-    names: IfNames,
+    seen: Interned,
     /// Events dropped undecoded (`--discard-events`).
     discarded: u64,
 }
@@ -146,7 +146,7 @@ impl Events {
         }
         let mut out = Vec::with_capacity(chunk.len());
         for item in chunk.records() {
-            match Packet::from_event(item, &mut self.names) {
+            match Packet::from_event(item, &mut self.seen) {
                 Ok(p) => out.push(p),
                 Err(_) => self.bad += 1,
             }

@@ -86,7 +86,10 @@ impl Decoder {
         let hash = self.hasher.hash_one(payload.as_ref());
         let place = &mut self.recent[hash as usize % RECENT];
         if let Some((h, p, msg)) = place {
-            if *h == hash && p == payload {
+            // Events of one message share its bytes (`Interned`): the
+            // same pointer needs no compare.
+            let same = p.as_ptr() == payload.as_ptr() && p.len() == payload.len();
+            if *h == hash && (same || p == payload) {
                 return Body::Dns(msg.clone());
             }
         }

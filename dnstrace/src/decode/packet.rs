@@ -51,7 +51,7 @@ pub struct Packet {
     pub frag: Option<Fragment>,
     pub payload: Bytes,
     /// The device name, for hooks that see every device; shared (see
-    /// `IfNames`).
+    /// `Interned`).
     pub ifname: Option<Arc<str>>,
     pub ct: Option<Conntrack>,
     pub drop: Option<Dropped>,
@@ -205,7 +205,7 @@ impl Packet {
         device_name(self.ifname.as_deref(), self.ifindex, known)
     }
 
-    pub fn from_event(buf: &[u8], names: &mut IfNames) -> Result<Self, EventError> {
+    pub fn from_event(buf: &[u8], seen: &mut Interned) -> Result<Self, EventError> {
         let (meta, payload) = decode_packet(buf).map_err(EventError::Decode)?;
         let hook = Hook::from_u8(meta.hook).ok_or(EventError::Field("hook", meta.hook.into()))?;
         let (src, dst) = addrs(&meta)?;
@@ -234,8 +234,8 @@ impl Packet {
                 offset: meta.frag_offset,
                 more: meta.flags & FLAG_MORE_FRAGMENTS != 0,
             }),
-            payload: Bytes::copy_from_slice(payload),
-            ifname: names.get(&meta.ifname),
+            payload: seen.payloads.get(payload),
+            ifname: seen.names.get(&meta.ifname),
             ct: (meta.flags & FLAG_CONNTRACK != 0)
                 .then(|| conntrack(&meta))
                 .flatten(),
@@ -261,11 +261,19 @@ pub(super) fn device_name(
         .unwrap_or_else(|| format!("if{ifindex}"))
 }
 
+/// What repeats from event to event, each made once: a few devices'
+/// names, and the payload of a message seen at each of its hooks.
+#[derive(Default)]
+pub struct Interned {
+    names: IfNames,
+    payloads: Payloads,
+}
+
 /// Device names as events carry them, each turned into text once: every
 /// event names one of a few devices, and a `String` each was an allocation
 /// per packet.
 #[derive(Default)]
-pub struct IfNames(HashMap<[u8; 16], Arc<str>, foldhash::fast::RandomState>);
+struct IfNames(HashMap<u128, Arc<str>, foldhash::fast::RandomState>);
 
 impl IfNames {
     /// Names kept at most: pods come and go, and past this the table
@@ -273,14 +281,15 @@ impl IfNames {
     const MAX: usize = 4096;
 
     /// The NUL-padded name `raw`, or none if empty.
-    pub fn get(&mut self, raw: &[u8; 16]) -> Option<Arc<str>> {
+    fn get(&mut self, raw: &[u8; 16]) -> Option<Arc<str>> {
         let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
         if end == 0 {
             return None;
         }
-        // What follows the NUL may be left from an older, longer name.
-        let mut key = [0; 16];
-        key[..end].copy_from_slice(&raw[..end]);
+        // What follows the NUL may be left from an older, longer name. The
+        // key is masked in a register: a copy into a cleared array stalled
+        // each lookup on reading back bytes it had just stored.
+        let key = u128::from_le_bytes(*raw) & (u128::MAX >> (8 * (raw.len() - end)));
         if let Some(name) = self.0.get(&key) {
             return Some(name.clone());
         }
@@ -290,6 +299,42 @@ impl IfNames {
         let name: Arc<str> = String::from_utf8_lossy(&raw[..end]).into();
         self.0.insert(key, name.clone());
         Some(name)
+    }
+}
+
+/// Places for recent payloads, by hash.
+const PAYLOADS: usize = 256;
+
+/// Recent payloads, each by its hash in one place: a message crosses
+/// several hooks within microseconds, and each of its events after the
+/// first shares the first one's bytes instead of allocating a copy.
+struct Payloads {
+    hasher: foldhash::fast::FixedState,
+    places: Vec<Option<(u64, Bytes)>>,
+}
+
+impl Default for Payloads {
+    fn default() -> Self {
+        Self {
+            hasher: foldhash::fast::FixedState::default(),
+            places: vec![None; PAYLOADS],
+        }
+    }
+}
+
+impl Payloads {
+    fn get(&mut self, payload: &[u8]) -> Bytes {
+        use std::hash::BuildHasher as _;
+        let hash = self.hasher.hash_one(payload);
+        let place = &mut self.places[hash as usize % PAYLOADS];
+        match place {
+            Some((h, bytes)) if *h == hash && bytes.as_ref() == payload => bytes.clone(),
+            _ => {
+                let bytes = Bytes::copy_from_slice(payload);
+                *place = Some((hash, bytes.clone()));
+                bytes
+            }
+        }
     }
 }
 
@@ -360,6 +405,27 @@ mod tests {
             names.get(&raw(format!("veth{i}").as_bytes()));
         }
         assert!(names.0.len() <= IfNames::MAX);
+        let longest = names.get(b"vethabcdef012345").unwrap();
+        assert_eq!(&*longest, "vethabcdef012345");
+        assert_eq!(&*names.get(&raw(b"v")).unwrap(), "v");
+    }
+
+    /// A message's events share one copy of its bytes; other bytes in the
+    /// same place get their own.
+    #[test]
+    fn a_payload_seen_again_shares_its_bytes() {
+        let mut payloads = Payloads::default();
+        let first = payloads.get(b"\x12\x34query");
+        let again = payloads.get(b"\x12\x34query");
+        assert_eq!(first.as_ptr(), again.as_ptr());
+        let other = payloads.get(b"\x12\x35query");
+        assert_eq!(other.as_ref(), b"\x12\x35query");
+        assert_ne!(other.as_ptr(), first.as_ptr());
+        for i in 0..4 * PAYLOADS {
+            let bytes = i.to_be_bytes();
+            assert_eq!(payloads.get(&bytes).as_ref(), bytes);
+        }
+        assert_eq!(payloads.places.len(), PAYLOADS);
     }
 
     #[test]
