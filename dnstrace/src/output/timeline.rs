@@ -124,7 +124,13 @@ fn pad(out: &mut Vec<u8>, start: usize, width: usize, at: usize) {
     // Characters, not bytes: UTF-8 continuation bytes are 0b10xxxxxx.
     let chars = out[start..].iter().filter(|&&b| b & 0xc0 != 0x80).count();
     let missing = width.saturating_sub(chars);
-    out.splice(at..at, std::iter::repeat_n(b' ', missing));
+    if missing == 0 {
+        return;
+    }
+    let end = out.len();
+    out.resize(end + missing, b' ');
+    out.copy_within(at..end, at + missing);
+    out[at..at + missing].fill(b' ');
 }
 
 /// Nanoseconds as milliseconds, `0.054 ms`: what `{:.3}` writes of
