@@ -2,7 +2,7 @@
 //! it live in the sibling modules.
 use std::{
     collections::VecDeque,
-    hash::BuildHasher,
+    hash::{BuildHasher, Hasher as _},
     net::{IpAddr, SocketAddr},
 };
 
@@ -255,7 +255,11 @@ impl Engine {
         }
         let places = o.places(&self.devices);
         if filed != places {
-            let name = self.hasher.hash_one(&o.name);
+            // The journey was found by this name, in any case.
+            let name = msg
+                .questions
+                .first()
+                .map_or_else(|| dns::name_hash(&o.name), |q| q.name_hash);
             for pl in filed.into_iter().flatten() {
                 self.waiting
                     .remove(&place_key(&self.hasher, name, pl), slot);
@@ -391,7 +395,7 @@ impl Engine {
                     qtype,
                 };
                 let asked_as = (*key.name != *name).then(|| name.into());
-                let slot = self.start(key, p);
+                let slot = self.start(key, name_hash, p);
                 let opcode = (msg.opcode != "QUERY").then(|| msg.opcode.clone());
                 if asked_as.is_some() || opcode.is_some() {
                     if let Some(o) = self.open.get_mut(slot) {
@@ -585,7 +589,7 @@ impl Engine {
         self.tick(now_ns.saturating_add(self.limits.timeout_ns + self.limits.settle_ns))
     }
 
-    fn start(&mut self, key: Key, p: &Packet) -> Slot {
+    fn start(&mut self, key: Key, name_hash: u64, p: &Packet) -> Slot {
         if self.open.len() >= self.limits.max_open {
             self.evict_oldest();
         }
@@ -598,7 +602,6 @@ impl Engine {
         let tcp = matches!(p.transport, Transport::Tcp { .. });
         let retried = tcp.then(|| self.lookups.retried(&key, p.ts_ns)).flatten();
         let lookup = retried.unwrap_or_else(|| self.lookups.of(&key, p.ts_ns, id));
-        let name_hash = self.hasher.hash_one(&key.name);
         let parent = self.waiting_parent(&key, name_hash, p);
         let client = key.client;
         let slot = self.open.insert(Open::new(id, lookup, key, parent, tcp, p));
@@ -707,7 +710,7 @@ impl Engine {
         }
         self.by_client
             .remove(&short(self.hasher.hash_one(o.client())), slot);
-        let name = self.hasher.hash_one(&o.name);
+        let name = q.name_hash;
         for pl in o.places(&self.devices).into_iter().flatten() {
             self.waiting
                 .remove(&place_key(&self.hasher, name, pl), slot);
@@ -759,8 +762,17 @@ impl Engine {
 
 /// Where a journey waits for `name` (hashed) at `place`, in
 /// `Engine::waiting`.
+/// Written as two words, as `ByKey`'s keys are: once per packet.
 fn place_key(hasher: &RandomState, name: u64, place: Place) -> u32 {
-    short(hasher.hash_one((name, place)))
+    let word = match place {
+        Place::Netns(node, netns) => 1 << 127 | u128::from(node.0) << 32 | u128::from(netns),
+        Place::Addr(IpAddr::V4(ip)) => u128::from(ip.to_bits()),
+        Place::Addr(IpAddr::V6(ip)) => ip.to_bits(),
+    };
+    let mut h = hasher.build_hasher();
+    h.write_u64(name);
+    h.write_u128(word);
+    short(h.finish())
 }
 
 // The engine's tests, beside the other modules' files.

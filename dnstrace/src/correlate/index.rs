@@ -2,7 +2,8 @@
 //! their question.
 use std::{
     collections::hash_map::Entry,
-    hash::{BuildHasher, Hash},
+    hash::{BuildHasher, Hash, Hasher as _},
+    net::SocketAddr,
 };
 
 use foldhash::fast::RandomState;
@@ -96,11 +97,24 @@ impl ByKey {
         }
     }
 
+    /// Written as three words: hashing the parts as a tuple wrote each
+    /// (an address's variant, length and bytes) with a call of its own,
+    /// once per packet.
     fn key(&self, q: &Question<'_>) -> u32 {
-        short(
-            self.hasher
-                .hash_one((q.client, q.dns_id, q.qtype, q.tcp, q.name_hash)),
-        )
+        let (ip, port, v6) = match q.client {
+            SocketAddr::V4(a) => (u128::from(a.ip().to_bits()), a.port(), 0),
+            SocketAddr::V6(a) => (a.ip().to_bits(), a.port(), 1),
+        };
+        let rest = u64::from(port)
+            | u64::from(q.dns_id) << 16
+            | u64::from(q.qtype.0) << 32
+            | u64::from(q.tcp) << 48
+            | v6 << 49;
+        let mut h = self.hasher.build_hasher();
+        h.write_u128(ip);
+        h.write_u64(rest);
+        h.write_u64(q.name_hash);
+        short(h.finish())
     }
 
     /// The open journey known by this question from `client`, if any.
