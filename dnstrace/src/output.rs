@@ -143,8 +143,34 @@ impl Labels {
 
     /// Wall-clock time of day with microseconds, UTC.
     pub fn time_of_day(&self, mono_ns: u64) -> String {
-        let time = humantime::format_rfc3339_micros(self.clock.wall(mono_ns)).to_string();
-        time.get(11..26).map(str::to_owned).unwrap_or(time)
+        let mut out = Vec::with_capacity(15);
+        self.write_time_of_day(&mut out, mono_ns);
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    /// `time_of_day`, written at the end of `out` from integers (as RFC
+    /// 3339 with microseconds has it): a journey's text wrote a whole date
+    /// through `fmt` to keep its middle.
+    pub fn write_time_of_day(&self, out: &mut Vec<u8>, mono_ns: u64) {
+        let since = self
+            .clock
+            .wall(mono_ns)
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        let secs = since.as_secs() % 86_400;
+        let two = |n: u64| [b'0' + (n / 10) as u8, b'0' + (n % 10) as u8];
+        out.extend_from_slice(&two(secs / 3600));
+        out.push(b':');
+        out.extend_from_slice(&two(secs / 60 % 60));
+        out.push(b':');
+        out.extend_from_slice(&two(secs % 60));
+        out.push(b'.');
+        let micros = since.subsec_micros();
+        out.extend(
+            (0..6)
+                .rev()
+                .map(|i| b'0' + (micros / 10u32.pow(i) % 10) as u8),
+        );
     }
 
     /// Where a leg was seen: `device@netns` for hooks that see every
@@ -180,6 +206,13 @@ impl Labels {
 
     /// How a journey ended: rcode and answers, a drop, or no answer.
     pub fn outcome(&self, o: &Outcome) -> String {
+        let mut out = Vec::new();
+        self.write_outcome(&mut out, o);
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    /// `outcome`, written at the end of `out`.
+    pub fn write_outcome(&self, out: &mut Vec<u8>, o: &Outcome) {
         match o {
             Outcome::Answered {
                 rcode,
@@ -187,26 +220,25 @@ impl Labels {
                 truncated,
                 malformed,
             } => {
-                let mut s = rcode.to_string();
+                let _ = write!(out, "{rcode}");
                 if *truncated {
-                    s += " (truncated)";
+                    out.extend_from_slice(b" (truncated)");
                 }
                 if let Some(why) = malformed {
-                    s += &format!(" MALFORMED ({why})");
+                    let _ = write!(out, " MALFORMED ({why})");
                 }
-                if !answers.is_empty() {
-                    let shown: Vec<String> = answers.iter().take(3).map(|a| shorten(a)).collect();
-                    s += &format!(" → {}", shown.join(", "));
-                    if answers.len() > 3 {
-                        s += &format!(" (+{} more)", answers.len() - 3);
-                    }
+                for (i, a) in answers.iter().take(3).enumerate() {
+                    out.extend_from_slice(if i == 0 { " → " } else { ", " }.as_bytes());
+                    write_short(out, a);
                 }
-                s
+                if answers.len() > 3 {
+                    let _ = write!(out, " (+{} more)", answers.len() - 3);
+                }
             }
             Outcome::Dropped { reason, location } => {
-                format!("DROPPED ({})", self.drop_text(*reason, *location))
+                let _ = write!(out, "DROPPED ({})", self.drop_text(*reason, *location));
             }
-            Outcome::Timeout => "NO ANSWER".to_owned(),
+            Outcome::Timeout => out.extend_from_slice(b"NO ANSWER"),
         }
     }
 
@@ -723,10 +755,19 @@ fn dns_text(m: &DnsMessage) -> String {
 
 /// Long record data (TXT, keys) cut for the line view; JSON keeps it whole.
 fn shorten(data: &str) -> String {
+    let mut out = Vec::new();
+    write_short(&mut out, data);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// An answer's data, cut after 60 characters, at the end of `out`.
+fn write_short(out: &mut Vec<u8>, data: &str) {
     const MAX: usize = 60;
     match data.char_indices().nth(MAX) {
-        Some((cut, _)) => format!("{}…({} bytes)", &data[..cut], data.len()),
-        None => data.to_owned(),
+        Some((cut, _)) => {
+            let _ = write!(out, "{}…({} bytes)", &data[..cut], data.len());
+        }
+        None => out.extend_from_slice(data.as_bytes()),
     }
 }
 
@@ -898,6 +939,27 @@ mod tests {
         s.write(&record(answer())).unwrap();
         let line = String::from_utf8(s.out).unwrap();
         assert_eq!(line, "00:00:00.000000 veth-s     out 10.0.0.2:53 → 10.0.0.1:40000 udp id=9 R NOERROR aa rd a.test. A → A 10.1.2.3\n");
+    }
+
+    /// Written from integers, the time of day reads as RFC 3339 has it:
+    /// midnight, the end of a day, a leap day, whole and odd microseconds.
+    #[test]
+    fn time_of_day_reads_as_rfc3339_writes_it() {
+        let labels = Labels::new(HashMap::new(), Clock::EPOCH, KernelNames::default());
+        let day = 86_400 * 1_000_000_000u64;
+        for ns in [
+            0,
+            999,
+            1_000,
+            day - 1,
+            day,
+            11_016 * day + 3_599_999_999_999,
+            20_787 * day + 50_204_783_822_718,
+            u64::MAX,
+        ] {
+            let rfc = humantime::format_rfc3339_micros(Clock::EPOCH.wall(ns)).to_string();
+            assert_eq!(labels.time_of_day(ns), rfc[11..26], "{ns}");
+        }
     }
 
     #[test]

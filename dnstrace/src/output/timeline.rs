@@ -28,7 +28,7 @@ pub(super) fn write(out: &mut Vec<u8>, labels: &Labels, j: &Journey, indent: &st
 /// `time client → server udp id=N name type: outcome in T [DNAT …]`.
 fn header(out: &mut Vec<u8>, labels: &Labels, j: &Journey, indent: &str) {
     out.extend_from_slice(indent.as_bytes());
-    out.extend_from_slice(labels.time_of_day(j.started_ns).as_bytes());
+    labels.write_time_of_day(out, j.started_ns);
     out.push(b' ');
     labels.write_named(out, &j.client);
     out.extend_from_slice(" → ".as_bytes());
@@ -44,7 +44,7 @@ fn header(out: &mut Vec<u8>, labels: &Labels, j: &Journey, indent: &str) {
     for part in [" ", j.shown_name(), " ", j.qtype.name(), ": "] {
         out.extend_from_slice(part.as_bytes());
     }
-    out.extend_from_slice(labels.outcome(&j.outcome).as_bytes());
+    labels.write_outcome(out, &j.outcome);
     out.extend_from_slice(b" in ");
     ms(out, j.total_ns());
     if let Some((a, b)) = j.dnat.as_deref() {
@@ -122,7 +122,13 @@ fn nat(out: &mut Vec<u8>, what: &str, pair: Option<&(SocketAddr, SocketAddr)>) {
 /// `width` characters, as `format!`'s `{:>width}` or `{:<width}` would.
 fn pad(out: &mut Vec<u8>, start: usize, width: usize, at: usize) {
     // Characters, not bytes: UTF-8 continuation bytes are 0b10xxxxxx.
-    let chars = out[start..].iter().filter(|&&b| b & 0xc0 != 0x80).count();
+    // Most text is ASCII, checked a word at a time.
+    let text = &out[start..];
+    let chars = if text.is_ascii() {
+        text.len()
+    } else {
+        text.iter().filter(|&&b| b & 0xc0 != 0x80).count()
+    };
     let missing = width.saturating_sub(chars);
     if missing == 0 {
         return;
