@@ -9,6 +9,9 @@ const TIMES_TCPDUMP: f64 = 5.0;
 const DOUBLE_QPS: u32 = 2 * ZERO_LOSS_QPS;
 /// Every lookup followed, none sampled out.
 const EVERY: &[&str] = &["--sample", "1"];
+/// The issue's `trace --sample 1`: text lines, as trace writes them to a
+/// file or a pipe (JSON costs more: the `outputs` figure has each).
+const OUTPUT: Output = Output::Text;
 
 impl Bench {
     pub(super) fn cost(&mut self) -> Result<()> {
@@ -27,7 +30,7 @@ impl Bench {
                 );
                 dumped.push(d.cpu);
             } else {
-                let run = self.offer(ZERO_LOSS_QPS, secs, (Output::Json, EVERY), false)?;
+                let run = self.offer(ZERO_LOSS_QPS, secs, (OUTPUT, EVERY), false)?;
                 eprintln!("bench: round {}: trace --sample 1 {run}", round + 1);
                 lost.push(events_lost(&run));
                 traced.push(run.cpu);
@@ -35,12 +38,12 @@ impl Bench {
             settle()?;
         }
         self.rows.push(times_row(secs, &dumped, &traced, &lost));
-        let run = self.offer(DOUBLE_QPS, secs, (Output::Json, EVERY), false)?;
+        let run = self.offer(DOUBLE_QPS, secs, (OUTPUT, EVERY), false)?;
         eprintln!("bench: trace --sample 1 at {DOUBLE_QPS} qps: {run}");
         settle()?;
         self.rows.push(double_row(secs, &run));
         self.notes.push(format!(
-            "Issue 57's goals: rounds of {secs} s at {} qps, each tool alone in turn, the order turned each round; CPU is the process's user+system time while dnsperf ran (/proc/PID/stat): tcpdump in the node's namespace, dnstrace (`trace --sample 1 -o json` to /dev/null) in every namespace. The interval is the bootstrap's of the ratio of medians.",
+            "Issue 57's goals: rounds of {secs} s at {} qps, each tool alone in turn, the order turned each round; CPU is the process's user+system time while dnsperf ran (/proc/PID/stat): tcpdump in the node's namespace, dnstrace (`trace --sample 1 -o text`, the lines it writes to a file or a pipe, to /dev/null) in every namespace. The interval is the bootstrap's of the ratio of medians.",
             thousands(f64::from(ZERO_LOSS_QPS))
         ));
         Ok(())
