@@ -11,7 +11,7 @@ pub fn text(out: &mut Vec<u8>, a: &SocketAddr) {
             buf.ipv4(v4.ip());
             buf.push(b':');
             buf.port(v4.port());
-            out.extend_from_slice(buf.written());
+            buf.put(out);
         }
         SocketAddr::V6(_) => out.extend_from_slice(a.to_string().as_bytes()),
     }
@@ -31,7 +31,7 @@ pub fn json_ip(out: &mut Vec<u8>, ip: &IpAddr) {
         IpAddr::V4(v4) => {
             let mut buf = Digits::default();
             buf.ipv4(v4);
-            out.extend_from_slice(buf.written());
+            buf.put(out);
         }
         IpAddr::V6(_) => out.extend_from_slice(ip.to_string().as_bytes()),
     }
@@ -65,8 +65,13 @@ const OCTETS: [([u8; 4], u8); 256] = {
 };
 
 impl Digits {
-    fn written(&self) -> &[u8] {
-        &self.buf[..self.len]
+    /// Appends what was written to `out`: all of the buffer, a copy of
+    /// known size done in a few moves, then cut back, where a copy of the
+    /// written length was a call to `memcpy`.
+    fn put(&self, out: &mut Vec<u8>) {
+        let at = out.len();
+        out.extend_from_slice(&self.buf);
+        out.truncate(at + self.len);
     }
 
     fn push(&mut self, b: u8) {
