@@ -761,8 +761,8 @@ impl Engine {
 }
 
 /// Where a journey waits for `name` (hashed) at `place`, in
-/// `Engine::waiting`.
-/// Written as two words, as `ByKey`'s keys are: once per packet.
+/// `Engine::waiting`: hashed as two words, as `ByKey`'s keys are, since
+/// a query's every hop to another place files it again.
 fn place_key(hasher: &RandomState, name: u64, place: Place) -> u32 {
     let word = match place {
         Place::Netns(node, netns) => 1 << 127 | u128::from(node.0) << 32 | u128::from(netns),
