@@ -908,6 +908,9 @@ fn web_counts(listen: &str, pod: &str, rcode: &str) -> u64 {
 #[test]
 fn another_nodes_query_is_not_counted_here_and_a_secured_prometheus_scrapes_the_rest() {
     require_root();
+    // Before any file is made: while the release build is pending, this
+    // exits to the runner, and nothing would remove them.
+    let bin = dnstrace_release_bin();
     let lab = Lab::up(&[]);
     let listen = format!("127.0.0.1:{}", free_port());
     let secure = WebFiles::make();
@@ -916,7 +919,7 @@ fn another_nodes_query_is_not_counted_here_and_a_secured_prometheus_scrapes_the_
         &listen,
         &["--no-flight-recorder", "--web-config-file", &config],
     );
-    let agent = Dnstrace::start_binary(dnstrace_release_bin(), Keep::Sampled, &args).unwrap();
+    let agent = Dnstrace::start_binary(bin, Keep::Sampled, &args).unwrap();
     let pod = WEB.pod();
     let sum = |filter: &str| {
         secure
