@@ -12,7 +12,7 @@ use foldhash::fast::RandomState;
 use super::{
     connections::{Connection, Connections},
     devices::Devices,
-    index::{short, ByKey, Index},
+    index::{ip_word, short, ByKey, Index},
     journey::{FragmentNote, Gap, Journey},
     lookups::Lookups,
     open::{JourneyFlags, Key, Open, Place, Question, Ref, Sighting, Slab, Slot},
@@ -766,8 +766,7 @@ impl Engine {
 fn place_key(hasher: &RandomState, name: u64, place: Place) -> u32 {
     let word = match place {
         Place::Netns(node, netns) => 1 << 127 | u128::from(node.0) << 32 | u128::from(netns),
-        Place::Addr(IpAddr::V4(ip)) => u128::from(ip.to_bits()),
-        Place::Addr(IpAddr::V6(ip)) => ip.to_bits(),
+        Place::Addr(ip) => ip_word(ip),
     };
     let mut h = hasher.build_hasher();
     h.write_u64(name);

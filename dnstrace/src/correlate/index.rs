@@ -3,7 +3,7 @@
 use std::{
     collections::hash_map::Entry,
     hash::{BuildHasher, Hash, Hasher as _},
-    net::SocketAddr,
+    net::IpAddr,
 };
 
 use foldhash::fast::RandomState;
@@ -79,6 +79,14 @@ impl<K: Hash + Eq> Index<K> {
     }
 }
 
+/// An address as one word to hash: IPv4's in the low 32 bits.
+pub(super) fn ip_word(ip: IpAddr) -> u128 {
+    match ip {
+        IpAddr::V4(ip) => u128::from(ip.to_bits()),
+        IpAddr::V6(ip) => ip.to_bits(),
+    }
+}
+
 /// Open journeys by the hash of client socket, transport, DNS id, type and
 /// name (its hash in any case, `name_hash`): a busy socket reuses its
 /// ids within a timeout, for other names, and each would otherwise share a
@@ -101,17 +109,14 @@ impl ByKey {
     /// (an address's variant, length and bytes) with a call of its own,
     /// once per packet.
     fn key(&self, q: &Question<'_>) -> u32 {
-        let (ip, port, v6) = match q.client {
-            SocketAddr::V4(a) => (u128::from(a.ip().to_bits()), a.port(), 0),
-            SocketAddr::V6(a) => (a.ip().to_bits(), a.port(), 1),
-        };
-        let rest = u64::from(port)
+        let ip = q.client.ip();
+        let rest = u64::from(q.client.port())
             | u64::from(q.dns_id) << 16
             | u64::from(q.qtype.0) << 32
             | u64::from(q.tcp) << 48
-            | v6 << 49;
+            | u64::from(ip.is_ipv6()) << 49;
         let mut h = self.hasher.build_hasher();
-        h.write_u128(ip);
+        h.write_u128(ip_word(ip));
         h.write_u64(rest);
         h.write_u64(q.name_hash);
         short(h.finish())
