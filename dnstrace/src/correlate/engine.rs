@@ -78,6 +78,9 @@ pub struct Engine {
     /// socket it is known by past a SNAT; each journey found there
     /// confirmed by its own key.
     by_client: Index<u32>,
+    /// Keyed by the client socket, type and name hashed: whether a
+    /// question is still asked, where one socket may have thousands open.
+    by_question: Index<u32>,
     hasher: RandomState,
     /// Journeys, oldest first, for eviction and for the timed-out ones;
     /// closed ones are skipped lazily and compacted away now and then.
@@ -121,6 +124,7 @@ impl Engine {
             waiting: Index::new(),
             tcp_by_name: Index::new(),
             by_client: Index::new(),
+            by_question: Index::new(),
             hasher: RandomState::default(),
             order: VecDeque::new(),
             settling: Vec::new(),
@@ -173,14 +177,13 @@ impl Engine {
     }
 
     /// Is a journey for this question from the `client` socket still open?
-    pub fn asking(&self, client: std::net::SocketAddr, name: &str, qtype: Qtype) -> bool {
-        self.by_client
-            .get(&short(self.hasher.hash_one(client)))
-            .any(|slot| {
-                self.open
-                    .get(slot)
-                    .is_some_and(|o| o.client() == client && &*o.name == name && o.qtype == qtype)
-            })
+    pub fn asking(&self, client: SocketAddr, name: &str, qtype: Qtype) -> bool {
+        let key = question_key(&self.hasher, client, qtype, dns::name_hash(name));
+        self.by_question.get(&key).any(|slot| {
+            self.open
+                .get(slot)
+                .is_some_and(|o| o.client() == client && &*o.name == name && o.qtype == qtype)
+        })
     }
 
     /// A TCP segment to or from a DNS port, with or without a message.
@@ -618,6 +621,8 @@ impl Engine {
         }
         self.by_client
             .add(short(self.hasher.hash_one(client)), slot);
+        let asked = question_key(&self.hasher, client, o.qtype, name_hash);
+        self.by_question.add(asked, slot);
         if self.order.len() > 2 * self.open.len() + 1024 {
             let open = &self.open;
             self.order.retain(|&r| open.at(r).is_some());
@@ -711,6 +716,8 @@ impl Engine {
         self.by_client
             .remove(&short(self.hasher.hash_one(o.client())), slot);
         let name = q.name_hash;
+        self.by_question
+            .remove(&question_key(&self.hasher, q.client, q.qtype, name), slot);
         for pl in o.places(&self.devices).into_iter().flatten() {
             self.waiting
                 .remove(&place_key(&self.hasher, name, pl), slot);
@@ -763,6 +770,15 @@ impl Engine {
 /// Where a journey waits for `name` (hashed) at `place`, in
 /// `Engine::waiting`: hashed as two words, as `ByKey`'s keys are, since
 /// a query's every hop to another place files it again.
+/// The key of `Engine::by_question`, hashed as words as `place_key` is.
+fn question_key(hasher: &RandomState, client: SocketAddr, qtype: Qtype, name: u64) -> u32 {
+    let mut h = hasher.build_hasher();
+    h.write_u128(ip_word(client.ip()));
+    h.write_u64(u64::from(client.port()) | u64::from(qtype.0) << 16);
+    h.write_u64(name);
+    short(h.finish())
+}
+
 fn place_key(hasher: &RandomState, name: u64, place: Place) -> u32 {
     let word = match place {
         Place::Netns(node, netns) => 1 << 127 | u128::from(node.0) << 32 | u128::from(netns),

@@ -624,6 +624,34 @@ fn a_and_aaaa_from_one_socket_are_siblings_of_one_lookup() {
     assert_ne!(js[0].id, js[1].id);
 }
 
+/// A resolver's one socket with thousands of questions open (an upstream
+/// down): each is found by its own index entry, not by the socket's.
+#[test]
+fn a_question_asked_from_a_busy_socket_is_found_by_its_own_entry() {
+    let mut e = Engine::new(Limits::default());
+    let client = "10.244.0.10:4000";
+    for i in 0..2_000u16 {
+        let name = format!("n{i}.example.");
+        e.push(&healthy_named(u64::from(i), client, i, &name)[0]);
+    }
+    let socket = short(e.hasher.hash_one(addr(client)));
+    assert_eq!(e.by_client.get(&socket).count(), 2_000);
+    let asked = question_key(
+        &e.hasher,
+        addr(client),
+        Qtype::A,
+        dns::name_hash("n7.example."),
+    );
+    assert_eq!(e.by_question.get(&asked).count(), 1);
+    assert!(e.asking(addr(client), "n7.example.", Qtype::A));
+    assert!(!e.asking(addr(client), "n7.example.", Qtype::AAAA));
+    assert!(!e.asking(addr("10.244.0.10:4001"), "n7.example.", Qtype::A));
+    let closed = e.finish(10_000 * MS);
+    assert_eq!(closed.len(), 2_000);
+    assert!(!e.asking(addr(client), "n7.example.", Qtype::A));
+    assert!(e.by_question.is_empty());
+}
+
 #[test]
 fn open_journeys_are_capped_and_evictions_counted() {
     let mut e = Engine::new(Limits {
@@ -663,6 +691,7 @@ fn eviction_takes_the_oldest_open_journey_after_many_closed_and_indexes_empty() 
         e.waiting.is_empty()
             && e.tcp_by_name.is_empty()
             && e.by_client.is_empty()
+            && e.by_question.is_empty()
             && e.by_key.slots.is_empty()
     );
     assert!(e.order.len() <= 1024 + 5);
