@@ -767,9 +767,6 @@ impl Engine {
     }
 }
 
-/// Where a journey waits for `name` (hashed) at `place`, in
-/// `Engine::waiting`: hashed as two words, as `ByKey`'s keys are, since
-/// a query's every hop to another place files it again.
 /// The key of `Engine::by_question`, hashed as words as `place_key` is.
 fn question_key(hasher: &RandomState, client: SocketAddr, qtype: Qtype, name: u64) -> u32 {
     let mut h = hasher.build_hasher();
@@ -779,6 +776,9 @@ fn question_key(hasher: &RandomState, client: SocketAddr, qtype: Qtype, name: u6
     short(h.finish())
 }
 
+/// Where a journey waits for `name` (hashed) at `place`, in
+/// `Engine::waiting`: hashed as two words, as `ByKey`'s keys are, since
+/// a query's every hop to another place files it again.
 fn place_key(hasher: &RandomState, name: u64, place: Place) -> u32 {
     let word = match place {
         Place::Netns(node, netns) => 1 << 127 | u128::from(node.0) << 32 | u128::from(netns),
