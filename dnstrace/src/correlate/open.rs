@@ -636,10 +636,12 @@ pub(super) struct OpenLeg {
 
 const _: () = assert!(std::mem::size_of::<OpenLeg>() <= 32);
 
-/// Legs an open journey has room for from its start: a lookup through a
-/// service's DNAT on one node passes 8 hooks (pod, veth, bridge, CoreDNS
-/// and back), and a vector grown to 8 one leg at a time moves twice.
-const LEGS: usize = 8;
+/// Legs an open journey has room for from its start: a query through a
+/// service's DNAT on one node passes 4 hooks on its way to CoreDNS. Those
+/// never answered (an upstream down) are the many open at once, and room
+/// for the answer's 4 as well cost each 128 bytes more (a fifth of the
+/// memory figure's RSS); an answered one grows once.
+const LEGS: usize = 4;
 
 /// Legs a journey keeps: more are one socket's packets looping or
 /// resent without end (the kernel sends a loop's 1st, 2nd, 4th... lap
