@@ -652,6 +652,29 @@ fn a_question_asked_from_a_busy_socket_is_found_by_its_own_entry() {
     assert!(e.by_question.is_empty());
 }
 
+/// Unanswered queries are the many open at once when an upstream is down:
+/// each keeps room for the 4 legs a query passes through a DNAT, not for
+/// an answer's too; an answered journey grows to hold all 8.
+#[test]
+fn an_unanswered_query_keeps_room_for_its_own_legs_only() {
+    let mut e = Engine::new(Limits::default());
+    let legs = healthy(0, "10.244.0.10:4000", CLIENT_NS, 7);
+    for r in &legs[..4] {
+        e.push(r);
+    }
+    let rooms: Vec<(usize, usize)> = e
+        .open
+        .iter()
+        .map(|(_, o)| (o.legs.len(), o.legs.capacity()))
+        .collect();
+    assert_eq!(rooms, vec![(4, 4)]);
+    for r in &legs[4..] {
+        e.push(r);
+    }
+    let (_, o) = e.open.iter().next().expect("still open until settled");
+    assert_eq!(o.legs.len(), 8);
+}
+
 #[test]
 fn open_journeys_are_capped_and_evictions_counted() {
     let mut e = Engine::new(Limits {
