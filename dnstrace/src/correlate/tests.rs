@@ -646,6 +646,11 @@ fn a_question_asked_from_a_busy_socket_is_found_by_its_own_entry() {
     assert!(e.asking(addr(client), "n7.example.", Qtype::A));
     assert!(!e.asking(addr(client), "n7.example.", Qtype::AAAA));
     assert!(!e.asking(addr("10.244.0.10:4001"), "n7.example.", Qtype::A));
+    // Found through that entry alone, not by the socket's 2,000.
+    let slot = e.by_question.get(&asked).next().expect("filed");
+    e.by_question.remove(&asked, slot);
+    assert!(!e.asking(addr(client), "n7.example.", Qtype::A));
+    e.by_question.add(asked, slot);
     let closed = e.finish(10_000 * MS);
     assert_eq!(closed.len(), 2_000);
     assert!(!e.asking(addr(client), "n7.example.", Qtype::A));
