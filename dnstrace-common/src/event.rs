@@ -1,7 +1,7 @@
 //! The wire layout of events sent from the kernel, and their checked decoding.
 
 /// Bumped whenever the layout of any event changes.
-pub const SCHEMA_VERSION: u16 = 3;
+pub const SCHEMA_VERSION: u16 = 4;
 
 /// Most payload bytes a packet event carries in the ring; DNS over UDP fits.
 pub const PAYLOAD_MAX: usize = 4096;
@@ -254,7 +254,10 @@ pub const FLAG_MORE_FRAGMENTS: u8 = 8;
 /// no helper that reads an skb's pages into the ring).
 pub const FLAG_PAYLOAD_APART: u8 = 16;
 
-/// A DNS packet as seen by a hook; `cap_len` payload bytes follow it.
+/// A DNS packet as seen by a hook. On the wire it is sent in parts: its
+/// fixed part (up to `cap_len`), then each section its `sections` bits name,
+/// in the order of [`SECTIONS`], then `cap_len` payload bytes. A hop sends
+/// only what it has: most carry no conntrack entry, and only drops a reason.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PacketMeta {
@@ -283,27 +286,138 @@ pub struct PacketMeta {
     /// `FLAG_*` bits.
     pub flags: u8,
     pub tcp_flags: u8,
-    pub _pad: u8,
-    /// Payload bytes that follow this struct.
+    /// `SECTION_*` bits: the sections sent after the fixed part.
+    pub sections: u8,
+    /// Payload bytes that follow the sections.
     pub cap_len: u16,
-    /// Device name (tracepoint hooks), NUL-padded.
+    /// [`SECTION_NAME`]: the device's name (tracepoint hooks), NUL-padded.
     pub ifname: [u8; 16],
-    /// For `Hook::Drop`: the kernel's `skb_drop_reason` and where it dropped.
-    pub drop_reason: u32,
-    /// The IP datagram's identification (IPv6: of its fragment header),
-    /// for fragments.
-    pub frag_id: u32,
+    /// [`SECTION_DROP`]: where the kernel dropped it, and its
+    /// `skb_drop_reason`.
     pub drop_location: u64,
-    /// Byte offset of a fragment's data in its datagram.
+    pub drop_reason: u32,
+    pub _pad_drop: u32,
+    /// [`SECTION_FRAGMENT`]: the IP datagram's identification (IPv6: of its
+    /// fragment header), and the fragment's data's byte offset in it.
+    pub frag_id: u32,
     pub frag_offset: u16,
-    /// The CPU that sent a payload apart, and its sequence there.
-    pub cpu: u16,
+    pub _pad_frag: u16,
+    /// [`SECTION_APART`]: the CPU that sent a payload apart, and its
+    /// sequence there.
     pub apart_seq: u32,
+    pub cpu: u16,
+    pub _pad_apart: u16,
+    /// [`SECTION_CONNTRACK`].
     pub ct: CtInfo,
 }
 
-/// Size of [`PacketMeta`] on the wire.
+/// Size of a whole [`PacketMeta`], every section included.
 pub const PACKET_META_SIZE: usize = core::mem::size_of::<PacketMeta>();
+
+/// Bytes of a [`PacketMeta`] every event carries, before its sections.
+pub const PACKET_FIXED_SIZE: usize = core::mem::offset_of!(PacketMeta, ifname);
+
+pub const SECTION_NAME: u8 = 1;
+pub const SECTION_DROP: u8 = 2;
+pub const SECTION_FRAGMENT: u8 = 4;
+pub const SECTION_APART: u8 = 8;
+pub const SECTION_CONNTRACK: u8 = 16;
+
+/// Each section: its bit, and where its bytes lie in a [`PacketMeta`]
+/// (offset, length). On the wire they follow the fixed part in this order.
+pub const SECTIONS: [(u8, usize, usize); 5] = [
+    (SECTION_NAME, core::mem::offset_of!(PacketMeta, ifname), 16),
+    (
+        SECTION_DROP,
+        core::mem::offset_of!(PacketMeta, drop_location),
+        16,
+    ),
+    (
+        SECTION_FRAGMENT,
+        core::mem::offset_of!(PacketMeta, frag_id),
+        8,
+    ),
+    (
+        SECTION_APART,
+        core::mem::offset_of!(PacketMeta, apart_seq),
+        8,
+    ),
+    (
+        SECTION_CONNTRACK,
+        core::mem::offset_of!(PacketMeta, ct),
+        core::mem::size_of::<CtInfo>(),
+    ),
+];
+
+/// Every section bit this version knows.
+pub const SECTIONS_KNOWN: u8 =
+    SECTION_NAME | SECTION_DROP | SECTION_FRAGMENT | SECTION_APART | SECTION_CONNTRACK;
+
+impl PacketMeta {
+    /// The sections its hook and flags call for.
+    #[inline(always)]
+    pub fn needed_sections(&self) -> u8 {
+        let mut bits = 0;
+        if self.ifname[0] != 0 {
+            bits |= SECTION_NAME;
+        }
+        if self.hook == Hook::Drop as u8 {
+            bits |= SECTION_DROP;
+        }
+        if self.flags & FLAG_FRAGMENT != 0 {
+            bits |= SECTION_FRAGMENT;
+        }
+        if self.flags & FLAG_PAYLOAD_APART != 0 {
+            bits |= SECTION_APART;
+        }
+        if self.flags & FLAG_CONNTRACK != 0 {
+            bits |= SECTION_CONNTRACK;
+        }
+        bits
+    }
+
+    /// Bytes before the payload of an event with `sections`.
+    #[inline(always)]
+    pub const fn head_size(sections: u8) -> usize {
+        let mut size = PACKET_FIXED_SIZE;
+        let mut i = 0;
+        while i < SECTIONS.len() {
+            if sections & SECTIONS[i].0 != 0 {
+                size += SECTIONS[i].2;
+            }
+            i += 1;
+        }
+        size
+    }
+
+    /// Its bytes as sent: the fixed part, then each section in `sections`,
+    /// in order. `sections` and the header are taken as they are.
+    pub fn wire_parts(&self) -> impl Iterator<Item = &[u8]> {
+        // SAFETY: reading the bytes of a plain-data struct.
+        let raw = unsafe {
+            core::slice::from_raw_parts((self as *const Self).cast::<u8>(), PACKET_META_SIZE)
+        };
+        let fixed = core::iter::once(&raw[..PACKET_FIXED_SIZE]);
+        fixed.chain(
+            SECTIONS
+                .iter()
+                .filter(|(bit, _, _)| self.sections & bit != 0)
+                .map(move |&(_, at, len)| &raw[at..at + len]),
+        )
+    }
+}
+
+/// Writes `meta` and `payload` into `out` as the kernel sends an event:
+/// the sections its fields call for, the header's size to match.
+pub fn encode_packet(mut meta: PacketMeta, payload: &[u8], out: &mut impl Extend<u8>) {
+    meta.sections = meta.needed_sections();
+    meta.cap_len = payload.len() as u16;
+    meta.header.size = (PacketMeta::head_size(meta.sections) + payload.len()) as u32;
+    for part in meta.wire_parts() {
+        out.extend(part.iter().copied());
+    }
+    out.extend(payload.iter().copied());
+}
 
 /// Why a byte buffer is not a valid event.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -313,6 +427,7 @@ pub enum DecodeError {
     Version { found: u16, expected: u16 },
     SizeMismatch { header: u32, have: usize },
     BadPayload { cap_len: u16, left: usize },
+    UnknownSections(u8),
 }
 
 impl core::fmt::Display for DecodeError {
@@ -333,6 +448,12 @@ impl core::fmt::Display for DecodeError {
             }
             Self::BadPayload { cap_len, left } => {
                 write!(f, "event announces {cap_len} payload bytes, {left} present")
+            }
+            Self::UnknownSections(bits) => {
+                write!(
+                    f,
+                    "event announces sections {bits:#04x} this dnstrace does not know"
+                )
             }
         }
     }
@@ -357,17 +478,41 @@ pub fn decode_header(buf: &[u8]) -> Result<(EventKind, EventHeader), DecodeError
     Ok((kind, header))
 }
 
-/// Decodes a packet event into its metadata and captured payload.
+/// Decodes a packet event into its metadata, the sections it did not
+/// carry zeroed, and its captured payload.
 pub fn decode_packet(buf: &[u8]) -> Result<(PacketMeta, &[u8]), DecodeError> {
     let (_, header) = decode_header(buf)?;
-    let meta: PacketMeta = read(buf)?;
     let event = &buf[..header.size as usize];
-    let payload = event.get(PACKET_META_SIZE..).unwrap_or_default();
-    let payload = payload
+    let fixed = event
+        .get(..PACKET_FIXED_SIZE)
+        .ok_or(DecodeError::TooShort {
+            need: PACKET_FIXED_SIZE,
+            have: event.len(),
+        })?;
+    let mut raw = [0u8; PACKET_META_SIZE];
+    raw[..PACKET_FIXED_SIZE].copy_from_slice(fixed);
+    let sections = raw[core::mem::offset_of!(PacketMeta, sections)];
+    if sections & !SECTIONS_KNOWN != 0 {
+        return Err(DecodeError::UnknownSections(sections));
+    }
+    let mut rest = &event[PACKET_FIXED_SIZE..];
+    for &(bit, at, len) in &SECTIONS {
+        if sections & bit == 0 {
+            continue;
+        }
+        let (part, after) = rest.split_at_checked(len).ok_or(DecodeError::TooShort {
+            need: PacketMeta::head_size(sections),
+            have: event.len(),
+        })?;
+        raw[at..at + len].copy_from_slice(part);
+        rest = after;
+    }
+    let meta: PacketMeta = read(&raw)?;
+    let payload = rest
         .get(..meta.cap_len as usize)
         .ok_or(DecodeError::BadPayload {
             cap_len: meta.cap_len,
-            left: payload.len(),
+            left: rest.len(),
         })?;
     Ok((meta, payload))
 }
@@ -403,7 +548,9 @@ mod user {
 // The layouts are shared with the kernel programs: no implicit padding allowed.
 const _: () = assert!(core::mem::size_of::<CtTuple>() == 40);
 const _: () = assert!(core::mem::size_of::<CtInfo>() == 88);
-const _: () = assert!(core::mem::size_of::<PacketMeta>() == 80 + 40 + 88);
+const _: () = assert!(core::mem::size_of::<PacketMeta>() == 80 + 48 + 88);
+const _: () = assert!(PACKET_FIXED_SIZE == 80);
+const _: () = assert!(PacketMeta::head_size(SECTIONS_KNOWN) == PACKET_META_SIZE);
 const _: () = assert!(APART_HEAD_SIZE == 16);
 // The programs clear the name as two words and read addresses as four.
 const _: () = assert!(core::mem::offset_of!(PacketMeta, ifname) % 8 == 0);
@@ -420,45 +567,27 @@ mod tests {
     use super::*;
     use std::vec::Vec;
 
+    fn meta() -> PacketMeta {
+        // SAFETY: plain integers and byte arrays, for which zero is valid.
+        let mut m: PacketMeta = unsafe { core::mem::zeroed() };
+        m.header = EventHeader {
+            kind: EventKind::Packet as u16,
+            version: SCHEMA_VERSION,
+            size: 0,
+        };
+        (m.ts_ns, m.netns, m.ifindex, m.wire_len) = (1, 2, 3, 4);
+        (m.saddr, m.daddr, m.sport, m.dport) = ([1; 16], [2; 16], 53, 5353);
+        (m.ip_version, m.l4_proto, m.hook) = (4, 17, Hook::TcEgress as u8);
+        m
+    }
+
     fn packet(cap_len: u16, payload: &[u8]) -> Vec<u8> {
-        let meta = PacketMeta {
-            header: EventHeader {
-                kind: EventKind::Packet as u16,
-                version: SCHEMA_VERSION,
-                size: (PACKET_META_SIZE + payload.len()) as u32,
-            },
-            ts_ns: 1,
-            netns: 2,
-            ifindex: 3,
-            wire_len: 4,
-            payload_len: payload.len() as u32,
-            saddr: [1; 16],
-            daddr: [2; 16],
-            sport: 53,
-            dport: 5353,
-            tcp_seq: 0,
-            ip_version: 4,
-            l4_proto: 17,
-            hook: Hook::TcEgress as u8,
-            flags: 0,
-            tcp_flags: 0,
-            _pad: 0,
-            cap_len,
-            ifname: [0; 16],
-            drop_reason: 0,
-            frag_id: 0,
-            drop_location: 0,
-            frag_offset: 0,
-            cpu: 0,
-            apart_seq: 0,
-            ct: CtInfo::default(),
-        };
-        // SAFETY: reading the bytes of a plain-data struct.
-        let raw = unsafe {
-            core::slice::from_raw_parts((&meta as *const PacketMeta).cast::<u8>(), PACKET_META_SIZE)
-        };
-        let mut buf = raw.to_vec();
-        buf.extend_from_slice(payload);
+        let mut m = meta();
+        m.payload_len = payload.len() as u32;
+        let mut buf = Vec::new();
+        encode_packet(m, payload, &mut buf);
+        buf[core::mem::offset_of!(PacketMeta, cap_len)..][..2]
+            .copy_from_slice(&cap_len.to_ne_bytes());
         buf
     }
 
@@ -495,5 +624,62 @@ mod tests {
             decode_packet(&buf[..buf.len() - 1]),
             Err(DecodeError::SizeMismatch { .. })
         ));
+        let mut buf = packet(3, b"abc");
+        buf[core::mem::offset_of!(PacketMeta, sections)] = 0x40;
+        assert_eq!(decode_packet(&buf), Err(DecodeError::UnknownSections(0x40)));
+        let mut buf = packet(0, b"");
+        buf[core::mem::offset_of!(PacketMeta, sections)] = SECTION_CONNTRACK;
+        assert!(matches!(
+            decode_packet(&buf),
+            Err(DecodeError::TooShort { .. })
+        ));
+    }
+
+    /// A hop sends only the sections it has, and each comes back in its
+    /// place; those it did not send read as zero.
+    #[test]
+    fn sections_are_sent_only_when_there_and_come_back_in_place() {
+        let mut m = meta();
+        assert_eq!(m.needed_sections(), 0);
+        let mut plain = Vec::new();
+        encode_packet(m, b"abc", &mut plain);
+        assert_eq!(plain.len(), PACKET_FIXED_SIZE + 3);
+        m.ifname[..4].copy_from_slice(b"eth0");
+        m.hook = Hook::Drop as u8;
+        (m.drop_reason, m.drop_location) = (77, 0xffff_8000_0000_1234);
+        m.flags = FLAG_FRAGMENT | FLAG_CONNTRACK;
+        (m.frag_id, m.frag_offset) = (9, 1480);
+        m.ct.status = 0x1a8;
+        m.ct.original.sport = 4242;
+        let mut full = Vec::new();
+        encode_packet(m, b"abc", &mut full);
+        let want = SECTION_NAME | SECTION_DROP | SECTION_FRAGMENT | SECTION_CONNTRACK;
+        assert_eq!(full.len(), PacketMeta::head_size(want) + 3);
+        assert_eq!(
+            full.len(),
+            PACKET_META_SIZE - 8 + 3,
+            "all but the apart section"
+        );
+        let (back, payload) = decode_packet(&full).unwrap();
+        assert_eq!(payload, b"abc");
+        assert_eq!(back.sections, want);
+        assert_eq!(
+            (back.drop_reason, back.drop_location),
+            (77, 0xffff_8000_0000_1234)
+        );
+        assert_eq!((back.frag_id, back.frag_offset), (9, 1480));
+        assert_eq!((back.ct.status, back.ct.original.sport), (0x1a8, 4242));
+        assert_eq!(&back.ifname[..5], b"eth0\0");
+        m.flags = FLAG_CONNTRACK;
+        m.hook = Hook::DevXmit as u8;
+        m.ifname = [0; 16];
+        let mut ct_only = Vec::new();
+        encode_packet(m, b"", &mut ct_only);
+        let (back, _) = decode_packet(&ct_only).unwrap();
+        assert_eq!(
+            (back.drop_reason, back.frag_id, back.ifname),
+            (0, 0, [0; 16])
+        );
+        assert_eq!(back.ct, m.ct);
     }
 }

@@ -5,12 +5,15 @@ use crate::{
 };
 use aya_ebpf::{
     bindings::{
-        BPF_F_CURRENT_CPU, BPF_F_NO_PREALLOC, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP,
+        bpf_dynptr, BPF_F_CURRENT_CPU, BPF_F_NO_PREALLOC, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP,
         BPF_RB_NO_WAKEUP,
     },
     helpers::{
         bpf_get_smp_processor_id, bpf_ktime_get_ns,
-        generated::{bpf_ringbuf_output, bpf_skb_output},
+        generated::{
+            bpf_dynptr_write, bpf_ringbuf_discard_dynptr, bpf_ringbuf_reserve_dynptr,
+            bpf_ringbuf_submit_dynptr, bpf_skb_output,
+        },
     },
     macros::map,
     maps::{Array, HashMap, LruHashMap, PerCpuArray, PerfEventArray, RingBuf},
@@ -19,8 +22,8 @@ use dnstrace_common::{
     port_slot, sample, wakes_reader, ApartHead, EventHeader, EventKind, IfaceConfig, KernelOffsets,
     PacketMeta, SampleLevel, TargetFilter, APART_HEAD_SIZE, COUNTERS, COUNT_APART_LOST, COUNT_LOST,
     COUNT_SHED, CT_SPAN_MAX, FLAG_CONNTRACK, FLAG_PAYLOAD_APART, L2_LEN_MIXED, MAX_SCOPE,
-    MAX_VIEWED, MAX_VIEWED_LABELS, MAX_WATCHED, PACKET_META_SIZE, PAYLOAD_MAX, PORT_WORDS,
-    ROLE_RESOLVER, ROLE_TARGET, SCHEMA_VERSION, VIEWED_LABEL_NS,
+    MAX_VIEWED, MAX_VIEWED_LABELS, MAX_WATCHED, PACKET_FIXED_SIZE, PAYLOAD_MAX, PORT_WORDS,
+    ROLE_RESOLVER, ROLE_TARGET, SCHEMA_VERSION, SECTIONS, SECTION_NAME, VIEWED_LABEL_NS,
 };
 
 #[map]
@@ -441,10 +444,13 @@ pub fn count(counter: u32) {
 }
 
 /// Stamps the header and time and queues the event with `cap` payload
-/// bytes.
+/// bytes: its fixed part, the sections it has, then the payload.
 #[inline(always)]
 pub fn send(s: &mut Scratch, cap: usize) -> Result<(), i64> {
-    let size = PACKET_META_SIZE + if cap > PAYLOAD_MAX { PAYLOAD_MAX } else { cap };
+    let cap = if cap > PAYLOAD_MAX { PAYLOAD_MAX } else { cap };
+    let sections = s.meta.needed_sections();
+    let size = PacketMeta::head_size(sections) + cap;
+    s.meta.sections = sections;
     s.meta.header = EventHeader {
         kind: EventKind::Packet as u16,
         version: SCHEMA_VERSION,
@@ -452,18 +458,60 @@ pub fn send(s: &mut Scratch, cap: usize) -> Result<(), i64> {
     };
     // SAFETY: plain helper call.
     s.meta.ts_ns = unsafe { bpf_ktime_get_ns() };
-    // SAFETY: `s` is a valid map value of at least `size` bytes.
-    let ret = unsafe {
-        bpf_ringbuf_output(
+    let flags = wakeup(size as u64);
+    // A dynptr lives in its stack slot: the verifier refuses a copy.
+    let mut event = bpf_dynptr { __opaque: [0; 2] };
+    // SAFETY: the helper initialises the stack dynptr, or marks it null on
+    // failure (the writes then fail and it is discarded). It is released
+    // once below, on either path.
+    unsafe {
+        bpf_ringbuf_reserve_dynptr(
             (&raw const EVENTS).cast_mut().cast(),
-            (s as *mut Scratch).cast(),
-            size as u64,
-            wakeup(size as u64),
-        )
-    };
-    if ret != 0 {
-        count(COUNT_LOST);
-        return Err(skip(Why::RingFull, size as u32));
+            size as u32,
+            0,
+            &mut event,
+        );
+        if write_event(&event, s, sections, cap).is_err() {
+            bpf_ringbuf_discard_dynptr(&mut event, 0);
+            count(COUNT_LOST);
+            return Err(skip(Why::RingFull, size as u32));
+        }
+        bpf_ringbuf_submit_dynptr(&mut event, flags);
     }
+    Ok(())
+}
+
+/// Writes `len` bytes at `src` into `event` at `at`; the offset after them.
+#[inline(always)]
+fn write_at(event: &bpf_dynptr, at: u32, src: *const u8, len: u32) -> Result<u32, i64> {
+    // SAFETY: `src` lies in this CPU's scratch event with `len` bytes after
+    // it; the helper checks `at + len` against the reservation.
+    let ret = unsafe { bpf_dynptr_write(event, at, src.cast_mut().cast(), len, 0) };
+    if ret != 0 {
+        return Err(ret);
+    }
+    Ok(at + len)
+}
+
+/// Copies into the ring only the parts a hop has: the fixed part, its
+/// sections, its payload.
+#[inline(always)]
+fn write_event(event: &bpf_dynptr, s: &Scratch, sections: u8, cap: usize) -> Result<(), i64> {
+    let meta = (&raw const s.meta).cast::<u8>();
+    // The name follows the fixed part in the scratch event as on the wire:
+    // one copy for both.
+    let first = if sections & SECTION_NAME != 0 {
+        PACKET_FIXED_SIZE + 16
+    } else {
+        PACKET_FIXED_SIZE
+    };
+    let mut at = write_at(event, 0, meta, first as u32)?;
+    for (bit, offset, len) in SECTIONS {
+        if bit != SECTION_NAME && sections & bit != 0 {
+            // SAFETY: a section's bytes lie inside the `PacketMeta`.
+            at = write_at(event, at, unsafe { meta.add(offset) }, len as u32)?;
+        }
+    }
+    write_at(event, at, s.payload.as_ptr(), cap as u32)?;
     Ok(())
 }

@@ -297,7 +297,7 @@ mod tests {
 
     use dnstrace_common::{
         CtInfo, CtTuple, EventHeader, EventKind, PacketMeta, FLAG_CONNTRACK, FLAG_FRAGMENT,
-        FLAG_MORE_FRAGMENTS, FLAG_TRUNCATED, PACKET_META_SIZE, SCHEMA_VERSION,
+        FLAG_MORE_FRAGMENTS, FLAG_TRUNCATED, SCHEMA_VERSION,
     };
     use hickory_proto::{
         op::{Edns, Message, MessageType, Query, ResponseCode},
@@ -493,15 +493,8 @@ mod tests {
 
     /// A packet event as the kernel programs write it.
     fn event_bytes(meta: PacketMeta, payload: &[u8]) -> Vec<u8> {
-        let mut meta = meta;
-        meta.header.size = (PACKET_META_SIZE + payload.len()) as u32;
-        meta.cap_len = payload.len() as u16;
-        // SAFETY: reading the bytes of a plain-data struct without padding.
-        let raw = unsafe {
-            std::slice::from_raw_parts((&meta as *const PacketMeta).cast::<u8>(), PACKET_META_SIZE)
-        };
-        let mut buf = raw.to_vec();
-        buf.extend_from_slice(payload);
+        let mut buf = Vec::new();
+        dnstrace_common::encode_packet(meta, payload, &mut buf);
         buf
     }
 
@@ -530,15 +523,18 @@ mod tests {
             hook: Hook::TcEgress as u8,
             flags: 0,
             tcp_flags: 0,
-            _pad: 0,
+            sections: 0,
             cap_len: 0,
             ifname: [0; 16],
-            drop_reason: 0,
-            frag_id: 0,
             drop_location: 0,
+            drop_reason: 0,
+            _pad_drop: 0,
+            frag_id: 0,
             frag_offset: 0,
-            cpu: 0,
+            _pad_frag: 0,
             apart_seq: 0,
+            cpu: 0,
+            _pad_apart: 0,
             ct: CtInfo::default(),
         };
         let mut nat = udp;

@@ -10,7 +10,6 @@ use aya::maps::{
 };
 use dnstrace_common::{
     ApartHead, PacketMeta, APART_HEAD_SIZE, APART_MAX, FLAG_PAYLOAD_APART, FLAG_TRUNCATED,
-    PACKET_META_SIZE,
 };
 
 /// Pages of each CPU's perf buffer: room for a few of the largest payloads
@@ -114,14 +113,8 @@ fn write_whole(mut meta: PacketMeta, payload: &[u8], out: &mut Vec<u8>) {
     if (payload.len() as u32) < meta.payload_len {
         meta.flags |= FLAG_TRUNCATED;
     }
-    meta.cap_len = payload.len() as u16;
-    meta.header.size = (PACKET_META_SIZE + payload.len()) as u32;
     out.clear();
-    // SAFETY: reading the bytes of a plain-data struct.
-    out.extend_from_slice(unsafe {
-        std::slice::from_raw_parts((&raw const meta).cast::<u8>(), PACKET_META_SIZE)
-    });
-    out.extend_from_slice(payload);
+    dnstrace_common::encode_packet(meta, payload, out);
 }
 
 #[cfg(test)]
@@ -135,24 +128,15 @@ mod tests {
         m.header = EventHeader {
             kind: EventKind::Packet as u16,
             version: SCHEMA_VERSION,
-            size: (PACKET_META_SIZE + cap.len()) as u32,
+            size: 0,
         };
         m.payload_len = payload_len;
-        m.cap_len = cap.len() as u16;
         m.flags = FLAG_PAYLOAD_APART | FLAG_TRUNCATED;
         m.cpu = 1;
         m.apart_seq = 7;
         let mut out = Vec::new();
-        write_raw(&m, &mut out);
-        out.extend_from_slice(cap);
+        dnstrace_common::encode_packet(m, cap, &mut out);
         out
-    }
-
-    fn write_raw(m: &PacketMeta, out: &mut Vec<u8>) {
-        // SAFETY: reading the bytes of a plain-data struct.
-        out.extend_from_slice(unsafe {
-            std::slice::from_raw_parts((m as *const PacketMeta).cast::<u8>(), PACKET_META_SIZE)
-        });
     }
 
     fn head(seq: u32, start: u32, len: u32) -> Vec<u8> {
