@@ -255,12 +255,34 @@ pub const FLAG_MORE_FRAGMENTS: u8 = 8;
 pub const FLAG_PAYLOAD_APART: u8 = 16;
 
 /// A DNS packet as seen by a hook. On the wire it is sent in parts: its
-/// fixed part (up to `cap_len`), then each section its `sections` bits name,
-/// in the order of [`SECTIONS`], then `cap_len` payload bytes. A hop sends
-/// only what it has: most carry no conntrack entry, and only drops a reason.
+/// fixed part (from `header` to `cap_len`), then each section its
+/// `sections` bits name, in the order of [`SECTIONS`], then `cap_len`
+/// payload bytes. A hop sends only what it has: most carry no conntrack
+/// entry, and only drops a reason.
+///
+/// In memory the sections other than the name come first: in the kernel's
+/// scratch event the fixed part, the name and the payload are then one run
+/// of bytes, and a hop with none of the others is sent in one copy.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PacketMeta {
+    /// [`SECTION_DROP`]: where the kernel dropped it, and its
+    /// `skb_drop_reason`.
+    pub drop_location: u64,
+    pub drop_reason: u32,
+    pub _pad_drop: u32,
+    /// [`SECTION_FRAGMENT`]: the IP datagram's identification (IPv6: of its
+    /// fragment header), and the fragment's data's byte offset in it.
+    pub frag_id: u32,
+    pub frag_offset: u16,
+    pub _pad_frag: u16,
+    /// [`SECTION_APART`]: the CPU that sent a payload apart, and its
+    /// sequence there.
+    pub apart_seq: u32,
+    pub cpu: u16,
+    pub _pad_apart: u16,
+    /// [`SECTION_CONNTRACK`].
+    pub ct: CtInfo,
     pub header: EventHeader,
     /// CLOCK_MONOTONIC nanoseconds (`bpf_ktime_get_ns`).
     pub ts_ns: u64,
@@ -292,30 +314,21 @@ pub struct PacketMeta {
     pub cap_len: u16,
     /// [`SECTION_NAME`]: the device's name (tracepoint hooks), NUL-padded.
     pub ifname: [u8; 16],
-    /// [`SECTION_DROP`]: where the kernel dropped it, and its
-    /// `skb_drop_reason`.
-    pub drop_location: u64,
-    pub drop_reason: u32,
-    pub _pad_drop: u32,
-    /// [`SECTION_FRAGMENT`]: the IP datagram's identification (IPv6: of its
-    /// fragment header), and the fragment's data's byte offset in it.
-    pub frag_id: u32,
-    pub frag_offset: u16,
-    pub _pad_frag: u16,
-    /// [`SECTION_APART`]: the CPU that sent a payload apart, and its
-    /// sequence there.
-    pub apart_seq: u32,
-    pub cpu: u16,
-    pub _pad_apart: u16,
-    /// [`SECTION_CONNTRACK`].
-    pub ct: CtInfo,
 }
 
 /// Size of a whole [`PacketMeta`], every section included.
 pub const PACKET_META_SIZE: usize = core::mem::size_of::<PacketMeta>();
 
-/// Bytes of a [`PacketMeta`] every event carries, before its sections.
-pub const PACKET_FIXED_SIZE: usize = core::mem::offset_of!(PacketMeta, ifname);
+/// Where in a [`PacketMeta`] the part every event carries starts, and its
+/// size: it comes first on the wire, before the sections.
+pub const PACKET_FIXED_AT: usize = core::mem::offset_of!(PacketMeta, header);
+pub const PACKET_FIXED_SIZE: usize = core::mem::offset_of!(PacketMeta, ifname) - PACKET_FIXED_AT;
+
+/// Where a field of the fixed part, at `in_meta` in a [`PacketMeta`], lies
+/// in an event's bytes.
+pub const fn wire_offset(in_meta: usize) -> usize {
+    in_meta - PACKET_FIXED_AT
+}
 
 pub const SECTION_NAME: u8 = 1;
 pub const SECTION_DROP: u8 = 2;
@@ -397,7 +410,7 @@ impl PacketMeta {
         let raw = unsafe {
             core::slice::from_raw_parts((self as *const Self).cast::<u8>(), PACKET_META_SIZE)
         };
-        let fixed = core::iter::once(&raw[..PACKET_FIXED_SIZE]);
+        let fixed = core::iter::once(&raw[PACKET_FIXED_AT..][..PACKET_FIXED_SIZE]);
         fixed.chain(
             SECTIONS
                 .iter()
@@ -490,7 +503,7 @@ pub fn decode_packet(buf: &[u8]) -> Result<(PacketMeta, &[u8]), DecodeError> {
             have: event.len(),
         })?;
     let mut raw = [0u8; PACKET_META_SIZE];
-    raw[..PACKET_FIXED_SIZE].copy_from_slice(fixed);
+    raw[PACKET_FIXED_AT..][..PACKET_FIXED_SIZE].copy_from_slice(fixed);
     let sections = raw[core::mem::offset_of!(PacketMeta, sections)];
     if sections & !SECTIONS_KNOWN != 0 {
         return Err(DecodeError::UnknownSections(sections));
@@ -550,6 +563,8 @@ const _: () = assert!(core::mem::size_of::<CtTuple>() == 40);
 const _: () = assert!(core::mem::size_of::<CtInfo>() == 88);
 const _: () = assert!(core::mem::size_of::<PacketMeta>() == 80 + 48 + 88);
 const _: () = assert!(PACKET_FIXED_SIZE == 80);
+// The name follows the fixed part, and ends the struct: the payload follows.
+const _: () = assert!(core::mem::offset_of!(PacketMeta, ifname) + 16 == PACKET_META_SIZE);
 const _: () = assert!(PacketMeta::head_size(SECTIONS_KNOWN) == PACKET_META_SIZE);
 const _: () = assert!(APART_HEAD_SIZE == 16);
 // The programs clear the name as two words and read addresses as four.
@@ -586,7 +601,7 @@ mod tests {
         m.payload_len = payload.len() as u32;
         let mut buf = Vec::new();
         encode_packet(m, payload, &mut buf);
-        buf[core::mem::offset_of!(PacketMeta, cap_len)..][..2]
+        buf[wire_offset(core::mem::offset_of!(PacketMeta, cap_len))..][..2]
             .copy_from_slice(&cap_len.to_ne_bytes());
         buf
     }
@@ -625,10 +640,10 @@ mod tests {
             Err(DecodeError::SizeMismatch { .. })
         ));
         let mut buf = packet(3, b"abc");
-        buf[core::mem::offset_of!(PacketMeta, sections)] = 0x40;
+        buf[wire_offset(core::mem::offset_of!(PacketMeta, sections))] = 0x40;
         assert_eq!(decode_packet(&buf), Err(DecodeError::UnknownSections(0x40)));
         let mut buf = packet(0, b"");
-        buf[core::mem::offset_of!(PacketMeta, sections)] = SECTION_CONNTRACK;
+        buf[wire_offset(core::mem::offset_of!(PacketMeta, sections))] = SECTION_CONNTRACK;
         assert!(matches!(
             decode_packet(&buf),
             Err(DecodeError::TooShort { .. })

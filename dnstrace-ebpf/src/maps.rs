@@ -11,8 +11,8 @@ use aya_ebpf::{
     helpers::{
         bpf_get_smp_processor_id, bpf_ktime_get_ns,
         generated::{
-            bpf_dynptr_write, bpf_ringbuf_discard_dynptr, bpf_ringbuf_reserve_dynptr,
-            bpf_ringbuf_submit_dynptr, bpf_skb_output,
+            bpf_dynptr_write, bpf_ringbuf_discard_dynptr, bpf_ringbuf_output,
+            bpf_ringbuf_reserve_dynptr, bpf_ringbuf_submit_dynptr, bpf_skb_output,
         },
     },
     macros::map,
@@ -22,8 +22,9 @@ use dnstrace_common::{
     port_slot, sample, wakes_reader, ApartHead, EventHeader, EventKind, IfaceConfig, KernelOffsets,
     PacketMeta, SampleLevel, TargetFilter, APART_HEAD_SIZE, COUNTERS, COUNT_APART_LOST, COUNT_LOST,
     COUNT_SHED, CT_SPAN_MAX, FLAG_CONNTRACK, FLAG_PAYLOAD_APART, L2_LEN_MIXED, MAX_SCOPE,
-    MAX_VIEWED, MAX_VIEWED_LABELS, MAX_WATCHED, PACKET_FIXED_SIZE, PAYLOAD_MAX, PORT_WORDS,
-    ROLE_RESOLVER, ROLE_TARGET, SCHEMA_VERSION, SECTIONS, SECTION_NAME, VIEWED_LABEL_NS,
+    MAX_VIEWED, MAX_VIEWED_LABELS, MAX_WATCHED, PACKET_FIXED_AT, PACKET_FIXED_SIZE, PAYLOAD_MAX,
+    PORT_WORDS, ROLE_RESOLVER, ROLE_TARGET, SCHEMA_VERSION, SECTIONS, SECTION_NAME,
+    VIEWED_LABEL_NS,
 };
 
 #[map]
@@ -444,11 +445,13 @@ pub fn count(counter: u32) {
 }
 
 /// Stamps the header and time and queues the event with `cap` payload
-/// bytes: its fixed part, the sections it has, then the payload.
+/// bytes: its fixed part, the sections it has, then the payload. The name
+/// is always sent (empty on tc's hooks): with it, a hop that has no other
+/// section is one run of bytes in the scratch event, sent in one copy.
 #[inline(always)]
 pub fn send(s: &mut Scratch, cap: usize) -> Result<(), i64> {
     let cap = if cap > PAYLOAD_MAX { PAYLOAD_MAX } else { cap };
-    let sections = s.meta.needed_sections();
+    let sections = s.meta.needed_sections() | SECTION_NAME;
     let size = PacketMeta::head_size(sections) + cap;
     s.meta.sections = sections;
     s.meta.header = EventHeader {
@@ -459,6 +462,46 @@ pub fn send(s: &mut Scratch, cap: usize) -> Result<(), i64> {
     // SAFETY: plain helper call.
     s.meta.ts_ns = unsafe { bpf_ktime_get_ns() };
     let flags = wakeup(size as u64);
+    let sent = if sections == SECTION_NAME {
+        send_whole(s, size, flags)
+    } else {
+        send_in_parts(s, sections, size, cap, flags)
+    };
+    if sent.is_err() {
+        count(COUNT_LOST);
+        return Err(skip(Why::RingFull, size as u32));
+    }
+    Ok(())
+}
+
+/// The fixed part, the name and the payload, one run of `size` bytes.
+#[inline(always)]
+fn send_whole(s: &Scratch, size: usize, flags: u64) -> Result<(), i64> {
+    // SAFETY: `size` bytes from the header on lie in the scratch event.
+    let ret = unsafe {
+        bpf_ringbuf_output(
+            (&raw const EVENTS).cast_mut().cast(),
+            (&raw const s.meta.header).cast_mut().cast(),
+            size as u64,
+            flags,
+        )
+    };
+    if ret != 0 {
+        return Err(ret);
+    }
+    Ok(())
+}
+
+/// An event with sections apart from the name, written into the ring in
+/// place: each part copied where it goes.
+#[inline(always)]
+fn send_in_parts(
+    s: &Scratch,
+    sections: u8,
+    size: usize,
+    cap: usize,
+    flags: u64,
+) -> Result<(), i64> {
     // A dynptr lives in its stack slot: the verifier refuses a copy.
     let mut event = bpf_dynptr { __opaque: [0; 2] };
     // SAFETY: the helper initialises the stack dynptr, or marks it null on
@@ -471,10 +514,9 @@ pub fn send(s: &mut Scratch, cap: usize) -> Result<(), i64> {
             0,
             &mut event,
         );
-        if write_event(&event, s, sections, cap).is_err() {
+        if let Err(e) = write_event(&event, s, sections, cap) {
             bpf_ringbuf_discard_dynptr(&mut event, 0);
-            count(COUNT_LOST);
-            return Err(skip(Why::RingFull, size as u32));
+            return Err(e);
         }
         bpf_ringbuf_submit_dynptr(&mut event, flags);
     }
@@ -493,19 +535,14 @@ fn write_at(event: &bpf_dynptr, at: u32, src: *const u8, len: u32) -> Result<u32
     Ok(at + len)
 }
 
-/// Copies into the ring only the parts a hop has: the fixed part, its
-/// sections, its payload.
+/// Copies into the ring only the parts a hop has: the fixed part and the
+/// name, its other sections, its payload.
 #[inline(always)]
 fn write_event(event: &bpf_dynptr, s: &Scratch, sections: u8, cap: usize) -> Result<(), i64> {
     let meta = (&raw const s.meta).cast::<u8>();
-    // The name follows the fixed part in the scratch event as on the wire:
-    // one copy for both.
-    let first = if sections & SECTION_NAME != 0 {
-        PACKET_FIXED_SIZE + 16
-    } else {
-        PACKET_FIXED_SIZE
-    };
-    let mut at = write_at(event, 0, meta, first as u32)?;
+    // SAFETY: the fixed part and the name lie in the `PacketMeta`.
+    let fixed = unsafe { meta.add(PACKET_FIXED_AT) };
+    let mut at = write_at(event, 0, fixed, (PACKET_FIXED_SIZE + 16) as u32)?;
     for (bit, offset, len) in SECTIONS {
         if bit != SECTION_NAME && sections & bit != 0 {
             // SAFETY: a section's bytes lie inside the `PacketMeta`.

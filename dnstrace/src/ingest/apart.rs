@@ -9,7 +9,8 @@ use aya::maps::{
     MapData,
 };
 use dnstrace_common::{
-    ApartHead, PacketMeta, APART_HEAD_SIZE, APART_MAX, FLAG_PAYLOAD_APART, FLAG_TRUNCATED,
+    wire_offset, ApartHead, PacketMeta, APART_HEAD_SIZE, APART_MAX, FLAG_PAYLOAD_APART,
+    FLAG_TRUNCATED,
 };
 
 /// Pages of each CPU's perf buffer: room for a few of the largest payloads
@@ -84,7 +85,7 @@ impl Apart {
 
 /// The meta of a packet event that sent its payload apart.
 fn apart_meta(record: &[u8]) -> Option<PacketMeta> {
-    let flags = *record.get(offset_of!(PacketMeta, flags))?;
+    let flags = *record.get(wire_offset(offset_of!(PacketMeta, flags)))?;
     if flags & FLAG_PAYLOAD_APART == 0 {
         return None;
     }
@@ -178,7 +179,7 @@ mod tests {
     #[test]
     fn an_event_that_sent_nothing_apart_is_left_alone() {
         let mut record = meta(3, b"abc");
-        record[offset_of!(PacketMeta, flags)] = FLAG_TRUNCATED;
+        record[wire_offset(offset_of!(PacketMeta, flags))] = FLAG_TRUNCATED;
         assert!(apart_meta(&record).is_none());
     }
 }
