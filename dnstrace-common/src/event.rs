@@ -367,7 +367,7 @@ pub const SECTIONS_KNOWN: u8 =
     SECTION_NAME | SECTION_DROP | SECTION_FRAGMENT | SECTION_APART | SECTION_CONNTRACK;
 
 impl PacketMeta {
-    /// The sections its hook and flags call for.
+    /// The sections its name, hook and flags call for.
     #[inline(always)]
     pub fn needed_sections(&self) -> u8 {
         let mut bits = 0;

@@ -22,9 +22,9 @@ use dnstrace_common::{
     port_slot, sample, wakes_reader, ApartHead, EventHeader, EventKind, IfaceConfig, KernelOffsets,
     PacketMeta, SampleLevel, TargetFilter, APART_HEAD_SIZE, COUNTERS, COUNT_APART_LOST, COUNT_LOST,
     COUNT_SHED, CT_SPAN_MAX, FLAG_CONNTRACK, FLAG_PAYLOAD_APART, L2_LEN_MIXED, MAX_SCOPE,
-    MAX_VIEWED, MAX_VIEWED_LABELS, MAX_WATCHED, PACKET_FIXED_AT, PACKET_FIXED_SIZE, PAYLOAD_MAX,
-    PORT_WORDS, ROLE_RESOLVER, ROLE_TARGET, SCHEMA_VERSION, SECTIONS, SECTION_NAME,
-    VIEWED_LABEL_NS,
+    MAX_VIEWED, MAX_VIEWED_LABELS, MAX_WATCHED, PACKET_FIXED_AT, PACKET_FIXED_SIZE,
+    PACKET_META_SIZE, PAYLOAD_MAX, PORT_WORDS, ROLE_RESOLVER, ROLE_TARGET, SCHEMA_VERSION,
+    SECTIONS, SECTION_NAME, VIEWED_LABEL_NS,
 };
 
 #[map]
@@ -223,6 +223,9 @@ pub struct Scratch {
     /// Lengths passed through memory (`Scratch::opaque`).
     pub lengths: [u32; 4],
 }
+
+// `send_whole` sends the fixed part, the name and the payload as one run.
+const _: () = assert!(core::mem::offset_of!(Scratch, payload) == PACKET_META_SIZE);
 
 /// The lengths `Scratch::opaque` passes through memory.
 #[derive(Clone, Copy)]
