@@ -216,6 +216,28 @@ pub fn question_type(msg: &[u8; QUESTION_READ], valid: usize) -> u16 {
     ])
 }
 
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: plain integers, no padding left implicit.
+    unsafe impl aya::Pod for super::PendingKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::Pending {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::PendingSlot {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::LookupKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::LookupCount {}
+}
+
+const _: () = assert!(core::mem::size_of::<PendingKey>() == 20);
+const _: () = assert!(core::mem::size_of::<Pending>() == 32);
+// One cache line: the query's CPU and the answer's each touch one, where
+// the slots' mapping is page-aligned.
+const _: () = assert!(core::mem::size_of::<PendingSlot>() == 64);
+const _: () = assert!(SLOTS.is_power_of_two());
+const _: () = assert!(core::mem::size_of::<LookupKey>() == 40);
+
 #[cfg(test)]
 mod tests {
     extern crate std;
@@ -290,25 +312,3 @@ mod tests {
         assert_eq!(bucket(10_000_000_001), None);
     }
 }
-
-#[cfg(feature = "user")]
-mod pod {
-    // SAFETY: plain integers, no padding left implicit.
-    unsafe impl aya::Pod for super::PendingKey {}
-    // SAFETY: as above.
-    unsafe impl aya::Pod for super::Pending {}
-    // SAFETY: as above.
-    unsafe impl aya::Pod for super::PendingSlot {}
-    // SAFETY: as above.
-    unsafe impl aya::Pod for super::LookupKey {}
-    // SAFETY: as above.
-    unsafe impl aya::Pod for super::LookupCount {}
-}
-
-const _: () = assert!(core::mem::size_of::<PendingKey>() == 20);
-const _: () = assert!(core::mem::size_of::<Pending>() == 32);
-// One cache line: the query's CPU and the answer's each touch one, where
-// the slots' mapping is page-aligned.
-const _: () = assert!(core::mem::size_of::<PendingSlot>() == 64);
-const _: () = assert!(SLOTS.is_power_of_two());
-const _: () = assert!(core::mem::size_of::<LookupKey>() == 40);
