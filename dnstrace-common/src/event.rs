@@ -502,7 +502,13 @@ pub fn decode_packet(buf: &[u8]) -> Result<(PacketMeta, &[u8]), DecodeError> {
             need: PACKET_FIXED_SIZE,
             have: event.len(),
         })?;
-    let mut raw = [0u8; PACKET_META_SIZE];
+    // SAFETY: plain integers and byte arrays, for which zero is valid.
+    let mut meta: PacketMeta = unsafe { core::mem::zeroed() };
+    // SAFETY: the bytes of a plain-data struct without padding (asserted
+    // below), for which any bytes are a valid value; written in place, one
+    // copy per part on this per-packet path.
+    let raw =
+        unsafe { core::slice::from_raw_parts_mut((&raw mut meta).cast::<u8>(), PACKET_META_SIZE) };
     raw[PACKET_FIXED_AT..][..PACKET_FIXED_SIZE].copy_from_slice(fixed);
     let sections = raw[core::mem::offset_of!(PacketMeta, sections)];
     if sections & !SECTIONS_KNOWN != 0 {
@@ -520,7 +526,6 @@ pub fn decode_packet(buf: &[u8]) -> Result<(PacketMeta, &[u8]), DecodeError> {
         raw[at..at + len].copy_from_slice(part);
         rest = after;
     }
-    let meta: PacketMeta = read(&raw)?;
     let payload = rest
         .get(..meta.cap_len as usize)
         .ok_or(DecodeError::BadPayload {
