@@ -144,13 +144,12 @@ impl Events {
             self.discarded += chunk.len() as u64;
             return Vec::new();
         }
-        let mut out = Vec::with_capacity(chunk.len());
-        for item in chunk.records() {
-            match Packet::from_event(item, &mut self.seen) {
-                Ok(p) => out.push(p),
-                Err(_) => self.bad += 1,
-            }
-        }
-        out
+        let (seen, bad) = (&mut self.seen, &mut self.bad);
+        // Collected, not pushed one by one: each packet is then built in
+        // its place in the batch, not built and copied there.
+        chunk
+            .records()
+            .filter_map(|item| Packet::from_event(item, seen).map_err(|_| *bad += 1).ok())
+            .collect()
     }
 }

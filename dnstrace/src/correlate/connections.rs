@@ -133,7 +133,7 @@ impl Connections {
         if flags & SYN != 0 && flags & ACK == 0 {
             return self.syn(p, seq);
         }
-        let client = p.ct.map(|ct| ct.original.src);
+        let client = p.ct.as_deref().map(|ct| ct.original.src);
         let key = [client, Some(p.src), Some(p.dst)]
             .into_iter()
             .flatten()
@@ -149,7 +149,8 @@ impl Connections {
         let aliased = self.aliases.get(&p.dst) == Some(&t.conn.client);
         let on_client_side = aliased && (p.node, p.netns) == (t.place.node, t.place.netns);
         let to_client =
-            p.ct.map_or(p.dst == t.conn.client || on_client_side, |ct| ct.is_reply);
+            p.ct.as_deref()
+                .map_or(p.dst == t.conn.client || on_client_side, |ct| ct.is_reply);
         // Once set up, a socket's queues are freed at close as drops too:
         // only the set-up's are news.
         if p.hook == Hook::Drop && !t.conn.established() {
@@ -175,7 +176,7 @@ impl Connections {
 
     /// Files the client's socket past a SNAT, if the packet shows one.
     fn note_alias(&mut self, p: &Packet) {
-        let Some((client, seen)) = p.ct.as_ref().and_then(|ct| ct.snat()) else {
+        let Some((client, seen)) = p.ct.as_deref().and_then(|ct| ct.snat()) else {
             return;
         };
         if self.aliases.len() >= self.max {
@@ -188,7 +189,7 @@ impl Connections {
     }
 
     fn syn(&mut self, p: &Packet, seq: u32) {
-        let src = p.ct.map_or(p.src, |ct| ct.original.src);
+        let src = p.ct.as_deref().map_or(p.src, |ct| ct.original.src);
         let client = self.aliases.get(&src).copied().unwrap_or(src);
         if let Some(t) = self.open.get_mut(&client) {
             if t.conn.syn_ns <= p.ts_ns && here(p) == t.place {
@@ -205,7 +206,7 @@ impl Connections {
         if self.open.len() >= self.max {
             self.evict_oldest();
         }
-        let server = p.ct.map_or(p.dst, |ct| ct.original.dst);
+        let server = p.ct.as_deref().map_or(p.dst, |ct| ct.original.dst);
         self.open.insert(
             client,
             Tracked {

@@ -273,7 +273,7 @@ impl Engine {
         }
         // Past a SNAT the same query goes on under another source address.
         let alias =
-            p.ct.as_ref()
+            p.ct.as_deref()
                 .and_then(Conntrack::snat)
                 .map(|(_, seen)| seen);
         if let Some(alias) = alias.filter(|a| !o.aliases().any(|k| k == a)) {
@@ -311,7 +311,7 @@ impl Engine {
     /// journey at the query's time: no earlier, as the clocks that stamped
     /// them cannot tell.
     fn answer_early(&mut self, msg: &DnsMessage, p: &Packet) {
-        let asker = p.ct.as_ref().map_or(p.src, |ct| ct.original.src);
+        let asker = p.ct.as_deref().map_or(p.src, |ct| ct.original.src);
         let q = msg.questions.first();
         let answers = |r: &Record| {
             let Body::Dns(a) = &r.body else {

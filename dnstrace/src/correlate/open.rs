@@ -301,7 +301,7 @@ impl Open {
             && self.qtype == q.qtype
             && self.has(JourneyFlags::TCP) == q.tcp
             && (self.client() == q.client || self.aliases().any(|a| *a == q.client))
-            && self.name.eq_ignore_ascii_case(q.name)
+            && same_name(&self.name, q.name)
     }
 
     /// Whether a query leg of it went to `server`.
@@ -488,7 +488,7 @@ impl Open {
 
     /// `p`'s marks, if it has any: the copy an earlier leg holds, if the same.
     fn marks(&self, p: &Packet, fragment: Option<Box<FragmentNote>>) -> Option<Arc<Marks>> {
-        let ct = p.ct.as_ref();
+        let ct = p.ct.as_deref();
         let marks = Marks {
             dnat: ct.and_then(Conntrack::dnat),
             snat: ct.and_then(Conntrack::snat),
@@ -618,6 +618,13 @@ impl Open {
             None => Outcome::Timeout,
         }
     }
+}
+
+/// Names equal but for ASCII case, as DNS compares them; the bytes
+/// compared first, as most queries' names are already lowercase and each
+/// hop confirms its journey's name.
+fn same_name(a: &str, b: &str) -> bool {
+    a.as_bytes() == b.as_bytes() || a.eq_ignore_ascii_case(b)
 }
 
 /// A leg while its journey is open: 32 bytes, not a `Leg`'s 136 (its

@@ -91,7 +91,7 @@ fn rec(e: &Ev, m: DnsMessage, ct: Option<Conntrack>, drop: Option<Dropped>) -> R
             frag: None,
             payload: Bytes::new(),
             ifname: None,
-            ct,
+            ct: ct.map(Box::new),
             drop,
             underlay: None,
         },
@@ -901,7 +901,7 @@ fn timeouts_are_found_when_few_journeys_settle_even_out_of_order() {
 fn legs_with_the_same_nat_share_one_copy_and_a_drop_keeps_its_own() {
     let client = "10.244.0.10:4000";
     let mut recs = healthy(0, client, CLIENT_NS, 7)[..4].to_vec();
-    recs[3].packet.ct = recs[2].packet.ct;
+    recs[3].packet.ct = recs[2].packet.ct.clone();
     let mut dropped = recs[3].clone();
     dropped.packet.ts_ns = 40_000;
     dropped.packet.hook = Hook::Drop;

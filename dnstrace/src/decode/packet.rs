@@ -53,7 +53,9 @@ pub struct Packet {
     /// The device name, for hooks that see every device; shared (see
     /// `Interned`).
     pub ifname: Option<Arc<str>>,
-    pub ct: Option<Conntrack>,
+    /// Boxed: a third of hops have one, and a packet is moved several
+    /// times on its way to a leg.
+    pub ct: Option<Box<Conntrack>>,
     pub drop: Option<Dropped>,
     /// The tunnel it was captured inside, on a node's underlay. Boxed:
     /// only captures have any.
@@ -238,7 +240,8 @@ impl Packet {
             ifname: seen.names.get(&meta.ifname),
             ct: (meta.flags & FLAG_CONNTRACK != 0)
                 .then(|| conntrack(&meta))
-                .flatten(),
+                .flatten()
+                .map(Box::new),
             drop: (hook == Hook::Drop).then_some(Dropped {
                 reason: meta.drop_reason,
                 location: meta.drop_location,

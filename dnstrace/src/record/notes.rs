@@ -397,7 +397,7 @@ impl PacketNote {
                 ports: [p.src.port(), p.dst.port()],
             }),
             ifname: p.ifname.as_deref().map(str::to_owned),
-            ct: p.ct.map(|c| CtNote {
+            ct: p.ct.as_deref().map(|c| CtNote {
                 original: [c.original.src, c.original.dst],
                 reply: [c.reply.src, c.reply.dst],
                 status: c.status,

@@ -341,10 +341,10 @@ fn comment(p: &Packet, place: &str, drop_at: Option<&str>) -> String {
     if p.netns != 0 {
         let _ = write!(c, " in netns {}", p.netns);
     }
-    if let Some((a, b)) = p.ct.as_ref().and_then(|ct| ct.dnat()) {
+    if let Some((a, b)) = p.ct.as_deref().and_then(|ct| ct.dnat()) {
         let _ = write!(c, "; DNAT {a} → {b}");
     }
-    if let Some((a, b)) = p.ct.as_ref().and_then(|ct| ct.snat()) {
+    if let Some((a, b)) = p.ct.as_deref().and_then(|ct| ct.snat()) {
         let _ = write!(c, "; SNAT {a} → {b}");
     }
     if let Some(at) = drop_at {

@@ -689,7 +689,7 @@ fn recorded(note: &PacketNote, linktype: u16, data: &[u8]) -> Option<Packet> {
         frag: note.frag.map(|f| f.fragment()),
         payload: Bytes::copy_from_slice(d.payload),
         ifname: note.ifname.as_deref().map(std::sync::Arc::from),
-        ct: note.conntrack(),
+        ct: note.conntrack().map(Box::new),
         drop: note.dropped(),
         underlay: None,
     })

@@ -365,12 +365,12 @@ pub fn inputs() -> Vec<crate::pipeline::Input> {
     );
     back.ts_ns = 5_000_300_000;
     back.hook = Hook::Drop;
-    back.ct = Some(Conntrack {
+    back.ct = Some(Box::new(Conntrack {
         original: tuple("10.244.0.10:4000", "10.96.0.10:53"),
         reply: tuple("10.244.0.53:53", "10.244.0.10:4000"),
         status: 1 << 5,
         is_reply: true,
-    });
+    }));
     back.drop = Some(Dropped {
         reason: 3,
         location: 0xffff_ffff_8100_0000,

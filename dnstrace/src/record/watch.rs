@@ -77,7 +77,7 @@ impl Watch {
         let name = question(p);
         let by_address = self.watched(p.src.ip())
             || self.watched(p.dst.ip())
-            || p.ct.as_ref().is_some_and(|ct| {
+            || p.ct.as_deref().is_some_and(|ct| {
                 [ct.original.src, ct.original.dst, ct.reply.src, ct.reply.dst]
                     .iter()
                     .any(|a| self.watched(a.ip()))
