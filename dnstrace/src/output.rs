@@ -260,6 +260,7 @@ pub struct LineSink<W: Write> {
     /// line to line: growing a fresh string for each was a tenth of live
     /// tracing's CPU.
     line: Vec<u8>,
+    places: timeline::Places,
 }
 
 #[derive(Serialize)]
@@ -333,6 +334,15 @@ impl<W: Write> LineSink<W> {
             labels,
             out,
             line: Vec::new(),
+            places: timeline::Places::default(),
+        }
+    }
+
+    /// Names learnt while tracing; a node's name is in a leg's place.
+    fn rename(&mut self, refresh: &Refresh) {
+        self.labels.rename(refresh);
+        if refresh.joined.is_some() {
+            self.places.clear();
         }
     }
 
@@ -516,10 +526,15 @@ impl<W: Write> LineSink<W> {
 
     pub fn write_journey(&mut self, j: &Journey) -> io::Result<()> {
         match self.format {
-            Format::Text => self.buffered(|s, text| {
-                timeline::write(text, &s.labels, j, "");
-                Ok(())
-            }),
+            Format::Text => {
+                let mut places = std::mem::take(&mut self.places);
+                let done = self.buffered(|s, text| {
+                    timeline::write(text, &s.labels, &mut places, j, "");
+                    Ok(())
+                });
+                self.places = places;
+                done
+            }
             Format::Json => self.json_line(|s, line| s.journey_json(j).write(line)),
         }
     }
@@ -588,10 +603,10 @@ impl<W: Write> LineSink<W> {
         if let Some(m) = &rec.missing {
             line += &self.missing_text(m);
         }
-        if let Some((asked, to)) = p.ct.as_ref().and_then(Conntrack::dnat) {
+        if let Some((asked, to)) = p.ct.as_deref().and_then(Conntrack::dnat) {
             line += &format!(" [DNAT {asked} → {to}]");
         }
-        if let Some((real, seen)) = p.ct.as_ref().and_then(Conntrack::snat) {
+        if let Some((real, seen)) = p.ct.as_deref().and_then(Conntrack::snat) {
             line += &format!(" [SNAT {real} → {seen}]");
         }
         if let Some(d) = p.drop {
@@ -661,7 +676,7 @@ impl<W: Write> LineSink<W> {
                     netns: s.netns,
                 }),
             }),
-            conntrack: p.ct.map(|ct| JsonConntrack {
+            conntrack: p.ct.as_deref().map(|ct| JsonConntrack {
                 original: [ct.original.src.to_string(), ct.original.dst.to_string()],
                 reply: [ct.reply.src.to_string(), ct.reply.dst.to_string()],
                 status: ct.status,
@@ -784,7 +799,7 @@ impl<W: io::Write> Sink for LineSink<W> {
     }
     fn lost(&mut self, _: u64, _: u64, _: u64) {}
     fn pods(&mut self, refresh: &Refresh, _: u64) -> io::Result<()> {
-        self.labels.rename(refresh);
+        self.rename(refresh);
         Ok(())
     }
     fn finish(&mut self, _: u64) -> io::Result<()> {
@@ -806,7 +821,7 @@ impl<W: io::Write> JourneyOut for LineSink<W> {
         self.write_anomaly(a)
     }
     fn pods(&mut self, refresh: &Refresh) {
-        self.labels.rename(refresh);
+        self.rename(refresh);
     }
     fn summary(&mut self, all: &[&Anomaly]) -> io::Result<()> {
         self.write_summary(all)
@@ -1067,6 +1082,56 @@ mod tests {
             fragment: None,
             underlay: None,
         }
+    }
+
+    /// A leg's place is kept as text by device; a node the cluster view
+    /// joins names legs seen there from then on, cached or not.
+    #[test]
+    fn a_joined_node_names_places_already_written() {
+        let mut at_node = leg(Hook::DevXmit, "10.0.0.2:40000", "10.96.0.10:53");
+        at_node.node = crate::decode::NodeId(3);
+        let j = Journey {
+            id: 1,
+            lookup: 1,
+            client: "10.0.0.2:40000".parse().unwrap(),
+            dns_id: 9,
+            name: "a.test.".into(),
+            qtype: Qtype::A,
+            tcp: false,
+            started_ns: 1_000,
+            ended_ns: 1_500,
+            outcome: Outcome::Timeout,
+            dnat: None,
+            legs: vec![at_node],
+            upstream: Vec::new(),
+            incomplete: None,
+            sampled: Default::default(),
+            connection: None,
+            opcode: None,
+            asked_as: None,
+        };
+        let mut s = sink(Format::Text);
+        s.write_journey(&j).unwrap();
+        let joined = crate::target::follow::Joined {
+            id: 3,
+            name: "node3".into(),
+            attachments: Default::default(),
+            routes: Default::default(),
+            resolvers: Vec::new(),
+            service_ips: Vec::new(),
+            node_netns: 0,
+        };
+        let refresh = Refresh {
+            joined: Some(Box::new(joined)),
+            ..Default::default()
+        };
+        Sink::pods(&mut s, &refresh, 0).unwrap();
+        s.write_journey(&j).unwrap();
+        let out = String::from_utf8(s.out).unwrap();
+        let places: Vec<_> = out.lines().filter(|l| l.starts_with("  +")).collect();
+        assert_eq!(places.len(), 2, "{out}");
+        assert!(places[0].contains(" eth0@4026532246 "), "{out}");
+        assert!(places[1].contains(" node3 eth0@4026532246 "), "{out}");
     }
 
     /// The hand-written journey line against the same journey as a JSON

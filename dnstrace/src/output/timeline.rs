@@ -2,25 +2,105 @@
 //! nested under it. Written by hand into one buffer: through `format!`, a
 //! string for each leg and for each piece of it, the text output was half
 //! of live tracing's CPU.
-use std::{io::Write, net::SocketAddr};
+use std::{io::Write, net::SocketAddr, sync::Arc};
 
 use super::{addr, direction_word, journey_json::number, Labels};
-use crate::correlate::{Journey, Leg};
+use crate::{
+    correlate::{Journey, Leg},
+    decode::NodeId,
+};
 
 /// Columns of a leg's time since the previous leg (right-aligned) and of
 /// its place (left-aligned).
 const SINCE_WIDTH: usize = 9;
 const PLACE_WIDTH: usize = 28;
 
-pub(super) fn write(out: &mut Vec<u8>, labels: &Labels, j: &Journey, indent: &str) {
+pub(super) fn write(
+    out: &mut Vec<u8>,
+    labels: &Labels,
+    places: &mut Places,
+    j: &Journey,
+    indent: &str,
+) {
     header(out, labels, j, indent);
     for l in &j.legs {
-        leg(out, labels, l, indent);
+        leg(out, labels, places, l, indent);
     }
     if !j.upstream.is_empty() {
         let nested = format!("{indent}    upstream ");
         for up in &j.upstream {
-            write(out, labels, up, &nested);
+            write(out, labels, places, up, &nested);
+        }
+    }
+}
+
+/// Legs' place columns, written and padded, by device: a lookup's legs
+/// pass the same few devices, and writing the column anew for each was a
+/// fifth of a leg's text. Each device has one spot, by its hash, and the
+/// last device there keeps it. The text depends on the labels' node names:
+/// cleared when those change.
+pub(super) struct Places {
+    spots: Vec<Option<Place>>,
+}
+
+struct Place {
+    node: NodeId,
+    netns: u32,
+    ifindex: u32,
+    iface: Option<Arc<str>>,
+    text: Vec<u8>,
+}
+
+const PLACES: usize = 64;
+
+/// Legs share their device's name: the pointers compared before the text.
+fn same_iface(a: &Option<Arc<str>>, b: &Option<Arc<str>>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => Arc::ptr_eq(a, b) || a == b,
+        (a, b) => a.is_none() && b.is_none(),
+    }
+}
+
+impl Default for Places {
+    fn default() -> Self {
+        Self {
+            spots: (0..PLACES).map(|_| None).collect(),
+        }
+    }
+}
+
+impl Places {
+    pub(super) fn clear(&mut self) {
+        self.spots.fill_with(|| None);
+    }
+
+    /// `leg`'s column, as `Labels::write_place` writes it, padded.
+    fn write(&mut self, out: &mut Vec<u8>, labels: &Labels, leg: &Leg) {
+        // Fibonacci hashing: pods' namespaces differ in their low bits,
+        // and each has its own eth0 of the same index.
+        let key = leg.netns ^ leg.ifindex << 16 ^ u32::from(leg.node.0) << 8;
+        let spot = &mut self.spots[(key.wrapping_mul(0x9e37_79b9) >> 26) as usize];
+        let same = spot.as_ref().is_some_and(|p| {
+            p.node == leg.node
+                && p.netns == leg.netns
+                && p.ifindex == leg.ifindex
+                && same_iface(&p.iface, &leg.iface)
+        });
+        if !same {
+            let mut text = Vec::with_capacity(PLACE_WIDTH);
+            labels.write_place(&mut text, leg);
+            let end = text.len();
+            pad(&mut text, 0, PLACE_WIDTH, end);
+            *spot = Some(Place {
+                node: leg.node,
+                netns: leg.netns,
+                ifindex: leg.ifindex,
+                iface: leg.iface.clone(),
+                text,
+            });
+        }
+        if let Some(p) = spot {
+            out.extend_from_slice(&p.text);
         }
     }
 }
@@ -73,16 +153,14 @@ fn header(out: &mut Vec<u8>, labels: &Labels, j: &Journey, indent: &str) {
 }
 
 /// `  +   0.008 ms veth0@4026532177    in  query    src → dst  DNAT …`.
-fn leg(out: &mut Vec<u8>, labels: &Labels, leg: &Leg, indent: &str) {
+fn leg(out: &mut Vec<u8>, labels: &Labels, places: &mut Places, leg: &Leg, indent: &str) {
     out.extend_from_slice(indent.as_bytes());
     out.extend_from_slice(b"  +");
     let since = out.len();
     ms(out, leg.since_prev_ns);
     pad(out, since, SINCE_WIDTH, since);
     out.push(b' ');
-    let place = out.len();
-    labels.write_place(out, leg);
-    pad(out, place, PLACE_WIDTH, out.len());
+    places.write(out, labels, leg);
     out.push(b' ');
     out.extend_from_slice(direction_word(leg.direction()).as_bytes());
     out.extend_from_slice(if leg.response {
@@ -109,6 +187,9 @@ fn leg(out: &mut Vec<u8>, labels: &Labels, leg: &Leg, indent: &str) {
     out.push(b'\n');
 }
 
+/// Inlined: most legs have no NAT, and a call to learn that cost more than
+/// the check.
+#[inline(always)]
 fn nat(out: &mut Vec<u8>, what: &str, pair: Option<&(SocketAddr, SocketAddr)>) {
     if let Some((a, b)) = pair {
         out.extend_from_slice(what.as_bytes());
@@ -368,9 +449,15 @@ mod tests {
         j.incomplete = Some(Gap::Lost);
         j.upstream = vec![up, journey("[fd00::a]:53", Vec::new(), 0)];
         let labels = labels();
-        let mut out = Vec::new();
-        write(&mut out, &labels, &j, "");
-        assert_eq!(String::from_utf8(out).unwrap(), by_format(&labels, &j, ""));
+        // Twice: the second time the places come from the first's. Legs on
+        // different devices share an index and namespace here, and so a
+        // spot.
+        let mut places = Places::default();
+        for _ in 0..2 {
+            let mut out = Vec::new();
+            write(&mut out, &labels, &mut places, &j, "");
+            assert_eq!(String::from_utf8(out).unwrap(), by_format(&labels, &j, ""));
+        }
     }
 
     #[test]
