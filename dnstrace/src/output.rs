@@ -1,6 +1,7 @@
 //! Line output: one text line or one JSON object per DNS message.
 pub mod addr;
 pub(crate) mod journey_json;
+mod places;
 mod timeline;
 
 use std::{
@@ -260,7 +261,7 @@ pub struct LineSink<W: Write> {
     /// line to line: growing a fresh string for each was a tenth of live
     /// tracing's CPU.
     line: Vec<u8>,
-    places: timeline::Places,
+    places: places::Places,
 }
 
 #[derive(Serialize)]
@@ -334,7 +335,7 @@ impl<W: Write> LineSink<W> {
             labels,
             out,
             line: Vec::new(),
-            places: timeline::Places::default(),
+            places: places::Places::default(),
         }
     }
 
@@ -525,18 +526,16 @@ impl<W: Write> LineSink<W> {
     }
 
     pub fn write_journey(&mut self, j: &Journey) -> io::Result<()> {
-        match self.format {
-            Format::Text => {
-                let mut places = std::mem::take(&mut self.places);
-                let done = self.buffered(|s, text| {
-                    timeline::write(text, &s.labels, &mut places, j, "");
-                    Ok(())
-                });
-                self.places = places;
-                done
-            }
-            Format::Json => self.json_line(|s, line| s.journey_json(j).write(line)),
-        }
+        let mut places = std::mem::take(&mut self.places);
+        let done = match self.format {
+            Format::Text => self.buffered(|s, text| {
+                timeline::write(text, &s.labels, &mut places, j, "");
+                Ok(())
+            }),
+            Format::Json => self.json_line(|s, line| s.journey_json(j).write(line, &mut places)),
+        };
+        self.places = places;
+        done
     }
 
     /// Written straight from the journey (no intermediate JSON tree): the
@@ -1110,8 +1109,11 @@ mod tests {
             opcode: None,
             asked_as: None,
         };
-        let mut s = sink(Format::Text);
-        s.write_journey(&j).unwrap();
+        let mut text = sink(Format::Text);
+        let mut json = sink(Format::Json);
+        for s in [&mut text, &mut json] {
+            s.write_journey(&j).unwrap();
+        }
         let joined = crate::target::follow::Joined {
             id: 3,
             name: "node3".into(),
@@ -1125,13 +1127,23 @@ mod tests {
             joined: Some(Box::new(joined)),
             ..Default::default()
         };
-        Sink::pods(&mut s, &refresh, 0).unwrap();
-        s.write_journey(&j).unwrap();
-        let out = String::from_utf8(s.out).unwrap();
+        for s in [&mut text, &mut json] {
+            Sink::pods(s, &refresh, 0).unwrap();
+            s.write_journey(&j).unwrap();
+        }
+        let out = String::from_utf8(text.out).unwrap();
         let places: Vec<_> = out.lines().filter(|l| l.starts_with("  +")).collect();
         assert_eq!(places.len(), 2, "{out}");
         assert!(places[0].contains(" eth0@4026532246 "), "{out}");
         assert!(places[1].contains(" node3 eth0@4026532246 "), "{out}");
+        let out = String::from_utf8(json.out).unwrap();
+        let nodes: Vec<_> = out
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).unwrap()["legs"][0]["node"].clone()
+            })
+            .collect();
+        assert_eq!(nodes, [serde_json::Value::Null, "node3".into()], "{out}");
     }
 
     /// The hand-written journey line against the same journey as a JSON
@@ -1197,14 +1209,18 @@ mod tests {
             opcode: None,
             asked_as: None,
         };
+        // Twice: the second line's devices are those the first wrote.
         let mut s = sink(Format::Json);
         s.write_journey(&j).unwrap();
+        s.write_journey(&j).unwrap();
         let out = String::from_utf8(s.out).unwrap();
+        let (first, second) = out.split_once('\n').unwrap();
         assert!(
-            out.ends_with("}\n") && out.matches('\n').count() == 1,
+            second.ends_with("}\n") && second.matches('\n').count() == 1,
             "{out}"
         );
-        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(first, second.trim_end());
+        let v: serde_json::Value = serde_json::from_str(first).unwrap();
         let leg0 = serde_json::json!({"ts_ns": 1000, "since_prev_ns": 0, "hook": "dev_xmit",
             "direction": "egress", "iface": "eth0", "ifindex": 2, "netns": 4026532246u64,
             "src": "10.0.0.2:40000", "dst": "10.96.0.10:53", "response": false,

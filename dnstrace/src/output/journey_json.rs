@@ -6,7 +6,7 @@ use std::{io::Write, net::IpAddr};
 
 use serde::Serialize;
 
-use super::{addr, Labels};
+use super::{addr, places::Places, Labels};
 use crate::{
     correlate::{Connection, FragmentNote, Journey, Leg, Outcome},
     pods::workload::Workload,
@@ -44,7 +44,7 @@ pub(super) struct OutcomeJson<'a> {
 }
 
 impl JourneyJson<'_> {
-    pub(super) fn write(&self, out: &mut Vec<u8>) -> serde_json::Result<()> {
+    pub(super) fn write(&self, out: &mut Vec<u8>, places: &mut Places) -> serde_json::Result<()> {
         let j = self.j;
         out.extend_from_slice(b"{\"type\":\"journey\",\"time\":\"");
         write!(out, "{}\"", self.time).map_err(serde_json::Error::io)?;
@@ -77,7 +77,7 @@ impl JourneyJson<'_> {
         key!(out, "dnat");
         addr::pair(out, j.dnat.as_deref());
         key!(out, "legs");
-        list(out, &j.legs, |out, l| leg(out, l, self.labels))?;
+        list(out, &j.legs, |out, l| leg(out, l, self.labels, places))?;
         key!(out, "incomplete");
         boolean(out, j.incomplete.is_some());
         if let Some(gap) = j.incomplete {
@@ -96,7 +96,7 @@ impl JourneyJson<'_> {
             out.push(b'}');
         }
         key!(out, "upstream");
-        list(out, &self.upstream, |out, u| u.write(out))?;
+        list(out, &self.upstream, |out, u| u.write(out, places))?;
         key!(out, "names");
         out.push(b'{');
         for (i, (ip, name)) in self.names.iter().enumerate() {
@@ -163,7 +163,7 @@ impl ConnectionJson {
     }
 }
 
-fn leg(out: &mut Vec<u8>, l: &Leg, labels: &Labels) -> serde_json::Result<()> {
+fn leg(out: &mut Vec<u8>, l: &Leg, labels: &Labels, places: &mut Places) -> serde_json::Result<()> {
     out.extend_from_slice(b"{\"ts_ns\":");
     number(out, l.ts_ns);
     key!(out, "since_prev_ns");
@@ -173,18 +173,11 @@ fn leg(out: &mut Vec<u8>, l: &Leg, labels: &Labels) -> serde_json::Result<()> {
     plain(out, l.hook.name());
     key!(out, "direction");
     plain(out, l.direction().name());
-    key!(out, "iface");
-    // A device may be named almost anything: escaped as needed.
-    value(out, &l.iface)?;
-    key!(out, "ifindex");
-    number(out, l.ifindex);
-    // Only in a merged replay: one node's lines are as they were.
-    if let Some(node) = labels.node(l.node) {
-        key!(out, "node");
-        value(out, &node)?;
+    let mut failed = None;
+    places.write(out, l, |out| failed = device(out, l, labels).err());
+    if let Some(e) = failed {
+        return Err(e);
     }
-    key!(out, "netns");
-    number(out, l.netns);
     key!(out, "src");
     addr::json(out, &l.src);
     key!(out, "dst");
@@ -269,6 +262,23 @@ pub(crate) fn boolean(out: &mut Vec<u8>, b: bool) {
 
 fn value(out: &mut Vec<u8>, v: &(impl Serialize + ?Sized)) -> serde_json::Result<()> {
     serde_json::to_writer(out, v)
+}
+
+/// A leg's device: the same for every leg there (see `Places`).
+fn device(out: &mut Vec<u8>, l: &Leg, labels: &Labels) -> serde_json::Result<()> {
+    key!(out, "iface");
+    // A device may be named almost anything: escaped as needed.
+    value(out, &l.iface)?;
+    key!(out, "ifindex");
+    number(out, l.ifindex);
+    // Only in a merged replay: one node's lines are as they were.
+    if let Some(node) = labels.node(l.node) {
+        key!(out, "node");
+        value(out, &node)?;
+    }
+    key!(out, "netns");
+    number(out, l.netns);
+    Ok(())
 }
 
 fn list<T>(

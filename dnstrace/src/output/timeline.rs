@@ -2,13 +2,10 @@
 //! nested under it. Written by hand into one buffer: through `format!`, a
 //! string for each leg and for each piece of it, the text output was half
 //! of live tracing's CPU.
-use std::{io::Write, net::SocketAddr, sync::Arc};
+use std::{io::Write, net::SocketAddr};
 
-use super::{addr, direction_word, journey_json::number, Labels};
-use crate::{
-    correlate::{Journey, Leg},
-    decode::NodeId,
-};
+use super::{addr, direction_word, journey_json::number, places::Places, Labels};
+use crate::correlate::{Journey, Leg};
 
 /// Columns of a leg's time since the previous leg (right-aligned) and of
 /// its place (left-aligned).
@@ -30,77 +27,6 @@ pub(super) fn write(
         let nested = format!("{indent}    upstream ");
         for up in &j.upstream {
             write(out, labels, places, up, &nested);
-        }
-    }
-}
-
-/// Legs' place columns, written and padded, by device: a lookup's legs
-/// pass the same few devices, and writing the column anew for each was a
-/// fifth of a leg's text. Each device has one spot, by its hash, and the
-/// last device there keeps it. The text depends on the labels' node names:
-/// cleared when those change.
-pub(super) struct Places {
-    spots: Vec<Option<Place>>,
-}
-
-struct Place {
-    node: NodeId,
-    netns: u32,
-    ifindex: u32,
-    iface: Option<Arc<str>>,
-    text: Vec<u8>,
-}
-
-const PLACES: usize = 64;
-
-/// Legs share their device's name: the pointers compared before the text.
-fn same_iface(a: &Option<Arc<str>>, b: &Option<Arc<str>>) -> bool {
-    match (a, b) {
-        (Some(a), Some(b)) => Arc::ptr_eq(a, b) || a == b,
-        (a, b) => a.is_none() && b.is_none(),
-    }
-}
-
-impl Default for Places {
-    fn default() -> Self {
-        Self {
-            spots: (0..PLACES).map(|_| None).collect(),
-        }
-    }
-}
-
-impl Places {
-    pub(super) fn clear(&mut self) {
-        self.spots.fill_with(|| None);
-    }
-
-    /// `leg`'s column, as `Labels::write_place` writes it, padded.
-    fn write(&mut self, out: &mut Vec<u8>, labels: &Labels, leg: &Leg) {
-        // Fibonacci hashing: pods' namespaces differ in their low bits,
-        // and each has its own eth0 of the same index.
-        let key = leg.netns ^ leg.ifindex << 16 ^ u32::from(leg.node.0) << 8;
-        let spot = &mut self.spots[(key.wrapping_mul(0x9e37_79b9) >> 26) as usize];
-        let same = spot.as_ref().is_some_and(|p| {
-            p.node == leg.node
-                && p.netns == leg.netns
-                && p.ifindex == leg.ifindex
-                && same_iface(&p.iface, &leg.iface)
-        });
-        if !same {
-            let mut text = Vec::with_capacity(PLACE_WIDTH);
-            labels.write_place(&mut text, leg);
-            let end = text.len();
-            pad(&mut text, 0, PLACE_WIDTH, end);
-            *spot = Some(Place {
-                node: leg.node,
-                netns: leg.netns,
-                ifindex: leg.ifindex,
-                iface: leg.iface.clone(),
-                text,
-            });
-        }
-        if let Some(p) = spot {
-            out.extend_from_slice(&p.text);
         }
     }
 }
@@ -160,7 +86,11 @@ fn leg(out: &mut Vec<u8>, labels: &Labels, places: &mut Places, leg: &Leg, inden
     ms(out, leg.since_prev_ns);
     pad(out, since, SINCE_WIDTH, since);
     out.push(b' ');
-    places.write(out, labels, leg);
+    places.write(out, leg, |text| {
+        labels.write_place(text, leg);
+        let end = text.len();
+        pad(text, 0, PLACE_WIDTH, end);
+    });
     out.push(b' ');
     out.extend_from_slice(direction_word(leg.direction()).as_bytes());
     out.extend_from_slice(if leg.response {
