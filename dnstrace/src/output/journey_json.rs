@@ -173,11 +173,7 @@ fn leg(out: &mut Vec<u8>, l: &Leg, labels: &Labels, places: &mut Places) -> serd
     plain(out, l.hook.name());
     key!(out, "direction");
     plain(out, l.direction().name());
-    let mut failed = None;
-    places.write(out, l, |out| failed = device(out, l, labels).err());
-    if let Some(e) = failed {
-        return Err(e);
-    }
+    places.write(out, l, |out| device(out, l, labels))?;
     key!(out, "src");
     addr::json(out, &l.src);
     key!(out, "dst");

@@ -29,13 +29,19 @@ impl Places {
         self.spots.fill_with(|| None);
     }
 
-    /// What `write` writes of `leg`'s device, kept from the last leg there.
-    pub(super) fn write(&mut self, out: &mut Vec<u8>, leg: &Leg, write: impl FnOnce(&mut Vec<u8>)) {
-        // Fibonacci hashing: pods' namespaces differ in their low bits,
-        // and each has its own eth0 of the same index.
+    /// What `write` writes of `leg`'s device, kept from the last leg there;
+    /// nothing kept if it fails.
+    pub(super) fn write<E>(
+        &mut self,
+        out: &mut Vec<u8>,
+        leg: &Leg,
+        write: impl FnOnce(&mut Vec<u8>) -> Result<(), E>,
+    ) -> Result<(), E> {
         if self.spots.is_empty() {
             self.spots.resize_with(SPOTS, || None);
         }
+        // Fibonacci hashing: pods' namespaces differ in their low bits,
+        // and each has its own eth0 of the same index.
         let key = leg.netns ^ leg.ifindex << 16 ^ u32::from(leg.node.0) << 8;
         let spot = &mut self.spots[(key.wrapping_mul(0x9e37_79b9) >> 26) as usize];
         let same = spot.as_ref().is_some_and(|p| {
@@ -46,7 +52,7 @@ impl Places {
         });
         if !same {
             let mut text = Vec::new();
-            write(&mut text);
+            write(&mut text)?;
             *spot = Some(Place {
                 node: leg.node,
                 netns: leg.netns,
@@ -58,6 +64,7 @@ impl Places {
         if let Some(p) = spot {
             out.extend_from_slice(&p.text);
         }
+        Ok(())
     }
 }
 

@@ -2,7 +2,7 @@
 //! nested under it. Written by hand into one buffer: through `format!`, a
 //! string for each leg and for each piece of it, the text output was half
 //! of live tracing's CPU.
-use std::{io::Write, net::SocketAddr};
+use std::{convert::Infallible, io::Write, net::SocketAddr};
 
 use super::{addr, direction_word, journey_json::number, places::Places, Labels};
 use crate::correlate::{Journey, Leg};
@@ -86,10 +86,11 @@ fn leg(out: &mut Vec<u8>, labels: &Labels, places: &mut Places, leg: &Leg, inden
     ms(out, leg.since_prev_ns);
     pad(out, since, SINCE_WIDTH, since);
     out.push(b' ');
-    places.write(out, leg, |text| {
+    let Ok(()) = places.write(out, leg, |text| {
         labels.write_place(text, leg);
         let end = text.len();
         pad(text, 0, PLACE_WIDTH, end);
+        Ok::<_, Infallible>(())
     });
     out.push(b' ');
     out.extend_from_slice(direction_word(leg.direction()).as_bytes());
