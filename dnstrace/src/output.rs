@@ -1089,26 +1089,12 @@ mod tests {
     fn a_joined_node_names_places_already_written() {
         let mut at_node = leg(Hook::DevXmit, "10.0.0.2:40000", "10.96.0.10:53");
         at_node.node = crate::decode::NodeId(3);
-        let j = Journey {
-            id: 1,
-            lookup: 1,
-            client: "10.0.0.2:40000".parse().unwrap(),
-            dns_id: 9,
-            name: "a.test.".into(),
-            qtype: Qtype::A,
-            tcp: false,
-            started_ns: 1_000,
-            ended_ns: 1_500,
-            outcome: Outcome::Timeout,
-            dnat: None,
-            legs: vec![at_node],
-            upstream: Vec::new(),
-            incomplete: None,
-            sampled: Default::default(),
-            connection: None,
-            opcode: None,
-            asked_as: None,
-        };
+        let j = crate::correlate::fixtures::journey(
+            "10.0.0.2:40000",
+            "a.test.",
+            vec![at_node],
+            Outcome::Timeout,
+        );
         let mut text = sink(Format::Text);
         let mut json = sink(Format::Json);
         for s in [&mut text, &mut json] {
