@@ -22,7 +22,9 @@ struct Place {
     text: Vec<u8>,
 }
 
+/// A power of two: a spot is the top bits of the key's hash.
 const SPOTS: usize = 64;
+const _: () = assert!(SPOTS.is_power_of_two());
 
 impl Places {
     pub(super) fn clear(&mut self) {
@@ -43,7 +45,8 @@ impl Places {
         // Fibonacci hashing: pods' namespaces differ in their low bits,
         // and each has its own eth0 of the same index.
         let key = leg.netns ^ leg.ifindex << 16 ^ u32::from(leg.node.0) << 8;
-        let spot = &mut self.spots[(key.wrapping_mul(0x9e37_79b9) >> 26) as usize];
+        let at = key.wrapping_mul(0x9e37_79b9) >> (u32::BITS - SPOTS.ilog2());
+        let spot = &mut self.spots[at as usize];
         let same = spot.as_ref().is_some_and(|p| {
             p.node == leg.node
                 && p.netns == leg.netns
