@@ -55,7 +55,7 @@ impl JourneyJson<'_> {
         key!(out, "lookup");
         number(out, j.lookup);
         key!(out, "client");
-        addr::json(out, &j.client);
+        places.addrs.json(out, &j.client);
         key!(out, "dns_id");
         number(out, j.dns_id);
         key!(out, "name");
@@ -75,7 +75,7 @@ impl JourneyJson<'_> {
         key!(out, "outcome");
         value(out, &self.outcome)?;
         key!(out, "dnat");
-        addr::pair(out, j.dnat.as_deref());
+        places.addrs.pair(out, j.dnat.as_deref());
         key!(out, "legs");
         list(out, &j.legs, |out, l| leg(out, l, self.labels, places))?;
         key!(out, "incomplete");
@@ -175,15 +175,15 @@ fn leg(out: &mut Vec<u8>, l: &Leg, labels: &Labels, places: &mut Places) -> serd
     plain(out, l.direction().name());
     places.write(out, l, |out| device(out, l, labels))?;
     key!(out, "src");
-    addr::json(out, &l.src);
+    places.addrs.json(out, &l.src);
     key!(out, "dst");
-    addr::json(out, &l.dst);
+    places.addrs.json(out, &l.dst);
     key!(out, "response");
     boolean(out, l.response);
     key!(out, "dnat");
-    addr::pair(out, l.dnat.as_deref());
+    places.addrs.pair(out, l.dnat.as_deref());
     key!(out, "snat");
-    addr::pair(out, l.snat.as_deref());
+    places.addrs.pair(out, l.snat.as_deref());
     key!(out, "drop");
     match l.drop.as_deref() {
         Some(&(reason, location)) => {

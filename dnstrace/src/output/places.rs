@@ -1,8 +1,9 @@
 //! Legs' device columns, written once by device: a lookup's legs pass the
 //! same few devices, and writing a device's name, index and namespace anew
-//! for each leg was a fifth of a leg's text.
+//! for each leg was a fifth of a leg's text. Their addresses, likewise.
 use std::sync::Arc;
 
+use super::addr;
 use crate::{correlate::Leg, decode::NodeId};
 
 /// Each device has one spot, by its hash; the last device there keeps it.
@@ -12,6 +13,8 @@ use crate::{correlate::Leg, decode::NodeId};
 #[derive(Default)]
 pub(super) struct Places {
     spots: Vec<Option<Place>>,
+    /// Addresses do not depend on the labels: never cleared.
+    pub(super) addrs: addr::Texts,
 }
 
 struct Place {

@@ -99,11 +99,11 @@ fn leg(out: &mut Vec<u8>, labels: &Labels, places: &mut Places, leg: &Leg, inden
     } else {
         b" query    "
     });
-    addr::text(out, &leg.src);
+    places.addrs.text(out, &leg.src);
     out.extend_from_slice(" → ".as_bytes());
-    addr::text(out, &leg.dst);
-    nat(out, "  DNAT ", leg.dnat.as_deref());
-    nat(out, "  SNAT ", leg.snat.as_deref());
+    places.addrs.text(out, &leg.dst);
+    nat(out, &mut places.addrs, "  DNAT ", leg.dnat.as_deref());
+    nat(out, &mut places.addrs, "  SNAT ", leg.snat.as_deref());
     if let Some(f) = leg.fragment.as_deref() {
         out.extend_from_slice(b"  ");
         out.extend_from_slice(f.describe().as_bytes());
@@ -121,12 +121,17 @@ fn leg(out: &mut Vec<u8>, labels: &Labels, places: &mut Places, leg: &Leg, inden
 /// Inlined: most legs have no NAT, and a call to learn that cost more than
 /// the check.
 #[inline(always)]
-fn nat(out: &mut Vec<u8>, what: &str, pair: Option<&(SocketAddr, SocketAddr)>) {
+fn nat(
+    out: &mut Vec<u8>,
+    addrs: &mut addr::Texts,
+    what: &str,
+    pair: Option<&(SocketAddr, SocketAddr)>,
+) {
     if let Some((a, b)) = pair {
         out.extend_from_slice(what.as_bytes());
-        addr::text(out, a);
+        addrs.text(out, a);
         out.extend_from_slice(" → ".as_bytes());
-        addr::text(out, b);
+        addrs.text(out, b);
     }
 }
 
