@@ -13,7 +13,7 @@ pub fn text(out: &mut Vec<u8>, a: &SocketAddr) {
 
 /// IPv4 socket addresses' text, kept by address: a lookup's legs name the
 /// same three or four, and the service's and its endpoints' recur across
-/// lookups. Writing one anew was 150 instructions, a sixteenth of a
+/// lookups. Writing each anew (about 150 instructions) was a third of a
 /// journey's text; a kept one is a copy. Its spots are made at first use.
 #[derive(Default)]
 pub(super) struct Texts {
