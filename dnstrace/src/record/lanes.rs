@@ -26,7 +26,9 @@ use anyhow::Result;
 use tokio::sync::mpsc;
 
 use super::{
-    merge::{errors, moved, shifted, Alignment, Clocks, Estimate, Recording, Sample},
+    merge::{
+        crossed_backwards, errors, moved, shifted, Alignment, Clocks, Estimate, Recording, Sample,
+    },
     pcapng::Reader,
     replay::{time_of, About, Replay, Speed},
 };
@@ -54,6 +56,9 @@ const ESTIMATE_NS: u64 = 1_000_000_000;
 const CROSSINGS_NS: i64 = 10_000_000_000;
 /// A change of a clock's estimate worth a line in the log.
 const SAID_NS: i64 = 1_000_000;
+/// Estimates made out of turn, at most, in a second of the time line:
+/// each is a pass over the last ten seconds' messages.
+const RECHECKS: usize = 10;
 
 /// What a node's lane says.
 enum Event {
@@ -86,13 +91,21 @@ struct NodeLane {
 /// One held input, in time order then arrival order.
 type Held = Reverse<(u64, u64, usize)>;
 
+/// What a held input's slot keeps.
+struct Slot {
+    input: Input,
+    since: Instant,
+    /// The lane it came by; none for the view's own.
+    lane: Option<usize>,
+}
+
 pub struct Lanes {
     rx: mpsc::Receiver<Event>,
     nodes: Vec<NodeLane>,
     /// When each node went down, on the common time line.
     down_since: Vec<Option<u64>>,
     heap: BinaryHeap<Held>,
-    slots: Vec<Option<(Input, Instant)>>,
+    slots: Vec<Option<Slot>>,
     free: Vec<usize>,
     seq: u64,
     window: Duration,
@@ -104,6 +117,8 @@ pub struct Lanes {
     /// The messages each node saw lately, on the headers' clocks.
     crossings: Vec<Sample>,
     estimated_ns: u64,
+    /// When the last estimates out of turn were made.
+    rechecks: VecDeque<u64>,
 }
 
 /// What adds a lane for a node that joins the view while it runs: one,
@@ -182,6 +197,7 @@ impl Lanes {
             lost_total: 0,
             crossings: recs.iter().map(|_| Sample::default()).collect(),
             estimated_ns: 0,
+            rechecks: VecDeque::new(),
         };
         let joiner = Joiner {
             next: recs.len(),
@@ -236,7 +252,7 @@ impl Lanes {
         self.down_since.push(None);
         self.crossings.push(Sample::default());
         let now_ns = self.now_ns;
-        self.hold(now_ns, Input::Pods { now_ns, refresh });
+        self.hold(now_ns, Input::Pods { now_ns, refresh }, None);
     }
 
     fn arrived(&mut self, lane: usize, input: Input) {
@@ -246,8 +262,7 @@ impl Lanes {
             self.down_since[lane] = None;
         }
         if let Input::Packets(batch) = &input {
-            let sample = &mut self.crossings[lane];
-            batch.iter().for_each(|p| sample.add(p, 0, i64::MIN));
+            self.sampled(lane, batch);
         }
         let input = shifted(input, -self.nodes[lane].error.error_ns);
         let at = time_of(&input).unwrap_or(0);
@@ -264,9 +279,42 @@ impl Lanes {
             // Packet by packet: two nodes' batches interleave in time.
             Input::Packets(batch) => batch
                 .into_iter()
-                .for_each(|p| self.hold(p.ts_ns, Input::Packets(vec![p]))),
-            other => self.hold(at, other),
+                .for_each(|p| self.hold(p.ts_ns, Input::Packets(vec![p]), Some(lane))),
+            other => self.hold(at, other, Some(lane)),
         }
+    }
+
+    /// A lane's packets added to its messages; the clocks estimated again
+    /// at once if one of them crossed backwards on them. Both ends of
+    /// that crossing are still held (a node's tick says all before it,
+    /// less the slack, came), so the journey is put in order.
+    fn sampled(&mut self, lane: usize, batch: &[Packet]) {
+        let sample = &mut self.crossings[lane];
+        batch.iter().for_each(|p| sample.add(p, 0, i64::MIN));
+        let errors: Vec<i64> = self.nodes.iter().map(|n| n.error.error_ns).collect();
+        let backwards = batch
+            .iter()
+            .filter(|p| crossed_backwards(&self.crossings, &errors, lane, p));
+        if let Some(p) = backwards.last() {
+            let now = p.ts_ns;
+            if self.recheck_at(now) {
+                self.estimate_at(now);
+            }
+        }
+    }
+
+    /// Whether an estimate out of turn may be made at `now_ns`: fewer than
+    /// `RECHECKS` in the second before it.
+    fn recheck_at(&mut self, now_ns: u64) -> bool {
+        let full = self.rechecks.len() >= RECHECKS;
+        if full && self.rechecks[0].saturating_add(ESTIMATE_NS) > now_ns {
+            return false;
+        }
+        if full {
+            self.rechecks.pop_front();
+        }
+        self.rechecks.push_back(now_ns);
+        true
     }
 
     /// Each node's clock error again, once a second, from the messages
@@ -285,14 +333,46 @@ impl Lanes {
             .iter_mut()
             .for_each(|s| s.forget_before(from));
         let found = errors(&self.crossings, self.nodes.len());
+        let mut by = vec![0; self.nodes.len()];
         for (i, e) in found.into_iter().enumerate().skip(1) {
             let Some(e) = e else { continue };
             let was = self.nodes[i].error;
             self.nodes[i].error = e;
+            by[i] = was.error_ns - e.error_ns;
             if was.pairs == 0 || (e.error_ns - was.error_ns).abs() >= SAID_NS {
                 log::info!("{}", self.alignment(i).describe(false));
             }
         }
+        if by.iter().any(|&b| b != 0) {
+            self.moved_by(&by);
+        }
+    }
+
+    /// What is held of each lane, and how far it has got, moved by its
+    /// estimate's change (`by[lane]` later): one clock for a node's
+    /// inputs, whether they came before the estimate or after.
+    fn moved_by(&mut self, by: &[i64]) {
+        for (n, &b) in self.nodes.iter_mut().zip(by) {
+            // 0 is a node yet to tick.
+            if n.at_ns > 0 {
+                n.at_ns = n.at_ns.saturating_add_signed(b).max(1);
+            }
+        }
+        let held = std::mem::take(&mut self.heap).into_vec();
+        let slots = &mut self.slots;
+        self.heap = held
+            .into_iter()
+            .map(|Reverse((at, seq, slot))| {
+                let Some(s) = slots[slot].take() else {
+                    return Reverse((at, seq, slot));
+                };
+                let b = s.lane.map_or(0, |l| by[l]);
+                let input = shifted(s.input, b);
+                let at = time_of(&input).unwrap_or(at);
+                slots[slot] = Some(Slot { input, ..s });
+                Reverse((at, seq, slot))
+            })
+            .collect();
     }
 
     /// How node `i`'s times are put on the first node's.
@@ -314,14 +394,19 @@ impl Lanes {
         Clocks((0..self.nodes.len()).map(|i| self.alignment(i)).collect())
     }
 
-    fn hold(&mut self, at: u64, input: Input) {
+    fn hold(&mut self, at: u64, input: Input, lane: Option<usize>) {
+        let held = Some(Slot {
+            input,
+            since: Instant::now(),
+            lane,
+        });
         let slot = match self.free.pop() {
             Some(s) => {
-                self.slots[s] = Some((input, Instant::now()));
+                self.slots[s] = held;
                 s
             }
             None => {
-                self.slots.push(Some((input, Instant::now())));
+                self.slots.push(held);
                 self.slots.len() - 1
             }
         };
@@ -345,12 +430,12 @@ impl Lanes {
         while let Some(Reverse((at, _, slot))) = self.heap.peek().copied() {
             let waited = self.slots[slot]
                 .as_ref()
-                .is_some_and(|(_, since)| since.elapsed() >= window);
+                .is_some_and(|s| s.since.elapsed() >= window);
             if !(mark.is_none_or(|m| at <= m) || waited) {
                 break;
             }
             self.heap.pop();
-            let Some((input, _)) = self.slots[slot].take() else {
+            let Some(Slot { input, .. }) = self.slots[slot].take() else {
                 continue;
             };
             self.free.push(slot);
@@ -386,7 +471,7 @@ impl Lanes {
     fn deadline(&self) -> Option<Instant> {
         let Reverse((_, _, slot)) = self.heap.peek()?;
         let window = self.window();
-        self.slots[*slot].as_ref().map(|(_, since)| *since + window)
+        self.slots[*slot].as_ref().map(|s| s.since + window)
     }
 
     /// How long an input waits for the nodes behind it: longer for a node
@@ -436,7 +521,7 @@ impl Source for Lanes {
     fn rest(&mut self) -> Vec<Input> {
         let mut rest: Vec<Input> = self.ready.drain(..).collect();
         while let Some(Reverse((_, _, slot))) = self.heap.pop() {
-            rest.extend(self.slots[slot].take().map(|(i, _)| i));
+            rest.extend(self.slots[slot].take().map(|s| s.input));
         }
         rest
     }
@@ -811,6 +896,75 @@ mod tests {
             _ => None,
         });
         assert_eq!(last.max(), Some(1_200_000 * US));
+    }
+
+    /// A's and b's clocks agree, but the first lookup's query took 150 µs
+    /// to cross and its answer 10: b was estimated 70 µs ahead. The
+    /// second lookup crossed in 10 µs each way, which on that estimate is
+    /// its query arriving before it left. Its crossings put the estimate
+    /// right before its legs go on: they come in the order they happened.
+    #[test]
+    fn a_crossing_that_disproves_the_estimate_is_in_order_all_the_same() {
+        const US: u64 = 1_000;
+        let recs = [
+            recording("a", &stream(&[], 0)),
+            recording("b", &stream(&[], 0)),
+        ];
+        let (mut lanes, _handles, _) = Lanes::new(&recs, Duration::from_secs(5), &[53]);
+        let leg = |lookup: u16, node: u16, us: u64, hook: Hook, answer: bool| {
+            let client = format!("10.244.1.10:{}", 4000 + lookup);
+            let mut p = query(&client, "10.244.3.53:53", "a.example.com", us * US);
+            if answer {
+                (p.src, p.dst) = (p.dst, p.src);
+                let mut m = p.payload.to_vec();
+                m[2] |= 0x80;
+                p.payload = m.into();
+            }
+            p.hook = hook;
+            p.node = NodeId(node);
+            Input::Packets(vec![p])
+        };
+        let first = [
+            (0, leg(0, 1, 100_000, Hook::TcEgress, false)),
+            (1, leg(0, 2, 100_150, Hook::TcIngress, false)),
+            (1, leg(0, 2, 100_200, Hook::TcEgress, true)),
+            (0, leg(0, 1, 100_210, Hook::TcIngress, true)),
+            (1, Input::Tick(1_000_000 * US)),
+            (0, Input::Tick(1_000_000 * US)),
+        ];
+        for (lane, input) in first {
+            lanes.event(Event::Input(lane, input));
+            lanes.release();
+        }
+        assert_eq!(lanes.nodes()[1].offset_ns, -70_000);
+        lanes.ready.clear();
+        // b's ends come first, as they may: a's agent sends later.
+        let second = [
+            (1, leg(1, 2, 1_100_010, Hook::TcIngress, false)),
+            (1, leg(1, 2, 1_100_050, Hook::TcEgress, true)),
+            (0, leg(1, 1, 1_100_000, Hook::TcEgress, false)),
+            (0, leg(1, 1, 1_100_060, Hook::TcIngress, true)),
+            (1, Input::Tick(1_200_000 * US)),
+            (0, Input::Tick(1_200_000 * US)),
+        ];
+        for (lane, input) in second {
+            lanes.event(Event::Input(lane, input));
+            lanes.release();
+        }
+        let seen: Vec<(u64, u16)> = lanes
+            .ready
+            .iter()
+            .filter_map(|i| match i {
+                Input::Packets(b) => Some(b.iter().map(|p| (p.ts_ns / US, p.node.0))),
+                _ => None,
+            })
+            .flatten()
+            .collect();
+        let nodes: Vec<u16> = seen.iter().map(|s| s.1).collect();
+        assert_eq!(nodes, [1, 2, 2, 1], "{seen:?}");
+        assert!(seen.windows(2).all(|w| w[0].0 <= w[1].0), "{seen:?}");
+        // Each way's least delay is now 10 µs: b's clock is a's.
+        assert_eq!(lanes.nodes()[1].offset_ns, 0);
     }
 
     /// Node c joins after a's and b's first inputs are out: the pipeline

@@ -501,11 +501,41 @@ impl Sample {
 /// Delays of the messages that left `a` (last seen going out) and arrived
 /// at `b` (first seen coming in), on their wall clocks.
 fn delays<'a>(a: &'a Sample, b: &'a Sample) -> impl Iterator<Item = i64> + 'a {
-    a.0.iter().filter_map(|(m, at_a)| {
-        let at_b = b.0.get(m)?;
-        let crossed = at_a.last.1 == Direction::Egress && at_b.first.1 == Direction::Ingress;
-        let brief = at_a.span() <= MAX_SPAN_NS && at_b.span() <= MAX_SPAN_NS;
-        (crossed && brief).then(|| at_b.first.0 - at_a.last.0)
+    a.0.iter()
+        .filter_map(|(m, at_a)| crossing(at_a, b.0.get(m)?))
+}
+
+/// The delay of a message that left one file (seen `at_a`) and arrived at
+/// another (`at_b`); none if it did not cross that way.
+fn crossing(at_a: &Seen, at_b: &Seen) -> Option<i64> {
+    let crossed = at_a.last.1 == Direction::Egress && at_b.first.1 == Direction::Ingress;
+    let brief = at_a.span() <= MAX_SPAN_NS && at_b.span() <= MAX_SPAN_NS;
+    (crossed && brief).then(|| at_b.first.0 - at_a.last.0)
+}
+
+/// Whether `p`'s message, in `samples[lane]`, crossed to or from another
+/// file in less than no time once each file's clock error (`errors_ns`)
+/// is taken off: estimates its own crossing disproves.
+pub(super) fn crossed_backwards(
+    samples: &[Sample],
+    errors_ns: &[i64],
+    lane: usize,
+    p: &Packet,
+) -> bool {
+    let Some(m) = Message::of(p) else {
+        return false;
+    };
+    let Some(here) = samples[lane].0.get(&m) else {
+        return false;
+    };
+    samples.iter().enumerate().any(|(i, s)| {
+        let Some(there) = s.0.get(&m).filter(|_| i != lane) else {
+            return false;
+        };
+        // On the corrected clocks, a delay less the later file's lead.
+        let ahead = errors_ns[i] - errors_ns[lane];
+        crossing(here, there).is_some_and(|d| d < ahead)
+            || crossing(there, here).is_some_and(|d| d < -ahead)
     })
 }
 
