@@ -96,6 +96,10 @@ fn asked_again(j: &Journey) -> Option<Finding<'_>> {
         }
         None
     }
+    // Most journeys asked no one further: no path to walk (nor allocate).
+    if j.upstream.is_empty() {
+        return None;
+    }
     let first = j.origin()?.dst.ip();
     let mut path = vec![first];
     if let Some(endpoint) = j.dnat.as_deref().map(|(_, to)| to.ip()) {
