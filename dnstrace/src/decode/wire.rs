@@ -35,7 +35,9 @@ pub fn common(msg: &[u8]) -> Option<DnsMessage> {
         return None;
     }
     let question = r.question()?;
-    let answers = (0..an).map(|_| r.answer()).collect::<Option<Vec<_>>>()?;
+    let answers = (0..an)
+        .map(|_| r.answer(&question.name))
+        .collect::<Option<Vec<_>>>()?;
     for _ in 0..ns {
         r.soa()?;
     }
@@ -144,9 +146,23 @@ impl Reader<'_> {
         (self.u16()? == CLASS_IN).then(|| Question::new(name, Qtype(qtype), "IN"))
     }
 
-    /// Name, type, class IN, TTL and the data's length.
-    fn record(&mut self) -> Option<(String, u16, u32, usize)> {
-        let name = self.name()?;
+    /// A name that may be the question's (`question`, read at 12): a
+    /// pointer to it alone, as an answer's name nearly always is, reads as
+    /// `name` would read it, without reading it again.
+    fn name_or(&mut self, question: &str) -> Option<String> {
+        if self.msg.get(self.at..self.at + 2)? == [0xc0, 12] {
+            self.at += 2;
+            return Some(question.to_owned());
+        }
+        self.name()
+    }
+
+    /// Name (read by `name`), type, class IN, TTL and the data's length.
+    fn record(
+        &mut self,
+        name: impl FnOnce(&mut Self) -> Option<String>,
+    ) -> Option<(String, u16, u32, usize)> {
+        let name = name(self)?;
         let rtype = self.u16()?;
         if self.u16()? != CLASS_IN {
             return None;
@@ -156,8 +172,8 @@ impl Reader<'_> {
         Some((name, rtype, ttl, len))
     }
 
-    fn answer(&mut self) -> Option<Answer> {
-        let (name, rtype, ttl, len) = self.record()?;
+    fn answer(&mut self, question: &str) -> Option<Answer> {
+        let (name, rtype, ttl, len) = self.record(|r| r.name_or(question))?;
         let data = match (rtype, len) {
             (TYPE_A, 4) => {
                 let b = self.bytes(4)?;
@@ -180,7 +196,7 @@ impl Reader<'_> {
 
     /// An SOA record, read through to be sure hickory would read it too.
     fn soa(&mut self) -> Option<()> {
-        let (_, rtype, _, len) = self.record()?;
+        let (_, rtype, _, len) = self.record(Self::name)?;
         (rtype == TYPE_SOA).then_some(())?;
         self.exactly(len, |r| {
             r.name()?;
