@@ -4,7 +4,9 @@
 //! its packets tagged with their node, as a merged replay does. What is
 //! left of each node's clock error is estimated again every second from
 //! the messages that crossed between nodes in the last ten, as `replay`
-//! estimates it from a recording's first messages. Inputs
+//! estimates it from a recording's first messages, and at once when a
+//! message crosses backwards on the estimate (what is held is moved with
+//! it, so a journey's legs keep the order they happened in). Inputs
 //! wait in a reorder window until every node that is up has got past
 //! them (a node has got as far as its last tick: its agent's conntrack
 //! events come ahead of its ring), or until they have waited `window`:
