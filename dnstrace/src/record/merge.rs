@@ -528,8 +528,9 @@ pub(super) fn crossed_backwards(
     let Some(here) = samples[lane].0.get(&m) else {
         return false;
     };
-    samples.iter().enumerate().any(|(i, s)| {
-        let Some(there) = s.0.get(&m).filter(|_| i != lane) else {
+    let mut others = samples.iter().enumerate().filter(|(i, _)| *i != lane);
+    others.any(|(i, s)| {
+        let Some(there) = s.0.get(&m) else {
             return false;
         };
         // On the corrected clocks, a delay less the later file's lead.
