@@ -743,6 +743,42 @@ mod tests {
         query("10.244.1.10:4000", "10.96.0.10:53", &name, ms * MS)
     }
 
+    const US: u64 = 1_000;
+
+    /// A leg of lookup `lookup` (its client's port less 4000) between web
+    /// and a CoreDNS pod, at `us` on `node`: its query, or its `answer`.
+    fn crossing_leg(lookup: u16, node: u16, us: u64, hook: Hook, answer: bool) -> Input {
+        let client = format!("10.244.1.10:{}", 4000 + lookup);
+        let mut p = query(&client, "10.244.3.53:53", "a.example.com", us * US);
+        if answer {
+            (p.src, p.dst) = (p.dst, p.src);
+            let mut m = p.payload.to_vec();
+            m[2] |= 0x80;
+            p.payload = m.into();
+        }
+        p.hook = hook;
+        p.node = NodeId(node);
+        Input::Packets(vec![p])
+    }
+
+    /// Each of `arrivals` (a lane and its input) taken, then what is in
+    /// order released, as `next` does with each event.
+    fn feed(lanes: &mut Lanes, arrivals: impl IntoIterator<Item = (usize, Input)>) {
+        for (lane, input) in arrivals {
+            lanes.event(Event::Input(lane, input));
+            lanes.release();
+        }
+    }
+
+    /// The packets released so far, with their nodes, times in `unit`s.
+    fn released(lanes: &Lanes, unit: u64) -> Vec<(u64, u16)> {
+        let packets = lanes.ready.iter().filter_map(|i| match i {
+            Input::Packets(b) => Some(b.iter().map(|p| (p.ts_ns / unit, p.node.0))),
+            _ => None,
+        });
+        packets.flatten().collect()
+    }
+
     fn recording(node: &str, bytes: &[u8]) -> Recording {
         let path = PathBuf::from(node);
         let about = About::scan(Reader::new(io::Cursor::new(bytes)).unwrap(), &path).unwrap();
@@ -830,21 +866,8 @@ mod tests {
             (0, on(1, 100)),
             (0, Input::Tick(600 * MS)),
         ];
-        // As `next` does with each event.
-        for (lane, input) in arrivals {
-            lanes.event(Event::Input(lane, input));
-            lanes.release();
-        }
-        let seen: Vec<(u64, u16)> = lanes
-            .ready
-            .iter()
-            .filter_map(|i| match i {
-                Input::Packets(b) => Some(b.iter().map(|p| (p.ts_ns / MS, p.node.0))),
-                _ => None,
-            })
-            .flatten()
-            .collect();
-        assert_eq!(seen, [(100, 1), (150, 2)]);
+        feed(&mut lanes, arrivals);
+        assert_eq!(released(&lanes, MS), [(100, 1), (150, 2)]);
     }
 
     /// Node b's kernel clock runs 3 ms ahead of a's, which the headers
@@ -853,29 +876,12 @@ mod tests {
     /// b 3 ms ahead from them, and puts b's later packets 3 ms back.
     #[test]
     fn a_clock_error_the_headers_miss_is_found_from_messages_that_crossed() {
-        const US: u64 = 1_000;
         let recs = [
             recording("a", &stream(&[], 0)),
             recording("b", &stream(&[], 0)),
         ];
         let (mut lanes, _handles, _) = Lanes::new(&recs, Duration::from_secs(5), &[53]);
-        let leg = |node: u16, us: u64, hook: Hook, answer: bool| {
-            let mut p = query(
-                "10.244.1.10:4000",
-                "10.244.3.53:53",
-                "a.example.com",
-                us * US,
-            );
-            if answer {
-                (p.src, p.dst) = (p.dst, p.src);
-                let mut m = p.payload.to_vec();
-                m[2] |= 0x80;
-                p.payload = m.into();
-            }
-            p.hook = hook;
-            p.node = NodeId(node);
-            Input::Packets(vec![p])
-        };
+        let leg = |node, us, hook, answer| crossing_leg(0, node, us, hook, answer);
         let arrivals = [
             (0, leg(1, 100_000, Hook::TcEgress, false)),
             (1, leg(2, 103_100, Hook::TcIngress, false)),
@@ -907,25 +913,12 @@ mod tests {
     /// right before its legs go on: they come in the order they happened.
     #[test]
     fn a_crossing_that_disproves_the_estimate_is_in_order_all_the_same() {
-        const US: u64 = 1_000;
         let recs = [
             recording("a", &stream(&[], 0)),
             recording("b", &stream(&[], 0)),
         ];
         let (mut lanes, _handles, _) = Lanes::new(&recs, Duration::from_secs(5), &[53]);
-        let leg = |lookup: u16, node: u16, us: u64, hook: Hook, answer: bool| {
-            let client = format!("10.244.1.10:{}", 4000 + lookup);
-            let mut p = query(&client, "10.244.3.53:53", "a.example.com", us * US);
-            if answer {
-                (p.src, p.dst) = (p.dst, p.src);
-                let mut m = p.payload.to_vec();
-                m[2] |= 0x80;
-                p.payload = m.into();
-            }
-            p.hook = hook;
-            p.node = NodeId(node);
-            Input::Packets(vec![p])
-        };
+        let leg = crossing_leg;
         let first = [
             (0, leg(0, 1, 100_000, Hook::TcEgress, false)),
             (1, leg(0, 2, 100_150, Hook::TcIngress, false)),
@@ -934,10 +927,7 @@ mod tests {
             (1, Input::Tick(1_000_000 * US)),
             (0, Input::Tick(1_000_000 * US)),
         ];
-        for (lane, input) in first {
-            lanes.event(Event::Input(lane, input));
-            lanes.release();
-        }
+        feed(&mut lanes, first);
         assert_eq!(lanes.nodes()[1].offset_ns, -70_000);
         lanes.ready.clear();
         // b's ends come first, as they may: a's agent sends later.
@@ -949,19 +939,8 @@ mod tests {
             (1, Input::Tick(1_200_000 * US)),
             (0, Input::Tick(1_200_000 * US)),
         ];
-        for (lane, input) in second {
-            lanes.event(Event::Input(lane, input));
-            lanes.release();
-        }
-        let seen: Vec<(u64, u16)> = lanes
-            .ready
-            .iter()
-            .filter_map(|i| match i {
-                Input::Packets(b) => Some(b.iter().map(|p| (p.ts_ns / US, p.node.0))),
-                _ => None,
-            })
-            .flatten()
-            .collect();
+        feed(&mut lanes, second);
+        let seen = released(&lanes, US);
         let nodes: Vec<u16> = seen.iter().map(|s| s.1).collect();
         assert_eq!(nodes, [1, 2, 2, 1], "{seen:?}");
         assert!(seen.windows(2).all(|w| w[0].0 <= w[1].0), "{seen:?}");
