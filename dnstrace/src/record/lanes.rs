@@ -948,6 +948,18 @@ mod tests {
         assert_eq!(lanes.nodes()[1].offset_ns, 0);
     }
 
+    /// Estimates out of turn are bounded: ten in a second of the time
+    /// line, then none until the first of them is a second old.
+    #[test]
+    fn estimates_out_of_turn_are_at_most_ten_a_second() {
+        let recs = [recording("a", &stream(&[], 0))];
+        let (mut lanes, _handles, _) = Lanes::new(&recs, Duration::from_secs(5), &[53]);
+        let allowed = (0..20).filter(|i| lanes.recheck_at(i * MS)).count();
+        assert_eq!(allowed, RECHECKS);
+        assert!(!lanes.recheck_at(999 * MS));
+        assert!(lanes.recheck_at(1_000 * MS));
+    }
+
     /// Node c joins after a's and b's first inputs are out: the pipeline
     /// learns its name and number before its packet, which is tagged 3
     /// and comes in time order after a's and b's.
